@@ -1,0 +1,303 @@
+"""All-reduce bandwidth of wgrumus.distributed, per strategy and backend, against references.
+
+    python benchmarks/collectives.py                  # threads backend, 2/4/8 ranks, 1 KB..256 MB
+    python benchmarks/collectives.py --backend mpi    # starts mpiexec -n 2/4/8 itself
+    python benchmarks/collectives.py --backend comm   # GPU buffers: CommThread per device
+    python benchmarks/collectives.py --quick          # a few sizes, 2 and 4 ranks
+    python benchmarks/collectives.py --json           # one JSON object per measurement
+
+algbw (GB/s) = bytes of the array / wall time of one all-reduce (the NCCL-tests definition);
+busbw = algbw * 2(n-1)/n is what each rank's links carry in a ring. The comm backend all-reduces
+device buffers in place (download through staging, barrier reduction, upload), one rank per device:
+one per adapter, several logical devices per adapter when ranks outnumber adapters. Each point is the slowest
+rank's mean over enough iterations to run ~0.2 s, after a warm-up call. References measured in the
+same run: numpy memcpy (one copy of the array; the bound for a shared-memory reduction) and, when
+torch is importable, torch.distributed gloo all-reduce between processes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from wgrumus import distributed as dist  # noqa: E402
+
+STRATEGIES = ["native", "ring", "tree", "centralized"]
+FULL_SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KB .. 256 MB
+QUICK_SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24]
+
+
+def fmt_size(n: int) -> str:
+    for unit, div in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= div:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def iterations(seconds_per_call: float, budget: float = 0.2) -> int:
+    return int(min(50, max(2, budget / max(seconds_per_call, 1e-7))))
+
+
+def time_all_reduce(g, nbytes: int, strategy: str) -> float:
+    """Seconds per all-reduce on this rank (mean after a warm-up); every rank runs the same
+    iteration count (agreed through a broadcast)."""
+    x = np.full(nbytes // 4, g.rank + 1, dtype=np.float32)
+    t0 = time.perf_counter()
+    g.all_reduce(x, "sum", strategy=strategy)  # warm-up, also sizes the loop
+    warm = time.perf_counter() - t0
+    n = int(g.broadcast(np.array([iterations(warm)], np.int64), root=0)[0])
+    g.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g.all_reduce(x, "sum", strategy=strategy)
+    g.barrier()
+    return (time.perf_counter() - t0) / n
+
+
+def sweep(g, sizes, strategies, max_bytes_total) -> list[dict]:
+    rows = []
+    for s in strategies:
+        for nbytes in sizes:
+            if nbytes * g.world_size * 3 > max_bytes_total:
+                continue
+            sec = time_all_reduce(g, nbytes, s)
+            worst = max(g.all_gather_object(sec))
+            algbw = nbytes / worst / 1e9
+            rows.append({"backend": g.backend, "strategy": s, "ranks": g.world_size,
+                         "bytes": nbytes, "seconds": worst, "algbw_GBps": algbw,
+                         "busbw_GBps": algbw * 2 * (g.world_size - 1) / g.world_size})
+    return rows
+
+
+def memcpy_reference(sizes) -> list[dict]:
+    rows = []
+    for nbytes in sizes:
+        src = np.ones(nbytes // 4, np.float32)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        n = iterations(1e-6 + nbytes / 5e9)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            np.copyto(dst, src)
+        sec = (time.perf_counter() - t0) / n
+        rows.append({"backend": "numpy", "strategy": "memcpy", "ranks": 1, "bytes": nbytes,
+                     "seconds": sec, "algbw_GBps": nbytes / sec / 1e9, "busbw_GBps": None})
+    return rows
+
+
+def gloo_reference(sizes, worlds) -> list[dict]:
+    """torch.distributed gloo all-reduce between processes, when torch is importable."""
+    try:
+        import torch  # noqa: F401
+        import torch.multiprocessing as mp
+    except ImportError:
+        return []
+    rows = []
+    for world in worlds:
+        q = mp.get_context("spawn").SimpleQueue()
+        mp.spawn(_gloo_worker, args=(world, sizes, q), nprocs=world, join=True)
+        while not q.empty():
+            rows.append(q.get())
+    return rows
+
+
+def _gloo_worker(rank, world, sizes, q):
+    import torch
+    import torch.distributed as tdist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    tdist.init_process_group("gloo", rank=rank, world_size=world)
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4)
+        tdist.all_reduce(x)
+        n = iterations(1e-4 + nbytes / 1e9)
+        tdist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tdist.all_reduce(x)
+        tdist.barrier()
+        sec = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64)
+        tdist.all_reduce(sec, op=tdist.ReduceOp.MAX)
+        if rank == 0:
+            a = nbytes / sec.item() / 1e9
+            q.put({"backend": "torch", "strategy": "gloo", "ranks": world, "bytes": nbytes,
+                   "seconds": sec.item(), "algbw_GBps": a,
+                   "busbw_GBps": a * 2 * (world - 1) / world})
+    tdist.destroy_process_group()
+
+
+def run_threads(args, sizes, worlds) -> list[dict]:
+    rows = []
+    for w in worlds:
+        res = dist.spawn(lambda g: sweep(g, sizes, args.strategies, args.max_memory), w,
+                         timeout=600)
+        rows.extend(res[0])
+    return rows
+
+
+def run_mpi(args, sizes, worlds) -> list[dict]:
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(mpiexec) if mpiexec.exists() else shutil.which("mpiexec")
+    if mpiexec is None:
+        print("mpiexec not found: pip install 'wgrumus[mpi]'", file=sys.stderr)
+        return []
+    rows = []
+    for w in worlds:
+        cmd = [mpiexec, "-n", str(w), sys.executable, __file__, "--mpi-worker",
+               "--sizes", ",".join(map(str, sizes)), "--strategies", ",".join(args.strategies),
+               "--max-memory", str(args.max_memory)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        if p.returncode != 0:
+            print(f"mpiexec -n {w} failed:\n{p.stderr[-2000:]}", file=sys.stderr)
+            continue
+        rows.extend(json.loads(line) for line in p.stdout.splitlines() if line.startswith("{"))
+    return rows
+
+
+def run_comm(args, sizes, worlds) -> list[dict]:
+    """GPU buffers all-reduced in place by one CommThread per device."""
+    import wgpu
+
+    from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
+    from wgrumus.runtime.device import Device
+    adapters = wgpu.gpu.enumerate_adapters_sync()
+    hw = [a for a in adapters if a.info.get("adapter_type", "").lower() != "cpu"
+          and "llvmpipe" not in a.summary.lower()]
+    native = [a for a in hw if a.info.get("backend_type", "").lower() != "opengl"]
+    adapters = native or hw or adapters[:1]  # one adapter per GPU: skip GL twins of Vulkan ones
+    if not adapters:
+        print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
+        return []
+    devs = [Device(i, adapters[i % len(adapters)], logical=i // len(adapters))
+            for i in range(max(worlds))]
+    label = f"comm:{len(adapters)}ad"
+    rows = []
+    for w in worlds:
+        comms = [CommThread(d, rank=i) for i, d in enumerate(devs[:w])]
+        for nbytes in sizes:
+            if nbytes > min(d.max_binding for d in devs[:w]) or \
+                    nbytes * w * 4 > args.max_memory:
+                continue
+            bufs = [d.alloc(nbytes) for d in devs[:w]]
+            for i, (d, b) in enumerate(zip(devs, bufs)):
+                d.write(b, np.full(nbytes // 4, i + 1, np.float32))
+            barrier = dist.CollectiveBarrier(w, timeout=600)
+            slices = [BufferSlice(d, b, 0, nbytes, np.float32) for d, b in zip(devs, bufs)]
+
+            def once():
+                hs = [async_allreduce(c, s, barrier, "sum") for c, s in zip(comms, slices)]
+                for h in hs:
+                    h.wait()
+                for d, b in zip(devs, bufs):
+                    d.read(b, 0, 4)  # a read queued after the uploads: they have landed
+
+            t0 = time.perf_counter()
+            once()
+            n = iterations(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                once()
+            sec = (time.perf_counter() - t0) / n
+            a = nbytes / sec / 1e9
+            rows.append({"backend": label, "strategy": "barrier", "ranks": w, "bytes": nbytes,
+                         "seconds": sec, "algbw_GBps": a, "busbw_GBps": a * 2 * (w - 1) / w})
+            del bufs
+        for c in comms:
+            c.close()
+    return rows
+
+
+def mpi_worker(args):
+    g = dist.init_process_group("mpi", timeout=600)
+    rows = sweep(g, [int(s) for s in args.sizes.split(",")], args.strategies, args.max_memory)
+    if g.rank == 0:
+        for r in rows:
+            print(json.dumps(r), flush=True)
+
+
+def load_rows(paths) -> list[dict]:
+    """Rows from files written with --json (to print one table for several runs)."""
+    return [json.loads(line) for p in paths for line in Path(p).read_text().splitlines()
+            if line.startswith("{")]
+
+
+def print_table(rows):
+    if not rows:
+        return
+    sizes = sorted({r["bytes"] for r in rows})
+    keys = sorted({(r["backend"], r["strategy"], r["ranks"]) for r in rows},
+                  key=lambda k: (k[0] != "numpy", k[0], k[2], k[1]))
+    by = {(r["backend"], r["strategy"], r["ranks"], r["bytes"]): r for r in rows}
+    head = f"{'backend':8} {'strategy':12} {'ranks':>5} | " + " ".join(
+        f"{fmt_size(s):>8}" for s in sizes)
+    print("algbw GB/s (bytes per all-reduce / wall time)")
+    print(head)
+    print("-" * len(head))
+    for b, s, n in keys:
+        cells = []
+        for size in sizes:
+            r = by.get((b, s, n, size))
+            cells.append(f"{r['algbw_GBps']:8.3f}" if r else f"{'-':>8}")
+        print(f"{b:8} {s:12} {n:>5} | " + " ".join(cells))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backend", choices=["threads", "mpi", "comm", "both", "all", "none"],
+                   default="threads",
+                   help="both = threads + mpi; all = threads + mpi + comm; none = references")
+    p.add_argument("--ranks", default="2,4,8", help="comma-separated world sizes")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--sizes", default=None, help="comma-separated byte sizes")
+    p.add_argument("--quick", action="store_true", help="4 sizes, 2 and 4 ranks")
+    p.add_argument("--json", action="store_true", help="print one JSON object per point")
+    p.add_argument("--no-reference", action="store_true", help="skip memcpy/gloo references")
+    p.add_argument("--max-memory", type=int, default=None,
+                   help="bytes of host memory the arrays may use (default: half of RAM)")
+    p.add_argument("--table", nargs="+", metavar="JSONL",
+                   help="print the table of earlier --json outputs and exit")
+    p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    if args.max_memory is None:
+        args.max_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    if args.mpi_worker:
+        return mpi_worker(args)
+    if args.table:
+        return print_table(load_rows(args.table))
+    sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
+             else QUICK_SIZES if args.quick else FULL_SIZES)
+    worlds = [2, 4] if args.quick else [int(w) for w in args.ranks.split(",")]
+    rows = []
+    if not args.no_reference:
+        rows += memcpy_reference(sizes)
+    if args.backend in ("threads", "both", "all"):
+        rows += run_threads(args, sizes, worlds)
+    if args.backend in ("mpi", "both", "all"):
+        rows += run_mpi(args, sizes, worlds)
+    if args.backend in ("comm", "all"):
+        rows += run_comm(args, sizes, worlds)
+    if not args.no_reference:
+        rows += gloo_reference(sizes, worlds)
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+    else:
+        print_table(rows)
+        if not args.no_reference and not any(r["strategy"] == "gloo" for r in rows):
+            print("(torch not importable: no gloo reference)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

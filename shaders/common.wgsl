@@ -1,0 +1,77 @@
+// Prefixed to every kernel. Binding 0 is a 256-byte parameter slot (64 u32 words) taken from the
+// device's per-batch parameter arena; floats are passed bit-cast.
+@group(0) @binding(0) var<uniform> PRM: array<vec4<u32>, 16>;
+
+fn pu(i: u32) -> u32 { return PRM[i / 4u][i % 4u]; }
+fn pi(i: u32) -> i32 { return bitcast<i32>(PRM[i / 4u][i % 4u]); }
+fn pf(i: u32) -> f32 { return bitcast<f32>(PRM[i / 4u][i % 4u]); }
+
+// Linear invocation index of a 1-D launch split over (x, y) workgroups to pass the 65535 limit.
+fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, wg: u32) -> u32 {
+    return (wid.y * nwg.x + wid.x) * wg + lid;
+}
+
+// Element offset of linear index `i` of a view: ndim at word `nd`, shape at `sh`, strides (i32)
+// at `st`, base offset `off`. Shape words are shared by all operands of an elementwise op.
+fn strided_offset(i: u32, nd: u32, sh: u32, st: u32, off: i32) -> u32 {
+    var rem = i;
+    var o = off;
+    for (var k = i32(nd) - 1; k >= 0; k--) {
+        let s = pu(sh + u32(k));
+        let idx = rem % s;
+        rem = rem / s;
+        o += i32(idx) * pi(st + u32(k));
+    }
+    return u32(o);
+}
+
+// erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26), enough for float32 GELU.
+fn erf_(x: f32) -> f32 {
+    let t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    let y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+                    + 0.254829592) * t * exp(-x * x);
+    return select(-y, y, x >= 0.0);
+}
+
+// tanh that stays finite for large |x| (exp overflow would give inf/inf).
+fn tanh_(x: f32) -> f32 {
+    let t = exp(-2.0 * abs(x));
+    return sign(x) * (1.0 - t) / (1.0 + t);
+}
+
+fn nan_() -> f32 { return bitcast<f32>(0x7fc00000u); }
+
+// numpy semantics for a negative base with an integral exponent.
+fn pow_(a: f32, b: f32) -> f32 {
+    if (b == 0.0) { return 1.0; }
+    if (a == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), b < 0.0); }
+    if (a > 0.0) { return exp2(b * log2(a)); }
+    if (fract(b) != 0.0) { return nan_(); }
+    let r = exp2(b * log2(-a));
+    return select(r, -r, fract(b * 0.5) != 0.0);
+}
+
+fn gelu_(x: f32) -> f32 { return 0.5 * x * (1.0 + erf_(x * 0.70710678118654752)); }
+fn gelu_grad_(x: f32) -> f32 {
+    return 0.5 * (1.0 + erf_(x * 0.70710678118654752)) + x * 0.3989422804014327 * exp(-0.5 * x * x);
+}
+fn gelu_tanh_(x: f32) -> f32 {
+    return 0.5 * x * (1.0 + tanh_(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+fn gelu_tanh_grad_(x: f32) -> f32 {
+    let u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+    let t = tanh_(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 0.134145 * x * x);
+}
+
+// Counter-based random numbers (PCG hash chain): value k of stream `seed` is the same on every
+// device and for every launch shape, so seeded results do not depend on the parallel layout.
+fn pcg_(v: u32) -> u32 {
+    let s = v * 747796405u + 2891336453u;
+    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
+    return (w >> 22u) ^ w;
+}
+fn uniform_(seed: u32, k: u32, stream: u32) -> f32 {
+    let h = pcg_(pcg_(pcg_(k ^ (stream * 0x9E3779B9u)) ^ seed) + k);
+    return (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);  // (0, 1)
+}

@@ -1,0 +1,138 @@
+"""Runs under ``mpiexec -n N python tests/_mpi_worker.py SCENARIO [ARGS]`` for tests/test_mpi.py.
+
+Every rank prints ``OK <rank>`` when its checks pass, or ``COLLECTIVE_ERROR <rank> <seconds>
+<message>`` when a collective failed in a fault scenario.
+"""
+import hashlib
+import os
+import sys
+import time
+
+import numpy as np
+
+from wgrumus import distributed as dist
+from wgrumus.distributed import CollectiveError, ProcessGroupManager, ThreeDParallelismConfig
+
+STRATEGIES = ["ring", "tree", "tree:3", "centralized", "native"]
+
+
+def data(rank, shape, dtype=np.float32):
+    rng = np.random.default_rng(rank)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def check_same_everywhere(g, arr, what):
+    digest = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    digests = g.all_gather_object(digest)
+    assert len(set(digests)) == 1, f"{what}: ranks disagree bitwise"
+
+
+def collectives(g):
+    n, r = g.world_size, g.rank
+    xs = [data(q, (37, 3)) for q in range(n)]  # 111 elements: uneven chunks
+    for s in STRATEGIES:
+        for op in ("sum", "mean", "max"):
+            got = g.all_reduce(xs[r], op, strategy=s)
+            ref = {"sum": np.sum, "mean": np.mean, "max": np.max}[op](
+                np.stack(xs).astype(np.float64), axis=0)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=f"{s} {op}")
+            check_same_everywhere(g, got, f"all_reduce {s} {op}")
+    big = data(r, (1 << 20,))  # 4 MB: MPI rendezvous protocol, polled to completion
+    for s in ("ring", "native"):
+        got = g.all_reduce(big, "sum", strategy=s)
+        check_same_everywhere(g, got, f"big {s}")
+    for s in ("direct", "tree", "native"):
+        red = g.reduce(xs[r], root=n - 1, strategy=s)
+        assert (red is not None) == (r == n - 1)
+        bc = g.broadcast(xs[1] if r == 1 else None, root=1, strategy=s)
+        assert np.array_equal(bc, xs[1])
+    for s in ("ring", "native"):
+        ag = g.all_gather(np.full((r + 1, 2), r, np.int64), strategy=s)
+        assert ag[:, 0].tolist() == [q for q in range(n) for _ in range(q + 1)]
+        rs = g.reduce_scatter(np.ones((2 * n + 1, 2), np.float64), strategy=s)
+        assert rs.shape[0] == len(np.array_split(np.arange(2 * n + 1), n)[r]) and (rs == n).all()
+    if n > 1:
+        if r == 0:
+            g.send(np.arange(5, dtype=np.int16), 1, tag=4)
+        if r == 1:
+            got = g.recv(0, tag=4)
+            assert got.dtype == np.int16 and got.tolist() == list(range(5))
+    g.barrier()
+    assert g.stats()["by_op"]["all_reduce"]["calls"] == 3 * len(STRATEGIES) + 2
+
+
+def groups(g):
+    cfg = ThreeDParallelismConfig(dp=1, tp=2, pp=2)
+    pgm = ProcessGroupManager(cfg, g)
+    m = pgm.mapping
+    assert pgm.tp_group.ranks == tuple(m.tp_group_ranks())
+    assert pgm.tp_group.world_size == 2 and pgm.pp_group.world_size == 2
+    got = pgm.all_reduce_tp(np.array([float(g.rank)]))
+    assert got[0] == sum(m.tp_group_ranks())
+    assert pgm.all_gather_tp(np.array([g.rank])).tolist() == m.tp_group_ranks()
+    if m.is_first_stage:
+        pgm.send_to_next_stage(np.full(4, g.rank, np.float32))
+        grad = pgm.recv_from_next_stage()
+        assert grad.tolist() == [g.rank + 100.0] * 4
+    else:
+        act = pgm.recv_from_prev_stage()
+        pgm.send_to_prev_stage(act + 100)
+
+
+PRIMS = {
+    "all_reduce_ring": lambda g: g.all_reduce(np.ones(1000, np.float32), strategy="ring"),
+    "all_reduce_native": lambda g: g.all_reduce(np.ones(1000, np.float32), strategy="native"),
+    "all_gather": lambda g: g.all_gather(np.ones(10)),
+    "reduce_scatter_native": lambda g: g.reduce_scatter(np.ones(12), strategy="native"),
+    "barrier": lambda g: g.barrier(),
+    "recv": lambda g: g.recv((g.rank + 1) % g.world_size),
+}
+
+
+def fault(g, kind, prim, timeout):
+    bad = 1
+    if g.rank == bad:
+        if kind == "raise":
+            raise RuntimeError("injected failure")  # the excepthook tells the others
+        if kind == "exit":
+            sys.exit(0)
+        if kind == "hard_exit":
+            os._exit(3)
+        if kind == "late":
+            time.sleep(2 * timeout)
+    t0 = time.monotonic()
+    try:
+        PRIMS[prim](g)
+    except CollectiveError as e:
+        msg = str(e).replace("\n", " ")
+        say(f"COLLECTIVE_ERROR {g.rank} {time.monotonic() - t0:.3f} {msg}")
+        return
+    say(f"RETURNED {g.rank}")
+
+
+def say(line):
+    sys.stdout.write(line + "\n")  # one write per line: ranks share mpiexec's stdout
+    sys.stdout.flush()
+
+
+def main():
+    scenario = sys.argv[1]
+    timeout = float(os.environ.get("WGRUMUS_TEST_TIMEOUT", "10"))
+    g = dist.init_process_group("mpi", timeout=timeout)
+    assert g.backend == "mpi"
+    if scenario == "collectives":
+        collectives(g)
+    elif scenario == "groups":
+        groups(g)
+    elif scenario == "spawn":
+        res = dist.spawn(lambda grp: grp.rank * 10, g.world_size, backend="mpi",
+                         timeout=timeout)
+        assert res == [q * 10 for q in range(g.world_size)], res
+    elif scenario == "fault":
+        fault(g, sys.argv[2], sys.argv[3], timeout)
+        return
+    say(f"OK {g.rank}")
+
+
+if __name__ == "__main__":
+    main()

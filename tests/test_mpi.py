@@ -1,0 +1,103 @@
+"""The MPI backend for real: 2-4 processes under mpiexec (the pip ``mpich`` wheel), each running
+tests/_mpi_worker.py. Every launch has a subprocess timeout, so a hang fails the test instead of
+stalling the run."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "_mpi_worker.py"
+
+
+def _mpiexec():
+    here = Path(sys.executable).parent / "mpiexec"  # where the mpich wheel installs it
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+MPIEXEC = _mpiexec()
+try:
+    import mpi4py  # noqa: F401
+    HAVE_MPI4PY = True
+except ImportError:
+    HAVE_MPI4PY = False
+
+pytestmark = [
+    pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'wgrumus[mpi]' "
+                                               "installs it with the mpich wheel)"),
+    pytest.mark.skipif(not HAVE_MPI4PY, reason="mpi4py not installed (pip install "
+                                               "'wgrumus[mpi]')"),
+]
+
+
+def launch(n, *args, timeout=1.0, wall=60):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        WGRUMUS_TEST_TIMEOUT=str(timeout))
+    p = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(WORKER), *args],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=wall)
+    return p.returncode, p.stdout, p.stderr
+
+
+def errors_by_rank(out):
+    """{rank: (seconds, message)} of the COLLECTIVE_ERROR lines."""
+    found = {}
+    for m in re.finditer(r"COLLECTIVE_ERROR (\d+) ([\d.]+) ([^\n]*?)(?=COLLECTIVE_ERROR|\n|$)",
+                         out):
+        found[int(m.group(1))] = (float(m.group(2)), m.group(3))
+    return found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_collectives_all_strategies(n):
+    rc, out, err = launch(n, "collectives", timeout=20)
+    assert rc == 0, out + err
+    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+
+
+@pytest.mark.timeout(120)
+def test_process_group_manager_and_spawn():
+    rc, out, err = launch(4, "groups", timeout=20)
+    assert rc == 0 and len(re.findall(r"OK \d", out)) == 4, out + err
+    rc, out, err = launch(2, "spawn", timeout=20)
+    assert rc == 0 and len(re.findall(r"OK \d", out)) == 2, out + err
+
+
+T = 0.8  # collective timeout inside the workers
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind,prim", [
+    ("raise", "all_reduce_ring"),   # uncaught exception: excepthook tells the others at once
+    ("raise", "barrier"),
+    ("exit", "all_reduce_native"),  # clean sys.exit before the collective: found by timeout
+    ("exit", "recv"),
+    ("late", "all_gather"),         # never arrives within the timeout
+    ("late", "reduce_scatter_native"),
+])
+def test_faulty_rank_makes_the_others_raise(kind, prim):
+    rc, out, err = launch(3, "fault", kind, prim, timeout=T)
+    errs = errors_by_rank(out)
+    assert {0, 2} <= set(errs), (rc, out, err)
+    for rank in (0, 2):
+        seconds, msg = errs[rank]
+        if kind == "raise":
+            assert seconds < T and "injected failure" in msg, msg  # no need to wait for timeout
+        else:
+            assert seconds < T + 2.0, (seconds, msg)
+    assert not re.search(r"RETURNED [02]", out), out
+    if kind == "late":
+        # The late rank does not hang either: it raises, or completes when every byte it needed
+        # was sent before the others gave up (its next collective would then time out).
+        assert 1 in errs or "RETURNED 1" in out, (rc, out, err)
+
+
+@pytest.mark.timeout(60)
+def test_hard_exit_ends_the_job_instead_of_hanging():
+    rc, out, err = launch(3, "fault", "hard_exit", "all_reduce_ring", timeout=30)
+    assert rc != 0 and "RETURNED" not in out

@@ -1,0 +1,28 @@
+"""wgrumus: deep learning on WebGPU across every adapter of a host, and across hosts with MPI."""
+from __future__ import annotations
+
+from . import autograd, ops
+from .autograd import GradientStore, no_grad
+from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, get_rng_state, log,
+                  manual_seed, matmul, maximum, mean, minimum, ones, ones_like, rand, randn, relu,
+                  set_rng_state, sigmoid, split, sqrt, stack, tanh, where, zeros, zeros_like)
+from .ops import max, min, sum  # noqa: A004  (numpy-style names)
+from .runtime import (AdapterLimitError, Device, DeviceMismatchError, MultiGpuContext,
+                      NoAdapterError, ShapeError, WgrumusError, devices)
+from .tensor import Tensor, float16, float32, int32, tensor
+
+
+def _backward(self, grad=None):
+    """PyTorch habit: accumulate d(self) into ``.grad`` of every leaf that requires grad."""
+    store = autograd.backward(self) if grad is None else autograd.backward_with_grad(self, grad)
+    with no_grad():
+        for gid, g in store.items():
+            leaf = store.leaf(gid)
+            if leaf is not None:
+                leaf.grad = g if leaf.grad is None else leaf.grad + g
+    return store
+
+
+Tensor.backward = _backward
+
+__version__ = "0.1.0"

@@ -1,0 +1,43 @@
+"""wgrumus.distributed: collectives, process groups and launchers for training on several devices
+(threads of one process) and several processes (MPI).
+
+Pipeline, tensor-parallel and FSDP names are loaded on first use, so importing the collectives
+never pulls in the layers built on them (or modules still being written).
+"""
+from __future__ import annotations
+
+import importlib
+
+from .barrier import CollectiveBarrier
+from .collectives import (AllReduceStrategy, BroadcastStrategy, CollectiveConfig, ReduceStrategy,
+                          TreeRole, child_ranks, compute_role, parent_rank, tree_depth)
+from .comm import AllReduceHandle, BufferSlice, CommThread, async_allreduce
+from .errors import CollectiveError
+from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
+from .launch import init_process_group, spawn
+from .process_group import ProcessGroup, Work
+from .transport import MPITransport, ThreadTransport, ThreadWorld
+
+_LAZY = {
+    "PipelineStage": ".pipeline", "PipelineExecutor": ".pipeline",
+    "ColumnParallelLinear": ".tensor_parallel", "RowParallelLinear": ".tensor_parallel",
+    "FSDP": ".fsdp",
+}
+
+__all__ = [
+    "CollectiveBarrier", "CollectiveError", "CollectiveConfig", "AllReduceStrategy",
+    "ReduceStrategy", "BroadcastStrategy", "TreeRole", "compute_role", "parent_rank",
+    "child_ranks", "tree_depth", "ProcessGroup", "Work", "ThreeDParallelismConfig",
+    "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
+    "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
+    "BufferSlice",
+]  # add the _LAZY names once their modules exist (star-imports would fail on them before)
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'wgrumus.distributed' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value

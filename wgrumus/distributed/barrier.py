@@ -1,0 +1,358 @@
+"""CollectiveBarrier: an in-process rendezvous that reduces one array per participant, round after
+round.
+
+Each call joins the *current round*; the arrival that fills it swaps in a fresh round object
+before anyone leaves, so a fast participant that comes straight back joins the next round and can
+never read the previous round's result (the defect of the original design, which kept one shared
+result slot). Participants hold their own round object, and ``generation`` counts the rounds.
+
+The reduction runs once per round, never once per participant: small arrays are reduced by the
+last arrival; large ones are cut into chunks that every participant of the round, and helper
+threads on spare cores, claim and reduce (numpy releases the GIL, so chunks run in parallel). Inputs are reduced in rank
+order when ranks are given, so the bits of the result do not depend on who arrived first. Every
+participant receives the same read-only array, or, with ``out=``, its own copy written chunk by
+chunk while the chunk is still in cache (``out`` may be the caller's input: in-place all-reduce).
+
+Every wait has a deadline. A participant that does not arrive within ``timeout`` makes the others
+raise CollectiveError naming the missing ranks; ``abort(exc)`` wakes everyone with CollectiveError.
+Both break the barrier for good: later calls raise at once.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .errors import CollectiveError
+
+REDUCE_OPS = ("sum", "mean", "max", "min")
+_UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
+CHUNK_BYTES = 1 << 20       # a chunk fits in L2 and still amortises the per-chunk bookkeeping
+PARALLEL_MIN_BYTES = 1 << 19  # below this one thread is faster than waking the others
+MAX_REDUCE_THREADS = 8        # one core's memory bandwidth is ~10 GB/s; a few saturate a socket
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    """Process-wide threads that join large reductions when participants alone are too few."""
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(MAX_REDUCE_THREADS, "wgrumus-reduce")
+        return _helpers
+
+
+def check_op(op: str, dtype) -> None:
+    """Reject unknown ops, and ``mean`` of integers (it has no exact integer result)."""
+    if op not in _UFUNCS:
+        raise ValueError(f"unknown reduce op {op!r}; use one of {', '.join(REDUCE_OPS)}")
+    if op == "mean" and not np.issubdtype(np.dtype(dtype), np.inexact):
+        raise TypeError(f"op='mean' needs a floating dtype, got {np.dtype(dtype)}; "
+                        "use op='sum' and divide, or convert to float first")
+
+
+def reduce_into(out: np.ndarray, inputs, op: str, divisor: int) -> None:
+    """out = op(inputs[0], inputs[1], ...) left to right, then / divisor for mean."""
+    ufunc = _UFUNCS[op]
+    if len(inputs) == 1:
+        np.copyto(out, inputs[0])
+    else:
+        ufunc(inputs[0], inputs[1], out=out)
+        for a in inputs[2:]:
+            ufunc(out, a, out=out)
+    if op == "mean" and divisor != 1:
+        np.divide(out, divisor, out=out)
+
+
+class _Round:
+    """One generation of the barrier: who arrived, with what, and the result once reduced."""
+
+    def __init__(self, gen: int, world_size: int):
+        self.gen = gen
+        self.items: list = [None] * world_size
+        self.outs: list = [None] * world_size
+        self.arrived: list[int] = []
+        self.kind = self.op = self.ranked = self.shape = self.dtype = None
+        self.full = False
+        self.done = False
+        self.result = None
+        self.out = self.flats = None
+        self.copies: list = []
+        self.shared = True
+        self.nchunks = self.claimed = self.finished = 0
+        self.chunk = 0
+
+
+class CollectiveBarrier:
+    """Reusable rendezvous of ``world_size`` participants (threads) with a round counter."""
+
+    def __init__(self, world_size: int, timeout: float = 60.0, chunk_bytes: int = CHUNK_BYTES,
+                 helpers: int | None = None):
+        """``helpers``: extra threads that reduce chunks of large rounds alongside the
+        participants (default: spare cores, up to MAX_REDUCE_THREADS threads in all)."""
+        if int(world_size) < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.world_size = int(world_size)
+        self.timeout = float(timeout)
+        self.chunk_bytes = max(4096, int(chunk_bytes))
+        if helpers is None:
+            helpers = min(MAX_REDUCE_THREADS, os.cpu_count() or 1) - self.world_size
+        self.helpers = max(0, min(int(helpers), MAX_REDUCE_THREADS))
+        self._cond = threading.Condition()
+        self._round = _Round(0, self.world_size)
+        self._broken: CollectiveError | None = None
+        self._gone: set = set()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def generation(self) -> int:
+        """Number of rounds that have filled so far."""
+        return self._round.gen
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    def reduce(self, array, op: str = "mean", rank: int | None = None,
+               timeout: float | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Join this round with ``array``; return the reduction over all participants.
+
+        ``rank`` (0..world_size-1) names the caller, so a timeout can name the missing ranks and
+        inputs are combined in rank order; without it arrival order is used. All participants of a
+        round must pass arrays of the same shape and dtype and the same op, and either all pass a
+        rank or none does; otherwise every participant raises CollectiveError. Without ``out`` the
+        result is the round's shared read-only array; with it (a writeable C-contiguous array like
+        ``array``, possibly ``array`` itself) the result is written there and ``out`` returned.
+        """
+        arr = np.ascontiguousarray(array)
+        check_op(op, arr.dtype)
+        if out is not None and not (isinstance(out, np.ndarray) and out.shape == arr.shape and
+                                    out.dtype == arr.dtype and out.flags.writeable and
+                                    out.flags.c_contiguous):
+            raise ValueError(f"out must be a writeable C-contiguous {arr.dtype} array of shape "
+                             f"{arr.shape}")
+        t = self._timeout(timeout)
+        deadline = time.monotonic() + t
+        with self._cond:
+            rnd = self._join("reduce", op, arr, rank, out)
+            self._wait_full(rnd, deadline, t)
+        if not rnd.done:
+            self._help_reduce(rnd, time.monotonic() + t, t)
+        return out if out is not None else rnd.result
+
+    def gather(self, obj, rank: int | None = None, timeout: float | None = None) -> list:
+        """Join this round with any object; return every participant's object (rank order when
+        ranks are given, else arrival order). Objects are shared, not copied."""
+        t = self._timeout(timeout)
+        deadline = time.monotonic() + t
+        with self._cond:
+            rnd = self._join("gather", None, obj, rank)
+            self._wait_full(rnd, deadline, t)
+        return list(rnd.result)
+
+    def wait(self, rank: int | None = None, timeout: float | None = None) -> int:
+        """Plain barrier: return once every participant arrived; returns the round number."""
+        t = self._timeout(timeout)
+        deadline = time.monotonic() + t
+        with self._cond:
+            rnd = self._join("wait", None, None, rank)
+            self._wait_full(rnd, deadline, t)
+        return rnd.gen
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Break the barrier: every current and future participant raises CollectiveError."""
+        if isinstance(exc, CollectiveError):
+            err = exc
+        else:
+            err = CollectiveError(f"CollectiveBarrier aborted: {exc!r}" if exc is not None
+                                  else "CollectiveBarrier aborted")
+            err.__cause__ = exc
+        with self._cond:
+            self._break(err)
+
+    def mark_gone(self, rank: int) -> None:
+        """Rank ``rank`` will never arrive again (its thread ended): fail the rounds that wait on it
+        now instead of at the timeout."""
+        with self._cond:
+            self._gone.add(rank)
+            if self._round.arrived:
+                self._break(self._gone_error(self._round))
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ rendezvous
+    def _timeout(self, timeout):
+        t = self.timeout if timeout is None else float(timeout)
+        if not t > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        return t
+
+    def _join(self, kind, op, item, rank, out=None) -> _Round:
+        self._raise_if_broken()
+        rnd = self._round
+        ranked = rank is not None
+        if ranked and not (isinstance(rank, (int, np.integer)) and 0 <= rank < self.world_size):
+            raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
+        who = f"rank {rank}" if ranked else f"participant #{len(rnd.arrived)}"
+        problem = None
+        if not rnd.arrived:
+            rnd.kind, rnd.op, rnd.ranked = kind, op, ranked
+            if kind == "reduce":
+                rnd.shape, rnd.dtype = item.shape, item.dtype
+        elif rnd.ranked != ranked:
+            problem = "some participants passed rank= and others did not"
+        elif rnd.kind != kind or rnd.op != op:
+            problem = (f"{who} called {kind}({op or ''}) while others called "
+                       f"{rnd.kind}({rnd.op or ''})")
+        elif kind == "reduce" and (item.shape != rnd.shape or item.dtype != rnd.dtype):
+            problem = (f"{who} passed shape {item.shape} dtype {item.dtype}, others "
+                       f"shape {rnd.shape} dtype {rnd.dtype}")
+        elif ranked and rank in rnd.arrived:
+            problem = f"rank {rank} joined twice"
+        if problem is None and self._gone:
+            err = self._gone_error(rnd)
+            self._break(err)
+            raise err
+        if problem is not None:
+            err = CollectiveError(f"CollectiveBarrier round {rnd.gen}: {problem}",
+                                  rank=rank if ranked else None)
+            self._break(err)
+            raise err
+        slot = rank if ranked else len(rnd.arrived)
+        rnd.items[slot] = item
+        rnd.outs[slot] = out
+        rnd.arrived.append(slot)
+        if len(rnd.arrived) == self.world_size:
+            self._fill(rnd)
+        return rnd
+
+    def _wait_full(self, rnd: _Round, deadline: float, timeout: float) -> None:
+        while not rnd.full:
+            self._raise_if_broken()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                err = self._missing_error(rnd, timeout)
+                self._break(err)
+                raise err
+            self._cond.wait(remaining)
+
+    def _fill(self, rnd: _Round) -> None:
+        """The round is complete: start the next one, then reduce (or hand out) this one."""
+        rnd.full = True
+        self._round = _Round(rnd.gen + 1, self.world_size)
+        if rnd.kind != "reduce":
+            rnd.result, rnd.done = rnd.items, True
+            self._cond.notify_all()
+            return
+        flats = [a.reshape(-1) for a in rnd.items]
+        outs = [o.reshape(-1) for o in rnd.outs if o is not None]
+        if len(outs) == self.world_size:  # everyone brought an output: reduce into the first
+            out, rnd.copies, rnd.shared = outs[0], outs[1:], False
+        else:
+            out, rnd.copies = np.empty(flats[0].size, dtype=rnd.dtype), outs
+        rnd.out, rnd.flats = out, flats
+        nbytes = out.nbytes
+        nchunks = max(1, math.ceil(nbytes / self.chunk_bytes))
+        if nbytes >= PARALLEL_MIN_BYTES and self.world_size > 1:
+            nchunks = max(nchunks, self.world_size)
+        if nchunks == 1:
+            self._reduce_chunk(rnd, 0, out.size)
+            self._finish(rnd)
+        else:
+            rnd.nchunks = nchunks
+            rnd.chunk = math.ceil(out.size / nchunks)
+            for _ in range(min(self.helpers, nchunks - self.world_size)):
+                _helper_pool().submit(self._helper, rnd)
+        self._cond.notify_all()
+
+    def _helper(self, rnd: _Round) -> None:
+        try:
+            self._help_reduce(rnd, time.monotonic() + self.timeout, self.timeout, wait=False)
+        except Exception:  # noqa: BLE001 - the barrier is broken; participants report it
+            pass
+
+    def _reduce_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
+        """Reduce elements [lo, hi) once, then copy them to the other outputs while cached."""
+        reduce_into(rnd.out[lo:hi], [f[lo:hi] for f in rnd.flats], rnd.op, self.world_size)
+        for o in rnd.copies:
+            np.copyto(o[lo:hi], rnd.out[lo:hi])
+
+    def _help_reduce(self, rnd: _Round, deadline: float, timeout: float,
+                     wait: bool = True) -> None:
+        """Claim and reduce chunks of this round until all are done (``wait``) or claimed."""
+        while True:
+            with self._cond:
+                while True:
+                    if rnd.done:
+                        return
+                    self._raise_if_broken()
+                    if rnd.claimed < rnd.nchunks:
+                        i = rnd.claimed
+                        rnd.claimed += 1
+                        break
+                    if not wait:
+                        return
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        err = CollectiveError(
+                            f"CollectiveBarrier round {rnd.gen}: reduction of {rnd.out.nbytes:,} "
+                            f"bytes did not finish within {timeout} s", timed_out=True)
+                        self._break(err)
+                        raise err
+                    self._cond.wait(remaining)
+            lo = i * rnd.chunk
+            hi = min(lo + rnd.chunk, rnd.out.size)
+            try:
+                self._reduce_chunk(rnd, lo, hi)
+            except BaseException as e:
+                self.abort(e)
+                raise
+            with self._cond:
+                rnd.finished += 1
+                if rnd.finished == rnd.nchunks:
+                    self._finish(rnd)
+                    self._cond.notify_all()
+
+    def _finish(self, rnd: _Round) -> None:
+        if rnd.shared:
+            rnd.out.flags.writeable = False
+            rnd.result = rnd.out.reshape(rnd.shape)
+        rnd.done = True
+        rnd.items = rnd.outs = rnd.flats = rnd.out = rnd.copies = None  # let the arrays go
+
+    # ------------------------------------------------------------------ failures
+    def _break(self, err: CollectiveError) -> None:
+        if self._broken is None:
+            self._broken = err
+        self._cond.notify_all()
+
+    def _raise_if_broken(self) -> None:
+        b = self._broken
+        if b is not None:
+            err = CollectiveError(str(b), missing=b.missing, rank=b.rank, timed_out=b.timed_out)
+            raise err from (b.__cause__ or b)
+
+    def _missing_error(self, rnd: _Round, timeout: float) -> CollectiveError:
+        n = len(rnd.arrived)
+        if rnd.ranked:
+            missing = sorted(set(range(self.world_size)) - set(rnd.arrived))
+            return CollectiveError(
+                f"CollectiveBarrier round {rnd.gen}: rank(s) {', '.join(map(str, missing))} did "
+                f"not arrive within {timeout} s (arrived: "
+                f"{', '.join(map(str, sorted(rnd.arrived)))})", missing=missing, timed_out=True)
+        return CollectiveError(
+            f"CollectiveBarrier round {rnd.gen}: {self.world_size - n} of {self.world_size} "
+            f"participants did not arrive within {timeout} s (pass rank= to name them)",
+            timed_out=True)
+
+    def _gone_error(self, rnd: _Round) -> CollectiveError:
+        gone = sorted(self._gone - set(rnd.arrived))
+        return CollectiveError(
+            f"CollectiveBarrier round {rnd.gen}: rank(s) {', '.join(map(str, gone)) or '?'} "
+            f"ended and will never arrive", missing=gone)

@@ -1,0 +1,188 @@
+"""CommThread: one thread per device that all-reduces device buffers in the background.
+
+The compute thread calls ``async_allreduce(comm, x, barrier)`` and goes on recording work; the comm
+thread downloads the buffer through the runtime's staging path (copy into a mappable buffer,
+``map_async``, polled on the comm thread, so the compute thread never blocks), joins the
+CollectiveBarrier with the other devices' comm threads, and writes the reduced values back into the
+same buffer. Large buffers go in chunks: the download of chunk k+1 is in flight while chunk k is
+reduced and uploaded. ``AllReduceHandle.wait()`` returns once the result is in place (queued
+before any later GPU work) and re-raises whatever failed.
+
+Do not modify the buffer between ``async_allreduce`` and ``wait()``.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .barrier import CollectiveBarrier, check_op
+from .errors import CollectiveError
+
+CHUNK_BYTES = 4 << 20  # large enough to amortise a map round trip, small enough to overlap
+
+
+@dataclass(frozen=True)
+class BufferSlice:
+    """``nbytes`` of ``dtype`` values at byte ``offset`` of a device's wgpu ``buffer``."""
+    device: object
+    buffer: object
+    offset: int
+    nbytes: int
+    dtype: np.dtype
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        if self.offset % 4 or self.nbytes % 4:
+            raise ValueError(f"offset ({self.offset}) and size ({self.nbytes}) must be multiples "
+                             "of 4 bytes: WebGPU copies and queue writes work in 4-byte words")
+        if self.nbytes % self.dtype.itemsize:
+            raise ValueError(f"{self.nbytes} bytes is not a whole number of {self.dtype} values")
+
+
+def storage_of(x) -> BufferSlice:
+    """The device buffer region holding ``x``: a BufferSlice, or a tensor exposing one through
+    ``buffer_slice()``."""
+    if isinstance(x, BufferSlice):
+        return x
+    fn = getattr(x, "buffer_slice", None)
+    if fn is None:
+        raise TypeError(f"async_allreduce needs a BufferSlice or a contiguous tensor with "
+                        f"buffer_slice(); got {type(x).__name__}")
+    s = fn()
+    return s if isinstance(s, BufferSlice) else BufferSlice(*s)
+
+
+class AllReduceHandle:
+    """Completion of one asynchronous all-reduce."""
+
+    def __init__(self, target):
+        self.target = target
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None):
+        """Block until the reduced values are in place; return the all-reduced object. Re-raises
+        the comm thread's failure. With ``timeout``, raises CollectiveError(timed_out=True) when
+        it is not done yet (the operation goes on; wait again)."""
+        if not self._done.wait(timeout):
+            raise CollectiveError(f"all-reduce not finished within {timeout} s (still running)",
+                                  timed_out=True)
+        if self._error is not None:
+            raise self._error
+        return self.target
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+
+@dataclass
+class _Request:
+    storage: BufferSlice
+    barrier: CollectiveBarrier
+    op: str
+    handle: AllReduceHandle
+
+
+class CommThread:
+    """A dedicated communication thread for one device (runtime ``Device``).
+
+    ``rank`` is this device's participant number in the barriers it joins (default: the
+    device's index). Requests run in submission order; ``close()`` stops the thread."""
+
+    def __init__(self, device, rank: int | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 depth: int = 16):
+        self.device = device
+        self.rank = int(device.index if rank is None else rank)
+        self.chunk_bytes = max(256, chunk_bytes // 256 * 256)
+        self._requests: queue.Queue = queue.Queue(maxsize=depth)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"wgrumus-comm{self.rank}")
+        self._thread.start()
+
+    def __repr__(self):
+        return f"CommThread(rank {self.rank}, {self.device!r})"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def submit(self, storage: BufferSlice, barrier: CollectiveBarrier, op: str = "mean",
+               target=None) -> AllReduceHandle:
+        """Queue an all-reduce of ``storage`` (blocks only when ``depth`` requests wait)."""
+        if self._closed:
+            raise CollectiveError(f"{self!r} is closed")
+        if storage.device is not self.device:
+            raise ValueError(f"buffer lives on {storage.device!r}, this comm thread serves "
+                             f"{self.device!r}")
+        if not 0 <= self.rank < barrier.world_size:
+            raise ValueError(f"rank {self.rank} outside the barrier's {barrier.world_size} "
+                             "participants; pass CommThread(device, rank=...)")
+        check_op(op, storage.dtype)
+        handle = AllReduceHandle(storage if target is None else target)
+        self._requests.put(_Request(storage, barrier, op, handle))
+        return handle
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish queued requests, then stop the thread."""
+        if not self._closed:
+            self._closed = True
+            self._requests.put(None)
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ comm thread
+    def _loop(self) -> None:
+        while True:
+            req = self._requests.get()
+            if req is None:
+                return
+            try:
+                self._all_reduce(req)
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+                if not isinstance(e, CollectiveError):
+                    req.barrier.abort(e)  # the other devices must not wait for us
+                req.handle._finish(e)
+            else:
+                req.handle._finish()
+
+    def _all_reduce(self, req: _Request) -> None:
+        s, dev = req.storage, self.device
+        bounds = list(range(0, s.nbytes, self.chunk_bytes)) + [s.nbytes]
+        if s.nbytes == 0:
+            bounds = [0, 0]
+        pending = self._download(s, bounds[0], bounds[1])
+        try:
+            for k in range(len(bounds) - 1):
+                current, pending = pending, None
+                if k + 2 < len(bounds):  # next chunk's copy and map run while this one reduces
+                    pending = self._download(s, bounds[k + 1], bounds[k + 2])
+                local = np.frombuffer(current.result(), dtype=s.dtype) if current else \
+                    np.empty(0, s.dtype)
+                reduced = req.barrier.reduce(local, req.op, rank=self.rank)
+                if reduced.size:
+                    dev.write(s.buffer, reduced, s.offset + bounds[k])
+        finally:
+            if pending is not None:  # failed mid-way: finish the map so the staging is reused
+                try:
+                    pending.result()
+                except Exception:  # the original failure is what the caller needs
+                    pass
+
+    def _download(self, s: BufferSlice, lo: int, hi: int):
+        return self.device.read_start(s.buffer, s.offset + lo, hi - lo) if hi > lo else None
+
+
+def async_allreduce(comm: CommThread, x, barrier: CollectiveBarrier,
+                    op: str = "mean") -> AllReduceHandle:
+    """All-reduce ``x`` (a BufferSlice or tensor) in place across the barrier's participants on
+    ``comm``'s thread; returns a handle whose ``wait()`` returns ``x`` once done."""
+    return comm.submit(storage_of(x), barrier, op, target=x)

@@ -1,0 +1,25 @@
+"""numpy <-> wgrumus Tensor at the edge of the collectives: Tensor in, Tensor out on the same
+device; numpy in, numpy out. Collectives themselves only ever see numpy arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def is_tensor(x) -> bool:
+    # Duck-typed so this room does not import the tensor module at import time.
+    return not isinstance(x, np.ndarray) and hasattr(x, "numpy") and hasattr(x, "device")
+
+
+def to_numpy(x):
+    """Return (array, device): device is None for array-likes."""
+    if is_tensor(x):
+        return np.ascontiguousarray(x.numpy()), x.device
+    return np.asarray(x), None
+
+
+def from_numpy(arr, device):
+    """Wrap ``arr`` as a Tensor on ``device``, or return it unchanged when device is None."""
+    if device is None or arr is None:
+        return arr
+    import wgrumus
+    return wgrumus.tensor(arr, device=device)

@@ -1,0 +1,158 @@
+"""Starting ranks: ``spawn`` (threads of this process, or this process under mpiexec) and
+``init_process_group`` (this process's group under mpiexec)."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from .collectives import (AllReduceStrategy, BroadcastStrategy, CollectiveConfig,
+                          ReduceStrategy)
+from .errors import CollectiveError
+from .process_group import ProcessGroup
+from .transport import ThreadWorld
+
+_mpi_group: ProcessGroup | None = None
+
+
+def _config(config, world_size, timeout, backend):
+    """The caller's config, or the backend's best default: threads share memory, so their own
+    (native) collectives beat message passing; across processes pmetal's Auto rule applies."""
+    if config is not None:
+        cfg = config
+    elif backend == "threads":
+        cfg = CollectiveConfig(num_devices=world_size,
+                               local_all_reduce=AllReduceStrategy.Native,
+                               local_reduce=ReduceStrategy.Native,
+                               local_broadcast=BroadcastStrategy.Native)
+    else:
+        cfg = CollectiveConfig(num_devices=world_size)
+    if timeout is not None:
+        cfg = cfg.with_(timeout=float(timeout))
+    return cfg.validate()
+
+
+def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: float = 60.0,
+          config: CollectiveConfig | None = None) -> list:
+    """Run ``fn(group)`` on ``world_size`` ranks and return the results in rank order.
+
+    threads: one thread per rank, ``group.device = devices[rank]`` when devices are given. When a
+    rank raises, the group is aborted so every rank blocked in a collective stops at once; spawn
+    waits until every rank has stopped (at most ``timeout`` more for ranks stuck outside
+    collectives) and re-raises the first failure, with every rank's outcome in its notes.
+
+    mpi: call it in every process under ``mpiexec -n world_size``; runs ``fn`` on this process's
+    rank and returns everyone's results (they must be picklable)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if devices is not None and len(devices) < world_size:
+        raise ValueError(f"{world_size} ranks need {world_size} devices, got {len(devices)}")
+    cfg = _config(config, world_size, timeout, backend)
+    if backend == "mpi":
+        return _spawn_mpi(fn, world_size, cfg, devices)
+    if backend != "threads":
+        raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
+
+    world = ThreadWorld(world_size, cfg.timeout)
+    results = [None] * world_size
+    failures: list[tuple[float, int, BaseException]] = []
+    lock = threading.Lock()
+
+    def run(rank: int) -> None:
+        group = ProcessGroup(world.transport(rank), cfg,
+                             devices[rank] if devices is not None else None)
+        try:
+            results[rank] = fn(group)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller below
+            with lock:
+                failures.append((time.monotonic(), rank, e))
+            err = CollectiveError(f"rank {rank} failed: {type(e).__name__}: {e}", rank=rank)
+            err.__cause__ = e
+            world.abort(err)
+        else:
+            world.mark_exited(rank)
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"wgrumus-rank{r}", daemon=True)
+               for r in range(world_size)]
+    for t in threads:
+        t.start()
+    stuck = _join(threads, failures, cfg.timeout)
+    if failures:
+        first = min(failures, key=lambda f: f[0])[2]
+        for _, rank, e in sorted(failures, key=lambda f: f[1]):
+            _note(first, f"rank {rank}: {type(e).__name__}: {e}")
+        if stuck:
+            _note(first, f"rank(s) {stuck} still running {cfg.timeout} s after the failure "
+                         "(stuck outside collectives); abandoned")
+        raise first
+    return results
+
+
+def _join(threads, failures, grace: float) -> list[int]:
+    """Wait for every thread; after the first failure wait at most ``grace`` seconds more."""
+    while True:
+        alive = [t for t in threads if t.is_alive()]
+        if not alive:
+            return []
+        if failures and time.monotonic() - min(f[0] for f in failures) > grace:
+            return [threads.index(t) for t in alive]
+        alive[0].join(0.05)
+
+
+def _note(exc: BaseException, text: str) -> None:
+    if hasattr(exc, "add_note"):
+        exc.add_note(text)
+
+
+def init_process_group(backend: str = "mpi", timeout: float = 60.0,
+                       config: CollectiveConfig | None = None, device=None) -> ProcessGroup:
+    """This process's group under ``mpiexec -n N`` (rank = MPI rank). Calling it again returns the
+    same group. An uncaught exception in this process tells the other ranks before exiting, so
+    they raise CollectiveError at once instead of at their timeout."""
+    global _mpi_group
+    if backend != "mpi":
+        raise ValueError(f"init_process_group supports backend='mpi' (got {backend!r}); for "
+                         "ranks as threads of one process use dist.spawn(fn, world_size)")
+    if _mpi_group is not None:
+        return _mpi_group
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError("the MPI backend needs mpi4py and an MPI library: "
+                          "pip install 'wgrumus[mpi]' (mpi4py + the mpich wheel)") from e
+    from .transport import MPITransport
+    comm = MPI.COMM_WORLD
+    t = MPITransport(comm, timeout)
+    _mpi_group = ProcessGroup(t, _config(config, comm.Get_size(), timeout, "mpi"), device,
+                              "world")
+    _install_excepthook(_mpi_group)
+    return _mpi_group
+
+
+def _install_excepthook(group: ProcessGroup) -> None:
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        if not issubclass(exc_type, KeyboardInterrupt):
+            try:
+                group.abort(exc)
+            except Exception:  # never hide the original error
+                pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
+def _spawn_mpi(fn, world_size, cfg, devices):
+    group = init_process_group("mpi", cfg.timeout, cfg)
+    if group.world_size != world_size:
+        raise ValueError(f"spawn(world_size={world_size}) under mpiexec with "
+                         f"{group.world_size} processes; run mpiexec -n {world_size}")
+    if devices is not None:
+        group.device = devices[group.rank]
+    try:
+        result = fn(group)
+    except BaseException as e:
+        group.abort(e)
+        raise
+    return group.all_gather_object(result)

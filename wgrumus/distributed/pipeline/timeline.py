@@ -1,0 +1,467 @@
+"""Validate, simulate and draw pipeline schedules before anything runs.
+
+Dependency model (the same one the executor obeys). With ``p`` stages and ``v`` chunks there are
+``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual stage ``c * p + s``.
+
+* ``F(mb)`` on virtual stage ``k > 0`` needs ``F(mb)`` on virtual stage ``k - 1`` (its activation).
+* ``B(mb)`` / ``BI(mb)`` on virtual stage ``k`` needs its own ``F(mb)`` (the saved activations) and,
+  unless ``k`` is the last virtual stage (where the loss is), the input gradient of ``mb`` from
+  virtual stage ``k + 1`` -- produced by ``B`` or ``BI`` there.
+* ``BW(mb)`` needs ``BI(mb)`` of the same (stage, chunk); nothing waits for ``BW``.
+
+Timing model of :func:`simulate` (exact, no approximation): every stage executes its list strictly
+in order, one action at a time, and starts each action as soon as the previous one on the stage
+has finished and all its dependencies have finished (``+ comm_time`` when the dependency ran on
+another stage). Durations are per action: ``F = f_time``, ``B = b_time``, ``BI = bi_time`` and
+``BW = bw_time`` (by default each half of ``b_time``, so a split backward costs the same as a fused
+one). For interleaved schedules the times are per chunk; to compare with a non-interleaved
+schedule of the same model, divide them by ``v``. Sends never block (the executor's channels are
+sized for every in-flight micro-batch).
+
+Derived quantities:
+
+* ``makespan``: end of the last action on any stage (all stages start at time 0);
+* bubble fraction of a stage: ``(makespan - busy) / makespan``; ``bubble_fraction`` is the mean
+  over stages. With ``comm_time = 0`` this model gives exactly ``(p-1)/(m+p-1)`` for GPipe and
+  1F1B and ``(p-1)/(v*m+p-1)`` for interleaved, whatever the ratio of ``b_time`` to ``f_time``;
+  ZB-H1 idles ``(p-1)*(f+bi-bw)`` per stage when ``m >= p`` and ``bw <= min(f, bi)``
+  (the tests check all of these);
+* peak in-flight of a stage: the largest number of (micro-batch, chunk) pairs whose forward has
+  run and whose activations have not yet been released (by ``B``, or by ``BW`` for a split
+  backward), counted along the stage's list -- it depends only on the order, not on the timing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable, Union
+
+from .actions import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    Schedule,
+    ScheduleError,
+    StageActions,
+    make_schedule,
+)
+
+ScheduleLike = Union[Schedule, Iterable[StageActions]]
+
+# Keys of completed work: ("F", mb, vstage) activation ready, ("G", mb, vstage) input grad ready,
+# ("W", mb, vstage) weight grad done.
+_MAX_PROBLEMS = 12
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One action placed on the time axis of its stage."""
+
+    action: Action
+    start: float
+    end: float
+
+    def __repr__(self) -> str:
+        return f"{self.action!r}@[{self.start:g},{self.end:g})"
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Outcome of :func:`simulate`; see the module docstring for the exact definitions."""
+
+    schedule: Schedule
+    timelines: tuple[tuple[Slot, ...], ...]
+    makespan: float
+    busy: tuple[float, ...]
+    stage_bubble_fractions: tuple[float, ...]
+    bubble_fraction: float
+    peak_in_flight: tuple[int, ...]
+    f_time: float
+    b_time: float
+    bi_time: float
+    bw_time: float
+    comm_time: float
+
+    def idle(self, stage: int) -> float:
+        return self.makespan - self.busy[stage]
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+
+
+def validate(
+    schedule: ScheduleLike,
+    num_microbatches: int | None = None,
+    num_chunks: int | None = None,
+) -> Schedule:
+    """Check that an action list can be executed; return it as a :class:`Schedule`.
+
+    Raises :class:`ScheduleError` (a ``ValueError``) listing every problem found:
+
+    * indices out of range, unknown kinds;
+    * per stage, every (micro-batch, chunk) has exactly one ``F`` and exactly one backward -- a
+      ``B``, or a ``BI`` and a ``BW`` -- and no duplicates;
+    * per stage, each backward comes after its own forward and each ``BW`` after its ``BI``;
+    * across stages, the dependencies can be met: the schedule is executed with unit-time actions
+      (``BI`` and ``BW`` half a unit each) and if every stage ends up blocked on an action whose
+      dependency sits behind another blocked action, the deadlock cycle is reported.
+
+    Raw lists are accepted (Actions or strings such as ``"F0"``); the number of micro-batches is
+    then inferred unless ``num_microbatches`` is given.
+    """
+    sched = make_schedule(schedule, num_microbatches, num_chunks)
+    problems = _static_problems(sched)
+    if problems:
+        raise ScheduleError(_format_problems(sched, problems))
+    _execute(sched, {FORWARD: 1, BACKWARD: 1, BACKWARD_INPUT: 0.5, BACKWARD_WEIGHT: 0.5}, 0)
+    return sched
+
+
+def _format_problems(sched: Schedule, problems: list[str]) -> str:
+    head = f"invalid pipeline schedule {sched.name!r} (p={sched.num_stages}, m={sched.num_microbatches}"
+    head += f", v={sched.num_chunks})" if sched.num_chunks > 1 else ")"
+    shown = problems[:_MAX_PROBLEMS]
+    more = len(problems) - len(shown)
+    tail = [f"... and {more} more problem(s)"] if more > 0 else []
+    return head + ":\n  " + "\n  ".join(shown + tail)
+
+
+def _static_problems(sched: Schedule) -> list[str]:
+    p, m, v = sched.num_stages, sched.num_microbatches, sched.num_chunks
+    if m < 1:
+        return ["the schedule has no micro-batches (m must be >= 1)"]
+    if v < 1:
+        return ["the number of model chunks per stage must be >= 1"]
+    problems: list[str] = []
+    for s, acts in enumerate(sched):
+        bad_range = False
+        for i, a in enumerate(acts):
+            if a.mb >= m:
+                problems.append(
+                    f"stage {s}: {a!r} (position {i}) refers to micro-batch {a.mb}, "
+                    f"but there are only m={m} micro-batches (0..{m - 1})"
+                )
+                bad_range = True
+            if a.chunk >= v:
+                problems.append(
+                    f"stage {s}: {a!r} (position {i}) refers to chunk {a.chunk}, "
+                    f"but there are only v={v} chunk(s) per stage"
+                )
+                bad_range = True
+        if bad_range:
+            continue
+        counts = Counter(acts)
+        for a, n in sorted(counts.items(), key=lambda kv: (kv[0].chunk, kv[0].mb, kv[0].kind)):
+            if n > 1:
+                problems.append(f"stage {s}: {a!r} appears {n} times (expected exactly once)")
+        pos = {a: i for i, a in reversed(list(enumerate(acts)))}  # first occurrence
+        for c in range(v):
+            for mb in range(m):
+                f, b, bi, bw = (Action(k, mb, c) for k in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT))
+                no_backward = b not in pos and bi not in pos and bw not in pos
+                if f not in pos and no_backward:
+                    problems.append(
+                        f"stage {s}: missing micro-batch {mb}"
+                        + (f" chunk {c}" if v > 1 else "")
+                        + f" (no {f!r} and no backward)"
+                    )
+                    continue
+                if f not in pos:
+                    problems.append(f"stage {s}: missing {f!r}")
+                if b in pos and (bi in pos or bw in pos):
+                    split = " and ".join(repr(x) for x in (bi, bw) if x in pos)
+                    problems.append(
+                        f"stage {s}: micro-batch {mb} has both a full backward {b!r} and {split}; "
+                        f"use either B or the BI+BW pair"
+                    )
+                elif no_backward:
+                    problems.append(
+                        f"stage {s}: missing backward for {f!r} (need {b!r}, or {bi!r} and {bw!r})"
+                    )
+                elif b not in pos and (bi in pos) != (bw in pos):
+                    have, lack = (bi, bw) if bi in pos else (bw, bi)
+                    problems.append(f"stage {s}: {have!r} without {lack!r}")
+                for back in (b, bi):
+                    if back in pos and f in pos and pos[back] < pos[f]:
+                        problems.append(
+                            f"stage {s}: {back!r} (position {pos[back]}) comes before its "
+                            f"forward {f!r} (position {pos[f]})"
+                        )
+                if bw in pos and bi in pos and pos[bw] < pos[bi]:
+                    problems.append(
+                        f"stage {s}: {bw!r} (position {pos[bw]}) comes before {bi!r} "
+                        f"(position {pos[bi]}); the weight gradient needs the input-gradient pass"
+                    )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# the execution engine shared by validate() and simulate()
+# ---------------------------------------------------------------------------------------------
+
+
+def _needs(sched: Schedule, stage: int, a: Action) -> list[tuple[tuple, str]]:
+    """Completion keys ``a`` waits for, each with a human description of who produces it."""
+    k = sched.virtual_stage(stage, a.chunk)
+    last = sched.num_virtual_stages - 1
+
+    def where(vs: int) -> str:
+        s, c = sched.locate(vs)
+        return f"stage {s}" + (f" chunk {c}" if sched.num_chunks > 1 else "")
+
+    def name(kind: str, vs: int) -> str:
+        return repr(Action(kind, a.mb, sched.locate(vs)[1]))
+
+    if a.kind == FORWARD:
+        return [(("F", a.mb, k - 1), f"{name(FORWARD, k - 1)} on {where(k - 1)}")] if k > 0 else []
+    if a.kind == BACKWARD_WEIGHT:
+        return [(("G", a.mb, k), f"{name(BACKWARD_INPUT, k)} on {where(k)}")]
+    needs = [(("F", a.mb, k), f"{name(FORWARD, k)} on {where(k)}")]
+    if k < last:
+        nxt = f"{name(BACKWARD, k + 1)}/{name(BACKWARD_INPUT, k + 1)}"
+        needs.append((("G", a.mb, k + 1), f"{nxt} on {where(k + 1)}"))
+    return needs
+
+
+def _produces(sched: Schedule, stage: int, a: Action) -> list[tuple]:
+    k = sched.virtual_stage(stage, a.chunk)
+    return {
+        FORWARD: [("F", a.mb, k)],
+        BACKWARD: [("G", a.mb, k), ("W", a.mb, k)],
+        BACKWARD_INPUT: [("G", a.mb, k)],
+        BACKWARD_WEIGHT: [("W", a.mb, k)],
+    }[a.kind]
+
+
+def _execute(sched: Schedule, durations: dict, comm_time: float) -> list[list[Slot]]:
+    """List-schedule every stage in order (as early as possible); raise on deadlock."""
+    p = sched.num_stages
+    done: dict[tuple, tuple[float, int]] = {}
+    ptr = [0] * p
+    free = [0.0] * p
+    timelines: list[list[Slot]] = [[] for _ in range(p)]
+    progress = True
+    while progress:
+        progress = False
+        for s in range(p):
+            acts = sched[s]
+            while ptr[s] < len(acts):
+                a = acts[ptr[s]]
+                start = free[s]
+                ready = True
+                for key, _ in _needs(sched, s, a):
+                    if key not in done:
+                        ready = False
+                        break
+                    t, src = done[key]
+                    start = max(start, t + (comm_time if src != s else 0))
+                if not ready:
+                    break
+                end = start + durations[a.kind]
+                timelines[s].append(Slot(a, start, end))
+                for key in _produces(sched, s, a):
+                    done[key] = (end, s)
+                free[s] = end
+                ptr[s] += 1
+                progress = True
+    if any(ptr[s] < len(sched[s]) for s in range(p)):
+        raise ScheduleError(_deadlock_message(sched, ptr, done))
+    return timelines
+
+
+def _deadlock_message(sched: Schedule, ptr: list[int], done: dict) -> str:
+    owner = {}  # completion key -> stage whose list holds the producing action
+    for s, acts in enumerate(sched):
+        for a in acts:
+            for key in _produces(sched, s, a):
+                owner.setdefault(key, s)
+    waits: dict[int, int] = {}
+    lines = []
+    for s, acts in enumerate(sched):
+        if ptr[s] >= len(acts):
+            continue
+        a = acts[ptr[s]]
+        missing = [(key, desc) for key, desc in _needs(sched, s, a) if key not in done]
+        desc = ", ".join(d for _, d in missing)
+        lines.append(f"stage {s} is blocked at {a!r} (position {ptr[s]}) waiting for {desc}")
+        if missing and missing[0][0] in owner:
+            waits[s] = owner[missing[0][0]]
+    cycle = _find_cycle(waits)
+    head = f"deadlock in pipeline schedule {sched.name!r}"
+    if cycle:
+        head += ": wait cycle " + " -> ".join(f"stage {s}" for s in cycle + [cycle[0]])
+    return head + "\n  " + "\n  ".join(lines)
+
+
+def _find_cycle(waits: dict[int, int]) -> list[int]:
+    for start in waits:
+        seen: list[int] = []
+        s = start
+        while s in waits and s not in seen:
+            seen.append(s)
+            s = waits[s]
+        if s in seen:
+            return seen[seen.index(s):]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# simulation
+# ---------------------------------------------------------------------------------------------
+
+
+def peak_in_flight(schedule: ScheduleLike) -> tuple[int, ...]:
+    """Per stage, the most (micro-batch, chunk) activations held at once (order only)."""
+    sched = make_schedule(schedule)
+    peaks = []
+    for acts in sched:
+        live = peak = 0
+        for a in acts:
+            if a.kind == FORWARD:
+                live += 1
+                peak = max(peak, live)
+            elif a.frees_activations:
+                live -= 1
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def _durations(f_time, b_time, bi_time, bw_time) -> dict:
+    if bi_time is None and bw_time is None:
+        bi_time = bw_time = b_time / 2
+    elif bi_time is None:
+        bi_time = b_time - bw_time
+    elif bw_time is None:
+        bw_time = b_time - bi_time
+    d = {FORWARD: f_time, BACKWARD: b_time, BACKWARD_INPUT: bi_time, BACKWARD_WEIGHT: bw_time}
+    for kind, t in d.items():
+        if not t > 0:
+            raise ScheduleError(f"the duration of {kind} actions must be > 0, got {t!r}")
+    return d
+
+
+def simulate(
+    schedule: ScheduleLike,
+    f_time: float = 1,
+    b_time: float = 2,
+    bi_time: float | None = None,
+    bw_time: float | None = None,
+    comm_time: float = 0,
+) -> SimResult:
+    """Validate ``schedule`` and time it under the model in the module docstring.
+
+    Returns per-stage timelines (start/end of each action), the makespan, the bubble fraction
+    (idle / makespan per stage, averaged over stages) and the peak in-flight micro-batches.
+    ``bi_time``/``bw_time`` default to half of ``b_time`` each (or to ``b_time`` minus the other).
+    """
+    sched = validate(schedule)
+    if comm_time < 0:
+        raise ScheduleError(f"comm_time must be >= 0, got {comm_time!r}")
+    d = _durations(f_time, b_time, bi_time, bw_time)
+    timelines = _execute(sched, d, comm_time)
+    makespan = max((tl[-1].end for tl in timelines if tl), default=0.0)
+    busy = tuple(sum(sl.end - sl.start for sl in tl) for tl in timelines)
+    fractions = tuple((makespan - b) / makespan if makespan else 0.0 for b in busy)
+    return SimResult(
+        schedule=sched,
+        timelines=tuple(tuple(tl) for tl in timelines),
+        makespan=makespan,
+        busy=busy,
+        stage_bubble_fractions=fractions,
+        bubble_fraction=sum(fractions) / len(fractions),
+        peak_in_flight=peak_in_flight(sched),
+        f_time=d[FORWARD],
+        b_time=d[BACKWARD],
+        bi_time=d[BACKWARD_INPUT],
+        bw_time=d[BACKWARD_WEIGHT],
+        comm_time=comm_time,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# ASCII chart
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_fraction(x: float) -> Fraction:
+    return Fraction(x).limit_denominator(10_000)
+
+
+def render(
+    schedule: Union[ScheduleLike, SimResult],
+    f_time: float | None = None,
+    b_time: float | None = None,
+    bi_time: float | None = None,
+    bw_time: float | None = None,
+    comm_time: float = 0,
+    header: bool = True,
+) -> str:
+    """Draw the timeline as text: one row per stage, one column per time slot.
+
+    By default every action (F, B, BI, BW) takes exactly one slot, which gives the most compact
+    chart; pass durations (as for :func:`simulate`) to draw proportions, e.g. ``b_time=2``.
+    A pre-computed :class:`SimResult` is drawn as is. Cells show the action (``F0``, ``B3``,
+    ``F2.1``); ``--`` continues a multi-slot action and ``.`` is idle time::
+
+        1f1b: p=2 m=3 (F=1 B=1): makespan 8, bubble 25.0%
+        t   0  1  2  3  4  5  6  7
+        s0  F0 F1 .  B0 F2 B1 .  B2
+        s1  .  F0 B0 F1 B1 F2 B2 .
+    """
+    if isinstance(schedule, SimResult):
+        res = schedule
+    elif f_time is None and b_time is None and bi_time is None and bw_time is None:
+        res = simulate(schedule, 1, 1, 1, 1, comm_time)
+    else:
+        f = 1 if f_time is None else f_time
+        b = 2 * f if b_time is None else b_time
+        res = simulate(schedule, f, b, bi_time, bw_time, comm_time)
+    sched = res.schedule
+    durs = [res.f_time, res.b_time, res.bi_time, res.bw_time] + ([res.comm_time] if res.comm_time else [])
+    slot = Fraction(0)
+    for d in durs:
+        fd = _as_fraction(d)
+        slot = fd if slot == 0 else Fraction(
+            math.gcd(slot.numerator * fd.denominator, fd.numerator * slot.denominator),
+            slot.denominator * fd.denominator,
+        )
+    n_slots = int(round(_as_fraction(res.makespan) / slot)) if res.makespan else 0
+    width = max([len(repr(a)) for acts in sched for a in acts] + [2, len(str(max(n_slots - 1, 0)))])
+    label_w = len(f"s{sched.num_stages - 1}")
+    rows = []
+    if header:
+        kinds = {a.kind for acts in sched for a in acts}
+        times = {FORWARD: res.f_time, BACKWARD: res.b_time, BACKWARD_INPUT: res.bi_time,
+                 BACKWARD_WEIGHT: res.bw_time}
+        durs_txt = " ".join(f"{k}={times[k]:g}" for k in times if k in kinds)
+        if res.comm_time:
+            durs_txt += f" comm={res.comm_time:g}"
+        unit = "" if slot == 1 else f", 1 slot = {float(slot):g}"
+        rows.append(
+            f"{sched.name}: p={sched.num_stages} m={sched.num_microbatches}"
+            + (f" v={sched.num_chunks}" if sched.num_chunks > 1 else "")
+            + f" ({durs_txt}{unit}): makespan {res.makespan:g}, "
+            f"bubble {100 * res.bubble_fraction:.1f}%"
+        )
+        ruler = [str(t).ljust(width) for t in range(n_slots)]
+        rows.append(("t" if slot == 1 else "#").ljust(label_w) + "  " + " ".join(ruler).rstrip())
+    for s, tl in enumerate(res.timelines):
+        cells = [".".ljust(width)] * n_slots
+        for sl in tl:
+            a = int(round(_as_fraction(sl.start) / slot))
+            b = int(round(_as_fraction(sl.end) / slot))
+            cells[a] = repr(sl.action).ljust(width)
+            for i in range(a + 1, b):
+                cells[i] = "-" * width
+        rows.append(f"s{s}".ljust(label_w) + "  " + " ".join(cells).rstrip())
+    return "\n".join(rows)
+
+
+format_timeline = render

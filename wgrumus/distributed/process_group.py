@@ -1,0 +1,383 @@
+"""ProcessGroup: the collectives one rank calls, over either transport (threads or MPI).
+
+Every method takes a numpy array or a wgrumus Tensor and *returns* the result (Tensor in, Tensor
+out on the same device); inputs are never modified. Like MPI communicators and NCCL, all ranks of
+a group must call the same collectives in the same order. Each call has a deadline
+(``config.timeout``): if any rank fails, exits or never arrives, every other rank raises
+CollectiveError instead of hanging, and the group is broken from then on.
+"""
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+
+import numpy as np
+
+from . import collectives as C
+from .barrier import check_op
+from .collectives import CollectiveConfig
+from .errors import CollectiveError
+from .interop import from_numpy, to_numpy
+
+
+class Work:
+    """Handle of a nonblocking send: ``wait(timeout=None)`` returns once the buffer was taken."""
+
+    def __init__(self, group, reqs, deadline):
+        self._group, self._reqs, self._deadline = group, reqs, deadline
+
+    def wait(self, timeout: float | None = None) -> None:
+        deadline = self._deadline if timeout is None else time.monotonic() + timeout
+        if self._reqs:
+            try:
+                self._group._t.wait_all(self._reqs, deadline)
+            except CollectiveError as e:
+                self._group._fail(e)
+                raise
+            self._reqs = None
+
+
+class ProcessGroup:
+    """One rank's view of a group of ranks: rank, world_size, collectives, point-to-point, stats."""
+
+    def __init__(self, transport, config: CollectiveConfig | None = None, device=None,
+                 name: str = "world", ranks=None):
+        self._t = transport
+        self.config = (config or CollectiveConfig(num_devices=transport.size)).validate()
+        self.device = device
+        self.name = name
+        self.ranks = tuple(ranks) if ranks is not None else tuple(range(transport.size))
+        self._lock = threading.RLock()
+        self._seq = 0
+        self._splits = 0
+        self._hier = None
+        self._broken: CollectiveError | None = None
+        self._coll_base = transport.tag_ub // 2 + 1
+        self._coll_span = transport.tag_ub - self._coll_base
+        self._ops: dict[str, list] = {}
+
+    def __repr__(self):
+        return (f"ProcessGroup({self.name}: rank {self.rank}/{self.world_size}, "
+                f"{self.backend}, ranks {list(self.ranks)})")
+
+    @property
+    def rank(self) -> int:
+        return self._t.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._t.size
+
+    @property
+    def backend(self) -> str:
+        return self._t.backend
+
+    @property
+    def timeout(self) -> float:
+        return self.config.timeout
+
+    @property
+    def max_user_tag(self) -> int:
+        return self._coll_base - 1
+
+    # ------------------------------------------------------------------ plumbing
+    def _run(self, name: str, nbytes, fn, collective: bool = True):
+        """Run one operation under the group's deadline, with measured stats and failure policy:
+        any error once communication started breaks the group and tells the peers.
+
+        Collectives take the next sequence number as their tag; every rank counts the same
+        collectives, so tags agree. Point-to-point calls must not advance it."""
+        with self._lock:
+            self._check_usable()
+            if collective:
+                self._seq += 1
+            tag = self._coll_base + self._seq % self._coll_span
+            deadline = time.monotonic() + self.config.timeout
+            t0 = time.perf_counter()
+            try:
+                out = fn(tag, deadline)
+            except CollectiveError as e:
+                self._fail(e)
+                raise
+            except BaseException as e:
+                err = CollectiveError(f"rank {self.rank} failed inside {name}: "
+                                      f"{type(e).__name__}: {e}", rank=self.rank)
+                err.__cause__ = e
+                self._fail(err)
+                raise
+            self._record(name, out.nbytes if nbytes is None else nbytes,
+                         time.perf_counter() - t0)
+            return out
+
+    def _record(self, name, nbytes, seconds):
+        rec = self._ops.setdefault(name, [0, 0, 0.0])
+        rec[0] += 1
+        rec[1] += int(nbytes)
+        rec[2] += seconds
+
+    def _check_usable(self):
+        if self._broken is None:
+            try:
+                self._t.check()  # MPI: picks up an abort notice a peer sent meanwhile
+            except CollectiveError as e:
+                self._broken = e
+        b = self._broken or self._t.failed
+        if b is not None:
+            raise CollectiveError(f"process group {self.name} is broken by an earlier failure: "
+                                  f"{b}", missing=b.missing, rank=b.rank,
+                                  timed_out=b.timed_out) from b
+
+    def _fail(self, err: CollectiveError) -> None:
+        if self._broken is None:
+            self._broken = err
+        try:
+            self._t.abort(err)
+        except Exception:  # telling peers is best effort; this rank raises either way
+            pass
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Break the group on purpose (e.g. this rank hit an error): peers waiting in a collective
+        raise CollectiveError at once instead of at the timeout."""
+        err = exc if isinstance(exc, CollectiveError) else CollectiveError(
+            f"rank {self.rank} aborted: {type(exc).__name__}: {exc}" if exc is not None
+            else f"rank {self.rank} aborted", rank=self.rank)
+        if err is not exc and exc is not None:
+            err.__cause__ = exc
+        self._fail(err)
+
+    def _check_rank(self, r: int, what: str) -> int:
+        if not isinstance(r, (int, np.integer)) or not 0 <= r < self.world_size:
+            raise ValueError(f"{what} must be a rank in [0, {self.world_size}), got {r!r}")
+        return int(r)
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, x, op: str = "sum", strategy=None):
+        """Reduce ``x`` over all ranks (op: sum, mean, max, min); every rank gets the result."""
+        arr, dev = to_numpy(x)
+        check_op(op, arr.dtype)
+        if strategy is None and self.config.num_nodes is not None and self.world_size > 1:
+            return from_numpy(self._hierarchical_all_reduce(arr, op), dev)
+        strat = self.config.select_all_reduce(arr.nbytes, self.world_size, strategy)
+        out = self._run("all_reduce", arr.nbytes,
+                        lambda tag, dl: C.all_reduce(self._t, arr, op, strat, tag, dl))
+        return from_numpy(out, dev)
+
+    def reduce(self, x, root: int = 0, op: str = "sum", strategy=None):
+        """Reduce ``x`` over all ranks to ``root``; returns the result on root, None elsewhere."""
+        arr, dev = to_numpy(x)
+        check_op(op, arr.dtype)
+        root = self._check_rank(root, "root")
+        strat = self.config.select_reduce(arr.nbytes, self.world_size, strategy)
+
+        def go(tag, dl):
+            if strat.kind == "native":
+                return self._t.native_reduce(np.ascontiguousarray(arr), op, root, dl)
+            if strat.kind == "direct":
+                return C.direct_reduce(self._t, arr, op, root, tag, dl)
+            return C.tree_reduce(self._t, arr, op, root, strat.arity, tag, dl)
+
+        return from_numpy(self._run("reduce", arr.nbytes, go), dev)
+
+    def broadcast(self, x=None, root: int = 0, strategy=None):
+        """Return root's ``x`` on every rank. Other ranks may pass None (shape and dtype come with
+        the data) or an array/Tensor of the expected shape and dtype (checked)."""
+        root = self._check_rank(root, "root")
+        arr, dev = to_numpy(x) if x is not None else (None, None)
+        if self.rank == root and arr is None:
+            raise ValueError(f"broadcast: the root (rank {root}) must pass the data")
+        strat = self.config.select_broadcast(0, self.world_size, strategy)
+
+        def go(tag, dl):
+            if strat.kind == "native":
+                src = np.ascontiguousarray(arr) if self.rank == root else None
+                out = self._t.native_broadcast(src, root, dl)
+            elif strat.kind == "direct":
+                out = C.direct_broadcast(self._t, arr, root, tag, dl)
+            else:
+                out = C.tree_broadcast(self._t, arr, root, strat.arity, tag, dl)
+            if arr is not None and (out.shape != arr.shape or out.dtype != arr.dtype):
+                raise CollectiveError(f"broadcast: root sent {out.dtype} {out.shape}, rank "
+                                      f"{self.rank} expected {arr.dtype} {arr.shape}")
+            return out
+
+        return from_numpy(self._run("broadcast", None, go), dev)
+
+    def all_gather(self, x, axis: int = 0, strategy=None):
+        """Concatenate every rank's ``x`` along ``axis`` (dim 0 by default) in rank order.
+        Sizes along ``axis`` may differ between ranks; everything else must match."""
+        arr, dev = to_numpy(x)
+        arr = np.atleast_1d(arr)
+        axis = _axis(axis, arr.ndim)
+        front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
+        native = self._native(strategy, "all_gather")
+
+        def go(tag, dl):
+            if native:
+                return self._t.native_all_gather(front, dl)
+            return C.ring_all_gather(self._t, front, tag, dl)
+
+        out = np.moveaxis(self._run("all_gather", arr.nbytes, go), 0, axis)
+        return from_numpy(np.ascontiguousarray(out), dev)
+
+    def reduce_scatter(self, x, op: str = "sum", axis: int = 0, strategy=None):
+        """Reduce ``x`` over all ranks and return this rank's part of it along ``axis``.
+
+        The axis is split into world_size parts by numpy.array_split's rule: with n = size % world,
+        ranks 0..n-1 get one more row than the rest (so uneven sizes are allowed, and all_gather
+        of the parts restores the full array)."""
+        arr, dev = to_numpy(x)
+        check_op(op, arr.dtype)
+        if arr.ndim == 0:
+            raise ValueError("reduce_scatter needs an array with at least one dimension")
+        axis = _axis(axis, arr.ndim)
+        front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
+        native = self._native(strategy, "reduce_scatter")
+
+        def go(tag, dl):
+            if native:
+                return self._t.native_reduce_scatter(front, op, dl)
+            return C.ring_reduce_scatter(self._t, front, op, tag, dl)
+
+        out = np.moveaxis(self._run("reduce_scatter", arr.nbytes, go), 0, axis)
+        return from_numpy(np.ascontiguousarray(out), dev)
+
+    def barrier(self) -> None:
+        """Return once every rank of the group has called barrier()."""
+        self._run("barrier", 0, lambda tag, dl: self._t.native_barrier(dl))
+
+    def _native(self, strategy, what) -> bool:
+        if strategy is None:
+            return self.config.local_all_reduce.kind == "native"
+        s = str(strategy).lower()
+        if s not in ("ring", "native"):
+            raise ValueError(f"{what} strategy must be 'ring' or 'native', got {strategy!r}")
+        return s == "native"
+
+    # ------------------------------------------------------------------ point to point
+    def isend(self, x, dst: int, tag: int = 0) -> Work:
+        """Start sending ``x`` (shape and dtype travel along) to ``dst``; returns a Work handle.
+        The data is taken at once (copied or in flight), so ``x`` may be reused immediately only
+        under threads; under MPI keep it unchanged until ``wait()``."""
+        arr, _ = to_numpy(x)
+        dst = self._check_rank(dst, "dst")
+        tag = self._check_tag(tag)
+        arr = np.ascontiguousarray(arr)
+        with self._lock:
+            self._check_usable()
+            deadline = time.monotonic() + self.config.timeout
+            t0 = time.perf_counter()
+            try:
+                reqs = self._t.send_array(dst, tag, arr, deadline)
+            except CollectiveError as e:
+                self._fail(e)
+                raise
+            self._record("send", arr.nbytes, time.perf_counter() - t0)
+        return Work(self, reqs, deadline)
+
+    def send(self, x, dst: int, tag: int = 0) -> None:
+        """Send ``x`` to rank ``dst``; returns once it is delivered or buffered."""
+        self.isend(x, dst, tag).wait()
+
+    def recv(self, src: int, tag: int = 0, device=None):
+        """Receive the array rank ``src`` sent with ``tag``; a Tensor on ``device`` if given."""
+        src = self._check_rank(src, "src")
+        tag = self._check_tag(tag)
+        out = self._run("recv", None, lambda _t, dl: self._t.recv_array(src, tag, dl),
+                        collective=False)
+        return from_numpy(out, device)
+
+    def _check_tag(self, tag) -> int:
+        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= self.max_user_tag:
+            raise ValueError(f"tag must be an int in [0, {self.max_user_tag}], got {tag!r}")
+        return int(tag)
+
+    # ------------------------------------------------------------------ objects, subgroups
+    def all_gather_object(self, obj) -> list:
+        """Every rank's picklable ``obj``, in rank order."""
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        sizes = self.all_gather(np.array([data.size], dtype=np.int64))
+        flat = self.all_gather(data)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        return [pickle.loads(flat[bounds[i]:bounds[i + 1]].tobytes())
+                for i in range(self.world_size)]
+
+    def split(self, color: int | None, key: int | None = None, name: str | None = None):
+        """MPI_Comm_split: every rank calls it; ranks with the same ``color`` form a new group,
+        ordered by (key, rank). Returns the new group, or None for color None."""
+        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
+            raise ValueError(f"color must be an int >= 0 or None, got {color!r}")
+        with self._lock:
+            me = [-1 if color is None else int(color), self.rank if key is None else int(key),
+                  self.rank]
+            table = self.all_gather(np.array([me], dtype=np.int64))
+            self._splits += 1
+            if color is None:
+                members = []
+            else:
+                rows = sorted((int(k), int(r)) for c, k, r in table if c == color)
+                members = [r for _, r in rows]
+            sub = self._t.split(("split", self._splits, color), color, members)
+        if sub is None:
+            return None
+        cfg = self.config.with_(num_devices=len(members), num_nodes=None, global_all_reduce=None,
+                                global_reduce=None, global_broadcast=None)
+        return ProcessGroup(sub, cfg, self.device, name or f"{self.name}/{color}",
+                            [self.ranks[m] for m in members])
+
+    def new_group(self, ranks, name: str | None = None):
+        """A group of ``ranks`` (in that order); every rank of this group must call it. Returns
+        None on ranks outside it."""
+        ranks = [self._check_rank(r, "ranks[i]") for r in ranks]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"new_group: ranks must be distinct, got {ranks}")
+        inside = self.rank in ranks
+        return self.split(0 if inside else None, ranks.index(self.rank) if inside else None, name)
+
+    # ------------------------------------------------------------------ hierarchical
+    def _hierarchical_all_reduce(self, arr, op):
+        """Multi-node: reduce in each node, all-reduce among node leaders, broadcast in nodes."""
+        cfg = self.config
+        per = cfg.num_devices
+        if per * cfg.num_nodes != self.world_size:
+            raise ValueError(f"CollectiveConfig says {cfg.num_nodes} nodes x {per} devices = "
+                             f"{per * cfg.num_nodes} ranks, but the group has {self.world_size}")
+        if self._hier is None:
+            node, local = divmod(self.rank, per)
+            local_g = self.split(node, local, f"{self.name}/node{node}")
+            leaders = self.split(0 if local == 0 else None, node, f"{self.name}/leaders")
+            if leaders is not None:
+                leaders.config = leaders.config.with_(
+                    local_all_reduce=cfg.global_all_reduce, local_reduce=cfg.global_reduce,
+                    local_broadcast=cfg.global_broadcast)
+            self._hier = (local_g, leaders)
+        local_g, leaders = self._hier
+        inner = "sum" if op == "mean" else op
+
+        def go(tag, dl):
+            part = local_g.reduce(arr, 0, inner)
+            if leaders is not None:
+                part = leaders.all_reduce(part, inner)
+                if op == "mean":
+                    np.divide(part, self.world_size, out=part)
+            return local_g.broadcast(part if local_g.rank == 0 else None, 0)
+
+        return self._run("all_reduce", arr.nbytes, go)
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict:
+        """Measured counters: operations, payload bytes and seconds spent, per operation and in
+        total, plus the transport's messages and bytes on the wire."""
+        ops = {k: {"calls": v[0], "bytes": v[1], "seconds": v[2]} for k, v in self._ops.items()}
+        out = {"operations": sum(v["calls"] for v in ops.values()),
+               "bytes": sum(v["bytes"] for v in ops.values()),
+               "seconds": sum(v["seconds"] for v in ops.values()),
+               "by_op": ops}
+        out.update(self._t.stats)
+        return out
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"axis {axis} out of range for an array of {ndim} dimensions")
+    return axis % ndim

@@ -1,0 +1,61 @@
+"""Every op: kernel launch, shape rule and backward rule side by side, one module per family.
+This module also gives Tensor its operators and methods."""
+from __future__ import annotations
+
+from ..tensor import Tensor
+from . import creation, elementwise, matmul as _mm, reduce, shape
+from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
+from .elementwise import (abs_, add, binary, cast, clamp, clone, contiguous, cos, div, eq, exp,
+                          fill_, ge, gelu, gt, le, leaky_relu, log, lt, maximum, minimum, mul,
+                          ne, neg, pow_, reciprocal, relu, rsqrt, sigmoid, sin, sqrt, square,
+                          sub, tanh, where)
+from .matmul import matmul
+from .random import get_rng_state, manual_seed, set_rng_state
+from .reduce import argmax, argmin, max, mean, min, std, sum, var
+from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, reshape, setitem,
+                    split, squeeze, stack, to, transpose, unsqueeze)
+
+
+def _rev(fn):
+    return lambda self, other: fn(other, self)
+
+
+def _inplace(fn):
+    def op(self, other):
+        from ..autograd.tape import is_grad_enabled
+        if self.requires_grad and is_grad_enabled():
+            raise RuntimeError("in-place update of a tensor that requires grad; wrap it in "
+                               "wr.no_grad() (as optimizers do) or use the out-of-place op")
+        r = fn(self, other)
+        elementwise.copy_into(self, r)
+        return self
+    return op
+
+
+_METHODS = {
+    "__add__": add, "__radd__": _rev(add), "__sub__": sub, "__rsub__": _rev(sub),
+    "__mul__": mul, "__rmul__": _rev(mul), "__truediv__": div, "__rtruediv__": _rev(div),
+    "__pow__": pow_, "__rpow__": _rev(pow_), "__matmul__": matmul, "__rmatmul__": _rev(matmul),
+    "__neg__": neg, "__abs__": abs_, "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le,
+    "__gt__": gt, "__ge__": ge, "__getitem__": getitem, "__setitem__": setitem,
+    "__iadd__": _inplace(add), "__isub__": _inplace(sub), "__imul__": _inplace(mul),
+    "__itruediv__": _inplace(div),
+    "add": add, "sub": sub, "mul": mul, "div": div, "pow": pow_, "matmul": matmul,
+    "maximum": maximum, "minimum": minimum,
+    "neg": neg, "exp": exp, "log": log, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "tanh": tanh,
+    "sigmoid": sigmoid, "relu": relu, "gelu": gelu, "leaky_relu": leaky_relu, "sin": sin,
+    "cos": cos, "square": square, "reciprocal": reciprocal, "clamp": clamp,
+    "sum": sum, "mean": mean, "max": max, "min": min, "argmax": argmax, "argmin": argmin,
+    "var": var, "std": std,
+    "reshape": reshape, "view": reshape, "permute": permute, "transpose": transpose,
+    "expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
+    "contiguous": contiguous, "clone": clone, "to": to, "detach": detach, "split": split,
+    "chunk": chunk, "fill_": fill_, "astype": cast,
+}
+for _name, _fn in _METHODS.items():
+    setattr(Tensor, _name, _fn)
+Tensor.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
+Tensor.float = lambda self: cast(self, "float32")
+Tensor.half = lambda self: cast(self, "float16")
+Tensor.int = lambda self: cast(self, "int32")
+Tensor.zero_ = lambda self: fill_(self, 0)

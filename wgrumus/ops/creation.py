@@ -1,0 +1,72 @@
+"""Constructors: filled, ranged and random tensors, all written by device kernels."""
+from __future__ import annotations
+
+from ..tensor import Tensor, as_dtype, float32, int32
+from .elementwise import fill_
+from .launch import run_map
+from .random import next_seed
+
+
+def _shape(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def empty(*shape, device=None, dtype=float32) -> Tensor:
+    return Tensor.empty(_shape(shape), device, as_dtype(dtype))
+
+
+def full(shape, value, device=None, dtype=float32, requires_grad=False) -> Tensor:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    t = fill_(Tensor.empty(shape, device, as_dtype(dtype)), value)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def zeros(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
+    return full(_shape(shape), 0, device, dtype, requires_grad)
+
+
+def ones(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
+    return full(_shape(shape), 1, device, dtype, requires_grad)
+
+
+def zeros_like(x: Tensor, dtype=None) -> Tensor:
+    return full(x.shape, 0, x.device, dtype or x.dtype)
+
+
+def ones_like(x: Tensor, dtype=None) -> Tensor:
+    return full(x.shape, 1, x.device, dtype or x.dtype)
+
+
+def arange(start, stop=None, step=1, device=None, dtype=None) -> Tensor:
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be zero")
+    n = max(0, -(-(stop - start) // step)) if all(isinstance(v, int) for v in (start, stop, step)) \
+        else max(0, int(-(-(stop - start) // step)))
+    if dtype is None:
+        dtype = int32 if all(isinstance(v, int) for v in (start, stop, step)) else float32
+    dtype = as_dtype(dtype)
+    t = Tensor.empty((n,), device, dtype)
+    if dtype == int32:
+        return run_map("pi(48u) + i32(i) * pi(49u)", t, [], [int(start), int(step)])
+    return run_map("pf(48u) + f32(i) * pf(49u)", t, [], [float(start), float(step)])
+
+
+def rand(*shape, device=None, seed=None, low=0.0, high=1.0, requires_grad=False) -> Tensor:
+    """Uniform in (low, high); identical for the same seed on every device."""
+    t = Tensor.empty(_shape(shape), device, float32)
+    run_map("pf(49u) + (pf(50u) - pf(49u)) * uniform_(pu(48u), i, 0u)", t, [],
+            [next_seed(seed), float(low), float(high)])
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def randn(*shape, device=None, seed=None, mean=0.0, std=1.0, requires_grad=False) -> Tensor:
+    """Normal(mean, std) by Box-Muller on two independent uniform streams."""
+    t = Tensor.empty(_shape(shape), device, float32)
+    run_map("pf(49u) + pf(50u) * sqrt(-2.0 * log(uniform_(pu(48u), i, 0u)))"
+            " * cos(6.283185307179586 * uniform_(pu(48u), i, 1u))", t, [],
+            [next_seed(seed), float(mean), float(std)])
+    return t.requires_grad_(True) if requires_grad else t

@@ -1,0 +1,308 @@
+"""Elementwise ops: unary, binary (numpy broadcasting), scalar variants, where, casts.
+
+Each op is one table row: its WGSL expression and its backward rule side by side. Backward
+rules are themselves fused map kernels (e.g. relu' is one kernel reading grad and input).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd.tape import record
+from ..tensor import Tensor, float32, int32
+from .launch import broadcast_shapes, run_map
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _wrap(x, like: Tensor):
+    """Python/numpy scalars -> (None, value); tensors pass through."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray) and x.ndim > 0:
+        from ..tensor import tensor
+        return tensor(x, device=like.device)
+    return None
+
+
+def _fresh(shape, like: Tensor, dtype=float32) -> Tensor:
+    return Tensor.empty(shape, like.device, dtype)
+
+
+def map_op(expr, inputs, shape=None, dtype=float32, scalars=()) -> Tensor:
+    shape = broadcast_shapes(*[t.shape for t in inputs]) if shape is None else shape
+    return run_map(expr, _fresh(shape, inputs[0], dtype), inputs, scalars)
+
+
+def unbroadcast(g: Tensor, shape) -> Tensor:
+    """Sum ``g`` down to ``shape`` (the inverse of broadcasting in the forward)."""
+    shape = tuple(shape)
+    if g.shape == shape:
+        return g
+    from .reduce import sum as _sum
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
+                                      if s == 1 and g.shape[lead + i] != 1)
+    r = _sum(g, axis=axes, keepdims=True) if axes else g
+    return r.reshape(shape)
+
+
+# --------------------------------------------------------------------------- unary
+# name: (forward expr of a, backward: (grad expr of b=grad, a=input, c=output) or None)
+UNARY = {
+    "neg": ("-a", "-a"),
+    "exp": ("exp(a)", "a * c"),
+    "log": ("log(a)", "a / b"),
+    "sqrt": ("sqrt(a)", "a * 0.5 / c"),
+    "rsqrt": ("inverseSqrt(a)", "a * -0.5 * c * c * c"),
+    "abs": ("abs(a)", "a * sign(b)"),
+    "tanh": ("tanh_(a)", "a * (1.0 - c * c)"),
+    "sigmoid": ("1.0 / (1.0 + exp(-a))", "a * c * (1.0 - c)"),
+    "relu": ("max(a, 0.0)", "select(0.0, a, b > 0.0)"),
+    "gelu": ("gelu_(a)", "a * gelu_grad_(b)"),
+    "gelu_tanh": ("gelu_tanh_(a)", "a * gelu_tanh_grad_(b)"),
+    "sin": ("sin(a)", "a * cos(b)"),
+    "cos": ("cos(a)", "-a * sin(b)"),
+    "square": ("a * a", "2.0 * a * b"),
+    "reciprocal": ("1.0 / a", "-a * c * c"),
+}
+
+
+def _unary(name: str, x: Tensor) -> Tensor:
+    fwd, bwd = UNARY[name]
+    if x.dtype == int32 and name in ("neg", "abs"):
+        return map_op(fwd.replace("0.0", "0"), [x], dtype=int32)
+    xi = x if x.dtype == float32 else cast(x, float32)
+    out = map_op(fwd, [xi])
+    if name in ("neg",):
+        record(name, out, [x], lambda g: (map_op(bwd, [g]),))
+    else:
+        record(name, out, [x], lambda g: (map_op(bwd, [g, xi, out]),), saved=[xi])
+    return out
+
+
+def _make_unary(name):
+    def f(x: Tensor) -> Tensor:
+        return _unary(name, x)
+    f.__name__ = name
+    f.__doc__ = f"Elementwise {name} (WGSL: {UNARY[name][0]})."
+    return f
+
+
+neg, exp, log, sqrt, rsqrt, abs_, tanh, sigmoid, relu, sin, cos, square, reciprocal = (
+    _make_unary(n) for n in ("neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid",
+                             "relu", "sin", "cos", "square", "reciprocal"))
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _unary("gelu" if approximate == "none" else "gelu_tanh", x)
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    out = map_op("select(a * pf(48u), a, a > 0.0)", [x], scalars=[float(negative_slope)])
+    record("leaky_relu", out, [x],
+           lambda g: (map_op("select(a * pf(48u), a, b > 0.0)", [g, x],
+                             scalars=[float(negative_slope)]),), saved=[x])
+    return out
+
+
+# --------------------------------------------------------------------------- binary
+# name: (float expr, int expr or None)
+BINARY = {
+    "add": ("a + b", "a + b"),
+    "sub": ("a - b", "a - b"),
+    "mul": ("a * b", "a * b"),
+    "div": ("a / b", None),
+    "pow": ("pow_(a, b)", None),
+    "maximum": ("max(a, b)", "max(a, b)"),
+    "minimum": ("min(a, b)", "min(a, b)"),
+    "eq": ("select(0.0, 1.0, a == b)", None),
+    "ne": ("select(0.0, 1.0, a != b)", None),
+    "lt": ("select(0.0, 1.0, a < b)", None),
+    "le": ("select(0.0, 1.0, a <= b)", None),
+    "gt": ("select(0.0, 1.0, a > b)", None),
+    "ge": ("select(0.0, 1.0, a >= b)", None),
+}
+_COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _binary_backward(name, a, b, out):
+    sa, sb = a.shape, b.shape
+
+    def bw(g):
+        ga = gb = None
+        if name == "add":
+            ga, gb = g, g
+        elif name == "sub":
+            ga, gb = g, map_op("-a", [g])
+        elif name == "mul":
+            ga = map_op("a * b", [g, b]) if a.requires_grad else None
+            gb = map_op("a * b", [g, a]) if b.requires_grad else None
+        elif name == "div":
+            ga = map_op("a / b", [g, b]) if a.requires_grad else None
+            gb = map_op("-a * c / b", [g, b, out]) if b.requires_grad else None
+        elif name == "pow":
+            ga = map_op("a * c * pow_(b, c - 1.0)", [g, a, b]) if a.requires_grad else None
+            gb = (map_op("select(0.0, a * b * log(c), c > 0.0)", [g, out, a])
+                  if b.requires_grad else None)
+        elif name == "maximum":
+            ga = map_op("select(0.0, a, b >= c)", [g, a, b])
+            gb = map_op("select(0.0, a, b < c)", [g, a, b])
+        elif name == "minimum":
+            ga = map_op("select(0.0, a, b <= c)", [g, a, b])
+            gb = map_op("select(0.0, a, b > c)", [g, a, b])
+        return (unbroadcast(ga, sa) if ga is not None and a.requires_grad else None,
+                unbroadcast(gb, sb) if gb is not None and b.requires_grad else None)
+    return bw
+
+
+def binary(name: str, a, b) -> Tensor:
+    if not isinstance(a, Tensor):
+        return _scalar_binary(name, b, a, reverse=True)
+    tb = _wrap(b, a)
+    if tb is None:
+        return _scalar_binary(name, a, b)
+    b = tb
+    fexpr, iexpr = BINARY[name]
+    if a.dtype == int32 and b.dtype == int32 and iexpr is not None:
+        return map_op(iexpr, [a, b], dtype=int32)
+    if a.dtype == int32 and b.dtype == int32 and name in _COMPARE:
+        return map_op(fexpr, [a, b])
+    a = a if a.dtype == float32 else cast(a, float32)
+    b = b if b.dtype == float32 else cast(b, float32)
+    out = map_op(fexpr, [a, b])
+    if name not in _COMPARE:
+        record(name, out, [a, b], _binary_backward(name, a, b, out), saved=[a, b])
+    return out
+
+
+# scalar variants: the scalar is a kernel parameter, so changing it never recompiles
+_SCALAR = {
+    "add": ("a + pf(48u)", "a + pf(48u)"), "sub": ("a - pf(48u)", "pf(48u) - a"),
+    "mul": ("a * pf(48u)", "a * pf(48u)"), "div": ("a / pf(48u)", "pf(48u) / a"),
+    "pow": ("pow_(a, pf(48u))", "pow_(pf(48u), a)"),
+    "maximum": ("max(a, pf(48u))", "max(a, pf(48u))"),
+    "minimum": ("min(a, pf(48u))", "min(a, pf(48u))"),
+    "eq": ("select(0.0, 1.0, a == pf(48u))",) * 2, "ne": ("select(0.0, 1.0, a != pf(48u))",) * 2,
+    "lt": ("select(0.0, 1.0, a < pf(48u))", "select(0.0, 1.0, pf(48u) < a)"),
+    "le": ("select(0.0, 1.0, a <= pf(48u))", "select(0.0, 1.0, pf(48u) <= a)"),
+    "gt": ("select(0.0, 1.0, a > pf(48u))", "select(0.0, 1.0, pf(48u) > a)"),
+    "ge": ("select(0.0, 1.0, a >= pf(48u))", "select(0.0, 1.0, pf(48u) >= a)"),
+}
+_SCALAR_GRAD = {  # d out / d a, as an expression of g=a, x=b, out=c, s=pf(48u)
+    ("add", False): "a", ("add", True): "a", ("sub", False): "a", ("sub", True): "-a",
+    ("mul", False): "a * pf(48u)", ("mul", True): "a * pf(48u)",
+    ("div", False): "a / pf(48u)", ("div", True): "-a * c / b",
+    ("pow", False): "a * pf(48u) * pow_(b, pf(48u) - 1.0)",
+    ("pow", True): "a * c * log(pf(48u))",
+    ("maximum", False): "select(0.0, a, b >= pf(48u))",
+    ("maximum", True): "select(0.0, a, b >= pf(48u))",
+    ("minimum", False): "select(0.0, a, b <= pf(48u))",
+    ("minimum", True): "select(0.0, a, b <= pf(48u))",
+}
+
+
+def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
+    if isinstance(s, (bool, np.bool_)):
+        s = int(s)
+    if not isinstance(s, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name}: unsupported operand type {type(s).__name__}")
+    if (x.dtype == int32 and isinstance(s, (int, np.integer)) and name in ("add", "sub", "mul",
+                                                                            "maximum", "minimum")):
+        e = _SCALAR[name][1 if reverse else 0].replace("pf(", "pi(")
+        return map_op(e, [x], dtype=int32, scalars=[int(s)])
+    if x.dtype == int32 and name in _COMPARE:
+        return map_op(_SCALAR[name][1 if reverse else 0].replace("a ", "f32(a) ")
+                      .replace(" a)", " f32(a))"), [x], scalars=[float(s)])
+    x = x if x.dtype == float32 else cast(x, float32)
+    out = map_op(_SCALAR[name][1 if reverse else 0], [x], scalars=[float(s)])
+    if name not in _COMPARE:
+        ge = _SCALAR_GRAD[(name, reverse)]
+        record(name, out, [x], lambda g: (map_op(ge, [g, x, out], scalars=[float(s)]),),
+               saved=[x])
+    return out
+
+
+def _make_binary(name):
+    def f(a, b) -> Tensor:
+        return binary(name, a, b)
+    f.__name__ = name
+    return f
+
+
+add, sub, mul, div, pow_, maximum, minimum, eq, ne, lt, le, gt, ge = (
+    _make_binary(n) for n in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                              "eq", "ne", "lt", "le", "gt", "ge"))
+
+
+def where(cond, x, y) -> Tensor:
+    """cond != 0 ? x : y, all three broadcast together."""
+    like = next(t for t in (cond, x, y) if isinstance(t, Tensor))
+    from ..tensor import tensor
+    cond, x, y = (t if isinstance(t, Tensor) else tensor(np.asarray(t, np.float32),
+                                                          device=like.device)
+                  for t in (cond, x, y))
+    c = cond if cond.dtype == float32 else cast(cond, float32)
+    x = x if x.dtype == float32 else cast(x, float32)
+    y = y if y.dtype == float32 else cast(y, float32)
+    out = map_op("select(c, b, a != 0.0)", [c, x, y])
+
+    def bw(g):
+        return (None,
+                unbroadcast(map_op("select(0.0, a, b != 0.0)", [g, c]), x.shape),
+                unbroadcast(map_op("select(a, 0.0, b != 0.0)", [g, c]), y.shape))
+    record("where", out, [cond, x, y], bw, saved=[c])
+    return out
+
+
+def clamp(x: Tensor, min=None, max=None) -> Tensor:
+    lo = -np.inf if min is None else float(min)
+    hi = np.inf if max is None else float(max)
+    out = map_op("clamp(a, pf(48u), pf(49u))", [x], scalars=[lo, hi])
+    record("clamp", out, [x], lambda g: (map_op(
+        "select(0.0, a, b >= pf(48u) && b <= pf(49u))", [g, x], scalars=[lo, hi]),), saved=[x])
+    return out
+
+
+# --------------------------------------------------------------------------- copies and casts
+_WGSL = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
+
+
+def cast(x: Tensor, dtype) -> Tensor:
+    dtype = np.dtype(dtype)
+    if dtype == x.dtype:
+        return x
+    if (dtype == np.float16 or x.dtype == np.float16) and "shader-f16" not in x.device.features:
+        from ..runtime.errors import AdapterLimitError
+        raise AdapterLimitError(f"float16 needs the adapter feature shader-f16, which "
+                                f"{x.device.name} does not have; keep float32")
+    out = run_map("a", Tensor.empty(x.shape, x.device, dtype), [x])
+    if dtype == float32 and x.dtype == np.float16:
+        record("cast", out, [x], lambda g: (cast(g, np.float16),))
+    return out
+
+
+def copy_into(dst: Tensor, src: Tensor) -> Tensor:
+    """dst[...] = src (broadcast); dst may be any view. Bumps dst's version (in-place write)."""
+    return run_map("a", dst, [src])
+
+
+def contiguous(x: Tensor) -> Tensor:
+    if x.is_contiguous():
+        return x
+    out = run_map("a", Tensor.empty(x.shape, x.device, x.dtype), [x])
+    record("contiguous", out, [x], lambda g: (g,))
+    return out
+
+
+def clone(x: Tensor) -> Tensor:
+    out = run_map("a", Tensor.empty(x.shape, x.device, x.dtype), [x])
+    record("clone", out, [x], lambda g: (g,))
+    return out
+
+
+def fill_(x: Tensor, value) -> Tensor:
+    if x.dtype == int32:
+        return run_map("pi(48u)", x, [], scalars=[int(value)])
+    return run_map("pf(48u)", x, [], scalars=[float(value)])

@@ -1,0 +1,157 @@
+"""Launching the generic strided map kernel (shaders/map.wgsl).
+
+Every elementwise op, copy, cast, fill and the scatter of a gradient into a view goes through
+``run_map``: operands are views (shape/strides/offset) broadcast to the output shape, so
+broadcasting, transposes and slices cost no copies.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+from ..runtime.errors import ShapeError
+from ..runtime.kernels import Kernel
+from ..tensor import DTYPES, Tensor, check_same_device
+
+MAXD = 8
+SCALAR_BASE = 48
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    nd = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(nd):
+        d = 1
+        for s in shapes:
+            i = k - (nd - len(s))
+            if i < 0:
+                continue
+            if s[i] != 1:
+                if d != 1 and d != s[i]:
+                    raise ShapeError("shapes " + " and ".join(str(tuple(x)) for x in shapes)
+                                     + " cannot be broadcast together (dimension "
+                                     f"{k - nd} is {d} vs {s[i]})")
+                d = s[i]
+        out.append(d)
+    return tuple(out)
+
+
+def expand_strides(t: Tensor, shape) -> tuple:
+    """Strides of ``t`` viewed at the broadcast ``shape`` (0 along broadcast dims)."""
+    pad = len(shape) - t.ndim
+    if pad < 0:
+        raise ShapeError(f"cannot broadcast shape {t.shape} to {tuple(shape)}")
+    st = []
+    for k, s in enumerate(shape):
+        i = k - pad
+        if i < 0:
+            st.append(0)
+        elif t.shape[i] == s:
+            st.append(t.strides[i] if s != 1 else 0)
+        elif t.shape[i] == 1:
+            st.append(0)
+        else:
+            raise ShapeError(f"cannot broadcast shape {t.shape} to {tuple(shape)}")
+    return tuple(st)
+
+
+def coalesce(shape, strides_list):
+    """Drop size-1 dims and merge adjacent dims that are contiguous in every operand."""
+    dims = [(s, [st[k] for st in strides_list]) for k, s in enumerate(shape) if s != 1]
+    out = []
+    for s, sts in dims:
+        if out:
+            ps, psts = out[-1]
+            if all(p == c * s for p, c in zip(psts, sts)):
+                out[-1] = (ps * s, sts)
+                continue
+        out.append((s, sts))
+    if not out:
+        return (1,), [(0,) for _ in strides_list]
+    shp = tuple(s for s, _ in out)
+    return shp, [tuple(sts[i] for _, sts in out) for i in range(len(strides_list))]
+
+
+@functools.lru_cache(maxsize=4096)
+def _source(expr: str, types: tuple, modes: tuple, binds: tuple):
+    """types: WGSL storage type per operand (0 = output); modes: 'c' contiguous, 's' strided,
+    'b' broadcast scalar; binds: binding slot per operand (operands sharing a buffer share one)."""
+    decls, seen = [], {}
+    for k, (ty, b) in enumerate(zip(types, binds)):
+        if b in seen:
+            continue
+        seen[b] = k
+        access = "read_write" if k == 0 else "read"
+        decls.append(f"@group(0) @binding({b}) var<storage, {access}> B{b}: array<{ty}>;")
+    body = []
+    names = ["o", "a", "b", "c"]
+    for k, m in enumerate(modes):
+        base = 10 + 9 * k
+        if m == "c":
+            idx = f"i + pu({base + 8}u)"
+        elif m == "b":
+            idx = f"pu({base + 8}u)"
+        else:
+            idx = f"strided_offset(i, pu(1u), 2u, {base}u, pi({base + 8}u))"
+        body.append(f"    let i{names[k]} = {idx};")
+        if k:
+            body.append(f"    let {names[k]} = B{binds[k]}[i{names[k]}];")
+    body.append(f"    B{binds[0]}[io] = {types[0]}({expr});")
+    return "\n".join(decls), "\n".join(body)
+
+
+def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
+    """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape. Scalars are read in
+    ``expr`` as pf(48u), pf(49u), ... (or pi/pu)."""
+    n = out.numel
+    if n == 0:
+        return out
+    check_same_device(out, *inputs, op="elementwise op")
+    ops = [out, *inputs]
+    strides = [out.strides] + [expand_strides(t, out.shape) for t in inputs]
+    shape, strides = coalesce(out.shape, strides)
+    if len(shape) > MAXD:
+        raise ShapeError(f"views with more than {MAXD} non-mergeable dimensions are not supported "
+                         f"(shape {out.shape}); call .contiguous() on the inputs first")
+    modes, binds, buf_slot = [], [], {}
+    for t, st in zip(ops, strides):
+        if all(s == 0 for s in st):
+            modes.append("b")
+        elif len(shape) == 1 and st[0] == 1:
+            modes.append("c")
+        else:
+            modes.append("s")
+        buf = t._storage.buffer
+        if id(buf) not in buf_slot:
+            buf_slot[id(buf)] = len(buf_slot) + 1
+        binds.append(buf_slot[id(buf)])
+    types = tuple(DTYPES[t.dtype] for t in ops)
+    decls, body = _source(expr, types, tuple(modes), tuple(binds))
+    defines = {"DECLS": decls, "BODY": body}
+    if "f16" in types:
+        defines["F16"] = "1"
+    params = [0] * SCALAR_BASE
+    params[0], params[1] = n, len(shape)
+    params[2:2 + len(shape)] = shape
+    for k, (t, st) in enumerate(zip(ops, strides)):
+        base = 10 + 9 * k
+        params[base:base + len(st)] = st
+        params[base + 8] = t.offset
+    params.extend(scalars)
+    buffers = []
+    for t in ops:
+        b = t._storage.buffer
+        if b not in buffers:
+            buffers.append(b)
+    dev = out.device
+    dev.dispatch_1d(Kernel.of("map", **defines), buffers, params, n)
+    out._storage.version += 1
+    return out
+
+
+def new_like_shape(shape, device, dtype) -> Tensor:
+    return Tensor.empty(shape, device, dtype)
+
+
+def numel(shape) -> int:
+    return math.prod(shape)

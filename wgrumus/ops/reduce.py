@@ -1,0 +1,145 @@
+"""Reductions over any axes: the reduced axes are moved last and made contiguous (a view plus
+at most one copy), then one workgroup reduces each row. Backward rules broadcast back."""
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from ..autograd.tape import record
+from ..runtime.device import groups_1d
+from ..runtime.errors import ShapeError
+from ..runtime.kernels import Kernel
+from ..tensor import DTYPES, Tensor, float32, int32
+from .elementwise import contiguous, map_op
+from .shape import permute, reshape
+
+_OPS = {  # name: (init, combine)
+    "sum": (0.0, "x + y"),
+    "max": (float("-inf"), "max(x, y)"),
+    "min": (float("inf"), "min(x, y)"),
+}
+
+
+def _axes(x: Tensor, axis) -> tuple:
+    nd = x.ndim
+    if axis is None:
+        return tuple(range(nd))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if not -nd <= a < builtins.max(nd, 1):
+            raise ShapeError(f"axis {a} is out of range for a tensor with {nd} dimensions")
+        out.append(int(a) % builtins.max(nd, 1))
+    if len(set(out)) != len(out):
+        raise ShapeError(f"repeated axis in {axis}")
+    return tuple(sorted(out)) if nd else ()
+
+
+def _rows(x: Tensor, axes):
+    """x with ``axes`` moved last, contiguous, as (tensor, R, L, kept shape, keepdims shape)."""
+    keep = [a for a in range(x.ndim) if a not in axes]
+    xt = permute(x, keep + list(axes)) if x.ndim else x
+    xt = contiguous(xt)
+    kept = tuple(x.shape[a] for a in keep)
+    L = math.prod(x.shape[a] for a in axes)
+    kd = tuple(1 if a in axes else s for a, s in enumerate(x.shape))
+    return xt, math.prod(kept), L, kept, kd
+
+
+def _launch(kernel, xt, R, L, out, scale=1.0, init=0.0):
+    if R == 0:
+        return
+    xt.device.dispatch(kernel, [xt._storage.buffer, out._storage.buffer],
+                       [R, L, xt.offset, float(scale), out.offset, float(init)],
+                       groups_1d(R, 1))
+
+
+def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
+    axes = _axes(x, axis)
+    with_grad = x
+    if x.dtype != float32 and name == "sum" or mean:
+        from .elementwise import cast
+        x = cast(x, float32)
+    xt, R, L, kept, kd = _rows(x, axes)
+    if L == 0 and name in ("max", "min"):
+        raise ShapeError(f"{name} of an empty axis (shape {x.shape}, axes {axes}) has no identity")
+    out_dtype = x.dtype if name != "sum" else float32
+    if x.dtype == int32 and name != "sum":
+        out_dtype = float32
+    out = Tensor.empty(kd if keepdims else kept, x.device, out_dtype)
+    init, comb = _OPS[name]
+    k = Kernel.of("reduce", T=DTYPES[xt.dtype], TO=DTYPES[out_dtype], INIT="pf(5u)",
+                  COMBINE=comb, GT=">")
+    scale = (1.0 / L if L else float("nan")) if mean else 1.0
+    _launch(k, xt, R, L, out, scale, init)
+    in_shape = x.shape
+
+    if name == "sum":
+        def bw(g):
+            gk = reshape(g, kd)
+            return (map_op("a * pf(48u)", [gk], shape=in_shape, scalars=[scale]),)
+        record("mean" if mean else "sum", out, [with_grad], bw)
+    else:
+        def bw(g):
+            # gradient to every position equal to the extreme, split evenly between ties
+            ok = reshape(out, kd)
+            mask = map_op("select(0.0, 1.0, a == b)", [x, ok])
+            cnt = _reduce("sum", mask, axes, True)
+            return (map_op("a * b / c", [mask, reshape(g, kd), cnt]),)
+        record(name, out, [x], bw, saved=[x])
+    return out
+
+
+def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("sum", x, axis, keepdims)
+
+
+def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    return _reduce("sum", x, axis, keepdims, mean=True)
+
+
+def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("max", x, axis, keepdims)
+
+
+def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("min", x, axis, keepdims)
+
+
+def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
+    if axis is None:
+        x = reshape(x, (-1,))
+        axis = 0
+    axes = _axes(x, axis)
+    xt, R, L, kept, kd = _rows(x, axes)
+    if L == 0:
+        raise ShapeError(f"argmax/argmin of an empty axis (shape {x.shape})")
+    out = Tensor.empty(kd if keepdims else kept, x.device, int32)
+    k = Kernel.of("reduce", "arg", T=DTYPES[xt.dtype], TO="i32", COMBINE="x", GT=gt,
+                  INIT="0.0")
+    _launch(k, xt, R, L, out)
+    return out
+
+
+def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    return _arg(x, axis, keepdims, ">")
+
+
+def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    return _arg(x, axis, keepdims, "<")
+
+
+def var(x: Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    """numpy's var (ddof=0 by default; ddof=1 for the unbiased estimate torch uses)."""
+    from .elementwise import mul, square, sub
+    axes = _axes(x, axis)
+    denom = math.prod(x.shape[a] for a in axes) - ddof
+    s = sum(square(sub(x, mean(x, axes, keepdims=True))), axes, keepdims)
+    return mul(s, 1.0 / denom if denom > 0 else float("nan"))
+
+
+def std(x: Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+    from .elementwise import sqrt
+    return sqrt(var(x, axis, keepdims, ddof))

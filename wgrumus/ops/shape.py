@@ -1,0 +1,249 @@
+"""Views (reshape, transpose, permute, expand, slicing) and the copies that need data movement
+(contiguous, cat, stack, to(device)). Views share storage; their backward is a view of the
+gradient or a scatter into zeros."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autograd.tape import record
+from ..runtime.errors import ShapeError
+from ..tensor import Tensor, check_same_device, contiguous_strides
+from .elementwise import contiguous, copy_into, fill_
+from .launch import expand_strides
+
+
+def _norm_axis(axis: int, nd: int, what="axis") -> int:
+    if not -nd <= axis < max(nd, 1):
+        raise ShapeError(f"{what} {axis} is out of range for a tensor with {nd} dimensions")
+    return axis % max(nd, 1)
+
+
+def _infer(shape, n) -> tuple:
+    shape = list(shape)
+    neg = [i for i, s in enumerate(shape) if s == -1]
+    if len(neg) > 1:
+        raise ShapeError(f"reshape: only one -1 allowed, got {tuple(shape)}")
+    known = math.prod(s for s in shape if s != -1)
+    if neg:
+        if known == 0 or n % known:
+            raise ShapeError(f"reshape: cannot infer -1 in {tuple(shape)} for {n} elements")
+        shape[neg[0]] = n // known
+    if math.prod(shape) != n:
+        raise ShapeError(f"cannot reshape a tensor of {n} elements to {tuple(shape)}")
+    return tuple(shape)
+
+
+def reshape(x: Tensor, *shape) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    shape = _infer(shape, x.numel)
+    src = contiguous(x)
+    out = Tensor(src._storage, shape, contiguous_strides(shape), src.offset, src.dtype)
+    in_shape = x.shape
+    record("reshape", out, [src], lambda g: (reshape(g, in_shape),))
+    return out
+
+
+def permute(x: Tensor, *axes) -> Tensor:
+    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+        axes = tuple(axes[0])
+    nd = x.ndim
+    axes = tuple(_norm_axis(a, nd) for a in axes)
+    if sorted(axes) != list(range(nd)):
+        raise ShapeError(f"permute: {axes} is not a permutation of the {nd} axes")
+    out = x._view(tuple(x.shape[a] for a in axes), tuple(x.strides[a] for a in axes), x.offset)
+    inv = tuple(np.argsort(axes))
+    record("permute", out, [x], lambda g: (permute(g, inv),))
+    return out
+
+
+def transpose(x: Tensor, a: int = -2, b: int = -1) -> Tensor:
+    nd = x.ndim
+    if nd < 2 and (a, b) == (-2, -1):
+        return x
+    a, b = _norm_axis(a, nd), _norm_axis(b, nd)
+    axes = list(range(nd))
+    axes[a], axes[b] = axes[b], axes[a]
+    return permute(x, axes)
+
+
+def expand(x: Tensor, *shape) -> Tensor:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    pad = len(shape) - x.ndim
+    shape = tuple(x.shape[i - pad] if s == -1 else s for i, s in enumerate(shape))
+    out = x._view(shape, expand_strides(x, shape), x.offset)
+    from .elementwise import unbroadcast
+    in_shape = x.shape
+    record("expand", out, [x], lambda g: (unbroadcast(g, in_shape),))
+    return out
+
+
+def unsqueeze(x: Tensor, axis: int) -> Tensor:
+    axis = _norm_axis(axis, x.ndim + 1)
+    return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
+
+
+def squeeze(x: Tensor, axis=None) -> Tensor:
+    if axis is None:
+        return reshape(x, tuple(s for s in x.shape if s != 1))
+    axis = _norm_axis(axis, x.ndim)
+    if x.shape[axis] != 1:
+        raise ShapeError(f"squeeze: axis {axis} has size {x.shape[axis]}, not 1")
+    return reshape(x, x.shape[:axis] + x.shape[axis + 1:])
+
+
+def flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s, e = _norm_axis(start, x.ndim), _norm_axis(end, x.ndim)
+    return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def _index_view(x: Tensor, idx):
+    """Basic indexing (ints, slices with any step, None, Ellipsis) -> (shape, strides, offset)."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if sum(i is Ellipsis for i in idx) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if n_real > x.ndim:
+        raise IndexError(f"too many indices ({n_real}) for a tensor with {x.ndim} dimensions")
+    if Ellipsis in idx:
+        k = idx.index(Ellipsis)
+        idx = idx[:k] + (slice(None),) * (x.ndim - n_real) + idx[k + 1:]
+    idx = idx + (slice(None),) * (x.ndim - sum(1 for i in idx if i is not None))
+    shape, strides, off, d = [], [], x.offset, 0
+    for i in idx:
+        if i is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        size, st = x.shape[d], x.strides[d]
+        if isinstance(i, (int, np.integer)):
+            j = int(i)
+            if not -size <= j < size:
+                raise IndexError(f"index {j} is out of bounds for axis {d} with size {size}")
+            off += (j % size) * st
+        elif isinstance(i, slice):
+            start, stop, step = i.indices(size)
+            n = len(range(start, stop, step))
+            shape.append(n)
+            strides.append(st * step)
+            if n:
+                off += start * st
+        else:
+            raise IndexError(f"unsupported index {i!r}; use ints, slices, None, ... (or "
+                             f"wr.gather / index_select for index tensors)")
+        d += 1
+    return tuple(shape), tuple(strides), off
+
+
+def getitem(x: Tensor, idx) -> Tensor:
+    if isinstance(idx, (Tensor, list, np.ndarray)):
+        from .indexing import index_select
+        return index_select(x, 0, idx)
+    shape, strides, off = _index_view(x, idx)
+    out = x._view(shape, strides, off)
+
+    def bw(g):
+        gx = Tensor.empty(x.shape, g.device, g.dtype)
+        fill_(gx, 0.0)
+        copy_into(gx._view(shape, strides, off - x.offset), g)
+        return (gx,)
+    record("getitem", out, [x], bw)
+    return out
+
+
+def setitem(x: Tensor, idx, value) -> None:
+    shape, strides, off = _index_view(x, idx)
+    view = x._view(shape, strides, off)
+    if not isinstance(value, Tensor):
+        if isinstance(value, (int, float, np.integer, np.floating)):
+            fill_(view, value)
+            return
+        from ..tensor import tensor
+        value = tensor(np.asarray(value), device=x.device, dtype=x.dtype)
+    copy_into(view, value)
+
+
+def cat(tensors, axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("cat needs at least one tensor")
+    check_same_device(*tensors, op="cat")
+    nd = tensors[0].ndim
+    axis = _norm_axis(axis, nd)
+    for t in tensors:
+        if t.ndim != nd or any(t.shape[k] != tensors[0].shape[k] for k in range(nd) if k != axis):
+            raise ShapeError("cat: shapes " + ", ".join(str(t.shape) for t in tensors)
+                             + f" differ outside axis {axis}")
+    dtype = tensors[0].dtype
+    shape = list(tensors[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in tensors)
+    out = Tensor.empty(shape, tensors[0].device, dtype)
+    bounds = np.cumsum([0] + [t.shape[axis] for t in tensors])
+    for t, a, b in zip(tensors, bounds[:-1], bounds[1:]):
+        sl = (slice(None),) * axis + (slice(int(a), int(b)),)
+        sh, st, off = _index_view(out, sl)
+        copy_into(out._view(sh, st, off), t)
+
+    def bw(g):
+        return tuple(getitem(g, (slice(None),) * axis + (slice(int(a), int(b)),))
+                     for a, b in zip(bounds[:-1], bounds[1:]))
+    record("cat", out, tensors, bw)
+    return out
+
+
+def stack(tensors, axis: int = 0) -> Tensor:
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("stack needs at least one tensor")
+    shapes = {t.shape for t in tensors}
+    if len(shapes) > 1:
+        raise ShapeError(f"stack: all tensors need the same shape, got {sorted(shapes)}")
+    axis = _norm_axis(axis, tensors[0].ndim + 1)
+    return cat([unsqueeze(t, axis) for t in tensors], axis)
+
+
+def split(x: Tensor, sizes, axis: int = 0) -> list:
+    axis = _norm_axis(axis, x.ndim)
+    n = x.shape[axis]
+    if isinstance(sizes, int):
+        sizes = [sizes] * (n // sizes) + ([n % sizes] if n % sizes else [])
+    if sum(sizes) != n:
+        raise ShapeError(f"split sizes {list(sizes)} do not add up to {n} (axis {axis})")
+    out, a = [], 0
+    for s in sizes:
+        out.append(getitem(x, (slice(None),) * axis + (slice(a, a + s),)))
+        a += s
+    return out
+
+
+def chunk(x: Tensor, chunks: int, axis: int = 0) -> list:
+    n = x.shape[_norm_axis(axis, x.ndim)]
+    size = -(-n // chunks)
+    return split(x, size, axis)
+
+
+def to(x: Tensor, device) -> Tensor:
+    from ..runtime import get_device
+    dev = get_device(device)
+    if dev is x.device:
+        return x
+    src = contiguous(x)
+    out = Tensor.empty(x.shape, dev, x.dtype)
+    if x.numel:
+        # Across adapters the bytes go through the host (persistent staging both ways).
+        arr = src.device.read_array(src._storage.buffer, src.offset * src.dtype.itemsize,
+                                    src.numel, src.dtype)
+        dev.write(out._storage.buffer, arr)
+    src_dev = x.device
+    record("to", out, [x], lambda g: (to(g, src_dev),))
+    return out
+
+
+def detach(x: Tensor) -> Tensor:
+    return Tensor(x._storage, x.shape, x.strides, x.offset, x.dtype)

@@ -1,0 +1,6 @@
+"""Runtime: adapters, devices, buffer pool, kernels, command batching and staging."""
+from .context import MultiGpuContext, default_device, devices, get_device
+from .device import Device
+from .errors import (AdapterLimitError, DeviceMismatchError, KernelError, NoAdapterError,
+                     ShapeError, WgrumusError)
+from .kernels import Kernel

@@ -1,0 +1,72 @@
+"""MultiGpuContext: the one set of devices of this process."""
+from __future__ import annotations
+
+import os
+import threading
+
+from .adapters import select_adapters
+from .device import Device
+from .errors import WgrumusError
+
+
+class MultiGpuContext:
+    _instance: "MultiGpuContext | None" = None
+    _lock = threading.Lock()
+
+    def __init__(self, adapters, count: int | None = None):
+        if count is not None and count < 1:
+            raise WgrumusError(f"WGRUMUS_DEVICES must be >= 1, got {count}")
+        n = count or len(adapters)
+        # More devices than adapters: round-robin logical devices (separate wgpu devices) over
+        # the adapters, which is how multi-device code runs on one lavapipe adapter.
+        self.devices = []
+        for i in range(n):
+            a = adapters[i % len(adapters)]
+            self.devices.append(Device(i, a, logical=i // len(adapters)))
+
+    @classmethod
+    def get(cls) -> "MultiGpuContext":
+        with cls._lock:
+            if cls._instance is None:
+                env = os.environ.get("WGRUMUS_DEVICES", "").strip()
+                if env and not env.isdigit():
+                    raise WgrumusError(f"WGRUMUS_DEVICES={env!r} is not a positive integer")
+                cls._instance = cls(select_adapters(), int(env) if env else None)
+            return cls._instance
+
+    @classmethod
+    def reset(cls, count: int | None = None, adapter: str | None = None) -> "MultiGpuContext":
+        """Replace the process context (tests and the CLI's --devices). Old tensors stay valid
+        on their old devices but cannot be mixed with the new ones."""
+        with cls._lock:
+            cls._instance = cls(select_adapters(adapter), count)
+            return cls._instance
+
+    def __len__(self):
+        return len(self.devices)
+
+    def __getitem__(self, i):
+        return self.devices[i]
+
+
+def devices() -> list:
+    return list(MultiGpuContext.get().devices)
+
+
+def default_device() -> Device:
+    return MultiGpuContext.get().devices[0]
+
+
+def get_device(d) -> Device:
+    """Accept a Device, an index, or None (default device)."""
+    if d is None:
+        return default_device()
+    if isinstance(d, Device):
+        return d
+    if isinstance(d, int):
+        devs = MultiGpuContext.get().devices
+        if not 0 <= d < len(devs):
+            raise WgrumusError(f"device index {d} out of range: this process has {len(devs)} "
+                               f"device(s); set WGRUMUS_DEVICES to make more")
+        return devs[d]
+    raise TypeError(f"expected a Device or device index, got {type(d).__name__}")

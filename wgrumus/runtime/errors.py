@@ -1,0 +1,25 @@
+"""Errors raised by wgrumus. Every message names the problem and the fix."""
+
+
+class WgrumusError(RuntimeError):
+    """Base class of wgrumus' own errors."""
+
+
+class NoAdapterError(WgrumusError):
+    pass
+
+
+class DeviceMismatchError(WgrumusError, ValueError):
+    pass
+
+
+class ShapeError(WgrumusError, ValueError):
+    pass
+
+
+class AdapterLimitError(WgrumusError, ValueError):
+    pass
+
+
+class KernelError(WgrumusError):
+    """A WGSL kernel failed to compile or launch (a bug in wgrumus, never in user code)."""

@@ -1,0 +1,225 @@
+"""Tensor: a view (shape, strides, offset) of a Storage that lives on one Device.
+
+Operators and methods are attached by ``wgrumus.ops`` (the ops room builds on this one).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .runtime import get_device
+from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
+
+DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
+float32, int32, float16 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16)
+
+
+class Storage:
+    """A pooled device buffer. ``version`` counts in-place writes (autograd checks it)."""
+    __slots__ = ("device", "buffer", "nbytes", "version", "__weakref__")
+
+    def __init__(self, device, nbytes: int):
+        self.device = device
+        self.nbytes = nbytes
+        self.buffer = device.alloc(nbytes)
+        self.version = 0
+
+    def __del__(self):
+        buf = getattr(self, "buffer", None)
+        if buf is not None:
+            try:
+                self.device.pool.release(buf)
+            except Exception:  # interpreter shutdown
+                pass
+
+
+def contiguous_strides(shape) -> tuple:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+def as_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in DTYPES:
+        raise WgrumusError(f"dtype {dt} is not supported; use float32, int32 or float16")
+    return dt
+
+
+class Tensor:
+    __slots__ = ("_storage", "shape", "strides", "offset", "dtype", "requires_grad", "grad",
+                 "_node", "_grad_id", "__weakref__")
+
+    def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
+                 dtype=float32, requires_grad: bool = False):
+        self._storage = storage
+        self.shape = tuple(int(s) for s in shape)
+        self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
+        self.offset = int(offset)
+        self.dtype = np.dtype(dtype)
+        self.grad = None
+        self._node = None
+        self._grad_id = None
+        self.requires_grad = False
+        if requires_grad:
+            self.requires_grad_(True)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def empty(shape, device=None, dtype=float32) -> "Tensor":
+        dev = get_device(device)
+        dtype = as_dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ShapeError(f"negative dimension in shape {shape}")
+        n = math.prod(shape)
+        return Tensor(Storage(dev, n * dtype.itemsize), shape, dtype=dtype)
+
+    @staticmethod
+    def from_numpy(arr, device=None, requires_grad=False, dtype=None) -> "Tensor":
+        a = np.asarray(arr)
+        if dtype is None:
+            if a.dtype.kind == "f" and a.dtype != float16:
+                dtype = float32
+            elif a.dtype.kind in "iub":
+                dtype = float32 if a.dtype.kind == "b" else int32
+            elif a.dtype == float16:
+                dtype = float16
+            else:
+                raise WgrumusError(f"cannot make a tensor from numpy dtype {a.dtype}")
+        dtype = as_dtype(dtype)
+        if dtype == int32 and a.dtype.kind in "iu" and a.size and (
+                a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
+            raise WgrumusError("integer values do not fit in int32, the only integer dtype")
+        a = np.ascontiguousarray(a, dtype=dtype)
+        t = Tensor.empty(a.shape, device, dtype)
+        t.device.write(t._storage.buffer, a)
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self):
+        return self._storage.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def size(self, axis=None):
+        return self.shape if axis is None else self.shape[axis]
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    @property
+    def grad_id(self):
+        """Key of this tensor in a GradientStore (assigned when it first takes part in autograd)."""
+        if self._grad_id is None:
+            from .autograd.tape import new_grad_id
+            self._grad_id = new_grad_id()
+        return self._grad_id
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if flag and self.dtype != float32:
+            raise WgrumusError(f"only float32 tensors can require grad (this one is {self.dtype})")
+        if flag and self._node is not None:
+            raise WgrumusError("requires_grad_ is for leaf tensors; this one is an op's output")
+        self.requires_grad = bool(flag)
+        if flag:
+            _ = self.grad_id
+        return self
+
+    def is_contiguous(self) -> bool:
+        exp = 1
+        for s, st in zip(reversed(self.shape), reversed(self.strides)):
+            if s != 1 and st != exp:
+                return False
+            exp *= s
+        return True
+
+    def _view(self, shape, strides, offset) -> "Tensor":
+        return Tensor(self._storage, shape, strides, offset, self.dtype)
+
+    # ------------------------------------------------------------------ host transfer
+    def numpy(self) -> np.ndarray:
+        t = self if self.is_contiguous() else self.contiguous()
+        n = t.numel
+        if n == 0:
+            return np.zeros(self.shape, self.dtype)
+        arr = t.device.read_array(t._storage.buffer, t.offset * t.dtype.itemsize, n, t.dtype)
+        return arr.reshape(self.shape)
+
+    def item(self) -> float:
+        if self.numel != 1:
+            raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def buffer_slice(self):
+        """(device, buffer, byte offset, nbytes, dtype) of a contiguous tensor, for the comm layer."""
+        if not self.is_contiguous():
+            raise WgrumusError("buffer_slice() needs a contiguous tensor; call .contiguous() first")
+        from .distributed.comm import BufferSlice
+        isz = self.dtype.itemsize
+        return BufferSlice(self.device, self._storage.buffer, self.offset * isz,
+                           self.numel * isz, self.dtype)
+
+    def __repr__(self):
+        try:
+            body = np.array2string(self.numpy(), precision=4, separator=", ")
+        except Exception as e:  # pragma: no cover - repr must not raise
+            body = f"<unreadable: {e}>"
+        g = ", requires_grad=True" if self.requires_grad else ""
+        dt = "" if self.dtype == float32 else f", dtype={self.dtype}"
+        return f"tensor({body}, device={self.device.index}{dt}{g})"
+
+    def __bool__(self):
+        if self.numel != 1:
+            raise ShapeError(f"truth value of a tensor with {self.numel} elements is ambiguous")
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    __hash__ = object.__hash__
+
+
+def check_same_device(*ts: Tensor, op: str = "op") -> None:
+    devs = {t.device for t in ts}
+    if len(devs) > 1:
+        names = ", ".join(f"{t.device}" for t in ts)
+        raise DeviceMismatchError(f"{op}: tensors are on different devices ({names}); move them "
+                                  f"to one device with .to(device) first")
+
+
+def tensor(data, device=None, requires_grad=False, dtype=None) -> Tensor:
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    return Tensor.from_numpy(data, device=device, requires_grad=requires_grad, dtype=dtype)
