@@ -1,15 +1,97 @@
 // C[b] = A[b] @ B[b] for strided A (M x K) and B (K x N); C contiguous (M x N) per batch.
-// Register-blocked: a 16x16 workgroup computes a 64x64 tile, each invocation a 4x4 block, over
-// K in steps of 16 staged through workgroup memory. Any strides, so transposed operands
-// (Linear's weight, backward's A^T and B^T) need no copy.
+// Register-blocked: a 16x16 workgroup computes a TILE x TILE block of C (TILE = 16 * TM), each
+// invocation TM x TM outputs, over K in steps of BK staged through double-buffered workgroup
+// tiles (one barrier per step: the next step's operands are fetched into registers while the
+// current tile is consumed). Operands are read as vec4 along their contiguous dimension; the
+// load mode per operand is chosen on the host from the strides (ops/matmul.py), so transposed
+// views (Linear's weight, backward's A^T and B^T) need no copy:
+//   AM 0: A's K is contiguous (row-major)   1: A's M is contiguous (a transposed view)
+//   BM 0: B's N is contiguous (row-major)   1: B's K is contiguous (a transposed view)
+//   2 (either): any strides, element-wise gathers (the fallback for odd strides/sizes).
 // Words: 0 M, 1 N, 2 K, 3..6 A (offset, batch, row, col stride), 7..10 B (same), 11 C offset,
 // 12 batch offset (for batches split over several dispatches).
-@group(0) @binding(1) var<storage, read> A: array<f32>;
-@group(0) @binding(2) var<storage, read> B: array<f32>;
+@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> C: array<f32>;
 
-var<workgroup> As: array<vec4<f32>, 256>;  // [16 k][16 m-quads]
-var<workgroup> Bs: array<vec4<f32>, 256>;  // [16 k][16 n-quads]
+const TM: u32 = {{TM}}u;
+const TILE: u32 = {{TILE}}u;  // 16 * TM
+const TQ: u32 = {{TQ}}u;  // TILE / 4: vec4 quads per tile row
+const BK: u32 = {{BK}}u;
+const LOADS: u32 = {{LOADS}}u;  // TILE * BK / 1024: vec4 loads per invocation and operand
+const AM: u32 = {{AM}}u;
+const BM: u32 = {{BM}}u;
+
+var<workgroup> As: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQ m-quads]
+var<workgroup> Bs: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQ n-quads]
+
+fn elem_a(i: u32) -> f32 { return A[i >> 2u][i & 3u]; }
+fn elem_b(i: u32) -> f32 { return B[i >> 2u][i & 3u]; }
+
+// Fetch the q-th quad of A's (row0, k0) tile into a register.
+fn fetch_a(q: u32, row0: u32, k0: u32, M: u32, K: u32, a0: u32, ars: u32, acs: u32) -> vec4<f32> {
+    if (AM == 0u) {  // quad along k
+        let m = row0 + q / (BK / 4u);
+        let k = k0 + (q % (BK / 4u)) * 4u;
+        if (m < M && k < K) { return A[(a0 + m * ars + k) >> 2u]; }
+        return vec4<f32>(0.0);
+    }
+    let m = row0 + (q % TQ) * 4u;  // quad along m
+    let k = k0 + q / TQ;
+    if (AM == 1u) {
+        if (m < M && k < K) { return A[(a0 + m + k * acs) >> 2u]; }
+        return vec4<f32>(0.0);
+    }
+    var v = vec4<f32>(0.0);
+    if (k < K) {
+        for (var e = 0u; e < 4u; e++) {
+            if (m + e < M) { v[e] = elem_a(a0 + (m + e) * ars + k * acs); }
+        }
+    }
+    return v;
+}
+
+fn stage_a(q: u32, base: u32, v: vec4<f32>) {
+    if (AM == 0u) {
+        let mm = q / (BK / 4u);
+        let kk = (q % (BK / 4u)) * 4u;
+        for (var e = 0u; e < 4u; e++) { As[base + (kk + e) * TQ + mm / 4u][mm % 4u] = v[e]; }
+    } else {
+        As[base + (q / TQ) * TQ + q % TQ] = v;
+    }
+}
+
+fn fetch_b(q: u32, col0: u32, k0: u32, N: u32, K: u32, b0: u32, brs: u32, bcs: u32) -> vec4<f32> {
+    if (BM == 1u) {  // quad along k
+        let n = col0 + q / (BK / 4u);
+        let k = k0 + (q % (BK / 4u)) * 4u;
+        if (n < N && k < K) { return B[(b0 + n * bcs + k) >> 2u]; }
+        return vec4<f32>(0.0);
+    }
+    let n = col0 + (q % TQ) * 4u;  // quad along n
+    let k = k0 + q / TQ;
+    if (BM == 0u) {
+        if (n < N && k < K) { return B[(b0 + k * brs + n) >> 2u]; }
+        return vec4<f32>(0.0);
+    }
+    var v = vec4<f32>(0.0);
+    if (k < K) {
+        for (var e = 0u; e < 4u; e++) {
+            if (n + e < N) { v[e] = elem_b(b0 + k * brs + (n + e) * bcs); }
+        }
+    }
+    return v;
+}
+
+fn stage_b(q: u32, base: u32, v: vec4<f32>) {
+    if (BM == 1u) {
+        let nn = q / (BK / 4u);
+        let kk = (q % (BK / 4u)) * 4u;
+        for (var e = 0u; e < 4u; e++) { Bs[base + (kk + e) * TQ + nn / 4u][nn % 4u] = v[e]; }
+    } else {
+        Bs[base + (q / TQ) * TQ + q % TQ] = v;
+    }
+}
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -23,45 +105,62 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let b0 = pu(7u) + bz * pu(8u);
     let brs = pu(9u);
     let bcs = pu(10u);
-    let row0 = wid.y * 64u;
-    let col0 = wid.x * 64u;
-    let t = lid.y * 16u + lid.x;
-    var acc: array<vec4<f32>, 4>;
-    for (var k0 = 0u; k0 < K; k0 += 16u) {
-        // Each invocation stages 4 values of A (one m-quad at one k) and 4 of B.
-        let kk = t / 16u;
-        let q = t % 16u;
-        let k = k0 + kk;
-        var av = vec4<f32>(0.0);
-        var bv = vec4<f32>(0.0);
-        if (k < K) {
-            for (var e = 0u; e < 4u; e++) {
-                let m = row0 + q * 4u + e;
-                if (m < M) { av[e] = A[a0 + m * ars + k * acs]; }
-                let n = col0 + q * 4u + e;
-                if (n < N) { bv[e] = B[b0 + k * brs + n * bcs]; }
+    let row0 = wid.y * TILE;
+    let col0 = wid.x * TILE;
+    let tx = lid.x;
+    let ty = lid.y;
+    let t = ty * 16u + tx;
+    var acc: array<vec4<f32>, {{ACC}}>;  // [TM rows][TM / 4 column quads]
+    var ra: array<vec4<f32>, {{LOADS}}>;
+    var rb: array<vec4<f32>, {{LOADS}}>;
+
+    for (var l = 0u; l < LOADS; l++) {
+        let q = l * 256u + t;
+        stage_a(q, 0u, fetch_a(q, row0, 0u, M, K, a0, ars, acs));
+        stage_b(q, 0u, fetch_b(q, col0, 0u, N, K, b0, brs, bcs));
+    }
+    workgroupBarrier();
+    var cur = 0u;
+    for (var k0 = 0u; k0 < K; k0 += BK) {
+        let more = k0 + BK < K;
+        if (more) {  // fetch the next step while this one computes
+            for (var l = 0u; l < LOADS; l++) {
+                let q = l * 256u + t;
+                ra[l] = fetch_a(q, row0, k0 + BK, M, K, a0, ars, acs);
+                rb[l] = fetch_b(q, col0, k0 + BK, N, K, b0, brs, bcs);
             }
         }
-        As[kk * 16u + q] = av;
-        Bs[kk * 16u + q] = bv;
-        workgroupBarrier();
-        for (var j = 0u; j < 16u; j++) {
-            let a = As[j * 16u + lid.y];
-            let b = Bs[j * 16u + lid.x];
-            acc[0] += a.x * b;
-            acc[1] += a.y * b;
-            acc[2] += a.z * b;
-            acc[3] += a.w * b;
+        let base = cur * BK * TQ;
+        for (var kk = 0u; kk < BK; kk++) {
+            let ab = base + kk * TQ;
+{{FMA}}
         }
+        if (more) {
+            let nb = (cur ^ 1u) * BK * TQ;
+            for (var l = 0u; l < LOADS; l++) {
+                let q = l * 256u + t;
+                stage_a(q, nb, ra[l]);
+                stage_b(q, nb, rb[l]);
+            }
+        }
+        cur ^= 1u;
         workgroupBarrier();
     }
+
+    // Invocation (tx, ty) owns rows (ty + 16 i) * 4 + r and columns (tx + 16 j) * 4 + e.
     let c0 = pu(11u) + bz * M * N;
-    for (var i = 0u; i < 4u; i++) {
-        let m = row0 + lid.y * 4u + i;
-        if (m >= M) { continue; }
-        for (var e = 0u; e < 4u; e++) {
-            let n = col0 + lid.x * 4u + e;
-            if (n < N) { C[c0 + m * N + n] = acc[i][e]; }
+    for (var i = 0u; i < TM / 4u; i++) {
+        for (var r = 0u; r < 4u; r++) {
+            let m = row0 + (ty + 16u * i) * 4u + r;
+            if (m >= M) { continue; }
+            for (var j = 0u; j < TM / 4u; j++) {
+                let v = acc[(i * 4u + r) * (TM / 4u) + j];
+                let n = col0 + (tx + 16u * j) * 4u;
+                let o = c0 + m * N + n;
+                for (var e = 0u; e < 4u; e++) {
+                    if (n + e < N) { C[o + e] = v[e]; }
+                }
+            }
         }
     }
 }

@@ -7,9 +7,12 @@ from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, ge
                   manual_seed, matmul, maximum, mean, minimum, ones, ones_like, rand, randn, relu,
                   set_rng_state, sigmoid, split, sqrt, stack, tanh, where, zeros, zeros_like)
 from .ops import max, min, sum  # noqa: A004  (numpy-style names)
+from .ops import gather, index_select, log_softmax, softmax
 from .runtime import (AdapterLimitError, Device, DeviceMismatchError, MultiGpuContext,
                       NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
+from . import data, nn, optim  # noqa: E402  (build on the core above)
+from .io import load, load_checkpoint, save, save_checkpoint
 
 
 def _backward(self, grad=None):
@@ -24,5 +27,7 @@ def _backward(self, grad=None):
 
 
 Tensor.backward = _backward
+
+from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
 
 __version__ = "0.1.0"

@@ -94,7 +94,7 @@ class Tensor:
         if dtype == int32 and a.dtype.kind in "iu" and a.size and (
                 a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
             raise WgrumusError("integer values do not fit in int32, the only integer dtype")
-        a = np.ascontiguousarray(a, dtype=dtype)
+        a = np.asarray(a, dtype=dtype, order="C")  # (ascontiguousarray would make 0-d 1-d)
         t = Tensor.empty(a.shape, device, dtype)
         t.device.write(t._storage.buffer, a)
         if requires_grad:
@@ -160,7 +160,12 @@ class Tensor:
 
     # ------------------------------------------------------------------ host transfer
     def numpy(self) -> np.ndarray:
-        t = self if self.is_contiguous() else self.contiguous()
+        if self.is_contiguous():
+            t = self
+        else:
+            from .autograd.tape import no_grad
+            with no_grad():  # reading is not part of the graph
+                t = self.contiguous()
         n = t.numel
         if n == 0:
             return np.zeros(self.shape, self.dtype)
@@ -209,6 +214,7 @@ class Tensor:
         return int(self.item())
 
     __hash__ = object.__hash__
+    __array_ufunc__ = None  # `ndarray + tensor` defers to Tensor.__radd__ (a tensor, on device)
 
 
 def check_same_device(*ts: Tensor, op: str = "op") -> None:

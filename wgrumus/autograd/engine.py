@@ -10,16 +10,22 @@ class AutogradError(WgrumusError):
     pass
 
 
-def backward(loss) -> GradientStore:
+def backward(loss, on_leaf_grad=None) -> GradientStore:
     if loss.numel != 1:
         raise ShapeError(f"backward(loss) needs a loss with one element, got shape {loss.shape}; "
                          f"reduce it (e.g. .mean()) or use backward_with_grad(out, grad)")
     from ..ops.creation import full
-    return backward_with_grad(loss, full(loss.shape, 1.0, device=loss.device))
+    return backward_with_grad(loss, full(loss.shape, 1.0, device=loss.device),
+                              on_leaf_grad=on_leaf_grad)
 
 
-def backward_with_grad(out, grad) -> GradientStore:
-    """Gradients of all leaves that require grad, seeded with d(out) = ``grad``."""
+def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
+    """Gradients of all leaves that require grad, seeded with d(out) = ``grad``.
+
+    ``on_leaf_grad(grad_id, grad)``, when given, is called once per leaf as soon as its gradient
+    is final (the last node feeding it has run), while the rest of backward is still to come:
+    data parallelism starts all-reducing finished gradients there, overlapping backward. Leaves
+    whose every contribution was None get no call."""
     if not getattr(out, "requires_grad", False):
         raise AutogradError("backward: the output does not require grad (no input of the ops "
                             "that produced it requires grad, or it was computed under no_grad)")
@@ -31,6 +37,8 @@ def backward_with_grad(out, grad) -> GradientStore:
     store = GradientStore()
     if out._node is None:  # a leaf: its gradient is the seed
         store.accumulate(out, grad)
+        if on_leaf_grad is not None:
+            on_leaf_grad(out.grad_id, store.get(out))
         return store
     # Every node reachable from the output; record order is a topological order.
     nodes, stack, seen = [], [out._node], set()
@@ -45,12 +53,15 @@ def backward_with_grad(out, grad) -> GradientStore:
         nodes.append(n)
         stack.extend(p for _, p, _ in n.inputs if p is not None)
     nodes.sort(key=lambda n: n.seq, reverse=True)
+    pending = _leaf_uses(nodes) if on_leaf_grad is not None else None
     grads = {out.grad_id: grad}
     with no_grad():
         for n in nodes:
             g = grads.pop(n.out_id, None)
             if g is None:  # this branch does not reach the output
                 n.backward = None
+                if pending is not None:
+                    _leaves_done(n, pending, store, on_leaf_grad)
                 continue
             for t, v in n.saved:
                 if t._storage.version != v:
@@ -73,5 +84,29 @@ def backward_with_grad(out, grad) -> GradientStore:
                     grads[gid] = grads[gid] + ig
                 else:
                     grads[gid] = ig
+            if pending is not None:
+                _leaves_done(n, pending, store, on_leaf_grad)
     current_tape()._consume(seen)
     return store
+
+
+def _leaf_uses(nodes) -> dict:
+    """grad_id -> how many (node, input) slots of the graph feed that leaf."""
+    uses: dict = {}
+    for n in nodes:
+        for gid, parent, _ in n.inputs:
+            if gid is not None and parent is None:
+                uses[gid] = uses.get(gid, 0) + 1
+    return uses
+
+
+def _leaves_done(n, pending: dict, store: GradientStore, on_leaf_grad) -> None:
+    """Node ``n`` has run: count down its leaf inputs and report the ones now final."""
+    for gid, parent, _ in n.inputs:
+        if gid is None or parent is not None:
+            continue
+        pending[gid] -= 1
+        if pending[gid] == 0:
+            g = store.get(gid)
+            if g is not None:
+                on_leaf_grad(gid, g)

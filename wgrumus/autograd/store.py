@@ -39,10 +39,10 @@ class GradientStore:
         if leaf is None and not isinstance(x, int):
             leaf = x
         if leaf is not None:
-            self._leaves.setdefault(k, weakref.ref(leaf))
             if tuple(leaf.shape) != tuple(g.shape):
                 raise ShapeError(f"gradient of shape {tuple(g.shape)} for a tensor of shape "
                                  f"{tuple(leaf.shape)} (GradId {k})")
+            self._leaves.setdefault(k, weakref.ref(leaf))
         cur = self._grads.get(k)
         if cur is None:
             self._grads[k] = g

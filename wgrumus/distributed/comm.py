@@ -165,8 +165,7 @@ class CommThread:
                 current, pending = pending, None
                 if k + 2 < len(bounds):  # next chunk's copy and map run while this one reduces
                     pending = self._download(s, bounds[k + 1], bounds[k + 2])
-                local = np.frombuffer(current.result(), dtype=s.dtype) if current else \
-                    np.empty(0, s.dtype)
+                local = current.array(s.dtype) if current else np.empty(0, s.dtype)
                 reduced = req.barrier.reduce(local, req.op, rank=self.rank)
                 if reduced.size:
                     dev.write(s.buffer, reduced, s.offset + bounds[k])

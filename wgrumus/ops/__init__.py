@@ -10,6 +10,9 @@ from .elementwise import (abs_, add, binary, cast, clamp, clone, contiguous, cos
                           ne, neg, pow_, reciprocal, relu, rsqrt, sigmoid, sin, sqrt, square,
                           sub, tanh, where)
 from .matmul import matmul
+from .conv import avg_pool2d, conv2d, im2col, max_pool2d
+from .indexing import embedding, gather, index_select
+from .nnops import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
 from .reduce import argmax, argmin, max, mean, min, std, sum, var
 from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, reshape, setitem,
@@ -51,6 +54,7 @@ _METHODS = {
     "expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
     "contiguous": contiguous, "clone": clone, "to": to, "detach": detach, "split": split,
     "chunk": chunk, "fill_": fill_, "astype": cast,
+    "softmax": softmax, "log_softmax": log_softmax,
 }
 for _name, _fn in _METHODS.items():
     setattr(Tensor, _name, _fn)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd.tape import record
+from ..autograd.tape import needs_grad, record
 from ..tensor import Tensor, float32, int32
 from .launch import broadcast_shapes, run_map
 
@@ -15,7 +15,7 @@ from .launch import broadcast_shapes, run_map
 
 
 def _wrap(x, like: Tensor):
-    """Python/numpy scalars -> (None, value); tensors pass through."""
+    """Tensors and numpy arrays -> a tensor on ``like``'s device; Python/numpy scalars -> None."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, np.ndarray) and x.ndim > 0:
@@ -26,6 +26,13 @@ def _wrap(x, like: Tensor):
 
 def _fresh(shape, like: Tensor, dtype=float32) -> Tensor:
     return Tensor.empty(shape, like.device, dtype)
+
+
+def saved_output(out: Tensor) -> Tensor:
+    """An alias of ``out`` (same storage, no autograd node) for a backward rule that reads the
+    output: capturing ``out`` itself would make a cycle out -> node -> closure -> out, which
+    only the cyclic GC frees, so activations would not go back to the pool promptly."""
+    return Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
 
 
 def map_op(expr, inputs, shape=None, dtype=float32, scalars=()) -> Tensor:
@@ -73,10 +80,13 @@ def _unary(name: str, x: Tensor) -> Tensor:
         return map_op(fwd.replace("0.0", "0"), [x], dtype=int32)
     xi = x if x.dtype == float32 else cast(x, float32)
     out = map_op(fwd, [xi])
-    if name in ("neg",):
+    if not needs_grad(x):
+        return out
+    if name == "neg":
         record(name, out, [x], lambda g: (map_op(bwd, [g]),))
     else:
-        record(name, out, [x], lambda g: (map_op(bwd, [g, xi, out]),), saved=[xi])
+        o = saved_output(out)
+        record(name, out, [x], lambda g: (map_op(bwd, [g, xi, o]),), saved=[xi, o])
     return out
 
 
@@ -159,7 +169,10 @@ def _binary_backward(name, a, b, out):
 
 def binary(name: str, a, b) -> Tensor:
     if not isinstance(a, Tensor):
-        return _scalar_binary(name, b, a, reverse=True)
+        ta = _wrap(a, b)
+        if ta is None:
+            return _scalar_binary(name, b, a, reverse=True)
+        a = ta
     tb = _wrap(b, a)
     if tb is None:
         return _scalar_binary(name, a, b)
@@ -172,8 +185,9 @@ def binary(name: str, a, b) -> Tensor:
     a = a if a.dtype == float32 else cast(a, float32)
     b = b if b.dtype == float32 else cast(b, float32)
     out = map_op(fexpr, [a, b])
-    if name not in _COMPARE:
-        record(name, out, [a, b], _binary_backward(name, a, b, out), saved=[a, b])
+    if name not in _COMPARE and needs_grad(a, b):
+        o = saved_output(out)
+        record(name, out, [a, b], _binary_backward(name, a, b, o), saved=[a, b, o])
     return out
 
 
@@ -204,6 +218,8 @@ _SCALAR_GRAD = {  # d out / d a, as an expression of g=a, x=b, out=c, s=pf(48u)
 
 
 def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
+    if isinstance(s, np.ndarray):  # 0-d array
+        s = s.item()
     if isinstance(s, (bool, np.bool_)):
         s = int(s)
     if not isinstance(s, (int, float, np.integer, np.floating)):
@@ -217,10 +233,10 @@ def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
                       .replace(" a)", " f32(a))"), [x], scalars=[float(s)])
     x = x if x.dtype == float32 else cast(x, float32)
     out = map_op(_SCALAR[name][1 if reverse else 0], [x], scalars=[float(s)])
-    if name not in _COMPARE:
-        ge = _SCALAR_GRAD[(name, reverse)]
-        record(name, out, [x], lambda g: (map_op(ge, [g, x, out], scalars=[float(s)]),),
-               saved=[x])
+    if name not in _COMPARE and needs_grad(x):
+        ge, o = _SCALAR_GRAD[(name, reverse)], saved_output(out)
+        record(name, out, [x], lambda g: (map_op(ge, [g, x, o], scalars=[float(s)]),),
+               saved=[x, o])
     return out
 
 

@@ -7,7 +7,6 @@ broadcasting, transposes and slices cost no copies.
 from __future__ import annotations
 
 import functools
-import math
 
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
@@ -73,14 +72,15 @@ def coalesce(shape, strides_list):
 
 
 @functools.lru_cache(maxsize=4096)
-def _source(expr: str, types: tuple, modes: tuple, binds: tuple):
-    """types: WGSL storage type per operand (0 = output); modes: 'c' contiguous, 's' strided,
+def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple) -> Kernel:
+    """The map kernel for one specialisation (cached: building it costs more than a launch).
+    types: WGSL storage type per operand (0 = output); modes: 'c' contiguous, 's' strided,
     'b' broadcast scalar; binds: binding slot per operand (operands sharing a buffer share one)."""
-    decls, seen = [], {}
+    decls, seen = [], set()
     for k, (ty, b) in enumerate(zip(types, binds)):
         if b in seen:
             continue
-        seen[b] = k
+        seen.add(b)
         access = "read_write" if k == 0 else "read"
         decls.append(f"@group(0) @binding({b}) var<storage, {access}> B{b}: array<{ty}>;")
     body = []
@@ -97,61 +97,51 @@ def _source(expr: str, types: tuple, modes: tuple, binds: tuple):
         if k:
             body.append(f"    let {names[k]} = B{binds[k]}[i{names[k]}];")
     body.append(f"    B{binds[0]}[io] = {types[0]}({expr});")
-    return "\n".join(decls), "\n".join(body)
+    defines = {"DECLS": "\n".join(decls), "BODY": "\n".join(body)}
+    if "f16" in types:
+        defines["F16"] = "1"
+    return Kernel.of("map", **defines)
 
 
 def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape. Scalars are read in
-    ``expr`` as pf(48u), pf(49u), ... (or pi/pu)."""
+    ``expr`` as pf(48u), pf(49u), ... (or pi/pu). Bumps out's storage version (a write)."""
     n = out.numel
     if n == 0:
         return out
-    check_same_device(out, *inputs, op="elementwise op")
-    ops = [out, *inputs]
+    dev = out.device
+    for t in inputs:
+        if t._storage.device is not dev:
+            check_same_device(out, *inputs, op="elementwise op")
+    ops = (out, *inputs)
     strides = [out.strides] + [expand_strides(t, out.shape) for t in inputs]
     shape, strides = coalesce(out.shape, strides)
-    if len(shape) > MAXD:
+    nd = len(shape)
+    if nd > MAXD:
         raise ShapeError(f"views with more than {MAXD} non-mergeable dimensions are not supported "
                          f"(shape {out.shape}); call .contiguous() on the inputs first")
-    modes, binds, buf_slot = [], [], {}
-    for t, st in zip(ops, strides):
-        if all(s == 0 for s in st):
+    modes, binds, buffers, slots = [], [], [], {}
+    params = [0] * SCALAR_BASE
+    params[0], params[1] = n, nd
+    params[2:2 + nd] = shape
+    for k, (t, st) in enumerate(zip(ops, strides)):
+        if not any(st):
             modes.append("b")
-        elif len(shape) == 1 and st[0] == 1:
+        elif nd == 1 and st[0] == 1:
             modes.append("c")
         else:
             modes.append("s")
         buf = t._storage.buffer
-        if id(buf) not in buf_slot:
-            buf_slot[id(buf)] = len(buf_slot) + 1
-        binds.append(buf_slot[id(buf)])
-    types = tuple(DTYPES[t.dtype] for t in ops)
-    decls, body = _source(expr, types, tuple(modes), tuple(binds))
-    defines = {"DECLS": decls, "BODY": body}
-    if "f16" in types:
-        defines["F16"] = "1"
-    params = [0] * SCALAR_BASE
-    params[0], params[1] = n, len(shape)
-    params[2:2 + len(shape)] = shape
-    for k, (t, st) in enumerate(zip(ops, strides)):
+        slot = slots.get(id(buf))
+        if slot is None:
+            buffers.append(buf)
+            slot = slots[id(buf)] = len(buffers)
+        binds.append(slot)
         base = 10 + 9 * k
-        params[base:base + len(st)] = st
+        params[base:base + nd] = st
         params[base + 8] = t.offset
     params.extend(scalars)
-    buffers = []
-    for t in ops:
-        b = t._storage.buffer
-        if b not in buffers:
-            buffers.append(b)
-    dev = out.device
-    dev.dispatch_1d(Kernel.of("map", **defines), buffers, params, n)
+    kernel = _kernel(expr, tuple(DTYPES[t.dtype] for t in ops), tuple(modes), tuple(binds))
+    dev.dispatch_1d(kernel, buffers, params, n)
     out._storage.version += 1
     return out
-
-
-def new_like_shape(shape, device, dtype) -> Tensor:
-    return Tensor.empty(shape, device, dtype)
-
-
-def numel(shape) -> int:
-    return math.prod(shape)

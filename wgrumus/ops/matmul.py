@@ -12,9 +12,6 @@ from .elementwise import cast, contiguous, unbroadcast
 from .launch import broadcast_shapes
 from .shape import expand, reshape, transpose
 
-TILE = 64
-
-
 def _batch_stride(t: Tensor, nb: int):
     """One stride that walks the first ``nb`` dims of ``t`` in order, or None."""
     dims = [(s, st) for s, st in zip(t.shape[:nb], t.strides[:nb]) if s != 1]
@@ -77,12 +74,79 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def _launch(a, b, out, M, N, K, sa, sb, nbatch):
+def _fma_block(tm: int) -> str:
+    """The unrolled multiply-add of one k step (TM/4 quads of A and of B, TM*TM/4 vec4 FMAs):
+    literal indices keep the accumulators in registers on every shader compiler."""
+    q = tm // 4
+    lines = []
+    for i in range(q):
+        lines.append(f"let a{i} = As[ab + ty + {16 * i}u];")
+        lines.append(f"let b{i} = Bs[ab + tx + {16 * i}u];")
+    for i in range(q):
+        for r, c in enumerate("xyzw"):
+            for j in range(q):
+                k = (i * 4 + r) * q + j
+                lines.append(f"acc[{k}] = fma(vec4<f32>(a{i}.{c}), b{j}, acc[{k}]);")
+    return "\n".join("            " + ln for ln in lines)
+
+
+def kernel_for(tm: int, bk: int, am: int, bm: int) -> Kernel:
+    """The matmul specialisation: TM x TM outputs per invocation (tile 16*TM), k step BK, load
+    modes of A and B (see shaders/matmul.wgsl)."""
+    tile = 16 * tm
+    loads = tile * bk // 1024
+    if loads < 1 or bk % 4:
+        raise ValueError(f"matmul tile {tile} with k step {bk} leaves invocations without loads")
+    return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, BK=bk, LOADS=loads,
+                     SMEM=2 * bk * tile // 4, ACC=tm * tm // 4, AM=am, BM=bm,
+                     FMA=_fma_block(tm))
+
+
+def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
+    """Load mode of an operand viewed as (rows x cols) where rows is the output dimension and
+    cols is K: 0 if K is contiguous, 1 if the output dimension is, else 2 (gathers). vec4 loads
+    need 16-byte aligned quads, so offsets and the other strides must be multiples of 4 and the
+    contiguous extent a multiple of 4."""
+    aligned = off % 4 == 0 and sb % 4 == 0
+    if aligned and (cs == 1 or cols == 1) and (rs % 4 == 0 or rows == 1) and cols % 4 == 0:
+        return 0
+    if aligned and (rs == 1 or rows == 1) and (cs % 4 == 0 or cols == 1) and rows % 4 == 0:
+        return 1
+    return 2
+
+
+def _pick_tile(dev, M, N, nbatch) -> tuple:
+    """(TM, BK): 8x8 per invocation (128x128 tiles) once there are enough tiles to fill the GPU,
+    4x4 (64x64 tiles) for small products so that they still spread over all cores."""
+    big = nbatch * (-(-M // 128)) * (-(-N // 128))
+    if M >= 128 and N >= 128 and big >= _big_tile_min(dev):
+        return 8, BK_BIG
+    return 4, 16
+
+
+BK_BIG = 8
+
+
+def _big_tile_min(dev) -> int:
+    cached = getattr(dev, "_mm_big_tile_min", None)
+    if cached is None:
+        cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
+        cached = 1 if cpu else 256
+        dev._mm_big_tile_min = cached
+    return cached
+
+
+def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None):
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
-    k = Kernel.of("matmul")
+    am = _mode(a.offset, sa, ar, ac, M, K)
+    # B is (K x N): its output dimension is N (columns), K is rows.
+    bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
+    tm, bk = tile or _pick_tile(a.device, M, N, nbatch)
+    k = kernel_for(tm, bk, am, bm)
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
-    gx, gy = -(-N // TILE), -(-M // TILE)
+    t = 16 * tm
+    gx, gy = -(-N // t), -(-M // t)
     if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
     for z0 in range(0, nbatch, MAX_WG_PER_DIM):

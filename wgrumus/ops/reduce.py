@@ -11,8 +11,8 @@ from ..autograd.tape import record
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32, int32
-from .elementwise import contiguous, map_op
+from ..tensor import DTYPES, Tensor, float16, float32, int32
+from .elementwise import contiguous, map_op, saved_output
 from .shape import permute, reshape
 
 _OPS = {  # name: (init, combine)
@@ -48,6 +48,10 @@ def _rows(x: Tensor, axes):
     return xt, math.prod(kept), L, kept, kd
 
 
+def _f16(dtype) -> dict:
+    return {"F16": "1"} if dtype == float16 else {}
+
+
 def _launch(kernel, xt, R, L, out, scale=1.0, init=0.0):
     if R == 0:
         return
@@ -65,13 +69,11 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     xt, R, L, kept, kd = _rows(x, axes)
     if L == 0 and name in ("max", "min"):
         raise ShapeError(f"{name} of an empty axis (shape {x.shape}, axes {axes}) has no identity")
-    out_dtype = x.dtype if name != "sum" else float32
-    if x.dtype == int32 and name != "sum":
-        out_dtype = float32
+    out_dtype = x.dtype if name != "sum" else float32  # int max/min stay int (numpy)
     out = Tensor.empty(kd if keepdims else kept, x.device, out_dtype)
     init, comb = _OPS[name]
     k = Kernel.of("reduce", T=DTYPES[xt.dtype], TO=DTYPES[out_dtype], INIT="pf(5u)",
-                  COMBINE=comb, GT=">")
+                  COMBINE=comb, GT=">", **_f16(xt.dtype))
     scale = (1.0 / L if L else float("nan")) if mean else 1.0
     _launch(k, xt, R, L, out, scale, init)
     in_shape = x.shape
@@ -82,9 +84,11 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
             return (map_op("a * pf(48u)", [gk], shape=in_shape, scalars=[scale]),)
         record("mean" if mean else "sum", out, [with_grad], bw)
     else:
+        o = saved_output(out)
+
         def bw(g):
             # gradient to every position equal to the extreme, split evenly between ties
-            ok = reshape(out, kd)
+            ok = reshape(o, kd)
             mask = map_op("select(0.0, 1.0, a == b)", [x, ok])
             cnt = _reduce("sum", mask, axes, True)
             return (map_op("a * b / c", [mask, reshape(g, kd), cnt]),)
@@ -109,6 +113,9 @@ def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 
 
 def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
+    if axis is not None and not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"argmax/argmin take one axis or None (flattened), got {axis!r}")
+    kd_all = (1,) * x.ndim  # keepdims shape of a flattened arg-reduction
     if axis is None:
         x = reshape(x, (-1,))
         axis = 0
@@ -116,9 +123,11 @@ def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
     xt, R, L, kept, kd = _rows(x, axes)
     if L == 0:
         raise ShapeError(f"argmax/argmin of an empty axis (shape {x.shape})")
+    if keepdims and x.ndim == 1 and len(kd_all) != 1:
+        kd = kd_all
     out = Tensor.empty(kd if keepdims else kept, x.device, int32)
     k = Kernel.of("reduce", "arg", T=DTYPES[xt.dtype], TO="i32", COMBINE="x", GT=gt,
-                  INIT="0.0")
+                  INIT="0.0", **_f16(xt.dtype))
     _launch(k, xt, R, L, out)
     return out
 

@@ -73,6 +73,9 @@ def expand(x: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     pad = len(shape) - x.ndim
+    if pad < 0 or any(s == -1 for s in shape[:pad]):
+        raise ShapeError(f"cannot expand shape {x.shape} to {tuple(shape)} (-1 only keeps an "
+                         f"existing dimension)")
     shape = tuple(x.shape[i - pad] if s == -1 else s for i, s in enumerate(shape))
     out = x._view(shape, expand_strides(x, shape), x.offset)
     from .elementwise import unbroadcast
@@ -147,17 +150,22 @@ def getitem(x: Tensor, idx) -> Tensor:
         return index_select(x, 0, idx)
     shape, strides, off = _index_view(x, idx)
     out = x._view(shape, strides, off)
+    in_shape = x.shape
 
     def bw(g):
-        gx = Tensor.empty(x.shape, g.device, g.dtype)
-        fill_(gx, 0.0)
-        copy_into(gx._view(shape, strides, off - x.offset), g)
+        # scatter into zeros laid out contiguously: index the gradient, not x's (maybe strided) view
+        gx = fill_(Tensor.empty(in_shape, g.device, g.dtype), 0.0)
+        copy_into(gx._view(*_index_view(gx, idx)), g)
         return (gx,)
     record("getitem", out, [x], bw)
     return out
 
 
 def setitem(x: Tensor, idx, value) -> None:
+    from ..autograd.tape import is_grad_enabled
+    if x.requires_grad and is_grad_enabled():
+        raise RuntimeError("in-place assignment into a tensor that requires grad; wrap it in "
+                           "wr.no_grad() or build the value with wr.where / wr.cat")
     shape, strides, off = _index_view(x, idx)
     view = x._view(shape, strides, off)
     if not isinstance(value, Tensor):

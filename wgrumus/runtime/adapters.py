@@ -14,9 +14,34 @@ INSTALL_HINT = ("install a WebGPU-capable driver: on Linux without a GPU `sudo a
                 "install its Vulkan driver (Metal and DX12 work out of the box on macOS/Windows)")
 
 
-def _key(info) -> tuple:
-    # The same physical GPU seen through two backends shares vendor/device ids (or its name).
-    return (info.get("vendor_id"), info.get("device_id"), info.get("device", ""))
+def _name(info) -> str:
+    # GL appends "/PCIe/SSE2"-style suffixes to the renderer name that Vulkan reports plainly.
+    return (info.get("device") or "").split("/")[0].strip().lower()
+
+
+def _same_gpu(a: dict, b: dict) -> bool:
+    """Whether two adapter infos are one physical GPU seen through two backends. GL reports no
+    device id (0), so ids are compared only where both backends give one."""
+    if a.get("vendor_id") and b.get("vendor_id") and a["vendor_id"] != b["vendor_id"]:
+        return False
+    if a.get("device_id") and b.get("device_id"):
+        return a["device_id"] == b["device_id"] and _name(a) == _name(b)
+    na, nb = _name(a), _name(b)
+    return bool(na) and (na == nb or na.startswith(nb) or nb.startswith(na))
+
+
+def dedupe(adapters) -> list:
+    """Each GPU once, on its best backend (Vulkan/Metal, then DX12, then GL), discrete GPUs first.
+    Adapters of one backend are never merged: eight identical GPUs stay eight adapters."""
+    ranked = sorted(adapters, key=lambda a: _BACKEND_RANK.get(a.info.get("backend_type", ""), 2))
+    kept = []
+    for a in ranked:
+        rank = _BACKEND_RANK.get(a.info.get("backend_type", ""), 2)
+        if not any(r < rank and _same_gpu(a.info, k.info) for r, k in kept):
+            kept.append((rank, a))
+    kind_rank = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+    kept.sort(key=lambda ra: (kind_rank.get(ra[1].info.get("adapter_type"), 2), ra[0]))
+    return [a for _, a in kept]
 
 
 def enumerate_adapters() -> list:
@@ -26,17 +51,7 @@ def enumerate_adapters() -> list:
         found = list(wgpu.gpu.enumerate_adapters_sync())
     except Exception as e:  # no loader / driver at all
         raise NoAdapterError(f"no WebGPU adapter could be enumerated ({e}); {INSTALL_HINT}") from e
-    best: dict = {}
-    for a in found:
-        info = a.info
-        k = _key(info)
-        rank = _BACKEND_RANK.get(info.get("backend_type", ""), 2)
-        if k not in best or rank < best[k][0]:
-            best[k] = (rank, a)
-    kind_rank = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
-    out = sorted(best.values(), key=lambda ra: (kind_rank.get(ra[1].info.get("adapter_type"), 2),
-                                                ra[0]))
-    return [a for _, a in out]
+    return dedupe(found)
 
 
 def select_adapters(spec: str | None = None) -> list:

@@ -9,6 +9,18 @@ from .device import Device
 from .errors import WgrumusError
 
 
+def parse_device_count(text: str) -> int | None:
+    """WGRUMUS_DEVICES: empty -> None (one device per adapter), else a positive integer."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise WgrumusError(f"WGRUMUS_DEVICES={text!r} is not a positive integer; set it to the "
+                           f"number of devices to use (more than the adapters present makes "
+                           f"several logical devices per adapter) or unset it")
+    return int(text)
+
+
 class MultiGpuContext:
     _instance: "MultiGpuContext | None" = None
     _lock = threading.Lock()
@@ -28,10 +40,8 @@ class MultiGpuContext:
     def get(cls) -> "MultiGpuContext":
         with cls._lock:
             if cls._instance is None:
-                env = os.environ.get("WGRUMUS_DEVICES", "").strip()
-                if env and not env.isdigit():
-                    raise WgrumusError(f"WGRUMUS_DEVICES={env!r} is not a positive integer")
-                cls._instance = cls(select_adapters(), int(env) if env else None)
+                count = parse_device_count(os.environ.get("WGRUMUS_DEVICES", ""))
+                cls._instance = cls(select_adapters(), count)
             return cls._instance
 
     @classmethod

@@ -9,22 +9,35 @@ import wgpu
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
 
-def bucket_size(nbytes: int) -> int:
-    """Round up to 256 B, then to a quarter-power-of-two step so waste stays under 25%."""
+def bucket_size(nbytes: int, limit: int | None = None) -> int:
+    """Round up to 256 B, then to a quarter-power-of-two step so waste stays under 25%; never
+    past ``limit`` (the largest bindable buffer), so any size the device accepts stays bindable."""
     n = max(256, (nbytes + 255) & ~255)
     if n <= 4096:
-        return 1 << (n - 1).bit_length()
-    top = 1 << (n - 1).bit_length()
-    step = top // 8
-    return ((n + step - 1) // step) * step
+        size = 1 << (n - 1).bit_length()
+    else:
+        step = (1 << (n - 1).bit_length()) // 8
+        size = ((n + step - 1) // step) * step
+    if limit is not None and size > limit:
+        size = max(limit & ~3, (nbytes + 3) & ~3)
+    return size
 
 
 class BufferPool:
-    """Free lists per bucket; deque append/pop are atomic, so release may run in any thread (GC)."""
+    """Free lists per bucket; deque append/pop are atomic, so release may run in any thread (GC).
+
+    Every buffer handed out stays referenced by the pool (``_live``) until it is released. That
+    keeps a buffer out of the garbage when its Storage dies inside a reference cycle: otherwise
+    the collector runs wgpu's finalizer on the buffer too, and the pool would later hand out a
+    released buffer (wgpu-native then aborts the process in create_bind_group).
+    """
 
     def __init__(self, wgpu_device, max_cached_bytes: int = 1 << 30):
         self._dev = wgpu_device
+        lim = wgpu_device.limits
+        self.max_size = min(lim["max-storage-buffer-binding-size"], lim["max-buffer-size"])
         self._free: dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._live: dict[int, object] = {}
         self._lock = threading.RLock()  # re-entrant: GC may release inside acquire
         self.max_cached_bytes = max_cached_bytes
         self.cached_bytes = 0
@@ -32,7 +45,7 @@ class BufferPool:
         self.allocated = 0  # buffers ever created (a soak test watches it stay flat)
 
     def acquire(self, nbytes: int):
-        size = bucket_size(nbytes)
+        size = bucket_size(nbytes, self.max_size)
         q = self._free[size]
         try:
             buf = q.pop()
@@ -44,11 +57,14 @@ class BufferPool:
                 self.allocated += 1
         with self._lock:
             self.live_bytes += size
+            self._live[id(buf)] = buf
         return buf
 
     def release(self, buf) -> None:
         size = buf.size
         with self._lock:
+            if self._live.pop(id(buf), None) is None:
+                return  # not ours, or released twice
             self.live_bytes -= size
             if self.cached_bytes + size > self.max_cached_bytes:
                 return  # dropped: wgpu frees it once pending command buffers are done with it

@@ -1,7 +1,8 @@
-"""Pipeline parallelism: schedules as data, and (later) the thread-per-stage executor.
+"""Pipeline parallelism: schedules as data, and the thread-per-stage executor that follows them.
 
-The schedule half has no dependency on tensors or autograd: it can be imported, printed,
-validated and simulated on any machine.
+The schedule half (actions, schedules, timeline) has no dependency on tensors or autograd: it can
+be imported, printed, validated and simulated on any machine. The executor half (stage, executor,
+trace, split) runs the schedule on devices.
 """
 
 from .actions import (
@@ -17,6 +18,35 @@ from .actions import (
 )
 from .schedules import SCHEDULES, get_schedule, gpipe, interleaved, one_f_one_b, zb_h1
 from .timeline import SimResult, Slot, format_timeline, peak_in_flight, render, simulate, validate
+
+# The executor half needs tensors and autograd (so wgpu): loaded on first use, so that the
+# schedules stay importable without them.
+_LAZY = {
+    "PipelineStage": ".stage",
+    "PipelineExecutor": ".executor",
+    "PipelineError": ".executor",
+    "PipelineShapeError": ".executor",
+    "PipelineConfigError": ".executor",
+    "PipelineTimeoutError": ".executor",
+    "ActionRecord": ".trace",
+    "PipelineTrace": ".trace",
+    "StageChain": ".split",
+    "balanced_partition": ".split",
+    "split_sequential": ".split",
+    "split_gpt": ".split",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Action",
@@ -41,4 +71,16 @@ __all__ = [
     "peak_in_flight",
     "SimResult",
     "Slot",
+    "PipelineStage",
+    "PipelineExecutor",
+    "PipelineError",
+    "PipelineShapeError",
+    "PipelineConfigError",
+    "PipelineTimeoutError",
+    "ActionRecord",
+    "PipelineTrace",
+    "StageChain",
+    "balanced_partition",
+    "split_sequential",
+    "split_gpt",
 ]

@@ -1,0 +1,187 @@
+"""Data-parallel training throughput: samples/s of a GPT-mini on 1, 2 and 4 devices, the scaling
+ratio against plain single-device training, and the exposed (non-overlapped) communication time.
+
+    python benchmarks/data_parallel.py                       # GPT-mini, devices 1 2 4 (those present)
+    python benchmarks/data_parallel.py --quick               # small shapes for lavapipe / CI
+    python benchmarks/data_parallel.py --model mlp --devices 1 2 --steps 20 --json
+    WGRUMUS_DEVICES=4 python benchmarks/data_parallel.py     # 4 logical devices on one adapter
+
+Weak scaling, like DDP is used: every device gets ``--batch`` samples, so K devices train on a
+global batch of K x batch. Each configuration runs ``--warmup`` steps (shader compilation, buffer
+pools), then ``--steps`` timed steps of ``DataParallel.train_step`` (scatter, forward, loss,
+backward with bucketed all-reduce overlapped, AdamW step on every replica, loss readback).
+
+Columns:
+  samples/s  global samples per second over the timed steps;
+  scaling    samples/s divided by the plain single-device loop's (no DataParallel: forward,
+             backward, step on device 0) -- the >= 1.85x target on two adapters is for K=2;
+  step ms    mean wall time per step;
+  exposed    mean time per step a replica waited for gradient all-reduce after its backward
+             finished recording (``backward_end`` -> ``sync_end`` events, averaged over replicas);
+             it includes GPU work of the backward tail still in flight, so it is an upper bound
+             of the communication that backward did not hide;
+  buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
+With ``--one-bucket`` each K > 1 is also run with a single bucket launched after backward (no
+overlap), to show what the overlap saves.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=["gpt", "mlp"], default="gpt")
+    ap.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4],
+                    help="replica counts to run (those above the devices present are skipped)")
+    ap.add_argument("--batch", type=int, default=16, help="samples per device per step")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=256)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--block", type=int, default=128, help="sequence length (gpt)")
+    ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--first-bucket-mb", type=float, default=1.0)
+    ap.add_argument("--one-bucket", action="store_true",
+                    help="also run K > 1 with one bucket after backward (no overlap)")
+    ap.add_argument("--quick", action="store_true", help="small shapes (lavapipe, CI)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per row")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.n_layer, a.n_embd, a.n_head, a.block, a.vocab, a.batch = 2, 64, 2, 32, 128, 4
+        a.steps, a.warmup = min(a.steps, 4), min(a.warmup, 2)
+    return a
+
+
+class Task:
+    """Model, data and loss of one benchmark, rebuilt identically from the seed."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def model(self, device):
+        import wgrumus as wr
+        a = self.a
+        if a.model == "gpt":
+            return wr.nn.GPT(a.vocab, a.block, n_layer=a.n_layer, n_head=a.n_head,
+                             n_embd=a.n_embd, device=device, seed=0)
+        layers = []
+        for i in range(a.n_layer):
+            layers += [wr.nn.Linear(a.n_embd, a.n_embd, device=device), wr.nn.GELU()]
+        layers.append(wr.nn.Linear(a.n_embd, a.vocab, device=device))
+        return wr.nn.Sequential(*layers)
+
+    def batch(self, step, n):
+        rng = np.random.default_rng(step)
+        a = self.a
+        if a.model == "gpt":
+            toks = rng.integers(0, a.vocab, (n, a.block + 1)).astype(np.int32)
+            return toks[:, :-1], toks[:, 1:]
+        return (rng.standard_normal((n, a.n_embd)).astype(np.float32),
+                rng.integers(0, a.vocab, n).astype(np.int32))
+
+    def loss(self, out, y):
+        import wgrumus as wr
+        return wr.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    def optimizer(self, params):
+        import wgrumus as wr
+        return wr.optim.AdamW(params, lr=1e-3)
+
+
+def run_plain(task, dev, a) -> dict:
+    """The baseline: the ordinary one-device loop, no DataParallel."""
+    import wgrumus as wr
+    model = task.model(dev)
+    opt = task.optimizer(model.parameters())
+
+    def step(s):
+        x, y = task.batch(s, a.batch)
+        loss = task.loss(model(wr.tensor(x, device=dev)), wr.tensor(y, device=dev))
+        opt.step(wr.autograd.backward(loss))
+        return loss.item()
+
+    for s in range(a.warmup):
+        step(s)
+    t0 = time.perf_counter()
+    for s in range(a.steps):
+        step(a.warmup + s)
+    dt = time.perf_counter() - t0
+    return {"devices": 1, "mode": "plain", "samples_per_s": a.batch * a.steps / dt,
+            "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0}
+
+
+def run_dp(task, devs, a, one_bucket=False) -> dict:
+    import wgrumus as wr
+    k = len(devs)
+    big = 1e6  # MB: everything in one bucket, launched when the last gradient is ready
+    dp = wr.parallel.DataParallel(task.model(devs[0]), devs,
+                                  bucket_cap_mb=big if one_bucket else a.bucket_mb,
+                                  first_bucket_mb=big if one_bucket else a.first_bucket_mb)
+    try:
+        for s in range(a.warmup):
+            dp.train_step(*task.batch(s, a.batch * k), task.loss, task.optimizer)
+        exposed, t0 = [], time.perf_counter()
+        for s in range(a.steps):
+            dp.train_step(*task.batch(a.warmup + s, a.batch * k), task.loss, task.optimizer)
+            exposed.append(np.mean([dp.events.exposed_comm_seconds(r) for r in range(k)]))
+        dt = time.perf_counter() - t0
+        assert dp.replicas_identical(), "replicas diverged"
+        return {"devices": k, "mode": "one-bucket" if one_bucket else "bucketed",
+                "samples_per_s": a.batch * k * a.steps / dt, "step_ms": 1e3 * dt / a.steps,
+                "exposed_ms": 1e3 * float(np.mean(exposed)), "buckets": len(dp.plan)}
+    finally:
+        dp.close()
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    import wgrumus as wr
+    devs = wr.devices()
+    task = Task(a)
+    nparams = sum(p.numel for p in task.model(devs[0]).parameters())
+    head = (f"{a.model}: {nparams / 1e6:.2f} M parameters, batch {a.batch}/device"
+            + (f", seq {a.block}" if a.model == "gpt" else "") + f"; {len(devs)} device(s): "
+            + ", ".join(sorted({d.name for d in devs})))
+    rows = [run_plain(task, devs[0], a)]
+    base = rows[0]["samples_per_s"]
+    for k in a.devices:
+        if k > len(devs):
+            print(f"skipping {k} devices: only {len(devs)} present (set WGRUMUS_DEVICES)",
+                  file=sys.stderr)
+            continue
+        rows.append(run_dp(task, devs[:k], a))
+        if a.one_bucket and k > 1:
+            rows.append(run_dp(task, devs[:k], a, one_bucket=True))
+    for r in rows:
+        r["scaling"] = r["samples_per_s"] / base
+        r["model"], r["params"] = a.model, nparams
+    if a.json:
+        for r in rows:
+            print(json.dumps(r))
+        return 0
+    print(head)
+    print(f"{'devices':>7} {'mode':>10} {'samples/s':>10} {'scaling':>8} {'step ms':>8} "
+          f"{'exposed ms':>10} {'buckets':>7}")
+    for r in rows:
+        print(f"{r['devices']:>7} {r['mode']:>10} {r['samples_per_s']:>10.1f} "
+              f"{r['scaling']:>7.2f}x {r['step_ms']:>8.1f} {r['exposed_ms']:>10.1f} "
+              f"{r['buckets']:>7}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

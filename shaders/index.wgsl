@@ -1,0 +1,156 @@
+// Index ops on a contiguous source viewed as [outer, A, inner] (A = the indexed axis).
+// An index i < 0 counts from the end (numpy); indices still outside [0, A) are clamped
+// (a kernel cannot raise: host-side indices are checked before upload, see indexing.py).
+// Define T: storage type of the data (f32 or i32).
+// select_fwd (one invocation per output element): OUT[o, k, in] = X[o, IDX[k], in]
+//   words: 0 n out, 1 A, 2 K, 3 inner, 4 x off, 5 idx off
+// select_rows_fwd (one workgroup of 64 per output row (o, k), for wide rows: one index read
+//   and no divisions per element). Words as select_fwd.
+// select_bwd (one workgroup per destination row (o, a)): DX[o, a, :] = sum over k with
+//   IDX[k] == a of G[o, k, :]. The workgroup compacts the matching k of each chunk of 256
+//   indices (prefix sum) and adds them in ascending k: deterministic, no atomics. Cost
+//   outer * A * K index comparisons (fine for embedding tables up to ~1e5 rows).
+//   words: 0 rows (outer * A), 1 A, 2 K, 3 inner, 4 g off, 5 idx off
+// select_bwd_rows: the same without barriers (CPU adapters): one invocation per 32 columns of
+//   a destination row, looping over all K indices. Words as select_bwd.
+// gather_fwd (one invocation per output element): OUT[o, j, in] = X[o, IDX[o, j, in], in]
+//   words: 0 n out, 1 A, 2 J, 3 inner, 4 x off, 5 idx off
+// gather_bwd (one invocation per element of DX): DX[o, a, in] = sum over j with
+//   IDX[o, j, in] == a of G[o, j, in]. Cost numel(x) * J: meant for small J.
+//   words: 0 n dx, 1 A, 2 J, 3 inner, 4 g off, 5 idx off
+@group(0) @binding(1) var<storage, read> X: array<{{T}}>;
+@group(0) @binding(2) var<storage, read> IDX: array<i32>;
+@group(0) @binding(3) var<storage, read_write> OUT: array<{{T}}>;
+
+fn norm_index(v: i32, A: u32) -> u32 {
+    let w = select(v, v + i32(A), v < 0);
+    return u32(clamp(w, 0, i32(A) - 1));
+}
+
+@compute @workgroup_size(256)
+fn select_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid, 256u);
+    if (i >= pu(0u)) { return; }
+    let A = pu(1u);
+    let K = pu(2u);
+    let inner = pu(3u);
+    let col = i % inner;
+    let k = (i / inner) % K;
+    let o = i / (inner * K);
+    let a = norm_index(IDX[pu(5u) + k], A);
+    OUT[i] = X[pu(4u) + (o * A + a) * inner + col];
+}
+
+@compute @workgroup_size(64)
+fn select_rows_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = wid.y * nwg.x + wid.x;
+    let inner = pu(3u);
+    let K = pu(2u);
+    if (row * inner >= pu(0u)) { return; }
+    let A = pu(1u);
+    let a = norm_index(IDX[pu(5u) + row % K], A);
+    let src = pu(4u) + ((row / K) * A + a) * inner;
+    let dst = row * inner;
+    for (var c = lid; c < inner; c += 64u) { OUT[dst + c] = X[src + c]; }
+}
+
+var<workgroup> scan: array<u32, 256>;
+var<workgroup> hits: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn select_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= pu(0u)) { return; }  // uniform per workgroup
+    let A = pu(1u);
+    let K = pu(2u);
+    let inner = pu(3u);
+    let a = row % A;
+    let o = row / A;
+    let gbase = pu(4u) + o * K * inner;
+    let dbase = row * inner;
+    for (var c = lid; c < inner; c += 256u) { OUT[dbase + c] = {{T}}(0); }
+    for (var k0 = 0u; k0 < K; k0 += 256u) {
+        let k = k0 + lid;
+        var f = 0u;
+        if (k < K) { f = select(0u, 1u, norm_index(IDX[pu(5u) + k], A) == a); }
+        scan[lid] = f;
+        workgroupBarrier();
+        for (var s = 1u; s < 256u; s <<= 1u) {
+            var v = scan[lid];
+            if (lid >= s) { v += scan[lid - s]; }
+            workgroupBarrier();
+            scan[lid] = v;
+            workgroupBarrier();
+        }
+        if (f == 1u) { hits[scan[lid] - 1u] = k; }
+        let n = workgroupUniformLoad(&scan[255]);
+        for (var h = 0u; h < n; h++) {
+            let kk = hits[h];
+            for (var c = lid; c < inner; c += 256u) {
+                OUT[dbase + c] += X[gbase + kk * inner + c];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+const CHUNK: u32 = 32u;
+
+@compute @workgroup_size(64)
+fn select_bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid, 64u);
+    let inner = pu(3u);
+    let nch = (inner + CHUNK - 1u) / CHUNK;
+    if (i >= pu(0u) * nch) { return; }
+    let A = pu(1u);
+    let K = pu(2u);
+    let row = i / nch;
+    let c0 = (i % nch) * CHUNK;
+    let c1 = min(inner, c0 + CHUNK);
+    let a = row % A;
+    let gbase = pu(4u) + (row / A) * K * inner;
+    let dbase = row * inner;
+    for (var c = c0; c < c1; c++) { OUT[dbase + c] = {{T}}(0); }
+    for (var k = 0u; k < K; k++) {
+        if (norm_index(IDX[pu(5u) + k], A) == a) {
+            for (var c = c0; c < c1; c++) { OUT[dbase + c] += X[gbase + k * inner + c]; }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn gather_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid, 256u);
+    if (i >= pu(0u)) { return; }
+    let A = pu(1u);
+    let J = pu(2u);
+    let inner = pu(3u);
+    let col = i % inner;
+    let o = i / (inner * J);
+    let a = norm_index(IDX[pu(5u) + i], A);
+    OUT[i] = X[pu(4u) + (o * A + a) * inner + col];
+}
+
+@compute @workgroup_size(256)
+fn gather_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid, 256u);
+    if (i >= pu(0u)) { return; }
+    let A = pu(1u);
+    let J = pu(2u);
+    let inner = pu(3u);
+    let col = i % inner;
+    let a = (i / inner) % A;
+    let o = i / (inner * A);
+    var acc = {{T}}(0);
+    for (var j = 0u; j < J; j++) {
+        let e = (o * J + j) * inner + col;
+        if (norm_index(IDX[pu(5u) + e], A) == a) { acc += X[pu(4u) + e]; }
+    }
+    OUT[i] = acc;
+}

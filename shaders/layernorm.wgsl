@@ -1,0 +1,202 @@
+// Layer normalisation over the last L elements of a contiguous [R, L] block.
+// fwd: one workgroup per row; mean and rstd are saved for backward.
+//   words: 0 R, 1 L, 2 x off, 3 w off, 4 b off, 5 y off, 6 eps, 7 has weight, 8 has bias
+//   (without weight/bias the X buffer is bound in their place and never read).
+// bwd: one workgroup per row computes dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)).
+//   words: 0 R, 1 L, 2 x off, 3 g off, 4 w off, 5 has weight, 6 dx off
+// wb: partial dweight / dbias over chunks of rows, one invocation per (column, chunk).
+//   words: 0 R, 1 L, 2 x off, 3 g off, 4 rows per chunk, 5 chunks
+// colsum: dweight / dbias = sum of the chunk partials, one invocation per column.
+//   words: 0 L, 1 chunks
+// fwd_rows / bwd_rows: the same with one invocation per row and no barriers (CPU adapters).
+// Define: WG (row workgroup size, power of two).
+const WG: u32 = {{WG}}u;
+
+// fwd bindings
+@group(0) @binding(1) var<storage, read> X: array<f32>;
+@group(0) @binding(2) var<storage, read> W: array<f32>;
+@group(0) @binding(3) var<storage, read> B: array<f32>;
+@group(0) @binding(4) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> MEAN: array<f32>;
+@group(0) @binding(6) var<storage, read_write> RSTD: array<f32>;
+// bwd bindings: X 1, G 2, W 3, MEAN 4, RSTD 5, DX 6
+@group(0) @binding(2) var<storage, read> G: array<f32>;
+@group(0) @binding(3) var<storage, read> WB: array<f32>;
+@group(0) @binding(4) var<storage, read> MEANR: array<f32>;
+@group(0) @binding(5) var<storage, read> RSTDR: array<f32>;
+@group(0) @binding(6) var<storage, read_write> DX: array<f32>;
+// wb bindings: X 1, G 2, MEAN 3, RSTD 4, PART 5 (rw, [2, chunks, L])
+// colsum bindings: PART 1 (read, via X), SUMS 2 (rw, [2, L])
+@group(0) @binding(3) var<storage, read> MEANW: array<f32>;
+@group(0) @binding(4) var<storage, read> RSTDW: array<f32>;
+@group(0) @binding(5) var<storage, read_write> PART: array<f32>;
+@group(0) @binding(2) var<storage, read_write> SUMS: array<f32>;
+
+var<workgroup> sa: array<f32, WG>;
+var<workgroup> sb: array<f32, WG>;
+
+// Sum of (a, b) over the workgroup; call in uniform control flow.
+fn wg_sum2(a: f32, b: f32, lid: u32) -> vec2<f32> {
+    sa[lid] = a;
+    sb[lid] = b;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            sa[lid] += sa[lid + k];
+            sb[lid] += sb[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let r = vec2<f32>(sa[0], sb[0]);
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(WG)
+fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let fl = f32(L);
+    let xb = pu(2u) + r * L;
+    var s = 0.0;
+    for (var j = lid; j < L; j += WG) { s += X[xb + j]; }
+    let mean = wg_sum2(s, 0.0, lid).x / fl;
+    var q = 0.0;
+    for (var j = lid; j < L; j += WG) { let d = X[xb + j] - mean; q += d * d; }
+    let rstd = inverseSqrt(wg_sum2(q, 0.0, lid).x / fl + pf(6u));
+    let yb = pu(5u) + r * L;
+    let hw = pu(7u) != 0u;
+    let hb = pu(8u) != 0u;
+    for (var j = lid; j < L; j += WG) {
+        var y = (X[xb + j] - mean) * rstd;
+        if (hw) { y *= W[pu(3u) + j]; }
+        if (hb) { y += B[pu(4u) + j]; }
+        Y[yb + j] = y;
+    }
+    if (lid == 0u) {
+        MEAN[r] = mean;
+        RSTD[r] = rstd;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let xb = pu(2u) + r * L;
+    let gb = pu(3u) + r * L;
+    let wo = pu(4u);
+    let hw = pu(5u) != 0u;
+    let mean = MEANR[r];
+    let rstd = RSTDR[r];
+    var s1 = 0.0;
+    var s2 = 0.0;
+    for (var j = lid; j < L; j += WG) {
+        var gw = G[gb + j];
+        if (hw) { gw *= WB[wo + j]; }
+        s1 += gw;
+        s2 += gw * (X[xb + j] - mean) * rstd;
+    }
+    let t = wg_sum2(s1, s2, lid) / f32(L);
+    let db = pu(6u) + r * L;
+    for (var j = lid; j < L; j += WG) {
+        var gw = G[gb + j];
+        if (hw) { gw *= WB[wo + j]; }
+        let xh = (X[xb + j] - mean) * rstd;
+        DX[db + j] = rstd * (gw - t.x - xh * t.y);
+    }
+}
+
+@compute @workgroup_size(64)
+fn wb(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let L = pu(1u);
+    let j = gid.x;
+    let c = gid.y;
+    if (j >= L || c >= pu(5u)) { return; }
+    let R = pu(0u);
+    let r0 = c * pu(4u);
+    let r1 = min(R, r0 + pu(4u));
+    var dw = 0.0;
+    var db = 0.0;
+    for (var r = r0; r < r1; r++) {
+        let g = G[pu(3u) + r * L + j];
+        dw += g * (X[pu(2u) + r * L + j] - MEANW[r]) * RSTDW[r];
+        db += g;
+    }
+    PART[c * L + j] = dw;
+    PART[(pu(5u) + c) * L + j] = db;
+}
+
+@compute @workgroup_size(64)
+fn colsum(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let L = pu(0u);
+    let j = gid.x;
+    if (j >= 2u * L) { return; }
+    let C = pu(1u);
+    let half = j / L;  // 0: dweight, 1: dbias
+    let col = j % L;
+    var s = 0.0;
+    for (var c = 0u; c < C; c++) { s += X[(half * C + c) * L + col]; }
+    SUMS[j] = s;
+}
+
+@compute @workgroup_size(64)
+fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let r = linear_id(wid, nwg, lid, 64u);
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let fl = f32(L);
+    let xb = pu(2u) + r * L;
+    var s = 0.0;
+    for (var j = 0u; j < L; j++) { s += X[xb + j]; }
+    let mean = s / fl;
+    var q = 0.0;
+    for (var j = 0u; j < L; j++) { let d = X[xb + j] - mean; q += d * d; }
+    let rstd = inverseSqrt(q / fl + pf(6u));
+    let yb = pu(5u) + r * L;
+    let hw = pu(7u) != 0u;
+    let hb = pu(8u) != 0u;
+    for (var j = 0u; j < L; j++) {
+        var y = (X[xb + j] - mean) * rstd;
+        if (hw) { y *= W[pu(3u) + j]; }
+        if (hb) { y += B[pu(4u) + j]; }
+        Y[yb + j] = y;
+    }
+    MEAN[r] = mean;
+    RSTD[r] = rstd;
+}
+
+@compute @workgroup_size(64)
+fn bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let r = linear_id(wid, nwg, lid, 64u);
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let xb = pu(2u) + r * L;
+    let gb = pu(3u) + r * L;
+    let wo = pu(4u);
+    let hw = pu(5u) != 0u;
+    let mean = MEANR[r];
+    let rstd = RSTDR[r];
+    var s1 = 0.0;
+    var s2 = 0.0;
+    for (var j = 0u; j < L; j++) {
+        var gw = G[gb + j];
+        if (hw) { gw *= WB[wo + j]; }
+        s1 += gw;
+        s2 += gw * (X[xb + j] - mean) * rstd;
+    }
+    let t = vec2<f32>(s1, s2) / f32(L);
+    let db = pu(6u) + r * L;
+    for (var j = 0u; j < L; j++) {
+        var gw = G[gb + j];
+        if (hw) { gw *= WB[wo + j]; }
+        let xh = (X[xb + j] - mean) * rstd;
+        DX[db + j] = rstd * (gw - t.x - xh * t.y);
+    }
+}

@@ -1,0 +1,174 @@
+"""Runtime: adapter selection and dedupe, WGRUMUS_* parsing, command batching, the buffer pool,
+adapter limits, and errors that name the problem."""
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import wgrumus as wr
+from wgrumus.runtime import adapters as ad
+from wgrumus.runtime.context import parse_device_count
+from wgrumus.runtime.device import MAX_WG_PER_DIM, groups_1d
+from wgrumus.runtime.pool import bucket_size
+
+
+class FakeAdapter:
+    """Only the ``info`` that dedupe reads (real adapters cannot be made up on CI)."""
+
+    def __init__(self, device, backend, vendor_id=0x10DE, device_id=0x2330, kind="DiscreteGPU"):
+        self.info = {"device": device, "backend_type": backend, "vendor_id": vendor_id,
+                     "device_id": device_id, "adapter_type": kind}
+
+    def __repr__(self):
+        return f"{self.info['device']}/{self.info['backend_type']}"
+
+
+def test_dedupe_prefers_vulkan_over_gl_for_the_same_gpu():
+    vk = FakeAdapter("NVIDIA H100 80GB HBM3", "Vulkan")
+    gl = FakeAdapter("NVIDIA H100 80GB HBM3/PCIe/SSE2", "OpenGL", device_id=0)
+    cpu_vk = FakeAdapter("llvmpipe (LLVM 15)", "Vulkan", 65541, 0, "CPU")
+    cpu_gl = FakeAdapter("llvmpipe (LLVM 15)", "OpenGL", 65541, 0, "CPU")
+    assert ad.dedupe([gl, cpu_gl, vk, cpu_vk]) == [vk, cpu_vk]
+    # a GPU only GL can see is kept
+    other_gl = FakeAdapter("AMD Radeon", "OpenGL", 0x1002, 0, "IntegratedGPU")
+    assert ad.dedupe([gl, other_gl, vk]) == [vk, other_gl]
+
+
+def test_dedupe_keeps_identical_gpus_of_one_backend():
+    gpus = [FakeAdapter("NVIDIA H200", "Vulkan", device_id=0x2335) for _ in range(8)]
+    gl = FakeAdapter("NVIDIA H200/PCIe/SSE2", "OpenGL", device_id=0)
+    out = ad.dedupe(gpus + [gl])
+    assert len(out) == 8 and all(a in gpus for a in out)
+
+
+def test_real_adapters_deduped_and_described():
+    found = ad.enumerate_adapters()
+    assert found
+    keys = [(a.info["device"], a.info["backend_type"]) for a in found]
+    assert len(set(keys)) == len(keys)
+    names = {ad._name(a.info) for a in found}
+    for a in found:  # no GL adapter survives next to a better backend of the same GPU
+        if a.info["backend_type"] == "OpenGL":
+            assert sum(ad._name(b.info) == ad._name(a.info) for b in found) == 1
+    assert len(names) >= 1
+    assert "[0]" in ad.describe(found)
+
+
+def test_wgrumus_adapter_by_index_name_and_bad_values():
+    def names(adapters):
+        return [(a.info["device"], a.info["backend_type"]) for a in adapters]
+    found = names(ad.enumerate_adapters())
+    assert names(ad.select_adapters("0")) == found[:1]
+    assert found[0] in names(ad.select_adapters(found[0][0][:5].upper()))
+    assert names(ad.select_adapters("")) == found
+    with pytest.raises(wr.NoAdapterError, match=r"no adapter matches 'nosuchgpu'.*\[0\]"):
+        ad.select_adapters("nosuchgpu")
+    with pytest.raises(wr.NoAdapterError, match=r"index 99 out of range.*\[0\]"):
+        ad.select_adapters("99")
+
+
+def test_bad_wgrumus_adapter_env_in_a_fresh_process():
+    env = dict(os.environ, WGRUMUS_ADAPTER="nosuchgpu")
+    r = subprocess.run([sys.executable, "-c", "import wgrumus as wr; wr.devices()"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "NoAdapterError" in r.stderr and "nosuchgpu" in r.stderr and "[0]" in r.stderr
+
+
+def test_wgrumus_devices_parsing():
+    assert parse_device_count("") is None and parse_device_count("  ") is None
+    assert parse_device_count("3") == 3 and parse_device_count(" 8 ") == 8
+    for bad in ("0", "-1", "two", "1.5"):
+        with pytest.raises(wr.WgrumusError, match="WGRUMUS_DEVICES"):
+            parse_device_count(bad)
+
+
+def test_devices_from_env(devs):
+    assert len(devs) == int(os.environ["WGRUMUS_DEVICES"])
+    assert [d.index for d in devs] == list(range(len(devs)))
+    assert len({id(d.wgpu) for d in devs}) == len(devs)  # separate wgpu devices
+    d = devs[0]
+    assert d.name and isinstance(d.adapter_info, dict) and d.limits["max-buffer-size"] > 0
+    assert wr.MultiGpuContext.get()[1] is devs[1] and len(wr.MultiGpuContext.get()) == len(devs)
+    with pytest.raises(wr.WgrumusError, match="out of range"):
+        wr.zeros(2, device=len(devs))
+    with pytest.raises(TypeError, match="Device or device index"):
+        wr.zeros(2, device="cuda")
+
+
+def test_command_batching(dev):
+    x = wr.ones(1024, device=dev)
+    dev.synchronize()
+    s0, d0 = dev.submits, dev.dispatches
+    for _ in range(300):
+        x = x * 1.0001 + 0.5
+    assert dev.submits - s0 <= 2  # nothing forced a submit yet (arena holds 1024 slots)
+    y = x.numpy()  # readback submits the batch
+    assert dev.dispatches - d0 == 600 and dev.submits - s0 <= 3
+    assert np.isfinite(y).all()
+    dev.synchronize()
+
+
+def test_pool_reuses_buffers_in_a_loop(dev):
+    def step():
+        a = wr.randn(256, 64, device=dev, seed=1)
+        b = (a * 2.0).exp().sum(axis=1)
+        return b.numpy()
+    for _ in range(3):
+        step()
+    gc.collect()
+    base = dev.pool.stats()["buffers_created"]
+    for _ in range(50):
+        step()
+    assert dev.pool.stats()["buffers_created"] == base
+
+
+def test_buffers_of_tensors_dying_in_reference_cycles_stay_usable(dev):
+    class Holder:
+        pass
+    for _ in range(20):
+        h = Holder()
+        h.me = h  # a cycle: only the cyclic collector frees it
+        h.t = wr.ones(1000, device=dev) * 3.0
+        del h
+    gc.collect()
+    for _ in range(30):  # reuse every pooled buffer; a released one would abort wgpu-native
+        np.testing.assert_allclose((wr.ones(1000, device=dev) + 1.0).numpy(), 2.0)
+
+
+def test_bucket_sizes():
+    assert bucket_size(1) == 256 and bucket_size(257) == 512 and bucket_size(4096) == 4096
+    for n in (5000, 123_457, 10_000_000):
+        b = bucket_size(n)
+        assert n <= b < 1.26 * n + 256 and b % 4 == 0
+    assert bucket_size(1000, limit=1024) == 1024
+    lim = (1 << 31) - 1
+    assert bucket_size(lim - 100, limit=lim) <= lim and bucket_size(lim - 100, limit=lim) % 4 == 0
+
+
+def test_alloc_beyond_limit_names_the_limit(dev):
+    n = dev.max_binding // 4 + 1
+    with pytest.raises(wr.AdapterLimitError, match="max-storage-buffer-binding-size"):
+        wr.empty(n, device=dev)
+    with pytest.raises(wr.AdapterLimitError, match="max-storage-buffer-binding-size"):
+        wr.zeros(n, device=dev)
+
+
+def test_groups_1d_splits_past_the_limit():
+    assert groups_1d(256 * 100) == (100, 1, 1)
+    for n in (MAX_WG_PER_DIM * 256 + 1, 10 ** 9):
+        gx, gy, gz = groups_1d(n)
+        assert gx <= MAX_WG_PER_DIM and gy <= MAX_WG_PER_DIM and gx * gy * 256 >= n
+
+
+def test_synchronize_and_read_write_roundtrip(dev):
+    a = np.arange(1001, dtype=np.float32)
+    t = wr.tensor(a, device=dev)
+    dev.synchronize()
+    np.testing.assert_array_equal(t.numpy(), a)
+    np.testing.assert_array_equal(t[3:8].numpy(), a[3:8])  # unaligned offset read
+    raw = dev.read(t._storage.buffer, 4 * 5, 4 * 3)
+    np.testing.assert_array_equal(np.frombuffer(raw, np.float32), a[5:8])

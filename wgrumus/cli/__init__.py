@@ -1,0 +1,61 @@
+"""The `wgrumus` command: devices | train | bench | demo.
+
+Every subcommand lives in its own module with ``add_parser(sub)`` and ``run(args) -> int``.
+Argument problems raise UsageError (exit 2, one line); a missing adapter or another wgrumus error
+is one line and exit 1; Ctrl-C exits 130 after the subcommand has cleaned up.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import UsageError, env_rank
+
+COMMANDS = ("devices", "train", "bench", "demo")
+
+
+def build_parser():
+    from . import bench, demo, devices, train
+    from .argparsing import OneLineParser
+    p = OneLineParser(
+        prog="wgrumus",
+        description="Deep learning on WebGPU across adapters: data, tensor and pipeline "
+                    "parallel training from one command.",
+        epilog="Try `wgrumus demo` first. Each command has --help.")
+    from .. import __version__
+    p.add_argument("--version", action="version", version=f"wgrumus {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="{devices,train,bench,demo}",
+                           parser_class=OneLineParser)
+    sub.required = True
+    for mod in (devices, train, bench, demo):
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences a Vulkan loader warning
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        _error(f"{parser.prog} {args.command}: error: {e}")
+        return 2
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except Exception as e:
+        from ..runtime.errors import WgrumusError
+        if isinstance(e, WgrumusError):
+            _error(f"{parser.prog} {args.command}: {type(e).__name__}: {e}")
+            return 1
+        raise
+
+
+def _error(line: str) -> None:
+    if env_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

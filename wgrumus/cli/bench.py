@@ -1,0 +1,97 @@
+"""`wgrumus bench`: run the benchmark scripts of a source checkout (benchmarks/*.py).
+
+Each benchmark is a script with ``main(argv)`` that measures wgrumus and, in the same run, its
+references (numpy, torch where importable) and prints its own table with the ratios. This
+command finds them, imports them and calls ``main`` with the arguments given after the name.
+"""
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+from .common import UsageError, console
+
+ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
+
+
+def bench_dir() -> Path | None:
+    here = Path(__file__).resolve().parents[2] / "benchmarks"  # checkout: <repo>/benchmarks
+    return here if here.is_dir() else None
+
+
+def available() -> dict[str, Path]:
+    d = bench_dir()
+    if d is None:
+        return {}
+    found = {p.stem: p for p in sorted(d.glob("*.py")) if not p.stem.startswith("_")}
+    return dict(sorted(found.items(), key=lambda kv: (
+        ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER), kv[0])))
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="run benchmarks (ops, collectives, pipeline, data parallel, ...)",
+        description="Run the benchmarks of a source checkout and print their tables, with "
+        "references (numpy; torch where importable) measured in the same run. "
+        "`wgrumus bench` runs all of them with --quick; `wgrumus bench NAME [ARGS...]` runs one "
+        "with its own arguments (see `wgrumus bench NAME --help`).")
+    p.add_argument("name", nargs="?", help="benchmark to run (default: all, quick)")
+    p.add_argument("args", nargs="...", help="arguments passed to the benchmark")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.set_defaults(func=run)
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(f"wgrumus_bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if not callable(getattr(mod, "main", None)):
+        raise UsageError(f"benchmarks/{path.name} has no main(argv) function")
+    return mod
+
+
+def run(args) -> int:
+    found = available()
+    if not found:
+        raise UsageError("no benchmarks/ directory next to the wgrumus package: the benchmarks "
+                         "ship with the source, so run this from a git checkout installed with "
+                         "pip install -e .")
+    con = console()
+    if args.list:
+        for name, path in found.items():
+            doc = (_first_doc_line(path) or "").strip()
+            con.print(f"[bold]{name:14}[/] {doc}")
+        return 0
+    if args.name:
+        if args.name not in found:
+            raise UsageError(f"unknown benchmark {args.name!r}; available: "
+                             f"{', '.join(found)}")
+        todo = [(args.name, list(args.args))]
+    else:
+        todo = [(name, ["--quick"]) for name in found]
+    failed = []
+    for name, argv in todo:
+        con.rule(f"[bold]{name}[/] {' '.join(argv)}")
+        t0 = time.perf_counter()
+        try:
+            rc = _load(name, found[name]).main(argv)
+        except SystemExit as e:  # a benchmark's argparse rejected the arguments
+            rc = e.code if isinstance(e.code, int) else 1
+        if rc not in (None, 0):
+            failed.append(name)
+            con.print(f"[red]{name} exited with {rc}")
+        con.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s")
+    if failed:
+        con.print(f"[red]failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def _first_doc_line(path: Path) -> str | None:
+    import ast
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+    except (SyntaxError, OSError):
+        return None
+    return doc.splitlines()[0] if doc else None

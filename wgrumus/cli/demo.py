@@ -1,0 +1,37 @@
+"""`wgrumus demo`: the out-of-the-box run. A small model trained for a short while with data
+parallelism and pipeline parallelism on logical devices of whatever adapter exists (lavapipe
+included), with the live progress bar and the summary."""
+from __future__ import annotations
+
+import argparse
+
+from .common import positive
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="a one-minute data + pipeline parallel training run",
+                       description="Train a small MLP on the 8x8 digits with 2 data-parallel "
+                       "replicas x 2 pipeline stages (1F1B) on 4 devices: logical devices on "
+                       "one adapter unless you have more. About a minute on 2 CPU cores with "
+                       "lavapipe.")
+    p.add_argument("--steps", type=positive(), default=150, help="optimizer steps (default 150)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from . import loop
+    from .train import add_arguments
+    # The demo is `wgrumus train mlp --dp 2 --pp 2 ...` with fixed, sensible settings.
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("model")
+    add_arguments(p)
+    targs = p.parse_args(["mlp", "--dp", "2", "--pp", "2", "--micro-batches", "4",
+                          "--schedule", "1f1b", "--devices", "4", "--batch-size", "64",
+                          "--optimizer", "adamw", "--lr", "0.01",
+                          "--steps", str(args.steps), "--seed", str(args.seed)]
+                         + (["--json"] if args.json else []))
+    targs.title = "wgrumus demo"
+    cfg = loop.config_from_args(targs)
+    return loop.train(cfg)

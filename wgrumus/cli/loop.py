@@ -1,0 +1,205 @@
+"""The training loop behind `wgrumus train` and `wgrumus demo`: validate the arguments, build the
+task and the trainer for the layout, run the steps with a live progress bar, checkpoint, and
+report (summary table, loss curve, or one JSON object)."""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from .common import UsageError, print_json
+
+
+@dataclass
+class Layout:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    schedule: str = "1f1b"
+    micro_batches: int = 1
+    devices: int = 1
+    backend: str = "threads"
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def describe(self) -> str:
+        s = f"dp={self.dp} tp={self.tp} pp={self.pp}"
+        if self.pp > 1:
+            s += f" ({self.schedule}, {self.micro_batches} micro-batches)"
+        return s + f" on {self.world} device(s), {self.backend}"
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    steps: int | None
+    epochs: float | None
+    batch_size: int
+    lr: float | None
+    optimizer: str
+    seed: int
+    layout: Layout
+    gpt: dict = field(default_factory=dict)
+    checkpoint: str | None = None
+    checkpoint_every: int = 50
+    resume: bool = False
+    plot: str | None = None
+    json: bool = False
+    title: str = "wgrumus train"
+
+
+def config_from_args(args) -> TrainConfig:
+    """Check every argument before any GPU work; each problem is one UsageError line."""
+    from .train import MODELS
+    model = args.model.lower()
+    if model not in MODELS:
+        raise UsageError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
+    if args.steps is not None and args.epochs is not None:
+        raise UsageError("give --steps or --epochs, not both")
+    if args.resume and not args.checkpoint:
+        raise UsageError("--resume needs --checkpoint DIR (the directory to resume from)")
+    if args.tp > 1 and model != "gpt":
+        raise UsageError(f"--tp {args.tp}: tensor parallelism splits attention heads and MLP "
+                         f"columns of the gpt model; use --dp/--pp for {model}")
+    gpt = {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
+           "block_size": args.block_size}
+    if model == "gpt":
+        if args.n_embd % args.n_head:
+            raise UsageError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
+        if args.n_head % args.tp:
+            raise UsageError(f"--n-head {args.n_head} is not divisible by --tp {args.tp}")
+        if args.pp > args.n_layer:
+            raise UsageError(f"--pp {args.pp} stages need at least {args.pp} layers "
+                             f"(--n-layer is {args.n_layer})")
+    m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
+    batch = args.batch_size or (32 if model == "gpt" else 64)
+    if batch % (args.dp * m):
+        raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
+                         f"x {m} micro-batches (a multiple of {args.dp * m})")
+    if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
+        raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
+                         f"({m} by {args.pp})")
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
+    layout.devices = _device_count(args, layout)
+    if args.checkpoint:
+        _check_writable(args.checkpoint)
+    return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
+                       layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
+                       args.plot, args.json, getattr(args, "title", "wgrumus train"))
+
+
+def _device_count(args, layout: Layout) -> int:
+    """How many devices the run uses; --devices N (re)creates N devices in this process."""
+    import wgrumus as wr
+    if layout.backend == "mpi":
+        size = _mpi_size()
+        if size != layout.world:
+            raise UsageError(f"--dp {layout.dp} x --tp {layout.tp} x --pp {layout.pp} = "
+                             f"{layout.world} ranks, but mpiexec started {size} process(es); "
+                             f"run mpiexec -n {layout.world}")
+        return layout.world
+    if args.devices is not None:
+        if args.devices < layout.world:
+            raise UsageError(f"--dp {layout.dp} x --tp {layout.tp} x --pp {layout.pp} = "
+                             f"{layout.world} devices needed, but --devices is {args.devices}")
+        if args.devices != len(wr.MultiGpuContext.get().devices):
+            wr.MultiGpuContext.reset(count=args.devices)
+        return args.devices
+    have = len(wr.devices())
+    if layout.world > have:
+        raise UsageError(f"--dp {layout.dp} x --tp {layout.tp} x --pp {layout.pp} = "
+                         f"{layout.world} devices needed, but this process has {have}; pass "
+                         f"--devices {layout.world} (logical devices share an adapter) or set "
+                         f"WGRUMUS_DEVICES={layout.world}")
+    return have
+
+
+def _mpi_size() -> int:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise UsageError("--backend mpi needs mpi4py and an MPI launcher: pip install "
+                         "'wgrumus[mpi]', then mpiexec -n N wgrumus train --backend mpi ...") \
+            from None
+    return MPI.COMM_WORLD.Get_size()
+
+
+def _check_writable(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"--checkpoint {path!r} is not a writable directory "
+                         f"({e.strerror or e})") from None
+
+
+# ---------------------------------------------------------------------------------- the loop
+def train(cfg: TrainConfig) -> int:
+    from . import checkpoint, models, report, trainers
+    task = models.build(cfg)
+    steps = cfg.steps or (max(1, math.ceil(cfg.epochs * task.steps_per_epoch(cfg.batch_size)))
+                          if cfg.epochs else task.default_steps)
+    trainer = trainers.make_trainer(cfg, task)
+    start, losses = 0, []
+    main_rank = trainer.is_main
+    if cfg.resume:
+        start, losses = checkpoint.load(cfg, task, trainer)
+        if start >= steps:
+            raise UsageError(f"the checkpoint in {cfg.checkpoint!r} is already at step {start} "
+                             f">= --steps {steps}; ask for more steps")
+    ui = report.Progress(cfg, task, steps, start, enabled=main_rank and not cfg.json)
+    t0 = time.perf_counter()
+    with StopOnInterrupt() as stop, ui:
+        for step in range(start, steps):
+            x, y = task.batch(step, cfg.batch_size)
+            losses.append(float(trainer.step(x, y)))
+            ui.update(step + 1, losses[-1])
+            if trainer.agree_stop(stop.requested):
+                break
+            if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
+                checkpoint.save(cfg, task, trainer, step + 1, losses)
+    interrupted = stop.requested
+    seconds = time.perf_counter() - t0
+    done = len(losses)  # steps completed in total (resumed ones included)
+    if cfg.checkpoint:
+        checkpoint.save(cfg, task, trainer, done, losses)
+    result = report.result(cfg, task, trainer, losses, done - start, seconds, interrupted)
+    trainer.close()
+    if cfg.json:
+        print_json(result)
+    elif main_rank:
+        report.summary(cfg, task, result)
+    return 130 if interrupted else 0
+
+
+class StopOnInterrupt:
+    """Ctrl-C asks the loop to stop after the current step, so weights and optimizer state are
+    never half-updated when the checkpoint is written; a second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = None
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False

@@ -1,0 +1,161 @@
+"""The three models of `wgrumus train` and their data: everything a run needs to know about
+*what* it trains, independent of *how* (the layout).
+
+A Task builds its model from the seed alone and draws batch ``k`` from (seed, k) alone, so every
+layout and a resumed run see the same weights and the same batches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3, "adamw": 3e-3}
+TEST_SPLIT_SEED = 1234  # the held-out split does not move with --seed
+
+
+@dataclass
+class Task:
+    name: str
+    unit: str                       # throughput unit: samples or tokens
+    units_per_sample: int
+    default_steps: int
+    lr: float
+    optimizer: str
+    seed: int
+    config: dict                    # what a checkpoint must match to be resumed
+    build: Callable                 # build(device) -> freshly initialised, seeded module
+    x_train: np.ndarray
+    y_train: np.ndarray | None
+    x_test: np.ndarray
+    y_test: np.ndarray | None
+    extra: dict = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- model, loss, optimizer
+    def make_model(self, device):
+        import wgrumus as wr
+        wr.manual_seed(self.seed)  # same initial weights in every layout
+        return self.build(device)
+
+    def loss(self, out, y):
+        from ..nn import functional as F
+        if out.ndim == 3:  # gpt: [B, T, V] logits, [B, T] targets
+            out = out.reshape(-1, out.shape[-1])
+            y = y.reshape(-1)
+        return F.cross_entropy(out, y)
+
+    def make_optimizer(self, params):
+        from .. import optim
+        cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}[self.optimizer]
+        if self.optimizer == "sgd":
+            return cls(params, lr=self.lr, momentum=0.9)
+        return cls(params, lr=self.lr)
+
+    # ---------------------------------------------------------------------------- batches
+    def steps_per_epoch(self, batch: int) -> int:
+        n = len(self.x_train) if self.name != "gpt" else len(self.x_train) // self.units_per_sample
+        return max(1, n // batch)
+
+    def batch(self, step: int, batch: int):
+        """Global batch number ``step``: a function of (seed, step) only."""
+        if self.name == "gpt":
+            T = self.units_per_sample
+            rng = np.random.default_rng([self.seed, step])
+            starts = rng.integers(0, len(self.x_train) - T - 1, size=batch)
+            x = np.stack([self.x_train[s:s + T] for s in starts]).astype(np.int32)
+            y = np.stack([self.x_train[s + 1:s + T + 1] for s in starts]).astype(np.int32)
+            return x, y
+        per_epoch = self.steps_per_epoch(batch)
+        epoch, k = divmod(step, per_epoch)
+        perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.x_train))
+        idx = perm[k * batch:(k + 1) * batch]
+        return self.x_train[idx], self.y_train[idx]
+
+    # ------------------------------------------------------------------------- evaluation
+    def evaluate(self, trainer) -> dict:
+        """Held-out figures from the trained weights (trainer.predict runs forward only)."""
+        if self.name != "gpt":
+            logits = trainer.predict(self.x_test)
+            return {"accuracy": float((logits.argmax(axis=1) == self.y_test).mean())}
+        T = self.units_per_sample
+        rng = np.random.default_rng(TEST_SPLIT_SEED)
+        starts = rng.integers(0, len(self.x_test) - T - 1, size=16)
+        x = np.stack([self.x_test[s:s + T] for s in starts]).astype(np.int32)
+        y = np.stack([self.x_test[s + 1:s + T + 1] for s in starts])
+        logits = trainer.predict(x).astype(np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        eval_loss = float(-np.take_along_axis(logp, y[..., None], -1).mean())
+        return {"eval_loss": eval_loss, "sample": self.sample(trainer, 48)}
+
+    def sample(self, trainer, n: int) -> str:
+        """Greedy continuation of the first characters of the held-out text."""
+        itos = self.extra["itos"]
+        T = self.units_per_sample
+        ctx = list(self.x_test[:T])
+        out = []
+        for _ in range(n):
+            logits = trainer.predict(np.array([ctx[-T:]], np.int32))
+            nxt = int(logits[0, -1].argmax())
+            out.append(itos[nxt])
+            ctx.append(nxt)
+        return "".join(out)
+
+
+def build(cfg) -> Task:
+    lr = cfg.lr or DEFAULT_LR[cfg.optimizer]
+    if cfg.model in ("mlp", "cnn"):
+        return _digits_task(cfg, lr)
+    return _gpt_task(cfg, lr)
+
+
+# ------------------------------------------------------------------------------- digits
+def _digits_task(cfg, lr) -> Task:
+    from ..data import load_digits
+    x, y = load_digits()
+    x = np.asarray(x, np.float32).reshape(len(x), -1)
+    if x.max() > 1.5:
+        x = x / 16.0  # pixel values 0..16
+    y = np.asarray(y).astype(np.int32)
+    perm = np.random.default_rng(TEST_SPLIT_SEED).permutation(len(x))
+    test, train = perm[:300], perm[300:]
+    if cfg.model == "cnn":
+        x = x.reshape(-1, 1, 8, 8)
+    build_fn = _mlp if cfg.model == "mlp" else _cnn
+    return Task(cfg.model, "samples", 1, 200, lr, cfg.optimizer, cfg.seed,
+                {"model": cfg.model}, build_fn, x[train], y[train], x[test], y[test])
+
+
+def _mlp(device):
+    from .. import nn
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                         nn.Linear(128, 10)).to(device)
+
+
+def _cnn(device):
+    from .. import nn
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 16 x 4 x 4
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 32 x 2 x 2
+        nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+
+
+# ---------------------------------------------------------------------------------- gpt
+def _gpt_task(cfg, lr) -> Task:
+    from ..data import load_text
+    text = load_text()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = np.array([stoi[c] for c in text], np.int32)
+    cut = int(len(ids) * 0.9)
+    g = cfg.gpt
+    conf = {"model": "gpt", "vocab_size": len(chars), **g}
+
+    def build_fn(device):
+        from .. import nn
+        return nn.GPT(vocab_size=len(chars), block_size=g["block_size"], n_layer=g["n_layer"],
+                      n_head=g["n_head"], n_embd=g["n_embd"]).to(device)
+
+    return Task("gpt", "tokens", g["block_size"], 300, lr, cfg.optimizer, cfg.seed, conf,
+                build_fn, ids[:cut], None, ids[cut:], None, {"itos": chars})

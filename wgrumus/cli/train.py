@@ -1,0 +1,75 @@
+"""`wgrumus train`: train mlp / cnn / gpt on one device or with dp x tp x pp parallelism.
+
+The loop is layout-agnostic: ``models.build`` makes the task (model, data, loss, metrics) from
+the seed alone, and ``trainers.make_trainer`` picks the parallel engine for the layout. So the
+same seed gives the same initial weights and data order in every layout, and runs can be
+compared step by step.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+
+from .common import UsageError, console, env_rank, positive, print_json
+
+MODELS = ("mlp", "cnn", "gpt")
+SCHEDULES = ("1f1b", "gpipe", "interleaved")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def add_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
+    """Training options, shared by `train` and `demo`."""
+    g = p.add_argument_group("length and optimisation")
+    g.add_argument("--steps", type=positive(), help="optimizer steps (default: 200 for mlp/cnn, "
+                   "300 for gpt; or derived from --epochs)")
+    g.add_argument("--epochs", type=positive(float), help="passes over the training set "
+                   "(instead of --steps)")
+    g.add_argument("--batch-size", type=positive(), help="global batch (split over dp ranks and "
+                   "micro-batches); default 64 (gpt: 32)")
+    g.add_argument("--lr", type=positive(float), help="learning rate (default per optimizer)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    g.add_argument("--seed", type=int, default=0, help="weights and data order (same in every "
+                   "layout)")
+    g = p.add_argument_group("parallel layout")
+    g.add_argument("--dp", type=positive(), default=1, help="data-parallel replicas")
+    g.add_argument("--tp", type=positive(), default=1, help="tensor-parallel ranks (gpt)")
+    g.add_argument("--pp", type=positive(), default=1, help="pipeline stages")
+    g.add_argument("--micro-batches", type=positive(), help="pipeline micro-batches per step "
+                   "(default 2*pp)")
+    g.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
+    g.add_argument("--devices", type=positive(), help="number of devices to create (logical "
+                   "devices share an adapter); default: WGRUMUS_DEVICES or one per adapter")
+    g.add_argument("--backend", choices=("threads", "mpi"), default="threads",
+                   help="threads: one process, one thread per device; mpi: one process per "
+                   "rank under mpiexec")
+    g = p.add_argument_group("gpt size")
+    g.add_argument("--n-layer", type=positive(), default=2)
+    g.add_argument("--n-embd", type=positive(), default=64)
+    g.add_argument("--n-head", type=positive(), default=4)
+    g.add_argument("--block-size", type=positive(), default=32, help="context length")
+    g = p.add_argument_group("output")
+    g.add_argument("--checkpoint", metavar="DIR", help="save a training checkpoint there "
+                   "(atomically) every --checkpoint-every steps, at the end and on Ctrl-C")
+    g.add_argument("--checkpoint-every", type=positive(), default=50, metavar="N")
+    g.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
+    g.add_argument("--plot", metavar="PNG", help="loss curve file (default: <checkpoint or .>/"
+                   "loss.png when matplotlib is installed; else a terminal plot)")
+    g.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train mlp | cnn | gpt, on one device or in parallel",
+                       description="Train a model on one device or with data (--dp), tensor "
+                       "(--tp) and pipeline (--pp) parallelism.")
+    p.add_argument("model", help="mlp (8x8 digits), cnn (8x8 digits) or gpt (character-level "
+                   "text)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from . import loop
+    cfg = loop.config_from_args(args)
+    return loop.train(cfg)

@@ -1,0 +1,120 @@
+"""Trainers: one object per parallel layout, all with the same small interface, so the loop in
+loop.py never looks at the layout:
+
+    step(x, y) -> float         one optimizer step on the global batch; its (global-batch) loss
+    predict(x) -> np.ndarray    forward only, dense logits (evaluation, sampling)
+    state_dict() / load_state_dict(sd)   model + optimizer state, gathered to dense arrays
+    agree_stop(flag) -> bool    every rank stops at the same step (MPI)
+    device_stats(seconds)       rows for the summary's per-device table
+    is_main, close()
+
+``make_trainer`` picks the engine for (dp, tp, pp, backend).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .common import UsageError
+
+
+def make_trainer(cfg, task):
+    """gpt: every layout (1x1x1 included) runs the 3D engine, so all layouts start from the same
+    weights and agree step by step. mlp/cnn: one device, DataParallel, or pipelines (x dp)."""
+    lay = cfg.layout
+    if cfg.model == "gpt":
+        from .trainers_3d import ThreeDTrainer
+        return ThreeDTrainer(cfg, task)
+    if lay.backend == "mpi":
+        if lay.pp > 1:
+            raise UsageError("--backend mpi runs --pp for the gpt model; for mlp/cnn use "
+                             "--backend mpi with --dp only, or --pp with the threads backend")
+        from .trainers_parallel import DataParallelTrainer
+        return DataParallelTrainer(cfg, task)
+    if lay.pp > 1:
+        from .trainers_parallel import PipelineTrainer
+        return PipelineTrainer(cfg, task)
+    if lay.dp > 1:
+        from .trainers_parallel import DataParallelTrainer
+        return DataParallelTrainer(cfg, task)
+    return SingleTrainer(cfg, task)
+
+
+def to_tensor(arr: np.ndarray, device):
+    import wgrumus as wr
+    dtype = wr.int32 if np.issubdtype(arr.dtype, np.integer) else wr.float32
+    return wr.tensor(np.ascontiguousarray(arr), device=device, dtype=dtype)
+
+
+def module_state(module) -> dict:
+    return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+            for k, v in module.state_dict().items()}
+
+
+def optimizer_state(opt) -> dict:
+    """Flatten the optimizer's state_dict into name -> numpy array (safetensors-friendly)."""
+    out = {}
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(f"{prefix}.{i}", v)
+        elif hasattr(obj, "numpy"):
+            out[prefix] = np.asarray(obj.numpy())
+        elif isinstance(obj, (int, float, bool, np.ndarray, np.generic)) or obj is None:
+            out[prefix] = np.asarray(np.nan if obj is None else obj)
+    walk("", opt.state_dict())
+    return out
+
+
+class SingleTrainer:
+    """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
+    is_main = True
+
+    def __init__(self, cfg, task):
+        import wgrumus as wr
+        self.task = task
+        self.device = wr.devices()[0]
+        self.model = task.make_model(self.device)
+        self.opt = task.make_optimizer(self.model.parameters())
+
+    def step(self, x, y) -> float:
+        import wgrumus as wr
+        self.model.train()
+        loss = self.task.loss(self.model(to_tensor(x, self.device)), to_tensor(y, self.device))
+        grads = wr.autograd.backward(loss)
+        self.opt.step(grads)
+        return float(loss.item())
+
+    def predict(self, x) -> np.ndarray:
+        import wgrumus as wr
+        self.model.eval()
+        with wr.no_grad():
+            out = self.model(to_tensor(x, self.device)).numpy()
+        self.model.train()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+    def load_state_dict(self, sd) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.opt.load_state_dict(sd["optimizer"])
+
+    def agree_stop(self, flag: bool) -> bool:
+        return flag
+
+    def device_stats(self, seconds: float) -> list[dict]:
+        d = self.device
+        return [{"device": d.index, "name": d.name, "dispatches": d.dispatches,
+                 "submits": d.submits}]
+
+    def close(self) -> None:
+        pass
+
+
+def unsupported(what: str, missing: str) -> UsageError:
+    return UsageError(f"{what} is not available in this build ({missing}); "
+                      "train on one device or pick another layout")

@@ -1,0 +1,302 @@
+"""The gpt trainer: dp x tp x pp (1x1x1 included) on wgrumus.distributed.parallel3d's stages.
+
+Every rank holds the tensor-parallel shards of its pipeline stage's layers, follows its stage's
+schedule (F/B actions) each step, averages gradients over its data-parallel group only, and
+steps its own optimizer on its shards. Ranks are long-lived: threads started once through
+dist.spawn that take one command at a time ("step", "state", "load", "stats"), or, under
+mpiexec, this process itself. Checkpoints are dense (shards gathered with the TP shard plan),
+so a run can be resumed in another layout.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+
+import numpy as np
+
+from .common import UsageError
+
+_POLL = 0.2          # seconds between checks for "stop" while a rank waits for a command
+STEP_TIMEOUT = 900.0  # the longest the driver waits for one command on all ranks
+
+
+def gpt_config(cfg, task):
+    from ..distributed.parallel3d import GPTConfig
+    g = cfg.gpt
+    vocab = task.config["vocab_size"]
+    # Pad the vocabulary to a multiple of 8 so tp in {1, 2, 4, 8} can split it, and so every
+    # layout trains the same model (the extra rows are never a target).
+    padded = int(math.ceil(vocab / 8) * 8)
+    return GPTConfig(vocab_size=padded, block_size=g["block_size"], n_layer=g["n_layer"],
+                     n_head=g["n_head"], n_embd=g["n_embd"])
+
+
+class _Rank:
+    """One rank's model shard, optimizer and schedule (used by thread ranks and MPI ranks)."""
+
+    def __init__(self, group, gcfg, lay, task, dense):
+        from ..distributed import ProcessGroupManager, ThreeDParallelismConfig
+        from ..distributed.parallel3d import _Stage, gpt_shard_plan
+        from ..distributed.pipeline import get_schedule
+        self.group, self.gcfg, self.lay = group, gcfg, lay
+        self.pgm = ProcessGroupManager(ThreeDParallelismConfig(lay.dp, lay.tp, lay.pp), group)
+        self.map = self.pgm.mapping
+        self.device = group.device
+        self.stage = _Stage(gcfg, dense, self.pgm, self.device)
+        self.names = list(self.stage.params)
+        self.plan = gpt_shard_plan(self.names)
+        self.opt = task.make_optimizer([self.stage.params[n] for n in self.names])
+        self.actions = get_schedule(lay.schedule, lay.pp, lay.micro_batches)[self.map.pp_rank]
+
+    @property
+    def coords(self):
+        return (self.map.dp_rank, self.map.tp_rank, self.map.pp_rank)
+
+    def step(self, tokens: np.ndarray):
+        """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
+        on the rank (dp 0, tp 0, last stage), None elsewhere."""
+        import wgrumus as wr
+        from ..autograd import GradientStore
+        from ..distributed.parallel3d import _run_schedule
+        lay, m = self.lay, self.lay.micro_batches
+        per = len(tokens) // lay.dp
+        mine = tokens[self.map.dp_rank * per:(self.map.dp_rank + 1) * per]
+        mb = per // m
+        mbs = [mine[k * mb:(k + 1) * mb] for k in range(m)]
+        grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
+        store = GradientStore()
+        if lay.dp > 1:  # average over the data-parallel replicas only, one flat bucket
+            flat = np.concatenate([grads[n].numpy().reshape(-1) for n in self.names])
+            flat = self.pgm.all_reduce_dp(flat, "mean")
+            off = 0
+            for n in self.names:
+                p = self.stage.params[n]
+                store.accumulate(p, wr.tensor(flat[off:off + p.numel].reshape(p.shape),
+                                              device=self.device))
+                off += p.numel
+        else:
+            for n in self.names:
+                store.accumulate(self.stage.params[n], grads[n])
+        self.opt.step(store)
+        loss = None
+        if self.stage.last:
+            loss = np.array([np.mean(self.stage.mb_losses)], np.float64)
+            if lay.dp > 1:
+                loss = self.pgm.all_reduce_dp(loss, "mean")
+            loss = float(loss[0])
+        return loss if self.coords == (0, 0, lay.pp - 1) else None
+
+    def state(self) -> dict:
+        """This rank's shards (numpy) of parameters and optimizer state, keyed by name."""
+        osd = self.opt.state_dict()
+        opt = {}
+        for i, n in enumerate(self.names):
+            st = osd["state"].get(i, {})
+            opt[n] = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in st.items()}
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in osd["param_groups"]]
+        return {"coords": self.coords, "params": {n: self.stage.params[n].numpy()
+                                                  for n in self.names},
+                "opt": opt, "groups": groups}
+
+    def load(self, dense: dict) -> None:
+        """Take this rank's shards of a dense checkpoint (any layout wrote it)."""
+        import wgrumus as wr
+        from ..distributed.tensor_parallel.shard import shard_array
+        from ..ops.elementwise import copy_into
+        tp, r = self.lay.tp, self.map.tp_rank
+
+        def shard(n, arr):
+            return shard_array(np.asarray(arr, np.float32), self.plan[n], tp, r,
+                               is_bias=n.endswith("bias"), num_heads=self.gcfg.n_head)
+        with wr.no_grad():
+            for n in self.names:
+                copy_into(self.stage.params[n], wr.tensor(shard(n, dense["params"][n]),
+                                                          device=self.device))
+        state = {}
+        for i, n in enumerate(self.names):
+            st = dense["opt"].get(n, {})
+            state[i] = {k: (shard(n, v) if isinstance(v, np.ndarray) and v.ndim > 0 else v)
+                        for k, v in st.items()}
+        groups = [dict(g, params=list(range(len(self.names)))) for g in dense["groups"]]
+        self.opt.load_state_dict({"state": state, "param_groups": groups})
+
+    def stats(self) -> dict:
+        s = self.pgm.stats()
+        return {"coords": self.coords, "device": self.device.index,
+                "comm_seconds": sum(s[k]["seconds"] for k in ("dp", "tp", "pp")),
+                "dispatches": self.device.dispatches}
+
+
+def _dense(states: list, gcfg, lay) -> dict:
+    """Merge every rank's shards (from replica dp=0) into dense parameters and optimizer
+    state, keyed by name."""
+    from ..distributed.parallel3d import gpt_shard_plan
+    from ..distributed.tensor_parallel.shard import unshard_arrays
+    by = {s["coords"]: s for s in states}
+    params, opt = {}, {}
+    for pp in range(lay.pp):
+        shards = [by[(0, t, pp)] for t in range(lay.tp)]
+        plan = gpt_shard_plan(list(shards[0]["params"]))
+        for n in shards[0]["params"]:
+            kw = {"is_bias": n.endswith("bias"), "num_heads": gcfg.n_head}
+            params[n] = unshard_arrays([s["params"][n] for s in shards], plan[n], **kw)
+            opt[n] = {}
+            for k, v in shards[0]["opt"].get(n, {}).items():
+                if isinstance(v, np.ndarray) and v.ndim > 0:
+                    opt[n][k] = unshard_arrays([s["opt"][n][k] for s in shards], plan[n], **kw)
+                else:
+                    opt[n][k] = v
+    return {"params": params, "opt": opt, "groups": by[(0, 0, 0)]["groups"]}
+
+
+class ThreeDTrainer:
+    def __init__(self, cfg, task):
+        import wgrumus as wr
+        from ..distributed.parallel3d import Layout3DError, validate_layout
+        self.cfg, self.task, self.lay = cfg, task, cfg.layout
+        self.gcfg = gpt_config(cfg, task)
+        try:
+            validate_layout(self.gcfg, self.lay.dp, self.lay.tp, self.lay.pp, self.lay.world,
+                            cfg.batch_size, self.lay.micro_batches)
+        except Layout3DError as e:
+            raise UsageError(str(e)) from None
+        if self.lay.schedule not in ("1f1b", "gpipe"):
+            raise UsageError(f"--schedule {self.lay.schedule}: the gpt trainer runs 1f1b or "
+                             f"gpipe (interleaved runs for mlp/cnn)")
+        self._dense_model = None
+        self.is_main = True
+        # The dense nn.GPT of --seed, sliced by every rank: all layouts start from these weights.
+        from ..distributed.parallel3d import dense_gpt_state
+        self._init = dense_gpt_state(self.gcfg, cfg.seed)
+        if self.lay.backend == "mpi":
+            from ..distributed import init_process_group
+            group = init_process_group("mpi", timeout=STEP_TIMEOUT)
+            devs = wr.devices()
+            group.device = devs[group.rank % len(devs)]
+            self.group = group
+            self.is_main = group.rank == 0
+            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init)
+            self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
+            return
+        self._start_threads(wr.devices()[:self.lay.world])
+
+    def _global_rank(self, dp, tp, pp):
+        from ..distributed import RankMapping, ThreeDParallelismConfig
+        return RankMapping.from_3d_coords(ThreeDParallelismConfig(self.lay.dp, self.lay.tp,
+                                                                  self.lay.pp), dp, tp, pp)
+
+    # ------------------------------------------------------------------ thread ranks
+    def _start_threads(self, devices):
+        from ..distributed import spawn
+        world = self.lay.world
+        self._inbox = [queue.Queue() for _ in range(world)]
+        self._replies: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._error: list = []
+
+        def rank_main(group):
+            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init)
+            self._replies.put((group.rank, "ready", None))
+            while not self._stop.is_set():
+                try:
+                    cmd, arg = self._inbox[group.rank].get(timeout=_POLL)
+                except queue.Empty:
+                    continue
+                if cmd == "close":
+                    return None
+                out = {"step": rank.step, "state": lambda _: rank.state(),
+                       "load": rank.load, "stats": lambda _: rank.stats()}[cmd](arg)
+                self._replies.put((group.rank, cmd, out))
+            return None
+
+        def driver():
+            try:
+                spawn(rank_main, world, backend="threads", devices=list(devices),
+                      timeout=STEP_TIMEOUT)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+                self._error.append(e)
+                self._replies.put((-1, "error", e))
+
+        self._driver = threading.Thread(target=driver, name="wgrumus-3d-driver", daemon=True)
+        self._driver.start()
+        self._collect("ready")
+
+    def _collect(self, kind) -> list:
+        """One reply per rank (rank order), or the first rank failure re-raised here."""
+        out = [None] * self.lay.world
+        got = 0
+        while got < self.lay.world:
+            try:
+                rank, k, val = self._replies.get(timeout=STEP_TIMEOUT)
+            except queue.Empty:
+                raise TimeoutError(f"gpt ranks did not answer '{kind}' within "
+                                   f"{STEP_TIMEOUT:.0f} s") from None
+            if k == "error":
+                raise val
+            out[rank] = val
+            got += 1
+        return out
+
+    def _all(self, cmd, arg=None) -> list:
+        if self.lay.backend == "mpi":
+            fn = {"step": self.rank.step, "state": lambda _: self.rank.state(),
+                  "load": self.rank.load, "stats": lambda _: self.rank.stats()}[cmd]
+            return self.group.all_gather_object(fn(arg)) if cmd in ("state", "stats") \
+                else [fn(arg)]
+        for q in self._inbox:
+            q.put((cmd, arg))
+        return self._collect(cmd)
+
+    # ------------------------------------------------------------------ interface
+    def step(self, x, y) -> float:
+        tokens = np.concatenate([x, y[:, -1:]], axis=1).astype(np.int32)
+        self._dense_model = None
+        if self.lay.backend == "mpi":
+            loss = self.rank.step(tokens)
+            return float(self.group.broadcast(np.array([loss or 0.0]),
+                                              root=self._loss_rank)[0])
+        losses = self._all("step", tokens)
+        return next(v for v in losses if v is not None)
+
+    def state_dict(self) -> dict:
+        return _dense(self._all("state"), self.gcfg, self.lay)
+
+    def load_state_dict(self, sd) -> None:
+        self._all("load", sd)
+        self._dense_model = None
+
+    def agree_stop(self, flag: bool) -> bool:
+        if self.lay.backend == "mpi":  # every process stops after the same step
+            return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
+        return flag
+
+    def predict(self, x) -> np.ndarray:
+        """The gathered weights in a dense nn.GPT on device 0 (evaluation and sampling)."""
+        import wgrumus as wr
+        if self._dense_model is None:
+            model = self.gcfg.build(self.cfg.seed, wr.devices()[0])
+            model.load_state_dict(self.state_dict()["params"])
+            model.eval()
+            self._dense_model = model
+        with wr.no_grad():
+            logits = self._dense_model(np.asarray(x, np.int32)).numpy()
+        return logits[..., :self.task.config["vocab_size"]]
+
+    def device_stats(self, seconds: float) -> list[dict]:
+        rows = []
+        for s in sorted(self._all("stats"), key=lambda s: s["device"]):
+            dp, tp, pp = s["coords"]
+            rows.append({"device": s["device"], "role": f"dp {dp} tp {tp} pp {pp}",
+                         "dispatches": s["dispatches"],
+                         "comm share": min(1.0, s["comm_seconds"] / seconds) if seconds else 0.0})
+        return rows
+
+    def close(self) -> None:
+        if self.lay.backend == "mpi":
+            return
+        for q in self._inbox:
+            q.put(("close", None))
+        self._driver.join(30.0)
+        self._stop.set()
+

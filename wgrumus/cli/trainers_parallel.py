@@ -1,0 +1,219 @@
+"""Data-parallel and pipeline-parallel trainers for the mlp / cnn models (interface in
+trainers.py).
+
+DataParallelTrainer: wgrumus.parallel.DataParallel (one replica per device, bucketed all-reduce
+overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
+dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
+concurrently and their gradients averaged before every replica steps, so replicas stay identical.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .common import UsageError
+from .trainers import to_tensor
+
+
+def _devices(cfg):
+    import wgrumus as wr
+    devs = wr.devices()
+    return devs[:cfg.layout.world]
+
+
+def _copy_weights(src, dst) -> None:
+    """dst gets src's values (replicas start identical whatever device they are on)."""
+    dst.load_state_dict({k: v.numpy() if hasattr(v, "numpy") else v
+                         for k, v in src.state_dict().items()})
+
+
+class _Base:
+    is_main = True
+
+    def agree_stop(self, flag: bool) -> bool:
+        return flag
+
+    def close(self) -> None:
+        pass
+
+
+class DataParallelTrainer(_Base):
+    def __init__(self, cfg, task):
+        from ..parallel import DataParallel
+        self.task = task
+        devs = _devices(cfg)
+        self.model = task.make_model(devs[0])
+        self.dp = DataParallel(self.model, devs, timeout=120.0)
+        self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
+
+    def step(self, x, y) -> float:
+        return float(self.dp.train_step(x, y, self.task.loss, self.opts))
+
+    def predict(self, x) -> np.ndarray:
+        import wgrumus as wr
+        self.model.eval()
+        with wr.no_grad():
+            out = self.model(to_tensor(x, self.dp.devices[0])).numpy()
+        self.model.train()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opts[0].state_dict()}
+
+    def load_state_dict(self, sd) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.dp.broadcast_weights()
+        for o in self.opts:
+            o.load_state_dict(sd["optimizer"])
+
+    def device_stats(self, seconds: float) -> list[dict]:
+        return [{"device": d.index, "role": f"replica {k}", "dispatches": d.dispatches,
+                 "submits": d.submits} for k, d in enumerate(self.dp.devices)]
+
+    def close(self) -> None:
+        self.dp.close()
+
+
+class PipelineTrainer(_Base):
+    """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
+
+    def __init__(self, cfg, task):
+        from ..distributed.pipeline import PipelineExecutor, split_sequential
+        lay = cfg.layout
+        self.task, self.lay = task, lay
+        devs = _devices(cfg)
+        self.devs = devs
+        self.master = task.make_model(devs[0])
+        n_layers = len(list(iter(self.master)))
+        chunks = 2 if lay.schedule == "interleaved" else 1
+        if lay.pp * chunks > n_layers:
+            raise UsageError(f"--pp {lay.pp}{' x 2 interleaved chunks' if chunks > 1 else ''} "
+                             f"needs at least {lay.pp * chunks} layers; {cfg.model} has "
+                             f"{n_layers}")
+        self.replicas, self.stages, self.execs, self.opts = [], [], [], []
+        for r in range(lay.dp):
+            model = self.master if r == 0 else task.make_model(devs[r * lay.pp])
+            if r:
+                _copy_weights(self.master, model)
+            mine = devs[r * lay.pp:(r + 1) * lay.pp]
+            # interleaved: 2 chunks per stage thread; chunk c of stage s is piece c * pp + s
+            stage_devs = [mine[k % lay.pp] for k in range(lay.pp * chunks)]
+            stages = split_sequential(model, lay.pp * chunks, devices=stage_devs)
+            self.replicas.append(model)
+            self.stages.append(stages)
+            self.execs.append(PipelineExecutor(stages, lay.micro_batches, schedule=lay.schedule,
+                                               timeout=120.0))
+            self.opts.append([task.make_optimizer(st.parameters()) for st in stages])
+
+    def _run(self, r, x, y):
+        return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
+                                 to_tensor(y, self.stages[r][-1].device), self.task.loss)
+
+    def step(self, x, y) -> float:
+        dp = self.lay.dp
+        if dp == 1:
+            loss, store = self._run(0, x, y)
+            for opt, st in zip(self.opts[0], self.stages[0]):
+                opt.step(store)
+            return float(loss)
+        n = len(x) // dp
+        results: list = [None] * dp
+        errors: list = []
+
+        def go(r):
+            try:
+                results[r] = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append((r, e))
+
+        threads = [threading.Thread(target=go, args=(r,), daemon=True,
+                                    name=f"wgrumus-replica-{r}") for r in range(dp)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300.0)  # each executor bounds its own waits; this is a last resort
+        if errors:
+            r, e = errors[0]
+            raise type(e)(f"replica {r}: {e}") from e
+        if any(t.is_alive() for t in threads):
+            raise TimeoutError("a pipeline replica did not finish its step within 300 s")
+        self._average_and_step([res[1] for res in results])
+        return float(np.mean([res[0] for res in results]))
+
+    def _average_and_step(self, stores) -> None:
+        """Mean of every gradient over the replicas (same order everywhere, so every replica
+        gets bit-identical gradients), then each replica's stage optimizers step."""
+        import wgrumus as wr
+        from ..autograd import GradientStore
+        per_replica = [[p for st in stages for p in st.parameters()] for stages in self.stages]
+        new = [GradientStore() for _ in range(self.lay.dp)]
+        for j, p0 in enumerate(per_replica[0]):
+            gs = [stores[r].get(per_replica[r][j]) for r in range(self.lay.dp)]
+            if any(g is None for g in gs):
+                continue
+            mean = np.mean(np.stack([g.numpy() for g in gs]), axis=0, dtype=np.float64)
+            mean = mean.astype(np.float32)
+            for r in range(self.lay.dp):
+                p = per_replica[r][j]
+                new[r].accumulate(p, wr.tensor(mean, device=p.device))
+        for r in range(self.lay.dp):
+            for opt in self.opts[r]:
+                opt.step(new[r])
+
+    def predict(self, x) -> np.ndarray:
+        import wgrumus as wr
+        with wr.no_grad():
+            h = to_tensor(x, self.stages[0][0].device)
+            for st in self.stages[0]:
+                h = st(h)
+            return h.numpy()
+
+    def state_dict(self) -> dict:
+        """Dense: the stages' optimizer states merged as one optimizer over the whole model's
+        parameters (stage s's parameters follow stage s-1's), so any layout can resume it."""
+        state, off = {}, 0
+        for st, o in zip(self.stages[0], self.opts[0]):
+            osd = o.state_dict()
+            state.update({off + int(k): v for k, v in osd["state"].items()})
+            off += len(st.parameters())
+        groups = [dict(g, params=list(range(off))) for g in osd["param_groups"]]
+        return {"model": self.master.state_dict(),
+                "optimizer": {"state": state, "param_groups": groups}}
+
+    def load_state_dict(self, sd) -> None:
+        self.master.load_state_dict(sd["model"])
+        for r in range(1, self.lay.dp):
+            _copy_weights(self.master, self.replicas[r])
+        dense = sd["optimizer"]
+        for stages, opts in zip(self.stages, self.opts):
+            off = 0
+            for st, o in zip(stages, opts):
+                n = len(st.parameters())
+                o.load_state_dict({
+                    "state": {int(k) - off: v for k, v in dense["state"].items()
+                              if off <= int(k) < off + n},
+                    "param_groups": [dict(g, params=list(range(n)))
+                                     for g in dense["param_groups"]]})
+                off += n
+
+    def device_stats(self, seconds: float) -> list[dict]:
+        rows = []
+        for r, ex in enumerate(self.execs):
+            busy = _busy_by_stage(ex)
+            for s in range(self.lay.pp):
+                d = self.stages[r][s].device
+                row = {"device": d.index, "role": f"replica {r} stage {s}",
+                       "dispatches": d.dispatches}
+                if busy is not None:
+                    row["busy"] = busy[s]
+                rows.append(row)
+        return rows
+
+
+def _busy_by_stage(ex):
+    """Share of the last step each stage spent computing (the executor's recorded trace)."""
+    tr = getattr(ex, "last_trace", None)
+    if tr is None:
+        return None
+    return [1.0 - b for b in tr.stage_bubble_fractions()]

@@ -1,0 +1,546 @@
+"""PipelineExecutor: one thread per pipeline stage, following a schedule's action list exactly.
+
+Each stage thread walks its own list (``F``, ``B``, ``BI``, ``BW`` per micro-batch and chunk).
+Activations travel forward and gradients backward through bounded ``queue.Queue`` channels, one
+per pair of neighbouring (virtual) stages, already copied to the receiving stage's device.
+
+Autograd per micro-batch: every forward runs on a fresh tape; the received activation is
+detached and marked as requiring grad, so the stage's backward (``backward_with_grad`` seeded
+with the gradient from downstream) yields exactly the gradient to send upstream plus this stage's
+weight gradients. The last stage computes ``loss_fn(out, target) / m``, so the summed gradients
+equal those of the mean loss over the whole batch (the original executor forgot the 1/m).
+
+Faults: an exception in any stage sets a shared abort event; every thread polls it while waiting
+on a channel (short timeouts), so all of them stop, and ``run`` raises one
+:class:`PipelineError` naming the stage, the action and the micro-batch, chained to the original.
+Every wait has a timeout; no stage thread outlives ``run``.
+
+ZB-H1 note: the autograd engine computes an op's input and weight gradients in one call, so
+``BI`` runs the whole backward of the micro-batch and sends the input gradient upstream at once;
+``BW`` then adds the held weight gradients to the stage's store. The order (what upstream waits
+for, when) is ZB-H1's; the split of the work is not, so ZB-H1 has 1F1B's bubble here.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from ...autograd import GradientStore, Tape, backward, backward_with_grad, install_tape, no_grad
+from ...autograd import take_tape
+from ...runtime.errors import ShapeError, WgrumusError
+from .actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule
+from .actions import ScheduleError, make_schedule
+from .schedules import get_schedule
+from .stage import PipelineStage
+from .timeline import validate
+from .trace import ActionRecord, PipelineTrace
+
+__all__ = ["PipelineExecutor", "PipelineError", "PipelineShapeError", "PipelineConfigError",
+           "PipelineTimeoutError"]
+
+_POLL = 0.02  # seconds between checks of the abort event while blocked on a channel
+
+
+class PipelineError(WgrumusError):
+    """A pipeline run failed. ``stage``, ``action`` and ``micro_batch`` say where (None if the
+    failure is not tied to one action); ``__cause__`` is the original exception."""
+
+    def __init__(self, msg: str, stage=None, action=None):
+        super().__init__(msg)
+        self.stage = stage
+        self.action = action
+        self.micro_batch = action.mb if action is not None else None
+
+
+class PipelineShapeError(PipelineError, ShapeError):
+    """A stage could not take the output of the stage before it."""
+
+
+class PipelineConfigError(PipelineError, ValueError):
+    """Bad arguments: stage count, schedule, batch size, optimizers."""
+
+
+class PipelineTimeoutError(PipelineError):
+    """A stage waited longer than ``timeout`` for a neighbour."""
+
+
+class _Aborted(Exception):
+    """Another stage failed; this one stops quietly."""
+
+
+# ---------------------------------------------------------------------------------------------
+# channels
+# ---------------------------------------------------------------------------------------------
+
+
+class _Channel:
+    """Bounded queue from one virtual stage to its neighbour, messages tagged by micro-batch.
+
+    Only the receiving stage thread calls ``get``; messages for other micro-batches than the one
+    asked for are parked in ``_stash`` so any per-stage order the schedule asks for works.
+    """
+
+    def __init__(self, name: str, capacity: int, abort: threading.Event, timeout: float):
+        # The abort event and timeout, not the run: a channel -> run -> channel cycle would leave
+        # the run's tensors to the cyclic GC instead of freeing them when the run ends.
+        self.name = name
+        self._q: queue.Queue = queue.Queue(maxsize=capacity)
+        self._stash: dict = {}
+        self._abort = abort
+        self._timeout = timeout
+
+    def put(self, mb: int, value, who: str) -> float:
+        t0 = time.perf_counter()
+        while True:
+            if self._abort.is_set():
+                raise _Aborted
+            try:
+                self._q.put((mb, value), timeout=_POLL)
+                return time.perf_counter() - t0
+            except queue.Full:
+                if time.perf_counter() - t0 > self._timeout:
+                    raise PipelineTimeoutError(
+                        f"{who} waited more than {self._timeout:g} s to send micro-batch {mb} "
+                        f"on the {self.name} channel (full; the receiver is not taking messages)")
+
+    def get(self, mb: int, who: str):
+        if mb in self._stash:
+            return self._stash.pop(mb), 0.0
+        t0 = time.perf_counter()
+        while True:
+            if self._abort.is_set():
+                raise _Aborted
+            try:
+                got, value = self._q.get(timeout=_POLL)
+            except queue.Empty:
+                if time.perf_counter() - t0 > self._timeout:
+                    raise PipelineTimeoutError(
+                        f"{who} waited more than {self._timeout:g} s for micro-batch {mb} on "
+                        f"the {self.name} channel; the neighbouring stage is stuck or too slow "
+                        f"(raise PipelineExecutor(timeout=...) for slow stages)") from None
+                continue
+            if got == mb:
+                return value, time.perf_counter() - t0
+            self._stash[got] = value
+
+
+# ---------------------------------------------------------------------------------------------
+# per-run state shared by the stage threads
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _MicroBatch:
+    """What one stage keeps of one micro-batch between its forward and its backward."""
+
+    x: object  # the received activation (leaf requiring grad) or the stage-0 input
+    out: object  # stage output, or the 1/m-scaled loss on the last virtual stage
+    tape: Tape
+    nbytes: int
+    weight_grads: GradientStore | None = None  # held between BI and BW
+
+
+@dataclass
+class _Run:
+    m: int
+    timeout: float
+    inputs: list
+    targets: list
+    loss_fn: object
+    fwd: list  # fwd[k]: activations into virtual stage k (from k - 1)
+    bwd: list  # bwd[k]: gradients into virtual stage k (from k + 1)
+    stores: list  # stores[k]: GradientStore of virtual stage k
+    losses: list
+    records: list  # records[s]: ActionRecords of stage thread s
+    t0: float
+    abort: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    error: tuple | None = None  # (stage, action, exception) of the first failure
+
+    def fail(self, stage: int, action, exc: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = (stage, action, exc)
+        self.abort.set()
+
+
+# ---------------------------------------------------------------------------------------------
+# the executor
+# ---------------------------------------------------------------------------------------------
+
+
+class PipelineExecutor:
+    """Run ``stages`` (a list of :class:`PipelineStage`, in model order) as a pipeline.
+
+    ``schedule``: "1f1b" (default), "gpipe", "interleaved", "zb_h1" / "zb-h1", or a ready
+    :class:`Schedule`. For "interleaved", ``stages`` holds ``p * num_chunks`` model chunks in
+    model order (``num_chunks`` defaults to 2); stage thread ``s`` owns chunks
+    ``s, s + p, s + 2p, ...`` (Megatron's layout) and ``m`` must be a multiple of ``p``.
+
+    ``timeout``: the longest any stage waits for a neighbour (and ``run`` for stopping threads
+    after a failure), in seconds. ``synchronize``: wait for each action's GPU work before taking
+    its end timestamp, so the recorded trace measures real work and real bubbles.
+    """
+
+    def __init__(self, stages, num_micro_batches: int, schedule="1f1b", timeout: float = 60.0,
+                 num_chunks: int | None = None, synchronize: bool = True,
+                 channel_capacity: int | None = None):
+        self.stages = list(stages)
+        if not self.stages:
+            raise PipelineConfigError("PipelineExecutor needs at least one PipelineStage")
+        for i, st in enumerate(self.stages):
+            if not isinstance(st, PipelineStage):
+                raise PipelineConfigError(
+                    f"stages[{i}] is a {type(st).__name__}, not a PipelineStage; wrap it: "
+                    f"PipelineStage(module, device)")
+        m = num_micro_batches
+        if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+            raise PipelineConfigError(f"num_micro_batches must be an int >= 1, got {m!r}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise PipelineConfigError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        self.num_micro_batches = m
+        self.timeout = float(timeout)
+        self.synchronize = bool(synchronize)
+        self.schedule = self._make_schedule(schedule, num_chunks)
+        self.num_stages = self.schedule.num_stages
+        self.num_chunks = self.schedule.num_chunks
+        self.channel_capacity = channel_capacity or m  # m messages per channel per run at most
+        self.last_trace: PipelineTrace | None = None
+        self._busy = threading.Lock()
+
+    # ------------------------------------------------------------------ configuration
+    def _make_schedule(self, schedule, num_chunks) -> Schedule:
+        n, m = len(self.stages), self.num_micro_batches
+        try:
+            if isinstance(schedule, str):
+                key = schedule.strip().lower().replace("_", "-")
+                if key in ("interleaved", "interleaved-1f1b"):
+                    v = 2 if num_chunks is None else num_chunks
+                    if not isinstance(v, int) or v < 2:
+                        raise PipelineConfigError(
+                            f"interleaved schedule needs num_chunks >= 2 model chunks per stage, "
+                            f"got {v!r}; use schedule='1f1b' for one chunk per stage")
+                    if n % v:
+                        raise PipelineConfigError(
+                            f"interleaved schedule with num_chunks={v} needs the number of "
+                            f"PipelineStages to be a multiple of {v} (p stages x {v} chunks), "
+                            f"got {n}; split the model into {v * max(1, n // v)} or "
+                            f"{v * (n // v + 1)} pieces")
+                    sched = get_schedule("interleaved", n // v, m, v=v)
+                else:
+                    if num_chunks not in (None, 1):
+                        raise PipelineConfigError(
+                            f"num_chunks={num_chunks} only applies to schedule='interleaved'")
+                    sched = get_schedule(key.replace("one-f-one-b", "1f1b"), n, m)
+            elif isinstance(schedule, (Schedule, list, tuple)):
+                sched = validate(make_schedule(schedule))
+                if sched.num_microbatches != m:
+                    raise PipelineConfigError(
+                        f"the schedule is for {sched.num_microbatches} micro-batches but the "
+                        f"executor was built with num_micro_batches={m}")
+                if sched.num_virtual_stages != n:
+                    raise PipelineConfigError(
+                        f"the schedule has {sched.num_stages} stage(s) x {sched.num_chunks} "
+                        f"chunk(s) = {sched.num_virtual_stages} model pieces, but {n} "
+                        f"PipelineStages were given")
+            else:
+                raise PipelineConfigError(
+                    f"schedule must be a name ('1f1b', 'gpipe', 'interleaved', 'zb_h1') or a "
+                    f"Schedule, got {type(schedule).__name__}")
+        except PipelineConfigError:
+            raise
+        except ScheduleError as e:
+            raise PipelineConfigError(f"cannot build pipeline schedule {schedule!r} for "
+                                      f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
+        return sched
+
+    def _virtual(self, s: int, chunk: int) -> int:
+        return chunk * self.num_stages + s
+
+    def _where(self, k: int) -> str:
+        s, c = k % self.num_stages, k // self.num_stages
+        return f"stage {s}" + (f" chunk {c}" if self.num_chunks > 1 else "")
+
+    # ------------------------------------------------------------------ inputs
+    def _split(self, data, what: str, device):
+        """``data`` cut into m equal micro-batches along dim 0, on ``device``."""
+        m = self.num_micro_batches
+        if data is None:
+            return [None] * m
+        from ...tensor import Tensor, tensor
+        if not isinstance(data, Tensor):
+            try:
+                import numpy as np
+                data = tensor(np.asarray(data), device=device)
+            except Exception as e:
+                raise PipelineConfigError(
+                    f"{what} must be a Tensor or a numpy array, got {type(data).__name__}") from e
+        if data.ndim == 0:
+            raise PipelineConfigError(f"{what} must have a batch dimension (dim 0), got a scalar")
+        n = data.shape[0]
+        if n % m:
+            raise PipelineConfigError(
+                f"{what}: batch size {n} (dim 0 of shape {tuple(data.shape)}) is not divisible "
+                f"by num_micro_batches={m}; use a batch that is a multiple of {m} or change "
+                f"num_micro_batches to a divisor of {n}")
+        size = n // m
+        out = []
+        with no_grad():
+            for i in range(m):
+                piece = data[i * size:(i + 1) * size]
+                # each micro-batch owns its storage (so it is freed, and counted, on its own)
+                out.append(piece.clone() if piece.device is device else piece.to(device))
+        return out
+
+    # ------------------------------------------------------------------ run
+    def run(self, inputs, targets, loss_fn, optimizers=None, accumulate_grad: bool = False):
+        """One training step over ``inputs`` (split into m micro-batches along dim 0).
+
+        ``loss_fn(output, target) -> one-element tensor`` (mean over the micro-batch). Returns
+        ``(mean loss as a float, GradientStore of all stages)``. With ``accumulate_grad`` the
+        gradients are also added to each parameter's ``.grad``; with ``optimizers`` (one per
+        PipelineStage, None to skip one) each is stepped with its stage's gradients after the
+        whole pipeline has finished successfully.
+        """
+        if not callable(loss_fn):
+            raise PipelineConfigError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+        if optimizers is not None:
+            optimizers = list(optimizers)
+            if len(optimizers) != len(self.stages):
+                raise PipelineConfigError(
+                    f"optimizers: got {len(optimizers)}, need one per PipelineStage "
+                    f"({len(self.stages)}; None to leave a stage unchanged)")
+        if not self._busy.acquire(blocking=False):
+            raise PipelineConfigError("this PipelineExecutor is already running in another "
+                                      "thread; use one executor per concurrent pipeline")
+        try:
+            return self._run(inputs, targets, loss_fn, optimizers, accumulate_grad)
+        finally:
+            self._busy.release()
+
+    def _run(self, inputs, targets, loss_fn, optimizers, accumulate_grad):
+        m, p, nv = self.num_micro_batches, self.num_stages, len(self.stages)
+        run = _Run(
+            m=m, timeout=self.timeout,
+            inputs=self._split(inputs, "inputs", self.stages[0].device),
+            targets=self._split(targets, "targets", self.stages[-1].device),
+            loss_fn=loss_fn, fwd=[None] * nv, bwd=[None] * nv,
+            stores=[GradientStore() for _ in range(nv)],
+            losses=[None] * m, records=[[] for _ in range(p)], t0=time.perf_counter())
+        for k in range(nv - 1):
+            run.fwd[k + 1] = _Channel(f"activation {self._where(k)} -> {self._where(k + 1)}",
+                                      self.channel_capacity, run.abort, run.timeout)
+            run.bwd[k] = _Channel(f"gradient {self._where(k + 1)} -> {self._where(k)}",
+                                  self.channel_capacity, run.abort, run.timeout)
+        threads = [threading.Thread(target=self._stage_main, args=(s, run), daemon=True,
+                                    name=f"wgrumus-pipeline-stage-{s}") for s in range(p)]
+        try:
+            for t in threads:
+                t.start()
+            self._join(threads, run)
+        except BaseException as e:  # e.g. KeyboardInterrupt in the caller: stop the stages too
+            run.fail(-1, None, e)
+            self._join(threads, run)
+            raise
+        finally:
+            self.last_trace = PipelineTrace(self.schedule,
+                                            tuple(tuple(r) for r in run.records))
+        if run.error is not None:
+            # Drop the stage frames' locals (tensors) held by the traceback: the exception is
+            # kept by the caller, and frame <-> run cycles would leave device buffers to the GC.
+            traceback.clear_frames(run.error[2].__traceback__)
+            self._raise(run.error)
+        with no_grad():
+            loss = sum(float(l.item()) for l in run.losses) / m
+            store = GradientStore()
+            for st in run.stores:
+                store.merge_from(st)
+            if accumulate_grad:
+                for gid, g in store.items():
+                    leaf = store.leaf(gid)
+                    if leaf is not None:
+                        leaf.grad = g if leaf.grad is None else leaf.grad + g
+        if optimizers is not None:
+            for opt, st in zip(optimizers, run.stores):
+                if opt is not None:
+                    opt.step(st)
+        return loss, store
+
+    def _join(self, threads, run: _Run) -> None:
+        """Wait for every stage thread. After a failure the others stop at their next channel
+        wait; one busy inside a long kernel gets ``timeout + 5`` seconds before we give up."""
+        deadline = None
+        for t in threads:
+            while t.is_alive():
+                t.join(_POLL * 5)
+                if run.abort.is_set():
+                    deadline = deadline or time.perf_counter() + run.timeout + 5.0
+                    if time.perf_counter() > deadline:
+                        break
+        alive = [t.name for t in threads if t.is_alive()]
+        if alive:
+            first = run.error[2] if run.error else None
+            raise PipelineError(
+                f"pipeline stage thread(s) {alive} did not stop within {run.timeout + 5:g} s "
+                f"after a failure (stuck inside a kernel or a device read); the failure was: "
+                f"{type(first).__name__}: {first}") from first
+
+    def _raise(self, error) -> None:
+        s, a, exc = error
+        if s < 0:
+            raise exc
+        where = f"pipeline stage {s}"
+        if a is not None:
+            where += f", micro-batch {a.mb}" + (f" chunk {a.chunk}" if self.num_chunks > 1 else "")
+            where += f" (action {a!r}, schedule {self.schedule.name!r})"
+        cls = PipelineShapeError if isinstance(exc, ShapeError) else PipelineError
+        if isinstance(exc, PipelineTimeoutError):
+            cls = PipelineTimeoutError
+        raise cls(f"{where} failed: {type(exc).__name__}: {exc}", s, a) from exc
+
+    # ------------------------------------------------------------------ one stage thread
+    def _stage_main(self, s: int, run: _Run) -> None:
+        held: dict = {}  # (mb, chunk) -> _MicroBatch
+        live = [0]  # activation bytes held by this stage
+        a = None
+        try:
+            for a in self.schedule[s]:
+                if run.abort.is_set():
+                    return
+                start = time.perf_counter()
+                if a.kind == FORWARD:
+                    wait, got, sent = self._forward(s, a, run, held, live)
+                elif a.kind in (BACKWARD, BACKWARD_INPUT):
+                    wait, got, sent = self._backward(s, a, run, held, live)
+                else:
+                    wait, got, sent = self._weight_grad(s, a, run, held)
+                if self.synchronize:
+                    self.stages[self._virtual(s, a.chunk)].device.synchronize()
+                end = time.perf_counter()
+                t0 = run.t0
+                run.records[s].append(ActionRecord(
+                    s, a, start - t0, end - t0, wait, live[0],
+                    None if got is None else got - t0, None if sent is None else sent - t0))
+        except _Aborted:
+            return
+        except BaseException as e:  # noqa: BLE001 - reported by run() with stage and action
+            run.fail(s, a, e)
+        finally:
+            held.clear()
+            install_tape(Tape())
+
+    def _forward(self, s: int, a: Action, run: _Run, held: dict, live: list) -> float:
+        k = self._virtual(s, a.chunk)
+        stage, last = self.stages[k], k == len(self.stages) - 1
+        wait = 0.0
+        who = f"{self._where(k)} ({a!r})"
+        got = sent = None
+        if k == 0:
+            x = run.inputs[a.mb]
+        else:
+            x, wait = run.fwd[k].get(a.mb, who)
+            got = time.perf_counter()
+            x = x.detach()
+            if x.dtype.kind == "f" and x.dtype.itemsize == 4:
+                x.requires_grad_(True)
+        install_tape(Tape())
+        try:
+            try:
+                out = stage.forward(x)
+            except ShapeError as e:
+                if k == 0:
+                    raise
+                raise PipelineShapeError(
+                    f"{self._where(k)} cannot take the output of {self._where(k - 1)}: it got "
+                    f"an activation of shape {tuple(x.shape)} and raised: {e}; make "
+                    f"{self._where(k - 1)} produce what {self._where(k)} expects "
+                    f"(or cut the model elsewhere)") from e
+            if last:
+                loss = run.loss_fn(out, run.targets[a.mb])
+                if getattr(loss, "numel", None) != 1:
+                    raise ShapeError(
+                        f"loss_fn must return a one-element tensor (the mean loss of the "
+                        f"micro-batch), got {type(loss).__name__} of shape "
+                        f"{getattr(loss, 'shape', None)}")
+                run.losses[a.mb] = loss.detach()
+                out = loss * (1.0 / run.m)
+        finally:
+            tape = take_tape()
+        nbytes = _activation_bytes(tape, x, out, stage)
+        held[(a.mb, a.chunk)] = _MicroBatch(x, out, tape, nbytes)
+        live[0] += nbytes
+        if not last:
+            with no_grad():
+                y = out.detach().to(self.stages[k + 1].device)
+            sent = time.perf_counter()
+            wait += run.fwd[k + 1].put(a.mb, y, who)
+        return wait, got, sent
+
+    def _backward(self, s: int, a: Action, run: _Run, held: dict, live: list) -> float:
+        k = self._virtual(s, a.chunk)
+        last = k == len(self.stages) - 1
+        mb = held.get((a.mb, a.chunk))
+        if mb is None:  # validate() forbids this; guards hand-made Schedule edits
+            raise PipelineError(f"{a!r} on {self._where(k)} has no matching forward", s, a)
+        who = f"{self._where(k)} ({a!r})"
+        wait = 0.0
+        got = sent = None
+        if last:
+            grad = None
+        else:
+            grad, wait = run.bwd[k].get(a.mb, who)
+            got = time.perf_counter()
+        if getattr(mb.out, "requires_grad", False):
+            install_tape(mb.tape)
+            try:
+                store = backward(mb.out) if last else backward_with_grad(mb.out, grad)
+            finally:
+                take_tape()
+        else:  # nothing on this stage (nor before it) requires grad
+            store = GradientStore()
+        if k > 0:
+            with no_grad():
+                gx = store.remove(mb.x) if getattr(mb.x, "requires_grad", False) else None
+                if gx is None:
+                    from ...ops import zeros
+                    gx = zeros(mb.x.shape, device=mb.x.device)
+                gx = gx.to(self.stages[k - 1].device)
+            sent = time.perf_counter()
+            wait += run.bwd[k - 1].put(a.mb, gx, who)
+        live[0] -= mb.nbytes  # the backward consumed the graph: its saved tensors are freed
+        mb.x = mb.out = mb.tape = None
+        if a.kind == BACKWARD:
+            run.stores[k].merge_from(store)
+            del held[(a.mb, a.chunk)]
+        else:
+            mb.weight_grads = store
+        return wait, got, sent
+
+    def _weight_grad(self, s: int, a: Action, run: _Run, held: dict) -> float:
+        assert a.kind == BACKWARD_WEIGHT
+        k = self._virtual(s, a.chunk)
+        mb = held.pop((a.mb, a.chunk), None)
+        if mb is None or mb.weight_grads is None:
+            raise PipelineError(f"{a!r} on {self._where(k)} before its BI", s, a)
+        run.stores[k].merge_from(mb.weight_grads)
+        return 0.0, None, None
+
+    def __repr__(self) -> str:
+        return (f"PipelineExecutor({len(self.stages)} stages, m={self.num_micro_batches}, "
+                f"schedule={self.schedule.name!r})")
+
+
+def _activation_bytes(tape: Tape, x, out, stage: PipelineStage) -> int:
+    """Bytes of distinct storages this micro-batch keeps alive on the stage: the tensors saved
+    for backward, the input and the output; parameters do not count (they live anyway)."""
+    params = {id(p._storage) for p in stage.parameters()}
+    seen: dict = {}
+    tensors = [x, out] + [t for n in tape.nodes for t, _ in n.saved]
+    for t in tensors:
+        st = getattr(t, "_storage", None)
+        if st is not None and id(st) not in params:
+            seen[id(st)] = st.nbytes
+    return sum(seen.values())

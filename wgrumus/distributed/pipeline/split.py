@@ -1,0 +1,244 @@
+"""Cut a model into p pipeline stages of about equal parameter count.
+
+A pipeline runs at the pace of its slowest stage, and for stacks of similar layers parameter
+count is a good proxy for work, so the cut minimises the largest stage's parameter count
+(contiguous layers only: activations flow stage to stage in model order).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ...runtime.errors import WgrumusError
+
+__all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", "num_parameters"]
+
+
+class StageChain:
+    """Layers applied in order: a stage made of consecutive layers of a bigger model.
+
+    Used when ``wgrumus.nn.Sequential`` is not available; it has the two things
+    :class:`PipelineStage` needs, ``to(device)`` and ``parameters()``. The layers are the
+    model's own objects (not copies), so training the stages trains the model.
+    """
+
+    def __init__(self, layers: Sequence):
+        self.layers = list(layers)
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def to(self, device):
+        for i, layer in enumerate(self.layers):
+            to = getattr(layer, "to", None)
+            if callable(to):
+                moved = to(device)
+                if moved is not None and callable(moved):
+                    self.layers[i] = moved
+        return self
+
+    def parameters(self):
+        seen = set()
+        for layer in self.layers:
+            for p in _params(layer):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def __repr__(self):
+        return "StageChain(" + ", ".join(type(l).__name__ for l in self.layers) + ")"
+
+
+def _params(layer) -> list:
+    ps = getattr(layer, "parameters", None)
+    return list(ps()) if callable(ps) else []
+
+
+def num_parameters(layer) -> int:
+    return sum(int(p.numel) for p in _params(layer))
+
+
+def balanced_partition(weights: Sequence[int], p: int) -> list[int]:
+    """Split ``weights`` into ``p`` non-empty contiguous parts minimising the largest part sum.
+
+    Returns the ``p + 1`` cut positions ``[0, c1, ..., len(weights)]``. Exact (dynamic
+    programming, O(n^2 p)), so two runs always give the same cut.
+    """
+    n = len(weights)
+    if not isinstance(p, int) or p < 1:
+        raise ValueError(f"number of stages must be an int >= 1, got {p!r}")
+    if n < p:
+        raise ValueError(f"cannot cut {n} layer(s) into {p} stages: every stage needs at least "
+                         f"one layer; use at most {n} stages or a deeper model")
+    prefix = [0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    INF = float("inf")
+    # best[j][i]: smallest max-part-sum cutting the first i weights into j parts
+    best = [[INF] * (n + 1) for _ in range(p + 1)]
+    arg = [[0] * (n + 1) for _ in range(p + 1)]
+    best[0][0] = 0
+    for j in range(1, p + 1):
+        for i in range(j, n - (p - j) + 1):
+            for c in range(j - 1, i):
+                cost = max(best[j - 1][c], prefix[i] - prefix[c])
+                if cost < best[j][i]:
+                    best[j][i], arg[j][i] = cost, c
+    cuts = [n]
+    for j in range(p, 0, -1):
+        cuts.append(arg[j][cuts[-1]])
+    return cuts[::-1]
+
+
+def _layers_of(model) -> list:
+    if isinstance(model, (list, tuple)):
+        return list(model)
+    try:
+        return list(iter(model))
+    except TypeError:
+        raise TypeError(f"split_sequential needs a Sequential (iterable of layers) or a list of "
+                        f"layers, got {type(model).__name__}") from None
+
+
+def _chain(layers: list):
+    """``nn.Sequential`` when nn exists and every layer is a Module (so state_dict, train/eval
+    work on the stage); otherwise a :class:`StageChain`."""
+    try:
+        from ...nn import Module, Sequential
+    except ImportError:
+        return StageChain(layers)
+    if all(isinstance(l, Module) for l in layers):
+        return Sequential(*layers)
+    return StageChain(layers)
+
+
+def split_sequential(model, p: int, devices=None) -> list:
+    """Cut a ``Sequential`` (or a list of layers) into ``p`` stages balanced by parameter count.
+
+    Returns ``p`` callables (``nn.Sequential`` when available, else :class:`StageChain`), or,
+    with ``devices`` (one per stage), ready :class:`PipelineStage` objects on those devices.
+    """
+    layers = _layers_of(model)
+    n = len(layers)
+    # Primary: parameter count; each layer also weighs 1/(n+1) of a parameter so that
+    # parameter-free layers (activations) are spread rather than piled up.
+    weights = [num_parameters(l) * (n + 1) + 1 for l in layers]
+    try:
+        cuts = balanced_partition(weights, p)
+    except ValueError as e:
+        raise ValueError(f"split_sequential: {e}") from None
+    stages = [_chain(layers[a:b]) for a, b in zip(cuts, cuts[1:])]
+    return _place(stages, devices)
+
+
+def _place(stages: list, devices):
+    if devices is None:
+        return stages
+    devices = list(devices)
+    if len(devices) != len(stages):
+        raise ValueError(f"got {len(devices)} device(s) for {len(stages)} stages; pass one "
+                         f"device per stage")
+    from .stage import PipelineStage
+    return [PipelineStage(st, d) for st, d in zip(stages, devices)]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT
+# ---------------------------------------------------------------------------------------------
+
+_EMBED_NAMES = ("tok_emb", "wte", "token_embedding", "tok_embeddings", "embed_tokens", "embedding")
+_POS_NAMES = ("pos_emb", "wpe", "position_embedding", "pos_embedding")
+_DROP_NAMES = ("drop", "dropout", "emb_drop")
+_BLOCK_NAMES = ("blocks", "layers", "h")
+_NORM_NAMES = ("ln_f", "norm", "final_norm", "ln")
+_HEAD_NAMES = ("head", "lm_head", "output")
+
+
+def _attr(obj, names, what, required=True):
+    for n in names:
+        v = getattr(obj, n, None)
+        if v is not None:
+            return v
+    if required:
+        raise WgrumusError(
+            f"split_gpt: cannot find the {what} of {type(obj).__name__} (looked for attributes "
+            f"{list(names)}); give the model a pipeline_layers() method returning its layers in "
+            f"order")
+    return None
+
+
+class GPTEmbedding:
+    """First piece of a GPT, as ``GPT.forward`` computes it: dropout(token + position
+    embedding) of token ids [B, T]."""
+
+    def __init__(self, tok, pos, drop=None):
+        self.tok, self.pos, self.drop = tok, pos, drop
+
+    def __call__(self, idx):
+        from ...ops import arange
+        x = self.tok(idx)
+        if self.pos is not None:
+            x = x + self.pos(arange(idx.shape[-1], device=idx.device))
+        if self.drop is not None:
+            x = self.drop(x)
+        return x
+
+    def to(self, device):
+        for m in (self.tok, self.pos, self.drop):
+            if m is not None and callable(getattr(m, "to", None)):
+                m.to(device)
+        return self
+
+    def parameters(self):
+        for m in (self.tok, self.pos, self.drop):
+            if m is not None:
+                yield from _params(m)
+
+
+def gpt_layers(gpt) -> list:
+    """The GPT as a flat list of layers: embedding, each block, final norm, head."""
+    own = getattr(gpt, "pipeline_layers", None)
+    if callable(own):
+        return list(own())
+    tok = _attr(gpt, _EMBED_NAMES, "token embedding")
+    pos = _attr(gpt, _POS_NAMES, "position embedding", required=False)
+    drop = _attr(gpt, _DROP_NAMES, "dropout", required=False)
+    blocks = list(_attr(gpt, _BLOCK_NAMES, "transformer blocks"))
+    norm = _attr(gpt, _NORM_NAMES, "final layer norm", required=False)
+    head = _attr(gpt, _HEAD_NAMES, "LM head")
+    layers = [GPTEmbedding(tok, pos, drop)] + blocks
+    if norm is not None:
+        layers.append(norm)
+    return layers + [head]
+
+
+def split_gpt(gpt, p: int, devices=None) -> list:
+    """Cut a GPT into ``p`` stages: embedding, blocks, final norm and head, balanced by
+    parameter count (the embedding and the head are often the heaviest pieces).
+
+    A head whose weight is tied to the token embedding cannot be split from it (the two would
+    live on different devices): such a model raises with the fix.
+    """
+    layers = gpt_layers(gpt)
+    if len(layers) < p:
+        raise ValueError(
+            f"split_gpt: the model has {len(layers)} layers (embedding, {len(layers) - 2} "
+            f"blocks/norm, head) and cannot be cut into {p} stages; use at most {len(layers)} "
+            f"stages or more blocks")
+    stages = split_sequential(layers, p)
+    if p > 1:
+        first = {id(x) for x in _params(stages[0])}
+        shared = [x for x in _params(stages[-1]) if id(x) in first]
+        if shared:
+            raise WgrumusError(
+                f"split_gpt: the LM head shares {len(shared)} parameter(s) with the embedding "
+                f"(tied weights), but they would land on different stages; build the GPT with "
+                f"untied head weights for pipeline parallelism")
+    return _place(stages, devices)

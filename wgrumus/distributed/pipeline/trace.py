@@ -1,0 +1,97 @@
+"""What a pipeline run actually did: per stage, the executed actions with timestamps.
+
+Kept apart from the executor so that tests and benchmarks can check the order that ran against
+the schedule, and measure bubbles and activation memory, without knowing how threads work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .actions import Action, Schedule
+
+__all__ = ["ActionRecord", "PipelineTrace"]
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One executed action. Times are seconds since the run started (``time.perf_counter``).
+
+    ``wait`` is the part of ``[start, end]`` spent blocked on a channel (waiting for an
+    activation or a gradient, or for room to send one): idle time, not work.
+    ``live_bytes`` is the stage's activation memory held right after the action.
+    ``received`` is when its input from a neighbour arrived, ``sent`` when its output was handed
+    to the channel (None where there is none): the receiver's ``received`` is never earlier than
+    the sender's ``sent``.
+    """
+
+    stage: int
+    action: Action
+    start: float
+    end: float
+    wait: float
+    live_bytes: int
+    received: float | None = None
+    sent: float | None = None
+
+    @property
+    def busy(self) -> float:
+        return max(self.end - self.start - self.wait, 0.0)
+
+
+@dataclass(frozen=True)
+class PipelineTrace:
+    """Per-stage action records of one ``PipelineExecutor.run`` (also of a failed one)."""
+
+    schedule: Schedule
+    records: tuple[tuple[ActionRecord, ...], ...]
+
+    def executed(self) -> list[list[Action]]:
+        """The actions each stage ran, in the order it ran them."""
+        return [[r.action for r in recs] for recs in self.records]
+
+    def to_strings(self) -> list[list[str]]:
+        return [[repr(r.action) for r in recs] for recs in self.records]
+
+    @property
+    def start(self) -> float:
+        return min((recs[0].start for recs in self.records if recs), default=0.0)
+
+    @property
+    def makespan(self) -> float:
+        end = max((recs[-1].end for recs in self.records if recs), default=0.0)
+        return end - self.start
+
+    def busy(self) -> tuple[float, ...]:
+        return tuple(sum(r.busy for r in recs) for recs in self.records)
+
+    def stage_bubble_fractions(self) -> tuple[float, ...]:
+        """Idle share of the makespan per stage: 1 - busy / makespan (``simulate``'s definition)."""
+        span = self.makespan
+        return tuple(1.0 - b / span if span > 0 else 0.0 for b in self.busy())
+
+    @property
+    def bubble_fraction(self) -> float:
+        fr = self.stage_bubble_fractions()
+        return sum(fr) / len(fr) if fr else 0.0
+
+    def peak_activation_bytes(self) -> tuple[int, ...]:
+        """Most activation bytes each stage held at once (inputs, outputs and tensors saved for
+        backward of the micro-batches in flight; parameters excluded)."""
+        return tuple(max((r.live_bytes for r in recs), default=0) for recs in self.records)
+
+    def mean_durations(self) -> dict[str, float]:
+        """Mean busy seconds per action kind (F, B, BI, BW) over all stages."""
+        sums: dict[str, list[float]] = {}
+        for recs in self.records:
+            for r in recs:
+                sums.setdefault(r.action.kind, []).append(r.busy)
+        return {k: sum(v) / len(v) for k, v in sums.items()}
+
+    def format(self) -> str:
+        lines = []
+        for s, recs in enumerate(self.records):
+            cells = " ".join(f"{r.action!r}@{1e3 * (r.start - self.start):.1f}ms" for r in recs)
+            lines.append(f"stage {s}: {cells}")
+        return "\n".join(lines)
+
+    __str__ = format

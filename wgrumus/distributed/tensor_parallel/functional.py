@@ -1,0 +1,167 @@
+"""Tensor-parallel computations on shards: the math of the parallel layers, as functions of
+(input, weight shard, bias, group) so they can be tested and reused without modules.
+
+Shapes follow PyTorch: a Linear weight is [out, in]. ``group`` is the TP ProcessGroup (None or a
+group of one rank = plain dense computation).
+"""
+from __future__ import annotations
+
+from ...autograd.tape import no_grad, record
+from ...ops.elementwise import contiguous, map_op
+from ...ops.shape import reshape, transpose
+from ...runtime.errors import ShapeError
+from ...tensor import Tensor, int32
+from .mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
+                       gather_from_tp_region, reduce_from_tp_region,
+                       reduce_scatter_to_sequence_parallel_region, scatter_to_tp_region)
+
+
+def _world(group) -> int:
+    return 1 if group is None else group.world_size
+
+
+def _rank(group) -> int:
+    return 0 if group is None else group.rank
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias over the last dim of x (any leading dims)."""
+    y = x @ transpose(weight, 0, 1)
+    return y if bias is None else y + bias
+
+
+def column_parallel_linear(x, weight, bias, group, gather_output=False,
+                           sequence_parallel=False, seq_axis=1):
+    """Y_r = X @ W_r.T + b_r with W split by output features. The input enters the TP region
+    (copy, or all-gather of the sequence under sequence parallelism); ``gather_output``
+    all-gathers the output features so every rank holds the whole Y."""
+    if sequence_parallel:
+        x = gather_from_sequence_parallel_region(x, group, seq_axis)
+    else:
+        x = copy_to_tp_region(x, group)
+    y = linear(x, weight, bias)
+    return gather_from_tp_region(y, group) if gather_output else y
+
+
+def row_parallel_linear(x, weight, bias, group, input_is_parallel=True,
+                        sequence_parallel=False, seq_axis=1):
+    """Y = sum_r X_r @ W_r.T + b with W split by input features: the partial products are
+    SUMMED over the TP ranks (the original averaged) and the bias is added once, after the
+    reduction, so it is identical on every rank and its gradient is the full one."""
+    if not input_is_parallel:
+        x = scatter_to_tp_region(x, group)
+    y = x @ transpose(weight, 0, 1)
+    if sequence_parallel:
+        y = reduce_scatter_to_sequence_parallel_region(y, group, seq_axis)
+    else:
+        y = reduce_from_tp_region(y, group)
+    return y if bias is None else y + bias
+
+
+def attention_heads(q, k, v, causal=True):
+    """Scaled dot-product attention on [B, H, T, D] tensors (nn's kernel and causal mask)."""
+    from ...nn.attention import causal_mask, scaled_dot_product_attention
+    mask = causal_mask(q.shape[-2], q.device) if causal else None
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
+def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num_heads,
+                            group, causal=True):
+    """Self-attention with the heads split across TP ranks.
+
+    x: [B, T, E] replicated. qkv_weight: this rank's [3 * E / tp, E] rows laid out as
+    (q of my heads, k of my heads, v of my heads) (``shard.shard_qkv`` makes it from PyTorch's
+    in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns [B, T, E] on every rank."""
+    tp = _world(group)
+    if num_heads % tp:
+        raise ShapeError(f"{num_heads} attention heads cannot be split across {tp} tensor-"
+                         f"parallel ranks; choose tp dividing the number of heads")
+    b, t, e = x.shape
+    h = num_heads // tp
+    d = e // num_heads
+    qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3*h*d]
+    # contiguous first: getitem backward on a permuted view scatters with the wrong strides
+    # (ops/shape.py bug, reported)
+    qkv = contiguous(reshape(qkv, (b, t, 3, h, d)).permute(2, 0, 3, 1, 4))  # [3, B, h, T, d]
+    o = attention_heads(qkv[0], qkv[1], qkv[2], causal)          # [B, h, T, d]
+    o = reshape(o.permute(0, 2, 1, 3), (b, t, h * d))
+    return row_parallel_linear(o, proj_weight, proj_bias, group)
+
+
+ACTIVATIONS = {"gelu": lambda h: h.gelu(), "gelu_tanh": lambda h: h.gelu("tanh"),
+               "relu": lambda h: h.relu()}
+
+
+def parallel_mlp(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, group, activation="gelu"):
+    """fc1 column-parallel (no gather) -> activation on the shard -> fc2 row-parallel.
+    activation: "gelu" (exact erf), "gelu_tanh" (GPT-2, nn.MLP's) or "relu"."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    h = column_parallel_linear(x, fc1_weight, fc1_bias, group)
+    return row_parallel_linear(ACTIVATIONS[activation](h), fc2_weight, fc2_bias, group)
+
+
+def _one_hot_shard(ids: Tensor, start: int, size: int) -> Tensor:
+    """[N, size] float one-hot of ids - start (rows whose id falls outside are all zero)."""
+    ids = ids if ids.dtype == int32 else ids.astype(int32)
+    col = reshape(ids, (ids.numel, 1))
+    return map_op("select(0.0, 1.0, i32(i % pu(48u)) + pi(49u) == a)", [col],
+                  shape=(ids.numel, size), scalars=[size, start])
+
+
+def vocab_range(vocab: int, group) -> tuple[int, int]:
+    """[start, end) of the vocabulary rows this TP rank holds."""
+    tp = _world(group)
+    if vocab % tp:
+        raise ShapeError(f"vocabulary of {vocab} cannot be split across {tp} tensor-parallel "
+                         f"ranks; pad the vocabulary to a multiple of {tp}")
+    k = vocab // tp
+    return _rank(group) * k, (_rank(group) + 1) * k
+
+
+def vocab_parallel_embedding(ids: Tensor, weight: Tensor, group) -> Tensor:
+    """Embedding rows split by vocabulary: each rank looks up the ids it holds (a one-hot
+    matmul on its shard, zero for the others) and the partial rows are summed over TP."""
+    vs = weight.shape[0]
+    start = _rank(group) * vs
+    oh = _one_hot_shard(ids, start, vs)
+    out = reduce_from_tp_region(oh @ weight, group)
+    return reshape(out, tuple(ids.shape) + (weight.shape[1],))
+
+
+def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
+    """Mean cross-entropy of logits split by vocabulary ([..., V / tp] on each rank) against
+    integer targets [...]. Only [N]-sized vectors cross ranks (max, sum of exp, target logit),
+    never the logits. Backward: (softmax_shard - onehot_shard) / N on each rank."""
+    vs = logits.shape[-1]
+    n = logits.numel // vs
+    if targets.numel != n:
+        raise ShapeError(f"vocab_parallel_cross_entropy: {n} rows of logits but {targets.numel} "
+                         f"targets")
+    start = _rank(group) * vs
+    x2 = reshape(logits, (n, vs))
+    with no_grad():
+        oh = _one_hot_shard(targets, start, vs)
+        m = x2.max(axis=1, keepdims=True)
+        if _world(group) > 1:
+            m = group.all_reduce(m, "max")
+        e = (x2 - m).exp()
+        s = e.sum(axis=1, keepdims=True)
+        tl = (x2 * oh).sum(axis=1, keepdims=True)
+        if _world(group) > 1:
+            st = group.all_reduce(_stack2(s, tl), "sum")
+            s, tl = st[:, 0:1], st[:, 1:2]
+        loss = (s.log() + m - tl).mean()
+
+    def bw(g):
+        p = e / s
+        gl = map_op("(a - b) * c * pf(48u)", [p, oh, reshape(g, (1, 1))], scalars=[1.0 / n])
+        return (reshape(gl, logits.shape),)
+    record("vocab_parallel_cross_entropy", loss, [logits], bw, saved=[e, s, oh])
+    return loss
+
+
+def _stack2(a: Tensor, b: Tensor) -> Tensor:
+    """[N, 2] from two [N, 1] columns, so one all-reduce carries both."""
+    from ...ops.shape import cat
+    return cat([a, b], 1)

@@ -1,0 +1,235 @@
+"""Tensor-parallel layers (nn.Module subclasses): each holds only this rank's shard and runs
+the shard math of ``functional`` with the rank's TP group.
+
+Build one from a dense layer (``from_dense`` / ``shard.shard_linear``) so a TP model starts
+from exactly the dense model's weights; ``dense_state_dict`` gathers the shards back. Each layer
+names how its parameters are split in ``tp_modes`` (used by ``gather_state_dict``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import nn
+from ...tensor import tensor
+from . import functional as F
+from .shard import COLUMN, QKV, REPLICATE, ROW, VOCAB, shard_array, unshard_arrays
+
+
+def _device(group, device):
+    if device is not None:
+        return device
+    if group is not None and group.device is not None:
+        return group.device
+    from ...runtime import get_device
+    return get_device(None)
+
+
+def _world_rank(group):
+    return (1, 0) if group is None else (group.world_size, group.rank)
+
+
+def _param(arr, device):
+    return nn.Parameter(tensor(np.asarray(arr, np.float32), device=device))
+
+
+def _dense_init(out_f, in_f, bias, seed):
+    """PyTorch's Linear init (kaiming-uniform weight, uniform bias, bound 1/sqrt(in)), made
+    whole on every rank from ``seed`` so the shards are slices of one dense layer."""
+    rs = np.random.default_rng(seed)
+    k = 1.0 / np.sqrt(in_f)
+    w = rs.uniform(-k, k, (out_f, in_f)).astype(np.float32)
+    b = rs.uniform(-k, k, out_f).astype(np.float32) if bias else None
+    return w, b
+
+
+class _TPModule(nn.Module):
+    tp_modes: dict = {}
+    num_heads = None
+
+    def dense_state_dict(self) -> dict:
+        """This layer's dense parameters (numpy), gathered from every TP rank."""
+        out = {}
+        for name, p in self.named_parameters():
+            mode = self.tp_modes.get(name, REPLICATE)
+            if mode == REPLICATE or self.group is None or self.group.world_size == 1:
+                out[name] = p.numpy()
+                continue
+            shards = self.group.all_gather_object(p.numpy())
+            out[name] = unshard_arrays(shards, mode, is_bias=name.endswith("bias"),
+                                       num_heads=self.num_heads)
+        return out
+
+
+class ColumnParallelLinear(_TPModule):
+    """Y = X @ W.T + b with W [out, in] split by output features: this rank holds
+    W[r*out/tp:(r+1)*out/tp]. ``gather_output`` all-gathers Y's features on every rank."""
+    tp_modes = {"weight": COLUMN, "bias": COLUMN}
+
+    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
+                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
+        super().__init__()
+        world, rank = _world_rank(group)
+        self.group, self.gather_output, self.sequence_parallel = group, gather_output, \
+            sequence_parallel
+        self.in_features, self.out_features = in_features, out_features
+        dev = _device(group, device)
+        if weight is None:
+            weight, bias_value = _dense_init(out_features, in_features, bias, seed)
+        self.weight = _param(shard_array(weight, COLUMN, world, rank), dev)
+        self.bias = (_param(shard_array(bias_value, COLUMN, world, rank), dev)
+                     if bias and bias_value is not None else None)
+
+    @classmethod
+    def from_dense(cls, linear, group, **kw):
+        return cls(linear.in_features, linear.out_features, group, linear.bias is not None,
+                   weight=linear.weight.numpy(),
+                   bias_value=None if linear.bias is None else linear.bias.numpy(), **kw)
+
+    def forward(self, x):
+        return F.column_parallel_linear(x, self.weight, self.bias, self.group,
+                                        self.gather_output, self.sequence_parallel)
+
+
+class RowParallelLinear(_TPModule):
+    """Y = sum_r X_r @ W_r.T + b with W [out, in] split by input features; the bias is whole on
+    every rank and added once after the SUM. ``input_is_parallel=False`` splits a replicated
+    input first."""
+    tp_modes = {"weight": ROW, "bias": REPLICATE}
+
+    def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
+                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
+        super().__init__()
+        world, rank = _world_rank(group)
+        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, \
+            sequence_parallel
+        self.in_features, self.out_features = in_features, out_features
+        dev = _device(group, device)
+        if weight is None:
+            weight, bias_value = _dense_init(out_features, in_features, bias, seed)
+        self.weight = _param(shard_array(weight, ROW, world, rank), dev)
+        self.bias = _param(bias_value, dev) if bias and bias_value is not None else None
+
+    @classmethod
+    def from_dense(cls, linear, group, **kw):
+        return cls(linear.in_features, linear.out_features, group, linear.bias is not None,
+                   weight=linear.weight.numpy(),
+                   bias_value=None if linear.bias is None else linear.bias.numpy(), **kw)
+
+    def forward(self, x):
+        return F.row_parallel_linear(x, self.weight, self.bias, self.group,
+                                     self.input_is_parallel, self.sequence_parallel)
+
+
+class ParallelMLP(nn.Module):
+    """fc1 (column) -> GELU on the shard -> fc2 (row): one all-reduce forward, one backward."""
+
+    def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear,
+                 activation: str = "gelu_tanh"):
+        super().__init__()
+        if activation not in F.ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(F.ACTIVATIONS)}, "
+                             f"got {activation!r}")
+        self.fc1, self.fc2, self.activation = fc1, fc2, activation
+
+    @classmethod
+    def from_dense(cls, mlp, group, activation="gelu_tanh"):
+        """From an ``nn.MLP`` (fc, proj; GELU tanh) or any module with fc1/fc2 Linears."""
+        fc1 = getattr(mlp, "fc", None) or getattr(mlp, "fc1")
+        fc2 = getattr(mlp, "proj", None) or getattr(mlp, "fc2")
+        return cls(ColumnParallelLinear.from_dense(fc1, group),
+                   RowParallelLinear.from_dense(fc2, group), activation)
+
+    def forward(self, x):
+        return self.fc2(F.ACTIVATIONS[self.activation](self.fc1(x)))
+
+
+class ParallelSelfAttention(_TPModule):
+    """Causal self-attention with heads split across TP ranks: a fused QKV projection
+    (column-parallel by heads) and an output projection (row-parallel)."""
+    tp_modes = {"qkv_weight": QKV, "qkv_bias": QKV, "proj_weight": ROW, "proj_bias": REPLICATE}
+
+    def __init__(self, embed_dim, num_heads, group, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                 causal=True, device=None):
+        super().__init__()
+        world, rank = _world_rank(group)
+        if num_heads % world:
+            from ...runtime.errors import ShapeError
+            raise ShapeError(f"{num_heads} attention heads cannot be split across {world} "
+                             f"tensor-parallel ranks; choose tp dividing the number of heads")
+        self.group, self.embed_dim, self.num_heads, self.causal = group, embed_dim, num_heads, \
+            causal
+        dev = _device(group, device)
+        self.qkv_weight = _param(shard_array(qkv_weight, QKV, world, rank, num_heads=num_heads),
+                                 dev)
+        self.qkv_bias = None if qkv_bias is None else _param(
+            shard_array(qkv_bias, QKV, world, rank, num_heads=num_heads), dev)
+        self.proj_weight = _param(shard_array(proj_weight, ROW, world, rank), dev)
+        self.proj_bias = None if proj_bias is None else _param(proj_bias, dev)
+
+    @classmethod
+    def from_dense(cls, mha, group, causal=True):
+        """From an ``nn.MultiheadAttention`` (in_proj [3E, E] + out_proj, PyTorch's layout)."""
+        def arr(p):
+            return None if p is None else p.numpy()
+        return cls(mha.embed_dim, mha.num_heads, group, mha.in_proj_weight.numpy(),
+                   arr(mha.in_proj_bias), mha.out_proj.weight.numpy(), arr(mha.out_proj.bias),
+                   causal)
+
+    def forward(self, x):
+        return F.parallel_self_attention(x, self.qkv_weight, self.qkv_bias, self.proj_weight,
+                                         self.proj_bias, self.num_heads, self.group, self.causal)
+
+
+class VocabParallelEmbedding(_TPModule):
+    """Embedding [V, E] split by vocabulary rows; lookups summed over TP."""
+    tp_modes = {"weight": VOCAB}
+
+    def __init__(self, num_embeddings, embedding_dim, group, weight=None, seed=0, device=None):
+        super().__init__()
+        world, rank = _world_rank(group)
+        F.vocab_range(num_embeddings, group)  # clear error when V % tp != 0
+        self.group, self.num_embeddings, self.embedding_dim = group, num_embeddings, \
+            embedding_dim
+        if weight is None:
+            weight = np.random.default_rng(seed).standard_normal(
+                (num_embeddings, embedding_dim)).astype(np.float32)
+        self.weight = _param(shard_array(weight, VOCAB, world, rank), _device(group, device))
+
+    @classmethod
+    def from_dense(cls, emb, group, **kw):
+        w = emb.weight.numpy()
+        return cls(w.shape[0], w.shape[1], group, weight=w, **kw)
+
+    def forward(self, ids):
+        return F.vocab_parallel_embedding(ids, self.weight, self.group)
+
+
+def shard_linear(dense, group, mode: str, **kw):
+    """A TP layer holding this rank's shard of the dense ``nn.Linear``: mode 'column' or 'row'."""
+    if mode == COLUMN:
+        return ColumnParallelLinear.from_dense(dense, group, **kw)
+    if mode == ROW:
+        return RowParallelLinear.from_dense(dense, group, **kw)
+    raise ValueError(f"shard_linear mode must be 'column' or 'row', got {mode!r}")
+
+
+def gather_state_dict(module) -> dict:
+    """Dense state dict (numpy) of a module containing TP layers: every TP layer's shards are
+    gathered over its group; other parameters are taken as they are (replicated).
+    Every rank of the TP group must call it."""
+    out = {}
+    for prefix, sub in _named_modules(module):
+        if isinstance(sub, _TPModule):
+            for k, v in sub.dense_state_dict().items():
+                out[prefix + k] = v
+    for name, p in module.named_parameters():
+        out.setdefault(name, p.numpy())
+    return out
+
+
+def _named_modules(module, prefix=""):
+    if hasattr(module, "named_modules"):
+        for name, m in module.named_modules():
+            yield (name + "." if name else ""), m
+        return
+    yield prefix, module

@@ -1,0 +1,123 @@
+"""The Megatron mappings: every collective that crosses autograd, one forward/backward pair each.
+
+``group`` is the rank's tensor-parallel ProcessGroup (``pgm.tp_group``); every rank of it must
+call the same mappings in the same order (forward and backward), as with any collective. Inputs
+and outputs are Tensors on the rank's device. A group of one rank makes every mapping an identity.
+
+    copy_to_tp_region       identity           | all-reduce SUM   (input of a column-parallel op)
+    reduce_from_tp_region   all-reduce SUM     | identity         (output of a row-parallel op)
+    scatter_to_tp_region    keep my last-dim part | all-gather last dim
+    gather_from_tp_region   all-gather last dim   | keep my last-dim part
+    scatter_to_sequence_parallel_region  keep my part of ``axis`` | all-gather ``axis``
+    gather_from_sequence_parallel_region  all-gather ``axis``      | reduce-scatter SUM ``axis``
+    reduce_scatter_to_sequence_parallel_region  reduce-scatter SUM ``axis`` | all-gather ``axis``
+"""
+from __future__ import annotations
+
+from ...autograd.tape import record
+from ...runtime.errors import ShapeError
+from ...tensor import Tensor
+
+
+def _alias(x: Tensor) -> Tensor:
+    """A new tensor object over the same data: the node an identity mapping records."""
+    return Tensor(x._storage, x.shape, x.strides, x.offset, x.dtype)
+
+
+def _split_bounds(n: int, world: int, rank: int, what: str) -> tuple[int, int]:
+    if n % world:
+        raise ShapeError(f"{what}: size {n} is not divisible by the {world} tensor-parallel "
+                         f"ranks; choose sizes that are multiples of {world}")
+    k = n // world
+    return rank * k, (rank + 1) * k
+
+
+def _take(x: Tensor, axis: int, group) -> Tensor:
+    """This rank's equal part of ``x`` along ``axis`` (a contiguous copy; no communication)."""
+    axis %= x.ndim
+    a, b = _split_bounds(x.shape[axis], group.world_size, group.rank,
+                         f"splitting axis {axis} of shape {x.shape}")
+    from ...ops.elementwise import contiguous
+    from ...ops.shape import getitem
+    from ...autograd.tape import no_grad
+    with no_grad():
+        return contiguous(getitem(x, (slice(None),) * axis + (slice(a, b),)))
+
+
+def _gather(x: Tensor, axis: int, group) -> Tensor:
+    return group.all_gather(x, axis=axis % x.ndim)
+
+
+def _single(group) -> bool:
+    return group is None or group.world_size == 1
+
+
+def copy_to_tp_region(x: Tensor, group) -> Tensor:
+    """Identity forward; backward sums the input gradient over the TP ranks (each rank's
+    column-parallel shard contributes a partial gradient of the replicated input)."""
+    if _single(group):
+        return x
+    out = _alias(x)
+    record("copy_to_tp_region", out, [x], lambda g: (group.all_reduce(g, "sum"),))
+    return out
+
+
+def reduce_from_tp_region(x: Tensor, group) -> Tensor:
+    """All-reduce SUM forward (partial row-parallel results); identity backward."""
+    if _single(group):
+        return x
+    out = group.all_reduce(x, "sum")
+    record("reduce_from_tp_region", out, [x], lambda g: (g,))
+    return out
+
+
+def scatter_to_tp_region(x: Tensor, group) -> Tensor:
+    """Keep this rank's part of the last dim; backward all-gathers the gradient."""
+    if _single(group):
+        return x
+    out = _take(x, -1, group)
+    record("scatter_to_tp_region", out, [x], lambda g: (_gather(g, -1, group),))
+    return out
+
+
+def gather_from_tp_region(x: Tensor, group) -> Tensor:
+    """All-gather along the last dim (rank order); backward keeps this rank's part."""
+    if _single(group):
+        return x
+    out = _gather(x, -1, group)
+    record("gather_from_tp_region", out, [x], lambda g: (_take(g, -1, group),))
+    return out
+
+
+def scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
+    """Keep this rank's part of the sequence ``axis``; backward all-gathers it."""
+    if _single(group):
+        return x
+    out = _take(x, axis, group)
+    record("scatter_to_sequence_parallel_region", out, [x],
+           lambda g: (_gather(g, axis, group),))
+    return out
+
+
+def gather_from_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
+    """All-gather the sequence ``axis`` (entering a TP region); backward reduce-scatters SUM:
+    every rank's TP region produced a partial gradient of the whole sequence."""
+    if _single(group):
+        return x
+    out = _gather(x, axis, group)
+    record("gather_from_sequence_parallel_region", out, [x],
+           lambda g: (group.reduce_scatter(g, "sum", axis=axis % g.ndim),))
+    return out
+
+
+def reduce_scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
+    """Reduce-scatter SUM along the sequence ``axis`` (leaving a row-parallel region: the sum
+    of partial results, each rank keeping its part of the sequence); backward all-gathers."""
+    if _single(group):
+        return x
+    _split_bounds(x.shape[axis % x.ndim], group.world_size, group.rank,
+                  f"reduce-scatter of axis {axis} of shape {x.shape}")
+    out = group.reduce_scatter(x, "sum", axis=axis % x.ndim)
+    record("reduce_scatter_to_sequence_parallel_region", out, [x],
+           lambda g: (_gather(g, axis, group),))
+    return out

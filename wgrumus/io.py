@@ -1,0 +1,219 @@
+"""Checkpoints in the safetensors format (no pickle), written atomically.
+
+``save``/``load`` move a flat name -> tensor dict; files open with ``safetensors.numpy`` and a
+PyTorch state_dict saved with safetensors loads into the matching module. Training checkpoints
+add optimizer and scheduler state, the step, the RNG state and the data loader position: tensors
+go in the tensor section, everything else as JSON in the header's ``__metadata__``.
+
+A write goes to a temporary file in the target's folder, is fsynced, renamed over the target
+(``os.replace``, atomic on POSIX and Windows) and the folder is fsynced, so a crash at any point
+leaves either the old file or the new one, never a torn one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+from .runtime import get_device
+from .runtime.errors import WgrumusError
+from .tensor import Tensor, tensor
+
+FORMAT = "wgrumus-checkpoint-1"
+
+
+class CheckpointError(WgrumusError):
+    """A checkpoint file is missing, corrupt, or does not match what it is loaded into."""
+
+
+# ----------------------------------------------------------------------------- atomic write
+def atomic_write(path, data: bytes) -> None:
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+    except OSError:  # platforms without directory fds (Windows)
+        return
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# ----------------------------------------------------------------------------- tensors
+def _to_numpy(name, v) -> np.ndarray:
+    if isinstance(v, Tensor):
+        v = v.numpy()
+    if isinstance(v, (np.ndarray, np.generic, int, float, bool, list)):
+        a = np.asarray(v)
+        return a if a.flags.c_contiguous else a.copy(order="C")  # keeps 0-d arrays 0-d
+    raise CheckpointError(f"cannot save '{name}' of type {type(v).__name__}: values must be "
+                          f"tensors or numpy arrays")
+
+
+def _serialize(tensors: dict, metadata=None) -> bytes:
+    from safetensors.numpy import save as st_save
+    arrays = {}
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise CheckpointError(f"state dict keys must be strings, got {k!r}")
+        arrays[k] = _to_numpy(k, v)
+    meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    return st_save(arrays, metadata=meta)
+
+
+def save(state_dict: dict, path, metadata=None) -> None:
+    """Write name -> tensor (or array) to ``path`` as safetensors, atomically."""
+    atomic_write(path, _serialize(state_dict, metadata))
+
+
+def _read(path):
+    """(arrays, metadata) of a safetensors file, with a clear error for a bad file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise CheckpointError(f"{path} is not a safetensors file: only {len(data)} bytes")
+    (hlen,) = struct.unpack("<Q", data[:8])
+    if hlen > len(data) - 8:
+        raise CheckpointError(f"{path} is not a valid safetensors file: its header claims "
+                              f"{hlen} bytes but the file has {len(data) - 8} after the length "
+                              f"(truncated or corrupt)")
+    try:
+        header = json.loads(data[8:8 + hlen])
+    except ValueError as e:
+        raise CheckpointError(f"{path} has a corrupt safetensors header (not JSON: {e})") from e
+    from safetensors.numpy import load as st_load
+    try:
+        arrays = st_load(data)
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a valid safetensors file: {e}") from e
+    meta = header.get("__metadata__") or {}
+    return arrays, meta
+
+
+def _device_array(a: np.ndarray) -> np.ndarray:
+    """numpy array in a dtype wgrumus tensors hold (int64 -> int32, float64 -> float32)."""
+    if a.dtype.kind == "f" and a.dtype != np.float16:
+        return a.astype(np.float32, copy=False)
+    if a.dtype.kind in "iub":
+        if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
+            raise CheckpointError("integer tensor values do not fit in int32")
+        return a.astype(np.int32, copy=False)
+    if a.dtype == np.float16:
+        return a.astype(np.float32)
+    raise CheckpointError(f"unsupported tensor dtype {a.dtype} in checkpoint")
+
+
+def load(path, device=None) -> dict:
+    """name -> Tensor on ``device`` (the default device when None)."""
+    arrays, _ = _read(path)
+    dev = get_device(device)
+    return {k: _tensor(_device_array(a), dev) for k, a in arrays.items()}
+
+
+def _tensor(a: np.ndarray, dev) -> Tensor:
+    t = tensor(a.reshape(-1), device=dev)
+    return t.reshape(a.shape) if a.ndim != 1 else t  # 0-d arrays stay 0-d
+
+
+def load_numpy(path) -> tuple:
+    """(name -> numpy array, metadata dict) without touching a device."""
+    return _read(path)
+
+
+# ----------------------------------------------------------------------------- training checkpoints
+def _split_state(obj, prefix, tensors):
+    """Replace tensors/arrays in a nested dict/list by {"__tensor__": key}; collect them."""
+    if isinstance(obj, dict):
+        return {str(k): _split_state(v, f"{prefix}.{k}", tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_split_state(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, (Tensor, np.ndarray)):
+        tensors[prefix] = obj
+        return {"__tensor__": prefix}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise CheckpointError(f"cannot store {prefix} of type {type(obj).__name__} in a checkpoint")
+
+
+def _join_state(obj, arrays):
+    if isinstance(obj, dict):
+        if set(obj) == {"__tensor__"}:
+            return arrays[obj["__tensor__"]]
+        return {k: _join_state(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_join_state(v, arrays) for v in obj]
+    return obj
+
+
+def save_checkpoint(path, model, optimizer=None, scheduler=None, step: int = 0, extra=None,
+                    data_loader=None) -> None:
+    """One atomic file with everything needed to resume training bit for bit."""
+    from .ops.random import get_rng_state
+    tensors: dict = {}
+    for k, v in model.state_dict().items():
+        tensors["model." + k] = v
+    meta = {"format": FORMAT, "step": int(step), "rng": get_rng_state(),
+            "extra": _split_state(extra or {}, "extra", tensors)}
+    if optimizer is not None:
+        meta["optimizer"] = _split_state(optimizer.state_dict(), "optimizer", tensors)
+    if scheduler is not None:
+        meta["scheduler"] = scheduler.state_dict()
+    if data_loader is not None:
+        meta["data_loader"] = data_loader.state_dict()
+    save(tensors, path, {"wgrumus": json.dumps(meta)})
+
+
+def load_checkpoint(path, model, optimizer=None, scheduler=None, data_loader=None,
+                    restore_rng: bool = True) -> dict:
+    """Restore what ``save_checkpoint`` wrote into the given objects; returns
+    {"step": int, "extra": ...}."""
+    arrays, meta = _read(path)
+    if "wgrumus" not in meta:
+        raise CheckpointError(f"{path} is a plain safetensors file, not a wgrumus training "
+                              f"checkpoint; load weights with model.load_state_dict(wr.load(...))")
+    info = json.loads(meta["wgrumus"])
+    if info.get("format") != FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {info.get('format')!r}, expected "
+                              f"{FORMAT!r}")
+    model_sd = {k[len("model."):]: _device_array(a) for k, a in arrays.items()
+                if k.startswith("model.")}
+    model.load_state_dict(model_sd)
+    if optimizer is not None:
+        if "optimizer" not in info:
+            raise CheckpointError(f"{path} holds no optimizer state")
+        optimizer.load_state_dict(_join_state(info["optimizer"], arrays))
+    if scheduler is not None:
+        if "scheduler" not in info:
+            raise CheckpointError(f"{path} holds no scheduler state")
+        scheduler.load_state_dict(info["scheduler"])
+    if data_loader is not None:
+        if "data_loader" not in info:
+            raise CheckpointError(f"{path} holds no data loader position")
+        data_loader.load_state_dict(info["data_loader"])
+    if restore_rng:
+        from .ops.random import set_rng_state
+        set_rng_state(info["rng"])
+    return {"step": info["step"], "extra": _join_state(info["extra"], arrays)}

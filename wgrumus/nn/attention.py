@@ -1,0 +1,131 @@
+"""Multi-head self-attention and the pre-LN transformer block."""
+from __future__ import annotations
+
+import math
+
+from ..ops.launch import run_map
+from ..runtime.errors import ShapeError
+from ..tensor import Tensor
+from . import functional as F
+from . import init
+from .layers import GELU, Dropout, LayerNorm, Linear, _empty, _sub
+from .module import Module, Parameter
+
+_NEG_INF = "bitcast<f32>(0xff800000u)"
+
+
+def causal_mask(T: int, device) -> Tensor:
+    """[T, T] additive mask: 0 on and below the diagonal, -inf above (built on the device)."""
+    m = Tensor.empty((T, T), device)
+    return run_map(f"select(0.0, {_NEG_INF}, (i % pu(48u)) > (i / pu(48u)))", m, [], [T])
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
+                                 training: bool = False):
+    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors."""
+    att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        att = att + mask
+    att = F.softmax(att, -1)
+    att = F.dropout(att, dropout_p, training)
+    return att @ v
+
+
+class MultiheadAttention(Module):
+    """Self-attention with PyTorch's parameter layout (in_proj_weight [3E, E], in_proj_bias,
+    out_proj), batch_first inputs [B, T, E].
+
+    forward(query, key=None, value=None, attn_mask=None, is_causal=None) returns the output
+    tensor only (no attention weights)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 causal: bool = False, batch_first: bool = True, device=None, seed=None):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if not batch_first:
+            raise ValueError("only batch_first=True ([B, T, E] inputs) is supported")
+        self.embed_dim, self.num_heads, self.dropout, self.causal = (embed_dim, num_heads,
+                                                                      dropout, causal)
+        self.head_dim = embed_dim // num_heads
+        self.in_proj_weight = Parameter(init.xavier_uniform_(_empty((3 * embed_dim, embed_dim),
+                                                                    device), seed=_sub(seed, 0)))
+        if bias:
+            self.in_proj_bias = Parameter(init.zeros_(_empty((3 * embed_dim,), device)))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, seed=_sub(seed, 1))
+        if bias:
+            init.zeros_(self.out_proj.bias)
+        self._masks: dict = {}
+
+    def _mask(self, T, device):
+        key = (T, device.index)
+        if key not in self._masks:
+            self._masks[key] = causal_mask(T, device)
+        return self._masks[key]
+
+    def _heads(self, x):
+        B, T, _ = x.shape
+        return x.reshape(B, T, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+
+    def forward(self, query, key=None, value=None, attn_mask=None, is_causal=None):
+        if query.ndim != 3 or query.shape[-1] != self.embed_dim:
+            raise ShapeError(f"MultiheadAttention expects [B, T, {self.embed_dim}], "
+                             f"got {query.shape}")
+        B, T, E = query.shape
+        if key is None and value is None:  # self-attention: one fused projection
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            q, k, v = qkv.split(E, axis=-1)
+        else:
+            key = query if key is None else key
+            value = key if value is None else value
+            w = self.in_proj_weight.split(E, axis=0)
+            b = self.in_proj_bias.split(E, axis=0) if self.in_proj_bias is not None else [None] * 3
+            q, k, v = (F.linear(t, wi, bi) for t, wi, bi in zip((query, key, value), w, b))
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        causal = self.causal if is_causal is None else is_causal
+        mask = attn_mask
+        if causal:
+            if k.shape[2] != T:
+                raise ShapeError("a causal mask needs key and query of the same length")
+            cm = self._mask(T, query.device)
+            mask = cm if mask is None else mask + cm
+        y = scaled_dot_product_attention(q, k, v, mask, self.dropout, self.training)
+        y = y.permute(0, 2, 1, 3).reshape(B, T, E)
+        return self.out_proj(y)
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"
+
+
+class MLP(Module):
+    """Linear(E, 4E) -> GELU(tanh) -> Linear(4E, E) -> Dropout (the GPT-2 feed-forward)."""
+
+    def __init__(self, n_embd: int, dropout: float = 0.0, device=None, seed=None):
+        super().__init__()
+        self.fc = Linear(n_embd, 4 * n_embd, device=device, seed=_sub(seed, 0))
+        self.act = GELU(approximate="tanh")
+        self.proj = Linear(4 * n_embd, n_embd, device=device, seed=_sub(seed, 1))
+        self.drop = Dropout(dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class TransformerBlock(Module):
+    """Pre-LN block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, causal: bool = True,
+                 device=None, seed=None):
+        super().__init__()
+        self.ln1 = LayerNorm(n_embd, device=device)
+        self.attn = MultiheadAttention(n_embd, n_head, dropout=dropout, causal=causal,
+                                       device=device, seed=_sub(seed, 0))
+        self.ln2 = LayerNorm(n_embd, device=device)
+        self.mlp = MLP(n_embd, dropout, device=device, seed=_sub(seed, 1))
+        self.drop = Dropout(dropout)
+
+    def forward(self, x):
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.mlp(self.ln2(x))

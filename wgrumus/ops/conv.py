@@ -1,0 +1,159 @@
+"""conv2d (im2col kernel + the tiled matmul), max_pool2d and avg_pool2d over NCHW tensors.
+
+Kernels in shaders/conv.wgsl. conv2d is a composition of recorded ops: ``im2col`` (backward:
+the col2im kernel), matmul (backward: two matmuls give dweight and dcols) and a permute that is
+made contiguous while the bias is added. Pool gradients are gathers over the windows covering
+each input position (the max pool routes to the argmax saved by the forward kernel).
+"""
+from __future__ import annotations
+
+from ..autograd.tape import record
+from ..runtime.errors import ShapeError
+from ..runtime.kernels import Kernel
+from ..tensor import Tensor, float32
+from .elementwise import add, cast, contiguous
+from .matmul import matmul
+from .shape import permute, reshape
+
+
+def _pair(v, name: str) -> tuple:
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"{name} must be an int or a pair, got {v!r}")
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def _geometry(x: Tensor, k, stride, padding, dilation, op: str) -> dict:
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: input must be NCHW (4-D), got shape {x.shape}")
+    N, C, H, W = x.shape
+    (KH, KW), (SH, SW) = _pair(k, "kernel_size"), _pair(stride, "stride")
+    (PH, PW), (DH, DW) = _pair(padding, "padding"), _pair(dilation, "dilation")
+    if min(KH, KW, SH, SW, DH, DW) < 1 or min(PH, PW) < 0:
+        raise ValueError(f"{op}: kernel {KH}x{KW}, stride {SH}x{SW} and dilation {DH}x{DW} must "
+                         f"be positive and padding {PH}x{PW} non-negative")
+    OH = (H + 2 * PH - DH * (KH - 1) - 1) // SH + 1
+    OW = (W + 2 * PW - DW * (KW - 1) - 1) // SW + 1
+    if OH < 1 or OW < 1:
+        raise ShapeError(f"{op}: input {H}x{W} (padding {PH}x{PW}) is smaller than the "
+                         f"kernel {KH}x{KW} (dilation {DH}x{DW}); output would be {OH}x{OW}")
+    return dict(N=N, C=C, H=H, W=W, KH=KH, KW=KW, SH=SH, SW=SW, PH=PH, PW=PW, DH=DH, DW=DW,
+                OH=OH, OW=OW)
+
+
+def _params(n: int, g: dict, strides=(0, 0, 0, 0), off=0, flag=0) -> list:
+    return [n, g["N"], g["C"], g["H"], g["W"], g["KH"], g["KW"], g["SH"], g["SW"], g["PH"],
+            g["PW"], g["DH"], g["DW"], g["OH"], g["OW"], *strides, off, flag]
+
+
+def _run(dev, entry, g, n, bufs, strides=(0, 0, 0, 0), off=0, flag=0):
+    if n:
+        dev.dispatch_1d(Kernel.of("conv", entry), bufs, _params(n, g, strides, off, flag), n)
+
+
+def _col2im(dcols: Tensor, g: dict) -> Tensor:
+    dcols = contiguous(dcols)
+    dx = Tensor.empty((g["N"], g["C"], g["H"], g["W"]), dcols.device, float32)
+    _run(dcols.device, "col2im", g, dx.numel, [dcols._storage.buffer, dx._storage.buffer],
+         off=dcols.offset)
+    return dx
+
+
+def im2col(x: Tensor, kernel_size, stride=1, padding=0, dilation=1) -> Tensor:
+    """[C*KH*KW, N*OH*OW] patches of NCHW ``x`` (zeros where a tap falls in the padding);
+    reads any strides of ``x``. Backward: col2im (each input position gathers its taps)."""
+    x = x if x.dtype == float32 else cast(x, float32)
+    g = _geometry(x, kernel_size, stride, padding, dilation, "im2col")
+    cols = Tensor.empty((g["C"] * g["KH"] * g["KW"], g["N"] * g["OH"] * g["OW"]), x.device,
+                        float32)
+    _run(x.device, "im2col", g, cols.numel, [x._storage.buffer, cols._storage.buffer],
+         x.strides, x.offset)
+    record("im2col", cols, [x], lambda gr: (_col2im(gr, g),))
+    return cols
+
+
+def conv2d(x: Tensor, w: Tensor, b=None, stride=1, padding=0, dilation=1) -> Tensor:
+    """PyTorch's conv2d (groups=1): x [N, C, H, W], w [OC, C, KH, KW], b [OC] -> [N, OC, OH, OW].
+    stride / padding / dilation are ints or (h, w) pairs."""
+    if w.ndim != 4:
+        raise ShapeError(f"conv2d: weight must be [out_channels, in_channels, KH, KW], got "
+                         f"{w.shape}")
+    if x.ndim != 4 or x.shape[1] != w.shape[1]:
+        raise ShapeError(f"conv2d: input {x.shape} does not match weight {w.shape} (input must "
+                         f"be NCHW with C = weight.shape[1] = {w.shape[1]})")
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise ShapeError(f"conv2d: bias shape {tuple(b.shape)} != ({w.shape[0]},)")
+    OC, N = w.shape[0], x.shape[0]
+    g = _geometry(x, w.shape[2:], stride, padding, dilation, "conv2d")
+    OH, OW = g["OH"], g["OW"]
+    cols = im2col(x, w.shape[2:], stride, padding, dilation)
+    out = matmul(reshape(w, (OC, -1)), cols)  # [OC, N*OH*OW]
+    out = permute(reshape(out, (OC, N, OH, OW)), (1, 0, 2, 3))
+    if b is None:
+        return contiguous(out)
+    return add(out, reshape(b, (1, OC, 1, 1)))  # the bias add writes the NCHW copy
+
+
+def _pool_geometry(x, kernel_size, stride, padding, dilation, op):
+    stride = kernel_size if stride is None else stride
+    g = _geometry(x, kernel_size, stride, padding, dilation, op)
+    if 2 * g["PH"] > g["KH"] or 2 * g["PW"] > g["KW"]:
+        raise ValueError(f"{op}: padding {g['PH']}x{g['PW']} must be at most half the kernel "
+                         f"{g['KH']}x{g['KW']}")
+    return g
+
+
+def _unbatched(fn):
+    """Accept [C, H, W] like PyTorch by adding and removing a batch dim."""
+    def wrapped(x, *a, **k):
+        if x.ndim == 3:
+            out = fn(reshape(x, (1,) + x.shape), *a, **k)
+            return reshape(out, out.shape[1:])
+        return fn(x, *a, **k)
+    wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+    return wrapped
+
+
+@_unbatched
+def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1) -> Tensor:
+    """Window max (stride defaults to kernel_size; padding counts as -inf). Backward routes
+    each gradient to the window's first maximum, found by the forward kernel."""
+    x = x if x.dtype == float32 else cast(x, float32)
+    g = _pool_geometry(x, kernel_size, stride, padding, dilation, "max_pool2d")
+    shape = (g["N"], g["C"], g["OH"], g["OW"])
+    out = Tensor.empty(shape, x.device, float32)
+    arg = Tensor.empty(shape, x.device, "int32")
+    _run(x.device, "maxpool", g, out.numel,
+         [x._storage.buffer, out._storage.buffer, arg._storage.buffer], x.strides, x.offset)
+
+    def bw(gr):
+        gr = contiguous(gr)
+        dx = Tensor.empty(x.shape, gr.device, float32)
+        _run(gr.device, "maxpool_bwd", g, dx.numel,
+             [gr._storage.buffer, dx._storage.buffer, arg._storage.buffer], off=gr.offset)
+        return (dx,)
+    record("max_pool2d", out, [x], bw)
+    return out
+
+
+@_unbatched
+def avg_pool2d(x: Tensor, kernel_size, stride=None, padding=0,
+               count_include_pad: bool = True) -> Tensor:
+    """Window mean (stride defaults to kernel_size). With count_include_pad (PyTorch's
+    default) the divisor is always KH*KW; otherwise only the taps inside the input count."""
+    x = x if x.dtype == float32 else cast(x, float32)
+    g = _pool_geometry(x, kernel_size, stride, padding, 1, "avg_pool2d")
+    flag = int(bool(count_include_pad))
+    out = Tensor.empty((g["N"], g["C"], g["OH"], g["OW"]), x.device, float32)
+    _run(x.device, "avgpool", g, out.numel, [x._storage.buffer, out._storage.buffer],
+         x.strides, x.offset, flag)
+
+    def bw(gr):
+        gr = contiguous(gr)
+        dx = Tensor.empty(x.shape, gr.device, float32)
+        _run(gr.device, "avgpool_bwd", g, dx.numel, [gr._storage.buffer, dx._storage.buffer],
+             off=gr.offset, flag=flag)
+        return (dx,)
+    record("avg_pool2d", out, [x], bw)
+    return out

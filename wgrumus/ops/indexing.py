@@ -1,0 +1,143 @@
+"""Indexing by integer tensors: index_select (also ``x[idx]`` with a list / array / tensor),
+gather (torch.gather), embedding. Kernels in shaders/index.wgsl.
+
+Backward rules are scatter-adds written as gathers (each gradient element sums the entries that
+point at it), so they need no float atomics and give the same bits on every run. Indices given
+on the host are range-checked before upload (a clear error); indices already on the device
+cannot be checked without a round trip, so the kernels wrap negatives and clamp the rest.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autograd.tape import record
+from ..runtime.device import groups_1d
+from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
+from ..runtime.kernels import Kernel
+from ..tensor import DTYPES, Tensor, float32, int32
+from .elementwise import contiguous
+from .nnops import row_mode
+from .shape import _norm_axis, getitem
+
+
+def _kernel(entry: str, dtype) -> Kernel:
+    defines = {"T": DTYPES[np.dtype(dtype)]}
+    if defines["T"] == "f16":
+        defines["F16"] = "1"
+    return Kernel.of("index", entry, **defines)
+
+
+def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = True) -> Tensor:
+    """Indices as a contiguous int32 tensor on ``like``'s device. Host indices are checked
+    against ``size`` here (and negatives wrapped when allowed)."""
+    if isinstance(idx, Tensor):
+        if idx.dtype != int32:
+            raise WgrumusError(f"{what}: indices must be an int32 tensor, got {idx.dtype}; "
+                               f"convert with .int()")
+        if idx.device is not like.device:
+            raise DeviceMismatchError(f"{what}: data on {like.device}, indices on {idx.device}; "
+                                      f"move them to one device with .to(device) first")
+        return contiguous(idx)
+    a = np.asarray(idx)
+    if a.dtype == np.bool_:
+        raise IndexError(f"{what}: boolean masks are not supported; use integer indices "
+                         f"(e.g. np.nonzero(mask)[0])")
+    if a.size == 0:
+        a = a.astype(np.int64)
+    if a.dtype.kind not in "iu":
+        raise IndexError(f"{what}: indices must be integers, got dtype {a.dtype}")
+    lo = -size if allow_negative else 0
+    bad = a[(a < lo) | (a >= size)]
+    if bad.size:
+        valid = f"-{size}..{size - 1}" if allow_negative else f"0..{size - 1}"
+        raise IndexError(f"{what}: index {int(bad.flat[0])} is out of range for size {size} "
+                         f"(valid: {valid})")
+    if allow_negative:
+        a = np.where(a < 0, a + size, a)
+    return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32)
+
+
+def index_select(x: Tensor, axis: int, idx) -> Tensor:
+    """Rows ``idx`` of ``x`` along ``axis``: shape x.shape[:axis] + idx.shape +
+    x.shape[axis+1:] (numpy ``take``; torch's index_select for 1-D idx). Negative indices count
+    from the end."""
+    axis = _norm_axis(axis, x.ndim)
+    A = x.shape[axis]
+    it = as_index(idx, x, A, "index_select")
+    if A == 0 and it.numel:
+        raise IndexError(f"index_select: axis {axis} of shape {x.shape} is empty")
+    xc = contiguous(x)
+    outer = math.prod(x.shape[:axis])
+    inner = math.prod(x.shape[axis + 1:])
+    K = it.numel
+    out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
+    if out.numel:
+        bufs = [xc._storage.buffer, it._storage.buffer, out._storage.buffer]
+        params = [out.numel, A, K, inner, xc.offset, it.offset]
+        if inner >= 32:  # wide rows (embeddings): one workgroup copies one row
+            x.device.dispatch(_kernel("select_rows_fwd", x.dtype), bufs, params,
+                              groups_1d(outer * K, 1))
+        else:
+            x.device.dispatch_1d(_kernel("select_fwd", x.dtype), bufs, params, out.numel)
+
+    def bw(g):
+        g = contiguous(g)
+        dx = Tensor.empty(x.shape, g.device, float32)
+        rows = outer * A
+        if rows and inner:
+            if row_mode(g.device) == "thread":
+                k = _kernel("select_bwd_rows", float32)
+                groups = groups_1d(rows * -(-inner // 32), 64)
+            else:
+                k, groups = _kernel("select_bwd", float32), groups_1d(rows, 1)
+            g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                              [rows, A, K, inner, g.offset, it.offset], groups)
+        return (dx,)
+    record("index_select", out, [xc], bw, saved=[it])
+    return out
+
+
+def gather(x: Tensor, axis: int, idx) -> Tensor:
+    """torch.gather: out[i][j][k] = x[i][idx[i][j][k]][k] (for axis=1); idx has x's number of
+    dims and is no larger than x outside ``axis``; out has idx's shape."""
+    axis = _norm_axis(axis, x.ndim)
+    A = x.shape[axis]
+    it = as_index(idx, x, A, "gather")
+    if it.ndim != x.ndim or any(it.shape[d] > x.shape[d] for d in range(x.ndim) if d != axis):
+        raise ShapeError(f"gather: index shape {it.shape} must have {x.ndim} dims and be no "
+                         f"larger than the input shape {x.shape} outside axis {axis}")
+    if A == 0 and it.numel:
+        raise IndexError(f"gather: axis {axis} of shape {x.shape} is empty")
+    if any(it.shape[d] < x.shape[d] for d in range(x.ndim) if d != axis):
+        x = getitem(x, tuple(slice(None) if d == axis else slice(0, it.shape[d])
+                             for d in range(x.ndim)))
+    xc = contiguous(x)
+    inner = math.prod(x.shape[axis + 1:])
+    J = it.shape[axis]
+    out = Tensor.empty(it.shape, x.device, x.dtype)
+    if out.numel:
+        x.device.dispatch_1d(_kernel("gather_fwd", x.dtype),
+                             [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                             [out.numel, A, J, inner, xc.offset, it.offset], out.numel)
+
+    def bw(g):
+        g = contiguous(g)
+        dx = Tensor.empty(xc.shape, g.device, float32)
+        if dx.numel:
+            g.device.dispatch_1d(_kernel("gather_bwd", float32),
+                                 [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                                 [dx.numel, A, J, inner, g.offset, it.offset], dx.numel)
+        return (dx,)
+    record("gather", out, [xc], bw, saved=[it])
+    return out
+
+
+def embedding(idx, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` [V, D] for integer ``idx`` of any shape -> idx.shape + (D,).
+    Host indices outside [0, V) raise; device indices are clamped (see module docstring)."""
+    if weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be [num_embeddings, dim], got {weight.shape}")
+    it = as_index(idx, weight, weight.shape[0], "embedding", allow_negative=False)
+    return index_select(weight, 0, it)

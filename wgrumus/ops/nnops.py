@@ -1,0 +1,334 @@
+"""Neural-network ops: softmax, log_softmax, layer_norm, dropout, cross_entropy, mse_loss.
+
+Each op is a fused WGSL kernel (shaders/softmax.wgsl, layernorm.wgsl, xent.wgsl, or one map
+kernel) recorded with its backward rule, itself a fused kernel. Row ops run one workgroup per
+row of a contiguous [R, L] block; another axis is moved last with a permute (and one copy).
+Nothing here reads device data back to the host.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autograd.tape import record
+from ..runtime.device import groups_1d
+from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.kernels import Kernel
+from ..tensor import Storage, Tensor, float32, int32
+from .elementwise import cast, contiguous, map_op, unbroadcast
+from .random import next_seed
+from .shape import permute, reshape
+
+DROPOUT_STREAM = 0x0D0D  # RNG stream of dropout masks (rand/randn use streams 0 and 1)
+
+
+def row_wg(L: int) -> int:
+    """Workgroup size for a row of L elements: about 4 elements per invocation, 32..256."""
+    wg = 32
+    while wg < 256 and wg * 4 < L:
+        wg *= 2
+    return wg
+
+
+ROW_MODE = None  # None: pick per adapter; "wg" or "thread" forces one (tests cover both)
+
+
+def row_mode(dev) -> str:
+    """'wg' (one workgroup per row, tree reduction) on GPUs; 'thread' (one invocation per
+    row, no barriers) on CPU adapters such as lavapipe, where each barrier costs microseconds
+    per workgroup and the rows are spread over few cores anyway."""
+    if ROW_MODE is not None:
+        return ROW_MODE
+    mode = getattr(dev, "_nn_row_mode", None)
+    if mode is None:
+        cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
+        mode = dev._nn_row_mode = "thread" if cpu else "wg"
+    return mode
+
+
+def row_kernel(dev, family: str, entry: str, L: int, R: int, **defines):
+    """(kernel, workgroups) of a row op over R rows of length L in the device's row mode."""
+    if row_mode(dev) == "thread":
+        return Kernel.of(family, entry + "_rows", WG=32, **defines), groups_1d(R, 64)
+    return Kernel.of(family, entry, WG=row_wg(L), **defines), groups_1d(R, 1)
+
+
+def _f32(x: Tensor) -> Tensor:
+    return x if x.dtype == float32 else cast(x, float32)
+
+
+def _along_last(x: Tensor, axis: int, fn):
+    """Apply the last-axis row op ``fn`` along ``axis`` (a permute view on each side)."""
+    nd = x.ndim
+    if nd == 0:
+        return reshape(fn(reshape(x, (1,))), ())
+    if not -nd <= axis < nd:
+        raise ShapeError(f"axis {axis} is out of range for a tensor with {nd} dimensions")
+    axis %= nd
+    if axis == nd - 1:
+        return fn(x)
+    perm = [a for a in range(nd) if a != axis] + [axis]
+    inv = tuple(int(i) for i in np.argsort(perm))
+    return permute(fn(permute(x, perm)), inv)
+
+
+# --------------------------------------------------------------------------- softmax
+
+def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False) -> Tensor:
+    xc = contiguous(_f32(x))
+    L = xc.shape[-1]
+    R = xc.numel // L if L else 0
+    if causal and xc.ndim < 2:
+        raise ShapeError(f"causal softmax needs [..., queries, keys], got shape {xc.shape}")
+    tq = xc.shape[-2] if causal else 0
+    scale = float(scale)
+    out = Tensor.empty(xc.shape, xc.device, float32)
+    dev, lg = xc.device, str(log).lower()
+    if R:
+        k, groups = row_kernel(dev, "softmax", "fwd", L, R, LOG=lg)
+        dev.dispatch(k, [xc._storage.buffer, out._storage.buffer],
+                     [R, L, xc.offset, out.offset, scale, tq], groups)
+
+    def bw(g):
+        g = contiguous(g)
+        dx = Tensor.empty(out.shape, out.device, float32)
+        if R:
+            k, groups = row_kernel(dev, "softmax", "bwd", L, R, LOG=lg)
+            dev.dispatch(k, [out._storage.buffer, g._storage.buffer, dx._storage.buffer],
+                         [R, L, out.offset, g.offset, dx.offset, scale, tq], groups)
+        return (dx,)
+    record("log_softmax" if log else "softmax", out, [xc], bw, saved=[out])
+    return out
+
+
+def _check_causal(axis, x, causal):
+    if causal and axis not in (-1, x.ndim - 1):
+        raise ShapeError(f"causal softmax works along the last axis (keys), not axis {axis}")
+
+
+def softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0, causal: bool = False) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along ``axis`` (rows that are all -inf give NaN).
+    Fused options for attention: ``scale`` multiplies x first; ``causal`` masks key j of query
+    i when j > i + (keys - queries), taking [..., queries, keys] (masked entries are 0)."""
+    _check_causal(axis, x, causal)
+    return _along_last(x, axis, lambda t: _softmax_last(t, False, scale, causal))
+
+
+def log_softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0,
+                causal: bool = False) -> Tensor:
+    """x - logsumexp(x) along ``axis``, computed without forming softmax (stable); ``scale``
+    and ``causal`` as in softmax (masked entries are -inf)."""
+    _check_causal(axis, x, causal)
+    return _along_last(x, axis, lambda t: _softmax_last(t, True, scale, causal))
+
+
+# --------------------------------------------------------------------------- layer_norm
+
+def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    """PyTorch's layer_norm: normalise over the trailing ``normalized_shape`` dims (biased
+    variance), then scale by ``weight`` and shift by ``bias`` (both of that shape, optional)."""
+    ns = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) \
+        else tuple(int(s) for s in normalized_shape)
+    if len(ns) > x.ndim or x.shape[x.ndim - len(ns):] != ns:
+        raise ShapeError(f"layer_norm: normalized_shape {ns} does not match the trailing "
+                         f"dimensions of the input shape {x.shape}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and tuple(p.shape) != ns:
+            raise ShapeError(f"layer_norm: {name} shape {tuple(p.shape)} != normalized_shape {ns}")
+    xc = contiguous(_f32(x))
+    wc = contiguous(_f32(weight)) if weight is not None else None
+    bc = contiguous(_f32(bias)) if bias is not None else None
+    L = math.prod(ns)
+    R = xc.numel // L if L else 0
+    dev = xc.device
+    out = Tensor.empty(xc.shape, dev, float32)
+    mean = Tensor.empty((R,), dev, float32)
+    rstd = Tensor.empty((R,), dev, float32)
+    if R and L:
+        xb = xc._storage.buffer
+        k, groups = row_kernel(dev, "layernorm", "fwd", L, R)
+        dev.dispatch(k,
+                     [xb, wc._storage.buffer if wc is not None else xb,
+                      bc._storage.buffer if bc is not None else xb, out._storage.buffer,
+                      mean._storage.buffer, rstd._storage.buffer],
+                     [R, L, xc.offset, wc.offset if wc is not None else 0,
+                      bc.offset if bc is not None else 0, out.offset, float(eps),
+                      int(wc is not None), int(bc is not None)], groups)
+
+    def bw(g):
+        g = contiguous(g)
+        xb, gb = xc._storage.buffer, g._storage.buffer
+        dx = Tensor.empty(xc.shape, dev, float32) if xc.requires_grad else None
+        gw = gbias = None
+        if R and L and dx is not None:
+            k, groups = row_kernel(dev, "layernorm", "bwd", L, R)
+            dev.dispatch(k,
+                         [xb, gb, wc._storage.buffer if wc is not None else xb,
+                          mean._storage.buffer, rstd._storage.buffer, dx._storage.buffer],
+                         [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0,
+                          int(wc is not None), dx.offset], groups)
+        if (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad):
+            both = _weight_bias_grads(xc, g, mean, rstd, R, L)
+            gw = reshape(both[0], ns) if wc is not None else None
+            gbias = reshape(both[1], ns) if bc is not None else None
+        return dx, gw, gbias
+    record("layer_norm", out, [xc, wc, bc], bw, saved=[xc] + ([wc] if wc is not None else []))
+    return out
+
+
+def _weight_bias_grads(xc, g, mean, rstd, R, L):
+    """[2, L]: sum over rows of g * xhat (dweight) and of g (dbias), in two deterministic
+    passes: per-chunk partial column sums, then a sum over the chunks."""
+    dev = xc.device
+    rows = max(8, -(-R // 256))
+    chunks = -(-R // rows)
+    part = Tensor.empty((2, chunks, L), dev, float32)
+    dev.dispatch(Kernel.of("layernorm", "wb", WG=32),
+                 [xc._storage.buffer, g._storage.buffer, mean._storage.buffer,
+                  rstd._storage.buffer, part._storage.buffer],
+                 [R, L, xc.offset, g.offset, rows, chunks], (-(-L // 64), chunks, 1))
+    both = Tensor.empty((2, L), dev, float32)
+    dev.dispatch(Kernel.of("layernorm", "colsum", WG=32),
+                 [part._storage.buffer, both._storage.buffer],
+                 [L, chunks], (-(-2 * L // 64), 1, 1))
+    return both[0], both[1]
+
+
+# --------------------------------------------------------------------------- dropout
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p). The mask is
+    a pure function of (seed, element index), so backward regenerates it instead of storing it.
+    ``seed=None`` takes the next seed of the global generator (``wr.manual_seed``)."""
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    x = _f32(x)
+    if p == 1.0:
+        out = map_op("0.0", [x])
+        record("dropout", out, [x], lambda g: (map_op("0.0", [g], shape=x.shape),))
+        return out
+    s = next_seed(seed)
+    expr = f"select(0.0, a * pf(49u), uniform_(pu(48u), i, {DROPOUT_STREAM}u) >= pf(50u))"
+    scalars = [s, 1.0 / (1.0 - p), p]
+    out = map_op(expr, [x], scalars=scalars)
+    record("dropout", out, [x], lambda g: (map_op(expr, [g], shape=x.shape, scalars=scalars),))
+    return out
+
+
+# --------------------------------------------------------------------------- losses
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_reduction(reduction):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _targets(targets, like: Tensor):
+    """(int32 class indices on ``like``'s device, the host array or None): host data can be
+    range-checked before upload; device data cannot be checked without a round trip."""
+    if isinstance(targets, Tensor):
+        if targets.dtype != int32:
+            raise WgrumusError(f"cross_entropy targets must be int32 class indices, got "
+                               f"{targets.dtype}; convert with .int() (probabilities as targets "
+                               f"are not supported)")
+        if targets.device is not like.device:
+            from ..runtime.errors import DeviceMismatchError
+            raise DeviceMismatchError(f"cross_entropy: logits on {like.device}, targets on "
+                                      f"{targets.device}; move them with .to(device) first")
+        return contiguous(targets), None
+    a = np.asarray(targets)
+    if a.dtype.kind not in "iu":
+        raise WgrumusError(f"cross_entropy targets must be integer class indices, got numpy "
+                           f"dtype {a.dtype}")
+    return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32), a
+
+
+def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
+                  label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """PyTorch's cross_entropy with integer targets: logits [N, C] (or [C], or [N, C, d...])
+    and targets [N] ([], [N, d...]). Rows whose target is ``ignore_index`` contribute 0 and are
+    left out of the mean. A target outside [0, C) gives NaN (on the host it is an error)."""
+    _check_reduction(reduction)
+    eps = float(label_smoothing)
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {eps}")
+    if logits.ndim == 0:
+        raise ShapeError("cross_entropy: logits must have a class dimension, got a 0-d tensor")
+    lg = _f32(logits)
+    if lg.ndim == 1:
+        lg = reshape(lg, (1,) + lg.shape)
+        tshape = ()
+    else:
+        tshape = (lg.shape[0],) + lg.shape[2:]
+    if lg.ndim > 2:  # [N, C, d...] -> [N * d..., C]
+        lg = permute(lg, [0] + list(range(2, lg.ndim)) + [1])
+    C = lg.shape[-1]
+    lg = contiguous(reshape(lg, (-1, C)) if lg.ndim != 2 else lg)
+    N = lg.shape[0]
+    tt, host = _targets(targets, lg)
+    if host is not None:
+        bad = host[(host != ignore_index) & ((host < 0) | (host >= C))]
+        if bad.size:
+            raise WgrumusError(f"cross_entropy: target {int(bad.flat[0])} is out of range for "
+                               f"{C} classes (valid: 0..{C - 1} or ignore_index={ignore_index})")
+    if tuple(tt.shape) != tshape:
+        raise ShapeError(f"cross_entropy: targets shape {tuple(tt.shape)} does not match logits "
+                         f"shape {tuple(logits.shape)} (expected {tshape})")
+    tt = reshape(tt, (N,)) if tt.ndim != 1 else tt
+    dev = lg.device
+    rows = Tensor.empty((N,), dev, float32)
+    lse = Tensor.empty((N,), dev, float32)
+    tb = tt._storage.buffer
+    if N:
+        k, groups = row_kernel(dev, "xent", "fwd", C, N)
+        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer],
+                     [N, C, lg.offset, tt.offset, int(ignore_index), eps], groups)
+    if reduction == "none":
+        out, count = rows, None
+    else:
+        red = Storage(dev, 8)
+        dev.dispatch(Kernel.of("xent", "finish", WG=256), [rows._storage.buffer, tb, red.buffer],
+                     [N, tt.offset, int(ignore_index), int(reduction == "mean")], (1, 1, 1))
+        out = Tensor(red, ())
+        count = Tensor(red, (), offset=1)
+    mode = {"mean": 0, "sum": 1, "none": 2}[reduction]
+
+    def bw(g):
+        g = contiguous(g)
+        dx = Tensor.empty((N, C), dev, float32)
+        cnt = count if count is not None else g
+        if N * C:
+            dev.dispatch_1d(Kernel.of("xent", "bwd", WG=32),
+                            [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
+                             g._storage.buffer, cnt._storage.buffer],
+                            [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
+                             g.offset, cnt.offset], N * C)
+        return (dx,)
+    record("cross_entropy", out, [lg], bw, saved=[lg, tt])
+    return reshape(out, tshape) if reduction == "none" else out
+
+
+def mse_loss(a: Tensor, b: Tensor, reduction: str = "mean") -> Tensor:
+    """mean / sum / elementwise (a - b)^2 (a and b broadcast together, as in PyTorch)."""
+    _check_reduction(reduction)
+    if not isinstance(b, Tensor):
+        from ..tensor import tensor
+        b = tensor(np.asarray(b, np.float32), device=a.device)
+    a, b = _f32(a), _f32(b)
+    sq = map_op("(a - b) * (a - b)", [a, b])
+
+    def bw(g):
+        d = map_op("2.0 * a * (b - c)", [g, a, b])
+        return (unbroadcast(d, a.shape) if a.requires_grad else None,
+                unbroadcast(map_op("-a", [d]), b.shape) if b.requires_grad else None)
+    record("mse", sq, [a, b], bw, saved=[a, b])
+    if reduction == "none":
+        return sq
+    from .reduce import mean, sum as _sum
+    return mean(sq) if reduction == "mean" else _sum(sq)

@@ -1,0 +1,159 @@
+"""Optimizer base: parameter groups, per-parameter state, gradient lookup, state_dict.
+
+Subclasses implement ``_update(p, g, state, group)`` as one fused kernel dispatch that writes
+the parameter and its state in place (under no_grad, bumping the storage versions so autograd
+notices a stale saved tensor)."""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..autograd.tape import no_grad
+from ..ops.creation import zeros
+from ..ops.elementwise import contiguous
+from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.kernels import Kernel
+from ..tensor import Tensor, float32
+
+_dummies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def dummy_buffer(device):
+    """A 4-byte buffer bound where a kernel's state slot is unused (e.g. SGD without momentum)."""
+    b = _dummies.get(device)
+    if b is None:
+        b = _dummies[device] = zeros(1, device=device)
+    return b._storage.buffer
+
+
+def launch(p: Tensor, g: Tensor, states, entry: str, words) -> None:
+    """One fused update dispatch over the n elements of ``p``."""
+    dev = p.device
+    bufs = [p._storage.buffer, g._storage.buffer]
+    bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
+    soff = states[0].offset if states else 0
+    dev.dispatch_1d(Kernel.of("optim", entry), bufs,
+                    [p.numel, p.offset, g.offset, soff, *words], p.numel)
+    p._storage.version += 1
+    for s in states:
+        s._storage.version += 1
+
+
+class Optimizer:
+    defaults: dict = {}
+
+    def __init__(self, params, defaults: dict):
+        self.defaults = dict(defaults)
+        params = list(params)
+        if not params:
+            raise ValueError("optimizer got an empty parameter list")
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
+        self.param_groups: list = []
+        self.state: dict = {}  # Parameter -> dict of state (tensors on the parameter's device)
+        for g in groups:
+            self.add_param_group(g)
+
+    def add_param_group(self, group: dict) -> None:
+        group = dict(group)
+        ps = group["params"]
+        ps = [ps] if isinstance(ps, Tensor) else list(ps)
+        seen = {id(p) for gr in self.param_groups for p in gr["params"]}
+        for p in ps:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer params must be tensors, got {type(p).__name__}")
+            if p.dtype != float32 or not p.is_contiguous():
+                raise WgrumusError("optimizer params must be contiguous float32 tensors")
+            if id(p) in seen:
+                raise ValueError("a parameter appears in more than one parameter group")
+            seen.add(id(p))
+        group["params"] = ps
+        for k, v in self.defaults.items():
+            group.setdefault(k, v)
+        group.setdefault("initial_lr", group["lr"])
+        self.param_groups.append(group)
+
+    # ------------------------------------------------------------------ stepping
+    @staticmethod
+    def _grad(p, grads):
+        g = p.grad if grads is None else grads.get(p)
+        if g is None:
+            return None
+        if tuple(g.shape) != tuple(p.shape):
+            raise ShapeError(f"gradient of shape {tuple(g.shape)} for a parameter of shape "
+                             f"{tuple(p.shape)}")
+        if g.device is not p.device:
+            raise WgrumusError(f"gradient on {g.device} for a parameter on {p.device}; "
+                               f"reduce or move gradients to the parameter's device first")
+        return contiguous(g) if g.dtype == float32 else contiguous(g.float())
+
+    def step(self, grads=None) -> None:
+        """Update every parameter that has a gradient: from ``grads`` (a GradientStore) when
+        given, else from ``p.grad``. Parameters without a gradient are skipped."""
+        with no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    g = self._grad(p, grads)
+                    if g is None:
+                        continue
+                    self._update(p, g, self.state.setdefault(p, {}), group)
+
+    def _update(self, p, g, state, group):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+    # ------------------------------------------------------------------ state
+    def _index(self):
+        return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+
+    def state_dict(self) -> dict:
+        """PyTorch layout: {"state": {index: {name: Tensor | number}}, "param_groups": [...]}
+        with parameters referred to by their index over all groups."""
+        idx = self._index()
+        state = {idx[id(p)]: dict(s) for p, s in self.state.items() if id(p) in idx}
+        groups = []
+        for g in self.param_groups:
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = [idx[id(p)] for p in g["params"]]
+            groups.append(d)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, sd: dict) -> None:
+        groups = sd["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise WgrumusError(f"optimizer state has {len(groups)} parameter groups, this "
+                               f"optimizer has {len(self.param_groups)}")
+        for mine, theirs in zip(self.param_groups, groups):
+            if len(mine["params"]) != len(theirs["params"]):
+                raise WgrumusError(f"optimizer state group has {len(theirs['params'])} "
+                                   f"parameters, this optimizer's has {len(mine['params'])}")
+        params = [p for g in self.param_groups for p in g["params"]]
+        new_state = {}
+        for k, s in sd["state"].items():
+            k = int(k)
+            if not 0 <= k < len(params):
+                raise WgrumusError(f"optimizer state for parameter {k}, but there are only "
+                                   f"{len(params)}")
+            p = params[k]
+            st = {}
+            for name, v in s.items():
+                if isinstance(v, Tensor) or (isinstance(v, np.ndarray) and v.ndim > 0):
+                    arr = v.numpy() if isinstance(v, Tensor) else v
+                    if tuple(arr.shape) != tuple(p.shape):
+                        raise ShapeError(f"optimizer state '{name}' of parameter {k} has shape "
+                                         f"{tuple(arr.shape)}, the parameter {tuple(p.shape)}")
+                    from ..tensor import tensor
+                    st[name] = tensor(np.asarray(arr, np.float32), device=p.device)
+                else:
+                    st[name] = v.item() if isinstance(v, np.generic) or (
+                        isinstance(v, np.ndarray)) else v
+            new_state[p] = st
+        self.state = new_state
+        for mine, theirs in zip(self.param_groups, groups):
+            for k, v in theirs.items():
+                if k != "params":
+                    mine[k] = v

@@ -1,0 +1,36 @@
+"""SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD's formulas):
+
+    g = grad + weight_decay * p
+    buf = g (first step) or momentum * buf + (1 - dampening) * g
+    g = g + momentum * buf (nesterov) or buf
+    p = p - lr * g
+"""
+from __future__ import annotations
+
+from ..ops.creation import zeros
+from .optimizer import Optimizer, launch
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"SGD: lr, momentum and weight_decay must be >= 0 "
+                             f"(got {lr}, {momentum}, {weight_decay})")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: nesterov needs momentum > 0 and dampening = 0")
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
+                                      weight_decay=weight_decay, nesterov=nesterov))
+
+    def _update(self, p, g, state, group):
+        mom = group["momentum"]
+        states, first = [], 0
+        if mom != 0:
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = zeros(p.shape, device=p.device)
+                first = 1
+            states = [buf]
+        launch(p, g, states, "sgd", [float(group["lr"]), float(mom), float(group["dampening"]),
+                                     float(group["weight_decay"]), int(bool(group["nesterov"])),
+                                     first])
