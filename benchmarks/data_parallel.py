@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     nparams = sum(p.numel for p in task.model(devs[0]).parameters())
     head = (f"{a.model}: {nparams / 1e6:.2f} M parameters, batch {a.batch}/device"
             + (f", seq {a.block}" if a.model == "gpt" else "") + f"; {len(devs)} device(s): "
-            + ", ".join(sorted({d.name for d in devs})))
+            + ", ".join(sorted({str(d.adapter_info.get("device") or d.name) for d in devs})))
     rows = [run_plain(task, devs[0], a)]
     base = rows[0]["samples_per_s"]
     for k in a.devices:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -83,19 +84,23 @@ def measure(cfg, layout, steps, batch, m, devices):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny GPT, 2 steps, 4 layouts")
+    p.add_argument("--quick", action="store_true", help="tiny GPT, 2 steps, batch 8, 4 layouts")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--micro-batches", type=int, default=None, help="default: pp")
     p.add_argument("--layouts", default=None, help="e.g. 2x2x2,1x2x4 (dp x tp x pp)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--devices", type=int, default=8,
+                   help="WGRUMUS_DEVICES when unset: logical devices on one adapter (default 8)")
     args = p.parse_args(argv)
+    os.environ.setdefault("WGRUMUS_DEVICES", str(args.devices))
     import wgrumus as wr
     from wgrumus.distributed.parallel3d import GPTConfig
     devices = wr.devices()
     if args.quick:
-        cfg = GPTConfig(vocab_size=32, block_size=16, n_layer=8, n_head=8, n_embd=32)
+        cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=4, n_head=4, n_embd=16)
         steps = args.steps or 2
+        args.batch = min(args.batch, 8)
         layouts = [(1, 1, 1), (2, 2, 2), (1, 2, 4), (2, 4, 1)]
     else:
         cfg = GPTConfig(vocab_size=256, block_size=64, n_layer=8, n_head=8, n_embd=128)
@@ -119,14 +124,16 @@ def main(argv=None):
 def print_table(rows, cfg, dev):
     print(f"GPT vocab {cfg.vocab_size}, T {cfg.block_size}, {cfg.n_layer} layers, "
           f"{cfg.n_head} heads, d {cfg.n_embd}; device: {dev.name}")
+    print("volumes: payload KiB per optimizer step summed over ranks; '!' marks a measured "
+          "volume that differs from the analytic one")
     print(f"{'dp x tp x pp':>12} {'tokens/s':>10} {'step ms':>9} {'comm ms':>8} "
-          + " ".join(f"{g + ' MB meas/anal':>20}" for g in ("dp", "tp", "pp")))
+          + " ".join(f"{g + ' KiB meas/analytic':>22}" for g in ("dp", "tp", "pp")))
     for r in rows:
         lay = r["layout"]
         cols = []
         for g in ("dp", "tp", "pp"):
             a, b = r["measured_bytes_per_step"][g], r["analytic_bytes_per_step"][g]
-            cols.append(f"{a / 2**20:>9.3f}/{b / 2**20:<9.3f}{'' if a == b else '!':1}")
+            cols.append(f"{a / 2**10:>10.1f}/{b / 2**10:<10.1f}{'' if a == b else '!':1}")
         print(f"{lay['dp']:>4} x{lay['tp']:>2} x{lay['pp']:>2}  {r['tokens_per_s']:>10.0f} "
               f"{r['step_ms']:>9.1f} {r['comm_ms_per_step']:>8.1f} " + " ".join(cols))
 

@@ -111,24 +111,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let ty = lid.y;
     let t = ty * 16u + tx;
     var acc: array<vec4<f32>, {{ACC}}>;  // [TM rows][TM / 4 column quads]
-    var ra: array<vec4<f32>, {{LOADS}}>;
-    var rb: array<vec4<f32>, {{LOADS}}>;
-
-    for (var l = 0u; l < LOADS; l++) {
-        let q = l * 256u + t;
-        stage_a(q, 0u, fetch_a(q, row0, 0u, M, K, a0, ars, acs));
-        stage_b(q, 0u, fetch_b(q, col0, 0u, N, K, b0, brs, bcs));
-    }
+    // Register code is unrolled on the host (literal indices keep every array in registers).
+{{STAGE0}}
     workgroupBarrier();
     var cur = 0u;
     for (var k0 = 0u; k0 < K; k0 += BK) {
-        let more = k0 + BK < K;
+        let k1 = k0 + BK;
+        let more = k1 < K;
+        var ra: array<vec4<f32>, {{LOADS}}>;
+        var rb: array<vec4<f32>, {{LOADS}}>;
         if (more) {  // fetch the next step while this one computes
-            for (var l = 0u; l < LOADS; l++) {
-                let q = l * 256u + t;
-                ra[l] = fetch_a(q, row0, k0 + BK, M, K, a0, ars, acs);
-                rb[l] = fetch_b(q, col0, k0 + BK, N, K, b0, brs, bcs);
-            }
+{{PREFETCH}}
         }
         let base = cur * BK * TQ;
         for (var kk = 0u; kk < BK; kk++) {
@@ -137,11 +130,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
         if (more) {
             let nb = (cur ^ 1u) * BK * TQ;
-            for (var l = 0u; l < LOADS; l++) {
-                let q = l * 256u + t;
-                stage_a(q, nb, ra[l]);
-                stage_b(q, nb, rb[l]);
-            }
+{{STAGE}}
         }
         cur ^= 1u;
         workgroupBarrier();
@@ -149,18 +138,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
     // Invocation (tx, ty) owns rows (ty + 16 i) * 4 + r and columns (tx + 16 j) * 4 + e.
     let c0 = pu(11u) + bz * M * N;
-    for (var i = 0u; i < TM / 4u; i++) {
-        for (var r = 0u; r < 4u; r++) {
-            let m = row0 + (ty + 16u * i) * 4u + r;
-            if (m >= M) { continue; }
-            for (var j = 0u; j < TM / 4u; j++) {
-                let v = acc[(i * 4u + r) * (TM / 4u) + j];
-                let n = col0 + (tx + 16u * j) * 4u;
-                let o = c0 + m * N + n;
-                for (var e = 0u; e < 4u; e++) {
-                    if (n + e < N) { C[o + e] = v[e]; }
-                }
-            }
-        }
+    let full = col0 + TILE <= N;
+{{STORE}}
+}
+
+fn store_quad(row: u32, n: u32, N: u32, full: bool, v: vec4<f32>) {
+    if (full) {
+        C[row + n] = v.x;
+        C[row + n + 1u] = v.y;
+        C[row + n + 2u] = v.z;
+        C[row + n + 3u] = v.w;
+        return;
+    }
+    for (var e = 0u; e < 4u; e++) {
+        if (n + e < N) { C[row + n + e] = v[e]; }
     }
 }

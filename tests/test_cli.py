@@ -122,3 +122,145 @@ def test_ci_runs_the_readme_test_command():
     cmd = next(ln for ln in readme[i + 1:] if not ln.startswith("```"))
     ci = (ROOT / ".ci" / "run").read_text()
     assert "test-command" in ci and cmd.startswith("python -m pytest")
+
+
+# ----------------------------------------------------------------------------------- train
+GPT_TINY = ["--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+            "--batch-size", "8"]
+
+
+@pytest.mark.timeout(120)
+def test_train_mlp_json_learns_and_reports_accuracy():
+    res = train_json("mlp", "--steps", "25", "--lr", "0.01")
+    check_record(res, "mlp", 25, {"dp": 1, "tp": 1, "pp": 1, "devices": 1})
+    assert res["final_loss"] < res["losses"][0] - 0.5, res["losses"]
+    assert 0.5 < res["accuracy"] <= 1.0
+
+
+@pytest.mark.timeout(120)
+def test_train_cnn_json():
+    res = train_json("cnn", "--steps", "4", "--batch-size", "16")
+    check_record(res, "cnn", 4)
+    assert 0.0 <= res["accuracy"] <= 1.0
+
+
+@pytest.mark.timeout(120)
+def test_train_gpt_json_has_eval_loss_and_sample():
+    res = train_json("gpt", *GPT_TINY, "--steps", "3")
+    check_record(res, "gpt", 3)
+    assert res["throughput_unit"] == "tokens/s"
+    assert res["eval_loss"] > 0 and isinstance(res["sample"], str) and len(res["sample"]) > 0
+
+
+@pytest.mark.timeout(180)
+def test_mlp_layouts_agree_step_by_step():
+    """Same seed -> same weights and data order: dp / pp / dp x pp follow the 1-device curve."""
+    ref = train_json("mlp", "--steps", "4")["losses"]
+    for layout in (["--dp", "2", "--devices", "2"],
+                   ["--pp", "2", "--devices", "2", "--schedule", "gpipe"],
+                   ["--dp", "2", "--pp", "2", "--devices", "4", "--micro-batches", "2"]):
+        res = train_json("mlp", "--steps", "4", *layout)
+        assert res["layout"]["devices"] == int(layout[layout.index("--devices") + 1])
+        assert res["losses"] == pytest.approx(ref, rel=1e-4), layout
+
+
+@pytest.mark.timeout(240)
+def test_gpt_3d_layout_agrees_with_one_device():
+    ref = train_json("gpt", *GPT_TINY, "--steps", "2")["losses"]
+    res = train_json("gpt", *GPT_TINY, "--steps", "2", "--dp", "2", "--tp", "2", "--pp", "2",
+                     "--devices", "8")
+    assert res["layout"] == {"dp": 2, "tp": 2, "pp": 2, "schedule": "1f1b", "micro_batches": 4,
+                             "devices": 8, "backend": "threads"}
+    assert res["losses"] == pytest.approx(ref, rel=1e-4)
+    assert len(res["devices"]) == 8
+
+
+@pytest.mark.timeout(240)
+def test_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path):
+    ck = tmp_path / "ck"
+    full = train_json("mlp", "--steps", "8")["losses"]
+    first = train_json("mlp", "--steps", "4", "--checkpoint", ck, "--checkpoint-every", "2")
+    assert (ck / "checkpoint.safetensors").exists()
+    assert not [p for p in ck.iterdir() if ".tmp" in p.name]  # atomic: no leftovers
+    # resume in another layout: the checkpoint is dense
+    rest = train_json("mlp", "--steps", "8", "--checkpoint", ck, "--resume", "--pp", "2",
+                      "--devices", "2")
+    assert rest["steps_this_run"] == 4 and rest["losses"][:4] == first["losses"]
+    assert rest["losses"] == pytest.approx(full, rel=1e-4)
+    # the checkpoint is plain safetensors
+    from safetensors.numpy import load_file
+    assert any(k.startswith("model.") for k in load_file(str(ck / "checkpoint.safetensors")))
+
+
+@pytest.mark.timeout(120)
+def test_resume_errors_exit_2(tmp_path):
+    ck = tmp_path / "ck"
+    train_json("mlp", "--steps", "2", "--checkpoint", ck)
+    rc, out, err = wgrumus("train", "cnn", "--steps", "4", "--checkpoint", ck, "--resume")
+    assert rc == 2 and "different model" in err and "mlp" in err, err
+    rc, out, err = wgrumus("train", "mlp", "--steps", "2", "--checkpoint", ck, "--resume")
+    assert rc == 2 and "already at step 2" in err, err
+    rc, out, err = wgrumus("train", "mlp", "--steps", "4", "--checkpoint", tmp_path / "empty",
+                           "--resume")
+    assert rc == 2 and "no checkpoint" in err, err
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "checkpoint.safetensors").write_bytes(b"\x10\x00garbage")
+    rc, out, err = wgrumus("train", "mlp", "--steps", "4", "--checkpoint", tmp_path / "bad",
+                           "--resume")
+    assert rc == 2 and "not a readable checkpoint" in err, err
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_cleanly_and_saves_a_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    p = subprocess.Popen([sys.executable, "-m", "wgrumus.cli", "train", "mlp", "--steps",
+                          "100000", "--checkpoint", str(ck), "--json"], cwd=ROOT, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (ck / "checkpoint.safetensors").exists():
+            time.sleep(0.5)  # the periodic checkpoint shows training is under way
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    res = json.loads(out)
+    assert res["interrupted"] and res["steps"] >= 50
+    from safetensors import safe_open
+    with safe_open(str(ck / "checkpoint.safetensors"), "numpy") as f:
+        assert int(f.metadata()["step"]) == res["steps"]
+
+
+# ------------------------------------------------------------------------------------ demo
+@pytest.mark.timeout(180)
+def test_demo_runs_data_and_pipeline_parallel():
+    rc, out, err = wgrumus("demo", "--steps", "6", timeout=170)
+    assert rc == 0, out + err
+    assert "wgrumus demo" in out and "dp=2" in out and "pp=2" in out
+    assert "held-out accuracy" in out
+
+
+# ------------------------------------------------------------------------------------- mpi
+def _mpiexec():
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(_mpiexec() is None, reason="mpiexec not found (pip install 'wgrumus[mpi]')")
+def test_mpiexec_two_ranks_only_rank0_prints():
+    pytest.importorskip("mpi4py")
+    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "wgrumus.cli", "train", "mlp",
+           "--backend", "mpi", "--dp", "2", "--steps", "4", "--json"]
+    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=200,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stdout  # rank 1 prints nothing
+    res = json.loads(lines[0])
+    assert res["layout"]["backend"] == "mpi" and res["layout"]["dp"] == 2
+    ref = train_json("mlp", "--steps", "4")["losses"]
+    assert res["losses"] == pytest.approx(ref, rel=1e-4)

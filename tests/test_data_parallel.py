@@ -278,6 +278,23 @@ def test_forward_gathers_on_device0_and_errors(devs, rng):
             dp.train_step(x, np.zeros((5, 3), np.float32), mse, [SGD(model.parameters())])
 
 
+def test_rumus_workflow_backward_through_gathered_output(devs, rng):
+    """forward records the graph across replicas: each replica's gradient is its shard's part,
+    and their sum is the single-device gradient of the global-batch loss."""
+    model = TinyMLP(device=devs[0])
+    ref = TinyMLP(device=devs[0])
+    x = rng.standard_normal((7, 6)).astype(np.float32)
+    y = rng.standard_normal((7, 3)).astype(np.float32)
+    want = backward(mse(ref(wr.tensor(x, device=devs[0])), wr.tensor(y, device=devs[0])))
+    with DataParallel(model, devs[:3]) as dp:
+        store = backward(mse(dp(x), wr.tensor(y, device=devs[0])))
+        for i in range(4):
+            parts = [store.get(r.parameters()[i]) for r in dp.replicas]
+            assert [g.device for g in parts] == devs[:3]
+            np.testing.assert_allclose(sum(g.numpy() for g in parts),
+                                       want.get(ref.params[i]).numpy(), rtol=1e-4, atol=1e-6)
+
+
 def test_replicas_are_independent_copies_and_broadcast_weights(devs):
     model = TinyMLP(device=devs[0])
     with DataParallel(model, devs[:3]) as dp:
@@ -313,6 +330,9 @@ def test_a_failing_replica_raises_clearly_and_nobody_hangs(devs, where):
             r.fail = None
         dp.train_step(x, y, mse, SGD)
         assert dp.replicas_identical()
+    # close() stopped every replica and comm thread: none is left waiting
+    assert not any(w._thread.is_alive() for w in dp._workers)
+    assert not any(c._thread.is_alive() for c in dp._comm.comms)
 
 
 def test_all_reduce_sync_averages_stores(devs, rng):
@@ -335,20 +355,32 @@ def test_all_reduce_sync_averages_stores(devs, rng):
                               out[2].get(models[2].params[i]).numpy()) for i in range(4))
 
 
-def test_with_wr_nn_modules(devs):
+@pytest.mark.timeout(60)
+def test_with_wr_nn_modules_and_wr_optim(devs):
     nn = pytest.importorskip("wgrumus.nn")
-    model = nn.Sequential(nn.Linear(6, 8, device=devs[0]), nn.ReLU(),
-                          nn.Linear(8, 3, device=devs[0]))
-    (x, y), = data(1, 6)
+    optim = pytest.importorskip("wgrumus.optim")
+
+    def make():
+        return nn.Sequential(nn.Linear(6, 8, device=devs[0]), nn.ReLU(),
+                             nn.Linear(8, 3, device=devs[0]))
+    model, ref = make(), make()
+    ref.load_state_dict(model.state_dict())
+    ref_opt = optim.AdamW(ref.parameters(), lr=0.01)
+    batches = data(3, 6)
     with DataParallel(model, devs[:2], first_bucket_mb=1e-4) as dp:
-        assert dp.replicas_identical()
+        assert dp.replicas_identical() and len(dp.plan) == 2
         assert isinstance(dp.replicas[1].parameters()[0], nn.Parameter)
         assert [n for n, _ in dp.replicas[1].named_parameters()] == \
             [n for n, _ in model.named_parameters()]
-        before = [p.numpy() for p in model.parameters()]
-        loss = dp.train_step(x, y, mse, lambda ps: SGD(ps, lr=0.1, momentum=0.0))
-        assert np.isfinite(loss) and dp.replicas_identical()
-        assert any(not np.array_equal(a, p.numpy()) for a, p in zip(before, model.parameters()))
+        assert [b.names for b in dp.plan] == [("2.bias",), ("2.weight", "0.bias", "0.weight")]
+        for x, y in batches:
+            loss = dp.train_step(x, y, mse, lambda ps: optim.AdamW(ps, lr=0.01))
+            ref_loss = mse(ref(wr.tensor(x, device=devs[0])), wr.tensor(y, device=devs[0]))
+            ref_opt.step(backward(ref_loss))
+            assert loss == pytest.approx(ref_loss.item(), rel=1e-4)
+            assert dp.replicas_identical()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=2e-4, atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------- MPI

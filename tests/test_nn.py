@@ -79,6 +79,8 @@ def test_module_registration_and_state_dict():
     assert {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"} <= set(sd)
     assert sd["body.0.weight"].shape == (8, 4)
     assert m.plain == 5 and "plain" not in sd
+    m.bn.running_mean = wr.full((2,), 3.0)  # re-assigning a buffer keeps it in the state
+    np.testing.assert_array_equal(m.state_dict()["bn.running_mean"].numpy(), [3.0, 3.0])
     assert isinstance(m.scale, nn.Parameter) and m.scale.is_leaf
 
 
@@ -239,6 +241,10 @@ def test_embedding_and_dropout(rng):
     x = wr.ones(1000)
     y = d(x).numpy()
     assert set(np.unique(y)) <= {0.0, 2.0} and 0.35 < (y == 0).mean() < 0.65
+    xg = wr.tensor(rng.uniform(1, 2, 1000).astype(np.float32), requires_grad=True)
+    yg = d(xg)
+    g = wr.autograd.backward(yg.sum()).get(xg).numpy()
+    np.testing.assert_allclose(g, yg.numpy() / xg.numpy(), rtol=1e-6)  # the same mask * 2
     d.eval()
     np.testing.assert_array_equal(d(x).numpy(), np.ones(1000))
     with pytest.raises(ValueError):

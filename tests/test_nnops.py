@@ -220,8 +220,10 @@ def test_layer_norm_grad(rng, row_mode):
                [xl, wl])
 
 
-def test_layer_norm_errors():
+def test_layer_norm_errors(devs):
     x = wr.zeros((2, 3))
+    with pytest.raises(wr.DeviceMismatchError, match="to\\(device\\)"):
+        layer_norm(x, 3, wr.ones(3, device=devs[1]))
     with pytest.raises(wr.ShapeError, match=r"\(4,\).*\(2, 3\)"):
         layer_norm(x, 4)
     with pytest.raises(wr.ShapeError, match="weight"):
@@ -393,6 +395,17 @@ def test_embedding(rng, row_mode):
         embedding([0, 6], wr.tensor(f32(wt)))
     with pytest.raises(IndexError, match="-1"):
         embedding([-1], wr.tensor(f32(wt)))
+    # wide rows (one workgroup copies a row) and repeated indices in the gradient
+    w2 = f32(rng.normal(size=(10, 40)))
+    i2 = rng.integers(0, 10, (3, 300))
+    t2 = wr.tensor(w2, requires_grad=True)
+    out = embedding(wr.tensor(i2.astype(np.int32)), t2)
+    np.testing.assert_array_equal(out.numpy(), w2[i2])
+    gw = rng.normal(size=out.shape)
+    got = wr.autograd.backward((out * wr.tensor(f32(gw))).sum()).get(t2).numpy()
+    ref = np.zeros((10, 40))
+    np.add.at(ref, i2.reshape(-1), gw.reshape(-1, 40))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     # device indices out of range are clamped (documented): no crash, last row
     got = embedding(wr.tensor(np.array([7], np.int32)), wr.tensor(f32(wt))).numpy()
     np.testing.assert_array_equal(got[0], f32(wt)[5])
@@ -452,6 +465,10 @@ def test_pool_defaults_and_errors(rng):
     x = f32(rng.normal(size=(3, 4, 4)))  # unbatched CHW
     got = max_pool2d(wr.tensor(x), 2)
     np.testing.assert_allclose(got.numpy(), max_pool_ref(x[None], (2, 2), (2, 2), (0, 0))[0])
+    # negative strides (reversed views) are read in place
+    xr = f32(rng.normal(size=(1, 2, 5, 5)))
+    got = max_pool2d(wr.tensor(xr)[:, :, ::-1, ::-2], 2, 1).numpy()
+    np.testing.assert_array_equal(got, max_pool_ref(xr[:, :, ::-1, ::-2], (2, 2), (1, 1), (0, 0)))
     with pytest.raises(ValueError, match="at most half"):
         max_pool2d(wr.tensor(x), 2, padding=2)
     with pytest.raises(wr.ShapeError, match="NCHW"):

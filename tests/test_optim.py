@@ -167,6 +167,17 @@ def test_clip_grad_norm(rng, norm_type):
     np.testing.assert_allclose(store.get(ps[1]).numpy(), gs[1], rtol=1e-6)
 
 
+def test_clip_scales_a_shared_gradient_once():
+    """autograd hands the same gradient tensor to both inputs of an add."""
+    a, b = nn.Parameter(wr.ones(4)), nn.Parameter(wr.ones(4))
+    store = wr.autograd.backward((a + b).sum() * 3.0)
+    assert store.get(a) is store.get(b)
+    total = optim.clip_grad_norm_([a, b], 1.0, grads=store).item()
+    assert total == pytest.approx(math.sqrt(8 * 9), rel=1e-6)
+    np.testing.assert_allclose(store.get(a).numpy(), 3 / total, rtol=1e-5)
+    np.testing.assert_allclose(store.get(b).numpy(), 3 / total, rtol=1e-5)
+
+
 def test_schedulers():
     def opt():
         return optim.SGD([nn.Parameter(wr.ones(1))], lr=1.0)

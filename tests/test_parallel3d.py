@@ -51,6 +51,18 @@ def test_layout_matches_single_device_loss_curve(layout, reference, devs):
 
 
 @pytest.mark.timeout(60)
+def test_gpipe_schedule_and_more_micro_batches_give_the_same_curve(reference, devs):
+    losses = train_3d(CFG, 1, 1, 2, steps=STEPS, batch_size=BATCH, micro_batches=4, lr=LR,
+                      devices=devs[:2], schedule="gpipe", timeout=30)
+    np.testing.assert_allclose(losses, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_schedules_the_runner_cannot_follow_are_refused(devs):
+    with pytest.raises(Layout3DError, match="one-chunk F/B schedules"):
+        train_3d(CFG, 1, 1, 2, steps=1, batch_size=BATCH, devices=devs[:2], schedule="zb-h1")
+
+
+@pytest.mark.timeout(60)
 def test_details_report_groups_and_micro_batches(devs):
     out = train_3d(CFG, 2, 2, 2, steps=1, batch_size=8, micro_batches=4, lr=LR, devices=devs,
                    return_details=True, timeout=30)
@@ -100,3 +112,35 @@ def test_fault_in_one_rank_stops_every_rank(devs):
     assert time.monotonic() - t0 < 20  # aborted at once, not at the collectives' timeout
     text = str(ei.value) + "".join(getattr(ei.value, "__notes__", []))
     assert "injected fault on rank 5" in text
+
+
+MPI_SCRIPT = """
+import json, os
+from mpi4py import MPI
+from wgrumus.distributed.parallel3d import GPTConfig, train_3d
+cfg = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8)
+losses = train_3d(cfg, 1, 2, 2, steps=3, batch_size=4, lr=1.0, backend="mpi", timeout=60)
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print("LOSSES", json.dumps(losses))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_mpi_backend_runs_the_same_layout_across_processes(devs):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("mpi4py")
+    from test_mpi import MPIEXEC
+    if MPIEXEC is None:
+        pytest.skip("mpiexec not found")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, WGRUMUS_DEVICES="1", PYTHONPATH=str(root))
+    p = subprocess.run([MPIEXEC, "-n", "4", sys.executable, "-c", MPI_SCRIPT], cwd=root,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    mpi = json.loads(p.stdout.split("LOSSES", 1)[1])
+    threads = train_3d(CFG, 1, 2, 2, steps=3, batch_size=BATCH, lr=LR, devices=devs[:4])
+    np.testing.assert_allclose(mpi, threads, rtol=1e-6, atol=1e-6)

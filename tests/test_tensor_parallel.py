@@ -44,7 +44,8 @@ def test_column_parallel_linear_matches_dense(tp, gather, devs, rng):
 
     def fn(g):
         r = g.rank
-        xt, wt, bt = _t(x, g, True), _t(S.split(W, tp, r, 0), g, True), _t(S.split(b, tp, r, 0), g, True)
+        xt, wt = _t(x, g, True), _t(S.split(W, tp, r, 0), g, True)
+        bt = _t(S.split(b, tp, r, 0), g, True)
         out = TP.column_parallel_linear(xt, wt, bt, g, gather_output=gather)
         gw = G if gather else S.split(G, tp, r, 2)
         (out * _t(gw, g)).sum().backward()
@@ -102,7 +103,8 @@ def test_parallel_mlp_matches_dense(tp, devs, rng):
 
     def fn(g):
         r = g.rank
-        ts = [_t(x, g, True), _t(S.split(W1, tp, r, 0), g, True), _t(S.split(b1, tp, r, 0), g, True),
+        ts = [_t(x, g, True), _t(S.split(W1, tp, r, 0), g, True),
+              _t(S.split(b1, tp, r, 0), g, True),
               _t(S.split(W2, tp, r, 1), g, True), _t(b2, g, True)]
         out = TP.parallel_mlp(*ts, g)
         (out * _t(G, g)).sum().backward()

@@ -57,7 +57,7 @@ def test_small_cnn_trains(dev):
     assert losses[-1] < 0.4 * losses[0], losses
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_tiny_gpt_overfits_a_short_text():
     corpus = CharCorpus()
     text = corpus.text[:200]
@@ -68,11 +68,11 @@ def test_tiny_gpt_overfits_a_short_text():
     y = np.stack([ids[s + 1:s + T + 1] for s in starts])
     wr.manual_seed(0)
     model = nn.GPT(vocab_size=corpus.vocab_size, block_size=T, n_layer=1, n_head=2, n_embd=32)
-    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    opt = optim.AdamW(model.parameters(), lr=2e-2, weight_decay=0.0)
     sched = optim.lr_scheduler.LinearWarmup(opt, warmup_steps=5, start_factor=0.2)
     xt, yt = wr.tensor(x), wr.tensor(y)
     losses = []
-    for _ in range(80):
+    for _ in range(30):
         logits = model(xt)
         loss = F.cross_entropy(logits.reshape(-1, corpus.vocab_size), yt.reshape(-1))
         grads = wr.autograd.backward(loss)

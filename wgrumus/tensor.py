@@ -226,6 +226,7 @@ def check_same_device(*ts: Tensor, op: str = "op") -> None:
 
 
 def tensor(data, device=None, requires_grad=False, dtype=None) -> Tensor:
-    if isinstance(data, Tensor):
+    if isinstance(data, Tensor):  # a copy, on the source's device unless told otherwise
+        device = data.device if device is None else device
         data = data.numpy()
     return Tensor.from_numpy(data, device=device, requires_grad=requires_grad, dtype=dtype)

@@ -104,8 +104,8 @@ def read(path: str):
     return meta, arrays
 
 
-def load(cfg, task, trainer):
-    """Restore the trainer; returns (step, losses so far)."""
+def check(cfg, task):
+    """Read and vet the checkpoint to resume before any model is built: (meta, arrays)."""
     meta, arrays = read(path_of(cfg))
     saved = json.loads(meta["task"])
     if saved != task.config:
@@ -120,5 +120,10 @@ def load(cfg, task, trainer):
     if int(meta.get("seed", cfg.seed)) != cfg.seed:
         raise UsageError(f"--resume: --seed {cfg.seed} differs from the checkpoint's seed "
                          f"{meta['seed']} (the seed fixes the data order)")
+    return meta, arrays
+
+
+def load(trainer, meta, arrays):
+    """Restore the trainer from check()'s result; returns (step, losses so far)."""
     trainer.load_state_dict(unflatten(json.loads(meta["state"]), arrays))
     return int(meta["step"]), [float(v) for v in json.loads(meta["losses"])]

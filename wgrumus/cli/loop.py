@@ -145,35 +145,36 @@ def train(cfg: TrainConfig) -> int:
     task = models.build(cfg)
     steps = cfg.steps or (max(1, math.ceil(cfg.epochs * task.steps_per_epoch(cfg.batch_size)))
                           if cfg.epochs else task.default_steps)
+    saved = checkpoint.check(cfg, task) if cfg.resume else None
+    if saved and int(saved[0]["step"]) >= steps:
+        raise UsageError(f"the checkpoint in {cfg.checkpoint!r} is already at step "
+                         f"{saved[0]['step']} >= --steps {steps}; ask for more steps")
     trainer = trainers.make_trainer(cfg, task)
-    start, losses = 0, []
-    main_rank = trainer.is_main
-    if cfg.resume:
-        start, losses = checkpoint.load(cfg, task, trainer)
-        if start >= steps:
-            raise UsageError(f"the checkpoint in {cfg.checkpoint!r} is already at step {start} "
-                             f">= --steps {steps}; ask for more steps")
-    ui = report.Progress(cfg, task, steps, start, enabled=main_rank and not cfg.json)
-    t0 = time.perf_counter()
-    with StopOnInterrupt() as stop, ui:
-        for step in range(start, steps):
-            x, y = task.batch(step, cfg.batch_size)
-            losses.append(float(trainer.step(x, y)))
-            ui.update(step + 1, losses[-1])
-            if trainer.agree_stop(stop.requested):
-                break
-            if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
-                checkpoint.save(cfg, task, trainer, step + 1, losses)
-    interrupted = stop.requested
-    seconds = time.perf_counter() - t0
-    done = len(losses)  # steps completed in total (resumed ones included)
-    if cfg.checkpoint:
-        checkpoint.save(cfg, task, trainer, done, losses)
-    result = report.result(cfg, task, trainer, losses, done - start, seconds, interrupted)
-    trainer.close()
+    try:
+        start, losses = checkpoint.load(trainer, *saved) if saved else (0, [])
+        ui = report.Progress(cfg, task, steps, start, enabled=trainer.is_main and not cfg.json)
+        t0 = time.perf_counter()
+        with StopOnInterrupt() as stop, ui:
+            for step in range(start, steps):
+                x, y = task.batch(step, cfg.batch_size)
+                losses.append(float(trainer.step(x, y)))
+                ui.update(step + 1, losses[-1])
+                if trainer.agree_stop(stop.requested):
+                    break
+                if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 \
+                        and step + 1 < steps:
+                    checkpoint.save(cfg, task, trainer, step + 1, losses)
+        interrupted = stop.requested
+        seconds = time.perf_counter() - t0
+        if cfg.checkpoint:  # also after Ctrl-C: the steps done so far are kept
+            checkpoint.save(cfg, task, trainer, len(losses), losses)
+        result = report.result(cfg, task, trainer, losses, len(losses) - start, seconds,
+                               interrupted)
+    finally:
+        trainer.close()
     if cfg.json:
         print_json(result)
-    elif main_rank:
+    elif trainer.is_main:
         report.summary(cfg, task, result)
     return 130 if interrupted else 0
 

@@ -39,13 +39,31 @@ class _Base:
 
 
 class DataParallelTrainer(_Base):
+    """threads: one replica per device of this process. mpi: this process is one replica (on
+    device rank % devices); every process draws the same global batch and takes its rows."""
+
     def __init__(self, cfg, task):
         from ..parallel import DataParallel
         self.task = task
-        devs = _devices(cfg)
+        self.group = None
+        if cfg.layout.backend == "mpi":
+            import wgrumus as wr
+            from ..distributed import init_process_group
+            self.group = init_process_group("mpi", timeout=120.0)
+            all_devs = wr.devices()
+            devs = [all_devs[self.group.rank % len(all_devs)]]
+            self.is_main = self.group.rank == 0
+        else:
+            devs = _devices(cfg)
         self.model = task.make_model(devs[0])
-        self.dp = DataParallel(self.model, devs, timeout=120.0)
+        self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
+                               group=self.group)
         self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
+
+    def agree_stop(self, flag: bool) -> bool:
+        if self.group is not None:  # every process stops after the same step
+            return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
+        return flag
 
     def step(self, x, y) -> float:
         return float(self.dp.train_step(x, y, self.task.loss, self.opts))
@@ -68,8 +86,12 @@ class DataParallelTrainer(_Base):
             o.load_state_dict(sd["optimizer"])
 
     def device_stats(self, seconds: float) -> list[dict]:
-        return [{"device": d.index, "role": f"replica {k}", "dispatches": d.dispatches,
+        rows = [{"device": d.index, "role": f"replica {k}", "dispatches": d.dispatches,
                  "submits": d.submits} for k, d in enumerate(self.dp.devices)]
+        if self.group is not None:
+            rows = [dict(r, role=f"rank {i}")
+                    for i, rr in enumerate(self.group.all_gather_object(rows)) for r in rr]
+        return rows
 
     def close(self) -> None:
         self.dp.close()

@@ -30,8 +30,9 @@ __all__ = [
     "child_ranks", "tree_depth", "ProcessGroup", "Work", "ThreeDParallelismConfig",
     "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
     "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
-    "BufferSlice",
-]  # add the _LAZY names once their modules exist (star-imports would fail on them before)
+    "BufferSlice", "PipelineStage", "PipelineExecutor", "ColumnParallelLinear",
+    "RowParallelLinear", "FSDP",
+]
 
 
 def __getattr__(name: str):

@@ -273,20 +273,32 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     """Train the GPT with dp x tp x pp ranks; returns the loss of every step (the global-batch
     mean cross-entropy), identical across layouts up to float32 rounding.
 
-    devices: one per rank (dp * tp * pp of them; default the first dp*tp*pp of wr.devices()).
+    devices: one per rank (dp * tp * pp of them; default the first dp*tp*pp of wr.devices();
+    under backend="mpi", run in every process of ``mpiexec -n dp*tp*pp``, rank r uses this
+    process's device r mod n).
     data: int array [N, block_size + 1] (default: a seeded synthetic corpus). micro_batches:
     pipeline micro-batches per replica (default pp). on_step(rank, step): called on every rank
     before each step (fault injection, progress). optimizer: params -> Optimizer, called on
-    every rank with its shards (default ``wr.optim.SGD(params, lr)``). Invalid layouts raise Layout3DError before any
-    rank starts; a failure in one rank stops all ranks and raises it (CollectiveError for the
-    ranks that were waiting on it)."""
+    every rank with its shards (default ``wr.optim.SGD(params, lr)``). Invalid layouts raise
+    Layout3DError before any rank starts; a failure in one rank stops all ranks and raises it
+    (CollectiveError for the ranks that were waiting on it)."""
     cfg = _config(config)
     world = dp * tp * pp
     if devices is None:
         from ..runtime import devices as _devs
-        devices = _devs()[:world] if len(_devs()) >= world else _devs()
+        devs = _devs()
+        if backend == "mpi":  # one process per rank: rank r takes this host's device r mod n
+            devices = [devs[r % len(devs)] for r in range(world)]
+        else:
+            devices = devs[:world] if len(devs) >= world else devs
     micro_batches = pp if micro_batches is None else micro_batches
     validate_layout(cfg, dp, tp, pp, len(devices), batch_size, micro_batches)
+    from .pipeline import get_schedule
+    sched = get_schedule(schedule, pp, micro_batches)
+    kinds = {a.kind for st in sched for a in st}
+    if not kinds <= {"F", "B"} or sched.num_chunks != 1:
+        raise Layout3DError(f"schedule {schedule!r} needs split backwards or model chunks; the "
+                            f"3D runner follows one-chunk F/B schedules ('1f1b' or 'gpipe')")
     if data is None:
         data = synthetic_tokens(cfg, max(4 * batch_size, 64), seed)
     data = np.asarray(data)

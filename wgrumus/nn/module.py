@@ -50,7 +50,8 @@ def _assign(dst: Tensor, value, name: str) -> None:
     arr = np.asarray(_as_array(value))
     if arr.dtype != dst.dtype:
         if dst.dtype.kind == "i" and arr.dtype.kind in "iu":
-            if arr.size and (arr.max() > np.iinfo(np.int32).max or arr.min() < np.iinfo(np.int32).min):
+            info = np.iinfo(np.int32)
+            if arr.size and (arr.max() > info.max or arr.min() < info.min):
                 raise StateDictError(f"{name}: integer values do not fit in int32")
         arr = arr.astype(dst.dtype)
     if not dst.is_contiguous():
@@ -62,7 +63,8 @@ def _assign(dst: Tensor, value, name: str) -> None:
 
 class Module:
     """Base class of every layer: attributes that are Parameters, Modules or registered buffers
-    are tracked by name, so state_dict keys match PyTorch's (``0.weight``, ``blocks.1.ln1.bias``)."""
+    are tracked by name, so state_dict keys match PyTorch's (``0.weight``,
+    ``blocks.1.ln1.bias``)."""
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -76,6 +78,10 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise WgrumusError(f"{type(self).__name__}.__init__ must call super().__init__() "
                                f"before assigning attributes")
+        if name in self._buffers and (value is None or (isinstance(value, Tensor)
+                                                         and not isinstance(value, Parameter))):
+            self._buffers[name] = value  # re-assigning a buffer keeps it a buffer (like torch)
+            return
         for d in (self._parameters, self._buffers, self._modules):
             d.pop(name, None)
         if isinstance(value, Parameter):
@@ -234,7 +240,8 @@ class Module:
                         if t is None or t.device is dev:
                             continue
                         moved = t.to(dev)
-                        t._storage, t.strides, t.offset = moved._storage, moved.strides, moved.offset
+                        t._storage, t.strides = moved._storage, moved.strides
+                        t.offset = moved.offset
                         if t.grad is not None:
                             t.grad = t.grad.to(dev)
         return self

@@ -109,7 +109,12 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return _unary("gelu" if approximate == "none" else "gelu_tanh", x)
 
 
+def _f32(x: Tensor) -> Tensor:
+    return x if x.dtype == float32 else cast(x, float32)
+
+
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    x = _f32(x)
     out = map_op("select(a * pf(48u), a, a > 0.0)", [x], scalars=[float(negative_slope)])
     record("leaky_relu", out, [x],
            lambda g: (map_op("select(a * pf(48u), a, b > 0.0)", [g, x],
@@ -273,16 +278,21 @@ def where(cond, x, y) -> Tensor:
 
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
+    """min(max(x, min), max) like torch (so min > max gives max); int32 stays int32."""
+    if x.dtype == int32 and all(v is None or isinstance(v, (int, np.integer)) for v in (min, max)):
+        lo = -2 ** 31 if min is None else int(min)
+        hi = 2 ** 31 - 1 if max is None else int(max)
+        return map_op("min(max(a, pi(48u)), pi(49u))", [x], dtype=int32, scalars=[lo, hi])
+    x = _f32(x)
     lo = -np.inf if min is None else float(min)
     hi = np.inf if max is None else float(max)
-    out = map_op("clamp(a, pf(48u), pf(49u))", [x], scalars=[lo, hi])
+    out = map_op("min(max(a, pf(48u)), pf(49u))", [x], scalars=[lo, hi])
     record("clamp", out, [x], lambda g: (map_op(
         "select(0.0, a, b >= pf(48u) && b <= pf(49u))", [g, x], scalars=[lo, hi]),), saved=[x])
     return out
 
 
 # --------------------------------------------------------------------------- copies and casts
-_WGSL = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
 
 
 def cast(x: Tensor, dtype) -> Tensor:

@@ -74,20 +74,44 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def _fma_block(tm: int) -> str:
-    """The unrolled multiply-add of one k step (TM/4 quads of A and of B, TM*TM/4 vec4 FMAs):
-    literal indices keep the accumulators in registers on every shader compiler."""
-    q = tm // 4
-    lines = []
+def _unrolled(tm: int, bk: int) -> dict:
+    """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
+    such arrays in registers, while a loop index can push them to (slow) local memory."""
+    q, loads = tm // 4, 16 * tm * bk // 1024
+    ind = " " * 12
+    fma = []
     for i in range(q):
-        lines.append(f"let a{i} = As[ab + ty + {16 * i}u];")
-        lines.append(f"let b{i} = Bs[ab + tx + {16 * i}u];")
+        fma.append(f"let a{i} = As[ab + ty + {16 * i}u];")
+        fma.append(f"let b{i} = Bs[ab + tx + {16 * i}u];")
     for i in range(q):
         for r, c in enumerate("xyzw"):
             for j in range(q):
                 k = (i * 4 + r) * q + j
-                lines.append(f"acc[{k}] = fma(vec4<f32>(a{i}.{c}), b{j}, acc[{k}]);")
-    return "\n".join("            " + ln for ln in lines)
+                fma.append(f"acc[{k}] = fma(vec4<f32>(a{i}.{c}), b{j}, acc[{k}]);")
+    stage0, pre, stage = [], [], []
+    for l in range(loads):
+        qv = f"{256 * l}u + t"
+        stage0.append(f"stage_a({qv}, 0u, fetch_a({qv}, row0, 0u, M, K, a0, ars, acs));")
+        stage0.append(f"stage_b({qv}, 0u, fetch_b({qv}, col0, 0u, N, K, b0, brs, bcs));")
+        pre.append(f"ra[{l}] = fetch_a({qv}, row0, k1, M, K, a0, ars, acs);")
+        pre.append(f"rb[{l}] = fetch_b({qv}, col0, k1, N, K, b0, brs, bcs);")
+        stage.append(f"stage_a({qv}, nb, ra[{l}]);")
+        stage.append(f"stage_b({qv}, nb, rb[{l}]);")
+    store = []
+    for i in range(q):
+        for r, c in enumerate("xyzw"):
+            store.append(f"let m{i}{r} = row0 + (ty + {16 * i}u) * 4u + {r}u;")
+            store.append(f"if (m{i}{r} < M) {{")
+            for j in range(q):
+                k = (i * 4 + r) * q + j
+                store.append(f"    store_quad(c0 + m{i}{r} * N, col0 + (tx + {16 * j}u) * 4u, N, "
+                             f"full, acc[{k}]);")
+            store.append("}")
+    return {"FMA": "\n".join(ind + x for x in fma),
+            "STAGE0": "\n".join("    " + x for x in stage0),
+            "PREFETCH": "\n".join(ind + x for x in pre),
+            "STAGE": "\n".join(ind + x for x in stage),
+            "STORE": "\n".join("    " + x for x in store)}
 
 
 def kernel_for(tm: int, bk: int, am: int, bm: int) -> Kernel:
@@ -95,11 +119,11 @@ def kernel_for(tm: int, bk: int, am: int, bm: int) -> Kernel:
     modes of A and B (see shaders/matmul.wgsl)."""
     tile = 16 * tm
     loads = tile * bk // 1024
-    if loads < 1 or bk % 4:
+    if loads < 1 or bk % 4 or tm % 4:
         raise ValueError(f"matmul tile {tile} with k step {bk} leaves invocations without loads")
     return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, BK=bk, LOADS=loads,
                      SMEM=2 * bk * tile // 4, ACC=tm * tm // 4, AM=am, BM=bm,
-                     FMA=_fma_block(tm))
+                     **_unrolled(tm, bk))
 
 
 def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
@@ -131,7 +155,7 @@ def _big_tile_min(dev) -> int:
     cached = getattr(dev, "_mm_big_tile_min", None)
     if cached is None:
         cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
-        cached = 1 if cpu else 256
+        cached = 1 if cpu else 512
         dev._mm_big_tile_min = cached
     return cached
 

@@ -1,9 +1,10 @@
 """Neural-network ops: softmax, log_softmax, layer_norm, dropout, cross_entropy, mse_loss.
 
 Each op is a fused WGSL kernel (shaders/softmax.wgsl, layernorm.wgsl, xent.wgsl, or one map
-kernel) recorded with its backward rule, itself a fused kernel. Row ops run one workgroup per
-row of a contiguous [R, L] block; another axis is moved last with a permute (and one copy).
-Nothing here reads device data back to the host.
+kernel) recorded with its backward rule, itself a fused kernel. Row ops work on a contiguous
+[R, L] block (another axis is moved last with a permute and at most one copy): one workgroup per
+row on GPUs, one invocation per row on CPU adapters (see ``row_mode``). Nothing here reads
+device data back to the host.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..autograd.tape import record
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
-from ..tensor import Storage, Tensor, float32, int32
+from ..tensor import Storage, Tensor, check_same_device, float32, int32
 from .elementwise import cast, contiguous, map_op, unbroadcast
 from .random import next_seed
 from .shape import permute, reshape
@@ -136,6 +137,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None and tuple(p.shape) != ns:
             raise ShapeError(f"layer_norm: {name} shape {tuple(p.shape)} != normalized_shape {ns}")
+    check_same_device(x, *(p for p in (weight, bias) if p is not None), op="layer_norm")
     xc = contiguous(_f32(x))
     wc = contiguous(_f32(weight)) if weight is not None else None
     bc = contiguous(_f32(bias)) if bias is not None else None

@@ -40,8 +40,8 @@ def _axes(x: Tensor, axis) -> tuple:
 def _rows(x: Tensor, axes):
     """x with ``axes`` moved last, contiguous, as (tensor, R, L, kept shape, keepdims shape)."""
     keep = [a for a in range(x.ndim) if a not in axes]
-    xt = permute(x, keep + list(axes)) if x.ndim else x
-    xt = contiguous(xt)
+    order = keep + list(axes)
+    xt = contiguous(permute(x, order) if order != sorted(order) else x)
     kept = tuple(x.shape[a] for a in keep)
     L = math.prod(x.shape[a] for a in axes)
     kd = tuple(1 if a in axes else s for a, s in enumerate(x.shape))

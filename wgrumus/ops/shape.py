@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
-from ..runtime.errors import ShapeError
+from ..runtime.errors import ShapeError, WgrumusError
 from ..tensor import Tensor, check_same_device, contiguous_strides
 from .elementwise import contiguous, copy_into, fill_
 from .launch import expand_strides
@@ -125,6 +125,8 @@ def _index_view(x: Tensor, idx):
             strides.append(0)
             continue
         size, st = x.shape[d], x.strides[d]
+        if isinstance(i, (bool, np.bool_)):
+            raise IndexError("boolean indices are not supported; use wr.where or an index tensor")
         if isinstance(i, (int, np.integer)):
             j = int(i)
             if not -size <= j < size:
@@ -189,6 +191,9 @@ def cat(tensors, axis: int = 0) -> Tensor:
             raise ShapeError("cat: shapes " + ", ".join(str(t.shape) for t in tensors)
                              + f" differ outside axis {axis}")
     dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors):
+        raise WgrumusError("cat: dtypes differ (" + ", ".join(str(t.dtype) for t in tensors)
+                           + "); convert with .float() / .int() first")
     shape = list(tensors[0].shape)
     shape[axis] = sum(t.shape[axis] for t in tensors)
     out = Tensor.empty(shape, tensors[0].device, dtype)
@@ -219,8 +224,10 @@ def stack(tensors, axis: int = 0) -> Tensor:
 def split(x: Tensor, sizes, axis: int = 0) -> list:
     axis = _norm_axis(axis, x.ndim)
     n = x.shape[axis]
-    if isinstance(sizes, int):
-        sizes = [sizes] * (n // sizes) + ([n % sizes] if n % sizes else [])
+    if isinstance(sizes, (int, np.integer)):
+        if sizes < 1:
+            raise ShapeError(f"split size must be >= 1, got {sizes}")
+        sizes = [int(sizes)] * (n // sizes) + ([n % sizes] if n % sizes else [])
     if sum(sizes) != n:
         raise ShapeError(f"split sizes {list(sizes)} do not add up to {n} (axis {axis})")
     out, a = [], 0
@@ -232,7 +239,7 @@ def split(x: Tensor, sizes, axis: int = 0) -> list:
 
 def chunk(x: Tensor, chunks: int, axis: int = 0) -> list:
     n = x.shape[_norm_axis(axis, x.ndim)]
-    size = -(-n // chunks)
+    size = max(1, -(-n // chunks))
     return split(x, size, axis)
 
 

@@ -3,7 +3,7 @@ so clipping does not stall the command batch."""
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops.elementwise import abs_, copy_into, map_op
+from ..ops.elementwise import abs_, map_op
 from ..ops.reduce import max as _max
 from ..ops.reduce import sum as _sum
 from ..ops.shape import reshape, stack
@@ -13,12 +13,13 @@ from ..tensor import Tensor
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=None,
                     error_if_nonfinite: bool = False) -> Tensor:
-    """Scale the gradients (``p.grad``, or those in the GradientStore ``grads``) in place so
+    """Rescale the gradients (``p.grad``, or those in the GradientStore ``grads``) so
     their total ``norm_type``-norm is at most ``max_norm``; returns the norm before clipping
     (a one-element device tensor: call .item() only when you need the number)."""
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
-    gs = [g for g in ((p.grad if grads is None else grads.get(p)) for p in params)
-          if g is not None]
+    pairs = [(p, p.grad if grads is None else grads.get(p)) for p in params]
+    pairs = [(p, g) for p, g in pairs if g is not None]
+    gs = [g for _, g in pairs]
     if not gs:
         raise WgrumusError("clip_grad_norm_: none of the parameters has a gradient")
     dev = gs[0].device
@@ -31,13 +32,20 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=N
             parts = [reshape(_max(abs_(g)), (1,)) for g in gs]
             total = _max(stack(parts, 0)) if len(parts) > 1 else reshape(parts[0], ())
         else:
-            parts = [reshape(_sum(map_op("pow_(abs(a), pf(48u))", [g], scalars=[norm_type])),
-                             (1,)) for g in gs]
+            expr = "a * a" if norm_type == 2.0 else "pow_(abs(a), pf(48u))"
+            parts = [reshape(_sum(map_op(expr, [g], scalars=[norm_type])), (1,)) for g in gs]
             s = _sum(stack(parts, 0)) if len(parts) > 1 else reshape(parts[0], ())
             total = map_op("pow_(a, 1.0 / pf(48u))", [s], scalars=[norm_type])
         if error_if_nonfinite and not bool(abs(total.item()) < float("inf")):
             raise WgrumusError(f"clip_grad_norm_: the total gradient norm is {total.item()}")
         coef = map_op("min(pf(48u) / (a + 1e-6), 1.0)", [total], scalars=[float(max_norm)])
-        for g in gs:
-            copy_into(g, map_op("a * b", [g, coef]))
+        # New tensors rather than in-place writes: autograd may hand the same gradient tensor
+        # (or views of one) to several leaves, which an in-place scale would scale twice.
+        for p, g in pairs:
+            scaled = map_op("a * b", [g, coef])
+            if grads is None:
+                p.grad = scaled
+            else:
+                grads.remove(p)
+                grads.accumulate(p, scaled)
     return total

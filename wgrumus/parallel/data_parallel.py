@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from ..autograd import GradientStore, backward_with_grad, install_tape, no_grad
+from ..autograd import (GradientStore, backward_with_grad, install_tape, is_grad_enabled,
+                        no_grad)
 from ..autograd.tape import Tape
 from ..distributed import CollectiveError
 from ..ops.creation import full
@@ -315,15 +316,22 @@ class DataParallel:
     # ------------------------------------------------------------------ forward only
     def forward(self, batch):
         """Scatter ``batch`` along dim 0, run every replica on its thread, gather the outputs
-        on device 0 (concatenated along dim 0; with mpi every rank gets all rows)."""
+        on device 0 (concatenated along dim 0; with mpi every rank gets all rows).
+
+        When the caller's thread records gradients, so does this forward: a backward from the
+        gathered output (on the caller's thread) reaches every replica's parameters, each
+        getting its shard's part of the gradient -- the RUMUS workflow (then sum or average
+        them with AllReduceSync, step, ``broadcast_weights()``). ``train_step`` is the fast
+        path: backward on the replicas' threads, overlapped with the all-reduce."""
         n, sizes, bounds = self._shards(batch)
+        grad = is_grad_enabled()
 
         def job(w):
             k = w.rank
             lo, hi = self._local_bounds(bounds, k)
             w.phase = "forward"
             x = _rows(batch, lo, hi, self.devices[k])
-            with no_grad():
+            with contextlib.nullcontext() if grad else no_grad():
                 return self.replicas[k](x)
 
         outs = self._run(job)

@@ -7,7 +7,7 @@ group of one rank = plain dense computation).
 from __future__ import annotations
 
 from ...autograd.tape import no_grad, record
-from ...ops.elementwise import contiguous, map_op
+from ...ops.elementwise import map_op
 from ...ops.shape import reshape, transpose
 from ...runtime.errors import ShapeError
 from ...tensor import Tensor, int32
@@ -80,9 +80,7 @@ def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num
     h = num_heads // tp
     d = e // num_heads
     qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3*h*d]
-    # contiguous first: getitem backward on a permuted view scatters with the wrong strides
-    # (ops/shape.py bug, reported)
-    qkv = contiguous(reshape(qkv, (b, t, 3, h, d)).permute(2, 0, 3, 1, 4))  # [3, B, h, T, d]
+    qkv = reshape(qkv, (b, t, 3, h, d)).permute(2, 0, 3, 1, 4)  # [3, B, h, T, d] view
     o = attention_heads(qkv[0], qkv[1], qkv[2], causal)          # [B, h, T, d]
     o = reshape(o.permute(0, 2, 1, 3), (b, t, h * d))
     return row_parallel_linear(o, proj_weight, proj_bias, group)

@@ -1,7 +1,7 @@
 """Tuning sweep for one GPU session: matmul tile variants, staging strategies, the
 cooperative-matrix probe. Prints one JSON line per measurement (kept for re-tuning on new GPUs).
 
-    python3 benchmarks/gpu_sweep.py [--sizes 1024,4096] [--mb 256]
+    python3 benchmarks/_gpu_sweep.py [--sizes 1024,4096] [--mb 256]
 """
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def timeit(fn, sync, min_s=0.3, min_n=3):
+def timeit(fn, sync, min_s=0.3, min_n=3, max_n=200):
+    """Seconds per call: one warm-up, one timed probe, then n calls queued back to back."""
     fn(); sync()
-    n, t0 = 0, time.perf_counter()
-    while n < min_n or time.perf_counter() - t0 < min_s:
-        fn(); n += 1
+    t0 = time.perf_counter(); fn(); sync()
+    one = time.perf_counter() - t0
+    n = int(min(max_n, max(min_n, min_s / max(one, 1e-6))))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
     sync()
     return (time.perf_counter() - t0) / n
 
@@ -57,6 +61,21 @@ def sweep_matmul(sizes, variants):
                 except Exception as e:
                     emit(what="matmul", n=n, layout=layout, tile=v, error=str(e)[:500])
         mm._pick_tile = orig
+    # the same kernel compiled with wgpu's runtime checks, for the record
+    from wgrumus.runtime import device as dmod
+    keep = dmod.TRUSTED_FAMILIES
+    dmod.TRUSTED_FAMILIES = frozenset()
+    dev._pipelines.clear()
+    n = sizes[-1]
+    a = wr.randn((n, n), seed=1)
+    b = wr.randn((n, n), seed=2)
+    mm._pick_tile = lambda *x: variants[0]
+    dt = timeit(lambda: a @ b, dev.synchronize)
+    emit(what="matmul", n=n, layout="nn", tile=variants[0], checked=True, ms=dt * 1e3,
+         gflops=2 * n ** 3 / dt / 1e9)
+    dmod.TRUSTED_FAMILIES = keep
+    dev._pipelines.clear()
+    mm._pick_tile = orig
     try:
         import torch
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -1,0 +1,250 @@
+"""Op throughput: matmul, elementwise, softmax/layer_norm, staging, small-op submission rate,
+each next to numpy (CPU) and torch (CUDA, TF32 off) measured in the same run.
+
+    python benchmarks/ops.py [--quick] [--json] [--sizes 256,512,...] [--mb 256]
+
+--quick (the default on a CPU adapter such as lavapipe) keeps sizes small.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+def timeit(fn, sync=lambda: None, min_s=0.25, min_n=2, max_n=500) -> float:
+    """Seconds per call: a warm-up, a timed probe, then n calls queued back to back."""
+    fn(); sync()
+    t0 = time.perf_counter(); fn(); sync()
+    one = time.perf_counter() - t0
+    n = int(min(max_n, max(min_n, min_s / max(one, 1e-7))))
+    if one > 2 * min_s:
+        return one
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+class Rows:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, bench, size, unit, ours, numpy=None, torch=None, note=""):
+        r = {"bench": bench, "size": size, "unit": unit, "wgrumus": ours, "numpy": numpy,
+             "torch": torch, "vs_numpy": ours / numpy if numpy else None,
+             "vs_torch": ours / torch if torch else None}
+        if note:
+            r["note"] = note
+        self.rows.append(r)
+        return r
+
+
+def bench_matmul(rows, dev, sizes, th):
+    import wgrumus as wr
+    for n in sizes:
+        flop = 2.0 * n ** 3
+        a, b = wr.randn((n, n), device=dev, seed=1), wr.randn((n, n), device=dev, seed=2)
+        ours = flop / timeit(lambda: a @ b, dev.synchronize) / 1e9
+        bt = b.T.contiguous()  # the Linear layout: x @ W^T with W stored (out, in)
+        ours_t = flop / timeit(lambda: a @ bt.T, dev.synchronize) / 1e9
+        an, bn = a.numpy(), b.numpy()
+        ref_np = flop / timeit(lambda: an @ bn, min_s=0.1, min_n=1) / 1e9
+        ref_t = None
+        if th is not None:
+            x, y = th.from_numpy(an).cuda(), th.from_numpy(bn).cuda()
+            ref_t = flop / timeit(lambda: x @ y, th.cuda.synchronize) / 1e9
+        rows.add("matmul", f"{n}", "GFLOP/s", ours, ref_np, ref_t)
+        rows.add("matmul A@B^T", f"{n}", "GFLOP/s", ours_t, None, ref_t)
+
+
+def bench_elementwise(rows, dev, n, th):
+    import wgrumus as wr
+    a, b = wr.randn((n,), device=dev, seed=1), wr.randn((n,), device=dev, seed=2)
+    nbytes = 3 * 4 * n
+    ours = nbytes / timeit(lambda: a + b, dev.synchronize) / 1e9
+    an, bn = a.numpy(), b.numpy()
+    ref_np = nbytes / timeit(lambda: an + bn) / 1e9
+    ref_t = None
+    if th is not None:
+        x, y = th.from_numpy(an).cuda(), th.from_numpy(bn).cuda()
+        ref_t = nbytes / timeit(lambda: x + y, th.cuda.synchronize) / 1e9
+    rows.add("add", f"{n}", "GB/s", ours, ref_np, ref_t)
+
+
+def bench_rows(rows, dev, r, L, th):
+    """softmax and layer_norm over rows of L: GB/s counting one read and one write."""
+    try:
+        from wgrumus.ops import nnops
+    except ImportError:
+        return
+    import wgrumus as wr
+    x = wr.randn((r, L), device=dev, seed=3)
+    w, bias = wr.ones((L,), device=dev), wr.zeros((L,), device=dev)
+    nbytes = 2 * 4 * r * L
+    xn = x.numpy()
+
+    def np_softmax():
+        e = np.exp(xn - xn.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def np_ln():
+        m = xn.mean(-1, keepdims=True)
+        return (xn - m) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
+    xt = th.from_numpy(xn).cuda() if th is not None else None
+    for name, ours_fn, np_fn, t_fn in (
+            ("softmax", lambda: nnops.softmax(x, -1), np_softmax,
+             lambda: th.softmax(xt, -1)),
+            ("layer_norm", lambda: nnops.layer_norm(x, (L,), w, bias), np_ln,
+             lambda: th.nn.functional.layer_norm(xt, (L,)))):
+        ours = nbytes / timeit(ours_fn, dev.synchronize) / 1e9
+        ref_np = nbytes / timeit(np_fn) / 1e9
+        ref_t = nbytes / timeit(t_fn, th.cuda.synchronize) / 1e9 if th is not None else None
+        rows.add(name, f"{r}x{L}", "GB/s", ours, ref_np, ref_t)
+
+
+def bench_staging(rows, dev, mb, th):
+    import wgrumus as wr
+    n = (mb << 20) // 4
+    host = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    t = wr.zeros((n,), device=dev)
+    buf = t._storage.buffer
+    nbytes = host.nbytes
+    out = np.empty_like(host)
+    h2d = nbytes / timeit(lambda: dev.write(buf, host), dev.synchronize) / 1e9
+    d2h = nbytes / timeit(lambda: t.numpy()) / 1e9
+    d2h_pre = nbytes / timeit(lambda: dev.read_array(buf, 0, n, np.float32, out=out)) / 1e9
+    assert np.array_equal(out, host), "staging round trip changed the data"
+    ref_np = nbytes / timeit(lambda: np.copyto(out, host)) / 1e9
+    th_h2d = th_d2h = None
+    if th is not None:
+        g = th.empty(n, dtype=th.float32, device="cuda")
+        p = th.from_numpy(host).pin_memory()
+        th_h2d = nbytes / timeit(lambda: g.copy_(p, non_blocking=True), th.cuda.synchronize) / 1e9
+        th_d2h = nbytes / timeit(lambda: p.copy_(g, non_blocking=True), th.cuda.synchronize) / 1e9
+    rows.add("host->device", f"{mb} MB", "GB/s", h2d, ref_np, th_h2d,
+             note="numpy: host memcpy; torch: pinned copy")
+    rows.add("device->host", f"{mb} MB", "GB/s", d2h, ref_np, th_d2h,
+             note="into a fresh array (Tensor.numpy)")
+    rows.add("device->host prealloc", f"{mb} MB", "GB/s", d2h_pre, ref_np, th_d2h,
+             note="read_array(out=...)")
+
+
+def bench_submit(rows, dev, th):
+    """Dispatch rate: a chain of 200 dependent small adds, one synchronize at the end."""
+    import wgrumus as wr
+    x = wr.ones((1024,), device=dev)
+
+    def chain():
+        y = x
+        for _ in range(200):
+            y = y + 1.0
+        return y
+    ours = 200 / timeit(chain, dev.synchronize, min_s=0.5)
+    xn = np.ones(1024, np.float32)
+
+    def np_chain():
+        y = xn
+        for _ in range(200):
+            y = y + 1.0
+    ref_np = 200 / timeit(np_chain)
+    ref_t = None
+    if th is not None:
+        xt = th.ones(1024, device="cuda")
+
+        def t_chain():
+            y = xt
+            for _ in range(200):
+                y = y + 1.0
+        ref_t = 200 / timeit(t_chain, th.cuda.synchronize, min_s=0.5)
+    rows.add("small op chain", "200 x add(1024)", "ops/s", ours, ref_np, ref_t)
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+
+
+def print_table(meta, rows):
+    print(f"wgrumus ops benchmark on {meta['adapter']} ({meta['date']})")
+    print(f"torch: {meta['torch'] or 'not available'}; numpy {meta['numpy']} on "
+          f"{meta['cpus']} CPUs")
+    hdr = f"{'bench':22} {'size':>16} {'unit':>8} {'wgrumus':>10} {'numpy':>10} {'torch':>10}" \
+          f" {'vs numpy':>9} {'vs torch':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        ratio = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+        print(f"{r['bench']:22} {r['size']:>16} {r['unit']:>8} {_fmt(r['wgrumus']):>10} "
+              f"{_fmt(r['numpy']):>10} {_fmt(r['torch']):>10} {ratio(r['vs_numpy']):>9} "
+              f"{ratio(r['vs_torch']):>9}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="benchmarks/ops.py", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (default on CPU adapters)")
+    p.add_argument("--full", action="store_true", help="full sizes even on a CPU adapter")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.add_argument("--sizes", help="matmul sizes, comma separated (default 256..4096)")
+    p.add_argument("--mb", type=int, help="staging transfer size in MiB (default 256)")
+    p.add_argument("--only", default="matmul,add,rows,staging,submit",
+                   help="comma separated subset of: matmul,add,rows,staging,submit")
+    a = p.parse_args(argv)
+    import wgrumus as wr
+    dev = wr.devices()[0]
+    cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
+    quick = a.quick or (cpu and not a.full)
+    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else (
+        [256, 512] if quick else [256, 512, 1024, 2048, 4096])
+    mb = a.mb or (16 if quick else 256)
+    th = _torch()
+    meta = {"adapter": dev.name, "date": datetime.datetime.now(datetime.timezone.utc)
+            .strftime("%Y-%m-%d %H:%M UTC"), "host": platform.node(), "cpus": os.cpu_count(),
+            "numpy": np.__version__, "torch": th.__version__ if th else None,
+            "torch_device": th.cuda.get_device_name() if th else None,
+            "command": "python " + " ".join([sys.argv[0]] + list(argv if argv is not None
+                                                                   else sys.argv[1:])),
+            "quick": quick}
+    rows = Rows()
+    only = set(a.only.split(","))
+    if "matmul" in only:
+        bench_matmul(rows, dev, sizes, th)
+    if "add" in only:
+        bench_elementwise(rows, dev, (1 << 20) if quick else (1 << 26), th)
+    if "rows" in only:
+        bench_rows(rows, dev, 1024 if quick else 16384, 1024, th)
+    if "staging" in only:
+        bench_staging(rows, dev, mb, th)
+    if "submit" in only:
+        bench_submit(rows, dev, th)
+    if a.json:
+        print(json.dumps({"meta": meta, "rows": rows.rows}, indent=1))
+    else:
+        print_table(meta, rows.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,712 @@
+"""Randomized fault injection over every parallel primitive (issue 10, item 1).
+
+For each run a seeded RNG picks a primitive, a fault (``raise``: an exception; ``stall``: sleep
+past the timeout; ``exit``: the participant leaves early without a word), the faulty participant
+and the point (step, phase, micro-batch) where it strikes. A run passes when
+
+* every participant ended with a CollectiveError, or the injected exception itself (the faulty
+  one), or a wrapper that names it (ReplicaError / PipelineError with the cause chained); an
+  ``exit``-ed participant just left;
+* the whole run finished within its bound (stall + 2 timeouts + slack for lavapipe);
+* no thread it started is still alive afterwards (process-wide reduce helpers excepted);
+* the same process then trains a fresh model (single device and DataParallel) to a lower loss.
+
+    python benchmarks/reliability.py --runs 100 --seed 0 --timeout 1.5 --json out.json
+
+tests/test_reliability_faults.py imports this module and runs a short campaign in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WGRUMUS_DEVICES", "8")
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+FAULTS = ("raise", "stall", "exit")
+PRIMITIVES = ("barrier", "comm", "process_group", "data_parallel", "pipeline",
+              "tensor_parallel", "fsdp", "mpi")
+# threads that live for the whole process by design (created once, reused by every barrier)
+PERSISTENT_THREAD_PREFIXES = ("wgrumus-reduce",)
+
+
+class InjectedFault(RuntimeError):
+    """The exception the driver injects; a run must surface it (or a CollectiveError)."""
+
+
+class Exited(BaseException):
+    """Unwinds a participant that 'exits early' without reporting anything to its peers."""
+
+
+@dataclass
+class Plan:
+    """Where and how one participant fails."""
+    fault: str
+    bad: int
+    step: int
+    phase: str = "forward"
+    stall: float = 0.0
+    notify: bool = False  # raw primitives: does the faulty one tell its peers (abort/mark_gone)?
+    fired: list = field(default_factory=list)
+
+    def hit(self, rank: int, step: int, phase: str = "forward") -> None:
+        """Called by every participant at every injection point; fails the chosen one."""
+        if rank != self.bad or step != self.step or phase != self.phase or self.fired:
+            return
+        self.fired.append((rank, step, phase, time.monotonic()))
+        if self.fault == "raise":
+            raise InjectedFault(f"injected fault: participant {rank}, step {step}, {phase}")
+        if self.fault == "stall":
+            time.sleep(self.stall)
+        elif self.fault == "exit":
+            raise Exited()
+
+
+@dataclass
+class Outcome:
+    kind: str       # "error" | "exit" | "ok"
+    error: BaseException | None = None
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        if self.error is None:
+            return self.kind
+        return f"{type(self.error).__name__}: {str(self.error).splitlines()[0][:160]}"
+
+
+def _chain(e: BaseException):
+    seen = []
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def _has(e, cls) -> bool:
+    return any(isinstance(x, cls) for x in _chain(e))
+
+
+# ----------------------------------------------------------------------------- helpers
+def devices():
+    import wgrumus as wr
+    return wr.devices()
+
+
+def thread_snapshot() -> set:
+    return set(threading.enumerate())
+
+
+def leftover_threads(baseline: set, wait: float = 5.0) -> list:
+    """Threads started since ``baseline`` that are still alive after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        extra = [t for t in threading.enumerate() if t not in baseline and t.is_alive()
+                 and not t.name.startswith(PERSISTENT_THREAD_PREFIXES)]
+        if not extra or time.monotonic() > deadline:
+            return [t.name for t in extra]
+        time.sleep(0.02)
+
+
+def fresh_training(steps: int = 4) -> dict:
+    """A new model trains on one device and with DataParallel on 2 devices: the loss falls.
+    Proves the process is usable after a fault."""
+    import wgrumus as wr
+    from wgrumus import nn
+    devs = devices()
+    rng = np.random.default_rng(123)
+    X = rng.standard_normal((8, 4)).astype(np.float32)
+    Y = (X @ rng.standard_normal((4, 2))).astype(np.float32)
+    m = nn.Linear(4, 2, device=devs[0], seed=3)
+    opt = wr.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.mse_loss(m(wr.tensor(X, device=devs[0])),
+                                      wr.tensor(Y, device=devs[0]))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    from wgrumus.parallel import DataParallel
+    dp_losses = []
+    with DataParallel(nn.Linear(4, 2, device=devs[0], seed=3), devs[:2], timeout=30) as dp:
+        for _ in range(steps):
+            dp_losses.append(dp.train_step(X, Y, nn.functional.mse_loss,
+                                           lambda ps: wr.optim.SGD(ps, lr=0.1)))
+    ok = (losses[-1] < losses[0] and dp_losses[-1] < dp_losses[0]
+          and abs(losses[0] - dp_losses[0]) < 1e-4)
+    return {"ok": bool(ok), "losses": losses, "dp_losses": dp_losses}
+
+
+def _run_threads(world: int, body, limit: float) -> dict:
+    """Run body(rank) on ``world`` threads; {rank: Outcome}. Threads still running at ``limit``
+    are reported as 'hung'."""
+    out: dict = {}
+    t0 = time.monotonic()
+
+    def run(r):
+        try:
+            body(r)
+        except Exited:
+            out[r] = Outcome("exit", None, time.monotonic() - t0)
+        except BaseException as e:  # noqa: BLE001 - recorded and checked
+            out[r] = Outcome("error", e, time.monotonic() - t0)
+        else:
+            out[r] = Outcome("ok", None, time.monotonic() - t0)
+
+    ts = [threading.Thread(target=run, args=(r,), name=f"fault-participant{r}", daemon=True)
+          for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(max(0.0, limit - (time.monotonic() - t0)))
+    for r, t in enumerate(ts):
+        if t.is_alive():
+            out[r] = Outcome("hung", None, time.monotonic() - t0)
+    return out
+
+
+# ----------------------------------------------------------------------------- primitives
+def case_barrier(plan: Plan, T: float, rng) -> dict:
+    from wgrumus.distributed import CollectiveBarrier
+    world, steps = 3, 4
+    bar = CollectiveBarrier(world, timeout=T)
+
+    def body(r):
+        for s in range(steps):
+            try:
+                plan.hit(r, s)
+            except Exited:
+                if plan.notify:
+                    bar.mark_gone(r)
+                raise
+            except InjectedFault as e:
+                if plan.notify:
+                    bar.abort(e)
+                raise
+            got = bar.reduce(np.full(5, float(r + s), np.float32), "sum", rank=r)
+            assert np.allclose(got, sum(q + s for q in range(world)))
+    return {"participants": _run_threads(world, body, plan.stall + 3 * T + 10)}
+
+
+def case_comm(plan: Plan, T: float, rng) -> dict:
+    import wgrumus as wr
+    from wgrumus.distributed import CollectiveBarrier, CommThread, async_allreduce
+    world, steps = 3, 3
+    devs = devices()[1:1 + world]
+    bar = CollectiveBarrier(world, timeout=T)
+    comms = [CommThread(d, rank=r) for r, d in enumerate(devs)]
+    try:
+        def body(r):
+            for s in range(steps):
+                try:
+                    plan.hit(r, s)
+                except InjectedFault as e:
+                    if plan.notify:
+                        bar.abort(e)
+                    raise
+                x = wr.tensor(np.full(6, float(r + 1 + s), np.float32), device=devs[r])
+                h = async_allreduce(comms[r], x, bar, op="sum")
+                got = h.wait(timeout=3 * T).numpy()
+                assert np.allclose(got, sum(q + 1 + s for q in range(world))), got
+        return {"participants": _run_threads(world, body, plan.stall + 3 * T + 10)}
+    finally:
+        for c in comms:
+            c.close(timeout=2 * T)
+
+
+def _spawn_case(plan: Plan, T: float, world: int, rank_body) -> dict:
+    """rank_body(group) under dist.spawn; every rank's own outcome is recorded, then spawn's."""
+    from wgrumus import distributed as dist
+    out: dict = {}
+    t0 = time.monotonic()
+
+    def fn(g):
+        try:
+            rank_body(g)
+            g.barrier()  # a collective always follows the last injection point
+        except Exited:
+            out[g.rank] = Outcome("exit", None, time.monotonic() - t0)
+            return None  # leaves silently: spawn marks the rank exited
+        except BaseException as e:
+            out[g.rank] = Outcome("error", e, time.monotonic() - t0)
+            raise
+        out[g.rank] = Outcome("ok", None, time.monotonic() - t0)
+
+    raised = None
+    try:
+        dist.spawn(fn, world, devices=devices()[1:1 + world], timeout=T)
+    except BaseException as e:  # noqa: BLE001 - checked
+        raised = e
+    for r in range(world):
+        out.setdefault(r, Outcome("hung", None, time.monotonic() - t0))
+    return {"participants": out, "raised": raised}
+
+
+def case_process_group(plan: Plan, T: float, rng) -> dict:
+    import wgrumus as wr
+    world, steps = 3, 5
+    ops = [str(o) for o in rng.choice(["all_reduce", "broadcast", "all_gather",
+                                       "reduce_scatter", "sendrecv", "reduce"], steps)]
+
+    def body(g):
+        r, n = g.rank, g.world_size
+        for s, op in enumerate(ops):
+            plan.hit(r, s)
+            x = wr.tensor(np.full((n, 2), float(r + s), np.float32), device=g.device)
+            if op == "all_reduce":
+                y = g.all_reduce(x, "sum")
+                assert np.allclose(y.numpy(), sum(q + s for q in range(n)))
+            elif op == "broadcast":
+                y = g.broadcast(x if r == 1 else None, root=1)
+                assert np.allclose(np.asarray(y.numpy() if hasattr(y, "numpy") else y), 1 + s)
+            elif op == "all_gather":
+                y = g.all_gather(x)
+                assert tuple(y.shape) == (n * n, 2)
+            elif op == "reduce_scatter":
+                y = g.reduce_scatter(x, "sum")
+                assert tuple(y.shape) == (1, 2)
+            elif op == "reduce":
+                g.reduce(x.numpy(), root=0)
+            else:  # ring: send to the next rank, receive from the previous one
+                w = g.isend(x.numpy(), (r + 1) % n, tag=s)
+                y = g.recv((r - 1) % n, tag=s)
+                w.wait(T)
+                assert np.allclose(np.asarray(y), (r - 1) % n + s)
+    return _spawn_case(plan, T, world, body)
+
+
+class FaultPoint:
+    """An identity layer that runs ``plan.hit`` in its forward, or in its backward through a
+    recorded autograd node. ``rank_of(x)`` names the participant that is running it."""
+
+    def __init__(self, plan: Plan, rank_of):
+        self.plan, self.rank_of, self.calls = plan, rank_of, {}
+
+    def __call__(self, x):
+        from wgrumus.autograd.tape import record
+        r = self.rank_of(x)
+        step = self.calls.get(r, 0)
+        self.calls[r] = step + 1
+        self.plan.hit(r, step, "forward")
+        out = x * 1.0
+        if self.plan.phase == "backward" and r == self.plan.bad:
+            plan = self.plan
+
+            def bw(g, step=step):
+                plan.hit(r, step, "backward")
+                return (g,)
+            record("fault_point", out, [x], bw)
+        return out
+
+
+def _module_with_fault(point, device, seed=1):
+    """Linear -> FaultPoint -> ReLU -> Linear as a wr.nn.Module."""
+    from wgrumus import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(4, 8, device=device, seed=seed)
+            self.fc2 = nn.Linear(8, 2, device=device, seed=seed + 1)
+            object.__setattr__(self, "point", point)  # not a sub-module: shared by replicas
+
+        def forward(self, x):
+            return self.fc2(self.point(self.fc1(x)).relu())
+    return Net()
+
+
+def case_data_parallel(plan: Plan, T: float, rng) -> dict:
+    import wgrumus as wr
+    from wgrumus import nn
+    from wgrumus.parallel import DataParallel
+    world, steps = 3, 3
+    devs = devices()[1:1 + world]
+    index = {d.index: r for r, d in enumerate(devs)}
+    point = FaultPoint(plan, lambda x: index[x.device.index])
+    X = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    Y = np.random.default_rng(1).standard_normal((6, 2)).astype(np.float32)
+    raised, t0 = None, time.monotonic()
+    dp = DataParallel(_module_with_fault(point, devs[0]), devs, timeout=T)
+    try:
+        for _ in range(steps):
+            dp.train_step(X, Y, nn.functional.mse_loss, lambda ps: wr.optim.SGD(ps, lr=0.05))
+    except BaseException as e:  # noqa: BLE001 - checked
+        raised = e
+    finally:
+        dp.close()
+    return {"raised": raised, "seconds_to_error": time.monotonic() - t0}
+
+
+def case_pipeline(plan: Plan, T: float, rng) -> dict:
+    import wgrumus as wr
+    from wgrumus import nn
+    from wgrumus.distributed.pipeline import PipelineExecutor, PipelineStage
+    p, m = 3, 4
+    devs = devices()[1:1 + p]
+    schedule = str(rng.choice(["gpipe", "1f1b"]))
+    plan.step = int(rng.integers(m))  # the micro-batch that fails
+    stages = []
+    for s in range(p):
+        lin = nn.Linear(4, 4, device=devs[s], seed=s)
+        if s == plan.bad:
+            point = FaultPoint(plan, lambda x, s=s: s)
+            stages.append(PipelineStage(lambda x, lin=lin, point=point: point(lin(x)), devs[s]))
+        else:
+            stages.append(PipelineStage(lin, devs[s]))
+    X = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    Y = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
+    ex = PipelineExecutor(stages, m, schedule=schedule, timeout=T)
+    raised, t0 = None, time.monotonic()
+    try:
+        ex.run(X, Y, nn.functional.mse_loss)
+    except BaseException as e:  # noqa: BLE001 - checked
+        raised = e
+    return {"raised": raised, "schedule": schedule, "seconds_to_error": time.monotonic() - t0}
+
+
+def case_tensor_parallel(plan: Plan, T: float, rng) -> dict:
+    import wgrumus as wr
+    from wgrumus import distributed as dist
+    world, steps = 2, 3
+    X = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+
+    def body(g):
+        col = dist.ColumnParallelLinear(4, 8, g, gather_output=False, seed=1)
+        row = dist.RowParallelLinear(8, 4, g, input_is_parallel=True, seed=2)
+        point = FaultPoint(plan, lambda x: g.rank)
+        for _ in range(steps):
+            x = wr.tensor(X, device=g.device, requires_grad=True)
+            y = row(point(col(x)).relu())
+            (y * y).mean().backward()
+    return _spawn_case(plan, T, world, body)
+
+
+def case_fsdp(plan: Plan, T: float, rng) -> dict:
+    import wgrumus as wr
+    from wgrumus import nn
+    from wgrumus.distributed import FSDP
+    world, steps = 2, 3
+    X = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    Y = np.random.default_rng(1).standard_normal((4, 2)).astype(np.float32)
+
+    def body(g):
+        point = FaultPoint(plan, lambda x: g.rank)
+        f = FSDP(_module_with_fault(point, g.device), g)
+        opt = wr.optim.SGD(f.parameters(), lr=0.05)
+        for _ in range(steps):
+            loss = nn.functional.mse_loss(f(wr.tensor(X, device=g.device)),
+                                          wr.tensor(Y, device=g.device))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return _spawn_case(plan, T, world, body)
+
+
+def mpiexec():
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    import shutil
+    return shutil.which("mpiexec")
+
+
+def case_mpi(plan: Plan, T: float, rng) -> dict:
+    """Two processes under mpiexec run a random sequence of collectives; rank ``bad`` fails at
+    step ``step``. Each rank prints one OUTCOME line."""
+    exe = mpiexec()
+    if exe is None:
+        raise RuntimeError("mpiexec not found: pip install 'wgrumus[mpi]'")
+    seed = int(rng.integers(1 << 30))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    t0 = time.monotonic()
+    p = subprocess.run([exe, "-n", "2", sys.executable, str(Path(__file__).resolve()),
+                        "--mpi-worker", plan.fault, str(plan.bad), str(plan.step), str(seed),
+                        str(T), str(plan.stall)], capture_output=True, text=True,
+                       timeout=plan.stall + 4 * T + 60, env=env, cwd=ROOT)
+    outs = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("OUTCOME "):
+            _, r, kind, secs, msg = line.split(" ", 4)
+            outs[int(r)] = (kind, float(secs), msg)
+    return {"mpi": outs, "returncode": p.returncode, "stderr": p.stderr[-2000:],
+            "wall": time.monotonic() - t0}
+
+
+def mpi_worker(fault, bad, step, seed, T, stall) -> None:
+    """One rank under mpiexec (``--mpi-worker``)."""
+    from wgrumus import distributed as dist
+    from wgrumus.distributed import CollectiveError
+    g = dist.init_process_group("mpi", timeout=T)
+    plan = Plan(fault, int(bad), int(step), stall=float(stall))
+    rng = np.random.default_rng(int(seed))
+    ops = [str(o) for o in rng.choice(["all_reduce", "broadcast", "all_gather",
+                                       "reduce_scatter", "sendrecv"], 5)]
+    r, n = g.rank, g.world_size
+    t0 = time.monotonic()
+
+    def say(kind, msg=""):
+        sys.stdout.write(f"OUTCOME {r} {kind} {time.monotonic() - t0:.3f} {msg}\n")
+        sys.stdout.flush()
+    try:
+        for s, op in enumerate(ops):
+            plan.hit(r, s)
+            x = np.full((n, 2), float(r + s), np.float32)
+            if op == "all_reduce":
+                g.all_reduce(x, "sum")
+            elif op == "broadcast":
+                g.broadcast(x if r == 0 else None, root=0)
+            elif op == "all_gather":
+                g.all_gather(x)
+            elif op == "reduce_scatter":
+                g.reduce_scatter(x, "sum")
+            else:
+                w = g.isend(x, (r + 1) % n, tag=s)
+                g.recv((r - 1) % n, tag=s)
+                w.wait(T)
+        g.barrier()
+    except Exited:
+        say("exit")
+        sys.exit(0)  # leaves without telling anyone (no excepthook for SystemExit)
+    except InjectedFault as e:
+        say("error", f"InjectedFault: {e}")
+        raise  # the excepthook tells the other ranks, then the process fails
+    except CollectiveError as e:
+        say("error", f"CollectiveError: {str(e).splitlines()[0]}")
+        sys.exit(1)
+    say("ok")
+
+
+CASES = {"barrier": case_barrier, "comm": case_comm, "process_group": case_process_group,
+         "data_parallel": case_data_parallel, "pipeline": case_pipeline,
+         "tensor_parallel": case_tensor_parallel, "fsdp": case_fsdp, "mpi": case_mpi}
+WORLD = {"barrier": 3, "comm": 3, "process_group": 3, "data_parallel": 3, "pipeline": 3,
+         "tensor_parallel": 2, "fsdp": 2, "mpi": 2}
+STEPS = {"barrier": 4, "comm": 3, "process_group": 5, "data_parallel": 3, "pipeline": 4,
+         "tensor_parallel": 3, "fsdp": 3, "mpi": 5}
+
+
+# ----------------------------------------------------------------------------- checking
+def _participant_ok(plan: Plan, r: int, o: Outcome) -> str | None:
+    from wgrumus.distributed import CollectiveError
+    if o.kind == "hung":
+        return f"participant {r} still running"
+    if r == plan.bad and plan.fault == "exit":
+        return None if o.kind == "exit" else f"exited participant {r} reported {o.describe()}"
+    if o.kind != "error":
+        return f"participant {r} ended {o.kind}, expected an error"
+    if r == plan.bad and plan.fault == "raise":
+        if not _has(o.error, InjectedFault):
+            return f"faulty participant {r} raised {o.describe()}, not the injected fault"
+        return None
+    if not _has(o.error, (CollectiveError, InjectedFault)):
+        return f"participant {r} raised {o.describe()} (not a CollectiveError)"
+    return None
+
+
+def _wrapper_ok(plan: Plan, prim: str, e) -> str | None:
+    """DataParallel / pipeline raise one error in the caller: it must name the failing replica
+    or stage and chain the injected fault (or a CollectiveError / timeout)."""
+    from wgrumus.distributed import CollectiveError
+    if e is None:
+        return "no error raised"
+    if isinstance(e, AssertionError):
+        return f"assertion in the run: {e}"
+    msg = str(e)
+    if plan.fault in ("raise", "exit"):
+        who = "replica" if prim == "data_parallel" else "stage"
+        if f"{who} {plan.bad}" not in msg:
+            return f"error does not name {who} {plan.bad}: {msg[:300]}"
+        if plan.fault == "raise" and not _has(e, InjectedFault):
+            return f"injected fault not chained: {type(e).__name__}: {msg[:200]}"
+    else:
+        from wgrumus.distributed.pipeline import PipelineError
+        from wgrumus.parallel import ReplicaError
+        if not isinstance(e, (CollectiveError, ReplicaError, PipelineError)):
+            return f"stall surfaced as {type(e).__name__}: {msg[:200]}"
+    return None
+
+
+def check(prim: str, plan: Plan, res: dict, T: float, seconds: float) -> list:
+    problems = []
+    if prim == "mpi":
+        outs = res["mpi"]
+        for r in range(2):
+            if r not in outs:
+                problems.append(f"rank {r} printed no outcome (rc {res['returncode']}): "
+                                f"{res['stderr'][-400:]}")
+                continue
+            kind, secs, msg = outs[r]
+            if r == plan.bad:
+                want = {"raise": "InjectedFault", "stall": "CollectiveError", "exit": None}[
+                    plan.fault]
+                if want is None and kind != "exit" or want and want not in msg:
+                    problems.append(f"faulty rank {r}: {kind} {msg}")
+            elif kind != "error" or "CollectiveError" not in msg:
+                problems.append(f"rank {r}: {kind} {msg}")
+            elif secs > plan.stall + 2 * T + 3:
+                problems.append(f"rank {r} took {secs:.2f} s to fail")
+        return problems
+    if "participants" in res:
+        for r, o in sorted(res["participants"].items()):
+            p = _participant_ok(plan, r, o)
+            if p:
+                problems.append(p)
+    if "raised" in res and prim in ("data_parallel", "pipeline"):
+        p = _wrapper_ok(plan, prim, res["raised"])
+        if p:
+            problems.append(p)
+    elif "raised" in res and res["raised"] is None:
+        problems.append("spawn returned normally despite the fault")
+    limit = plan.stall + 2 * T + 4.0
+    if seconds > limit:
+        problems.append(f"run took {seconds:.2f} s > bound {limit:.2f} s")
+    return problems
+
+
+def make_plan(prim: str, fault: str, rng, T: float) -> Plan:
+    phase = "forward"
+    if prim in ("data_parallel", "pipeline", "tensor_parallel", "fsdp"):
+        phase = str(rng.choice(["forward", "backward"]))
+    return Plan(fault, int(rng.integers(WORLD[prim])), int(rng.integers(STEPS[prim])), phase,
+                stall=1.5 * T if fault == "stall" else 0.0, notify=bool(rng.integers(2)))
+
+
+def run_one(prim: str, fault: str, seed: int, T: float, train_after: bool = True) -> dict:
+    """One injected run; returns a JSON-able record with ``ok`` and any ``problems``."""
+    rng = np.random.default_rng(seed)
+    plan = make_plan(prim, fault, rng, T)
+    baseline = thread_snapshot()
+    t0 = time.monotonic()
+    try:
+        res = CASES[prim](plan, T, rng)
+        seconds = time.monotonic() - t0
+        problems = check(prim, plan, res, T, seconds)
+    except Exception as e:  # the driver itself failed: a finding, not a crash
+        seconds = time.monotonic() - t0
+        res, problems = {}, [f"driver error {type(e).__name__}: {e}\n{traceback.format_exc()}"]
+    if prim != "mpi" and not plan.fired:
+        problems.append("the fault point was never reached")
+    left = leftover_threads(baseline)
+    if left:
+        problems.append(f"threads left alive: {left}")
+    fresh = None
+    if train_after:
+        try:
+            fresh = fresh_training()
+            if not fresh["ok"]:
+                problems.append(f"fresh training after the fault failed: {fresh}")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"fresh training raised {type(e).__name__}: {e}")
+    rec = {"primitive": prim, "fault": fault, "seed": seed, "bad": plan.bad, "step": plan.step,
+           "phase": plan.phase, "notify": plan.notify, "seconds": round(seconds, 3),
+           "ok": not problems, "problems": problems}
+    if "participants" in res:
+        rec["participants"] = {str(r): o.describe() for r, o in res["participants"].items()}
+    if res.get("raised") is not None:
+        rec["raised"] = f"{type(res['raised']).__name__}: {str(res['raised'])[:300]}"
+    if "mpi" in res:
+        rec["participants"] = {str(r): " ".join(map(str, v)) for r, v in res["mpi"].items()}
+    if "schedule" in res:
+        rec["schedule"] = res["schedule"]
+    return rec
+
+
+def warm_up(T: float) -> None:
+    """Compile every kernel and start the persistent pools once, so timeouts measure faults,
+    not first-use shader compilation."""
+    class NoFault(Plan):
+        def hit(self, *a, **k):
+            self.fired.append(a)
+    for prim in PRIMITIVES:
+        if prim == "mpi":
+            continue
+        rng = np.random.default_rng(0)
+        res = CASES[prim](NoFault("none", -1, -1, stall=0.0), max(T, 30.0), rng)
+        err = res.get("raised")
+        bad = [o for o in res.get("participants", {}).values() if o.kind != "ok"]
+        if err is not None or bad:
+            raise RuntimeError(f"warm-up of {prim} failed: {err!r} {[o.describe() for o in bad]}")
+    fresh_training()
+
+
+def schedule_runs(n: int, seed: int, primitives=PRIMITIVES) -> list:
+    """(primitive, fault, seed) for n runs: every primitive x fault pair in turn, order and
+    per-run seeds drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    pairs = [(p, f) for p in primitives for f in FAULTS]
+    runs = []
+    while len(runs) < n:
+        for k in rng.permutation(len(pairs)):
+            runs.append((*pairs[k], int(rng.integers(1 << 30))))
+    return runs[:n]
+
+
+def campaign(n: int, seed: int, T: float, primitives=PRIMITIVES, log=print) -> list:
+    warm_up(T)
+    recs = []
+    for i, (prim, fault, s) in enumerate(schedule_runs(n, seed, primitives)):
+        rec = run_one(prim, fault, s, T)
+        recs.append(rec)
+        log(f"[{i + 1}/{n}] {prim:16s} {fault:6s} seed={s:<10d} {rec['seconds']:6.2f}s "
+            f"{'ok' if rec['ok'] else 'FAIL ' + '; '.join(rec['problems'])[:400]}")
+    return recs
+
+
+def summarize(recs: list) -> dict:
+    table: dict = {}
+    for r in recs:
+        row = table.setdefault(r["primitive"], {f: [0, 0, 0.0] for f in FAULTS})
+        cell = row[r["fault"]]
+        cell[0] += 1
+        cell[1] += r["ok"]
+        cell[2] = max(cell[2], r["seconds"])
+    return table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=1.5, help="collective timeout, seconds")
+    ap.add_argument("--primitives", default=",".join(PRIMITIVES))
+    ap.add_argument("--json", help="write every run's record here")
+    ap.add_argument("--mpi-worker", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.mpi_worker:
+        mpi_worker(*a.mpi_worker)
+        return 0
+    prims = [p for p in a.primitives.split(",") if p]
+    unknown = set(prims) - set(PRIMITIVES)
+    if unknown:
+        ap.error(f"unknown primitive(s) {sorted(unknown)}; choose from {', '.join(PRIMITIVES)}")
+    t0 = time.monotonic()
+    recs = campaign(a.runs, a.seed, a.timeout, prims)
+    total = time.monotonic() - t0
+    table = summarize(recs)
+    print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} runs passed in {total:.1f} s "
+          f"(timeout {a.timeout} s)")
+    print(f"{'primitive':16s} " + " ".join(f"{f:>16s}" for f in FAULTS))
+    for prim, row in table.items():
+        print(f"{prim:16s} " + " ".join(f"{row[f][1]:>3d}/{row[f][0]:<3d} max {row[f][2]:5.2f}s"
+                                        for f in FAULTS))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"runs": recs, "table": table, "seconds": total,
+                                            "timeout": a.timeout, "seed": a.seed}, indent=1))
+    return 0 if all(r["ok"] for r in recs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

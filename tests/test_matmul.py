@@ -1,0 +1,126 @@
+"""matmul against numpy: every load mode (row-major, transposed, odd strides), both tile sizes,
+shapes that are not multiples of the tiles, K=1, batches, broadcasting, gradients."""
+import importlib
+
+import numpy as np
+import pytest
+
+import wgrumus as wr
+
+mm = importlib.import_module("wgrumus.ops.matmul")
+TILES = [(4, 16), (8, 8)]
+
+
+@pytest.fixture
+def tile(request):
+    """Force one register tiling for the duration of a test."""
+    orig = mm._pick_tile
+    mm._pick_tile = lambda *a: request.param
+    yield request.param
+    mm._pick_tile = orig
+
+
+def _operand(rng, shape, transposed, dev):
+    """A tensor of `shape`; transposed=True makes it a transposed view of a stored array."""
+    if transposed:
+        base = rng.standard_normal(shape[:-2] + (shape[-1], shape[-2])).astype(np.float32)
+        return wr.tensor(base, device=dev).transpose(-1, -2), np.swapaxes(base, -1, -2)
+    a = rng.standard_normal(shape).astype(np.float32)
+    return wr.tensor(a, device=dev), a
+
+
+def _check(out, ref, k):
+    assert out.shape == ref.shape
+    tol = 1e-5 * max(1.0, np.sqrt(k)) * max(1.0, float(np.abs(ref).max()))
+    np.testing.assert_allclose(out.numpy(), ref, atol=tol, rtol=1e-4)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tile", TILES, indirect=True)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("M,N,K", [(64, 64, 16), (68, 132, 40), (130, 68, 36), (5, 7, 3),
+                                   (1, 9, 12), (12, 1, 8), (64, 64, 1), (17, 33, 129)])
+def test_layouts_and_shapes(dev, rng, tile, ta, tb, M, N, K):
+    a, an = _operand(rng, (M, K), ta, dev)
+    b, bn = _operand(rng, (K, N), tb, dev)
+    _check(a @ b, an @ bn, K)
+
+
+def test_load_modes_are_specialised(dev, rng):
+    """Contiguous and transposed operands take the vec4 paths; odd strides the gather path."""
+    modes = []
+    orig = mm.kernel_for
+    mm.kernel_for = lambda tm, bk, am, bm: (modes.append((am, bm)), orig(tm, bk, am, bm))[1]
+    try:
+        a = wr.tensor(rng.standard_normal((32, 16)).astype(np.float32), device=dev)
+        b = wr.tensor(rng.standard_normal((16, 24)).astype(np.float32), device=dev)
+        a @ b
+        a.T.contiguous().T @ b.T.contiguous().T
+        wr.tensor(rng.standard_normal((32, 18)).astype(np.float32), device=dev)[:, 1:17] @ b
+    finally:
+        mm.kernel_for = orig
+    assert modes == [(0, 0), (1, 1), (2, 0)]
+
+
+@pytest.mark.timeout(60)
+def test_strided_views(dev, rng):
+    base = rng.standard_normal((40, 50)).astype(np.float32)
+    t = wr.tensor(base, device=dev)
+    a, an = t[1:34:2, 3:30], base[1:34:2, 3:30]  # odd row stride, offset 53
+    b, bn = t[10:37, ::6], base[10:37, ::6]  # 27 x 9, column stride 6
+    _check(a @ b, an @ bn, 27)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tile", TILES, indirect=True)
+def test_batched_and_broadcast(dev, rng, tile):
+    a, an = _operand(rng, (3, 20, 12), False, dev)
+    b, bn = _operand(rng, (3, 12, 8), True, dev)
+    _check(a @ b, an @ bn, 12)
+    w, wn = _operand(rng, (12, 8), False, dev)  # one B for every batch entry
+    _check(a @ w, an @ wn, 12)
+    c, cn = _operand(rng, (2, 1, 20, 12), False, dev)
+    d, dn = _operand(rng, (3, 12, 5), False, dev)
+    _check(c @ d, cn @ dn, 12)
+
+
+def test_vector_operands(dev, rng):
+    a, an = _operand(rng, (6, 5), False, dev)
+    v = rng.standard_normal(5).astype(np.float32)
+    u = rng.standard_normal(6).astype(np.float32)
+    tv, tu = wr.tensor(v, device=dev), wr.tensor(u, device=dev)
+    _check(a @ tv, an @ v, 5)
+    _check(tu @ a, u @ an, 6)
+    np.testing.assert_allclose((tv @ tv).numpy(), v @ v, rtol=1e-5)
+
+
+def test_k_zero_and_empty(dev):
+    a = wr.zeros((3, 0), device=dev)
+    b = wr.zeros((0, 4), device=dev)
+    np.testing.assert_array_equal((a @ b).numpy(), np.zeros((3, 4), np.float32))
+    assert (wr.zeros((0, 5), device=dev) @ wr.zeros((5, 2), device=dev)).shape == (0, 2)
+
+
+def test_shape_error_names_both_shapes(dev):
+    with pytest.raises(wr.ShapeError, match=r"\(3, 4\).*\(5, 2\)"):
+        wr.zeros((3, 4), device=dev) @ wr.zeros((5, 2), device=dev)
+
+
+@pytest.mark.timeout(60)
+def test_gradients(dev, rng):
+    a, an = _operand(rng, (2, 9, 6), False, dev)
+    b, bn = _operand(rng, (6, 7), False, dev)
+    a.requires_grad_()
+    b.requires_grad_()
+    g = rng.standard_normal((2, 9, 7)).astype(np.float32)
+    ((a @ b) * wr.tensor(g, device=dev)).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), g @ bn.T, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b.grad.numpy(), np.einsum("bmk,bmn->kn", an, g),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(60)
+def test_big_tile_chosen_for_large_products(dev):
+    assert mm._pick_tile(dev, 64, 64, 1)[0] == 4
+    big = mm._pick_tile(dev, 4096, 4096, 1)
+    assert big[0] == 8
