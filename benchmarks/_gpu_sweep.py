@@ -190,6 +190,34 @@ def _par_copy(dst, src, nt):
         th.join()
 
 
+def sweep_read_params(mb):
+    """Download/upload through the Device paths for several chunk sizes, chunks in flight and
+    copy thread counts."""
+    import wgrumus as wr
+    from wgrumus.runtime import device as dmod
+    dev = wr.devices()[0]
+    n = (mb << 20) // 4
+    host = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    t = wr.tensor(host)
+    buf = t._storage.buffer
+    out = np.empty_like(host)
+    keep = (dmod.COPY_THREADS, dmod.READ_CHUNK, dmod.READ_INFLIGHT)
+    for th in (8, 16):
+        dmod.COPY_THREADS = th
+        dt = timeit(lambda: dev.write(buf, host), dev.synchronize)
+        emit(what="h2d", how="device.write", threads=th, gbps=host.nbytes / dt / 1e9)
+        for chunk in (16, 32, 64):
+            for inflight in (2, 3, 4):
+                dmod.READ_CHUNK, dmod.READ_INFLIGHT = chunk << 20, inflight
+                dt = timeit(lambda: dev.read_array(buf, 0, n, np.float32, out=out), lambda: None)
+                dt2 = timeit(lambda: t.numpy(), lambda: None)
+                emit(what="d2h", how="read_array", threads=th, chunk_mb=chunk,
+                     inflight=inflight, prealloc_gbps=host.nbytes / dt / 1e9,
+                     fresh_gbps=host.nbytes / dt2 / 1e9)
+    assert np.array_equal(out, host)
+    dmod.COPY_THREADS, dmod.READ_CHUNK, dmod.READ_INFLIGHT = keep
+
+
 def small_ops(n_ops=2000):
     import wgrumus as wr
     dev = wr.devices()[0]
@@ -264,7 +292,7 @@ def coop_probe():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="1024,2048,4096")
-    p.add_argument("--variants", default="8,8;8,16;4,16")
+    p.add_argument("--variants", default="8,8,0;8,8,8;4,16,0")
     p.add_argument("--mb", type=int, default=256)
     p.add_argument("--only", default="matmul,staging,small,coop")
     a = p.parse_args()
@@ -288,6 +316,8 @@ def main():
         sweep_staging(a.mb)
     if "small" in only:
         small_ops()
+    if "readparams" in only:
+        sweep_read_params(a.mb)
 
 
 if __name__ == "__main__":

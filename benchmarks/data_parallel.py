@@ -5,6 +5,12 @@ ratio against plain single-device training, and the exposed (non-overlapped) com
     python benchmarks/data_parallel.py --quick               # small shapes for lavapipe / CI
     python benchmarks/data_parallel.py --model mlp --devices 1 2 --steps 20 --json
     WGRUMUS_DEVICES=4 python benchmarks/data_parallel.py     # 4 logical devices on one adapter
+    mpiexec -n 2 python benchmarks/data_parallel.py --backend mpi   # one process per adapter
+
+The threads backend records every replica's ops from one Python process, so the replicas share
+one interpreter lock: it scales when a step is GPU-bound (raise --batch / --block / --n-embd until
+the plain loop's step time is dominated by GPU work), and the mpi backend (one process per
+adapter, device = rank % devices) sidesteps the lock altogether.
 
 Weak scaling, like DDP is used: every device gets ``--batch`` samples, so K devices train on a
 global batch of K x batch. Each configuration runs ``--warmup`` steps (shader compilation, buffer
@@ -20,6 +26,8 @@ Columns:
              finished recording (``backward_end`` -> ``sync_end`` events, averaged over replicas);
              it includes GPU work of the backward tail still in flight, so it is an upper bound
              of the communication that backward did not hide;
+  vs plain   step ms minus the plain loop's step ms: what data parallelism adds per step
+             (communication not hidden, packing, the replicas' threads competing for the CPU);
   buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
 With ``--one-bucket`` each K > 1 is also run with a single bucket launched after backward (no
 overlap), to show what the overlap saves.
@@ -56,6 +64,8 @@ def parse_args(argv=None):
     ap.add_argument("--first-bucket-mb", type=float, default=1.0)
     ap.add_argument("--one-bucket", action="store_true",
                     help="also run K > 1 with one bucket after backward (no overlap)")
+    ap.add_argument("--backend", choices=["threads", "mpi"], default="threads",
+                    help="mpi: run under mpiexec -n K; measures K = the number of processes")
     ap.add_argument("--quick", action="store_true", help="small shapes (lavapipe, CI)")
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
     a = ap.parse_args(argv)
@@ -123,20 +133,22 @@ def run_plain(task, dev, a) -> dict:
             "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0}
 
 
-def run_dp(task, devs, a, one_bucket=False) -> dict:
+def run_dp(task, devs, a, one_bucket=False, group=None) -> dict:
     import wgrumus as wr
-    k = len(devs)
+    k = len(devs) if group is None else group.world_size
     big = 1e6  # MB: everything in one bucket, launched when the last gradient is ready
     dp = wr.parallel.DataParallel(task.model(devs[0]), devs,
                                   bucket_cap_mb=big if one_bucket else a.bucket_mb,
-                                  first_bucket_mb=big if one_bucket else a.first_bucket_mb)
+                                  first_bucket_mb=big if one_bucket else a.first_bucket_mb,
+                                  backend="threads" if group is None else "mpi", group=group)
+    local = len(dp.replicas)
     try:
         for s in range(a.warmup):
             dp.train_step(*task.batch(s, a.batch * k), task.loss, task.optimizer)
         exposed, t0 = [], time.perf_counter()
         for s in range(a.steps):
             dp.train_step(*task.batch(a.warmup + s, a.batch * k), task.loss, task.optimizer)
-            exposed.append(np.mean([dp.events.exposed_comm_seconds(r) for r in range(k)]))
+            exposed.append(np.mean([dp.events.exposed_comm_seconds(r) for r in range(local)]))
         dt = time.perf_counter() - t0
         assert dp.replicas_identical(), "replicas diverged"
         return {"devices": k, "mode": "one-bucket" if one_bucket else "bucketed",
@@ -150,7 +162,12 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     import wgrumus as wr
+    group = None
     devs = wr.devices()
+    if a.backend == "mpi":
+        from wgrumus import distributed as dist
+        group = dist.init_process_group("mpi", timeout=300)
+        devs = [devs[group.rank % len(devs)]]
     task = Task(a)
     nparams = sum(p.numel for p in task.model(devs[0]).parameters())
     head = (f"{a.model}: {nparams / 1e6:.2f} M parameters, batch {a.batch}/device"
@@ -158,7 +175,14 @@ def main(argv=None) -> int:
             + ", ".join(sorted({str(d.adapter_info.get("device") or d.name) for d in devs})))
     rows = [run_plain(task, devs[0], a)]
     base = rows[0]["samples_per_s"]
-    for k in a.devices:
+    if group is not None:
+        head += f"; mpi backend, {group.world_size} processes"
+        rows.append(run_dp(task, devs, a, group=group))
+        if a.one_bucket:
+            rows.append(run_dp(task, devs, a, one_bucket=True, group=group))
+        if group.rank != 0:
+            return 0
+    for k in (a.devices if group is None else []):
         if k > len(devs):
             print(f"skipping {k} devices: only {len(devs)} present (set WGRUMUS_DEVICES)",
                   file=sys.stderr)
@@ -168,6 +192,7 @@ def main(argv=None) -> int:
             rows.append(run_dp(task, devs[:k], a, one_bucket=True))
     for r in rows:
         r["scaling"] = r["samples_per_s"] / base
+        r["overhead_ms"] = r["step_ms"] - rows[0]["step_ms"]
         r["model"], r["params"] = a.model, nparams
     if a.json:
         for r in rows:
@@ -175,11 +200,11 @@ def main(argv=None) -> int:
         return 0
     print(head)
     print(f"{'devices':>7} {'mode':>10} {'samples/s':>10} {'scaling':>8} {'step ms':>8} "
-          f"{'exposed ms':>10} {'buckets':>7}")
+          f"{'exposed ms':>10} {'vs plain':>9} {'buckets':>7}")
     for r in rows:
         print(f"{r['devices']:>7} {r['mode']:>10} {r['samples_per_s']:>10.1f} "
               f"{r['scaling']:>7.2f}x {r['step_ms']:>8.1f} {r['exposed_ms']:>10.1f} "
-              f"{r['buckets']:>7}")
+              f"{r['overhead_ms']:>+9.1f} {r['buckets']:>7}")
     return 0
 
 

@@ -295,6 +295,9 @@ class FaultPoint:
     def __init__(self, plan: Plan, rank_of):
         self.plan, self.rank_of, self.calls = plan, rank_of, {}
 
+    def __deepcopy__(self, memo):
+        return self  # DataParallel replicas share the one plan (and report into it)
+
     def __call__(self, x):
         from wgrumus.autograd.tape import record
         r = self.rank_of(x)
@@ -369,12 +372,24 @@ def case_pipeline(plan: Plan, T: float, rng) -> dict:
     X = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     Y = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
     ex = PipelineExecutor(stages, m, schedule=schedule, timeout=T)
-    raised, t0 = None, time.monotonic()
+    raised, t0, loss = None, time.monotonic(), None
     try:
-        ex.run(X, Y, nn.functional.mse_loss)
+        loss, _ = ex.run(X, Y, nn.functional.mse_loss)
     except BaseException as e:  # noqa: BLE001 - checked
         raised = e
-    return {"raised": raised, "schedule": schedule, "seconds_to_error": time.monotonic() - t0}
+    return {"raised": raised, "schedule": schedule, "seconds_to_error": time.monotonic() - t0,
+            "benign": _nobody_waits(plan, schedule, p, m), "loss": loss}
+
+
+def _nobody_waits(plan: Plan, schedule: str, p: int, m: int) -> bool:
+    """A stall in stage 0's backward of micro-batch k delays nobody when stage 0 runs no forward
+    after it (stage 0 sends nothing backward): the run must then just succeed, later."""
+    from wgrumus.distributed.pipeline import get_schedule
+    if plan.fault != "stall" or plan.bad != 0 or plan.phase != "backward":
+        return False
+    acts = list(get_schedule(schedule, p, m).stages[0])
+    k = next(i for i, a in enumerate(acts) if a.kind == "B" and a.mb == plan.step)
+    return all(a.kind != "F" for a in acts[k + 1:])
 
 
 def case_tensor_parallel(plan: Plan, T: float, rng) -> dict:
@@ -449,6 +464,7 @@ def mpi_worker(fault, bad, step, seed, T, stall) -> None:
     """One rank under mpiexec (``--mpi-worker``)."""
     from wgrumus import distributed as dist
     from wgrumus.distributed import CollectiveError
+    T = float(T)
     g = dist.init_process_group("mpi", timeout=T)
     plan = Plan(fault, int(bad), int(step), stall=float(stall))
     rng = np.random.default_rng(int(seed))
@@ -564,7 +580,10 @@ def check(prim: str, plan: Plan, res: dict, T: float, seconds: float) -> list:
             p = _participant_ok(plan, r, o)
             if p:
                 problems.append(p)
-    if "raised" in res and prim in ("data_parallel", "pipeline"):
+    if res.get("benign"):
+        if res["raised"] is not None or not np.isfinite(res["loss"]):
+            problems.append(f"a stall nobody waits on failed the run: {res['raised']!r}")
+    elif "raised" in res and prim in ("data_parallel", "pipeline"):
         p = _wrapper_ok(plan, prim, res["raised"])
         if p:
             problems.append(p)
@@ -621,6 +640,8 @@ def run_one(prim: str, fault: str, seed: int, T: float, train_after: bool = True
         rec["participants"] = {str(r): " ".join(map(str, v)) for r, v in res["mpi"].items()}
     if "schedule" in res:
         rec["schedule"] = res["schedule"]
+    if res.get("benign"):
+        rec["benign"] = True  # the stalled action had no waiter: success (later) is right
     return rec
 
 
@@ -676,34 +697,291 @@ def summarize(recs: list) -> dict:
     return table
 
 
+# ============================================================================= nothing lost
+# A child process trains and overwrites one checkpoint after every step; the parent kills it
+# with SIGKILL at a random moment (seeded). The file left behind must load, hold exactly the
+# state of a step the child reached, and resume: one more step equals the uninterrupted run's.
+CKPT_DIMS = (256, 1024, 256)  # ~0.5 M weights + momentum: a ~4 MB file, so kills land mid-write
+
+
+def ckpt_setup(device):
+    import wgrumus as wr
+    from wgrumus import nn
+    m = nn.Sequential(nn.Linear(CKPT_DIMS[0], CKPT_DIMS[1], device=device, seed=1), nn.ReLU(),
+                      nn.Linear(CKPT_DIMS[1], CKPT_DIMS[2], device=device, seed=2))
+    opt = wr.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    rng = np.random.default_rng(7)
+    X = wr.tensor(rng.standard_normal((16, CKPT_DIMS[0])).astype(np.float32), device=device)
+    Y = wr.tensor(rng.standard_normal((16, CKPT_DIMS[2])).astype(np.float32), device=device)
+    return m, opt, X, Y
+
+
+def ckpt_train_step(m, opt, X, Y) -> float:
+    from wgrumus import nn
+    loss = nn.functional.mse_loss(m(X), Y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def ckpt_child(path: str) -> None:
+    """``--ckpt-child PATH``: train forever, checkpointing after every step."""
+    import wgrumus.io as wio
+    dev = devices()[0]
+    m, opt, X, Y = ckpt_setup(dev)
+    step = 0
+    while True:
+        print(f"BEGIN {step}", flush=True)
+        wio.save_checkpoint(path, m, opt, step=step)
+        print(f"SAVED {step}", flush=True)
+        ckpt_train_step(m, opt, X, Y)
+        step += 1
+
+
+class Reference:
+    """The uninterrupted run's parameters after each step (computed on demand, cached)."""
+
+    def __init__(self):
+        self.m, self.opt, self.X, self.Y = ckpt_setup(devices()[0])
+        self.states = [self._snap()]
+
+    def _snap(self):
+        return [p.numpy().copy() for p in self.m.parameters()]
+
+    def at(self, step: int):
+        while len(self.states) <= step:
+            ckpt_train_step(self.m, self.opt, self.X, self.Y)
+            self.states.append(self._snap())
+        return self.states[step]
+
+
+def kill_once(folder: Path, rng, ref: Reference, max_delay: float = 1.5) -> dict:
+    """Start a checkpointing child, SIGKILL it after a random delay, check what is left."""
+    import signal
+    import wgrumus.io as wio
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "train.safetensors"
+    if path.exists():
+        path.unlink()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WGRUMUS_DEVICES="1")
+    child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--ckpt-child",
+                              str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, cwd=ROOT)
+    lines: list = []
+    reader = threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True,
+                              name="ckpt-child-reader")
+    reader.start()
+    t0 = time.monotonic()
+    while not any(l.startswith("SAVED") for l in list(lines)):
+        if child.poll() is not None or time.monotonic() - t0 > 120:
+            child.kill()
+            raise RuntimeError(f"checkpoint child never saved: {child.stderr.read()[-2000:]}")
+        time.sleep(0.01)
+    delay = float(rng.uniform(0.0, max_delay))
+    time.sleep(delay)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(30)
+    reader.join(10)
+    child.stderr.close()
+    saved = [int(l.split()[1]) for l in lines if l.startswith("SAVED")]
+    begun = [int(l.split()[1]) for l in lines if l.startswith("BEGIN")]
+    mid_write = bool(begun) and begun[-1] not in saved
+    temps = [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
+    for name in temps:  # litter of the killed writer: never read, safe to delete
+        (folder / name).unlink()
+    rec = {"delay": round(delay, 3), "last_saved": saved[-1], "mid_write": mid_write,
+           "temp_files_left": len(temps), "returncode": child.returncode}
+    problems = []
+    m, opt, X, Y = ckpt_setup(devices()[0])
+    try:
+        info = wio.load_checkpoint(path, m, opt)
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"checkpoint did not load: {type(e).__name__}: {e}")
+    else:
+        step = info["step"]
+        rec["loaded_step"] = step
+        if step not in (saved[-1], saved[-1] + 1):
+            problems.append(f"loaded step {step}, last completed save was {saved[-1]}")
+        for a, b in zip((p.numpy() for p in m.parameters()), ref.at(step)):
+            if not np.allclose(a, b, rtol=1e-5, atol=1e-6):
+                problems.append(f"weights of step {step} differ from the uninterrupted run")
+                break
+        ckpt_train_step(m, opt, X, Y)  # resume: one more step must match the reference
+        for a, b in zip((p.numpy() for p in m.parameters()), ref.at(step + 1)):
+            if not np.allclose(a, b, rtol=1e-4, atol=1e-5):
+                problems.append(f"resumed step {step + 1} differs from the uninterrupted run")
+                break
+    rec["ok"], rec["problems"] = not problems, problems
+    return rec
+
+
+def kill_campaign(n: int, seed: int, folder: Path, log=print, max_delay: float = 1.5) -> list:
+    rng = np.random.default_rng(seed)
+    ref = Reference()
+    recs = []
+    for i in range(n):
+        rec = kill_once(folder, rng, ref, max_delay)
+        recs.append(rec)
+        log(f"[kill {i + 1}/{n}] after {rec['delay']:.3f}s: last saved {rec['last_saved']}, "
+            f"loaded {rec.get('loaded_step')}, mid-write={rec['mid_write']}, "
+            f"temp files {rec['temp_files_left']} "
+            f"{'ok' if rec['ok'] else 'FAIL ' + '; '.join(rec['problems'])}")
+    return recs
+
+
+# ============================================================================= concurrency
+# The parallel tests, run again and again with random sleeps (seeded) injected at the points
+# where threads meet: barrier arrivals, comm-thread all-reduces, thread transport send/recv,
+# pipeline channels, device submit/read/write, data-loader prefetch, DataParallel job hand-off.
+JITTER_POINTS = [
+    "wgrumus.distributed.barrier:CollectiveBarrier.reduce",
+    "wgrumus.distributed.barrier:CollectiveBarrier.wait",
+    "wgrumus.distributed.comm:CommThread._all_reduce",
+    "wgrumus.distributed.transport:ThreadTransport.isend",
+    "wgrumus.distributed.transport:ThreadTransport.recv",
+    "wgrumus.distributed.pipeline.executor:_Channel.put",
+    "wgrumus.distributed.pipeline.executor:_Channel.get",
+    "wgrumus.runtime.device:Device.flush",
+    "wgrumus.runtime.device:Device.read_start",
+    "wgrumus.runtime.device:Device.write",
+    "wgrumus.data.loader:_Iter._put",
+    "wgrumus.parallel.data_parallel:_Worker.submit",
+    "wgrumus.parallel.sync:ThreadComm.launch",
+]
+PARALLEL_TESTS = ["tests/test_barrier.py", "tests/test_comm.py", "tests/test_data_parallel.py",
+                  "tests/test_pipeline.py", "tests/test_fsdp.py", "tests/test_tensor_parallel.py",
+                  "tests/test_data.py", "tests/test_multidevice.py"]
+
+
+def install_jitter(seed: int, max_delay: float = 0.003, prob: float = 0.3) -> list:
+    """Wrap every JITTER_POINTS function so that, with probability ``prob``, it first sleeps a
+    random time below ``max_delay`` seconds (one seeded RNG shared by all threads). Returns the
+    points patched (a point whose module or name does not exist is skipped and not listed)."""
+    import importlib
+    import random
+    rng, lock, patched = random.Random(seed), threading.Lock(), []
+    for point in JITTER_POINTS:
+        mod_name, qual = point.split(":")
+        try:
+            owner = importlib.import_module(mod_name)
+        except ImportError:
+            continue
+        *path, name = qual.split(".")
+        for part in path:
+            owner = getattr(owner, part, None)
+        fn = getattr(owner, name, None) if owner is not None else None
+        if fn is None or getattr(fn, "_jittered", False):
+            continue
+
+        def wrapper(*a, __fn=fn, **k):
+            with lock:
+                d = rng.random() * max_delay if rng.random() < prob else 0.0
+            if d:
+                time.sleep(d)
+            return __fn(*a, **k)
+        wrapper._jittered = True
+        wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+        setattr(owner, name, wrapper)
+        patched.append(point)
+    return patched
+
+
+def pytest_configure(config):
+    """Loaded as a pytest plugin (``-p reliability`` with benchmarks/ on PYTHONPATH): installs
+    the jitter when WGRUMUS_JITTER_SEED is set."""
+    seed = os.environ.get("WGRUMUS_JITTER_SEED")
+    if seed is not None:
+        patched = install_jitter(int(seed), float(os.environ.get("WGRUMUS_JITTER_MAX", "0.003")))
+        config._wgrumus_jitter = patched
+
+
+def pytest_report_header(config):
+    patched = getattr(config, "_wgrumus_jitter", None)
+    if patched is not None:
+        return f"wgrumus jitter: {len(patched)}/{len(JITTER_POINTS)} points patched"
+
+
+def concurrency_run(seed: int, tests=PARALLEL_TESTS, extra=(), wall: float = 900) -> dict:
+    """One pytest process over ``tests`` with jitter seeded by ``seed``."""
+    env = dict(os.environ, WGRUMUS_JITTER_SEED=str(seed),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)]))
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "reliability",
+                        "-p", "no:cacheprovider", "-k", "not mpi", *extra, *tests],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=wall)
+    out = p.stdout + p.stderr
+    import re
+    counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)",
+                                               out.splitlines()[-1] if out else "")}
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+    header = re.search(r"wgrumus jitter: (\d+)/(\d+)", out)
+    return {"seed": seed, "returncode": p.returncode, "seconds": round(time.monotonic() - t0, 1),
+            "counts": counts, "failed": failed, "jitter_points": header.group(0) if header else
+            None, "ok": p.returncode == 0, "tail": "" if p.returncode == 0 else out[-3000:]}
+
+
+def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> list:
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n):
+        rec = concurrency_run(int(rng.integers(1 << 30)), tests)
+        recs.append(rec)
+        log(f"[concurrency {i + 1}/{n}] seed={rec['seed']} {rec['seconds']}s {rec['counts']} "
+            f"{rec['jitter_points']} {'ok' if rec['ok'] else 'FAIL ' + str(rec['failed'])}")
+    return recs
+
+
+# ============================================================================= command line
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=100)
+    ap.add_argument("--campaign", choices=["faults", "kill", "concurrency"], default="faults")
+    ap.add_argument("--runs", type=int, default=100, help="fault runs / concurrency repeats")
+    ap.add_argument("--kills", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1.5, help="collective timeout, seconds")
     ap.add_argument("--primitives", default=",".join(PRIMITIVES))
+    ap.add_argument("--folder", default="/tmp/wgrumus-kill", help="kill campaign's checkpoints")
     ap.add_argument("--json", help="write every run's record here")
     ap.add_argument("--mpi-worker", nargs=6, metavar="ARG", help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt-child", metavar="PATH", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.mpi_worker:
         mpi_worker(*a.mpi_worker)
         return 0
-    prims = [p for p in a.primitives.split(",") if p]
-    unknown = set(prims) - set(PRIMITIVES)
-    if unknown:
-        ap.error(f"unknown primitive(s) {sorted(unknown)}; choose from {', '.join(PRIMITIVES)}")
+    if a.ckpt_child:
+        ckpt_child(a.ckpt_child)
+        return 0
     t0 = time.monotonic()
-    recs = campaign(a.runs, a.seed, a.timeout, prims)
-    total = time.monotonic() - t0
-    table = summarize(recs)
-    print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} runs passed in {total:.1f} s "
-          f"(timeout {a.timeout} s)")
-    print(f"{'primitive':16s} " + " ".join(f"{f:>16s}" for f in FAULTS))
-    for prim, row in table.items():
-        print(f"{prim:16s} " + " ".join(f"{row[f][1]:>3d}/{row[f][0]:<3d} max {row[f][2]:5.2f}s"
-                                        for f in FAULTS))
+    if a.campaign == "kill":
+        recs = kill_campaign(a.kills, a.seed, Path(a.folder))
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} kills left a loadable, resumable "
+              f"checkpoint; {sum(r['mid_write'] for r in recs)} landed mid-write; "
+              f"{sum(r['temp_files_left'] for r in recs)} temp files left behind; "
+              f"{time.monotonic() - t0:.1f} s")
+        summary = {}
+    elif a.campaign == "concurrency":
+        recs = concurrency_campaign(a.runs, a.seed)
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} jittered runs of the parallel tests "
+              f"passed; {time.monotonic() - t0:.1f} s")
+        summary = {}
+    else:
+        prims = [p for p in a.primitives.split(",") if p]
+        unknown = set(prims) - set(PRIMITIVES)
+        if unknown:
+            ap.error(f"unknown primitive(s) {sorted(unknown)}; choose from "
+                     f"{', '.join(PRIMITIVES)}")
+        recs = campaign(a.runs, a.seed, a.timeout, prims)
+        summary = summarize(recs)
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} runs passed in "
+              f"{time.monotonic() - t0:.1f} s (timeout {a.timeout} s)")
+        print(f"{'primitive':16s} " + " ".join(f"{f:>16s}" for f in FAULTS))
+        for prim, row in summary.items():
+            print(f"{prim:16s} " + " ".join(
+                f"{row[f][1]:>3d}/{row[f][0]:<3d} max {row[f][2]:5.2f}s" for f in FAULTS))
     if a.json:
-        Path(a.json).write_text(json.dumps({"runs": recs, "table": table, "seconds": total,
+        Path(a.json).write_text(json.dumps({"campaign": a.campaign, "runs": recs,
+                                            "table": summary, "seconds": time.monotonic() - t0,
                                             "timeout": a.timeout, "seed": a.seed}, indent=1))
     return 0 if all(r["ok"] for r in recs) else 1
 

@@ -11,27 +11,29 @@ os.environ.setdefault("WGRUMUS_DEVICES", "4")
 import wgrumus as wr  # noqa: E402
 from wgrumus import nn  # noqa: E402
 from wgrumus.data import load_digits  # noqa: E402
-from wgrumus.distributed.pipeline import (PipelineExecutor, get_schedule, render,  # noqa: E402
-                                          split_sequential)
+from wgrumus.distributed.pipeline import (PipelineExecutor, PipelineStage,  # noqa: E402
+                                          get_schedule, render)
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--steps", type=int, default=50)
-p.add_argument("--stages", type=int, default=4)
 p.add_argument("--micro-batches", type=int, default=8)
 args = p.parse_args()
 
 # The schedule is plain data: print it before anything runs.
-print(render(get_schedule("1f1b", args.stages, args.micro_batches)))
+print(render(get_schedule("1f1b", 4, args.micro_batches)))
 
 x, y = load_digits()
 x = x / 16.0
 wr.manual_seed(0)
-model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
-                      nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
-# balanced by parameter count; stage s lives on device s
-stages = split_sequential(model, args.stages, devices=wr.devices()[:args.stages])
+dev = wr.devices()
+# Stage s holds its layers on device s. (split_sequential(model, p, devices) cuts an existing
+# nn.Sequential into p stages balanced by parameter count.)
+stages = [PipelineStage(nn.Sequential(nn.Linear(64, 128), nn.ReLU()), dev[0]),
+          PipelineStage(nn.Sequential(nn.Linear(128, 128), nn.ReLU()), dev[1]),
+          PipelineStage(nn.Sequential(nn.Linear(128, 128), nn.ReLU()), dev[2]),
+          PipelineStage(nn.Linear(128, 10), dev[3])]
 pipe = PipelineExecutor(stages, args.micro_batches, schedule="1f1b")
-opts = [wr.optim.AdamW(s.parameters(), lr=3e-3) for s in stages]
+opts = [wr.optim.AdamW(s.parameters(), lr=3e-3) for s in stages]  # one per stage
 
 batch = 64
 for step in range(args.steps):

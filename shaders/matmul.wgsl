@@ -17,13 +17,15 @@
 const TM: u32 = {{TM}}u;
 const TILE: u32 = {{TILE}}u;  // 16 * TM
 const TQ: u32 = {{TQ}}u;  // TILE / 4: vec4 quads per tile row
+const TQP: u32 = {{TQP}}u;  // row pitch of the workgroup tiles in quads (TQ + padding)
 const BK: u32 = {{BK}}u;
 const LOADS: u32 = {{LOADS}}u;  // TILE * BK / 1024: vec4 loads per invocation and operand
 const AM: u32 = {{AM}}u;
 const BM: u32 = {{BM}}u;
+const SWZ: u32 = {{SWZ}}u;
 
-var<workgroup> As: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQ m-quads]
-var<workgroup> Bs: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQ n-quads]
+var<workgroup> As: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQP m-quads]
+var<workgroup> Bs: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQP n-quads]
 
 fn elem_a(i: u32) -> f32 { return A[i >> 2u][i & 3u]; }
 fn elem_b(i: u32) -> f32 { return B[i >> 2u][i & 3u]; }
@@ -55,9 +57,9 @@ fn stage_a(q: u32, base: u32, v: vec4<f32>) {
     if (AM == 0u) {
         let mm = q / (BK / 4u);
         let kk = (q % (BK / 4u)) * 4u;
-        for (var e = 0u; e < 4u; e++) { As[base + (kk + e) * TQ + mm / 4u][mm % 4u] = v[e]; }
+        for (var e = 0u; e < 4u; e++) { As[base + (kk + e) * TQP + mm / 4u][mm % 4u] = v[e]; }
     } else {
-        As[base + (q / TQ) * TQ + q % TQ] = v;
+        As[base + (q / TQ) * TQP + q % TQ] = v;
     }
 }
 
@@ -87,14 +89,15 @@ fn stage_b(q: u32, base: u32, v: vec4<f32>) {
     if (BM == 1u) {
         let nn = q / (BK / 4u);
         let kk = (q % (BK / 4u)) * 4u;
-        for (var e = 0u; e < 4u; e++) { Bs[base + (kk + e) * TQ + nn / 4u][nn % 4u] = v[e]; }
+        for (var e = 0u; e < 4u; e++) { Bs[base + (kk + e) * TQP + nn / 4u][nn % 4u] = v[e]; }
     } else {
-        Bs[base + (q / TQ) * TQ + q % TQ] = v;
+        Bs[base + (q / TQ) * TQP + q % TQ] = v;
     }
 }
 
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
     let M = pu(0u);
     let N = pu(1u);
     let K = pu(2u);
@@ -105,8 +108,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     let b0 = pu(7u) + bz * pu(8u);
     let brs = pu(9u);
     let bcs = pu(10u);
-    let row0 = wid.y * TILE;
-    let col0 = wid.x * TILE;
+    // Grouped order (SWZ > 0): consecutive workgroups walk SWZ tile rows column by column, so
+    // the A and B tiles they share are still in L2.
+    var bx = wid.x;
+    var by = wid.y;
+    if (SWZ > 0u) {
+        let lin = wid.y * nwg.x + wid.x;
+        let group = SWZ * nwg.x;
+        let first = (lin / group) * SWZ;
+        let rows = min(nwg.y - first, SWZ);
+        by = first + (lin % group) % rows;
+        bx = (lin % group) / rows;
+    }
+    let row0 = by * TILE;
+    let col0 = bx * TILE;
     let tx = lid.x;
     let ty = lid.y;
     let t = ty * 16u + tx;
@@ -123,13 +138,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (more) {  // fetch the next step while this one computes
 {{PREFETCH}}
         }
-        let base = cur * BK * TQ;
+        let base = cur * BK * TQP;
         for (var kk = 0u; kk < BK; kk++) {
-            let ab = base + kk * TQ;
+            let ab = base + kk * TQP;
 {{FMA}}
         }
         if (more) {
-            let nb = (cur ^ 1u) * BK * TQ;
+            let nb = (cur ^ 1u) * BK * TQP;
 {{STAGE}}
         }
         cur ^= 1u;

@@ -264,3 +264,44 @@ def test_mpiexec_two_ranks_only_rank0_prints():
     assert res["layout"]["backend"] == "mpi" and res["layout"]["dp"] == 2
     ref = train_json("mlp", "--steps", "4")["losses"]
     assert res["losses"] == pytest.approx(ref, rel=1e-4)
+
+
+# --------------------------------------------------------------- README and bench plumbing
+@pytest.mark.timeout(120)
+def test_readme_python_example_runs(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python", text.index("## About ten lines of Python")) + len("```python")
+    code = text[start:text.index("```", start)]
+    script = tmp_path / "readme_example.py"
+    script.write_text(code)
+    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(), capture_output=True,
+                       text=True, timeout=110)
+    assert p.returncode == 0, p.stderr
+    loss = float(p.stdout.split()[1])
+    assert loss < 0.15, p.stdout  # it learned the toy target
+
+
+@pytest.mark.timeout(120)
+def test_bench_runs_one_benchmark_with_its_arguments():
+    rc, out, err = wgrumus("bench", "collectives", "--backend", "threads", "--ranks", "2",
+                           "--sizes", "4096", "--strategies", "ring", "--no-reference")
+    assert rc == 0, out + err
+    assert "algbw" in out and "ring" in out
+
+
+@pytest.mark.timeout(120)
+def test_loss_curve_png_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "curve.png"
+    rc, out, err = wgrumus("train", "mlp", "--steps", "3", "--plot", png)
+    assert rc == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(120)
+def test_terminal_plot_without_matplotlib():
+    from wgrumus.cli.plot import terminal_plot
+    art = terminal_plot([3.0 - 0.1 * i for i in range(30)], width=20, height=5)
+    rows = art.splitlines()
+    assert len(rows) == 7 and rows[0].strip().startswith("3") and "step 1" in rows[-1]
+    assert rows[0].count("█") < rows[4].count("█")  # falling loss: the top row is shortest

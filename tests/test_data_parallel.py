@@ -373,8 +373,10 @@ def test_with_wr_nn_modules_and_wr_optim(devs):
         assert [n for n, _ in dp.replicas[1].named_parameters()] == \
             [n for n, _ in model.named_parameters()]
         assert [b.names for b in dp.plan] == [("2.bias",), ("2.weight", "0.bias", "0.weight")]
+        def factory(ps):
+            return optim.AdamW(ps, lr=0.01)
         for x, y in batches:
-            loss = dp.train_step(x, y, mse, lambda ps: optim.AdamW(ps, lr=0.01))
+            loss = dp.train_step(x, y, mse, factory)
             ref_loss = mse(ref(wr.tensor(x, device=devs[0])), wr.tensor(y, device=devs[0]))
             ref_opt.step(backward(ref_loss))
             assert loss == pytest.approx(ref_loss.item(), rel=1e-4)
@@ -410,6 +412,18 @@ MPI_WORKER = textwrap.dedent('''
     assert out.shape == (7, 3)
     dp.close()
     print("DP_OK", g.rank, flush=True)
+    # Fault: rank 1's backward raises; both ranks get a ReplicaError at once, nobody hangs.
+    import time
+    model.fail = (dev.index, "backward") if g.rank == 1 else None
+    dp = wr.parallel.DataParallel(model, backend="mpi", group=g, first_bucket_mb=1e-4)
+    t0 = time.monotonic()
+    try:
+        dp.train_step(*batches[0], mse, SGD)
+    except wr.parallel.ReplicaError as e:
+        want = "failed in backward" if g.rank == 1 else "rank 1 aborted"
+        assert want in str(e) and time.monotonic() - t0 < 10, str(e)
+        print("FAULT_OK", g.rank, flush=True)
+    dp.close()
 ''')
 
 
@@ -430,3 +444,4 @@ def test_mpi_backend_two_processes(tmp_path):
     p = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=100)
     assert p.returncode == 0 and p.stdout.count("DP_OK") == 2, p.stdout + p.stderr
+    assert p.stdout.count("FAULT_OK") == 2, p.stdout + p.stderr

@@ -8,7 +8,7 @@ import pytest
 import wgrumus as wr
 
 mm = importlib.import_module("wgrumus.ops.matmul")
-TILES = [(4, 16), (8, 8)]
+TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # (TM, BK, swizzle rows)
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_load_modes_are_specialised(dev, rng):
     """Contiguous and transposed operands take the vec4 paths; odd strides the gather path."""
     modes = []
     orig = mm.kernel_for
-    mm.kernel_for = lambda tm, bk, am, bm: (modes.append((am, bm)), orig(tm, bk, am, bm))[1]
+    mm.kernel_for = lambda tm, bk, am, bm, *r: (modes.append((am, bm)), orig(tm, bk, am, bm, *r))[1]
     try:
         a = wr.tensor(rng.standard_normal((32, 16)).astype(np.float32), device=dev)
         b = wr.tensor(rng.standard_normal((16, 24)).astype(np.float32), device=dev)

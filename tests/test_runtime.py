@@ -172,3 +172,31 @@ def test_synchronize_and_read_write_roundtrip(dev):
     np.testing.assert_array_equal(t[3:8].numpy(), a[3:8])  # unaligned offset read
     raw = dev.read(t._storage.buffer, 4 * 5, 4 * 3)
     np.testing.assert_array_equal(np.frombuffer(raw, np.float32), a[5:8])
+
+
+def test_no_raw_wgpu_error_reaches_the_user(devs):
+    """Every user mistake raises one of our errors (or a plain Python one), never wgpu's."""
+    d0, d1 = devs[0], devs[1]
+    big = d0.max_binding // 4 + 1
+    mistakes = [
+        lambda: wr.zeros(big, device=d0),
+        lambda: wr.ones(3, device=d0) + wr.ones(3, device=d1),
+        lambda: wr.ones(2, 3) + wr.ones(4),
+        lambda: wr.ones(2, 3) @ wr.ones(2, 3),
+        lambda: wr.ones(2) @ wr.tensor(1.0),
+        lambda: wr.ones(2, 3).sum(axis=5),
+        lambda: wr.ones(2, 3)[5],
+        lambda: wr.ones(2, 3).reshape(5),
+        lambda: wr.ones(2).astype(np.float64),
+        lambda: wr.tensor(np.array([1 + 2j])),
+        lambda: wr.arange(0, 3, 0),
+        lambda: wr.ones(2, 0).max(axis=1),
+        lambda: wr.ops.elementwise.map_op("a +* b", [wr.ones(2), wr.ones(2)]),
+        lambda: wr.ones(2).to(len(devs)),
+        lambda: wr.cat([wr.ones(2, device=d0), wr.ones(2, device=d1)]),
+    ]
+    for k, f in enumerate(mistakes):
+        with pytest.raises(Exception) as e:
+            f()
+        assert not type(e.value).__module__.startswith("wgpu"), (k, e.value)
+        assert isinstance(e.value, (wr.WgrumusError, TypeError, ValueError, IndexError)), (k, e)

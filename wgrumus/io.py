@@ -29,6 +29,11 @@ class CheckpointError(WgrumusError):
     """A checkpoint file is missing, corrupt, or does not match what it is loaded into."""
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (unwritable folder, path is a folder, disk full).
+    Also an OSError, so callers catching OSError keep working."""
+
+
 # ----------------------------------------------------------------------------- atomic write
 def atomic_write(path, data: bytes) -> None:
     path = os.fspath(path)
@@ -81,12 +86,25 @@ def _serialize(tensors: dict, metadata=None) -> bytes:
 
 def save(state_dict: dict, path, metadata=None) -> None:
     """Write name -> tensor (or array) to ``path`` as safetensors, atomically."""
-    atomic_write(path, _serialize(state_dict, metadata))
+    data = _serialize(state_dict, metadata)
+    if os.path.isdir(path):
+        example = os.path.join(path, "model.safetensors")
+        raise CheckpointWriteError(f"cannot write checkpoint {os.fspath(path)}: it is a folder; "
+                                   f"pass a file path such as {example}")
+    try:
+        atomic_write(path, data)
+    except OSError as e:
+        raise CheckpointWriteError(
+            f"cannot write checkpoint {os.fspath(path)}: {e.strerror or e} "
+            f"({type(e).__name__}); choose a path in a writable folder with free space") from e
 
 
 def _read(path):
     """(arrays, metadata) of a safetensors file, with a clear error for a bad file."""
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {path} is a folder, not a file; pass the path of the "
+                              f".safetensors file inside it")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     with open(path, "rb") as f:

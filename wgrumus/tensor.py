@@ -89,7 +89,8 @@ class Tensor:
             elif a.dtype == float16:
                 dtype = float16
             else:
-                raise WgrumusError(f"cannot make a tensor from numpy dtype {a.dtype}")
+                raise WgrumusError(f"cannot make a tensor from numpy dtype {a.dtype}; tensors "
+                                   f"hold float32, float16 or int32: convert first (.astype)")
         dtype = as_dtype(dtype)
         if dtype == int32 and a.dtype.kind in "iu" and a.size and (
                 a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):

@@ -1,18 +1,22 @@
 """`wgrumus bench`: run the benchmark scripts of a source checkout (benchmarks/*.py).
 
-Each benchmark is a script with ``main(argv)`` that measures wgrumus and, in the same run, its
-references (numpy, torch where importable) and prints its own table with the ratios. This
-command finds them, imports them and calls ``main`` with the arguments given after the name.
+Each benchmark is a script that measures wgrumus and, in the same run, its references (numpy,
+torch where importable) and prints its own table with the ratios. Each runs in its own Python
+process: a benchmark picks its device count (WGRUMUS_DEVICES) before wgrumus starts, and the
+device set of a process is fixed once made.
 """
 from __future__ import annotations
 
-import importlib.util
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from .common import UsageError, console
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
+NOT_IN_ALL = {"reliability"}  # a fault-injection campaign, not a performance benchmark
 
 
 def bench_dir() -> Path | None:
@@ -34,21 +38,28 @@ def add_parser(sub) -> None:
         "bench", help="run benchmarks (ops, collectives, pipeline, data parallel, ...)",
         description="Run the benchmarks of a source checkout and print their tables, with "
         "references (numpy; torch where importable) measured in the same run. "
-        "`wgrumus bench` runs all of them with --quick; `wgrumus bench NAME [ARGS...]` runs one "
-        "with its own arguments (see `wgrumus bench NAME --help`).")
+        "`wgrumus bench` runs all of them with --quick (the fault campaign `reliability` only "
+        "by name); `wgrumus bench NAME [ARGS...]` runs one with its own arguments (see "
+        "`wgrumus bench NAME --help`).")
     p.add_argument("name", nargs="?", help="benchmark to run (default: all, quick)")
     p.add_argument("args", nargs="...", help="arguments passed to the benchmark")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     p.set_defaults(func=run)
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(f"wgrumus_bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if not callable(getattr(mod, "main", None)):
-        raise UsageError(f"benchmarks/{path.name} has no main(argv) function")
-    return mod
+def _run_script(path: Path, argv: list) -> int:
+    """The benchmark in a child process, its output streamed to ours."""
+    env = dict(os.environ)
+    root = str(path.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "")
+                                                  .split(os.pathsep) if p])
+    p = subprocess.Popen([sys.executable, str(path), *argv], env=env)
+    try:
+        return p.wait()
+    except KeyboardInterrupt:
+        p.terminate()
+        p.wait(30)
+        raise
 
 
 def run(args) -> int:
@@ -69,16 +80,14 @@ def run(args) -> int:
                              f"{', '.join(found)}")
         todo = [(args.name, list(args.args))]
     else:
-        todo = [(name, ["--quick"]) for name in found]
+        todo = [(name, ["--quick"] if "--quick" in path.read_text() else [])
+                for name, path in found.items() if name not in NOT_IN_ALL]
     failed = []
     for name, argv in todo:
         con.rule(f"[bold]{name}[/] {' '.join(argv)}")
         t0 = time.perf_counter()
-        try:
-            rc = _load(name, found[name]).main(argv)
-        except SystemExit as e:  # a benchmark's argparse rejected the arguments
-            rc = e.code if isinstance(e.code, int) else 1
-        if rc not in (None, 0):
+        rc = _run_script(found[name], argv)
+        if rc != 0:
             failed.append(name)
             con.print(f"[red]{name} exited with {rc}")
         con.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s")

@@ -34,4 +34,23 @@ def run(args) -> int:
                          + (["--json"] if args.json else []))
     targs.title = "wgrumus demo"
     cfg = loop.config_from_args(targs)
+    if not args.json:
+        _intro(cfg)
     return loop.train(cfg)
+
+
+def _intro(cfg) -> None:
+    """What is about to run, and the schedule each replica's pipeline follows."""
+    import wgrumus as wr
+    from ..distributed.pipeline import get_schedule, render
+    from .common import console
+    con = console()
+    devs = wr.devices()[:cfg.layout.world]
+    adapters = sorted({d.adapter_info.get("device", "?") for d in devs})
+    con.print(f"[bold]wgrumus demo[/]: an MLP learns the 8x8 handwritten digits with "
+              f"{cfg.layout.dp} data-parallel replicas x {cfg.layout.pp} pipeline stages on "
+              f"{len(devs)} devices ({', '.join(adapters)}).")
+    con.print(f"Each replica's pipeline runs this {cfg.layout.schedule} schedule every step "
+              f"(F/B = forward/backward of micro-batch k):")
+    con.print(render(get_schedule(cfg.layout.schedule, cfg.layout.pp,
+                                  cfg.layout.micro_batches)), markup=False, highlight=False)

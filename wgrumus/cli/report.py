@@ -122,7 +122,7 @@ def _curve(cfg, res, con) -> None:
     losses = res["losses"]
     if len(losses) < 2:
         return
-    path = cfg.plot or os.path.join(cfg.checkpoint or ".", "loss.png")
+    path = cfg.plot or os.path.join(cfg.checkpoint or ".", f"wgrumus-{cfg.model}-loss.png")
     try:
         saved = save_png(losses, path, f"{cfg.model} ({cfg.layout.describe()})")
     except OSError as e:

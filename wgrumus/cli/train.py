@@ -54,8 +54,9 @@ def add_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
                    "(atomically) every --checkpoint-every steps, at the end and on Ctrl-C")
     g.add_argument("--checkpoint-every", type=positive(), default=50, metavar="N")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
-    g.add_argument("--plot", metavar="PNG", help="loss curve file (default: <checkpoint or .>/"
-                   "loss.png when matplotlib is installed; else a terminal plot)")
+    g.add_argument("--plot", metavar="PNG", help="loss curve file when matplotlib is installed "
+                   "(default: wgrumus-<model>-loss.png in the checkpoint directory or here); "
+                   "without matplotlib a plot is drawn in the terminal")
     g.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
 
 

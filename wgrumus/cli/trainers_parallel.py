@@ -126,7 +126,9 @@ class PipelineTrainer(_Base):
             self.stages.append(stages)
             self.execs.append(PipelineExecutor(stages, lay.micro_batches, schedule=lay.schedule,
                                                timeout=120.0))
-            self.opts.append([task.make_optimizer(st.parameters()) for st in stages])
+            # a stage of parameter-free layers only (e.g. a lone ReLU) has no optimizer
+            self.opts.append([task.make_optimizer(st.parameters()) if st.parameters() else None
+                              for st in stages])
 
     def _run(self, r, x, y):
         return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
@@ -136,8 +138,9 @@ class PipelineTrainer(_Base):
         dp = self.lay.dp
         if dp == 1:
             loss, store = self._run(0, x, y)
-            for opt, st in zip(self.opts[0], self.stages[0]):
-                opt.step(store)
+            for opt in self.opts[0]:
+                if opt is not None:
+                    opt.step(store)
             return float(loss)
         n = len(x) // dp
         results: list = [None] * dp
@@ -181,7 +184,8 @@ class PipelineTrainer(_Base):
                 new[r].accumulate(p, wr.tensor(mean, device=p.device))
         for r in range(self.lay.dp):
             for opt in self.opts[r]:
-                opt.step(new[r])
+                if opt is not None:
+                    opt.step(new[r])
 
     def predict(self, x) -> np.ndarray:
         import wgrumus as wr
@@ -194,12 +198,14 @@ class PipelineTrainer(_Base):
     def state_dict(self) -> dict:
         """Dense: the stages' optimizer states merged as one optimizer over the whole model's
         parameters (stage s's parameters follow stage s-1's), so any layout can resume it."""
-        state, off = {}, 0
+        state, off, groups = {}, 0, []
         for st, o in zip(self.stages[0], self.opts[0]):
-            osd = o.state_dict()
-            state.update({off + int(k): v for k, v in osd["state"].items()})
+            if o is not None:
+                osd = o.state_dict()
+                state.update({off + int(k): v for k, v in osd["state"].items()})
+                groups = osd["param_groups"]
             off += len(st.parameters())
-        groups = [dict(g, params=list(range(off))) for g in osd["param_groups"]]
+        groups = [dict(g, params=list(range(off))) for g in groups]
         return {"model": self.master.state_dict(),
                 "optimizer": {"state": state, "param_groups": groups}}
 
@@ -212,6 +218,8 @@ class PipelineTrainer(_Base):
             off = 0
             for st, o in zip(stages, opts):
                 n = len(st.parameters())
+                if o is None:
+                    continue  # parameter-free stage: n == 0, nothing to skip over
                 o.load_state_dict({
                     "state": {int(k) - off: v for k, v in dense["state"].items()
                               if off <= int(k) < off + n},

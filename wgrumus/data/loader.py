@@ -31,6 +31,13 @@ def default_collate(samples):
 
 
 class DataLoader:
+    """Batches of ``dataset`` in a seeded order, prepared ahead by a background thread.
+
+    ``iter(loader)`` continues the current epoch from the next batch not yet handed out (a
+    finished pass moves on to the next epoch), so breaking out of a loop and iterating again
+    resumes rather than repeats. ``prefetch=0`` builds batches in the caller's thread; with a
+    ``device`` each batch arrives as tensors on it."""
+
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int = 0, prefetch: int = 2, device=None,
                  collate_fn=None, timeout: float = 60.0):

@@ -18,9 +18,15 @@ def _nn():
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias, weight [out, in] like PyTorch."""
-    y = matmul(x, weight.T)
-    return y + bias if bias is not None else y
+    """x @ weight.T + bias, weight [out, in] like PyTorch. Leading dims are folded into one
+    GEMM, so the weight gradient is one [in, rows] @ [rows, out] product, not a batched one
+    summed afterwards."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
+    y = matmul(x2, weight.T)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(lead + (weight.shape[0],)) if x.ndim > 2 else y
 
 
 def relu(x: Tensor) -> Tensor:

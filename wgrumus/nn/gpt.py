@@ -50,7 +50,7 @@ class GPT(Module):
 
     def forward(self, idx):
         if not isinstance(idx, Tensor):
-            idx = tensor(np.asarray(idx, np.int32), device=self.device)
+            idx = tensor(np.asarray(idx, np.int32), device=self.wte.weight.device)
         if idx.ndim != 2:
             raise ShapeError(f"GPT expects token ids [B, T], got shape {idx.shape}")
         B, T = idx.shape
@@ -69,7 +69,7 @@ class GPT(Module):
         Sampling runs on the device with the Gumbel-max trick (argmax of logits / temperature
         plus Gumbel noise from the seeded generator); temperature 0 is greedy decoding."""
         if not isinstance(idx, Tensor):
-            idx = tensor(np.asarray(idx, np.int32), device=self.device)
+            idx = tensor(np.asarray(idx, np.int32), device=self.wte.weight.device)
         if idx.dtype != int32:
             idx = idx.int()
         was_training = self.training

@@ -246,11 +246,6 @@ class Module:
                             t.grad = t.grad.to(dev)
         return self
 
-    @property
-    def device(self):
-        ps = self.parameters() or self.buffers()
-        return ps[0].device if ps else get_device(None)
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.parameters():
             p.grad = None

@@ -17,6 +17,8 @@ SCALAR_BASE = 48
 
 
 def broadcast_shapes(*shapes) -> tuple:
+    if len(shapes) == 2 and shapes[0] == shapes[1]:  # the common case, on every op
+        return tuple(shapes[0])
     nd = max((len(s) for s in shapes), default=0)
     out = []
     for k in range(nd):
@@ -37,6 +39,8 @@ def broadcast_shapes(*shapes) -> tuple:
 
 def expand_strides(t: Tensor, shape) -> tuple:
     """Strides of ``t`` viewed at the broadcast ``shape`` (0 along broadcast dims)."""
+    if t.shape == shape:
+        return t.strides
     pad = len(shape) - t.ndim
     if pad < 0:
         raise ShapeError(f"cannot broadcast shape {t.shape} to {tuple(shape)}")

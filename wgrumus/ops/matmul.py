@@ -114,15 +114,16 @@ def _unrolled(tm: int, bk: int) -> dict:
             "STORE": "\n".join("    " + x for x in store)}
 
 
-def kernel_for(tm: int, bk: int, am: int, bm: int) -> Kernel:
+def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1) -> Kernel:
     """The matmul specialisation: TM x TM outputs per invocation (tile 16*TM), k step BK, load
-    modes of A and B (see shaders/matmul.wgsl)."""
+    modes of A and B, launch-order swizzle and workgroup-tile row padding (see
+    shaders/matmul.wgsl; one quad of padding keeps transposing stores free of bank conflicts)."""
     tile = 16 * tm
     loads = tile * bk // 1024
     if loads < 1 or bk % 4 or tm % 4:
         raise ValueError(f"matmul tile {tile} with k step {bk} leaves invocations without loads")
-    return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, BK=bk, LOADS=loads,
-                     SMEM=2 * bk * tile // 4, ACC=tm * tm // 4, AM=am, BM=bm,
+    return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, TQP=tile // 4 + pad, BK=bk,
+                     LOADS=loads, SMEM=2 * bk * (tile // 4 + pad), ACC=tm * tm // 4, AM=am, BM=bm, SWZ=swz,
                      **_unrolled(tm, bk))
 
 
@@ -140,22 +141,23 @@ def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
 
 
 def _pick_tile(dev, M, N, nbatch) -> tuple:
-    """(TM, BK): 8x8 per invocation (128x128 tiles) once there are enough tiles to fill the GPU,
-    4x4 (64x64 tiles) for small products so that they still spread over all cores."""
+    """(TM, BK, SWZ): 8x8 per invocation (128x128 tiles) once there are enough tiles to fill
+    the GPU, 4x4 (64x64 tiles) for small products so that they still spread over all cores."""
     big = nbatch * (-(-M // 128)) * (-(-N // 128))
     if M >= 128 and N >= 128 and big >= _big_tile_min(dev):
-        return 8, BK_BIG
-    return 4, 16
+        return 8, BK_BIG, SWIZZLE
+    return 4, 16, SWIZZLE
 
 
 BK_BIG = 8
+SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 
 
 def _big_tile_min(dev) -> int:
     cached = getattr(dev, "_mm_big_tile_min", None)
     if cached is None:
         cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
-        cached = 1 if cpu else 512
+        cached = 1 if cpu else 256
         dev._mm_big_tile_min = cached
     return cached
 
@@ -166,8 +168,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None):
     am = _mode(a.offset, sa, ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
-    tm, bk = tile or _pick_tile(a.device, M, N, nbatch)
-    k = kernel_for(tm, bk, am, bm)
+    tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
+    k = kernel_for(tm, bk, am, bm, *rest)
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     t = 16 * tm
     gx, gy = -(-N // t), -(-M // t)

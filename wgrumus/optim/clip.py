@@ -37,7 +37,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=N
             s = _sum(stack(parts, 0)) if len(parts) > 1 else reshape(parts[0], ())
             total = map_op("pow_(a, 1.0 / pf(48u))", [s], scalars=[norm_type])
         if error_if_nonfinite and not bool(abs(total.item()) < float("inf")):
-            raise WgrumusError(f"clip_grad_norm_: the total gradient norm is {total.item()}")
+            raise WgrumusError(f"clip_grad_norm_: the total gradient norm is {total.item()} "
+                               f"(a gradient holds NaN or inf); check the inputs and loss for "
+                               f"NaN, lower the learning rate, or pass error_if_nonfinite=False")
         coef = map_op("min(pf(48u) / (a + 1e-6), 1.0)", [total], scalars=[float(max_norm)])
         # New tensors rather than in-place writes: autograd may hand the same gradient tensor
         # (or views of one) to several leaves, which an in-place scale would scale twice.

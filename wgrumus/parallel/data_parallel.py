@@ -228,6 +228,17 @@ class DataParallel:
                 w.close(self.timeout)
             self._comm.close()
 
+    def __del__(self):
+        # Forgotten close(): let the threads end without waiting on them here.
+        try:
+            if not self._closed:
+                self._closed = True
+                for w in self._workers:
+                    w.close(0)
+                self._comm.close(0)
+        except Exception:  # interpreter shutdown, or a half-built object
+            pass
+
     def __enter__(self):
         return self
 
@@ -242,6 +253,16 @@ class DataParallel:
 
     def state_dict(self):
         return self.module.state_dict()
+
+    def train(self, mode: bool = True):
+        """Training / evaluation mode on every replica (Dropout, BatchNorm)."""
+        for r in self.replicas:
+            if hasattr(r, "train"):
+                r.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
 
     # ------------------------------------------------------------------ weights
     def broadcast_weights(self) -> None:
@@ -371,16 +392,18 @@ class DataParallel:
         (shard losses weighted by shard size: equal to the single-device loss).
 
         ``optimizers``: one optimizer per replica (built on ``replicas[k].parameters()``), or a
-        callable ``params -> optimizer`` (called once per replica, then reused), or with mpi /
-        one replica a single optimizer. Inside ``no_sync`` gradients only accumulate."""
+        callable ``params -> optimizer`` (called once per replica on first use, and the
+        optimizers reused while the same factory is passed: pass one factory object, not a new
+        lambda every step), or with mpi / one replica a single optimizer. Inside ``no_sync``
+        gradients only accumulate."""
         return self._step(batch, targets, loss_fn, self._resolve_optimizers(optimizers))[0]
 
     def _resolve_optimizers(self, optimizers):
         if isinstance(optimizers, type) or (callable(optimizers) and
                                             not hasattr(optimizers, "step")):
-            if self._optimizers is None:
-                self._optimizers = [optimizers(ps) for ps in self._params]
-            return self._optimizers
+            if self._optimizers is None or self._optimizers[0] != optimizers:
+                self._optimizers = (optimizers, [optimizers(ps) for ps in self._params])
+            return self._optimizers[1]
         if hasattr(optimizers, "step"):
             optimizers = [optimizers]
         optimizers = list(optimizers)

@@ -86,9 +86,9 @@ class ThreadComm:
         if self.barrier.broken:
             self.barrier = CollectiveBarrier(len(self.comms), timeout=self.timeout)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         for c in self.comms:
-            c.close(self.timeout)
+            c.close(self.timeout if timeout is None else timeout)
 
 
 class _FutureHandle:
@@ -124,7 +124,7 @@ class MPIComm:
     def reset(self) -> None:
         pass  # a broken process group cannot be repaired; its next call raises clearly
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -142,7 +142,7 @@ class GradReducer:
         self.plan, self.params, self.rank, self.comm = plan, list(params), rank, comm
         self.events = events
         self.accumulated = accumulated  # earlier micro-steps' gradients (no_sync)
-        self.device = self.params[0].device
+        self.device = self.params[0].device if self.params else None
         self._index = {p.grad_id: i for i, p in enumerate(self.params)}
         self._grads: list = [None] * len(self.params)
         self._remaining = [len(b.params) for b in plan.buckets]

@@ -8,6 +8,8 @@ batch's submit, so recording an op never waits on the GPU.
 from __future__ import annotations
 
 import os
+import re
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,10 +23,14 @@ from .pool import BufferPool
 SLOT = 256  # bytes of parameters per dispatch
 MAPPED_WRITE_MIN = 1 << 16  # uploads from this size go through mapped staging buffers
 READ_CHUNK = 32 << 20  # large downloads are split so copy-out overlaps the next chunk's DMA
+READ_INFLIGHT = 3  # chunks of a large download in flight at once
+COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
 ARENA_SLOTS = 1024
 MAX_WG_PER_DIM = 65535
+BIND_GROUP_CACHE = 4096  # bind groups kept per device (keyed by layout + buffers)
+_BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>")
 _OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # Kernel families whose every access is range-checked by the kernel itself: compiled without
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
@@ -57,6 +63,8 @@ class Device:
         self._arena = self.wgpu.create_buffer(
             size=SLOT * ARENA_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
         self._params = np.zeros((ARENA_SLOTS, SLOT // 4), dtype=np.uint32)
+        self._params_bytes = memoryview(self._params).cast("B")
+        self._bind_groups: dict = {}
         self._slots = 0
         self._encoder = None
         self._pass = None
@@ -72,8 +80,13 @@ class Device:
         return f"Device({self.index}: {self.name})"
 
     # ------------------------------------------------------------------ pipelines
-    def pipeline(self, kernel: Kernel):
-        p = self._pipelines.get(kernel.key)
+    def pipeline(self, kernel: Kernel, nbuf: int | None = None):
+        """(pipeline, bind group layout, dynamic) for a kernel bound with nbuf storage buffers.
+        The layout is explicit where the shader's bindings can be read off its source: the
+        parameter slot then is a dynamic offset, so one bind group serves every dispatch on
+        the same buffers. Otherwise the layout is wgpu's automatic one."""
+        key = (kernel.key, nbuf)
+        p = self._pipelines.get(key)
         if p is None:
             src = kernel.source()
             try:
@@ -82,15 +95,56 @@ class Device:
                     module = _trusted_module(self.wgpu, src, kernel.family)
                 if module is None:
                     module = self.wgpu.create_shader_module(code=src, label=kernel.family)
-                p = self.wgpu.create_compute_pipeline(
-                    layout=wgpu.AutoLayoutMode.auto,
-                    compute={"module": module, "entry_point": kernel.entry})
+                compute = {"module": module, "entry_point": kernel.entry}
+                p = self._explicit_pipeline(src, nbuf, compute)
+                if p is None:
+                    pipe = self.wgpu.create_compute_pipeline(layout=wgpu.AutoLayoutMode.auto,
+                                                             compute=compute)
+                    p = (pipe, pipe.get_bind_group_layout(0), False)
             except Exception as e:  # a wgrumus bug: show which kernel and specialisation
                 raise KernelError(f"kernel {kernel.family}:{kernel.entry} {dict(kernel.defines)} "
                                   f"failed to build on {self.name}: {e}") from e
-            p = (p, p.get_bind_group_layout(0))
-            self._pipelines[kernel.key] = p
+            self._pipelines[key] = p
         return p
+
+    def _explicit_pipeline(self, src: str, nbuf, compute):
+        if nbuf is None:
+            return None
+        decl = {int(b): (space, access) for b, space, access in _BINDING.findall(src)}
+        if decl.get(0, ("",))[0] != "uniform" or any(
+                decl.get(i, ("",))[0] != "storage" for i in range(1, nbuf + 1)):
+            return None
+        stage = wgpu.ShaderStage.COMPUTE
+        entries = [{"binding": 0, "visibility": stage,
+                    "buffer": {"type": wgpu.BufferBindingType.uniform,
+                               "has_dynamic_offset": True}}]
+        for i in range(1, nbuf + 1):
+            rw = decl[i][1] == "read_write"
+            entries.append({"binding": i, "visibility": stage, "buffer": {
+                "type": wgpu.BufferBindingType.storage if rw
+                else wgpu.BufferBindingType.read_only_storage}})
+        try:
+            bgl = self.wgpu.create_bind_group_layout(entries=entries)
+            layout = self.wgpu.create_pipeline_layout(bind_group_layouts=[bgl])
+            return (self.wgpu.create_compute_pipeline(layout=layout, compute=compute), bgl, True)
+        except Exception:  # e.g. an entry point that leaves a declared binding unused
+            return None
+
+    def _bind_group(self, layout, buffers, slot: int):
+        """Bind group for a dynamic-offset layout, cached by (layout, buffers)."""
+        key = (layout, *buffers)
+        bg = self._bind_groups.get(key)
+        if bg is None:
+            if len(self._bind_groups) >= BIND_GROUP_CACHE:
+                self._bind_groups.clear()
+            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0,
+                                                    "size": SLOT}}]
+            for i, b in enumerate(buffers):
+                entries.append({"binding": i + 1, "resource": {"buffer": b, "offset": 0,
+                                                                "size": b.size}})
+            bg = self.wgpu.create_bind_group(layout=layout, entries=entries)
+            self._bind_groups[key] = bg
+        return bg
 
     # ------------------------------------------------------------------ recording
     def _open_pass(self):
@@ -116,23 +170,26 @@ class Device:
             return
         if max(gx, gy, gz) > MAX_WG_PER_DIM:
             raise KernelError(f"dispatch {groups} exceeds {MAX_WG_PER_DIM} workgroups per dimension")
-        words = _pack(params)
+        fmt, vals = _pack(params)
         with self.lock:
-            pipe, layout = self.pipeline(kernel)
+            pipe, layout, dynamic = self.pipeline(kernel, len(buffers))
             if self._slots == ARENA_SLOTS:
                 self._flush_locked()
             slot = self._slots
             self._slots += 1
-            self._params[slot, :len(words)] = words
-            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": slot * SLOT,
-                                                    "size": SLOT}}]
-            for i, b in enumerate(buffers):
-                entries.append({"binding": i + 1, "resource": {"buffer": b, "offset": 0,
-                                                                "size": b.size}})
-            bg = self.wgpu.create_bind_group(layout=layout, entries=entries)
+            struct.pack_into(fmt, self._params_bytes, slot * SLOT, *vals)
             cp = self._open_pass()
             cp.set_pipeline(pipe)
-            cp.set_bind_group(0, bg)
+            if dynamic:
+                cp.set_bind_group(0, self._bind_group(layout, buffers, slot), [slot * SLOT])
+            else:
+                entries = [{"binding": 0, "resource": {"buffer": self._arena,
+                                                        "offset": slot * SLOT, "size": SLOT}}]
+                for i, b in enumerate(buffers):
+                    entries.append({"binding": i + 1, "resource": {"buffer": b, "offset": 0,
+                                                                    "size": b.size}})
+                cp.set_bind_group(0, self.wgpu.create_bind_group(layout=layout,
+                                                                 entries=entries))
             cp.dispatch_workgroups(gx, gy, gz)
             self.dispatches += 1
 
@@ -289,14 +346,12 @@ class Device:
         flat = out.reshape(-1).view(np.uint8)
         nbytes = flat.nbytes
         step = READ_CHUNK if nbytes > 2 * READ_CHUNK else nbytes
-        pending = [(lo, self.read_start(buf, offset + lo, min(step, nbytes - lo)))
-                   for lo in range(0, min(nbytes, 2 * step), step)]
-        nxt = len(pending) * step
-        while pending:
-            lo, d = pending.pop(0)
-            if nxt < nbytes:  # keep two chunks in flight
+        pending, nxt = [], 0
+        while pending or nxt < nbytes:
+            while nxt < nbytes and len(pending) < READ_INFLIGHT:
                 pending.append((nxt, self.read_start(buf, offset + nxt, min(step, nbytes - nxt))))
                 nxt += step
+            lo, d = pending.pop(0)
             d.into(flat[lo:lo + d.nbytes])
         return out
 
@@ -345,14 +400,14 @@ _COPY_POOL: list = []
 
 def par_copy(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[:] = src for flat uint8 arrays; large copies are split over a few threads (numpy
-    releases the GIL while copying: one core moves ~9 GB/s, eight ~29 GB/s on an H100 host)."""
+    releases the GIL while copying: one core moved ~9 GB/s, eight ~29 GB/s on the H100 host)."""
     n = src.nbytes
-    nt = min(8, os.cpu_count() or 1)
+    nt = COPY_THREADS
     if n < PAR_COPY_MIN or nt < 2:
         np.copyto(dst, src)
         return
-    if not _COPY_POOL:
-        _COPY_POOL.append(ThreadPoolExecutor(nt, thread_name_prefix="wgrumus-copy"))
+    if not _COPY_POOL or _COPY_POOL[0]._max_workers < nt:
+        _COPY_POOL[:] = [ThreadPoolExecutor(nt, thread_name_prefix="wgrumus-copy")]
     step = -(-n // nt)
     step = (step + 4095) & ~4095
     futs = [_COPY_POOL[0].submit(np.copyto, dst[i:i + step], src[i:i + step])
@@ -397,13 +452,17 @@ def groups_1d(n: int, wg: int = 256) -> tuple:
     return (gx, gy, 1)
 
 
-def _pack(params) -> np.ndarray:
-    out = np.zeros(len(params), dtype=np.uint32)
-    for i, v in enumerate(params):
-        if isinstance(v, (float, np.floating)):
-            out[i] = np.float32(v).view(np.uint32)
-        else:
-            out[i] = np.int64(v) & 0xFFFFFFFF
-    if len(out) > SLOT // 4:
-        raise KernelError(f"{len(out)} parameter words exceed the {SLOT // 4}-word slot")
-    return out
+_FMT_CACHE: dict = {}
+
+
+def _pack(params):
+    """(struct format, values) that write the parameter words: floats as f32 bits, ints
+    (also negative ones) as their low 32 bits."""
+    if len(params) > SLOT // 4:
+        raise KernelError(f"{len(params)} parameter words exceed the {SLOT // 4}-word slot")
+    kinds = tuple(isinstance(v, (float, np.floating)) for v in params)
+    fmt = _FMT_CACHE.get(kinds)
+    if fmt is None:
+        fmt = _FMT_CACHE[kinds] = "<" + "".join("f" if k else "I" for k in kinds)
+    vals = [float(v) if k else int(v) & 0xFFFFFFFF for v, k in zip(params, kinds)]
+    return fmt, vals
