@@ -8,14 +8,11 @@ compared step by step.
 from __future__ import annotations
 
 import argparse
-import math
-import os
-import time
 
-from .common import UsageError, console, env_rank, positive, print_json
+from .common import positive
 
 MODELS = ("mlp", "cnn", "gpt")
-SCHEDULES = ("1f1b", "gpipe", "interleaved")
+SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 

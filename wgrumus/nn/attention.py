@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..ops.launch import run_map
+from ..ops.nnops import softmax as softmax_op
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor
 from . import functional as F
@@ -21,12 +22,16 @@ def causal_mask(T: int, device) -> Tensor:
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
-                                 training: bool = False):
-    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors."""
-    att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+                                 training: bool = False, is_causal: bool = False):
+    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without an explicit mask the
+    scaling and the causal mask are fused into the softmax kernel (and its backward)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    att = q @ k.transpose(-1, -2)
     if mask is not None:
-        att = att + mask
-    att = F.softmax(att, -1)
+        att = att * scale + mask
+        att = softmax_op(att, -1, causal=is_causal)
+    else:
+        att = softmax_op(att, -1, scale=scale, causal=is_causal)
     att = F.dropout(att, dropout_p, training)
     return att @ v
 
@@ -57,13 +62,6 @@ class MultiheadAttention(Module):
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, device=device, seed=_sub(seed, 1))
         if bias:
             init.zeros_(self.out_proj.bias)
-        self._masks: dict = {}
-
-    def _mask(self, T, device):
-        key = (T, device.index)
-        if key not in self._masks:
-            self._masks[key] = causal_mask(T, device)
-        return self._masks[key]
 
     def _heads(self, x):
         B, T, _ = x.shape
@@ -85,13 +83,10 @@ class MultiheadAttention(Module):
             q, k, v = (F.linear(t, wi, bi) for t, wi, bi in zip((query, key, value), w, b))
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         causal = self.causal if is_causal is None else is_causal
-        mask = attn_mask
-        if causal:
-            if k.shape[2] != T:
-                raise ShapeError("a causal mask needs key and query of the same length")
-            cm = self._mask(T, query.device)
-            mask = cm if mask is None else mask + cm
-        y = scaled_dot_product_attention(q, k, v, mask, self.dropout, self.training)
+        if causal and k.shape[2] != T:
+            raise ShapeError("a causal mask needs key and query of the same length")
+        y = scaled_dot_product_attention(q, k, v, attn_mask, self.dropout, self.training,
+                                         is_causal=causal)
         y = y.permute(0, 2, 1, 3).reshape(B, T, E)
         return self.out_proj(y)
 

@@ -60,9 +60,8 @@ def row_parallel_linear(x, weight, bias, group, input_is_parallel=True,
 
 def attention_heads(q, k, v, causal=True):
     """Scaled dot-product attention on [B, H, T, D] tensors (nn's kernel and causal mask)."""
-    from ...nn.attention import causal_mask, scaled_dot_product_attention
-    mask = causal_mask(q.shape[-2], q.device) if causal else None
-    return scaled_dot_product_attention(q, k, v, mask)
+    from ...nn.attention import scaled_dot_product_attention
+    return scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num_heads,
