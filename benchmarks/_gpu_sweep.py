@@ -218,6 +218,34 @@ def sweep_read_params(mb):
     dmod.COPY_THREADS, dmod.READ_CHUNK, dmod.READ_INFLIGHT = keep
 
 
+def sweep_write_params(mb):
+    """Uploads through Device.write for several chunk sizes and copy thread counts, each
+    repeated to show the run-to-run spread; downloads into a given array likewise."""
+    import wgrumus as wr
+    from wgrumus.runtime import device as dmod
+    dev = wr.devices()[0]
+    n = (mb << 20) // 4
+    host = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    t = wr.tensor(host)
+    buf = t._storage.buffer
+    out = np.empty_like(host)
+    keep = (dmod.COPY_THREADS, dmod.WRITE_CHUNK)
+    for th in (8, 16):
+        dmod.COPY_THREADS = th
+        for chunk in (1 << 10, 128, 64, 32):
+            dmod.WRITE_CHUNK = chunk << 20
+            g = [host.nbytes / timeit(lambda: dev.write(buf, host), dev.synchronize) / 1e9
+                 for _ in range(3)]
+            emit(what="h2d", how="device.write", threads=th, chunk_mb=chunk, gbps=g)
+        g = [host.nbytes / timeit(lambda: dev.read_array(buf, 0, n, np.float32, out=out),
+                                  lambda: None) / 1e9 for _ in range(3)]
+        emit(what="d2h", how="read_array(out=)", threads=th, gbps=g)
+    g = [host.nbytes / timeit(lambda: t.numpy(), lambda: None) / 1e9 for _ in range(3)]
+    emit(what="d2h", how="Tensor.numpy zero-copy", gbps=g)
+    assert np.array_equal(t.numpy(), host)
+    dmod.COPY_THREADS, dmod.WRITE_CHUNK = keep
+
+
 def small_ops(n_ops=2000):
     import wgrumus as wr
     dev = wr.devices()[0]
@@ -316,6 +344,8 @@ def main():
         sweep_staging(a.mb)
     if "small" in only:
         small_ops()
+    if "writeparams" in only:
+        sweep_write_params(a.mb)
     if "readparams" in only:
         sweep_read_params(a.mb)
 

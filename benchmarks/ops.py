@@ -77,6 +77,16 @@ def bench_matmul(rows, dev, sizes, th):
             ref_t = flop / timeit(lambda: x @ y, th.cuda.synchronize) / 1e9
         rows.add("matmul", f"{n}", "GFLOP/s", ours, ref_np, ref_t)
         rows.add("matmul A@B^T", f"{n}", "GFLOP/s", ours_t, None, ref_t)
+        if n == sizes[-1] and "shader-f16" in dev.features:
+            # f16 storage, f32 accumulation; torch's f16 runs on tensor cores
+            ah, bh = a.half(), b.half()
+            ours_h = flop / timeit(lambda: ah @ bh, dev.synchronize) / 1e9
+            ref_h = None
+            if th is not None:
+                xh, yh = x.half(), y.half()
+                ref_h = flop / timeit(lambda: xh @ yh, th.cuda.synchronize) / 1e9
+            rows.add("matmul f16", f"{n}", "GFLOP/s", ours_h, None, ref_h,
+                     note="f16 storage, f32 accumulate; torch f16 uses tensor cores")
 
 
 def bench_elementwise(rows, dev, n, th):

@@ -354,7 +354,6 @@ def case_data_parallel(plan: Plan, T: float, rng) -> dict:
 
 
 def case_pipeline(plan: Plan, T: float, rng) -> dict:
-    import wgrumus as wr
     from wgrumus import nn
     from wgrumus.distributed.pipeline import PipelineExecutor, PipelineStage
     p, m = 3, 4
@@ -731,6 +730,12 @@ def ckpt_child(path: str) -> None:
     dev = devices()[0]
     m, opt, X, Y = ckpt_setup(dev)
     step = 0
+    write = wio.atomic_write
+
+    def traced_write(path, data):  # marks the start of the file write for the parent
+        print(f"WRITE {step} {len(data)}", flush=True)
+        write(path, data)
+    wio.atomic_write = traced_write
     while True:
         print(f"BEGIN {step}", flush=True)
         wio.save_checkpoint(path, m, opt, step=step)
@@ -778,19 +783,31 @@ def kill_once(folder: Path, rng, ref: Reference, max_delay: float = 1.5) -> dict
             child.kill()
             raise RuntimeError(f"checkpoint child never saved: {child.stderr.read()[-2000:]}")
         time.sleep(0.01)
-    delay = float(rng.uniform(0.0, max_delay))
+    mode = str(rng.choice(["anytime", "during-write"]))
+    if mode == "during-write":  # the next write that starts, killed 0-20 ms into it
+        seen = sum(l.startswith("WRITE") for l in list(lines)) + int(rng.integers(0, 6))
+        while sum(l.startswith("WRITE") for l in list(lines)) <= seen:
+            if time.monotonic() - t0 > 120:
+                break
+            time.sleep(0.0005)
+        delay = float(rng.uniform(0.0, 0.02))
+    else:
+        delay = float(rng.uniform(0.0, max_delay))
     time.sleep(delay)
     os.kill(child.pid, signal.SIGKILL)
     child.wait(30)
     reader.join(10)
     child.stderr.close()
     saved = [int(l.split()[1]) for l in lines if l.startswith("SAVED")]
-    begun = [int(l.split()[1]) for l in lines if l.startswith("BEGIN")]
-    mid_write = bool(begun) and begun[-1] not in saved
+    events = [l.split()[0] for l in lines if l.split() and l.split()[0] in
+              ("BEGIN", "WRITE", "SAVED")]
+    # where the kill landed: serialising the state, writing the file, or training
+    phase = {"BEGIN": "serialize", "WRITE": "write", "SAVED": "train"}[events[-1]]
+    mid_write = phase == "write"
+    nbytes = [int(l.split()[2]) for l in lines if l.startswith("WRITE")]
     temps = [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
-    for name in temps:  # litter of the killed writer: never read, safe to delete
-        (folder / name).unlink()
-    rec = {"delay": round(delay, 3), "last_saved": saved[-1], "mid_write": mid_write,
+    rec = {"mode": mode, "delay": round(delay, 4), "phase": phase, "bytes": nbytes[-1],
+           "last_saved": saved[-1], "mid_write": mid_write,
            "temp_files_left": len(temps), "returncode": child.returncode}
     problems = []
     m, opt, X, Y = ckpt_setup(devices()[0])
@@ -812,6 +829,11 @@ def kill_once(folder: Path, rng, ref: Reference, max_delay: float = 1.5) -> dict
             if not np.allclose(a, b, rtol=1e-4, atol=1e-5):
                 problems.append(f"resumed step {step + 1} differs from the uninterrupted run")
                 break
+        wio.save_checkpoint(path, m, opt, step=step + 1)  # the resumed run checkpoints again:
+        left = [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
+        rec["temp_files_after_next_save"] = len(left)  # ... and clears the killed one's litter
+        if left:
+            problems.append(f"temporary files of the killed writer survive the next save: {left}")
     rec["ok"], rec["problems"] = not problems, problems
     return rec
 
@@ -823,9 +845,63 @@ def kill_campaign(n: int, seed: int, folder: Path, log=print, max_delay: float =
     for i in range(n):
         rec = kill_once(folder, rng, ref, max_delay)
         recs.append(rec)
-        log(f"[kill {i + 1}/{n}] after {rec['delay']:.3f}s: last saved {rec['last_saved']}, "
-            f"loaded {rec.get('loaded_step')}, mid-write={rec['mid_write']}, "
+        log(f"[kill {i + 1}/{n}] {rec['mode']:12s} +{rec['delay']:.4f}s in {rec['phase']:9s}: "
+            f"last saved {rec['last_saved']}, loaded {rec.get('loaded_step')}, "
             f"temp files {rec['temp_files_left']} "
+            f"{'ok' if rec['ok'] else 'FAIL ' + '; '.join(rec['problems'])}")
+    return recs
+
+
+def kill_cli_once(folder: Path, rng, max_delay: float = 2.0) -> dict:
+    """The same through the real command: ``wgrumus train mlp --checkpoint DIR
+    --checkpoint-every 1`` is SIGKILLed at a random moment, then ``--resume`` must continue."""
+    import shutil
+    import signal
+    import wgrumus.io as wio
+    shutil.rmtree(folder, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), WGRUMUS_DEVICES="2")
+    cmd = [sys.executable, "-m", "wgrumus.cli", "train", "mlp", "--checkpoint", str(folder)]
+    child = subprocess.Popen(cmd + ["--steps", "100000", "--checkpoint-every", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                             cwd=ROOT)
+    ckpt = folder / "checkpoint.safetensors"
+    t0 = time.monotonic()
+    while not ckpt.exists() and child.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.01)
+    delay = float(rng.uniform(0.0, max_delay))
+    time.sleep(delay)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(30)
+    temps = [p.name for p in folder.iterdir() if ".tmp" in p.name]
+    rec = {"delay": round(delay, 3), "temp_files_left": len(temps), "problems": []}
+    try:
+        _, meta = wio.load_numpy(ckpt)
+        step = int(meta["step"])
+    except Exception as e:  # noqa: BLE001
+        rec["problems"].append(f"checkpoint unreadable after the kill: {e}")
+    else:
+        rec["step"] = step
+        p = subprocess.run(cmd + ["--steps", str(step + 2), "--resume", "--json"], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        try:
+            out = json.loads(p.stdout.strip().splitlines()[-1])
+            rec["resumed_final_loss"] = out["final_loss"]
+            if p.returncode != 0 or not np.isfinite(out["final_loss"]):
+                rec["problems"].append(f"resume failed (rc {p.returncode})")
+        except Exception as e:  # noqa: BLE001
+            rec["problems"].append(f"resume failed (rc {p.returncode}): {e} {p.stderr[-500:]}")
+    rec["ok"] = not rec["problems"]
+    return rec
+
+
+def kill_cli_campaign(n: int, seed: int, folder: Path, log=print) -> list:
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n):
+        rec = kill_cli_once(folder, rng)
+        recs.append(rec)
+        log(f"[cli kill {i + 1}/{n}] +{rec['delay']:.3f}s: checkpoint step {rec.get('step')}, "
+            f"temp files {rec['temp_files_left']}, resumed loss {rec.get('resumed_final_loss')} "
             f"{'ok' if rec['ok'] else 'FAIL ' + '; '.join(rec['problems'])}")
     return recs
 
@@ -893,21 +969,19 @@ def pytest_configure(config):
     seed = os.environ.get("WGRUMUS_JITTER_SEED")
     if seed is not None:
         patched = install_jitter(int(seed), float(os.environ.get("WGRUMUS_JITTER_MAX", "0.003")))
-        config._wgrumus_jitter = patched
-
-
-def pytest_report_header(config):
-    patched = getattr(config, "_wgrumus_jitter", None)
-    if patched is not None:
-        return f"wgrumus jitter: {len(patched)}/{len(JITTER_POINTS)} points patched"
+        report = os.environ.get("WGRUMUS_JITTER_REPORT")
+        if report:
+            Path(report).write_text("\n".join(patched))
 
 
 def concurrency_run(seed: int, tests=PARALLEL_TESTS, extra=(), wall: float = 900) -> dict:
     """One pytest process over ``tests`` with jitter seeded by ``seed``."""
-    env = dict(os.environ, WGRUMUS_JITTER_SEED=str(seed),
+    import tempfile
+    report = Path(tempfile.mkdtemp(prefix="wgrumus-jitter-")) / "points.txt"
+    env = dict(os.environ, WGRUMUS_JITTER_SEED=str(seed), WGRUMUS_JITTER_REPORT=str(report),
                PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)]))
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "reliability",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "reliability",
                         "-p", "no:cacheprovider", "-k", "not mpi", *extra, *tests],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=wall)
     out = p.stdout + p.stderr
@@ -915,10 +989,11 @@ def concurrency_run(seed: int, tests=PARALLEL_TESTS, extra=(), wall: float = 900
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)",
                                                out.splitlines()[-1] if out else "")}
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
-    header = re.search(r"wgrumus jitter: (\d+)/(\d+)", out)
+    points = report.read_text().split() if report.exists() else []
     return {"seed": seed, "returncode": p.returncode, "seconds": round(time.monotonic() - t0, 1),
-            "counts": counts, "failed": failed, "jitter_points": header.group(0) if header else
-            None, "ok": p.returncode == 0, "tail": "" if p.returncode == 0 else out[-3000:]}
+            "counts": counts, "failed": failed, "jitter_points": len(points),
+            "ok": p.returncode == 0 and len(points) > 0,
+            "tail": "" if p.returncode == 0 else out[-3000:]}
 
 
 def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> list:
@@ -935,7 +1010,7 @@ def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> 
 # ============================================================================= command line
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--campaign", choices=["faults", "kill", "concurrency"], default="faults")
+    ap.add_argument("--campaign", choices=["faults", "kill", "kill-cli", "concurrency"], default="faults")
     ap.add_argument("--runs", type=int, default=100, help="fault runs / concurrency repeats")
     ap.add_argument("--kills", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
@@ -955,9 +1030,18 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     if a.campaign == "kill":
         recs = kill_campaign(a.kills, a.seed, Path(a.folder))
+        phases = {ph: sum(r["phase"] == ph for r in recs) for ph in ("serialize", "write",
+                                                                      "train")}
         print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} kills left a loadable, resumable "
-              f"checkpoint; {sum(r['mid_write'] for r in recs)} landed mid-write; "
-              f"{sum(r['temp_files_left'] for r in recs)} temp files left behind; "
+              f"checkpoint; kills landed in: {phases}; "
+              f"{sum(r['temp_files_left'] for r in recs)} temp files left by the kills, "
+              f"{sum(r.get('temp_files_after_next_save', 0) for r in recs)} after the next save; "
+              f"{time.monotonic() - t0:.1f} s")
+        summary = {}
+    elif a.campaign == "kill-cli":
+        recs = kill_cli_campaign(a.kills, a.seed, Path(a.folder))
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} killed CLI trainings resumed; "
+              f"{sum(r['temp_files_left'] for r in recs)} temp files left by the kills; "
               f"{time.monotonic() - t0:.1f} s")
         summary = {}
     elif a.campaign == "concurrency":

@@ -6,8 +6,7 @@
 //   words: 0 R, 1 L, 2 x off, 3 g off, 4 w off, 5 has weight, 6 dx off
 // wb: partial dweight / dbias over chunks of rows, one invocation per (column, chunk).
 //   words: 0 R, 1 L, 2 x off, 3 g off, 4 rows per chunk, 5 chunks
-// colsum: dweight / dbias = sum of the chunk partials, one invocation per column.
-//   words: 0 L, 1 chunks
+// (the chunk partials are then added by shaders/colsum.wgsl)
 // fwd_rows / bwd_rows: the same with one invocation per row and no barriers (CPU adapters).
 // Define: WG (row workgroup size, power of two).
 const WG: u32 = {{WG}}u;
@@ -19,18 +18,14 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(4) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> MEAN: array<f32>;
 @group(0) @binding(6) var<storage, read_write> RSTD: array<f32>;
-// bwd bindings: X 1, G 2, W 3, MEAN 4, RSTD 5, DX 6
+// Every binding number has one access mode in all entry points (so the device builds an
+// explicit layout with a dynamic parameter offset, and bind groups are cached).
+// bwd bindings: X 1, G 2, W 3, DX 4, MEAN 5, RSTD 6 (mean / rstd declared read_write, read)
 @group(0) @binding(2) var<storage, read> G: array<f32>;
 @group(0) @binding(3) var<storage, read> WB: array<f32>;
-@group(0) @binding(4) var<storage, read> MEANR: array<f32>;
-@group(0) @binding(5) var<storage, read> RSTDR: array<f32>;
-@group(0) @binding(6) var<storage, read_write> DX: array<f32>;
-// wb bindings: X 1, G 2, MEAN 3, RSTD 4, PART 5 (rw, [2, chunks, L])
-// colsum bindings: PART 1 (read, via X), SUMS 2 (rw, [2, L])
-@group(0) @binding(3) var<storage, read> MEANW: array<f32>;
-@group(0) @binding(4) var<storage, read> RSTDW: array<f32>;
-@group(0) @binding(5) var<storage, read_write> PART: array<f32>;
-@group(0) @binding(2) var<storage, read_write> SUMS: array<f32>;
+@group(0) @binding(4) var<storage, read_write> DX: array<f32>;
+// wb bindings: X 1, G 2, (3 unused, X again), PART 4 (rw, [2, chunks, L]), MEAN 5, RSTD 6
+@group(0) @binding(4) var<storage, read_write> PART: array<f32>;
 
 var<workgroup> sa: array<f32, WG>;
 var<workgroup> sb: array<f32, WG>;
@@ -91,8 +86,8 @@ fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let gb = pu(3u) + r * L;
     let wo = pu(4u);
     let hw = pu(5u) != 0u;
-    let mean = MEANR[r];
-    let rstd = RSTDR[r];
+    let mean = MEAN[r];
+    let rstd = RSTD[r];
     var s1 = 0.0;
     var s2 = 0.0;
     for (var j = lid; j < L; j += WG) {
@@ -124,24 +119,11 @@ fn wb(@builtin(global_invocation_id) gid: vec3<u32>) {
     var db = 0.0;
     for (var r = r0; r < r1; r++) {
         let g = G[pu(3u) + r * L + j];
-        dw += g * (X[pu(2u) + r * L + j] - MEANW[r]) * RSTDW[r];
+        dw += g * (X[pu(2u) + r * L + j] - MEAN[r]) * RSTD[r];
         db += g;
     }
     PART[c * L + j] = dw;
     PART[(pu(5u) + c) * L + j] = db;
-}
-
-@compute @workgroup_size(64)
-fn colsum(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let L = pu(0u);
-    let j = gid.x;
-    if (j >= 2u * L) { return; }
-    let C = pu(1u);
-    let half = j / L;  // 0: dweight, 1: dbias
-    let col = j % L;
-    var s = 0.0;
-    for (var c = 0u; c < C; c++) { s += X[(half * C + c) * L + col]; }
-    SUMS[j] = s;
 }
 
 @compute @workgroup_size(64)
@@ -181,8 +163,8 @@ fn bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let gb = pu(3u) + r * L;
     let wo = pu(4u);
     let hw = pu(5u) != 0u;
-    let mean = MEANR[r];
-    let rstd = RSTDR[r];
+    let mean = MEAN[r];
+    let rstd = RSTD[r];
     var s1 = 0.0;
     var s2 = 0.0;
     for (var j = 0u; j < L; j++) {

@@ -10,9 +10,10 @@
 //   2 (either): any strides, element-wise gathers (the fallback for odd strides/sizes).
 // Words: 0 M, 1 N, 2 K, 3..6 A (offset, batch, row, col stride), 7..10 B (same), 11 C offset,
 // 12 batch offset (for batches split over several dispatches).
-@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> C: array<f32>;
+// T: storage type (f32, or f16 with F16=1: f16 operands and result, f32 accumulation).
+@group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
+@group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 
 const TM: u32 = {{TM}}u;
 const TILE: u32 = {{TILE}}u;  // 16 * TM
@@ -27,21 +28,21 @@ const SWZ: u32 = {{SWZ}}u;
 var<workgroup> As: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQP m-quads]
 var<workgroup> Bs: array<vec4<f32>, {{SMEM}}>;  // [2 buffers][BK k][TQP n-quads]
 
-fn elem_a(i: u32) -> f32 { return A[i >> 2u][i & 3u]; }
-fn elem_b(i: u32) -> f32 { return B[i >> 2u][i & 3u]; }
+fn elem_a(i: u32) -> f32 { return f32(A[i >> 2u][i & 3u]); }
+fn elem_b(i: u32) -> f32 { return f32(B[i >> 2u][i & 3u]); }
 
 // Fetch the q-th quad of A's (row0, k0) tile into a register.
 fn fetch_a(q: u32, row0: u32, k0: u32, M: u32, K: u32, a0: u32, ars: u32, acs: u32) -> vec4<f32> {
     if (AM == 0u) {  // quad along k
         let m = row0 + q / (BK / 4u);
         let k = k0 + (q % (BK / 4u)) * 4u;
-        if (m < M && k < K) { return A[(a0 + m * ars + k) >> 2u]; }
+        if (m < M && k < K) { return vec4<f32>(A[(a0 + m * ars + k) >> 2u]); }
         return vec4<f32>(0.0);
     }
     let m = row0 + (q % TQ) * 4u;  // quad along m
     let k = k0 + q / TQ;
     if (AM == 1u) {
-        if (m < M && k < K) { return A[(a0 + m + k * acs) >> 2u]; }
+        if (m < M && k < K) { return vec4<f32>(A[(a0 + m + k * acs) >> 2u]); }
         return vec4<f32>(0.0);
     }
     var v = vec4<f32>(0.0);
@@ -67,13 +68,13 @@ fn fetch_b(q: u32, col0: u32, k0: u32, N: u32, K: u32, b0: u32, brs: u32, bcs: u
     if (BM == 1u) {  // quad along k
         let n = col0 + q / (BK / 4u);
         let k = k0 + (q % (BK / 4u)) * 4u;
-        if (n < N && k < K) { return B[(b0 + n * bcs + k) >> 2u]; }
+        if (n < N && k < K) { return vec4<f32>(B[(b0 + n * bcs + k) >> 2u]); }
         return vec4<f32>(0.0);
     }
     let n = col0 + (q % TQ) * 4u;  // quad along n
     let k = k0 + q / TQ;
     if (BM == 0u) {
-        if (n < N && k < K) { return B[(b0 + k * brs + n) >> 2u]; }
+        if (n < N && k < K) { return vec4<f32>(B[(b0 + k * brs + n) >> 2u]); }
         return vec4<f32>(0.0);
     }
     var v = vec4<f32>(0.0);
@@ -159,13 +160,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 
 fn store_quad(row: u32, n: u32, N: u32, full: bool, v: vec4<f32>) {
     if (full) {
-        C[row + n] = v.x;
-        C[row + n + 1u] = v.y;
-        C[row + n + 2u] = v.z;
-        C[row + n + 3u] = v.w;
+        C[row + n] = {{T}}(v.x);
+        C[row + n + 1u] = {{T}}(v.y);
+        C[row + n + 2u] = {{T}}(v.z);
+        C[row + n + 3u] = {{T}}(v.w);
         return;
     }
     for (var e = 0u; e < 4u; e++) {
-        if (n + e < N) { C[row + n + e] = v[e]; }
+        if (n + e < N) { C[row + n + e] = {{T}}(v[e]); }
     }
 }

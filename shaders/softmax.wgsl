@@ -11,10 +11,11 @@
 // bwd words: 0 R, 1 L, 2 y offset, 3 g offset, 4 dx offset, 5 scale, 6 Tq.
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
-// backward: Y (saved output) at 1, G at 2, DX at 3
+// backward: Y (saved output) at 1, DX at 2, G at 3 (each binding number has one access mode
+// in every entry point, so the device can build an explicit layout and cache bind groups)
 @group(0) @binding(1) var<storage, read> YS: array<f32>;
-@group(0) @binding(2) var<storage, read> G: array<f32>;
-@group(0) @binding(3) var<storage, read_write> DX: array<f32>;
+@group(0) @binding(2) var<storage, read_write> DX: array<f32>;
+@group(0) @binding(3) var<storage, read> G: array<f32>;
 
 const WG: u32 = {{WG}}u;
 const LOG: bool = {{LOG}};

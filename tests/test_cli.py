@@ -72,21 +72,30 @@ BAD = [
     (["train", "mlp", "--steps", "0"], "--steps: must be > 0"),
     (["train", "mlp", "--batch-size", "-4"], "--batch-size: must be > 0"),
     (["train", "mlp", "--lr", "0"], "--lr: must be > 0"),
+    (["train", "gpt", "--n-layer", "0"], "--n-layer: must be > 0"),
     (["train", "mlp", "--dp", "2", "--pp", "2", "--devices", "2"], "4 devices needed"),
-    (["train", "mlp", "--dp", "4"], "pass --devices 4"),
     (["train", "mlp", "--tp", "2", "--devices", "2"], "tensor parallelism"),
     (["train", "gpt", "--n-embd", "30", "--n-head", "4"], "not divisible by --n-head"),
+    (["train", "gpt", "--pp", "3", "--n-layer", "2", "--devices", "3"], "at least 3 layers"),
+    (["train", "mlp", "--dp", "2", "--batch-size", "5", "--devices", "2"], "split evenly"),
     (["train", "mlp", "--resume"], "--resume needs --checkpoint"),
+    (["train", "mlp", "--steps", "3", "--epochs", "1"], "not both"),
     (["train", "mlp", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
     (["train", "mlp", "--checkpoint", "/proc/wgrumus-ckpt"], "not a writable directory"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_arguments_exit_2_with_one_line(args, needle):
-    rc, out, err = wgrumus(*args)
+def test_bad_arguments_exit_2_with_one_line(args, needle, capsys):
+    """In-process (fast): each is rejected before any device is touched."""
+    from wgrumus.cli import main
+    try:
+        rc = main(args)
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    out, err = capsys.readouterr()
     assert rc == 2, (rc, out, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], err
@@ -94,10 +103,29 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
 
 
 @pytest.mark.timeout(60)
-def test_help_of_every_command():
+def test_more_ranks_than_devices_exit_2():
+    rc, out, err = wgrumus("train", "mlp", "--dp", "4")  # the process has 1 device
+    assert rc == 2 and out == "", (rc, out, err)
+    assert err.strip() == ("wgrumus train: error: --dp 4 x --tp 1 x --pp 1 = 4 devices needed, "
+                           "but this process has 1; pass --devices 4 (logical devices share an "
+                           "adapter) or set WGRUMUS_DEVICES=4")
+
+
+@pytest.mark.timeout(60)
+def test_help_of_every_command(capsys):
+    from wgrumus.cli import main
     for cmd in ([], ["devices"], ["train"], ["bench"], ["demo"]):
-        rc, out, err = wgrumus(*cmd, "--help")
-        assert rc == 0 and "usage: wgrumus" in out, err
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--help"])
+        out = capsys.readouterr().out
+        assert e.value.code == 0 and "usage: wgrumus" in out, cmd
+    rc, out, err = wgrumus("--help")  # and the real entry point, as a process
+    assert rc == 0 and "devices" in out and "demo" in out, err
+    script = Path(sys.executable).parent / "wgrumus"  # the console script of an installed venv
+    if script.exists():
+        p = subprocess.run([str(script), "--version"], capture_output=True, text=True,
+                           timeout=60, env=_env())
+        assert p.returncode == 0 and p.stdout.startswith("wgrumus "), p.stderr
 
 
 # ----------------------------------------------------------------------------------- bench
@@ -193,21 +221,28 @@ def test_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_resume_errors_exit_2(tmp_path):
+def test_resume_errors_exit_2(tmp_path, capsys):
+    from wgrumus.cli import main
     ck = tmp_path / "ck"
     train_json("mlp", "--steps", "2", "--checkpoint", ck)
-    rc, out, err = wgrumus("train", "cnn", "--steps", "4", "--checkpoint", ck, "--resume")
-    assert rc == 2 and "different model" in err and "mlp" in err, err
-    rc, out, err = wgrumus("train", "mlp", "--steps", "2", "--checkpoint", ck, "--resume")
-    assert rc == 2 and "already at step 2" in err, err
-    rc, out, err = wgrumus("train", "mlp", "--steps", "4", "--checkpoint", tmp_path / "empty",
-                           "--resume")
-    assert rc == 2 and "no checkpoint" in err, err
+
+    def resume(model, steps, where):  # in-process: each is rejected before any model is built
+        rc = main(["train", model, "--steps", str(steps), "--checkpoint", str(where),
+                   "--resume"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        return err
+
+    err = resume("cnn", 4, ck)
+    assert "different model" in err and "mlp" in err, err
+    assert "already at step 2" in resume("mlp", 2, ck)
+    assert "no checkpoint" in resume("mlp", 4, tmp_path / "empty")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "checkpoint.safetensors").write_bytes(b"\x10\x00garbage")
-    rc, out, err = wgrumus("train", "mlp", "--steps", "4", "--checkpoint", tmp_path / "bad",
-                           "--resume")
-    assert rc == 2 and "not a readable checkpoint" in err, err
+    assert "not a readable checkpoint" in resume("mlp", 4, tmp_path / "bad")
+    rc = main(["train", "mlp", "--steps", "4", "--seed", "7", "--checkpoint", str(ck),
+               "--resume"])
+    assert rc == 2 and "seed" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(120)

@@ -50,7 +50,8 @@ def test_load_modes_are_specialised(dev, rng):
     """Contiguous and transposed operands take the vec4 paths; odd strides the gather path."""
     modes = []
     orig = mm.kernel_for
-    mm.kernel_for = lambda tm, bk, am, bm, *r: (modes.append((am, bm)), orig(tm, bk, am, bm, *r))[1]
+    mm.kernel_for = lambda tm, bk, am, bm, *r, **kw: (modes.append((am, bm)),
+                                                      orig(tm, bk, am, bm, *r, **kw))[1]
     try:
         a = wr.tensor(rng.standard_normal((32, 16)).astype(np.float32), device=dev)
         b = wr.tensor(rng.standard_normal((16, 24)).astype(np.float32), device=dev)
@@ -120,7 +121,30 @@ def test_gradients(dev, rng):
 
 
 @pytest.mark.timeout(60)
-def test_big_tile_chosen_for_large_products(dev):
-    assert mm._pick_tile(dev, 64, 64, 1)[0] == 4
-    big = mm._pick_tile(dev, 4096, 4096, 1)
-    assert big[0] == 8
+@pytest.mark.parametrize("tile", TILES[:2], indirect=True)
+def test_float16_storage(dev, rng, tile):
+    """f16 @ f16 -> f16 with f32 accumulation (adapters with shader-f16)."""
+    if "shader-f16" not in dev.features:
+        pytest.skip("adapter has no shader-f16")
+    an = rng.standard_normal((70, 36)).astype(np.float16)
+    bn = rng.standard_normal((20, 36)).astype(np.float16)  # used transposed
+    a = wr.tensor(an, device=dev)
+    b = wr.tensor(bn, device=dev).transpose(0, 1)
+    out = a @ b
+    assert out.dtype == np.float16
+    ref = an.astype(np.float32) @ bn.astype(np.float32).T
+    np.testing.assert_allclose(out.numpy().astype(np.float32), ref, rtol=1e-2, atol=2e-2)
+    mixed = a @ wr.tensor(bn.astype(np.float32), device=dev).transpose(0, 1)
+    assert mixed.dtype == np.float32
+    np.testing.assert_allclose(mixed.numpy(), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_tile_choice():
+    from types import SimpleNamespace
+    gpu = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"})
+    cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"})
+    assert mm._pick_tile(gpu, 64, 64, 1)[0] == 4
+    assert mm._pick_tile(gpu, 1024, 1024, 1)[0] == 4  # 64 big tiles would leave SMs idle
+    assert mm._pick_tile(gpu, 4096, 4096, 1)[0] == 8
+    assert mm._pick_tile(gpu, 1024, 1024, 8)[0] == 8  # batches fill the GPU too
+    assert mm._pick_tile(cpu, 4096, 4096, 1)[0] == 4

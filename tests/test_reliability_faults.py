@@ -23,11 +23,7 @@ _spec.loader.exec_module(rel)
 
 T = 1.0  # collective timeout in these runs, seconds
 
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI = rel.mpiexec() is not None
-except ImportError:
-    HAVE_MPI = False
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and rel.mpiexec() is not None
 
 
 @pytest.fixture(scope="module")

@@ -35,11 +35,43 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 
 # ----------------------------------------------------------------------------- atomic write
+def _temp_prefix(path: str, pid: int | None = None) -> str:
+    return f".tmp-{os.path.basename(path)}-{os.getpid() if pid is None else pid}-"
+
+
+def _remove_stale_temps(path: str, folder: str) -> None:
+    """Delete temporaries of ``path`` left by writers that were killed mid-write (their pid,
+    part of the name, no longer runs): without this every kill -9 leaves a full-size file."""
+    if os.name != "posix":  # os.kill(pid, 0) probes a process only on POSIX
+        return
+    head = f".tmp-{os.path.basename(path)}-"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(head):].split("-", 1)[0] if name.startswith(head) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # that writer is still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OSError, AttributeError):  # another user's, or no os.kill
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
+
+
 def atomic_write(path, data: bytes) -> None:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
+    _remove_stale_temps(path, folder)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -56,10 +56,10 @@ class Tensor:
     def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
                  dtype=float32, requires_grad: bool = False):
         self._storage = storage
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(map(int, shape))
         self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
         self.offset = int(offset)
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
         self.grad = None
         self._node = None
         self._grad_id = None
@@ -71,12 +71,11 @@ class Tensor:
     @staticmethod
     def empty(shape, device=None, dtype=float32) -> "Tensor":
         dev = get_device(device)
-        dtype = as_dtype(dtype)
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
+        dtype = dtype if dtype in DTYPES else as_dtype(dtype)
+        shape = tuple(map(int, shape))
+        if shape and min(shape) < 0:
             raise ShapeError(f"negative dimension in shape {shape}")
-        n = math.prod(shape)
-        return Tensor(Storage(dev, n * dtype.itemsize), shape, dtype=dtype)
+        return Tensor(Storage(dev, math.prod(shape) * dtype.itemsize), shape, dtype=dtype)
 
     @staticmethod
     def from_numpy(arr, device=None, requires_grad=False, dtype=None) -> "Tensor":

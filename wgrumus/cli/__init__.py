@@ -11,9 +11,6 @@ import sys
 
 from .common import UsageError, env_rank
 
-COMMANDS = ("devices", "train", "bench", "demo")
-
-
 def build_parser():
     from . import bench, demo, devices, train
     from .argparsing import OneLineParser

@@ -45,30 +45,6 @@ def to_tensor(arr: np.ndarray, device):
     return wr.tensor(np.ascontiguousarray(arr), device=device, dtype=dtype)
 
 
-def module_state(module) -> dict:
-    return {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
-            for k, v in module.state_dict().items()}
-
-
-def optimizer_state(opt) -> dict:
-    """Flatten the optimizer's state_dict into name -> numpy array (safetensors-friendly)."""
-    out = {}
-
-    def walk(prefix, obj):
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                walk(f"{prefix}.{i}", v)
-        elif hasattr(obj, "numpy"):
-            out[prefix] = np.asarray(obj.numpy())
-        elif isinstance(obj, (int, float, bool, np.ndarray, np.generic)) or obj is None:
-            out[prefix] = np.asarray(np.nan if obj is None else obj)
-    walk("", opt.state_dict())
-    return out
-
-
 class SingleTrainer:
     """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
     is_main = True
@@ -114,7 +90,3 @@ class SingleTrainer:
     def close(self) -> None:
         pass
 
-
-def unsupported(what: str, missing: str) -> UsageError:
-    return UsageError(f"{what} is not available in this build ({missing}); "
-                      "train on one device or pick another layout")

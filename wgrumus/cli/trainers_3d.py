@@ -17,8 +17,9 @@ import numpy as np
 
 from .common import UsageError
 
-_POLL = 0.2          # seconds between checks for "stop" while a rank waits for a command
-STEP_TIMEOUT = 900.0  # the longest the driver waits for one command on all ranks
+_POLL = 0.2                 # seconds between checks for "stop" while a rank waits for a command
+COLLECTIVE_TIMEOUT = 120.0  # a rank waiting longer on a peer gives up: that peer failed or hung
+STEP_TIMEOUT = 900.0        # the longest the driver waits for one command on all ranks
 
 
 def gpt_config(cfg, task):
@@ -163,7 +164,7 @@ class ThreeDTrainer:
             raise UsageError(str(e)) from None
         if self.lay.schedule not in ("1f1b", "gpipe"):
             raise UsageError(f"--schedule {self.lay.schedule}: the gpt trainer runs 1f1b or "
-                             f"gpipe (interleaved runs for mlp/cnn)")
+                             f"gpipe (interleaved and zb-h1 run for mlp/cnn)")
         self._dense_model = None
         self.is_main = True
         # The dense nn.GPT of --seed, sliced by every rank: all layouts start from these weights.
@@ -171,7 +172,7 @@ class ThreeDTrainer:
         self._init = dense_gpt_state(self.gcfg, cfg.seed)
         if self.lay.backend == "mpi":
             from ..distributed import init_process_group
-            group = init_process_group("mpi", timeout=STEP_TIMEOUT)
+            group = init_process_group("mpi", timeout=COLLECTIVE_TIMEOUT)
             devs = wr.devices()
             group.device = devs[group.rank % len(devs)]
             self.group = group
@@ -205,15 +206,19 @@ class ThreeDTrainer:
                     continue
                 if cmd == "close":
                     return None
-                out = {"step": rank.step, "state": lambda _: rank.state(),
-                       "load": rank.load, "stats": lambda _: rank.stats()}[cmd](arg)
+                try:
+                    out = {"step": rank.step, "state": lambda _: rank.state(),
+                           "load": rank.load, "stats": lambda _: rank.stats()}[cmd](arg)
+                except BaseException:
+                    self._stop.set()  # ranks idle between commands stop too; spawn reports it
+                    raise
                 self._replies.put((group.rank, cmd, out))
             return None
 
         def driver():
             try:
                 spawn(rank_main, world, backend="threads", devices=list(devices),
-                      timeout=STEP_TIMEOUT)
+                      timeout=COLLECTIVE_TIMEOUT)
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                 self._error.append(e)
                 self._replies.put((-1, "error", e))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..ops.fused import causal_self_attention
 from ..ops.launch import run_map
 from ..ops.nnops import softmax as softmax_op
 from ..runtime.errors import ShapeError
@@ -72,6 +73,9 @@ class MultiheadAttention(Module):
             raise ShapeError(f"MultiheadAttention expects [B, T, {self.embed_dim}], "
                              f"got {query.shape}")
         B, T, E = query.shape
+        causal = self.causal if is_causal is None else is_causal
+        if self._fast(key, value, attn_mask):
+            return self.out_proj(self._attend(query, causal))
         if key is None and value is None:  # self-attention: one fused projection
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
             q, k, v = qkv.split(E, axis=-1)
@@ -82,13 +86,23 @@ class MultiheadAttention(Module):
             b = self.in_proj_bias.split(E, axis=0) if self.in_proj_bias is not None else [None] * 3
             q, k, v = (F.linear(t, wi, bi) for t, wi, bi in zip((query, key, value), w, b))
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
-        causal = self.causal if is_causal is None else is_causal
         if causal and k.shape[2] != T:
             raise ShapeError("a causal mask needs key and query of the same length")
         y = scaled_dot_product_attention(q, k, v, attn_mask, self.dropout, self.training,
                                          is_causal=causal)
         y = y.permute(0, 2, 1, 3).reshape(B, T, E)
         return self.out_proj(y)
+
+    def _fast(self, key=None, value=None, attn_mask=None) -> bool:
+        """Self-attention without mask or active dropout: the fused path applies."""
+        return (key is None and value is None and attn_mask is None
+                and (self.dropout == 0.0 or not self.training))
+
+    def _attend(self, query, causal):
+        """The heads' outputs, merged [B, T, E], before out_proj: one packed projection and
+        one fused attention node (ops/fused.py)."""
+        qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+        return causal_self_attention(qkv, self.num_heads, causal)
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"
@@ -105,7 +119,13 @@ class MLP(Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x):
-        return self.drop(self.proj(self.act(self.fc(x))))
+        return self.drop(self.proj(self._hidden(x)))
+
+    def _hidden(self, x):
+        if type(self.act) is GELU:  # fc, bias and activation in one fused op
+            return F.linear(x, self.fc.weight, self.fc.bias,
+                            "gelu" if self.act.approximate == "none" else "gelu_tanh")
+        return self.act(self.fc(x))
 
 
 class TransformerBlock(Module):
@@ -122,5 +142,17 @@ class TransformerBlock(Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x):
-        x = x + self.drop(self.attn(self.ln1(x)))
+        if self._identity(self.drop) and self.attn._fast():
+            # the residual adds ride in the projections' bias kernels (ops/fused.py)
+            a = self.attn._attend(self.ln1(x), self.attn.causal)
+            op = self.attn.out_proj
+            x = F.linear(a, op.weight, op.bias, residual=x)
+        else:
+            x = x + self.drop(self.attn(self.ln1(x)))
+        if self._identity(self.mlp.drop):
+            pr = self.mlp.proj
+            return F.linear(self.mlp._hidden(self.ln2(x)), pr.weight, pr.bias, residual=x)
         return x + self.mlp(self.ln2(x))
+
+    def _identity(self, drop) -> bool:
+        return drop.p == 0.0 or not self.training

@@ -7,7 +7,6 @@ from __future__ import annotations
 from ..autograd.tape import no_grad
 from ..ops import elementwise as _ew
 from ..ops.launch import run_map
-from ..ops.matmul import matmul
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
 
@@ -17,16 +16,14 @@ def _nn():
     return nnops
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias, weight [out, in] like PyTorch. Leading dims are folded into one
-    GEMM, so the weight gradient is one [in, rows] @ [rows, out] product, not a batched one
-    summed afterwards."""
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1]) if x.ndim > 2 else x
-    y = matmul(x2, weight.T)
-    if bias is not None:
-        y = y + bias
-    return y.reshape(lead + (weight.shape[0],)) if x.ndim > 2 else y
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           activation: str | None = None, residual: Tensor | None = None) -> Tensor:
+    """act(x @ weight.T + bias), weight [out, in] like PyTorch; ``activation`` (None, "relu",
+    "gelu", "gelu_tanh") is a wgrumus extension. One autograd node (ops/fused.py): leading dims
+    fold into one GEMM, the bias and activation are one kernel each way, and the weight
+    gradient comes out as [out, in]. ``residual`` (extension): added in the bias kernel."""
+    from ..ops.fused import linear as _linear
+    return _linear(x, weight, bias, activation, residual)
 
 
 def relu(x: Tensor) -> Tensor:

@@ -57,11 +57,18 @@ class GPT(Module):
         if T > self.block_size:
             raise ShapeError(f"sequence length {T} exceeds block_size {self.block_size}; crop "
                              f"the context to the last {self.block_size} tokens")
-        pos = arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))
+        x = self.drop(self.wte(idx) + self.wpe(self._positions(T, idx.device)))
         for blk in self.blocks:
             x = blk(x)
         return self.lm_head(self.ln_f(x))
+
+    def _positions(self, T: int, device) -> Tensor:
+        """0..T-1 on ``device``, made once per (T, device): not rebuilt every step."""
+        cache = self.__dict__.setdefault("_pos_cache", {})
+        pos = cache.get((T, device))
+        if pos is None:
+            pos = cache[(T, device)] = arange(T, device=device)
+        return pos
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, seed=None):
         """Append ``max_new_tokens`` sampled tokens to ``idx`` [B, T] and return the result.

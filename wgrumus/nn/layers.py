@@ -38,8 +38,17 @@ class Sequential(Module):
                 self.add_module(str(i), m)
 
     def forward(self, x):
-        for m in self._modules.values():
+        mods = list(self._modules.values())
+        i = 0
+        while i < len(mods):
+            m = mods[i]
+            act = _fusable(m, mods[i + 1]) if i + 1 < len(mods) else None
+            if act is not None:  # Linear then ReLU / GELU: one fused op (same result)
+                x = F.linear(x, m.weight, m.bias, act)
+                i += 2
+                continue
             x = m(x)
+            i += 1
         return x
 
     def __getitem__(self, i):
@@ -57,6 +66,17 @@ class Sequential(Module):
     def append(self, m: Module):
         self.add_module(str(len(self._modules)), m)
         return self
+
+
+def _fusable(m, nxt):
+    """The fused activation name when ``m`` is a Linear followed by an exact ReLU or GELU."""
+    if type(m) is not Linear:
+        return None
+    if type(nxt) is ReLU:
+        return "relu"
+    if type(nxt) is GELU:
+        return "gelu" if nxt.approximate == "none" else "gelu_tanh"
+    return None
 
 
 class ModuleList(Module):

@@ -107,6 +107,34 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple) -> Kernel:
     return Kernel.of("map", **defines)
 
 
+_LAYOUTS: dict = {}  # (out shape, strides of every operand) -> (modes, parameter head)
+
+
+def _layout(shape, strides_list) -> tuple:
+    """Coalesced launch layout of one shape/strides combination, cached: the same layouts
+    recur every training step, and working them out costs more than the rest of a launch."""
+    key = (shape, *strides_list)
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        return hit
+    cshape, cstrides = coalesce(shape, strides_list)
+    nd = len(cshape)
+    if nd > MAXD:
+        raise ShapeError(f"views with more than {MAXD} non-mergeable dimensions are not supported "
+                         f"(shape {shape}); call .contiguous() on the inputs first")
+    head = [0] * SCALAR_BASE
+    head[1] = nd
+    head[2:2 + nd] = cshape
+    modes = []
+    for k, st in enumerate(cstrides):
+        modes.append("b" if not any(st) else "c" if nd == 1 and st[0] == 1 else "s")
+        head[10 + 9 * k:10 + 9 * k + nd] = st
+    if len(_LAYOUTS) > 8192:
+        _LAYOUTS.clear()
+    hit = _LAYOUTS[key] = (tuple(modes), head)
+    return hit
+
+
 def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape. Scalars are read in
     ``expr`` as pf(48u), pf(49u), ... (or pi/pu). Bumps out's storage version (a write)."""
@@ -117,35 +145,25 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     for t in inputs:
         if t._storage.device is not dev:
             check_same_device(out, *inputs, op="elementwise op")
-    ops = (out, *inputs)
-    strides = [out.strides] + [expand_strides(t, out.shape) for t in inputs]
-    shape, strides = coalesce(out.shape, strides)
-    nd = len(shape)
-    if nd > MAXD:
-        raise ShapeError(f"views with more than {MAXD} non-mergeable dimensions are not supported "
-                         f"(shape {out.shape}); call .contiguous() on the inputs first")
-    modes, binds, buffers, slots = [], [], [], {}
-    params = [0] * SCALAR_BASE
-    params[0], params[1] = n, nd
-    params[2:2 + nd] = shape
-    for k, (t, st) in enumerate(zip(ops, strides)):
-        if not any(st):
-            modes.append("b")
-        elif nd == 1 and st[0] == 1:
-            modes.append("c")
+    shape = out.shape
+    modes, head = _layout(shape, (out.strides, *[expand_strides(t, shape) for t in inputs]))
+    params = head.copy()
+    params[0] = n
+    params[18] = out.offset
+    buf = out._storage.buffer
+    buffers, binds, types = [buf], [1], [DTYPES[out.dtype]]
+    for k, t in enumerate(inputs):
+        params[27 + 9 * k] = t.offset
+        b = t._storage.buffer
+        for j, have in enumerate(buffers):  # an operand sharing a buffer shares its binding
+            if have is b:
+                binds.append(j + 1)
+                break
         else:
-            modes.append("s")
-        buf = t._storage.buffer
-        slot = slots.get(id(buf))
-        if slot is None:
-            buffers.append(buf)
-            slot = slots[id(buf)] = len(buffers)
-        binds.append(slot)
-        base = 10 + 9 * k
-        params[base:base + nd] = st
-        params[base + 8] = t.offset
+            buffers.append(b)
+            binds.append(len(buffers))
+        types.append(DTYPES[t.dtype])
     params.extend(scalars)
-    kernel = _kernel(expr, tuple(DTYPES[t.dtype] for t in ops), tuple(modes), tuple(binds))
-    dev.dispatch_1d(kernel, buffers, params, n)
+    dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds)), buffers, params, n)
     out._storage.version += 1
     return out

@@ -7,7 +7,7 @@ from ..autograd.tape import record
 from ..runtime.device import MAX_WG_PER_DIM
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
-from ..tensor import Tensor, check_same_device, float32
+from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, unbroadcast
 from .launch import broadcast_shapes
 from .shape import expand, reshape, transpose
@@ -29,8 +29,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     check_same_device(a, b, op="matmul")
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError(f"matmul: 0-d operand (shapes {a.shape} and {b.shape}); use * instead")
-    a = a if a.dtype == float32 else cast(a, float32)
-    b = b if b.dtype == float32 else cast(b, float32)
+    # float16 @ float16 stays in f16 storage (f32 accumulation) where the adapter has
+    # shader-f16; every other mix computes in float32.
+    dt = float16 if (a.dtype == b.dtype == float16
+                     and "shader-f16" in a.device.features) else float32
+    a = a if a.dtype == dt else cast(a, dt)
+    b = b if b.dtype == dt else cast(b, dt)
     a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
     M, K = a2.shape[-2:]
@@ -47,7 +51,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if sb is None:
         be, sb = contiguous(be), K * N
     nbatch = math.prod(batch)
-    out = Tensor.empty(batch + (M, N), a.device, float32)
+    out = Tensor.empty(batch + (M, N), a.device, dt)
     if out.numel:
         if K == 0:
             from .elementwise import fill_
@@ -114,7 +118,8 @@ def _unrolled(tm: int, bk: int) -> dict:
             "STORE": "\n".join("    " + x for x in store)}
 
 
-def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1) -> Kernel:
+def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
+               f16: bool = False) -> Kernel:
     """The matmul specialisation: TM x TM outputs per invocation (tile 16*TM), k step BK, load
     modes of A and B, launch-order swizzle and workgroup-tile row padding (see
     shaders/matmul.wgsl; one quad of padding keeps transposing stores free of bank conflicts)."""
@@ -123,7 +128,8 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1) -
     if loads < 1 or bk % 4 or tm % 4:
         raise ValueError(f"matmul tile {tile} with k step {bk} leaves invocations without loads")
     return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, TQP=tile // 4 + pad, BK=bk,
-                     LOADS=loads, SMEM=2 * bk * (tile // 4 + pad), ACC=tm * tm // 4, AM=am, BM=bm, SWZ=swz,
+                     LOADS=loads, SMEM=2 * bk * (tile // 4 + pad), T="f16" if f16 else "f32",
+                     F16=int(f16), ACC=tm * tm // 4, AM=am, BM=bm, SWZ=swz,
                      **_unrolled(tm, bk))
 
 
@@ -141,25 +147,26 @@ def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
 
 
 def _pick_tile(dev, M, N, nbatch) -> tuple:
-    """(TM, BK, SWZ): 8x8 per invocation (128x128 tiles) once there are enough tiles to fill
-    the GPU, 4x4 (64x64 tiles) for small products so that they still spread over all cores."""
+    """(TM, BK, SWZ): on GPUs 8x8 per invocation (128x128 tiles) once there are enough tiles
+    to fill the GPU, 4x4 (64x64 tiles) for small products so that they still spread over all
+    cores. CPU adapters (lavapipe) run 64x64 tiles: fewer live registers per SIMD lane."""
+    if _is_cpu(dev):
+        return 4, 16, 0
     big = nbatch * (-(-M // 128)) * (-(-N // 128))
-    if M >= 128 and N >= 128 and big >= _big_tile_min(dev):
+    if M >= 128 and N >= 128 and big >= BIG_TILE_MIN:
         return 8, BK_BIG, SWIZZLE
     return 4, 16, SWIZZLE
 
 
+# Tuned on an H100 over Vulkan (BENCHMARKS.md): 4096^2 ran 31.7 TFLOP/s with 8x8/BK 8/swizzle
+# 8, 8x8/BK 16 22.4, 4x4/BK 16 28.9; at 1024^2 the 64x64 tiles win (10.7 vs 6.8 TFLOP/s).
+BIG_TILE_MIN = 256  # 128x128 tiles needed before the 8x8 kernel is used (132 SMs, 2 per SM)
 BK_BIG = 8
 SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 
 
-def _big_tile_min(dev) -> int:
-    cached = getattr(dev, "_mm_big_tile_min", None)
-    if cached is None:
-        cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
-        cached = 1 if cpu else 256
-        dev._mm_big_tile_min = cached
-    return cached
+def _is_cpu(dev) -> bool:
+    return str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None):
@@ -169,7 +176,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None):
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
     tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
-    k = kernel_for(tm, bk, am, bm, *rest)
+    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16)
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     t = 16 * tm
     gx, gy = -(-N // t), -(-M // t)

@@ -17,7 +17,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
-from .elementwise import cast, contiguous, map_op, unbroadcast
+from .elementwise import cast, contiguous, map_op, saved_output, unbroadcast
 from .random import next_seed
 from .shape import permute, reshape
 
@@ -91,16 +91,26 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         dev.dispatch(k, [xc._storage.buffer, out._storage.buffer],
                      [R, L, xc.offset, out.offset, scale, tq], groups)
 
-    def bw(g):
-        g = contiguous(g)
-        dx = Tensor.empty(out.shape, out.device, float32)
-        if R:
-            k, groups = row_kernel(dev, "softmax", "bwd", L, R, LOG=lg)
-            dev.dispatch(k, [out._storage.buffer, g._storage.buffer, dx._storage.buffer],
-                         [R, L, out.offset, g.offset, dx.offset, scale, tq], groups)
-        return (dx,)
-    record("log_softmax" if log else "softmax", out, [xc], bw, saved=[out])
+    o = saved_output(out)  # no cycle out -> node -> closure -> out
+    record("log_softmax" if log else "softmax", out, [xc],
+           lambda g: (softmax_backward(o, g, log, scale, tq),), saved=[o])
     return out
+
+
+def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1.0,
+                     tq: int = 0) -> Tensor:
+    """d(input) of a last-axis (log_)softmax from its contiguous output and d(output), with
+    the forward's ``scale`` and causal query count ``tq`` (0: no mask). One kernel."""
+    g = contiguous(g)
+    L = out.shape[-1]
+    R = out.numel // L if L else 0
+    dev = out.device
+    dx = Tensor.empty(out.shape, dev, float32)
+    if R:
+        k, groups = row_kernel(dev, "softmax", "bwd", L, R, LOG=str(log).lower())
+        dev.dispatch(k, [out._storage.buffer, dx._storage.buffer, g._storage.buffer],
+                     [R, L, out.offset, g.offset, dx.offset, float(scale), tq], groups)
+    return dx
 
 
 def _check_causal(axis, x, causal):
@@ -167,7 +177,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
             k, groups = row_kernel(dev, "layernorm", "bwd", L, R)
             dev.dispatch(k,
                          [xb, gb, wc._storage.buffer if wc is not None else xb,
-                          mean._storage.buffer, rstd._storage.buffer, dx._storage.buffer],
+                          dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                          [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0,
                           int(wc is not None), dx.offset], groups)
         if (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad):
@@ -187,13 +197,12 @@ def _weight_bias_grads(xc, g, mean, rstd, R, L):
     chunks = -(-R // rows)
     part = Tensor.empty((2, chunks, L), dev, float32)
     dev.dispatch(Kernel.of("layernorm", "wb", WG=32),
-                 [xc._storage.buffer, g._storage.buffer, mean._storage.buffer,
-                  rstd._storage.buffer, part._storage.buffer],
+                 [xc._storage.buffer, g._storage.buffer, xc._storage.buffer,
+                  part._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                  [R, L, xc.offset, g.offset, rows, chunks], (-(-L // 64), chunks, 1))
     both = Tensor.empty((2, L), dev, float32)
-    dev.dispatch(Kernel.of("layernorm", "colsum", WG=32),
-                 [part._storage.buffer, both._storage.buffer],
-                 [L, chunks], (-(-2 * L // 64), 1, 1))
+    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
+                 [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
     return both[0], both[1]
 
 

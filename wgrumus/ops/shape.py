@@ -54,7 +54,7 @@ def permute(x: Tensor, *axes) -> Tensor:
     if sorted(axes) != list(range(nd)):
         raise ShapeError(f"permute: {axes} is not a permutation of the {nd} axes")
     out = x._view(tuple(x.shape[a] for a in axes), tuple(x.strides[a] for a in axes), x.offset)
-    inv = tuple(np.argsort(axes))
+    inv = tuple(sorted(range(nd), key=axes.__getitem__))
     record("permute", out, [x], lambda g: (permute(g, inv),))
     return out
 

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import math
 
+import functools
+
+from ..autograd.tape import no_grad
 from ..ops.creation import zeros
+from ..runtime.kernels import Kernel
 from .optimizer import Optimizer, launch
+
+MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
 
 
 class Adam(Optimizer):
@@ -26,6 +32,61 @@ class Adam(Optimizer):
                              f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
         super().__init__(params, dict(lr=lr, betas=(float(b1), float(b2)), eps=eps,
                                       weight_decay=weight_decay))
+
+    def step(self, grads=None) -> None:
+        """Update every parameter that has a gradient, several parameters per dispatch
+        (``multi_kernel``) where the adapter allows 4 storage buffers per parameter."""
+        with no_grad():
+            for group in self.param_groups:
+                todo = []
+                for p in group["params"]:
+                    g = self._grad(p, grads)
+                    if g is not None:
+                        todo.append((p, g))
+                k = multi_width(todo[0][0].device) if todo else 1
+                if k < 2:
+                    for p, g in todo:
+                        self._update(p, g, self.state.setdefault(p, {}), group)
+                    continue
+                batch = []
+                for p, g in todo:
+                    if batch and (len(batch) == k or p.device is not batch[0][0].device or any(
+                            p._storage is q._storage for q, _, _ in batch)):
+                        self._multi(batch, group)
+                        batch = []
+                    batch.append((p, g, self._prepare(p, group)))
+                if batch:
+                    self._multi(batch, group)
+
+    def _prepare(self, p, group) -> dict:
+        """The parameter's state, stepped: (step, exp_avg, exp_avg_sq), created at first use."""
+        state = self.state.setdefault(p, {})
+        if "exp_avg" not in state:
+            state["step"] = 0
+            state["exp_avg"] = zeros(p.shape, device=p.device)
+            state["exp_avg_sq"] = zeros(p.shape, device=p.device)
+        state["step"] += 1
+        return state
+
+    def _multi(self, batch, group) -> None:
+        """One dispatch for the (param, grad, state) triples of ``batch``."""
+        b1, b2 = group["betas"]
+        lr = float(group["lr"])
+        words = [lr, float(b1), float(b2), float(group["eps"]), float(group["weight_decay"]),
+                 int(self._decoupled), 0, 0]
+        bufs, end = [], 0
+        for p, g, st in batch:
+            t = st["step"]
+            m, v = st["exp_avg"], st["exp_avg_sq"]
+            end += p.numel
+            words += [end, p.offset, g.offset, m.offset, v.offset, lr / (1.0 - b1 ** t),
+                      math.sqrt(1.0 - b2 ** t)]
+            bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
+        dev = batch[0][0].device
+        dev.dispatch_1d(multi_kernel(len(batch)), bufs, words, end)
+        for p, _, st in batch:
+            for t in (p, st["exp_avg"], st["exp_avg_sq"]):
+                t._storage.version += 1
 
     def _update(self, p, g, state, group):
         if "exp_avg" not in state:
@@ -49,3 +110,36 @@ class AdamW(Adam):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01):
         super().__init__(params, lr, betas, eps, weight_decay)
+
+
+def multi_width(dev) -> int:
+    """Parameters per multi-tensor dispatch on ``dev`` (1: one dispatch per parameter)."""
+    lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
+    return max(1, min(MULTI_MAX, lim // 4))
+
+
+@functools.lru_cache(maxsize=None)
+def multi_kernel(k: int) -> Kernel:
+    """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each."""
+    decls, body = [], []
+    for j in range(k):
+        b = 1 + 4 * j
+        decls += [f"@group(0) @binding({b}) var<storage, read_write> P{j}: array<f32>;",
+                  f"@group(0) @binding({b + 1}) var<storage, read> G{j}: array<f32>;",
+                  f"@group(0) @binding({b + 2}) var<storage, read_write> M{j}: array<f32>;",
+                  f"@group(0) @binding({b + 3}) var<storage, read_write> V{j}: array<f32>;"]
+        w = 8 + 7 * j
+        start = "0u" if j == 0 else f"pu({w - 7}u)"
+        body += [f"    if (i < pu({w}u)) {{",
+                 f"        let e = i - {start};",
+                 f"        let ip = pu({w + 1}u) + e;",
+                 f"        let im = pu({w + 3}u) + e;",
+                 f"        let iv = pu({w + 4}u) + e;",
+                 f"        let r = adam_(P{j}[ip], G{j}[pu({w + 2}u) + e], M{j}[im], V{j}[iv], "
+                 f"pf({w + 5}u), pf({w + 6}u));",
+                 f"        P{j}[ip] = r.x;",
+                 f"        M{j}[im] = r.y;",
+                 f"        V{j}[iv] = r.z;",
+                 "        return;",
+                 "    }"]
+    return Kernel.of("adam_multi", DECLS="\n".join(decls), BODY="\n".join(body))

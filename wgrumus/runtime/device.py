@@ -22,8 +22,10 @@ from .pool import BufferPool
 
 SLOT = 256  # bytes of parameters per dispatch
 MAPPED_WRITE_MIN = 1 << 16  # uploads from this size go through mapped staging buffers
-READ_CHUNK = 32 << 20  # large downloads are split so copy-out overlaps the next chunk's DMA
-READ_INFLIGHT = 3  # chunks of a large download in flight at once
+READ_CHUNK = 64 << 20  # downloads into a given array are split so copy-out overlaps the DMA
+READ_INFLIGHT = 2  # chunks of such a download in flight at once
+ZERO_COPY_MIN = 1 << 20  # fresh arrays from this size are views of their staging buffer
+WRITE_CHUNK = 1 << 30  # uploads above twice this are split (bounds one staging buffer)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
@@ -254,7 +256,11 @@ class Device:
             return
         raw = data.reshape(-1).view(np.uint8)
         if nbytes >= MAPPED_WRITE_MIN and nbytes % 4 == 0 and offset % 4 == 0:
-            self._write_mapped(buf, raw, offset)
+            # Large uploads go in chunks, each submitted at once: filling the next chunk's
+            # staging buffer overlaps the DMA of the previous one.
+            step = WRITE_CHUNK if nbytes > 2 * WRITE_CHUNK else nbytes
+            for lo in range(0, nbytes, step):
+                self._write_mapped(buf, raw[lo:lo + step], offset + lo)
             return
         with self.lock:
             self._flush_locked()
@@ -285,8 +291,10 @@ class Device:
         """A MAP_WRITE staging buffer of at least nbytes, mapped and ready to fill."""
         size = staging_size(nbytes)
         with self.lock:
+            # Two buffers rotate per size: the older one's copy has had a whole chunk's time
+            # to finish, so filling it does not wait on the copy just submitted.
             free = self._upload.get(size)
-            item = free.pop() if free else None
+            item = free.pop(0) if free and len(free) >= 2 else None
             if item is not None:
                 self._staging_bytes[1] -= size
         if item is None:
@@ -332,10 +340,13 @@ class Device:
         return self.read_start(buf, offset, nbytes).result()
 
     def read_array(self, buf, offset: int, count: int, dtype, out: np.ndarray | None = None):
-        """Device -> host into `out` (or a fresh array): large reads are split into chunks,
-        each submitted on its own, so copying one chunk out of its mapping (several threads)
-        overlaps the transfer of the next."""
+        """Device -> host. Without `out`, a large result is the staging buffer itself, kept
+        mapped until the array dies (no host copy: the DMA is the whole cost). Into `out`, large
+        reads are split into chunks, each submitted on its own, so copying one chunk out of
+        its mapping (several threads) overlaps the transfer of the next."""
         dtype = np.dtype(dtype)
+        if out is None and count * dtype.itemsize >= ZERO_COPY_MIN:
+            return self.read_start(buf, offset, count * dtype.itemsize).mapped_array(dtype)
         if out is None:
             out = np.empty(count, dtype)
         elif out.dtype != dtype or out.size != count or not out.flags.c_contiguous:
@@ -390,9 +401,37 @@ class Download:
         self.into(out.view(np.uint8))
         return out
 
+    def mapped_array(self, dtype) -> np.ndarray:
+        """A writable array over the mapped staging memory itself; the buffer is unmapped and
+        pooled again when the array and every view of it are garbage."""
+        self._p.sync_wait()
+        return np.asarray(_MappedHost(self._d, self._s, self._size, self._skip, self.nbytes,
+                                      dtype))
+
     def into(self, out: np.ndarray) -> None:
         """Copy the bytes into a contiguous uint8 array of exactly nbytes."""
         self._take(lambda v: par_copy(out, v))
+
+
+class _MappedHost:
+    """Owns a mapped staging range. numpy views collapse their base to this object (not to an
+    intermediate array), so it lives exactly as long as some view of the data."""
+
+    def __init__(self, device, staging, size: int, skip: int, nbytes: int, dtype):
+        self._d, self._s = device, staging
+        self._mv = staging._experimental_get_mapped_range(0, size)
+        ptr = np.frombuffer(self._mv, np.uint8).ctypes.data + skip
+        dtype = np.dtype(dtype)
+        self.__array_interface__ = {"shape": (nbytes // dtype.itemsize,), "typestr": dtype.str,
+                                    "data": (ptr, False), "version": 3}
+
+    def __del__(self):
+        try:
+            self._mv = None
+            self._s.unmap()
+            self._d._return_staging(self._s)
+        except Exception:  # interpreter shutdown: the device may be gone already
+            pass
 
 
 _COPY_POOL: list = []
@@ -458,11 +497,18 @@ _FMT_CACHE: dict = {}
 def _pack(params):
     """(struct format, values) that write the parameter words: floats as f32 bits, ints
     (also negative ones) as their low 32 bits."""
-    if len(params) > SLOT // 4:
-        raise KernelError(f"{len(params)} parameter words exceed the {SLOT // 4}-word slot")
+    n = len(params)
+    if n > SLOT // 4:
+        raise KernelError(f"{n} parameter words exceed the {SLOT // 4}-word slot")
+    try:  # all ints: the common case, one pass
+        return _FMT_CACHE[n], [v & 0xFFFFFFFF for v in params]
+    except TypeError:
+        pass
+    except KeyError:
+        _FMT_CACHE[n] = "<" + "I" * n
+        return _pack(params)
     kinds = tuple(isinstance(v, (float, np.floating)) for v in params)
     fmt = _FMT_CACHE.get(kinds)
     if fmt is None:
         fmt = _FMT_CACHE[kinds] = "<" + "".join("f" if k else "I" for k in kinds)
-    vals = [float(v) if k else int(v) & 0xFFFFFFFF for v, k in zip(params, kinds)]
-    return fmt, vals
+    return fmt, [float(v) if k else int(v) & 0xFFFFFFFF for v, k in zip(params, kinds)]

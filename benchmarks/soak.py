@@ -1,0 +1,138 @@
+"""Soak: many small data-parallel training steps on logical devices, watching for leaks
+(issue 10, item 4).
+
+Every ``--every`` steps it samples the GPU buffer pools (``device.pool.stats()`` summed over the
+replicas' devices: live bytes, cached bytes, buffers ever created), the host resident set
+(/proc/self/statm, else resource.getrusage's peak) and the thread count. After ``--warmup``
+steps all of them must stay flat: no new GPU buffers, live bytes and threads unchanged, RSS
+growth under ``--rss-slack-mb``.
+
+    python benchmarks/soak.py --steps 10000 --devices 2 --json soak.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WGRUMUS_DEVICES", "8")
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: the peak is the best the stdlib offers
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def pool_totals(devs) -> dict:
+    tot = {"live_bytes": 0, "cached_bytes": 0, "buffers_created": 0}
+    for d in {id(d): d for d in devs}.values():
+        for k, v in d.pool.stats().items():
+            tot[k] = tot.get(k, 0) + int(v)
+    return tot
+
+
+def sample(step: int, devs, loss: float, t0: float) -> dict:
+    return {"step": step, "seconds": round(time.monotonic() - t0, 2), "loss": loss,
+            "rss_mb": round(rss_bytes() / 2**20, 2), "threads": threading.active_count(),
+            **pool_totals(devs)}
+
+
+def soak(steps: int, n_devices: int = 2, every: int = 50, warmup: int = 100, batch: int = 16,
+         seed: int = 0, log=None) -> list:
+    """Train a small MLP with DataParallel for ``steps`` steps; return the samples."""
+    import wgrumus as wr
+    from wgrumus import nn
+    from wgrumus.parallel import DataParallel
+    devs = wr.devices()[:n_devices]
+    if len(devs) < n_devices:
+        raise ValueError(f"soak needs {n_devices} devices, this process has {len(devs)}; set "
+                         f"WGRUMUS_DEVICES={n_devices}")
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((8, 3)).astype(np.float32)
+    data = [rng.standard_normal((batch, 8)).astype(np.float32) for _ in range(16)]
+    targets = [x @ W for x in data]
+    model = nn.Sequential(nn.Linear(8, 32, device=devs[0], seed=seed), nn.ReLU(),
+                          nn.Linear(32, 3, device=devs[0], seed=seed + 1))
+    out = []
+    t0 = time.monotonic()
+    with DataParallel(model, devs, timeout=60) as dp:
+        for step in range(1, steps + 1):
+            k = step % len(data)
+            loss = dp.train_step(data[k], targets[k], nn.functional.mse_loss,
+                                 lambda ps: wr.optim.SGD(ps, lr=0.01, momentum=0.9))
+            if step % every == 0 or step == steps or step == warmup:
+                gc.collect()
+                s = sample(step, devs, float(loss), t0)
+                out.append(s)
+                if log:
+                    log(s)
+    return out
+
+
+def flatness(samples: list, warmup: int, rss_slack_mb: float) -> dict:
+    """Drift of every watched figure after warm-up, and the problems found."""
+    after = [s for s in samples if s["step"] >= warmup]
+    if len(after) < 2:
+        raise ValueError(f"need samples after the warm-up of {warmup} steps; run more steps")
+    first, last = after[0], after[-1]
+    spread = {k: max(s[k] for s in after) - min(s[k] for s in after)
+              for k in ("live_bytes", "cached_bytes", "buffers_created", "threads", "rss_mb")}
+    drift = {k: last[k] - first[k] for k in spread}
+    problems = []
+    if spread["buffers_created"]:
+        problems.append(f"{spread['buffers_created']} GPU buffers created after warm-up")
+    if spread["live_bytes"]:
+        problems.append(f"live GPU bytes vary by {spread['live_bytes']} after warm-up")
+    if spread["threads"]:
+        problems.append(f"thread count varies by {spread['threads']} after warm-up")
+    if drift["rss_mb"] > rss_slack_mb:
+        problems.append(f"host RSS grew {drift['rss_mb']:.1f} MB after warm-up "
+                        f"(allowed {rss_slack_mb} MB)")
+    if not last["loss"] < samples[0]["loss"]:
+        problems.append(f"loss did not fall: {samples[0]['loss']} -> {last['loss']}")
+    return {"from_step": first["step"], "to_step": last["step"], "spread": spread,
+            "drift": drift, "problems": problems, "ok": not problems}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=10_000)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--every", type=int, default=250, help="sample every N steps")
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--rss-slack-mb", type=float, default=16.0)
+    ap.add_argument("--json", help="write samples and the verdict here")
+    a = ap.parse_args(argv)
+    if a.warmup >= a.steps:
+        ap.error(f"--warmup {a.warmup} must be below --steps {a.steps}")
+    t0 = time.monotonic()
+    samples = soak(a.steps, a.devices, a.every, a.warmup,
+                   log=lambda s: print(json.dumps(s), flush=True))
+    verdict = flatness(samples, a.warmup, a.rss_slack_mb)
+    verdict["seconds"] = round(time.monotonic() - t0, 1)
+    verdict["steps_per_second"] = round(a.steps / verdict["seconds"], 1)
+    print(json.dumps(verdict, indent=1))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"samples": samples, "verdict": verdict,
+                                            "args": vars(a)}, indent=1))
+    return 0 if verdict["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

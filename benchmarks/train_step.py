@@ -1,0 +1,326 @@
+"""Training step (forward + backward + AdamW) of an MLP and of GPT-mini, next to PyTorch eager
+(CUDA, TF32 off; CPU torch where there is no GPU) and numpy (MLP), measured in the same run.
+
+    python benchmarks/train_step.py [--quick] [--json] [--models mlp,gpt] [--steps N]
+
+Rows: ms/step, samples or tokens per second, ratios (wgrumus throughput / reference
+throughput), and per step: dispatches and submits recorded by the device, the host time spent
+recording the step (Python + wgpu encoding), the time spent waiting in the final synchronize
+(GPU work not hidden behind recording) and the host thread's CPU time.
+
+Sizes: MLP 784-512-512-10 batch 256; GPT-mini 4 layers, d=256, 4 heads, seq 128, batch 16,
+vocab 65. --quick (the default on a CPU adapter such as lavapipe) keeps GPT small
+(2 layers, d=64, seq 32, batch 4).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+os.environ.setdefault("WGRUMUS_DEVICES", "1")
+
+FULL = {"mlp": dict(batch=256, dims=(784, 512, 512, 10)),
+        "gpt": dict(batch=16, seq=128, vocab=65, layers=4, d=256, heads=4)}
+QUICK = {"mlp": dict(batch=256, dims=(784, 512, 512, 10)),
+         "gpt": dict(batch=4, seq=32, vocab=65, layers=2, d=64, heads=4)}
+LR = 1e-3
+
+
+# ----------------------------------------------------------------------------- timing
+def measure(step, sync, steps: int, repeats: int, warmup: int, counters=None) -> dict:
+    """Median over ``repeats`` of (``steps`` steps recorded back to back, then one sync):
+    ms/step, and per step the host recording time, the sync wait and the thread CPU time."""
+    for _ in range(warmup):
+        step()
+    sync()
+    runs = []
+    for _ in range(repeats):
+        c0 = counters() if counters else (0, 0)
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        for _ in range(steps):
+            step()
+        t1, cpu1 = time.perf_counter(), time.thread_time()
+        sync()
+        t2 = time.perf_counter()
+        c1 = counters() if counters else (0, 0)
+        runs.append({"ms": 1e3 * (t2 - t0) / steps, "host_ms": 1e3 * (t1 - t0) / steps,
+                     "wait_ms": 1e3 * (t2 - t1) / steps, "cpu_ms": 1e3 * (cpu1 - cpu0) / steps,
+                     "dispatches": (c1[0] - c0[0]) / steps, "submits": (c1[1] - c0[1]) / steps})
+    out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    out["ms_all"] = [round(r["ms"], 3) for r in runs]
+    return out
+
+
+# ----------------------------------------------------------------------------- data
+def mlp_data(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((cfg["batch"], cfg["dims"][0])).astype(np.float32)
+    y = rng.integers(0, cfg["dims"][-1], cfg["batch"]).astype(np.int32)
+    return x, y
+
+
+def gpt_data(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, cfg["vocab"], (cfg["batch"], cfg["seq"])).astype(np.int32)
+    y = rng.integers(0, cfg["vocab"], (cfg["batch"], cfg["seq"])).astype(np.int32)
+    return x, y
+
+
+# ----------------------------------------------------------------------------- wgrumus
+def wgrumus_step(name, cfg, dev):
+    import wgrumus as wr
+    from wgrumus.nn import functional as F
+    if name == "mlp":
+        dims = cfg["dims"]
+        layers = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(wr.nn.Linear(a, b, device=dev, seed=i + 1))
+            if i < len(dims) - 2:
+                layers.append(wr.nn.ReLU())
+        model = wr.nn.Sequential(*layers)
+        xh, yh = mlp_data(cfg)
+    else:
+        model = wr.nn.GPT(cfg["vocab"], cfg["seq"], n_layer=cfg["layers"], n_head=cfg["heads"],
+                          n_embd=cfg["d"], device=dev, seed=0)
+        xh, yh = gpt_data(cfg)
+        yh = yh.reshape(-1)
+    x, y = wr.tensor(xh, device=dev), wr.tensor(yh, device=dev)
+    opt = wr.optim.AdamW(model.parameters(), lr=LR)
+    last = {}
+
+    def step():
+        out = model(x)
+        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y)
+        opt.step(wr.autograd.backward(loss))
+        last["loss"] = loss
+    return step, lambda: float(last["loss"].item())
+
+
+# ----------------------------------------------------------------------------- torch
+def torch_backend():
+    """(torch, device name) or (None, reason)."""
+    try:
+        import torch
+    except ImportError:
+        return None, "torch not importable"
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        return torch, "cuda"
+    return torch, "cpu"
+
+
+def torch_step(name, cfg, torch, devname):
+    nn = torch.nn
+    dev = torch.device(devname)
+    torch.manual_seed(0)
+    if name == "mlp":
+        dims = cfg["dims"]
+        mods = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            mods.append(nn.Linear(a, b))
+            if i < len(dims) - 2:
+                mods.append(nn.ReLU())
+        model = nn.Sequential(*mods).to(dev)
+        xh, yh = mlp_data(cfg)
+        x, y = torch.from_numpy(xh).to(dev), torch.from_numpy(yh.astype(np.int64)).to(dev)
+    else:
+        model = _torch_gpt(torch, cfg).to(dev)
+        xh, yh = gpt_data(cfg)
+        x = torch.from_numpy(xh.astype(np.int64)).to(dev)
+        y = torch.from_numpy(yh.reshape(-1).astype(np.int64)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    last = {}
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss = nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y)
+        loss.backward()
+        opt.step()
+        last["loss"] = loss
+    sync = torch.cuda.synchronize if devname == "cuda" else (lambda: None)
+    return step, sync, lambda: float(last["loss"].item())
+
+
+def _torch_gpt(torch, cfg):
+    """The same architecture as wgrumus.nn.GPT (pre-LN blocks, packed qkv, GELU-tanh MLP,
+    no final bias), with PyTorch's fused causal scaled_dot_product_attention."""
+    nn, F = torch.nn, torch.nn.functional
+    d, h = cfg["d"], cfg["heads"]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+            q, k, v = (t.view(B, T, h, d // h).transpose(1, 2) for t in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(a.transpose(1, 2).reshape(B, T, d))
+            return x + self.fc2(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(cfg["vocab"], d), nn.Embedding(cfg["seq"], d)
+            self.blocks = nn.ModuleList(Block() for _ in range(cfg["layers"]))
+            self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, cfg["vocab"], bias=False)
+
+        def forward(self, idx):
+            pos = torch.arange(idx.shape[1], device=idx.device)
+            x = self.wte(idx) + self.wpe(pos)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.ln_f(x))
+    return GPT()
+
+
+# ----------------------------------------------------------------------------- numpy (MLP)
+def numpy_mlp_step(cfg):
+    """The MLP step written out in numpy (float32): forward, backward, AdamW."""
+    dims = cfg["dims"]
+    rng = np.random.default_rng(1)
+    params = []
+    for a, b in zip(dims[:-1], dims[1:]):
+        s = 1.0 / np.sqrt(a)
+        params += [rng.uniform(-s, s, (b, a)).astype(np.float32),
+                   rng.uniform(-s, s, b).astype(np.float32)]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    x, y = mlp_data(cfg)
+    n = len(y)
+    t = [0]
+    b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
+
+    def step():
+        acts, h = [x], x
+        nl = len(params) // 2
+        for i in range(nl):
+            h = h @ params[2 * i].T + params[2 * i + 1]
+            if i < nl - 1:
+                h = np.maximum(h, 0.0)
+            acts.append(h)
+        z = h - h.max(1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(1, keepdims=True)
+        g = p
+        g[np.arange(n), y] -= 1.0
+        g /= n
+        grads = [None] * len(params)
+        for i in reversed(range(nl)):
+            grads[2 * i] = g.T @ acts[i]
+            grads[2 * i + 1] = g.sum(0)
+            if i:
+                g = (g @ params[2 * i]) * (acts[i] > 0)
+        t[0] += 1
+        c1, c2 = 1 - b1 ** t[0], 1 - b2 ** t[0]
+        for k, (pp, gg) in enumerate(zip(params, grads)):
+            pp *= 1 - LR * wd
+            m[k] += (1 - b1) * (gg - m[k])
+            v[k] *= b2
+            v[k] += (1 - b2) * gg * gg
+            pp -= (LR / c1) * m[k] / (np.sqrt(v[k]) / np.sqrt(c2) + eps)
+    return step
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small GPT (default on CPU adapters)")
+    ap.add_argument("--full", action="store_true", help="full sizes even on a CPU adapter")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--models", default="mlp,gpt", help="comma list of mlp, gpt")
+    ap.add_argument("--steps", type=int, default=None, help="steps per timed repeat")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats (median is used)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    args = ap.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in FULL]
+    if bad:
+        print(f"train_step: unknown model(s) {bad}; choose from {list(FULL)}", file=sys.stderr)
+        return 2
+
+    import wgrumus as wr
+    dev = wr.devices()[0]
+    cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
+    quick = args.quick or (cpu and not args.full)
+    sizes = QUICK if quick else FULL
+    steps = args.steps or (5 if quick else 20)
+    warmup = args.warmup if args.warmup is not None else (20 if quick else 40)
+    torch, tdev = (None, "skipped (--no-torch)") if args.no_torch else torch_backend()
+    counters = lambda: (dev.dispatches, dev.submits)  # noqa: E731
+
+    rows = []
+    for name in models:
+        cfg = sizes[name]
+        unit_n = cfg["batch"] * (cfg["seq"] if name == "gpt" else 1)
+        unit = "tokens/s" if name == "gpt" else "samples/s"
+        step, loss = wgrumus_step(name, cfg, dev)
+        ours = measure(step, dev.synchronize, steps, args.repeats, warmup, counters)
+        row = {"model": name, "config": cfg, "unit": unit, "wgrumus_ms": ours["ms"],
+               "wgrumus_throughput": unit_n / ours["ms"] * 1e3, "wgrumus_loss": loss(),
+               "per_step": {k: ours[k] for k in ("host_ms", "wait_ms", "cpu_ms", "dispatches",
+                                                  "submits")},
+               "wgrumus_ms_all": ours["ms_all"]}
+        if torch is not None:
+            tstep, tsync, tloss = torch_step(name, cfg, torch, tdev)
+            ref = measure(tstep, tsync, steps, args.repeats, max(5, warmup // 4))
+            row.update(torch_ms=ref["ms"], torch_throughput=unit_n / ref["ms"] * 1e3,
+                       torch_host_ms=ref["host_ms"], torch_loss=tloss(),
+                       vs_torch=ref["ms"] / ours["ms"])
+        if name == "mlp":
+            nstep = numpy_mlp_step(cfg)
+            ref = measure(nstep, lambda: None, steps, args.repeats, 2)
+            row.update(numpy_ms=ref["ms"], numpy_throughput=unit_n / ref["ms"] * 1e3,
+                       vs_numpy=ref["ms"] / ours["ms"])
+        rows.append(row)
+
+    meta = {"bench": "train_step", "device": dev.name, "quick": quick, "steps": steps,
+            "repeats": args.repeats, "warmup": warmup, "torch": tdev if torch else str(tdev),
+            "host": platform.node(), "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if args.json:
+        print(json.dumps({**meta, "rows": rows}, indent=1))
+        return 0
+    _table(meta, rows)
+    return 0
+
+
+def _table(meta, rows):
+    print(f"train_step on {meta['device']} ({'quick' if meta['quick'] else 'full'} sizes; "
+          f"median of {meta['repeats']} x {meta['steps']} steps; torch: {meta['torch']})")
+    hdr = (f"{'model':5} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
+           f"{'numpy ms':>9} {'x numpy':>8} | {'disp':>5} {'subm':>5} {'host ms':>8} "
+           f"{'wait ms':>8} {'cpu ms':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    f = lambda v, w, p=2: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+    for r in rows:
+        ps = r["per_step"]
+        print(f"{r['model']:5} {f(r['wgrumus_ms'], 9)} {f(r['wgrumus_throughput'], 10, 0)} "
+              f"{f(r.get('torch_ms'), 9)} {f(r.get('vs_torch'), 8, 3)} "
+              f"{f(r.get('numpy_ms'), 9)} {f(r.get('vs_numpy'), 8, 3)} | "
+              f"{ps['dispatches']:5.0f} {ps['submits']:5.1f} {ps['host_ms']:8.2f} "
+              f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f}")
+    print("x torch / x numpy: wgrumus throughput over the reference's (1.0 = as fast). "
+          "host ms: recording the step (Python + encoding); wait ms: the final synchronize; "
+          "cpu ms: host thread CPU time.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+// Multi-tensor Adam / AdamW: one dispatch updates up to K parameters (each with its gradient
+// and exp_avg / exp_avg_sq state buffers, bound at 1 + 4k .. 4 + 4k) over their concatenated
+// element range, so an optimizer step costs ceil(params / K) dispatches instead of one per
+// parameter. Formulas as in optim.wgsl (torch.optim's single-tensor Adam / AdamW).
+// Words: 0 lr, 1 beta1, 2 beta2, 3 eps, 4 weight_decay, 5 decoupled (0 Adam L2, 1 AdamW);
+// parameter k at 8 + 7k: end of its range (cumulative element count), param offset,
+// grad offset, exp_avg offset, exp_avg_sq offset, step_size = lr / (1 - beta1^t),
+// sqrt(1 - beta2^t). Python generates the declarations and the per-parameter branches.
+{{DECLS}}
+
+// (p, exp_avg, exp_avg_sq) after one step.
+fn adam_(p0: f32, g0: f32, m0: f32, v0: f32, step_size: f32, bc2_sqrt: f32) -> vec3<f32> {
+    var p = p0;
+    var g = g0;
+    let wd = pf(4u);
+    if (pu(5u) != 0u) { p = p * (1.0 - pf(0u) * wd); } else { g = g + wd * p; }
+    let b1 = pf(1u);
+    let b2 = pf(2u);
+    let m = m0 + (1.0 - b1) * (g - m0);
+    let v = b2 * v0 + (1.0 - b2) * g * g;
+    let denom = sqrt(v) / bc2_sqrt + pf(3u);
+    return vec3<f32>(p - step_size * (m / denom), m, v);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid, 256u);
+{{BODY}}
+}

@@ -1,0 +1,37 @@
+// Backward of a Linear layer's fused epilogue y = act(u + bias) over a contiguous [R, L] block
+// (R rows, L = out features): one kernel computes dz = g * act'(u + bias) and, in the same
+// pass, partial column sums of dz over chunks of rows (the bias gradient), so the bias needs
+// no transposed copy and no separate reduction. Invocation (j, c) walks the rows of chunk c
+// down column j: neighbouring invocations read neighbouring columns (coalesced).
+// bwd words: 0 R, 1 L, 2 g offset, 3 u offset, 4 bias offset, 5 rows per chunk, 6 chunks,
+// 7 has bias (0/1), 8 write dz (0/1).
+// Defines: ACT_GRAD, an expression of g and z (the pre-activation) giving dz.
+@group(0) @binding(1) var<storage, read> G: array<f32>;
+@group(0) @binding(2) var<storage, read> U: array<f32>;
+@group(0) @binding(3) var<storage, read> BIAS: array<f32>;
+@group(0) @binding(4) var<storage, read_write> DZ: array<f32>;
+@group(0) @binding(5) var<storage, read_write> PART: array<f32>;
+
+fn act_grad(g: f32, z: f32) -> f32 { return {{ACT_GRAD}}; }
+
+@compute @workgroup_size(64)
+fn bwd(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let L = pu(1u);
+    let j = gid.x;
+    let c = gid.y;
+    if (j >= L) { return; }
+    let R = pu(0u);
+    let r0 = c * pu(5u);
+    let r1 = min(R, r0 + pu(5u));
+    var b = 0.0;
+    if (pu(7u) != 0u) { b = BIAS[pu(4u) + j]; }
+    let wdz = pu(8u) != 0u;
+    var s = 0.0;
+    for (var r = r0; r < r1; r++) {
+        let k = r * L + j;
+        let dz = act_grad(G[pu(2u) + k], U[pu(3u) + k] + b);
+        if (wdz) { DZ[k] = dz; }
+        s += dz;
+    }
+    PART[c * L + j] = s;
+}

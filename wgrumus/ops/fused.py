@@ -1,0 +1,200 @@
+"""Fused layer ops for training steps: Linear with its bias and activation, and the core of
+causal self-attention from a packed qkv projection.
+
+Each is one autograd node whose forward and backward call kernels directly (under no_grad),
+so a step records a few nodes instead of dozens of views, copies and broadcasts. What this
+saves per layer, next to composing ``matmul``, ``+ bias`` and an activation:
+- the bias gradient is one kernel fused with the activation's backward (no transposed copy
+  and reduction of the gradient);
+- the weight gradient comes out as [out, in] (no transposed copy in the optimizer);
+- attention splits q, k, v into heads with one copy and assembles d(qkv) with one kernel,
+  instead of a reshape copy per head tensor, zero-filled slice gradients and their sums.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+from ..autograd.tape import needs_grad, no_grad, record
+from ..runtime.errors import ShapeError
+from ..runtime.kernels import Kernel
+from ..tensor import Tensor, check_same_device, float32
+from .elementwise import cast, contiguous, map_op, run_map, saved_output
+from .matmul import matmul
+from .nnops import softmax, softmax_backward
+from .shape import permute, reshape, transpose
+
+# activation: (forward expression of z, dz expression of g and z)
+ACTIVATIONS = {
+    None: ("{z}", "g"),
+    "relu": ("max({z}, 0.0)", "select(0.0, g, z > 0.0)"),
+    "gelu": ("gelu_({z})", "g * gelu_grad_(z)"),
+    "gelu_tanh": ("gelu_tanh_({z})", "g * gelu_tanh_grad_(z)"),
+}
+
+_dummies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _dummy(dev, k: int):
+    """The k-th one-element buffer of ``dev``, bound where a kernel slot is unused (distinct
+    ones per slot: a buffer bound read_write may not be bound twice in one dispatch)."""
+    ts = _dummies.get(dev)
+    if ts is None:
+        ts = _dummies[dev] = [Tensor.empty((1,), dev) for _ in range(2)]
+    return ts[k]._storage.buffer
+
+
+def _f32(x: Tensor) -> Tensor:
+    return x if x.dtype == float32 else cast(x, float32)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
+           activation: str | None = None, residual: Tensor | None = None) -> Tensor:
+    """act(x @ weight.T + bias) with weight [out, in] (PyTorch's layout); ``activation`` is
+    None, "relu", "gelu" (erf) or "gelu_tanh". Leading dims of x are folded into one GEMM.
+    ``residual`` (no activation; the output's shape) is added in the same kernel as the bias:
+    ``residual + linear(x, weight, bias)`` of a transformer block in one node."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: activation must be one of {list(ACTIVATIONS)}, "
+                         f"got {activation!r}")
+    if residual is not None:
+        if activation is not None:
+            raise ValueError("linear: residual works without an activation (act(z) + r is "
+                             "not fused); add the residual separately")
+        want = x.shape[:-1] + (weight.shape[0],)
+        if tuple(residual.shape) != want:
+            raise ShapeError(f"linear: residual shape {residual.shape} != output shape {want}")
+        check_same_device(x, residual, op="linear")
+    if weight.ndim != 2 or x.ndim == 0 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear: input {x.shape} does not match weight {weight.shape} "
+                         f"([out, in]: the input's last dim must be {weight.shape[-1]})")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ShapeError(f"linear: bias shape {bias.shape} != ({weight.shape[0]},)")
+    check_same_device(x, weight, *([bias] if bias is not None else []), op="linear")
+    n_out, n_in = weight.shape
+    lead = x.shape[:-1]
+    fwd, grad_expr = ACTIVATIONS[activation]
+    with no_grad():
+        x2 = contiguous(reshape(_f32(x), (-1, n_in)))
+        b = contiguous(_f32(bias)) if bias is not None else None
+        u = matmul(x2, transpose(weight, 0, 1))  # [N, out], contiguous
+        keep_u = activation not in (None, "relu")  # relu' reads the output, None reads nothing
+        if residual is not None:  # in place: u + bias + residual
+            r2 = reshape(_f32(residual), (-1, n_out))
+            y = run_map("a + b + c" if b is not None else "a + b", u,
+                        [u, b, r2] if b is not None else [u, r2])
+        elif bias is None and activation is None:
+            y = u
+        elif keep_u:
+            y = map_op(fwd.format(z="a + b" if b is not None else "a"),
+                       [u] + ([b] if b is not None else []))
+        else:  # in place: u is not needed afterwards
+            y = run_map(fwd.format(z="a + b" if b is not None else "a"), u,
+                        [u] + ([b] if b is not None else []))
+    out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y
+    if not needs_grad(x, weight, bias, residual):
+        return out
+    N = x2.shape[0]
+    z_saved = u if keep_u else saved_output(y)
+
+    def bw(g):
+        g2 = contiguous(reshape(g, (N, n_out)))
+        db = None
+        if bias is not None or activation is not None:
+            dz, db = _epilogue_grad(g2, z_saved if activation else None, b if keep_u else None,
+                                    grad_expr, bias is not None and bias.requires_grad,
+                                    activation is not None)
+        else:
+            dz = g2
+        dx = dw = None
+        if x.requires_grad:
+            dx = matmul(dz, weight)
+            dx = reshape(dx, x.shape) if x.ndim != 2 else dx
+        if weight.requires_grad:
+            dw = matmul(transpose(dz, 0, 1), x2)  # [out, in], contiguous
+        if residual is None:
+            return dx, dw, db
+        return dx, dw, db, (g if residual.requires_grad else None)
+    record("linear" + (f"_{activation}" if activation else ""), out,
+           [x, weight, bias] + ([residual] if residual is not None else []), bw,
+           saved=[x2, weight, z_saved] + ([b] if b is not None else []))
+    return out
+
+
+def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str,
+                   want_db: bool, has_act: bool):
+    """(dz, db) of y = act(z + b) for contiguous [R, L] g: one kernel computes dz and partial
+    column sums of it over row chunks, a second adds the partials when there are several.
+    ``z`` is the pre-bias matmul output (or, for relu, the output y itself: relu'(z) and
+    relu'(y) agree); ``b`` is bound only when z excludes the bias."""
+    if not has_act and not want_db:
+        return g, None
+    R, L = g.shape
+    dev = g.device
+    # one chunk for small R (no second pass); else chunks of >= 64 rows, enough of them to
+    # spread over a GPU
+    rows = R if R <= 256 else max(64, -(-R // 128))
+    chunks = max(1, -(-R // max(rows, 1)))
+    dz = Tensor.empty((R, L), dev, float32) if has_act else g
+    part = Tensor.empty((chunks, L), dev, float32)
+    zt = z if z is not None else g
+    bufs = [g._storage.buffer, zt._storage.buffer,
+            b._storage.buffer if b is not None else _dummy(dev, 0),
+            dz._storage.buffer if has_act else _dummy(dev, 1), part._storage.buffer]
+    dev.dispatch(Kernel.of("linear", "bwd", ACT_GRAD=grad_expr), bufs,
+                 [R, L, g.offset, zt.offset, b.offset if b is not None else 0, rows, chunks,
+                  int(b is not None), int(has_act)], (-(-L // 64), chunks, 1))
+    if not want_db:
+        return dz, None
+    if chunks == 1:
+        return dz, Tensor(part._storage, (L,), None, part.offset)
+    db = Tensor.empty((L,), dev, float32)
+    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, db._storage.buffer],
+                 [L, chunks, part.offset, db.offset], (-(-L // 64), 1, 1))
+    return dz, db
+
+
+def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tensor:
+    """softmax(q k^T / sqrt(d), causal) v for a packed projection qkv [B, T, 3E] (q, k, v
+    side by side, heads of d = E / n_head consecutive features, like PyTorch's
+    MultiheadAttention); returns [B, T, E] with the heads merged back."""
+    if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
+        raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
+                         f"{n_head} heads, got {qkv.shape}")
+    B, T, E3 = qkv.shape
+    E = E3 // 3
+    H, d = n_head, E // n_head
+    scale = 1.0 / math.sqrt(d)
+    tq = T if causal else 0
+    dev = qkv.device
+    with no_grad():
+        src = contiguous(_f32(qkv))
+        # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
+        heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
+        n = B * H * T * d
+        q, k, v = (Tensor(heads._storage, (B, H, T, d), None, heads.offset + i * n)
+                   for i in range(3))
+        p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
+        o = matmul(p, v)  # [B, H, T, d]
+        y = contiguous(permute(o, (0, 2, 1, 3)))
+        y = Tensor(y._storage, (B, T, E), None, y.offset)
+    if not needs_grad(qkv):
+        return y
+
+    def bw(g):
+        go = contiguous(permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3)))
+        dp = matmul(go, transpose(v, -1, -2))
+        ds = softmax_backward(p, dp, False, scale, tq)
+        dq = matmul(ds, k)
+        dk = matmul(transpose(ds, -1, -2), q)
+        dv = matmul(transpose(p, -1, -2), go)
+        # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
+        st = (H * T * d, d, 0, T * d, 1)
+        views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
+        dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
+        run_map("select(select(c, b, (i / pu(48u)) % 3u == 1u), a, (i / pu(48u)) % 3u == 0u)",
+                dqkv, views, [E])
+        return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
+    record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
+           saved=[heads, p])
+    return y
