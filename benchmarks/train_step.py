@@ -94,6 +94,7 @@ def wgrumus_step(name, cfg, dev):
         xh, yh = gpt_data(cfg)
         yh = yh.reshape(-1)
     x, y = wr.tensor(xh, device=dev), wr.tensor(yh, device=dev)
+    weights = {k: v.numpy() for k, v in model.state_dict().items()}
     opt = wr.optim.AdamW(model.parameters(), lr=LR)
     last = {}
 
@@ -102,7 +103,7 @@ def wgrumus_step(name, cfg, dev):
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y)
         opt.step(wr.autograd.backward(loss))
         last["loss"] = loss
-    return step, lambda: float(last["loss"].item())
+    return step, lambda: float(last["loss"].item()), weights
 
 
 # ----------------------------------------------------------------------------- torch
@@ -237,6 +238,131 @@ def numpy_mlp_step(cfg):
     return step
 
 
+# ----------------------------------------------------------------------------- numpy (GPT)
+def _ln(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(x.var(-1, keepdims=True) + eps)
+    xh = (x - mu) * rstd
+    return xh * w + b, (xh, rstd, w)
+
+
+def _ln_bwd(g, cache):
+    xh, rstd, w = cache
+    gw = g * w
+    dx = rstd * (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True))
+    return dx, (g * xh).reshape(-1, xh.shape[-1]).sum(0), g.reshape(-1, g.shape[-1]).sum(0)
+
+
+_C = np.float32(0.7978845608028654)
+
+
+def _gelu_tanh(u):
+    t = np.tanh(_C * (u + 0.044715 * u ** 3))
+    return 0.5 * u * (1 + t), t
+
+
+def _gelu_tanh_grad(u, t):
+    return 0.5 * (1 + t) + 0.5 * u * (1 - t * t) * _C * (1 + 3 * 0.044715 * u * u)
+
+
+def numpy_gpt_step(cfg, weights: dict):
+    """GPT-mini's step written out in numpy (float32), from the given initial weights (the
+    wgrumus model's, so the losses can be compared): forward, backward, AdamW."""
+    P = {k: np.array(v, np.float32) for k, v in weights.items()}
+    M = {k: np.zeros_like(v) for k, v in P.items()}
+    V = {k: np.zeros_like(v) for k, v in P.items()}
+    xi, yi = gpt_data(cfg)
+    yi = yi.reshape(-1)
+    B, T = xi.shape
+    D, H, L = cfg["d"], cfg["heads"], cfg["layers"]
+    d = D // H
+    mask = np.triu(np.full((T, T), -np.inf, np.float32), 1)
+    t = [0]
+    last = {}
+
+    def lin(x, w, b=None):
+        y = x @ w.T
+        return y + b if b is not None else y
+
+    def step():
+        G = {}
+        x = P["wte.weight"][xi] + P["wpe.weight"][np.arange(T)]
+        caches = []
+        for i in range(L):
+            pre = f"blocks.{i}."
+            h1, c1 = _ln(x, P[pre + "ln1.weight"], P[pre + "ln1.bias"])
+            qkv = lin(h1, P[pre + "attn.in_proj_weight"], P[pre + "attn.in_proj_bias"])
+            q, k, v = (qkv[..., j * D:(j + 1) * D].reshape(B, T, H, d).transpose(0, 2, 1, 3)
+                       for j in range(3))
+            s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + mask
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            o = (p @ v).transpose(0, 2, 1, 3).reshape(B, T, D)
+            x = x + lin(o, P[pre + "attn.out_proj.weight"], P[pre + "attn.out_proj.bias"])
+            h2, c2 = _ln(x, P[pre + "ln2.weight"], P[pre + "ln2.bias"])
+            u = lin(h2, P[pre + "mlp.fc.weight"], P[pre + "mlp.fc.bias"])
+            a, th = _gelu_tanh(u)
+            x = x + lin(a, P[pre + "mlp.proj.weight"], P[pre + "mlp.proj.bias"])
+            caches.append((h1, c1, q, k, v, p, o, h2, c2, u, a, th))
+        hf, cf = _ln(x, P["ln_f.weight"], P["ln_f.bias"])
+        logits = lin(hf, P["lm_head.weight"]).reshape(B * T, -1)
+        z = logits - logits.max(1, keepdims=True)
+        e = np.exp(z)
+        sm = e / e.sum(1, keepdims=True)
+        n = B * T
+        last["loss"] = float(-np.log(sm[np.arange(n), yi]).mean())
+        g = sm
+        g[np.arange(n), yi] -= 1.0
+        g /= n
+        G["lm_head.weight"] = g.T @ hf.reshape(n, D)
+        gx, G["ln_f.weight"], G["ln_f.bias"] = _ln_bwd((g @ P["lm_head.weight"])
+                                                       .reshape(B, T, D), cf)
+        for i in reversed(range(L)):
+            pre = f"blocks.{i}."
+            h1, c1, q, k, v, p, o, h2, c2, u, a, th = caches[i]
+            g2 = gx.reshape(n, D)
+            G[pre + "mlp.proj.weight"] = g2.T @ a.reshape(n, -1)
+            G[pre + "mlp.proj.bias"] = g2.sum(0)
+            du = (g2 @ P[pre + "mlp.proj.weight"]) * _gelu_tanh_grad(u, th).reshape(n, -1)
+            G[pre + "mlp.fc.weight"] = du.T @ h2.reshape(n, D)
+            G[pre + "mlp.fc.bias"] = du.sum(0)
+            dh2, G[pre + "ln2.weight"], G[pre + "ln2.bias"] = _ln_bwd(
+                (du @ P[pre + "mlp.fc.weight"]).reshape(B, T, D), c2)
+            gx = gx + dh2
+            g2 = gx.reshape(n, D)
+            G[pre + "attn.out_proj.weight"] = g2.T @ o.reshape(n, D)
+            G[pre + "attn.out_proj.bias"] = g2.sum(0)
+            do = (g2 @ P[pre + "attn.out_proj.weight"]).reshape(B, T, H, d).transpose(0, 2, 1, 3)
+            dp = do @ v.transpose(0, 1, 3, 2)
+            ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(d)
+            dq, dk, dv = ds @ k, ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ do
+            dqkv = np.concatenate([t_.transpose(0, 2, 1, 3).reshape(n, D) for t_ in (dq, dk, dv)],
+                                  axis=1)
+            G[pre + "attn.in_proj_weight"] = dqkv.T @ h1.reshape(n, D)
+            G[pre + "attn.in_proj_bias"] = dqkv.sum(0)
+            dh1, G[pre + "ln1.weight"], G[pre + "ln1.bias"] = _ln_bwd(
+                (dqkv @ P[pre + "attn.in_proj_weight"]).reshape(B, T, D), c1)
+            gx = gx + dh1
+        gw = np.zeros_like(P["wte.weight"])
+        np.add.at(gw, xi.reshape(-1), gx.reshape(n, D))
+        G["wte.weight"] = gw
+        G["wpe.weight"] = gx.sum(0)
+        _adamw(P, G, M, V, t)
+    return step, lambda: last["loss"]
+
+
+def _adamw(P, G, M, V, t, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):
+    t[0] += 1
+    c1, c2 = 1 - b1 ** t[0], np.sqrt(1 - b2 ** t[0])
+    for k, p in P.items():
+        g = G[k]
+        p *= 1 - LR * wd
+        M[k] += (1 - b1) * (g - M[k])
+        V[k] *= b2
+        V[k] += (1 - b2) * g * g
+        p -= (LR / c1) * M[k] / (np.sqrt(V[k]) / c2 + eps)
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -248,6 +374,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed repeats (median is used)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    ap.add_argument("--no-numpy", action="store_true", help="skip the numpy reference")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in FULL]
@@ -270,7 +397,7 @@ def main(argv=None) -> int:
         cfg = sizes[name]
         unit_n = cfg["batch"] * (cfg["seq"] if name == "gpt" else 1)
         unit = "tokens/s" if name == "gpt" else "samples/s"
-        step, loss = wgrumus_step(name, cfg, dev)
+        step, loss, weights = wgrumus_step(name, cfg, dev)
         ours = measure(step, dev.synchronize, steps, args.repeats, warmup, counters)
         row = {"model": name, "config": cfg, "unit": unit, "wgrumus_ms": ours["ms"],
                "wgrumus_throughput": unit_n / ours["ms"] * 1e3, "wgrumus_loss": loss(),
@@ -283,11 +410,17 @@ def main(argv=None) -> int:
             row.update(torch_ms=ref["ms"], torch_throughput=unit_n / ref["ms"] * 1e3,
                        torch_host_ms=ref["host_ms"], torch_loss=tloss(),
                        vs_torch=ref["ms"] / ours["ms"])
-        if name == "mlp":
-            nstep = numpy_mlp_step(cfg)
+        if not args.no_numpy:
+            nloss = None
+            if name == "mlp":
+                nstep = numpy_mlp_step(cfg)
+            else:
+                nstep, nloss = numpy_gpt_step(cfg, weights)
             ref = measure(nstep, lambda: None, steps, args.repeats, 2)
             row.update(numpy_ms=ref["ms"], numpy_throughput=unit_n / ref["ms"] * 1e3,
                        vs_numpy=ref["ms"] / ours["ms"])
+            if nloss is not None:
+                row["numpy_loss"] = nloss()
         rows.append(row)
 
     meta = {"bench": "train_step", "device": dev.name, "quick": quick, "steps": steps,

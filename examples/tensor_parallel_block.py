@@ -60,6 +60,7 @@ tp_losses = dist.spawn(tp_rank, TP, devices=devices)[0]
 dense = nn.TransformerBlock(E, H, seed=0, device=devices[0])
 dense_losses = train(dense, dense.parameters(), devices[0])
 for step in range(0, args.steps, max(1, args.steps // 5)):
-    print(f"step {step + 1:3d}  tensor parallel {tp_losses[step]:.6f}  dense {dense_losses[step]:.6f}")
+    print(f"step {step + 1:3d}  tensor parallel {tp_losses[step]:.6f}  "
+          f"dense {dense_losses[step]:.6f}")
 assert np.allclose(tp_losses, dense_losses, rtol=1e-4, atol=1e-5), "TP and dense disagree"
 print("tensor-parallel training matches the dense block")

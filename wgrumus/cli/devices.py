@@ -57,7 +57,8 @@ def run(args) -> int:
     adapters = adapter_rows(all_adapters)
     chosen = select_adapters() if all_adapters else []
     devs = MultiGpuContext.get().devices if all_adapters else []
-    dev_rows = [{"index": d.index, "name": d.name, "adapter": _position(all_adapters, d.adapter), "logical": d.logical,
+    dev_rows = [{"index": d.index, "name": d.name, "adapter": _position(all_adapters, d.adapter),
+                 "logical": d.logical,
                  "features": sorted(f for f in FEATURES if f in d.features),
                  "max_binding": d.max_binding, "default": d.index == 0} for d in devs]
     env = {k: os.environ.get(k) for k in ("WGRUMUS_ADAPTER", "WGRUMUS_DEVICES")}

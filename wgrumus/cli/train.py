@@ -16,49 +16,56 @@ SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
-def add_arguments(p: argparse.ArgumentParser, demo: bool = False) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """Training options, shared by `train` and `demo`."""
+    pos = positive()
     g = p.add_argument_group("length and optimisation")
-    g.add_argument("--steps", type=positive(), metavar="N", help="optimizer steps (default: 200 for mlp/cnn, "
-                   "300 for gpt; or derived from --epochs)")
-    g.add_argument("--epochs", type=positive(float), metavar="E", help="passes over the training set "
-                   "(instead of --steps)")
-    g.add_argument("--batch-size", type=positive(), metavar="B", help="global batch (split over dp ranks and "
-                   "micro-batches); default 64 (gpt: 32)")
-    g.add_argument("--lr", type=positive(float), metavar="LR", help="learning rate (default per optimizer)")
+    g.add_argument("--steps", type=pos, metavar="N",
+                   help="optimizer steps (default: 200 for mlp/cnn, 300 for gpt)")
+    g.add_argument("--epochs", type=positive(float), metavar="E",
+                   help="passes over the training set (instead of --steps)")
+    g.add_argument("--batch-size", type=pos, metavar="B",
+                   help="global batch, split over dp replicas and micro-batches (default 64; "
+                   "gpt 32)")
+    g.add_argument("--lr", type=positive(float), metavar="LR",
+                   help="learning rate (default: 0.1 for sgd, 0.003 for adam/adamw)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
-    g.add_argument("--seed", type=int, default=0, help="weights and data order (same in every "
-                   "layout; default 0)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="weights and data order, the same in every layout (default 0)")
     g = p.add_argument_group("parallel layout")
-    g.add_argument("--dp", type=positive(), default=1, metavar="N", help="data-parallel replicas")
-    g.add_argument("--tp", type=positive(), default=1, metavar="N", help="tensor-parallel ranks (gpt)")
-    g.add_argument("--pp", type=positive(), default=1, metavar="N", help="pipeline stages")
-    g.add_argument("--micro-batches", type=positive(), metavar="M", help="pipeline micro-batches per step "
-                   "(default 2*pp)")
-    g.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule")
-    g.add_argument("--devices", type=positive(), metavar="N", help="number of devices to create (logical "
-                   "devices share an adapter); default: WGRUMUS_DEVICES or one per adapter")
+    g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
+    g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")
+    g.add_argument("--pp", type=pos, default=1, metavar="N", help="pipeline stages")
+    g.add_argument("--micro-batches", type=pos, metavar="M",
+                   help="pipeline micro-batches per step (default 2 x pp)")
+    g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="pipeline schedule (default 1f1b)")
+    g.add_argument("--devices", type=pos, metavar="N",
+                   help="devices to create, logical ones sharing an adapter when N exceeds the "
+                   "adapters (default: WGRUMUS_DEVICES, else one per adapter)")
     g.add_argument("--backend", choices=("threads", "mpi"), default="threads",
                    help="threads: one process, one thread per device; mpi: one process per "
                    "rank under mpiexec")
     g = p.add_argument_group("gpt size")
-    g.add_argument("--n-layer", type=positive(), default=2, metavar="N", help="transformer blocks "
-                   "(default 2)")
-    g.add_argument("--n-embd", type=positive(), default=64, metavar="N", help="embedding width "
-                   "(default 64)")
-    g.add_argument("--n-head", type=positive(), default=4, metavar="N", help="attention heads "
-                   "(default 4)")
-    g.add_argument("--block-size", type=positive(), default=32, metavar="T",
+    g.add_argument("--n-layer", type=pos, default=2, metavar="N",
+                   help="transformer blocks (default 2)")
+    g.add_argument("--n-embd", type=pos, default=64, metavar="N",
+                   help="embedding width (default 64)")
+    g.add_argument("--n-head", type=pos, default=4, metavar="N",
+                   help="attention heads (default 4)")
+    g.add_argument("--block-size", type=pos, default=32, metavar="T",
                    help="context length in characters (default 32)")
     g = p.add_argument_group("output")
-    g.add_argument("--checkpoint", metavar="DIR", help="save a training checkpoint there "
-                   "(atomically) every --checkpoint-every steps, at the end and on Ctrl-C")
-    g.add_argument("--checkpoint-every", type=positive(), default=50, metavar="N",
+    g.add_argument("--checkpoint", metavar="DIR",
+                   help="save a training checkpoint there (atomically) every --checkpoint-every "
+                   "steps, at the end and on Ctrl-C")
+    g.add_argument("--checkpoint-every", type=pos, default=50, metavar="N",
                    help="steps between checkpoints (default 50)")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
-    g.add_argument("--plot", metavar="PNG", help="loss curve file when matplotlib is installed "
-                   "(default: wgrumus-<model>-loss.png in the checkpoint directory or here); "
-                   "without matplotlib a plot is drawn in the terminal")
+    g.add_argument("--plot", metavar="PNG",
+                   help="loss curve file when matplotlib is installed (default: "
+                   "wgrumus-<model>-loss.png in the checkpoint directory or here); without "
+                   "matplotlib a plot is drawn in the terminal")
     g.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
 
 
