@@ -174,7 +174,8 @@ class Device:
         if gx == 0 or gy == 0 or gz == 0:
             return
         if max(gx, gy, gz) > MAX_WG_PER_DIM:
-            raise KernelError(f"dispatch {groups} exceeds {MAX_WG_PER_DIM} workgroups per dimension")
+            raise KernelError(f"dispatch {groups} exceeds {MAX_WG_PER_DIM} workgroups per "
+                              "dimension")
         fmt, vals = _pack(params)
         with self.lock:
             pipe, layout, dynamic = self.pipeline(kernel, len(buffers))
