@@ -1,7 +1,5 @@
 """The `wgrumus` command end to end, through subprocesses, as a user runs it (on lavapipe)."""
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -10,22 +8,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    env.pop("WGRUMUS_DEVICES", None)  # the command decides (conftest sets 8 for in-process tests)
-    env.setdefault("XDG_RUNTIME_DIR", "/tmp")
-    env.update(extra)
-    return env
+from _util import ROOT, mpiexec, run_process, subprocess_env
 
 
 def wgrumus(*args, timeout=120, **env):
-    p = subprocess.run([sys.executable, "-m", "wgrumus.cli", *map(str, args)], cwd=ROOT,
-                       env=_env(**env), capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+    p = run_process([sys.executable, "-m", "wgrumus.cli", *args], timeout, **env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -124,7 +111,7 @@ def test_help_of_every_command(capsys):
     script = Path(sys.executable).parent / "wgrumus"  # the console script of an installed venv
     if script.exists():
         p = subprocess.run([str(script), "--version"], capture_output=True, text=True,
-                           timeout=60, env=_env())
+                           timeout=60, env=subprocess_env())
         assert p.returncode == 0 and p.stdout.startswith("wgrumus "), p.stderr
 
 
@@ -249,7 +236,8 @@ def test_resume_errors_exit_2(tmp_path, capsys):
 def test_ctrl_c_stops_cleanly_and_saves_a_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     p = subprocess.Popen([sys.executable, "-m", "wgrumus.cli", "train", "mlp", "--steps",
-                          "100000", "--checkpoint", str(ck), "--json"], cwd=ROOT, env=_env(),
+                          "100000", "--checkpoint", str(ck), "--json"], cwd=ROOT,
+                         env=subprocess_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          stdin=subprocess.DEVNULL)
     try:
@@ -279,19 +267,12 @@ def test_demo_runs_data_and_pipeline_parallel():
 
 
 # ------------------------------------------------------------------------------------- mpi
-def _mpiexec():
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(_mpiexec() is None, reason="mpiexec not found (pip install 'wgrumus[mpi]')")
+@pytest.mark.skipif(mpiexec() is None, reason="mpiexec not found (pip install 'wgrumus[mpi]')")
 def test_mpiexec_two_ranks_only_rank0_prints():
     pytest.importorskip("mpi4py")
-    cmd = [_mpiexec(), "-n", "2", sys.executable, "-m", "wgrumus.cli", "train", "mlp",
-           "--backend", "mpi", "--dp", "2", "--steps", "4", "--json"]
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=200,
-                       stdin=subprocess.DEVNULL)
+    p = run_process([mpiexec(), "-n", "2", sys.executable, "-m", "wgrumus.cli", "train", "mlp",
+                     "--backend", "mpi", "--dp", "2", "--steps", "4", "--json"], 200)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1, p.stdout  # rank 1 prints nothing
@@ -309,8 +290,7 @@ def test_readme_python_example_runs(tmp_path):
     code = text[start:text.index("```", start)]
     script = tmp_path / "readme_example.py"
     script.write_text(code)
-    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(), capture_output=True,
-                       text=True, timeout=110)
+    p = run_process([sys.executable, script], 110)
     assert p.returncode == 0, p.stderr
     loss = float(p.stdout.split()[1])
     assert loss < 0.15, p.stdout  # it learned the toy target

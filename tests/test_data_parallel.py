@@ -5,16 +5,13 @@ MPI backend under mpiexec.
 
 The model and optimizers here are small stand-ins written with wgrumus ops (the tests do not
 depend on wr.nn / wr.optim); the GPU does all the math, numpy only builds data and compares."""
-import os
-import shutil
-import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _util import mpiexec, run_process
 
 import wgrumus as wr
 from wgrumus.autograd import backward
@@ -22,9 +19,6 @@ from wgrumus.autograd.tape import record
 from wgrumus.ops.launch import run_map
 from wgrumus.parallel import (AllReduceSync, DataParallel, ReplicaError, plan_buckets,
                               shard_sizes)
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 # ---------------------------------------------------------------------------------- stand-ins
 class TinyMLP:
@@ -427,21 +421,14 @@ MPI_WORKER = textwrap.dedent('''
 ''')
 
 
-def _mpiexec():
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
 @pytest.mark.timeout(120)
 def test_mpi_backend_two_processes(tmp_path):
     pytest.importorskip("mpi4py")
-    mpiexec = _mpiexec()
-    if mpiexec is None:
+    exe = mpiexec()
+    if exe is None:
         pytest.skip("mpiexec not found (pip install 'wgrumus[mpi]')")
     script = tmp_path / "dp_worker.py"
     script.write_text(MPI_WORKER)
-    env = dict(os.environ, WGRUMUS_DEVICES="1")
-    p = subprocess.run([mpiexec, "-n", "2", sys.executable, str(script)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=100)
+    p = run_process([exe, "-n", 2, sys.executable, script], 100, WGRUMUS_DEVICES=1)
     assert p.returncode == 0 and p.stdout.count("DP_OK") == 2, p.stdout + p.stderr
     assert p.stdout.count("FAULT_OK") == 2, p.stdout + p.stderr

@@ -3,23 +3,17 @@ tests/_mpi_worker.py. Every launch has a subprocess timeout, so a hang fails the
 stalling the run."""
 import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from _util import mpiexec, run_process
+
 WORKER = Path(__file__).resolve().parent / "_mpi_worker.py"
 
 
-def _mpiexec():
-    here = Path(sys.executable).parent / "mpiexec"  # where the mpich wheel installs it
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
-MPIEXEC = _mpiexec()
+MPIEXEC = mpiexec()
 try:
     import mpi4py  # noqa: F401
     HAVE_MPI4PY = True
@@ -35,11 +29,9 @@ pytestmark = [
 
 
 def launch(n, *args, timeout=1.0, wall=60):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-        WGRUMUS_TEST_TIMEOUT=str(timeout))
-    p = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, str(WORKER), *args],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=wall)
+    p = run_process([MPIEXEC, "-n", n, sys.executable, WORKER, *args], wall,
+                    WGRUMUS_TEST_TIMEOUT=timeout,
+                    WGRUMUS_DEVICES=os.environ.get("WGRUMUS_DEVICES", "8"))
     return p.returncode, p.stdout, p.stderr
 
 

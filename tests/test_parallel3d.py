@@ -128,18 +128,14 @@ if MPI.COMM_WORLD.Get_rank() == 0:
 @pytest.mark.timeout(150)
 def test_mpi_backend_runs_the_same_layout_across_processes(devs):
     import json
-    import os
-    import subprocess
     import sys
-    from pathlib import Path
+
+    from _util import mpiexec, run_process
     pytest.importorskip("mpi4py")
-    from test_mpi import MPIEXEC
-    if MPIEXEC is None:
-        pytest.skip("mpiexec not found")
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, WGRUMUS_DEVICES="1", PYTHONPATH=str(root))
-    p = subprocess.run([MPIEXEC, "-n", "4", sys.executable, "-c", MPI_SCRIPT], cwd=root,
-                       env=env, capture_output=True, text=True, timeout=120)
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found (pip install 'wgrumus[mpi]')")
+    p = run_process([mpiexec(), "-n", 4, sys.executable, "-c", MPI_SCRIPT], 120,
+                    WGRUMUS_DEVICES=1)
     assert p.returncode == 0, p.stdout + p.stderr
     mpi = json.loads(p.stdout.split("LOSSES", 1)[1])
     threads = train_3d(CFG, 1, 2, 2, steps=3, batch_size=BATCH, lr=LR, devices=devs[:4])

@@ -29,6 +29,19 @@ def _t(a, g, grad=False):
     return wr.tensor(np.asarray(a, np.float32), device=g.device, requires_grad=grad)
 
 
+def _linear_case(rng, in_f, out_f):
+    """Input [2, 3, in], dense weight and bias, and an upstream gradient for a linear layer."""
+    return (rng.standard_normal((2, 3, in_f)), rng.standard_normal((out_f, in_f)),
+            rng.standard_normal(out_f), rng.standard_normal((2, 3, out_f)))
+
+
+def _outputs_and_grads(out, G, g, ts):
+    """Backpropagate the upstream gradient ``G`` from ``out``: the output and every input's
+    gradient, as numpy (what each rank hands back from ``spawn``)."""
+    (out * _t(G, g)).sum().backward()
+    return out.numpy(), [t.grad.numpy() for t in ts]
+
+
 def _gelu(x):
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
@@ -38,9 +51,7 @@ def _gelu(x):
 @pytest.mark.parametrize("tp", TPS)
 @pytest.mark.parametrize("gather", [True, False])
 def test_column_parallel_linear_matches_dense(tp, gather, devs, rng):
-    x = rng.standard_normal((2, 3, 6))
-    W, b = rng.standard_normal((8, 6)), rng.standard_normal(8)
-    G = rng.standard_normal((2, 3, 8))
+    x, W, b, G = _linear_case(rng, 6, 8)
 
     def fn(g):
         r = g.rank
@@ -66,9 +77,7 @@ def test_column_parallel_linear_matches_dense(tp, gather, devs, rng):
 @pytest.mark.parametrize("tp", TPS)
 @pytest.mark.parametrize("input_is_parallel", [True, False])
 def test_row_parallel_linear_sums_and_adds_bias_once(tp, input_is_parallel, devs, rng):
-    x = rng.standard_normal((2, 3, 8))
-    W, b = rng.standard_normal((5, 8)), rng.standard_normal(5)
-    G = rng.standard_normal((2, 3, 5))
+    x, W, b, G = _linear_case(rng, 8, 5)
 
     def fn(g):
         r = g.rank
@@ -106,9 +115,7 @@ def test_parallel_mlp_matches_dense(tp, devs, rng):
         ts = [_t(x, g, True), _t(S.split(W1, tp, r, 0), g, True),
               _t(S.split(b1, tp, r, 0), g, True),
               _t(S.split(W2, tp, r, 1), g, True), _t(b2, g, True)]
-        out = TP.parallel_mlp(*ts, g)
-        (out * _t(G, g)).sum().backward()
-        return out.numpy(), [t.grad.numpy() for t in ts]
+        return _outputs_and_grads(TP.parallel_mlp(*ts, g), G, g, ts)
 
     res = run(tp, devs, fn)
     args = [x, W1, b1, W2, b2]
@@ -151,9 +158,7 @@ def test_parallel_self_attention_matches_dense(tp, devs, rng):
               _t(S.shard_array(Wqkv, S.QKV, tp, r, num_heads=heads), g, True),
               _t(S.shard_array(bqkv, S.QKV, tp, r, num_heads=heads), g, True),
               _t(S.split(Wo, tp, r, 1), g, True), _t(bo, g, True)]
-        out = TP.parallel_self_attention(*ts, heads, g)
-        (out * _t(G, g)).sum().backward()
-        return out.numpy(), [t.grad.numpy() for t in ts]
+        return _outputs_and_grads(TP.parallel_self_attention(*ts, heads, g), G, g, ts)
 
     res = run(tp, devs, fn)
     args = [x, Wqkv, bqkv, Wo, bo]
@@ -268,8 +273,9 @@ def test_sequence_parallel_mappings_are_adjoint(tp, devs, rng):
 
 
 # ------------------------------------------------------------------------ nn modules
-def _dense_run(module, x_np, G, dev, ids=False):
-    """Output and input/parameter gradients of the dense module on one device."""
+def _module_run(module, x_np, G, dev, ids=False):
+    """Output, input gradient (None for ids) and parameter gradients of ``module`` on ``dev``
+    with upstream gradient ``G``."""
     x = wr.tensor(x_np.astype(np.int32 if ids else np.float32), device=dev,
                   requires_grad=not ids)
     out = module(x)
@@ -282,15 +288,8 @@ def _dense_run(module, x_np, G, dev, ids=False):
 def _tp_run(tp, devs, build, x_np, G, ids=False):
     def fn(g):
         layer = build(g)
-        x = wr.tensor(x_np.astype(np.int32 if ids else np.float32), device=g.device,
-                      requires_grad=not ids)
-        out = layer(x)
-        store = wr.autograd.backward_with_grad(out, wr.tensor(G.astype(np.float32),
-                                                              device=g.device))
-        return (out.numpy(), None if ids else store.get(x).numpy(),
-                TP.gather_state_dict(layer),
-                {n: store.get(p).numpy() for n, p in layer.named_parameters()}, layer.tp_modes
-                if hasattr(layer, "tp_modes") else None)
+        out, gx, grads = _module_run(layer, x_np, G, g.device, ids)
+        return out, gx, TP.gather_state_dict(layer), grads, getattr(layer, "tp_modes", None)
     return run(tp, devs, fn)
 
 
@@ -302,7 +301,7 @@ def test_shard_linear_from_nn_linear_and_gather_back(tp, mode, devs, rng):
     dev = devs[0]
     dense = nn.Linear(8, 12, device=dev, seed=3)  # not square
     x, G = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 3, 12))
-    out, gx, gp = _dense_run(dense, x, G, dev)
+    out, gx, gp = _module_run(dense, x, G, dev)
     sd = {k: v.numpy() for k, v in dense.state_dict().items()}
 
     def build(g):
@@ -335,7 +334,7 @@ def test_parallel_attention_and_mlp_modules_match_nn(tp, devs, rng):
     mha = nn.MultiheadAttention(8, 4, causal=True, device=dev, seed=5)
     with wr.no_grad():  # non-zero biases so their sharding is exercised
         mha.in_proj_bias += wr.tensor(rng.standard_normal(24).astype(np.float32), device=dev)
-    out, gx, gp = _dense_run(mha, x, G, dev)
+    out, gx, gp = _module_run(mha, x, G, dev)
     sd = {k: v.numpy() for k, v in mha.state_dict().items()}
     res = _tp_run(tp, devs, lambda g: TP.ParallelSelfAttention.from_dense(
         _copy_module(nn.MultiheadAttention(8, 4, causal=True, device=g.device), sd), g), x, G)
@@ -352,7 +351,7 @@ def test_parallel_attention_and_mlp_modules_match_nn(tp, devs, rng):
     close(np.concatenate([g_["proj_weight"] for g_ in grads], 1), gp["out_proj.weight"])
 
     mlp = nn.MLP(8, device=dev, seed=6)
-    out, gx, gp = _dense_run(mlp, x, G, dev)
+    out, gx, gp = _module_run(mlp, x, G, dev)
     sd = {k: v.numpy() for k, v in mlp.state_dict().items()}
     res = _tp_run(tp, devs, lambda g: TP.ParallelMLP.from_dense(
         _copy_module(nn.MLP(8, device=g.device), sd), g), x, G)
@@ -371,7 +370,7 @@ def test_vocab_parallel_embedding_module_matches_nn(tp, devs, rng):
     dev = devs[0]
     emb = nn.Embedding(8, 4, device=dev, seed=7)
     ids, G = rng.integers(0, 8, (2, 5)), rng.standard_normal((2, 5, 4))
-    out, _, gp = _dense_run(emb, ids, G, dev, ids=True)
+    out, _, gp = _module_run(emb, ids, G, dev, ids=True)
     sd = {k: v.numpy() for k, v in emb.state_dict().items()}
     res = _tp_run(tp, devs, lambda g: TP.VocabParallelEmbedding.from_dense(
         _copy_module(nn.Embedding(8, 4, device=g.device), sd), g), ids, G, ids=True)

@@ -67,6 +67,9 @@ def _remove_stale_temps(path: str, folder: str) -> None:
 
 
 def atomic_write(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash at any point leaves the old file or the new
+    one, never a torn one (temporary file, fsync, rename, fsync of the folder). Both ``save``
+    and the ``wgrumus train`` checkpoints write through here."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)

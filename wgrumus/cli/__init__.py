@@ -11,6 +11,7 @@ import sys
 
 from .common import UsageError, env_rank
 
+
 def build_parser():
     from . import bench, demo, devices, train
     from .argparsing import OneLineParser

@@ -59,6 +59,8 @@ def unflatten(skel, arrays: dict):
 def save(cfg, task, trainer, step: int, losses) -> None:
     """Every rank gathers (collectives may be involved); rank 0 writes."""
     from safetensors.numpy import save as st_save
+
+    from ..io import atomic_write
     state = trainer.state_dict()
     if not is_main_rank():
         return
@@ -69,22 +71,7 @@ def save(cfg, task, trainer, step: int, losses) -> None:
             "seed": str(cfg.seed), "optimizer": cfg.optimizer,
             "layout": json.dumps({"dp": cfg.layout.dp, "tp": cfg.layout.tp,
                                   "pp": cfg.layout.pp})}
-    blob = st_save(arrays, metadata=meta)
-    final = path_of(cfg)
-    tmp = f"{final}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    try:  # make the rename itself durable
-        fd = os.open(cfg.checkpoint, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    atomic_write(path_of(cfg), st_save(arrays, metadata=meta))
 
 
 def read(path: str):

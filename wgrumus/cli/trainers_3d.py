@@ -57,35 +57,18 @@ class _Rank:
     def step(self, tokens: np.ndarray):
         """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
         on the rank (dp 0, tp 0, last stage), None elsewhere."""
-        import wgrumus as wr
         from ..autograd import GradientStore
-        from ..distributed.parallel3d import _run_schedule
+        from ..distributed.parallel3d import (_run_schedule, dp_mean_grads,
+                                              replica_micro_batches, stage_loss)
         lay, m = self.lay, self.lay.micro_batches
-        per = len(tokens) // lay.dp
-        mine = tokens[self.map.dp_rank * per:(self.map.dp_rank + 1) * per]
-        mb = per // m
-        mbs = [mine[k * mb:(k + 1) * mb] for k in range(m)]
+        mbs = replica_micro_batches(tokens, self.map.dp_rank, lay.dp, m)
         grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
+        grads = dp_mean_grads(self.pgm, grads, self.names, self.device)
         store = GradientStore()
-        if lay.dp > 1:  # average over the data-parallel replicas only, one flat bucket
-            flat = np.concatenate([grads[n].numpy().reshape(-1) for n in self.names])
-            flat = self.pgm.all_reduce_dp(flat, "mean")
-            off = 0
-            for n in self.names:
-                p = self.stage.params[n]
-                store.accumulate(p, wr.tensor(flat[off:off + p.numel].reshape(p.shape),
-                                              device=self.device))
-                off += p.numel
-        else:
-            for n in self.names:
-                store.accumulate(self.stage.params[n], grads[n])
+        for n in self.names:
+            store.accumulate(self.stage.params[n], grads[n])
         self.opt.step(store)
-        loss = None
-        if self.stage.last:
-            loss = np.array([np.mean(self.stage.mb_losses)], np.float64)
-            if lay.dp > 1:
-                loss = self.pgm.all_reduce_dp(loss, "mean")
-            loss = float(loss[0])
+        loss = stage_loss(self.stage, self.pgm) if self.stage.last else None
         return loss if self.coords == (0, 0, lay.pp - 1) else None
 
     def state(self) -> dict:

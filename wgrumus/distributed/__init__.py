@@ -6,8 +6,7 @@ never pulls in the layers built on them (or modules still being written).
 """
 from __future__ import annotations
 
-import importlib
-
+from ._lazy import lazy_getattr
 from .barrier import CollectiveBarrier
 from .collectives import (AllReduceStrategy, BroadcastStrategy, CollectiveConfig, ReduceStrategy,
                           TreeRole, child_ranks, compute_role, parent_rank, tree_depth)
@@ -35,10 +34,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'wgrumus.distributed' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

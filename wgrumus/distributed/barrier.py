@@ -6,12 +6,13 @@ before anyone leaves, so a fast participant that comes straight back joins the n
 never read the previous round's result (the defect of the original design, which kept one shared
 result slot). Participants hold their own round object, and ``generation`` counts the rounds.
 
-The reduction runs once per round, never once per participant: small arrays are reduced by the
-last arrival; large ones are cut into chunks that every participant of the round, and helper
-threads on spare cores, claim and reduce (numpy releases the GIL, so chunks run in parallel). Inputs are reduced in rank
-order when ranks are given, so the bits of the result do not depend on who arrived first. Every
-participant receives the same read-only array, or, with ``out=``, its own copy written chunk by
-chunk while the chunk is still in cache (``out`` may be the caller's input: in-place all-reduce).
+The reduction runs once per round, never once per participant: small arrays are reduced by the last
+arrival; large ones are cut into chunks that every participant of the round, and helper threads on
+spare cores, claim and reduce (numpy releases the GIL, so chunks run in parallel). Inputs are
+reduced in rank order when ranks are given, so the bits of the result do not depend on who arrived
+first. Every participant receives the same read-only array, or, with ``out=``, its own copy written
+chunk by chunk while the chunk is still in cache (``out`` may be the caller's input: in-place
+all-reduce).
 
 Every wait has a deadline. A participant that does not arrive within ``timeout`` makes the others
 raise CollectiveError naming the missing ranks; ``abort(exc)`` wakes everyone with CollectiveError.

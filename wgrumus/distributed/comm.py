@@ -39,7 +39,8 @@ class BufferSlice:
             raise ValueError(f"offset ({self.offset}) and size ({self.nbytes}) must be multiples "
                              "of 4 bytes: WebGPU copies and queue writes work in 4-byte words")
         if self.nbytes % self.dtype.itemsize:
-            raise ValueError(f"{self.nbytes} bytes is not a whole number of {self.dtype} values")
+            raise ValueError(f"{self.nbytes} bytes is not a whole number of {self.dtype} values; "
+                             f"pass a size that is a multiple of {self.dtype.itemsize}")
 
 
 def storage_of(x) -> BufferSlice:
@@ -120,10 +121,10 @@ class CommThread:
                target=None) -> AllReduceHandle:
         """Queue an all-reduce of ``storage`` (blocks only when ``depth`` requests wait)."""
         if self._closed:
-            raise CollectiveError(f"{self!r} is closed")
+            raise CollectiveError(f"{self!r} is closed; start a new CommThread")
         if storage.device is not self.device:
             raise ValueError(f"buffer lives on {storage.device!r}, this comm thread serves "
-                             f"{self.device!r}")
+                             f"{self.device!r}; submit it to that device's CommThread")
         if not 0 <= self.rank < barrier.world_size:
             raise ValueError(f"rank {self.rank} outside the barrier's {barrier.world_size} "
                              "participants; pass CommThread(device, rank=...)")

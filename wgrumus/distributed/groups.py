@@ -48,7 +48,8 @@ class RankMapping:
     def __init__(self, config: ThreeDParallelismConfig, global_rank: int):
         config.validate()
         if not 0 <= global_rank < config.world_size:
-            raise ValueError(f"rank {global_rank} outside a world of {config.world_size}")
+            raise ValueError(f"rank {global_rank} outside a world of {config.world_size} "
+                             f"(dp * tp * pp); pass a rank in [0, {config.world_size})")
         self.config = config
         self.global_rank = global_rank
         self.dp_rank, self.tp_rank, self.pp_rank = self.to_3d_coords(config, global_rank)
@@ -60,7 +61,8 @@ class RankMapping:
     @staticmethod
     def from_3d_coords(config: ThreeDParallelismConfig, dp: int, tp: int, pp: int) -> int:
         if not (0 <= dp < config.dp and 0 <= tp < config.tp and 0 <= pp < config.pp):
-            raise ValueError(f"coordinates (dp={dp}, tp={tp}, pp={pp}) outside {config}")
+            raise ValueError(f"coordinates (dp={dp}, tp={tp}, pp={pp}) outside {config}; each "
+                             f"coordinate must be below its dimension's size")
         return pp * (config.dp * config.tp) + dp * config.tp + tp
 
     @staticmethod

@@ -46,13 +46,20 @@ def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: 
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     if devices is not None and len(devices) < world_size:
-        raise ValueError(f"{world_size} ranks need {world_size} devices, got {len(devices)}")
+        raise ValueError(f"{world_size} ranks need {world_size} devices, got {len(devices)}; "
+                         f"pass more devices (WGRUMUS_DEVICES={world_size} makes that many "
+                         f"logical devices) or fewer ranks")
     cfg = _config(config, world_size, timeout, backend)
     if backend == "mpi":
         return _spawn_mpi(fn, world_size, cfg, devices)
     if backend != "threads":
         raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
+    return _spawn_threads(fn, world_size, cfg, devices)
 
+
+def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
+    """One daemon thread per rank (a rank stuck outside collectives cannot keep the process
+    alive); the first failure aborts the world and is re-raised with every rank's outcome."""
     world = ThreadWorld(world_size, cfg.timeout)
     results = [None] * world_size
     failures: list[tuple[float, int, BaseException]] = []

@@ -181,8 +181,6 @@ def _rank_main(group, cfg, dense, dp, tp, pp, steps, batch_size, micro_batches, 
     dev = group.device
     stage = _Stage(cfg, dense, pgm, dev)
     actions = get_schedule(schedule, pp, micro_batches)[m_.pp_rank]
-    per_replica = batch_size // dp
-    mb_size = per_replica // micro_batches
     names = list(stage.params)
     params = [stage.params[n] for n in names]
     if optimizer is None:
@@ -195,26 +193,49 @@ def _rank_main(group, cfg, dense, dp, tp, pp, steps, batch_size, micro_batches, 
         if on_step is not None:
             on_step(group.rank, step)
         rows = (np.arange(batch_size) + step * batch_size) % len(data)
-        mine = data[rows[m_.dp_rank * per_replica:(m_.dp_rank + 1) * per_replica]]
-        mbs = [mine[k * mb_size:(k + 1) * mb_size] for k in range(micro_batches)]
+        mbs = replica_micro_batches(data[rows], m_.dp_rank, dp, micro_batches)
         grads = _run_schedule(stage, pgm, actions, mbs, micro_batches, dev)
-        # average over the data-parallel replicas only, one flat bucket
-        flat = np.concatenate([grads[n].numpy().reshape(-1) for n in names])
-        if dp > 1:
-            flat = pgm.all_reduce_dp(flat, "mean")
-        off = 0
-        for p in params:  # this rank's shards only
-            p.grad = tensor(flat[off:off + p.numel].reshape(p.shape), device=dev)
-            off += p.numel
+        grads = dp_mean_grads(pgm, grads, names, dev)
+        for n, p in zip(names, params):  # this rank's shards only
+            p.grad = grads[n]
         opt.step()
         if stage.last:
-            loss = np.array([sum(stage.mb_losses) / micro_batches], np.float64)
-            if dp > 1:
-                loss = pgm.all_reduce_dp(loss, "mean")
-            losses.append(float(loss[0]))
+            losses.append(stage_loss(stage, pgm))
     seconds = time.perf_counter() - t0
     return {"losses": losses, "seconds": seconds, "stats": pgm.stats(),
             "coords": (m_.dp_rank, m_.tp_rank, m_.pp_rank)}
+
+
+def replica_micro_batches(tokens: np.ndarray, dp_rank: int, dp: int, m: int) -> list:
+    """This data-parallel replica's equal share of the global batch, cut into ``m``
+    micro-batches (the layout check guarantees both divisions are exact)."""
+    per = len(tokens) // dp
+    mine = tokens[dp_rank * per:(dp_rank + 1) * per]
+    size = per // m
+    return [mine[k * size:(k + 1) * size] for k in range(m)]
+
+
+def dp_mean_grads(pgm, grads: dict, names: list, dev) -> dict:
+    """Gradients averaged over the data-parallel group only (TP and PP peers hold other
+    shards), sent as one flat bucket: one all-reduce per step instead of one per parameter."""
+    if pgm.config.dp == 1:
+        return grads
+    flat = pgm.all_reduce_dp(np.concatenate([grads[n].numpy().reshape(-1) for n in names]),
+                             "mean")
+    out, off = {}, 0
+    for n in names:
+        g = grads[n]
+        out[n] = tensor(flat[off:off + g.numel].reshape(g.shape), device=dev)
+        off += g.numel
+    return out
+
+
+def stage_loss(stage, pgm) -> float:
+    """The step's loss on a last-stage rank: the mean over micro-batches, then over replicas."""
+    loss = np.array([np.mean(stage.mb_losses)], np.float64)
+    if pgm.config.dp > 1:
+        loss = pgm.all_reduce_dp(loss, "mean")
+    return float(loss[0])
 
 
 def _run_schedule(stage, pgm, actions, mbs, m, dev):
@@ -285,12 +306,7 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     cfg = _config(config)
     world = dp * tp * pp
     if devices is None:
-        from ..runtime import devices as _devs
-        devs = _devs()
-        if backend == "mpi":  # one process per rank: rank r takes this host's device r mod n
-            devices = [devs[r % len(devs)] for r in range(world)]
-        else:
-            devices = devs[:world] if len(devs) >= world else devs
+        devices = _default_devices(world, backend)
     micro_batches = pp if micro_batches is None else micro_batches
     validate_layout(cfg, dp, tp, pp, len(devices), batch_size, micro_batches)
     from .pipeline import get_schedule
@@ -299,15 +315,7 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     if not kinds <= {"F", "B"} or sched.num_chunks != 1:
         raise Layout3DError(f"schedule {schedule!r} needs split backwards or model chunks; the "
                             f"3D runner follows one-chunk F/B schedules ('1f1b' or 'gpipe')")
-    if data is None:
-        data = synthetic_tokens(cfg, max(4 * batch_size, 64), seed)
-    data = np.asarray(data)
-    if data.ndim != 2 or data.shape[1] != cfg.block_size + 1:
-        raise ShapeError(f"data must be [N, block_size + 1] = [N, {cfg.block_size + 1}] token "
-                         f"rows, got {data.shape}")
-    if data.min() < 0 or data.max() >= cfg.vocab_size:
-        raise ValueError(f"token ids must be in [0, {cfg.vocab_size}), got "
-                         f"[{data.min()}, {data.max()}]")
+    data = _token_rows(cfg, data, batch_size, seed)
     from .launch import spawn
     dense = dense_gpt_state(cfg, seed, devices[0])
 
@@ -326,6 +334,31 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
                                                           "devices": world},
             "tokens_per_s": steps * batch_size * cfg.block_size / secs if secs else math.inf,
             "config": asdict(cfg), "ranks": results}
+
+
+def _default_devices(world: int, backend: str) -> list:
+    """The first ``world`` devices; under MPI (one process per rank) rank r takes this host's
+    device r mod n. Fewer devices than ranks is left for ``validate_layout`` to report."""
+    from ..runtime import devices as _devs
+    devs = _devs()
+    if backend == "mpi":
+        return [devs[r % len(devs)] for r in range(world)]
+    return devs[:world]
+
+
+def _token_rows(cfg: GPTConfig, data, batch_size: int, seed: int) -> np.ndarray:
+    """The training rows, checked before any rank starts (default: a seeded synthetic corpus)."""
+    if data is None:
+        data = synthetic_tokens(cfg, max(4 * batch_size, 64), seed)
+    data = np.asarray(data)
+    if data.ndim != 2 or data.shape[1] != cfg.block_size + 1:
+        raise ShapeError(f"data must be [N, block_size + 1] = [N, {cfg.block_size + 1}] token "
+                         f"rows, got {data.shape}")
+    if data.min() < 0 or data.max() >= cfg.vocab_size:
+        raise ValueError(f"token ids must be in [0, {cfg.vocab_size}), got "
+                         f"[{data.min()}, {data.max()}]; pass tokens of a vocabulary of at "
+                         f"most config.vocab_size")
+    return data
 
 
 def _config(config) -> GPTConfig:

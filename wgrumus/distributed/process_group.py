@@ -207,18 +207,14 @@ class ProcessGroup:
         """Concatenate every rank's ``x`` along ``axis`` (dim 0 by default) in rank order.
         Sizes along ``axis`` may differ between ranks; everything else must match."""
         arr, dev = to_numpy(x)
-        arr = np.atleast_1d(arr)
-        axis = _axis(axis, arr.ndim)
-        front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
         native = self._native(strategy, "all_gather")
 
-        def go(tag, dl):
+        def go(front, tag, dl):
             if native:
                 return self._t.native_all_gather(front, dl)
             return C.ring_all_gather(self._t, front, tag, dl)
 
-        out = np.moveaxis(self._run("all_gather", arr.nbytes, go), 0, axis)
-        return from_numpy(np.ascontiguousarray(out), dev)
+        return from_numpy(self._along_axis("all_gather", np.atleast_1d(arr), axis, go), dev)
 
     def reduce_scatter(self, x, op: str = "sum", axis: int = 0, strategy=None):
         """Reduce ``x`` over all ranks and return this rank's part of it along ``axis``.
@@ -230,17 +226,22 @@ class ProcessGroup:
         check_op(op, arr.dtype)
         if arr.ndim == 0:
             raise ValueError("reduce_scatter needs an array with at least one dimension")
-        axis = _axis(axis, arr.ndim)
-        front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
         native = self._native(strategy, "reduce_scatter")
 
-        def go(tag, dl):
+        def go(front, tag, dl):
             if native:
                 return self._t.native_reduce_scatter(front, op, dl)
             return C.ring_reduce_scatter(self._t, front, op, tag, dl)
 
-        out = np.moveaxis(self._run("reduce_scatter", arr.nbytes, go), 0, axis)
-        return from_numpy(np.ascontiguousarray(out), dev)
+        return from_numpy(self._along_axis("reduce_scatter", arr, axis, go), dev)
+
+    def _along_axis(self, name: str, arr, axis: int, go):
+        """The transports split and join along axis 0 only: move ``axis`` to the front, run
+        ``go(front, tag, deadline)`` under :meth:`_run`, and move it back."""
+        axis = _axis(axis, arr.ndim)
+        front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
+        out = self._run(name, arr.nbytes, lambda tag, dl: go(front, tag, dl))
+        return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
     def barrier(self) -> None:
         """Return once every rank of the group has called barrier()."""

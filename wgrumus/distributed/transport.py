@@ -188,11 +188,9 @@ class ThreadTransport:
         """Queue ``arr`` for ``dst``. Unless ``owned`` (the caller never touches it again) the
         array is copied, so the caller may reuse its buffer at once, as after an MPI send."""
         w = self.world
-        if owned:
-            arr.flags.writeable = False
-        else:
+        if not owned:
             arr = np.array(arr, copy=True, order="C")
-            arr.flags.writeable = False
+        arr.flags.writeable = False  # the receiver gets this very array: nobody may change it
         box = w._mail[dst]
         with box.cond:
             q = box.queues[self.rank]
@@ -209,18 +207,10 @@ class ThreadTransport:
         box = self.world._mail[self.rank]
         with box.cond:
             q = box.queues[src]
-            while True:
-                for i, (t, a) in enumerate(q):
-                    if t == tag:
-                        del q[i]
-                        box.cond.notify_all()  # a sender may wait for room
-                        break
-                else:
-                    self._check_peer(src, "receiving from", tag)
-                    self._wait(box.cond, deadline,
-                               f"no message from rank {src} (tag {tag})", src)
-                    continue
-                break
+            while (a := _take_tagged(q, tag)) is None:
+                self._check_peer(src, "receiving from", tag)
+                self._wait(box.cond, deadline, f"no message from rank {src} (tag {tag})", src)
+            box.cond.notify_all()  # a sender may wait for room
         check_received(a, dtype, shape, src, f"rank {self.rank} receiving tag {tag}")
         self.stats["messages_received"] += 1
         self.stats["bytes_received"] += a.nbytes
@@ -281,7 +271,8 @@ class ThreadTransport:
         for r, a in enumerate(items):
             if a.shape != arr.shape or a.dtype != arr.dtype:
                 raise CollectiveError(f"reduce_scatter: rank {r} passed {a.dtype} {a.shape}, "
-                                      f"rank {self.rank} {arr.dtype} {arr.shape}")
+                                      f"rank {self.rank} {arr.dtype} {arr.shape}; all ranks "
+                                      f"must pass the same dtype and shape")
         b = split_bounds(arr.shape[0], self.size)
         lo, hi = b[self.rank], b[self.rank + 1]
         out = np.empty((hi - lo,) + arr.shape[1:], dtype=arr.dtype)
@@ -308,6 +299,16 @@ class ThreadTransport:
     @property
     def failed(self) -> CollectiveError | None:
         return self.world.error
+
+
+def _take_tagged(q, tag):
+    """Remove and return the first message with ``tag`` from the queue ``q`` (messages with
+    other tags stay, in order), or None when there is none yet."""
+    for i, (t, a) in enumerate(q):
+        if t == tag:
+            del q[i]
+            return a
+    return None
 
 
 def _check_gather_items(items) -> None:
@@ -428,40 +429,51 @@ class MPITransport:
                        "send did not complete (receiver not receiving)")
 
     def recv(self, src, tag, deadline, dtype=None, shape=None):
-        MPI = self.MPI
-        st = MPI.Status()
+        """The message from ``src`` with ``tag``: of exactly ``shape`` when it is known,
+        otherwise sized from the message (rows of ``shape[1:]``, or flat bytes)."""
         if shape is not None and dtype is not None and all(s >= 0 for s in shape):
-            buf = np.empty(shape, dtype=dtype)
-            req = self.comm.Irecv(self._bytes(buf), src, tag)
-            try:
-                self._poll(lambda: req.Test(st), deadline,
-                           f"no message from rank {src} (tag {tag})", src)
-            except MPI.Exception as e:
-                raise CollectiveError(f"rank {self.rank} receiving tag {tag} from rank {src}: "
-                                      f"{e} (ranks passed different shapes?)", rank=src) from e
-            got = st.Get_count(MPI.BYTE)
-            if got != buf.nbytes:
-                raise CollectiveError(f"rank {self.rank}: rank {src} sent {got} bytes on tag "
-                                      f"{tag}, expected {buf.nbytes} (ranks passed different "
-                                      "shapes or dtypes?)", rank=src)
+            buf = self._recv_known(src, tag, deadline, np.empty(shape, dtype=dtype))
         else:
-            # Iprobe then Irecv of the same (source, tag): safe because one thread at a time
-            # drives a group. (MPICH killed peers at exit after timed-out Improbe loops.)
-            self._poll(lambda: self.comm.Iprobe(src, tag, st), deadline,
-                       f"no message from rank {src} (tag {tag})", src)
-            n = st.Get_count(MPI.BYTE)
-            dt = np.dtype(dtype if dtype is not None else np.uint8)
-            tail = tuple(shape[1:]) if shape is not None else ()
-            row = dt.itemsize * int(np.prod(tail, dtype=np.int64))
-            if row == 0 or n % row:
-                raise CollectiveError(f"rank {self.rank}: {n} bytes from rank {src} on tag {tag} "
-                                      f"are not whole rows of {dt} {tail}", rank=src)
-            buf = np.empty((n // row,) + tail, dtype=dt) if shape is not None else \
-                np.empty(n // dt.itemsize, dtype=dt)
-            req = self.comm.Irecv(self._bytes(buf), src, tag)
-            self._poll(lambda: req.Test(), deadline, f"receiving from rank {src}", src)
+            buf = self._recv_probed(src, tag, deadline, dtype, shape)
         self.stats["messages_received"] += 1
         self.stats["bytes_received"] += buf.nbytes
+        return buf
+
+    def _recv_known(self, src, tag, deadline, buf):
+        MPI = self.MPI
+        st = MPI.Status()
+        req = self.comm.Irecv(self._bytes(buf), src, tag)
+        try:
+            self._poll(lambda: req.Test(st), deadline,
+                       f"no message from rank {src} (tag {tag})", src)
+        except MPI.Exception as e:
+            raise CollectiveError(f"rank {self.rank} receiving tag {tag} from rank {src}: "
+                                  f"{e} (ranks passed different shapes?)", rank=src) from e
+        got = st.Get_count(MPI.BYTE)
+        if got != buf.nbytes:
+            raise CollectiveError(f"rank {self.rank}: rank {src} sent {got} bytes on tag "
+                                  f"{tag}, expected {buf.nbytes} (ranks passed different "
+                                  "shapes or dtypes?)", rank=src)
+        return buf
+
+    def _recv_probed(self, src, tag, deadline, dtype, shape):
+        # Iprobe then Irecv of the same (source, tag): safe because one thread at a time
+        # drives a group. (MPICH killed peers at exit after timed-out Improbe loops.)
+        MPI = self.MPI
+        st = MPI.Status()
+        self._poll(lambda: self.comm.Iprobe(src, tag, st), deadline,
+                   f"no message from rank {src} (tag {tag})", src)
+        n = st.Get_count(MPI.BYTE)
+        dt = np.dtype(dtype if dtype is not None else np.uint8)
+        tail = tuple(shape[1:]) if shape is not None else ()
+        row = dt.itemsize * int(np.prod(tail, dtype=np.int64))
+        if row == 0 or n % row:
+            raise CollectiveError(f"rank {self.rank}: {n} bytes from rank {src} on tag {tag} "
+                                  f"are not whole rows of {dt} {tail}", rank=src)
+        buf = np.empty((n // row,) + tail, dtype=dt) if shape is not None else \
+            np.empty(n // dt.itemsize, dtype=dt)
+        req = self.comm.Irecv(self._bytes(buf), src, tag)
+        self._poll(lambda: req.Test(), deadline, f"receiving from rank {src}", src)
         return buf
 
     def send_array(self, dst, tag, arr, deadline, owned=False):

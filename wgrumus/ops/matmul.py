@@ -1,6 +1,7 @@
 """matmul: 2-D, batched, broadcast batch dims (numpy rules), any operand strides."""
 from __future__ import annotations
 
+import functools
 import math
 
 from ..autograd.tape import record
@@ -118,6 +119,7 @@ def _unrolled(tm: int, bk: int) -> dict:
             "STORE": "\n".join("    " + x for x in store)}
 
 
+@functools.lru_cache(maxsize=256)
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False) -> Kernel:
     """The matmul specialisation: TM x TM outputs per invocation (tile 16*TM), k step BK, load

@@ -193,7 +193,9 @@ def _weight_bias_grads(xc, g, mean, rstd, R, L):
     """[2, L]: sum over rows of g * xhat (dweight) and of g (dbias), in two deterministic
     passes: per-chunk partial column sums, then a sum over the chunks."""
     dev = xc.device
-    rows = max(8, -(-R // 256))
+    # chunks of >= 32 rows: enough chunks to fill a GPU, few enough that the second pass
+    # (one invocation per column, looping over the chunks) stays short
+    rows = max(32, -(-R // 128))
     chunks = -(-R // rows)
     part = Tensor.empty((2, chunks, L), dev, float32)
     dev.dispatch(Kernel.of("layernorm", "wb", WG=32),

@@ -68,7 +68,8 @@ def plan_buckets(params, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1
     params = list(params)
     names = list(names) if names is not None else [f"param{i}" for i in range(len(params))]
     if len(names) != len(params):
-        raise ValueError(f"{len(names)} names for {len(params)} parameters")
+        raise ValueError(f"{len(names)} names for {len(params)} parameters; pass one name per "
+                         f"parameter (or none)")
     first_cap = int(first_bucket_mb * MB)
     cap = int(bucket_cap_mb * MB)
     buckets, cur, cur_bytes, cur_dtype = [], [], 0, None

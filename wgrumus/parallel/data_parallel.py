@@ -191,9 +191,11 @@ class DataParallel:
             self.group, self.rank = None, 0
             devs = [get_device(d) for d in (devices if devices is not None else all_devs)]
             if not devs:
-                raise ValueError("DataParallel needs at least one device")
+                raise ValueError("DataParallel needs at least one device; pass devices= or "
+                                 "check `wgrumus devices` for a usable adapter")
             if len({id(d) for d in devs}) != len(devs):
-                raise ValueError("DataParallel: each device may hold only one replica")
+                raise ValueError("DataParallel: each device may hold only one replica; pass "
+                                 "distinct devices (WGRUMUS_DEVICES=N makes N logical ones)")
             self.world_size = len(devs)
         self.devices = devs
         moved = module.to(devs[0]) if hasattr(module, "to") else module
@@ -291,7 +293,8 @@ class DataParallel:
         order. The first failure aborts communication at once (no replica is left waiting on
         it) and is raised, after every replica stopped, as a ReplicaError naming it."""
         if self._closed:
-            raise WgrumusError("this DataParallel was closed")
+            raise WgrumusError("this DataParallel was closed; create a new one to keep "
+                               "training")
         results: queue.Queue = queue.Queue()
         for w in self._workers:
             w.submit(job, results)
@@ -320,19 +323,23 @@ class DataParallel:
         if failures:
             if reset_on_failure:
                 self._comm.reset()
-            # Report the root cause, not the other replicas' "collective aborted" errors.
-            own = [f for f in failures if not isinstance(f[2], CollectiveError)] or failures
-            rank, phase, err = own[0]
-            r = self.rank if self.backend == "mpi" else rank
-            others = "; ".join(f"replica {q} in {ph}: {type(e).__name__}: {e}"
-                               for q, ph, e in failures if q != rank)
-            msg = (f"DataParallel: replica {r} (device {self.devices[rank].index}) failed in "
-                   f"{phase}: {type(err).__name__}: {err}")
-            if others:
-                msg += f" [also: {others}]"
-            exc = ReplicaError(msg, r, phase)
-            raise exc from err
+            exc, cause = self._replica_error(failures)
+            raise exc from cause
         return out
+
+    def _replica_error(self, failures) -> tuple:
+        """(ReplicaError, cause) naming the root cause: a replica's own error, not the other
+        replicas' "collective aborted" errors that it triggered."""
+        own = [f for f in failures if not isinstance(f[2], CollectiveError)] or failures
+        rank, phase, err = own[0]
+        r = self.rank if self.backend == "mpi" else rank
+        others = "; ".join(f"replica {q} in {ph}: {type(e).__name__}: {e}"
+                           for q, ph, e in failures if q != rank)
+        msg = (f"DataParallel: replica {r} (device {self.devices[rank].index}) failed in "
+               f"{phase}: {type(err).__name__}: {err}")
+        if others:
+            msg += f" [also: {others}]"
+        return ReplicaError(msg, r, phase), err
 
     # ------------------------------------------------------------------ forward only
     def forward(self, batch):
@@ -418,7 +425,8 @@ class DataParallel:
         if targets is not None:
             tn = targets.shape[0] if hasattr(targets, "shape") else len(targets)
             if int(tn) != n:
-                raise ValueError(f"DataParallel: {n} inputs but {tn} targets")
+                raise ValueError(f"DataParallel: {n} inputs but {tn} targets; pass one "
+                                 f"target row per input row")
         sync = self._sync
         self.events.clear()
         t0 = time.perf_counter()
@@ -450,12 +458,7 @@ class DataParallel:
                                        on_leaf_grad=reducer.on_leaf_grad if reducer else None)
             self.events.record(k, "backward_end")
             if not sync:
-                if acc is None:
-                    acc = self._accum[k] = GradientStore()
-                for p in self._params[k]:
-                    g = grads.get(p)
-                    if g is not None:
-                        acc.accumulate(p, g)
+                self._accumulate(k, grads)
                 return loss.item() * (hi - lo), None
             w.phase = "all-reduce"
             avg = reducer.finish(self.timeout)
@@ -475,6 +478,16 @@ class DataParallel:
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
         self.last_step_seconds = time.perf_counter() - t0
         return local / n, [r[1] for r in res]
+
+    def _accumulate(self, k: int, grads) -> None:
+        """Inside ``no_sync``: add replica ``k``'s gradients to its running sum, which the next
+        synced step's reducer all-reduces together with that step's own gradients."""
+        if self._accum[k] is None:
+            self._accum[k] = GradientStore()
+        for p in self._params[k]:
+            g = grads.get(p)
+            if g is not None:
+                self._accum[k].accumulate(p, g)
 
     # ------------------------------------------------------------------ checks
     def replicas_identical(self) -> bool:

@@ -5,6 +5,7 @@ be imported, printed, validated and simulated on any machine. The executor half 
 trace, split) runs the schedule on devices.
 """
 
+from .._lazy import lazy_getattr
 from .actions import (
     B,
     BI,
@@ -35,18 +36,7 @@ _LAZY = {
     "split_sequential": ".split",
     "split_gpt": ".split",
 }
-
-
-def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(mod, __name__), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = [
     "Action",

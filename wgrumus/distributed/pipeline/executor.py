@@ -92,36 +92,35 @@ class _Channel:
         self._abort = abort
         self._timeout = timeout
 
-    def put(self, mb: int, value, who: str) -> float:
-        t0 = time.perf_counter()
+    def _poll(self, attempt, empty, t0: float, timeout_message: str):
+        """Retry ``attempt`` (a queue call with a ``_POLL`` timeout) until it succeeds, so a
+        waiting stage notices another stage's failure (``_Aborted``) within ``_POLL`` and gives
+        up ``timeout`` s after ``t0`` instead of hanging."""
         while True:
             if self._abort.is_set():
                 raise _Aborted
             try:
-                self._q.put((mb, value), timeout=_POLL)
-                return time.perf_counter() - t0
-            except queue.Full:
+                return attempt()
+            except empty:
                 if time.perf_counter() - t0 > self._timeout:
-                    raise PipelineTimeoutError(
-                        f"{who} waited more than {self._timeout:g} s to send micro-batch {mb} "
-                        f"on the {self.name} channel (full; the receiver is not taking messages)")
+                    raise PipelineTimeoutError(timeout_message) from None
+
+    def put(self, mb: int, value, who: str) -> float:
+        t0 = time.perf_counter()
+        self._poll(lambda: self._q.put((mb, value), timeout=_POLL), queue.Full, t0,
+                   f"{who} waited more than {self._timeout:g} s to send micro-batch {mb} on the "
+                   f"{self.name} channel (full; the receiver is not taking messages)")
+        return time.perf_counter() - t0
 
     def get(self, mb: int, who: str):
         if mb in self._stash:
             return self._stash.pop(mb), 0.0
         t0 = time.perf_counter()
+        message = (f"{who} waited more than {self._timeout:g} s for micro-batch {mb} on the "
+                   f"{self.name} channel; the neighbouring stage is stuck or too slow (raise "
+                   f"PipelineExecutor(timeout=...) for slow stages)")
         while True:
-            if self._abort.is_set():
-                raise _Aborted
-            try:
-                got, value = self._q.get(timeout=_POLL)
-            except queue.Empty:
-                if time.perf_counter() - t0 > self._timeout:
-                    raise PipelineTimeoutError(
-                        f"{who} waited more than {self._timeout:g} s for micro-batch {mb} on "
-                        f"the {self.name} channel; the neighbouring stage is stuck or too slow "
-                        f"(raise PipelineExecutor(timeout=...) for slow stages)") from None
-                continue
+            got, value = self._poll(lambda: self._q.get(timeout=_POLL), queue.Empty, t0, message)
             if got == mb:
                 return value, time.perf_counter() - t0
             self._stash[got] = value

@@ -91,15 +91,20 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     activations instead of ``m``.
     """
     _check_sizes("1f1b", p, m)
-    stages = []
-    for s in range(p):
-        w = min(p - 1 - s, m)
-        acts = [Action(FORWARD, i) for i in range(w)]
-        for i in range(m - w):
-            acts += [Action(FORWARD, w + i), Action(BACKWARD, i)]
-        acts += [Action(BACKWARD, i) for i in range(m - w, m)]
-        stages.append(acts)
+    stages = [_one_f_one_b_order(min(p - 1 - s, m), m, lambda i: Action(FORWARD, i),
+                                 lambda i: Action(BACKWARD, i)) for s in range(p)]
     return _build("1f1b", p, m, 1, stages)
+
+
+def _one_f_one_b_order(warmup: int, total: int, forward, backward) -> list[Action]:
+    """``warmup`` forwards, then alternate ``forward(warmup + k), backward(k)``, then the last
+    ``warmup`` backwards: the order shared by 1F1B and interleaved 1F1B, which differ only in
+    the warm-up count and in what the k-th forward and backward step are."""
+    acts = [forward(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        acts += [forward(warmup + k), backward(k)]
+    acts += [backward(k) for k in range(total - warmup, total)]
+    return acts
 
 
 def interleaved(p: int, m: int, v: int = 2) -> Schedule:
@@ -148,14 +153,8 @@ def interleaved(p: int, m: int, v: int = 2) -> Schedule:
         group, within = divmod(k, p * v)
         return Action(BACKWARD, group * p + within % p, v - 1 - within // p)
 
-    stages = []
-    for s in range(p):
-        w = min((p - 1 - s) * 2 + (v - 1) * p, total)
-        acts = [forward_step(k) for k in range(w)]
-        for k in range(total - w):
-            acts += [forward_step(w + k), backward_step(k)]
-        acts += [backward_step(k) for k in range(total - w, total)]
-        stages.append(acts)
+    stages = [_one_f_one_b_order(min((p - 1 - s) * 2 + (v - 1) * p, total), total,
+                                 forward_step, backward_step) for s in range(p)]
     return _build("interleaved", p, m, v, stages)
 
 
@@ -206,7 +205,8 @@ SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "zb-h1": zb_h1,
 }
 
-_ALIASES = {"one_f_one_b": "1f1b", "zb_h1": "zb-h1", "zbh1": "zb-h1", "interleaved_1f1b": "interleaved"}
+_ALIASES = {"one_f_one_b": "1f1b", "zb_h1": "zb-h1", "zbh1": "zb-h1",
+            "interleaved_1f1b": "interleaved"}
 
 
 def get_schedule(name: str, p: int, m: int, **kwargs) -> Schedule:
@@ -221,7 +221,8 @@ def get_schedule(name: str, p: int, m: int, **kwargs) -> Schedule:
     key = name.strip().lower()
     key = _ALIASES.get(key, key)
     if key not in SCHEDULES:
-        raise ScheduleError(f"unknown pipeline schedule {name!r}; choose one of {sorted(SCHEDULES)}")
+        raise ScheduleError(f"unknown pipeline schedule {name!r}; choose one of "
+                            f"{sorted(SCHEDULES)}")
     builder = SCHEDULES[key]
     allowed = {"interleaved": {"v"}}.get(key, set())
     unknown = set(kwargs) - allowed

@@ -125,7 +125,8 @@ def validate(
 
 
 def _format_problems(sched: Schedule, problems: list[str]) -> str:
-    head = f"invalid pipeline schedule {sched.name!r} (p={sched.num_stages}, m={sched.num_microbatches}"
+    head = (f"invalid pipeline schedule {sched.name!r} (p={sched.num_stages}, "
+            f"m={sched.num_microbatches}")
     head += f", v={sched.num_chunks})" if sched.num_chunks > 1 else ")"
     shown = problems[:_MAX_PROBLEMS]
     more = len(problems) - len(shown)
@@ -134,7 +135,7 @@ def _format_problems(sched: Schedule, problems: list[str]) -> str:
 
 
 def _static_problems(sched: Schedule) -> list[str]:
-    p, m, v = sched.num_stages, sched.num_microbatches, sched.num_chunks
+    m, v = sched.num_microbatches, sched.num_chunks
     if m < 1:
         return ["the schedule has no micro-batches (m must be >= 1)"]
     if v < 1:
@@ -164,7 +165,8 @@ def _static_problems(sched: Schedule) -> list[str]:
         pos = {a: i for i, a in reversed(list(enumerate(acts)))}  # first occurrence
         for c in range(v):
             for mb in range(m):
-                f, b, bi, bw = (Action(k, mb, c) for k in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT))
+                f, b, bi, bw = (Action(k, mb, c) for k in
+                                (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT))
                 no_backward = b not in pos and bi not in pos and bw not in pos
                 if f not in pos and no_backward:
                     problems.append(
@@ -424,7 +426,9 @@ def render(
         b = 2 * f if b_time is None else b_time
         res = simulate(schedule, f, b, bi_time, bw_time, comm_time)
     sched = res.schedule
-    durs = [res.f_time, res.b_time, res.bi_time, res.bw_time] + ([res.comm_time] if res.comm_time else [])
+    durs = [res.f_time, res.b_time, res.bi_time, res.bw_time]
+    if res.comm_time:
+        durs.append(res.comm_time)
     slot = Fraction(0)
     for d in durs:
         fd = _as_fraction(d)

@@ -14,6 +14,7 @@ from ...tensor import Tensor, int32
 from .mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
                        gather_from_tp_region, reduce_from_tp_region,
                        reduce_scatter_to_sequence_parallel_region, scatter_to_tp_region)
+from .shard import check_heads
 
 
 def _world(group) -> int:
@@ -69,14 +70,10 @@ def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num
     """Self-attention with the heads split across TP ranks.
 
     x: [B, T, E] replicated. qkv_weight: this rank's [3 * E / tp, E] rows laid out as
-    (q of my heads, k of my heads, v of my heads) (``shard.shard_qkv`` makes it from PyTorch's
-    in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns [B, T, E] on every rank."""
-    tp = _world(group)
-    if num_heads % tp:
-        raise ShapeError(f"{num_heads} attention heads cannot be split across {tp} tensor-"
-                         f"parallel ranks; choose tp dividing the number of heads")
+    (q of my heads, k of my heads, v of my heads) (``shard.shard_array(w, "qkv", ...)`` makes
+    it from PyTorch's in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns [B, T, E] on every rank."""
+    h = check_heads(num_heads, _world(group))
     b, t, e = x.shape
-    h = num_heads // tp
     d = e // num_heads
     qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3*h*d]
     qkv = reshape(qkv, (b, t, 3, h, d)).permute(2, 0, 3, 1, 4)  # [3, B, h, T, d] view
@@ -134,7 +131,7 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
     n = logits.numel // vs
     if targets.numel != n:
         raise ShapeError(f"vocab_parallel_cross_entropy: {n} rows of logits but {targets.numel} "
-                         f"targets")
+                         f"targets; pass one target id per row of logits")
     start = _rank(group) * vs
     x2 = reshape(logits, (n, vs))
     with no_grad():

@@ -60,23 +60,21 @@ class _TPModule(nn.Module):
         return out
 
 
-class ColumnParallelLinear(_TPModule):
-    """Y = X @ W.T + b with W [out, in] split by output features: this rank holds
-    W[r*out/tp:(r+1)*out/tp]. ``gather_output`` all-gathers Y's features on every rank."""
-    tp_modes = {"weight": COLUMN, "bias": COLUMN}
+class _ParallelLinear(_TPModule):
+    """What Column and Row share: the dense weight (given, or seeded so every rank draws the
+    same one) is cut by ``tp_modes``, so the shards are always slices of one dense layer."""
 
-    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
-                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
+    def __init__(self, in_features, out_features, group, bias, sequence_parallel, weight,
+                 bias_value, seed, device):
         super().__init__()
         world, rank = _world_rank(group)
-        self.group, self.gather_output, self.sequence_parallel = group, gather_output, \
-            sequence_parallel
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         dev = _device(group, device)
         if weight is None:
             weight, bias_value = _dense_init(out_features, in_features, bias, seed)
-        self.weight = _param(shard_array(weight, COLUMN, world, rank), dev)
-        self.bias = (_param(shard_array(bias_value, COLUMN, world, rank), dev)
+        self.weight = _param(shard_array(weight, self.tp_modes["weight"], world, rank), dev)
+        self.bias = (_param(shard_array(bias_value, self.tp_modes["bias"], world, rank), dev)
                      if bias and bias_value is not None else None)
 
     @classmethod
@@ -85,12 +83,24 @@ class ColumnParallelLinear(_TPModule):
                    weight=linear.weight.numpy(),
                    bias_value=None if linear.bias is None else linear.bias.numpy(), **kw)
 
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Y = X @ W.T + b with W [out, in] split by output features: this rank holds
+    W[r*out/tp:(r+1)*out/tp]. ``gather_output`` all-gathers Y's features on every rank."""
+    tp_modes = {"weight": COLUMN, "bias": COLUMN}
+
+    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
+                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
+        super().__init__(in_features, out_features, group, bias, sequence_parallel, weight,
+                         bias_value, seed, device)
+        self.gather_output = gather_output
+
     def forward(self, x):
         return F.column_parallel_linear(x, self.weight, self.bias, self.group,
                                         self.gather_output, self.sequence_parallel)
 
 
-class RowParallelLinear(_TPModule):
+class RowParallelLinear(_ParallelLinear):
     """Y = sum_r X_r @ W_r.T + b with W [out, in] split by input features; the bias is whole on
     every rank and added once after the SUM. ``input_is_parallel=False`` splits a replicated
     input first."""
@@ -98,22 +108,9 @@ class RowParallelLinear(_TPModule):
 
     def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
                  sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
-        super().__init__()
-        world, rank = _world_rank(group)
-        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, \
-            sequence_parallel
-        self.in_features, self.out_features = in_features, out_features
-        dev = _device(group, device)
-        if weight is None:
-            weight, bias_value = _dense_init(out_features, in_features, bias, seed)
-        self.weight = _param(shard_array(weight, ROW, world, rank), dev)
-        self.bias = _param(bias_value, dev) if bias and bias_value is not None else None
-
-    @classmethod
-    def from_dense(cls, linear, group, **kw):
-        return cls(linear.in_features, linear.out_features, group, linear.bias is not None,
-                   weight=linear.weight.numpy(),
-                   bias_value=None if linear.bias is None else linear.bias.numpy(), **kw)
+        super().__init__(in_features, out_features, group, bias, sequence_parallel, weight,
+                         bias_value, seed, device)
+        self.input_is_parallel = input_is_parallel
 
     def forward(self, x):
         return F.row_parallel_linear(x, self.weight, self.bias, self.group,
@@ -152,10 +149,6 @@ class ParallelSelfAttention(_TPModule):
                  causal=True, device=None):
         super().__init__()
         world, rank = _world_rank(group)
-        if num_heads % world:
-            from ...runtime.errors import ShapeError
-            raise ShapeError(f"{num_heads} attention heads cannot be split across {world} "
-                             f"tensor-parallel ranks; choose tp dividing the number of heads")
         self.group, self.embed_dim, self.num_heads, self.causal = group, embed_dim, num_heads, \
             causal
         dev = _device(group, device)

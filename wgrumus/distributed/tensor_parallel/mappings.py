@@ -52,72 +52,61 @@ def _single(group) -> bool:
     return group is None or group.world_size == 1
 
 
+def _mapping(name: str, x: Tensor, group, forward, backward) -> Tensor:
+    """Run ``forward`` and record ``backward`` as its gradient; a group of one rank (or none)
+    makes every mapping an identity, so single-device code pays nothing."""
+    if _single(group):
+        return x
+    out = forward(x)
+    record(name, out, [x], lambda g: (backward(g),))
+    return out
+
+
 def copy_to_tp_region(x: Tensor, group) -> Tensor:
     """Identity forward; backward sums the input gradient over the TP ranks (each rank's
     column-parallel shard contributes a partial gradient of the replicated input)."""
-    if _single(group):
-        return x
-    out = _alias(x)
-    record("copy_to_tp_region", out, [x], lambda g: (group.all_reduce(g, "sum"),))
-    return out
+    return _mapping("copy_to_tp_region", x, group, _alias,
+                    lambda g: group.all_reduce(g, "sum"))
 
 
 def reduce_from_tp_region(x: Tensor, group) -> Tensor:
     """All-reduce SUM forward (partial row-parallel results); identity backward."""
-    if _single(group):
-        return x
-    out = group.all_reduce(x, "sum")
-    record("reduce_from_tp_region", out, [x], lambda g: (g,))
-    return out
+    return _mapping("reduce_from_tp_region", x, group,
+                    lambda t: group.all_reduce(t, "sum"), lambda g: g)
 
 
 def scatter_to_tp_region(x: Tensor, group) -> Tensor:
     """Keep this rank's part of the last dim; backward all-gathers the gradient."""
-    if _single(group):
-        return x
-    out = _take(x, -1, group)
-    record("scatter_to_tp_region", out, [x], lambda g: (_gather(g, -1, group),))
-    return out
+    return _mapping("scatter_to_tp_region", x, group,
+                    lambda t: _take(t, -1, group), lambda g: _gather(g, -1, group))
 
 
 def gather_from_tp_region(x: Tensor, group) -> Tensor:
     """All-gather along the last dim (rank order); backward keeps this rank's part."""
-    if _single(group):
-        return x
-    out = _gather(x, -1, group)
-    record("gather_from_tp_region", out, [x], lambda g: (_take(g, -1, group),))
-    return out
+    return _mapping("gather_from_tp_region", x, group,
+                    lambda t: _gather(t, -1, group), lambda g: _take(g, -1, group))
 
 
 def scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
     """Keep this rank's part of the sequence ``axis``; backward all-gathers it."""
-    if _single(group):
-        return x
-    out = _take(x, axis, group)
-    record("scatter_to_sequence_parallel_region", out, [x],
-           lambda g: (_gather(g, axis, group),))
-    return out
+    return _mapping("scatter_to_sequence_parallel_region", x, group,
+                    lambda t: _take(t, axis, group), lambda g: _gather(g, axis, group))
 
 
 def gather_from_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
     """All-gather the sequence ``axis`` (entering a TP region); backward reduce-scatters SUM:
     every rank's TP region produced a partial gradient of the whole sequence."""
-    if _single(group):
-        return x
-    out = _gather(x, axis, group)
-    record("gather_from_sequence_parallel_region", out, [x],
-           lambda g: (group.reduce_scatter(g, "sum", axis=axis % g.ndim),))
-    return out
+    return _mapping("gather_from_sequence_parallel_region", x, group,
+                    lambda t: _gather(t, axis, group),
+                    lambda g: group.reduce_scatter(g, "sum", axis=axis % g.ndim))
 
 
 def reduce_scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
     """Reduce-scatter SUM along the sequence ``axis`` (leaving a row-parallel region: the sum
     of partial results, each rank keeping its part of the sequence); backward all-gathers."""
-    if _single(group):
-        return x
-    _split_bounds(x.shape[axis % x.ndim], group.world_size, group.rank,
-                  f"reduce-scatter of axis {axis} of shape {x.shape}")
-    out = group.reduce_scatter(x, "sum", axis=axis % x.ndim)
-    record("reduce_scatter_to_sequence_parallel_region", out, [x],
-           lambda g: (_gather(g, axis, group),))
-    return out
+    def forward(t):
+        _split_bounds(t.shape[axis % t.ndim], group.world_size, group.rank,
+                      f"reduce-scatter of axis {axis} of shape {t.shape}")
+        return group.reduce_scatter(t, "sum", axis=axis % t.ndim)
+    return _mapping("reduce_scatter_to_sequence_parallel_region", x, group, forward,
+                    lambda g: _gather(g, axis, group))

@@ -23,6 +23,14 @@ def _check(n: int, world: int, what: str) -> int:
     return n // world
 
 
+def check_heads(num_heads: int, world: int) -> int:
+    """Heads per rank: attention is split by whole heads, so ``world`` must divide them."""
+    if num_heads % world:
+        raise ShapeError(f"{num_heads} attention heads cannot be split across {world} "
+                         f"tensor-parallel ranks; choose tp dividing the number of heads")
+    return num_heads // world
+
+
 def split(arr: np.ndarray, world: int, rank: int, axis: int) -> np.ndarray:
     """Rank ``rank``'s equal part of ``arr`` along ``axis``."""
     k = _check(arr.shape[axis], world, f"axis {axis} of {arr.shape}")
@@ -49,9 +57,7 @@ def shard_array(arr, mode: str, world: int, rank: int, *, is_bias=False, num_hea
     if mode == QKV:
         if num_heads is None:
             raise ValueError("qkv sharding needs num_heads")
-        if num_heads % world:
-            raise ShapeError(f"{num_heads} attention heads cannot be split across {world} "
-                             f"tensor-parallel ranks; choose tp dividing the number of heads")
+        check_heads(num_heads, world)
         e = arr.shape[0] // 3
         return np.ascontiguousarray(arr[qkv_index(num_heads, e // num_heads, world, rank)])
     raise ValueError(f"unknown shard mode {mode!r}; use one of {MODES}")
