@@ -26,6 +26,10 @@ class Layout:
     def world(self) -> int:
         return self.dp * self.tp * self.pp
 
+    def product(self) -> str:
+        """How the rank count comes about, for error messages that name the flags to change."""
+        return f"--dp {self.dp} x --tp {self.tp} x --pp {self.pp} = {self.world}"
+
     def describe(self) -> str:
         s = f"dp={self.dp} tp={self.tp} pp={self.pp}"
         if self.pp > 1:
@@ -68,13 +72,7 @@ def config_from_args(args) -> TrainConfig:
     gpt = {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
            "block_size": args.block_size}
     if model == "gpt":
-        if args.n_embd % args.n_head:
-            raise UsageError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}")
-        if args.n_head % args.tp:
-            raise UsageError(f"--n-head {args.n_head} is not divisible by --tp {args.tp}")
-        if args.pp > args.n_layer:
-            raise UsageError(f"--pp {args.pp} stages need at least {args.pp} layers "
-                             f"(--n-layer is {args.n_layer})")
+        _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
@@ -92,27 +90,38 @@ def config_from_args(args) -> TrainConfig:
                        args.plot, args.json, getattr(args, "title", "wgrumus train"))
 
 
+def _check_gpt_sizes(args) -> None:
+    """The gpt's shapes must split evenly: heads over the width and over tp, layers over pp."""
+    if args.n_embd % args.n_head:
+        raise UsageError(f"--n-embd {args.n_embd} is not divisible by --n-head {args.n_head}; "
+                         f"choose a width that is a multiple of the head count")
+    if args.n_head % args.tp:
+        raise UsageError(f"--n-head {args.n_head} is not divisible by --tp {args.tp}; choose "
+                         f"a --tp that divides the head count")
+    if args.pp > args.n_layer:
+        raise UsageError(f"--pp {args.pp} stages need at least {args.pp} layers "
+                         f"(--n-layer is {args.n_layer})")
+
+
 def _device_count(args, layout: Layout) -> int:
     """How many devices the run uses; --devices N (re)creates N devices in this process."""
     import wgrumus as wr
     if layout.backend == "mpi":
         size = _mpi_size()
         if size != layout.world:
-            raise UsageError(f"--dp {layout.dp} x --tp {layout.tp} x --pp {layout.pp} = "
-                             f"{layout.world} ranks, but mpiexec started {size} process(es); "
-                             f"run mpiexec -n {layout.world}")
+            raise UsageError(f"{layout.product()} ranks, but mpiexec started {size} "
+                             f"process(es); run mpiexec -n {layout.world}")
         return layout.world
     if args.devices is not None:
         if args.devices < layout.world:
-            raise UsageError(f"--dp {layout.dp} x --tp {layout.tp} x --pp {layout.pp} = "
-                             f"{layout.world} devices needed, but --devices is {args.devices}")
+            raise UsageError(f"{layout.product()} devices needed, but --devices is "
+                             f"{args.devices}; pass --devices {layout.world} or more")
         if args.devices != len(wr.MultiGpuContext.get().devices):
             wr.MultiGpuContext.reset(count=args.devices)
         return args.devices
     have = len(wr.devices())
     if layout.world > have:
-        raise UsageError(f"--dp {layout.dp} x --tp {layout.tp} x --pp {layout.pp} = "
-                         f"{layout.world} devices needed, but this process has {have}; pass "
+        raise UsageError(f"{layout.product()} devices needed, but this process has {have}; pass "
                          f"--devices {layout.world} (logical devices share an adapter) or set "
                          f"WGRUMUS_DEVICES={layout.world}")
     return have

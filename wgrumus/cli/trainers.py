@@ -45,9 +45,35 @@ def to_tensor(arr: np.ndarray, device):
     return wr.tensor(np.ascontiguousarray(arr), device=device, dtype=dtype)
 
 
-class SingleTrainer:
-    """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
+def eval_forward(model, x, device) -> np.ndarray:
+    """Dense outputs of ``model`` on ``x`` in eval mode without recording gradients; the model
+    is back in train mode afterwards."""
+    import wgrumus as wr
+    model.eval()
+    with wr.no_grad():
+        out = model(to_tensor(x, device)).numpy()
+    model.train()
+    return out
+
+
+class TrainerBase:
+    """Defaults shared by the trainers: rank 0 prints; under MPI (``group`` set, one process
+    per rank) every process must stop after the same step, or the others would wait in the
+    next step's collectives for a rank that left."""
     is_main = True
+    group = None
+
+    def agree_stop(self, flag: bool) -> bool:
+        if self.group is not None:  # one rank's Ctrl-C stops them all
+            return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
+        return flag
+
+    def close(self) -> None:
+        pass
+
+
+class SingleTrainer(TrainerBase):
+    """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
 
     def __init__(self, cfg, task):
         import wgrumus as wr
@@ -65,12 +91,7 @@ class SingleTrainer:
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:
-        import wgrumus as wr
-        self.model.eval()
-        with wr.no_grad():
-            out = self.model(to_tensor(x, self.device)).numpy()
-        self.model.train()
-        return out
+        return eval_forward(self.model, x, self.device)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
@@ -79,14 +100,8 @@ class SingleTrainer:
         self.model.load_state_dict(sd["model"])
         self.opt.load_state_dict(sd["optimizer"])
 
-    def agree_stop(self, flag: bool) -> bool:
-        return flag
-
     def device_stats(self, seconds: float) -> list[dict]:
         d = self.device
         return [{"device": d.index, "name": d.name, "dispatches": d.dispatches,
                  "submits": d.submits}]
-
-    def close(self) -> None:
-        pass
 

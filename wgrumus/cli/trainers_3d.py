@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from .common import UsageError
+from .trainers import TrainerBase
 
 _POLL = 0.2                 # seconds between checks for "stop" while a rank waits for a command
 COLLECTIVE_TIMEOUT = 120.0  # a rank waiting longer on a peer gives up: that peer failed or hung
@@ -134,7 +135,10 @@ def _dense(states: list, gcfg, lay) -> dict:
     return {"params": params, "opt": opt, "groups": by[(0, 0, 0)]["groups"]}
 
 
-class ThreeDTrainer:
+class ThreeDTrainer(TrainerBase):
+    """The gpt trainer for every layout: long-lived ranks (threads taking commands, or this MPI
+    process) keep their shards and optimizer state from step to step."""
+
     def __init__(self, cfg, task):
         import wgrumus as wr
         from ..distributed.parallel3d import Layout3DError, validate_layout
@@ -149,7 +153,6 @@ class ThreeDTrainer:
             raise UsageError(f"--schedule {self.lay.schedule}: the gpt trainer runs 1f1b or "
                              f"gpipe (interleaved and zb-h1 run for mlp/cnn)")
         self._dense_model = None
-        self.is_main = True
         # The dense nn.GPT of --seed, sliced by every rank: all layouts start from these weights.
         from ..distributed.parallel3d import dense_gpt_state
         self._init = dense_gpt_state(self.gcfg, cfg.seed)
@@ -253,11 +256,6 @@ class ThreeDTrainer:
     def load_state_dict(self, sd) -> None:
         self._all("load", sd)
         self._dense_model = None
-
-    def agree_stop(self, flag: bool) -> bool:
-        if self.lay.backend == "mpi":  # every process stops after the same step
-            return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
-        return flag
 
     def predict(self, x) -> np.ndarray:
         """The gathered weights in a dense nn.GPT on device 0 (evaluation and sampling)."""

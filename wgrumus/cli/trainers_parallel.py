@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from .common import UsageError
-from .trainers import to_tensor
+from .trainers import TrainerBase, eval_forward, to_tensor
 
 
 def _devices(cfg):
@@ -28,17 +28,7 @@ def _copy_weights(src, dst) -> None:
                          for k, v in src.state_dict().items()})
 
 
-class _Base:
-    is_main = True
-
-    def agree_stop(self, flag: bool) -> bool:
-        return flag
-
-    def close(self) -> None:
-        pass
-
-
-class DataParallelTrainer(_Base):
+class DataParallelTrainer(TrainerBase):
     """threads: one replica per device of this process. mpi: this process is one replica (on
     device rank % devices); every process draws the same global batch and takes its rows."""
 
@@ -60,21 +50,11 @@ class DataParallelTrainer(_Base):
                                group=self.group)
         self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
 
-    def agree_stop(self, flag: bool) -> bool:
-        if self.group is not None:  # every process stops after the same step
-            return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
-        return flag
-
     def step(self, x, y) -> float:
         return float(self.dp.train_step(x, y, self.task.loss, self.opts))
 
     def predict(self, x) -> np.ndarray:
-        import wgrumus as wr
-        self.model.eval()
-        with wr.no_grad():
-            out = self.model(to_tensor(x, self.dp.devices[0])).numpy()
-        self.model.train()
-        return out
+        return eval_forward(self.model, x, self.dp.devices[0])
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.opts[0].state_dict()}
@@ -97,7 +77,7 @@ class DataParallelTrainer(_Base):
         self.dp.close()
 
 
-class PipelineTrainer(_Base):
+class PipelineTrainer(TrainerBase):
     """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
 
     def __init__(self, cfg, task):
@@ -138,9 +118,7 @@ class PipelineTrainer(_Base):
         dp = self.lay.dp
         if dp == 1:
             loss, store = self._run(0, x, y)
-            for opt in self.opts[0]:
-                if opt is not None:
-                    opt.step(store)
+            _step_stages(self.opts[0], store)
             return float(loss)
         n = len(x) // dp
         results: list = [None] * dp
@@ -183,9 +161,7 @@ class PipelineTrainer(_Base):
                 p = per_replica[r][j]
                 new[r].accumulate(p, wr.tensor(mean, device=p.device))
         for r in range(self.lay.dp):
-            for opt in self.opts[r]:
-                if opt is not None:
-                    opt.step(new[r])
+            _step_stages(self.opts[r], new[r])
 
     def predict(self, x) -> np.ndarray:
         import wgrumus as wr
@@ -239,6 +215,13 @@ class PipelineTrainer(_Base):
                     row["busy"] = busy[s]
                 rows.append(row)
         return rows
+
+
+def _step_stages(opts, store) -> None:
+    """Step every stage's optimizer (None for a stage without parameters) with ``store``."""
+    for opt in opts:
+        if opt is not None:
+            opt.step(store)
 
 
 def _busy_by_stage(ex):

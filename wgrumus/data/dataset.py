@@ -28,7 +28,8 @@ class TensorDataset(Dataset):
         n = {len(a) for a in self.arrays}
         if len(n) != 1:
             raise ShapeError(f"TensorDataset arrays differ in length: "
-                             f"{[len(a) for a in self.arrays]}")
+                             f"{[len(a) for a in self.arrays]}; pass arrays with one row per "
+                             f"sample each")
 
     def __len__(self):
         return len(self.arrays[0])

@@ -61,7 +61,8 @@ class CharCorpus:
         try:
             return np.array([self.stoi[c] for c in s], dtype=np.int32)
         except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the corpus vocabulary") from None
+            raise ValueError(f"character {e.args[0]!r} is not in the corpus vocabulary; build "
+                             f"the CharCorpus from a text that contains it") from None
 
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in np.asarray(ids).reshape(-1))

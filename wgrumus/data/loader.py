@@ -186,7 +186,9 @@ class _Iter:
                 break
         t.join(timeout)
         if t.is_alive():
-            raise DataLoaderError(f"the prefetch thread did not stop within {timeout} s")
+            raise DataLoaderError(f"the prefetch thread did not stop within {timeout} s (a "
+                                  f"dataset __getitem__ that never returns?); use prefetch=0 "
+                                  f"to load in the caller's thread")
         self._thread = None
 
     @property

@@ -114,6 +114,9 @@ class FSDP:
         return self.forward(*args, **kw)
 
     def forward(self, *args, **kw):
+        """The wrapped module's forward with every parameter gathered for this call only, so
+        between calls a rank holds just its shards; backward re-gathers what the module's ops
+        saved and reduce-scatters each gradient back to its shard."""
         grad = is_grad_enabled()
         for f in self._flats:
             self._gather(f)

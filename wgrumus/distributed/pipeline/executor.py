@@ -320,7 +320,9 @@ class PipelineExecutor:
         finally:
             self._busy.release()
 
-    def _run(self, inputs, targets, loss_fn, optimizers, accumulate_grad):
+    def _new_run(self, inputs, targets, loss_fn) -> _Run:
+        """This step's state: the split micro-batches and fresh channels between neighbouring
+        virtual stages (new every step, so nothing of a failed step leaks into the next)."""
         m, p, nv = self.num_micro_batches, self.num_stages, len(self.stages)
         run = _Run(
             m=m, timeout=self.timeout,
@@ -334,6 +336,11 @@ class PipelineExecutor:
                                       self.channel_capacity, run.abort, run.timeout)
             run.bwd[k] = _Channel(f"gradient {self._where(k + 1)} -> {self._where(k)}",
                                   self.channel_capacity, run.abort, run.timeout)
+        return run
+
+    def _run(self, inputs, targets, loss_fn, optimizers, accumulate_grad):
+        m, p = self.num_micro_batches, self.num_stages
+        run = self._new_run(inputs, targets, loss_fn)
         threads = [threading.Thread(target=self._stage_main, args=(s, run), daemon=True,
                                     name=f"wgrumus-pipeline-stage-{s}") for s in range(p)]
         try:

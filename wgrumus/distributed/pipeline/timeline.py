@@ -135,6 +135,8 @@ def _format_problems(sched: Schedule, problems: list[str]) -> str:
 
 
 def _static_problems(sched: Schedule) -> list[str]:
+    """Problems visible in each stage's list alone (before any dependency is followed), each
+    naming the stage, the action and what to change."""
     m, v = sched.num_microbatches, sched.num_chunks
     if m < 1:
         return ["the schedule has no micro-batches (m must be >= 1)"]
@@ -142,21 +144,9 @@ def _static_problems(sched: Schedule) -> list[str]:
         return ["the number of model chunks per stage must be >= 1"]
     problems: list[str] = []
     for s, acts in enumerate(sched):
-        bad_range = False
-        for i, a in enumerate(acts):
-            if a.mb >= m:
-                problems.append(
-                    f"stage {s}: {a!r} (position {i}) refers to micro-batch {a.mb}, "
-                    f"but there are only m={m} micro-batches (0..{m - 1})"
-                )
-                bad_range = True
-            if a.chunk >= v:
-                problems.append(
-                    f"stage {s}: {a!r} (position {i}) refers to chunk {a.chunk}, "
-                    f"but there are only v={v} chunk(s) per stage"
-                )
-                bad_range = True
-        if bad_range:
+        bad_range = _range_problems(s, acts, m, v)
+        if bad_range:  # the checks below would only repeat these
+            problems += bad_range
             continue
         counts = Counter(acts)
         for a, n in sorted(counts.items(), key=lambda kv: (kv[0].chunk, kv[0].mb, kv[0].kind)):
@@ -165,42 +155,61 @@ def _static_problems(sched: Schedule) -> list[str]:
         pos = {a: i for i, a in reversed(list(enumerate(acts)))}  # first occurrence
         for c in range(v):
             for mb in range(m):
-                f, b, bi, bw = (Action(k, mb, c) for k in
-                                (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT))
-                no_backward = b not in pos and bi not in pos and bw not in pos
-                if f not in pos and no_backward:
-                    problems.append(
-                        f"stage {s}: missing micro-batch {mb}"
-                        + (f" chunk {c}" if v > 1 else "")
-                        + f" (no {f!r} and no backward)"
-                    )
-                    continue
-                if f not in pos:
-                    problems.append(f"stage {s}: missing {f!r}")
-                if b in pos and (bi in pos or bw in pos):
-                    split = " and ".join(repr(x) for x in (bi, bw) if x in pos)
-                    problems.append(
-                        f"stage {s}: micro-batch {mb} has both a full backward {b!r} and {split}; "
-                        f"use either B or the BI+BW pair"
-                    )
-                elif no_backward:
-                    problems.append(
-                        f"stage {s}: missing backward for {f!r} (need {b!r}, or {bi!r} and {bw!r})"
-                    )
-                elif b not in pos and (bi in pos) != (bw in pos):
-                    have, lack = (bi, bw) if bi in pos else (bw, bi)
-                    problems.append(f"stage {s}: {have!r} without {lack!r}")
-                for back in (b, bi):
-                    if back in pos and f in pos and pos[back] < pos[f]:
-                        problems.append(
-                            f"stage {s}: {back!r} (position {pos[back]}) comes before its "
-                            f"forward {f!r} (position {pos[f]})"
-                        )
-                if bw in pos and bi in pos and pos[bw] < pos[bi]:
-                    problems.append(
-                        f"stage {s}: {bw!r} (position {pos[bw]}) comes before {bi!r} "
-                        f"(position {pos[bi]}); the weight gradient needs the input-gradient pass"
-                    )
+                problems += _micro_batch_problems(s, pos, mb, c, v)
+    return problems
+
+
+def _range_problems(s: int, acts, m: int, v: int) -> list[str]:
+    problems = []
+    for i, a in enumerate(acts):
+        if a.mb >= m:
+            problems.append(
+                f"stage {s}: {a!r} (position {i}) refers to micro-batch {a.mb}, "
+                f"but there are only m={m} micro-batches (0..{m - 1})"
+            )
+        if a.chunk >= v:
+            problems.append(
+                f"stage {s}: {a!r} (position {i}) refers to chunk {a.chunk}, "
+                f"but there are only v={v} chunk(s) per stage"
+            )
+    return problems
+
+
+def _micro_batch_problems(s: int, pos: dict, mb: int, c: int, v: int) -> list[str]:
+    """What is missing, doubled or out of order for micro-batch ``mb`` of chunk ``c`` on stage
+    ``s`` (``pos``: action -> first position in the stage's list)."""
+    f, b, bi, bw = (Action(k, mb, c) for k in (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT))
+    no_backward = b not in pos and bi not in pos and bw not in pos
+    if f not in pos and no_backward:
+        return [f"stage {s}: missing micro-batch {mb}" + (f" chunk {c}" if v > 1 else "")
+                + f" (no {f!r} and no backward)"]
+    problems = []
+    if f not in pos:
+        problems.append(f"stage {s}: missing {f!r}")
+    if b in pos and (bi in pos or bw in pos):
+        split = " and ".join(repr(x) for x in (bi, bw) if x in pos)
+        problems.append(
+            f"stage {s}: micro-batch {mb} has both a full backward {b!r} and {split}; "
+            f"use either B or the BI+BW pair"
+        )
+    elif no_backward:
+        problems.append(
+            f"stage {s}: missing backward for {f!r} (need {b!r}, or {bi!r} and {bw!r})"
+        )
+    elif b not in pos and (bi in pos) != (bw in pos):
+        have, lack = (bi, bw) if bi in pos else (bw, bi)
+        problems.append(f"stage {s}: {have!r} without {lack!r}")
+    for back in (b, bi):
+        if back in pos and f in pos and pos[back] < pos[f]:
+            problems.append(
+                f"stage {s}: {back!r} (position {pos[back]}) comes before its "
+                f"forward {f!r} (position {pos[f]})"
+            )
+    if bw in pos and bi in pos and pos[bw] < pos[bi]:
+        problems.append(
+            f"stage {s}: {bw!r} (position {pos[bw]}) comes before {bi!r} "
+            f"(position {pos[bi]}); the weight gradient needs the input-gradient pass"
+        )
     return problems
 
 
@@ -426,34 +435,13 @@ def render(
         b = 2 * f if b_time is None else b_time
         res = simulate(schedule, f, b, bi_time, bw_time, comm_time)
     sched = res.schedule
-    durs = [res.f_time, res.b_time, res.bi_time, res.bw_time]
-    if res.comm_time:
-        durs.append(res.comm_time)
-    slot = Fraction(0)
-    for d in durs:
-        fd = _as_fraction(d)
-        slot = fd if slot == 0 else Fraction(
-            math.gcd(slot.numerator * fd.denominator, fd.numerator * slot.denominator),
-            slot.denominator * fd.denominator,
-        )
+    slot = _slot_length(res)
     n_slots = int(round(_as_fraction(res.makespan) / slot)) if res.makespan else 0
     width = max([len(repr(a)) for acts in sched for a in acts] + [2, len(str(max(n_slots - 1, 0)))])
     label_w = len(f"s{sched.num_stages - 1}")
     rows = []
     if header:
-        kinds = {a.kind for acts in sched for a in acts}
-        times = {FORWARD: res.f_time, BACKWARD: res.b_time, BACKWARD_INPUT: res.bi_time,
-                 BACKWARD_WEIGHT: res.bw_time}
-        durs_txt = " ".join(f"{k}={times[k]:g}" for k in times if k in kinds)
-        if res.comm_time:
-            durs_txt += f" comm={res.comm_time:g}"
-        unit = "" if slot == 1 else f", 1 slot = {float(slot):g}"
-        rows.append(
-            f"{sched.name}: p={sched.num_stages} m={sched.num_microbatches}"
-            + (f" v={sched.num_chunks}" if sched.num_chunks > 1 else "")
-            + f" ({durs_txt}{unit}): makespan {res.makespan:g}, "
-            f"bubble {100 * res.bubble_fraction:.1f}%"
-        )
+        rows.append(_title(res, slot))
         ruler = [str(t).ljust(width) for t in range(n_slots)]
         rows.append(("t" if slot == 1 else "#").ljust(label_w) + "  " + " ".join(ruler).rstrip())
     for s, tl in enumerate(res.timelines):
@@ -466,6 +454,39 @@ def render(
                 cells[i] = "-" * width
         rows.append(f"s{s}".ljust(label_w) + "  " + " ".join(cells).rstrip())
     return "\n".join(rows)
+
+
+def _slot_length(res: SimResult) -> Fraction:
+    """The largest time unit every duration is a whole multiple of (their rational gcd), so
+    each action fills whole columns of the chart."""
+    durs = [res.f_time, res.b_time, res.bi_time, res.bw_time]
+    if res.comm_time:
+        durs.append(res.comm_time)
+    slot = Fraction(0)
+    for d in durs:
+        fd = _as_fraction(d)
+        slot = fd if slot == 0 else Fraction(
+            math.gcd(slot.numerator * fd.denominator, fd.numerator * slot.denominator),
+            slot.denominator * fd.denominator,
+        )
+    return slot
+
+
+def _title(res: SimResult, slot: Fraction) -> str:
+    """The chart's first line: the schedule, the durations of the kinds it uses, makespan and
+    bubble."""
+    sched = res.schedule
+    kinds = {a.kind for acts in sched for a in acts}
+    times = {FORWARD: res.f_time, BACKWARD: res.b_time, BACKWARD_INPUT: res.bi_time,
+             BACKWARD_WEIGHT: res.bw_time}
+    durs_txt = " ".join(f"{k}={times[k]:g}" for k in times if k in kinds)
+    if res.comm_time:
+        durs_txt += f" comm={res.comm_time:g}"
+    unit = "" if slot == 1 else f", 1 slot = {float(slot):g}"
+    return (f"{sched.name}: p={sched.num_stages} m={sched.num_microbatches}"
+            + (f" v={sched.num_chunks}" if sched.num_chunks > 1 else "")
+            + f" ({durs_txt}{unit}): makespan {res.makespan:g}, "
+            f"bubble {100 * res.bubble_fraction:.1f}%")
 
 
 format_timeline = render
