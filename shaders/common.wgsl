@@ -11,6 +11,22 @@ fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, wg: u32) -> u32 {
     return (wid.y * nwg.x + wid.x) * wg + lid;
 }
 
+// Linear workgroup index (one workgroup per row) of a launch split over (x, y) workgroups.
+fn group_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
+
+// Online (max, sum of exp(x - max)) of a row: add value v to ms = (m, s). A -inf value adds
+// exp(-inf) = 0. Start from (LOWEST_F32, 0).
+const LOWEST_F32: f32 = -3.4028234663852886e38;
+fn lse_push(ms: vec2<f32>, v: f32) -> vec2<f32> {
+    if (v > ms.x) { return vec2<f32>(v, ms.y * exp(ms.x - v) + 1.0); }
+    return vec2<f32>(ms.x, ms.y + exp(v - ms.x));
+}
+// Merge two partial (max, sum of exp) pairs.
+fn lse_merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let mm = max(a.x, b.x);
+    return vec2<f32>(mm, a.y * exp(a.x - mm) + b.y * exp(b.x - mm));
+}
+
 // Element offset of linear index `i` of a view: ndim at word `nd`, shape at `sh`, strides (i32)
 // at `st`, base offset `off`. Shape words are shared by all operands of an elementwise op.
 fn strided_offset(i: u32, nd: u32, sh: u32, st: u32, off: i32) -> u32 {

@@ -31,9 +31,9 @@ var<workgroup> sa: array<f32, WG>;
 var<workgroup> sb: array<f32, WG>;
 
 // Sum of (a, b) over the workgroup; call in uniform control flow.
-fn wg_sum2(a: f32, b: f32, lid: u32) -> vec2<f32> {
-    sa[lid] = a;
-    sb[lid] = b;
+fn wg_sum2(v: vec2<f32>, lid: u32) -> vec2<f32> {
+    sa[lid] = v.x;
+    sb[lid] = v.y;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if (lid < k) {
@@ -47,29 +47,68 @@ fn wg_sum2(a: f32, b: f32, lid: u32) -> vec2<f32> {
     return r;
 }
 
-@compute @workgroup_size(WG)
-fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
-    if (r >= pu(0u)) { return; }
-    let L = pu(1u);
-    let fl = f32(L);
-    let xb = pu(2u) + r * L;
+// The loops of one row, shared by both layouts: this invocation handles columns j0, j0 + dj, ...
+fn row_sum(xb: u32, L: u32, j0: u32, dj: u32) -> f32 {
     var s = 0.0;
-    for (var j = lid; j < L; j += WG) { s += X[xb + j]; }
-    let mean = wg_sum2(s, 0.0, lid).x / fl;
+    for (var j = j0; j < L; j += dj) { s += X[xb + j]; }
+    return s;
+}
+
+fn row_sqdev(xb: u32, L: u32, mean: f32, j0: u32, dj: u32) -> f32 {
     var q = 0.0;
-    for (var j = lid; j < L; j += WG) { let d = X[xb + j] - mean; q += d * d; }
-    let rstd = inverseSqrt(wg_sum2(q, 0.0, lid).x / fl + pf(6u));
+    for (var j = j0; j < L; j += dj) { let d = X[xb + j] - mean; q += d * d; }
+    return q;
+}
+
+fn fwd_write(r: u32, L: u32, xb: u32, mean: f32, rstd: f32, j0: u32, dj: u32) {
     let yb = pu(5u) + r * L;
     let hw = pu(7u) != 0u;
     let hb = pu(8u) != 0u;
-    for (var j = lid; j < L; j += WG) {
+    for (var j = j0; j < L; j += dj) {
         var y = (X[xb + j] - mean) * rstd;
         if (hw) { y *= W[pu(3u) + j]; }
         if (hb) { y += B[pu(4u) + j]; }
         Y[yb + j] = y;
     }
+}
+
+// Upstream gradient times weight at column j.
+fn gw_at(gb: u32, j: u32) -> f32 {
+    var gw = G[gb + j];
+    if (pu(5u) != 0u) { gw *= WB[pu(4u) + j]; }
+    return gw;
+}
+
+// bwd: (sum gw, sum gw * xhat) of this invocation's columns.
+fn bwd_sums(xb: u32, gb: u32, L: u32, mean: f32, rstd: f32, j0: u32, dj: u32) -> vec2<f32> {
+    var s1 = 0.0;
+    var s2 = 0.0;
+    for (var j = j0; j < L; j += dj) {
+        let gw = gw_at(gb, j);
+        s1 += gw;
+        s2 += gw * (X[xb + j] - mean) * rstd;
+    }
+    return vec2<f32>(s1, s2);
+}
+
+fn bwd_write(r: u32, L: u32, xb: u32, gb: u32, mean: f32, rstd: f32, t: vec2<f32>, j0: u32, dj: u32) {
+    let db = pu(6u) + r * L;
+    for (var j = j0; j < L; j += dj) {
+        let xh = (X[xb + j] - mean) * rstd;
+        DX[db + j] = rstd * (gw_at(gb, j) - t.x - xh * t.y);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let r = group_id(wid, nwg);
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let xb = pu(2u) + r * L;
+    let mean = wg_sum2(vec2<f32>(row_sum(xb, L, lid, WG), 0.0), lid).x / f32(L);
+    let rstd = inverseSqrt(wg_sum2(vec2<f32>(row_sqdev(xb, L, mean, lid, WG), 0.0), lid).x / f32(L) + pf(6u));
+    fwd_write(r, L, xb, mean, rstd, lid, WG);
     if (lid == 0u) {
         MEAN[r] = mean;
         RSTD[r] = rstd;
@@ -79,31 +118,13 @@ fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 @compute @workgroup_size(WG)
 fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+    let r = group_id(wid, nwg);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let xb = pu(2u) + r * L;
     let gb = pu(3u) + r * L;
-    let wo = pu(4u);
-    let hw = pu(5u) != 0u;
-    let mean = MEAN[r];
-    let rstd = RSTD[r];
-    var s1 = 0.0;
-    var s2 = 0.0;
-    for (var j = lid; j < L; j += WG) {
-        var gw = G[gb + j];
-        if (hw) { gw *= WB[wo + j]; }
-        s1 += gw;
-        s2 += gw * (X[xb + j] - mean) * rstd;
-    }
-    let t = wg_sum2(s1, s2, lid) / f32(L);
-    let db = pu(6u) + r * L;
-    for (var j = lid; j < L; j += WG) {
-        var gw = G[gb + j];
-        if (hw) { gw *= WB[wo + j]; }
-        let xh = (X[xb + j] - mean) * rstd;
-        DX[db + j] = rstd * (gw - t.x - xh * t.y);
-    }
+    let t = wg_sum2(bwd_sums(xb, gb, L, MEAN[r], RSTD[r], lid, WG), lid) / f32(L);
+    bwd_write(r, L, xb, gb, MEAN[r], RSTD[r], t, lid, WG);
 }
 
 @compute @workgroup_size(64)
@@ -132,23 +153,10 @@ fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = linear_id(wid, nwg, lid, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
-    let fl = f32(L);
     let xb = pu(2u) + r * L;
-    var s = 0.0;
-    for (var j = 0u; j < L; j++) { s += X[xb + j]; }
-    let mean = s / fl;
-    var q = 0.0;
-    for (var j = 0u; j < L; j++) { let d = X[xb + j] - mean; q += d * d; }
-    let rstd = inverseSqrt(q / fl + pf(6u));
-    let yb = pu(5u) + r * L;
-    let hw = pu(7u) != 0u;
-    let hb = pu(8u) != 0u;
-    for (var j = 0u; j < L; j++) {
-        var y = (X[xb + j] - mean) * rstd;
-        if (hw) { y *= W[pu(3u) + j]; }
-        if (hb) { y += B[pu(4u) + j]; }
-        Y[yb + j] = y;
-    }
+    let mean = row_sum(xb, L, 0u, 1u) / f32(L);
+    let rstd = inverseSqrt(row_sqdev(xb, L, mean, 0u, 1u) / f32(L) + pf(6u));
+    fwd_write(r, L, xb, mean, rstd, 0u, 1u);
     MEAN[r] = mean;
     RSTD[r] = rstd;
 }
@@ -161,24 +169,6 @@ fn bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let L = pu(1u);
     let xb = pu(2u) + r * L;
     let gb = pu(3u) + r * L;
-    let wo = pu(4u);
-    let hw = pu(5u) != 0u;
-    let mean = MEAN[r];
-    let rstd = RSTD[r];
-    var s1 = 0.0;
-    var s2 = 0.0;
-    for (var j = 0u; j < L; j++) {
-        var gw = G[gb + j];
-        if (hw) { gw *= WB[wo + j]; }
-        s1 += gw;
-        s2 += gw * (X[xb + j] - mean) * rstd;
-    }
-    let t = vec2<f32>(s1, s2) / f32(L);
-    let db = pu(6u) + r * L;
-    for (var j = 0u; j < L; j++) {
-        var gw = G[gb + j];
-        if (hw) { gw *= WB[wo + j]; }
-        let xh = (X[xb + j] - mean) * rstd;
-        DX[db + j] = rstd * (gw - t.x - xh * t.y);
-    }
+    let t = bwd_sums(xb, gb, L, MEAN[r], RSTD[r], 0u, 1u) / f32(L);
+    bwd_write(r, L, xb, gb, MEAN[r], RSTD[r], t, 0u, 1u);
 }

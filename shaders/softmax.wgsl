@@ -19,7 +19,6 @@
 
 const WG: u32 = {{WG}}u;
 const LOG: bool = {{LOG}};
-const LOWEST: f32 = -3.4028234663852886e38;
 
 // Number of unmasked keys of row r (L without a mask).
 fn keys(r: u32, L: u32, tq: u32) -> u32 {
@@ -30,73 +29,63 @@ fn keys(r: u32, L: u32, tq: u32) -> u32 {
 var<workgroup> sm: array<f32, WG>;
 var<workgroup> ss: array<f32, WG>;
 
-@compute @workgroup_size(WG)
-fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
-    if (r >= pu(0u)) { return; }  // uniform per workgroup
-    let L = pu(1u);
-    let xb = pu(2u) + r * L;
-    let sc = pf(4u);
-    let K = keys(r, L, pu(5u));
-    // online (max, sum exp(x - max)); -inf entries (masks) contribute exp(-inf) = 0
-    var m = LOWEST;
-    var s = 0.0;
-    for (var j = lid; j < K; j += WG) {
-        let v = X[xb + j] * sc;
-        if (v > m) { s = s * exp(m - v) + 1.0; m = v; } else { s += exp(v - m); }
-    }
-    sm[lid] = m;
-    ss[lid] = s;
+// Workgroup merge of (max, sum exp) pairs / sum of a; call in uniform control flow.
+fn wg_lse(ms: vec2<f32>, lid: u32) -> vec2<f32> {
+    sm[lid] = ms.x;
+    ss[lid] = ms.y;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if (lid < k) {
-            let m1 = sm[lid];
-            let m2 = sm[lid + k];
-            let mm = max(m1, m2);
-            ss[lid] = ss[lid] * exp(m1 - mm) + ss[lid + k] * exp(m2 - mm);
-            sm[lid] = mm;
+            let v = lse_merge(vec2<f32>(sm[lid], ss[lid]), vec2<f32>(sm[lid + k], ss[lid + k]));
+            sm[lid] = v.x;
+            ss[lid] = v.y;
         }
         workgroupBarrier();
     }
-    let mx = sm[0];
-    let tot = ss[0];
-    let yb = pu(3u) + r * L;
-    if (LOG) {
-        let lse = mx + log(tot);
-        for (var j = lid; j < K; j += WG) { Y[yb + j] = X[xb + j] * sc - lse; }
-        for (var j = K + lid; j < L; j += WG) { Y[yb + j] = bitcast<f32>(0xff800000u); }
-    } else {
-        let inv = 1.0 / tot;
-        for (var j = lid; j < K; j += WG) { Y[yb + j] = exp(X[xb + j] * sc - mx) * inv; }
-        for (var j = K + lid; j < L; j += WG) { Y[yb + j] = 0.0; }
-    }
+    return vec2<f32>(sm[0], ss[0]);
 }
 
-@compute @workgroup_size(WG)
-fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
-    if (r >= pu(0u)) { return; }
-    let L = pu(1u);
-    let yb = pu(2u) + r * L;
-    let gb = pu(3u) + r * L;
-    let sc = pf(5u);
-    let K = keys(r, L, pu(6u));
-    // softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g)
-    var acc = 0.0;
-    for (var j = lid; j < K; j += WG) {
-        if (LOG) { acc += G[gb + j]; } else { acc += G[gb + j] * YS[yb + j]; }
-    }
-    ss[lid] = acc;
+fn wg_sum(a: f32, lid: u32) -> f32 {
+    ss[lid] = a;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if (lid < k) { ss[lid] += ss[lid + k]; }
         workgroupBarrier();
     }
-    let dot = ss[0];
-    let db = pu(4u) + r * L;
-    for (var j = lid; j < K; j += WG) {
+    return ss[0];
+}
+
+// The loops of one row, shared by both layouts: this invocation handles columns j0, j0 + dj, ...
+// fwd: online (max, sum exp(x - max)) of the K unmasked scaled inputs.
+fn fwd_stats(xb: u32, K: u32, sc: f32, j0: u32, dj: u32) -> vec2<f32> {
+    var ms = vec2<f32>(LOWEST_F32, 0.0);
+    for (var j = j0; j < K; j += dj) { ms = lse_push(ms, X[xb + j] * sc); }
+    return ms;
+}
+
+fn fwd_write(xb: u32, yb: u32, K: u32, L: u32, sc: f32, ms: vec2<f32>, j0: u32, dj: u32) {
+    if (LOG) {
+        let lse = ms.x + log(ms.y);
+        for (var j = j0; j < K; j += dj) { Y[yb + j] = X[xb + j] * sc - lse; }
+        for (var j = K + j0; j < L; j += dj) { Y[yb + j] = bitcast<f32>(0xff800000u); }
+    } else {
+        let inv = 1.0 / ms.y;
+        for (var j = j0; j < K; j += dj) { Y[yb + j] = exp(X[xb + j] * sc - ms.x) * inv; }
+        for (var j = K + j0; j < L; j += dj) { Y[yb + j] = 0.0; }
+    }
+}
+
+// bwd: softmax: dx = y * (g - sum(g * y)); log_softmax: dx = g - exp(y) * sum(g)
+fn bwd_dot(yb: u32, gb: u32, K: u32, j0: u32, dj: u32) -> f32 {
+    var acc = 0.0;
+    for (var j = j0; j < K; j += dj) {
+        if (LOG) { acc += G[gb + j]; } else { acc += G[gb + j] * YS[yb + j]; }
+    }
+    return acc;
+}
+
+fn bwd_write(yb: u32, gb: u32, db: u32, K: u32, L: u32, sc: f32, dot: f32, j0: u32, dj: u32) {
+    for (var j = j0; j < K; j += dj) {
         let y = YS[yb + j];
         if (LOG) {
             DX[db + j] = sc * (G[gb + j] - exp(y) * dot);
@@ -104,7 +93,29 @@ fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             DX[db + j] = sc * y * (G[gb + j] - dot);
         }
     }
-    for (var j = K + lid; j < L; j += WG) { DX[db + j] = 0.0; }
+    for (var j = K + j0; j < L; j += dj) { DX[db + j] = 0.0; }
+}
+
+@compute @workgroup_size(WG)
+fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let r = group_id(wid, nwg);
+    if (r >= pu(0u)) { return; }  // uniform per workgroup
+    let L = pu(1u);
+    let K = keys(r, L, pu(5u));
+    let ms = wg_lse(fwd_stats(pu(2u) + r * L, K, pf(4u), lid, WG), lid);
+    fwd_write(pu(2u) + r * L, pu(3u) + r * L, K, L, pf(4u), ms, lid, WG);
+}
+
+@compute @workgroup_size(WG)
+fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let r = group_id(wid, nwg);
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let K = keys(r, L, pu(6u));
+    let dot = wg_sum(bwd_dot(pu(2u) + r * L, pu(3u) + r * L, K, lid, WG), lid);
+    bwd_write(pu(2u) + r * L, pu(3u) + r * L, pu(4u) + r * L, K, L, pf(5u), dot, lid, WG);
 }
 
 @compute @workgroup_size(64)
@@ -113,25 +124,9 @@ fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = linear_id(wid, nwg, lid, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
-    let xb = pu(2u) + r * L;
-    let sc = pf(4u);
     let K = keys(r, L, pu(5u));
-    var m = LOWEST;
-    var s = 0.0;
-    for (var j = 0u; j < K; j++) {
-        let v = X[xb + j] * sc;
-        if (v > m) { s = s * exp(m - v) + 1.0; m = v; } else { s += exp(v - m); }
-    }
-    let yb = pu(3u) + r * L;
-    if (LOG) {
-        let lse = m + log(s);
-        for (var j = 0u; j < K; j++) { Y[yb + j] = X[xb + j] * sc - lse; }
-        for (var j = K; j < L; j++) { Y[yb + j] = bitcast<f32>(0xff800000u); }
-    } else {
-        let inv = 1.0 / s;
-        for (var j = 0u; j < K; j++) { Y[yb + j] = exp(X[xb + j] * sc - m) * inv; }
-        for (var j = K; j < L; j++) { Y[yb + j] = 0.0; }
-    }
+    let ms = fwd_stats(pu(2u) + r * L, K, pf(4u), 0u, 1u);
+    fwd_write(pu(2u) + r * L, pu(3u) + r * L, K, L, pf(4u), ms, 0u, 1u);
 }
 
 @compute @workgroup_size(64)
@@ -140,22 +135,7 @@ fn bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let r = linear_id(wid, nwg, lid, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
-    let yb = pu(2u) + r * L;
-    let gb = pu(3u) + r * L;
-    let sc = pf(5u);
     let K = keys(r, L, pu(6u));
-    var dot = 0.0;
-    for (var j = 0u; j < K; j++) {
-        if (LOG) { dot += G[gb + j]; } else { dot += G[gb + j] * YS[yb + j]; }
-    }
-    let db = pu(4u) + r * L;
-    for (var j = 0u; j < K; j++) {
-        let y = YS[yb + j];
-        if (LOG) {
-            DX[db + j] = sc * (G[gb + j] - exp(y) * dot);
-        } else {
-            DX[db + j] = sc * y * (G[gb + j] - dot);
-        }
-    }
-    for (var j = K; j < L; j++) { DX[db + j] = 0.0; }
+    let dot = bwd_dot(pu(2u) + r * L, pu(3u) + r * L, K, 0u, 1u);
+    bwd_write(pu(2u) + r * L, pu(3u) + r * L, pu(4u) + r * L, K, L, pf(5u), dot, 0u, 1u);
 }

@@ -11,7 +11,6 @@
 //   words: 0 N, 1 C, 2 x off, 3 t off, 4 ignore_index, 5 eps, 6 mode (0 mean, 1 sum, 2 none),
 //   7 g off, 8 count off
 const WG: u32 = {{WG}}u;
-const LOWEST: f32 = -3.4028234663852886e38;
 
 @group(0) @binding(1) var<storage, read> X: array<f32>;
 @group(0) @binding(2) var<storage, read> T: array<i32>;
@@ -24,51 +23,57 @@ var<workgroup> sm: array<f32, WG>;
 var<workgroup> ss: array<f32, WG>;
 var<workgroup> sx: array<f32, WG>;
 
+// (max, sum exp(x - max), sum x) of the row columns j0, j0 + dj, ... below C.
+fn row_stats(xb: u32, C: u32, j0: u32, dj: u32) -> vec3<f32> {
+    var ms = vec2<f32>(LOWEST_F32, 0.0);
+    var sum = 0.0;
+    for (var j = j0; j < C; j += dj) {
+        let v = X[xb + j];
+        ms = lse_push(ms, v);
+        sum += v;
+    }
+    return vec3<f32>(ms, sum);
+}
+
+// Loss and logsumexp of row r from its (max, sum exp, sum x).
+fn row_loss(r: u32, C: u32, xb: u32, st: vec3<f32>) {
+    let lse = st.x + log(st.y);
+    let t = T[pu(3u) + r];
+    let eps = pf(5u);
+    var loss = 0.0;
+    if (t != pi(4u)) {
+        if (t < 0 || u32(t) >= C) {
+            loss = bitcast<f32>(0x7fc00000u);
+        } else {
+            loss = lse - (1.0 - eps) * X[xb + u32(t)] - eps * st.z / f32(C);
+        }
+    }
+    LOSS[r] = loss;
+    LSE[r] = lse;
+}
+
 @compute @workgroup_size(WG)
 fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+    let r = group_id(wid, nwg);
     if (r >= pu(0u)) { return; }
     let C = pu(1u);
     let xb = pu(2u) + r * C;
-    var m = LOWEST;
-    var s = 0.0;
-    var sum = 0.0;
-    for (var j = lid; j < C; j += WG) {
-        let v = X[xb + j];
-        if (v > m) { s = s * exp(m - v) + 1.0; m = v; } else { s += exp(v - m); }
-        sum += v;
-    }
-    sm[lid] = m;
-    ss[lid] = s;
-    sx[lid] = sum;
+    let st = row_stats(xb, C, lid, WG);
+    sm[lid] = st.x;
+    ss[lid] = st.y;
+    sx[lid] = st.z;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
         if (lid < k) {
-            let m1 = sm[lid];
-            let m2 = sm[lid + k];
-            let mm = max(m1, m2);
-            ss[lid] = ss[lid] * exp(m1 - mm) + ss[lid + k] * exp(m2 - mm);
-            sm[lid] = mm;
+            let v = lse_merge(vec2<f32>(sm[lid], ss[lid]), vec2<f32>(sm[lid + k], ss[lid + k]));
+            sm[lid] = v.x;
+            ss[lid] = v.y;
             sx[lid] += sx[lid + k];
         }
         workgroupBarrier();
     }
-    if (lid == 0u) {
-        let lse = sm[0] + log(ss[0]);
-        let t = T[pu(3u) + r];
-        let eps = pf(5u);
-        var loss = 0.0;
-        if (t != pi(4u)) {
-            if (t < 0 || u32(t) >= C) {
-                loss = bitcast<f32>(0x7fc00000u);
-            } else {
-                loss = lse - (1.0 - eps) * X[xb + u32(t)] - eps * sx[0] / f32(C);
-            }
-        }
-        LOSS[r] = loss;
-        LSE[r] = lse;
-    }
+    if (lid == 0u) { row_loss(r, C, xb, vec3<f32>(sm[0], ss[0], sx[0])); }
 }
 
 @compute @workgroup_size(256)
@@ -126,25 +131,5 @@ fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (r >= pu(0u)) { return; }
     let C = pu(1u);
     let xb = pu(2u) + r * C;
-    var m = LOWEST;
-    var s = 0.0;
-    var sum = 0.0;
-    for (var j = 0u; j < C; j++) {
-        let v = X[xb + j];
-        if (v > m) { s = s * exp(m - v) + 1.0; m = v; } else { s += exp(v - m); }
-        sum += v;
-    }
-    let lse = m + log(s);
-    let t = T[pu(3u) + r];
-    let eps = pf(5u);
-    var loss = 0.0;
-    if (t != pi(4u)) {
-        if (t < 0 || u32(t) >= C) {
-            loss = bitcast<f32>(0x7fc00000u);
-        } else {
-            loss = lse - (1.0 - eps) * X[xb + u32(t)] - eps * sum / f32(C);
-        }
-    }
-    LOSS[r] = loss;
-    LSE[r] = lse;
+    row_loss(r, C, xb, row_stats(xb, C, 0u, 1u));
 }
