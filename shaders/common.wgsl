@@ -14,6 +14,16 @@ fn linear_id(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, wg: u32) -> u32 {
 // Linear workgroup index (one workgroup per row) of a launch split over (x, y) workgroups.
 fn group_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
 
+// The builtins of a 1-D launch folded over (x, y) workgroups, as one entry point parameter
+// (`fn k(ids: Launch)`): thread_idx and group_idx are its linear_id and group_id.
+struct Launch {
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+}
+fn thread_idx(ids: Launch, wg: u32) -> u32 { return linear_id(ids.wid, ids.nwg, ids.lid, wg); }
+fn group_idx(ids: Launch) -> u32 { return group_id(ids.wid, ids.nwg); }
+
 // Online (max, sum of exp(x - max)) of a row: add value v to ms = (m, s). A -inf value adds
 // exp(-inf) = 0. Start from (LOWEST_F32, 0).
 const LOWEST_F32: f32 = -3.4028234663852886e38;

@@ -9,35 +9,50 @@
 @group(0) @binding(2) var<storage, read_write> B: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ARG: array<i32>;
 
-const LOWEST: f32 = -3.4028234663852886e38;
-
 fn xin(n: u32, c: u32, h: u32, w: u32) -> f32 {
     return A[pu(19u) + n * pu(15u) + c * pu(16u) + h * pu(17u) + w * pu(18u)];
 }
 
+// (n, c, oh, ow) of element i of an [N, C, OH, OW] output.
+fn out_pos(i: u32) -> vec4<u32> {
+    let OH = pu(13u);
+    let OW = pu(14u);
+    return vec4<u32>(i / (OW * OH * pu(2u)), (i / (OW * OH)) % pu(2u), (i / OW) % OH, i % OW);
+}
+
+// (n * C + c, ih, iw) of element i of an [N, C, H, W] input.
+fn in_pos(i: u32) -> vec3<u32> {
+    let H = pu(3u);
+    let W = pu(4u);
+    return vec3<u32>(i / (W * H), (i / W) % H, i % W);
+}
+
+// Input position (ih, iw) under window tap (kh, kw) of output (oh, ow); may lie in the padding.
+fn win_in(oh: u32, ow: u32, kh: u32, kw: u32) -> vec2<i32> {
+    return vec2<i32>(i32(oh * pu(7u) + kh * pu(11u)) - i32(pu(9u)),
+                     i32(ow * pu(8u) + kw * pu(12u)) - i32(pu(10u)));
+}
+
+fn inside(p: vec2<i32>) -> bool {
+    return p.x >= 0 && p.x < i32(pu(3u)) && p.y >= 0 && p.y < i32(pu(4u));
+}
+
 // im2col: B[(c, kh, kw), (n, oh, ow)] = x[n, c, oh*SH + kh*DH - PH, ow*SW + kw*DW - PW] or 0.
 @compute @workgroup_size(256)
-fn im2col(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn im2col(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
     let OH = pu(13u);
     let OW = pu(14u);
     let NL = pu(1u) * OH * OW;
     let col = i % NL;
     let row = i / NL;
-    let ow = col % OW;
-    let oh = (col / OW) % OH;
-    let n = col / (OW * OH);
     let kw = row % pu(6u);
     let kh = (row / pu(6u)) % pu(5u);
     let c = row / (pu(6u) * pu(5u));
-    let ih = i32(oh * pu(7u) + kh * pu(11u)) - i32(pu(9u));
-    let iw = i32(ow * pu(8u) + kw * pu(12u)) - i32(pu(10u));
+    let p = win_in((col / OW) % OH, col % OW, kh, kw);
     var v = 0.0;
-    if (ih >= 0 && ih < i32(pu(3u)) && iw >= 0 && iw < i32(pu(4u))) {
-        v = xin(n, c, u32(ih), u32(iw));
-    }
+    if (inside(p)) { v = xin(col / (OW * OH), c, u32(p.x), u32(p.y)); }
     B[i] = v;
 }
 
@@ -57,59 +72,55 @@ fn tap(ih: u32, iw: u32, kh: u32, kw: u32, o: ptr<function, vec2<u32>>) -> bool 
     return true;
 }
 
-// col2im: dx[n, c, ih, iw] = sum of the column entries that im2col copied from (ih, iw).
-@compute @workgroup_size(256)
-fn col2im(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
-    if (i >= pu(0u)) { return; }
-    let H = pu(3u);
-    let W = pu(4u);
-    let iw = i % W;
-    let ih = (i / W) % H;
-    let c = (i / (W * H)) % pu(2u);
-    let n = i / (W * H * pu(2u));
+// Sum over the window taps covering input element p = in_pos(i) of the column entry (col2im,
+// avg = false) or of g / divisor at the window's output (avg pool backward, avg = true).
+fn gather_taps(p: vec3<u32>, avg: bool) -> f32 {
     let KH = pu(5u);
     let KW = pu(6u);
     let OH = pu(13u);
     let OW = pu(14u);
     let NL = pu(1u) * OH * OW;
+    let c = p.x % pu(2u);
+    let n = p.x / pu(2u);
     var acc = 0.0;
     for (var kh = 0u; kh < KH; kh++) {
         for (var kw = 0u; kw < KW; kw++) {
             var o: vec2<u32>;
-            if (tap(ih, iw, kh, kw, &o)) {
+            if (!tap(p.y, p.z, kh, kw, &o)) { continue; }
+            if (avg) {
+                acc += A[pu(19u) + (p.x * OH + o.x) * OW + o.y] / avg_div(o.x, o.y);
+            } else {
                 acc += A[pu(19u) + ((c * KH + kh) * KW + kw) * NL + (n * OH + o.x) * OW + o.y];
             }
         }
     }
-    B[i] = acc;
+    return acc;
+}
+
+// col2im: dx[n, c, ih, iw] = sum of the column entries that im2col copied from (ih, iw).
+@compute @workgroup_size(256)
+fn col2im(ids: Launch) {
+    let i = thread_idx(ids, 256u);
+    if (i >= pu(0u)) { return; }
+    B[i] = gather_taps(in_pos(i), false);
 }
 
 // max pool: B = window max, ARG = its flat position ih * W + iw (first max wins).
 @compute @workgroup_size(256)
-fn maxpool(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn maxpool(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
-    let OH = pu(13u);
-    let OW = pu(14u);
-    let ow = i % OW;
-    let oh = (i / OW) % OH;
-    let c = (i / (OW * OH)) % pu(2u);
-    let n = i / (OW * OH * pu(2u));
-    var best = LOWEST;
+    let q = out_pos(i);
+    var best = LOWEST_F32;
     var bi = -1;
     for (var kh = 0u; kh < pu(5u); kh++) {
-        let ih = i32(oh * pu(7u) + kh * pu(11u)) - i32(pu(9u));
-        if (ih < 0 || ih >= i32(pu(3u))) { continue; }
         for (var kw = 0u; kw < pu(6u); kw++) {
-            let iw = i32(ow * pu(8u) + kw * pu(12u)) - i32(pu(10u));
-            if (iw < 0 || iw >= i32(pu(4u))) { continue; }
-            let v = xin(n, c, u32(ih), u32(iw));
+            let p = win_in(q.z, q.w, kh, kw);
+            if (!inside(p)) { continue; }
+            let v = xin(q.x, q.y, u32(p.x), u32(p.y));
             if (v > best || bi < 0) {
                 best = v;
-                bi = ih * i32(pu(4u)) + iw;
+                bi = p.x * i32(pu(4u)) + p.y;
             }
         }
     }
@@ -120,26 +131,18 @@ fn maxpool(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 // max pool backward: dx[n, c, ih, iw] = sum of g over the windows whose argmax is (ih, iw).
 // Words as above with 19 = g offset (g contiguous [N, C, OH, OW]).
 @compute @workgroup_size(256)
-fn maxpool_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn maxpool_bwd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
-    let H = pu(3u);
-    let W = pu(4u);
-    let iw = i % W;
-    let ih = (i / W) % H;
-    let nc = i / (W * H);
-    let OH = pu(13u);
-    let OW = pu(14u);
-    let me = i32(ih * W + iw);
+    let p = in_pos(i);
+    let me = i32(p.y * pu(4u) + p.z);
     var acc = 0.0;
     for (var kh = 0u; kh < pu(5u); kh++) {
         for (var kw = 0u; kw < pu(6u); kw++) {
             var o: vec2<u32>;
-            if (tap(ih, iw, kh, kw, &o)) {
-                let oi = (nc * OH + o.x) * OW + o.y;
-                if (ARG[oi] == me) { acc += A[pu(19u) + oi]; }
-            }
+            if (!tap(p.y, p.z, kh, kw, &o)) { continue; }
+            let oi = (p.x * pu(13u) + o.x) * pu(14u) + o.y;
+            if (ARG[oi] == me) { acc += A[pu(19u) + oi]; }
         }
     }
     B[i] = acc;
@@ -156,51 +159,26 @@ fn avg_div(oh: u32, ow: u32) -> f32 {
     return f32((h1 - max(h0, 0)) * (w1 - max(w0, 0)));
 }
 
+// avg pool (dilation words are 1).
 @compute @workgroup_size(256)
-fn avgpool(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn avgpool(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
-    let OH = pu(13u);
-    let OW = pu(14u);
-    let ow = i % OW;
-    let oh = (i / OW) % OH;
-    let c = (i / (OW * OH)) % pu(2u);
-    let n = i / (OW * OH * pu(2u));
+    let q = out_pos(i);
     var s = 0.0;
     for (var kh = 0u; kh < pu(5u); kh++) {
-        let ih = i32(oh * pu(7u) + kh) - i32(pu(9u));
-        if (ih < 0 || ih >= i32(pu(3u))) { continue; }
         for (var kw = 0u; kw < pu(6u); kw++) {
-            let iw = i32(ow * pu(8u) + kw) - i32(pu(10u));
-            if (iw < 0 || iw >= i32(pu(4u))) { continue; }
-            s += xin(n, c, u32(ih), u32(iw));
+            let p = win_in(q.z, q.w, kh, kw);
+            if (inside(p)) { s += xin(q.x, q.y, u32(p.x), u32(p.y)); }
         }
     }
-    B[i] = s / avg_div(oh, ow);
+    B[i] = s / avg_div(q.z, q.w);
 }
 
 // avg pool backward (words as maxpool_bwd): dx = sum over covering windows of g / divisor.
 @compute @workgroup_size(256)
-fn avgpool_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn avgpool_bwd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
-    let H = pu(3u);
-    let W = pu(4u);
-    let iw = i % W;
-    let ih = (i / W) % H;
-    let nc = i / (W * H);
-    let OH = pu(13u);
-    let OW = pu(14u);
-    var acc = 0.0;
-    for (var kh = 0u; kh < pu(5u); kh++) {
-        for (var kw = 0u; kw < pu(6u); kw++) {
-            var o: vec2<u32>;
-            if (tap(ih, iw, kh, kw, &o)) {
-                acc += A[pu(19u) + (nc * OH + o.x) * OW + o.y] / avg_div(o.x, o.y);
-            }
-        }
-    }
-    B[i] = acc;
+    B[i] = gather_taps(in_pos(i), true);
 }

@@ -27,25 +27,25 @@ fn norm_index(v: i32, A: u32) -> u32 {
     return u32(clamp(w, 0, i32(A) - 1));
 }
 
-@compute @workgroup_size(256)
-fn select_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
-    if (i >= pu(0u)) { return; }
+// X[o, IDX[e], col] for output element i = (o, k or j, col) of [outer, K or J, inner]
+// (words 1 A, 2 K or J, 3 inner, 4 x off, 5 idx off); e is the index element to read.
+fn pick(i: u32, e: u32) -> {{T}} {
     let A = pu(1u);
-    let K = pu(2u);
     let inner = pu(3u);
-    let col = i % inner;
-    let k = (i / inner) % K;
-    let o = i / (inner * K);
-    let a = norm_index(IDX[pu(5u) + k], A);
-    OUT[i] = X[pu(4u) + (o * A + a) * inner + col];
+    let o = i / (inner * pu(2u));
+    return X[pu(4u) + (o * A + norm_index(IDX[pu(5u) + e], A)) * inner + i % inner];
+}
+
+@compute @workgroup_size(256)
+fn select_fwd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
+    if (i >= pu(0u)) { return; }
+    OUT[i] = pick(i, (i / pu(3u)) % pu(2u));
 }
 
 @compute @workgroup_size(64)
-fn select_rows_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let row = wid.y * nwg.x + wid.x;
+fn select_rows_fwd(ids: Launch) {
+    let row = group_idx(ids);
     let inner = pu(3u);
     let K = pu(2u);
     if (row * inner >= pu(0u)) { return; }
@@ -53,16 +53,15 @@ fn select_rows_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     let a = norm_index(IDX[pu(5u) + row % K], A);
     let src = pu(4u) + ((row / K) * A + a) * inner;
     let dst = row * inner;
-    for (var c = lid; c < inner; c += 64u) { OUT[dst + c] = X[src + c]; }
+    for (var c = ids.lid; c < inner; c += 64u) { OUT[dst + c] = X[src + c]; }
 }
 
 var<workgroup> scan: array<u32, 256>;
 var<workgroup> hits: array<u32, 256>;
 
 @compute @workgroup_size(256)
-fn select_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let row = wid.y * nwg.x + wid.x;
+fn select_bwd(ids: Launch) {
+    let row = group_idx(ids);
     if (row >= pu(0u)) { return; }  // uniform per workgroup
     let A = pu(1u);
     let K = pu(2u);
@@ -71,25 +70,25 @@ fn select_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let o = row / A;
     let gbase = pu(4u) + o * K * inner;
     let dbase = row * inner;
-    for (var c = lid; c < inner; c += 256u) { OUT[dbase + c] = {{T}}(0); }
+    for (var c = ids.lid; c < inner; c += 256u) { OUT[dbase + c] = {{T}}(0); }
     for (var k0 = 0u; k0 < K; k0 += 256u) {
-        let k = k0 + lid;
+        let k = k0 + ids.lid;
         var f = 0u;
         if (k < K) { f = select(0u, 1u, norm_index(IDX[pu(5u) + k], A) == a); }
-        scan[lid] = f;
+        scan[ids.lid] = f;
         workgroupBarrier();
         for (var s = 1u; s < 256u; s <<= 1u) {
-            var v = scan[lid];
-            if (lid >= s) { v += scan[lid - s]; }
+            var v = scan[ids.lid];
+            if (ids.lid >= s) { v += scan[ids.lid - s]; }
             workgroupBarrier();
-            scan[lid] = v;
+            scan[ids.lid] = v;
             workgroupBarrier();
         }
-        if (f == 1u) { hits[scan[lid] - 1u] = k; }
+        if (f == 1u) { hits[scan[ids.lid] - 1u] = k; }
         let n = workgroupUniformLoad(&scan[255]);
         for (var h = 0u; h < n; h++) {
             let kk = hits[h];
-            for (var c = lid; c < inner; c += 256u) {
+            for (var c = ids.lid; c < inner; c += 256u) {
                 OUT[dbase + c] += X[gbase + kk * inner + c];
             }
         }
@@ -100,9 +99,8 @@ fn select_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 const CHUNK: u32 = 32u;
 
 @compute @workgroup_size(64)
-fn select_bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 64u);
+fn select_bwd_rows(ids: Launch) {
+    let i = thread_idx(ids, 64u);
     let inner = pu(3u);
     let nch = (inner + CHUNK - 1u) / CHUNK;
     if (i >= pu(0u) * nch) { return; }
@@ -123,23 +121,15 @@ fn select_bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 }
 
 @compute @workgroup_size(256)
-fn gather_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn gather_fwd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
-    let A = pu(1u);
-    let J = pu(2u);
-    let inner = pu(3u);
-    let col = i % inner;
-    let o = i / (inner * J);
-    let a = norm_index(IDX[pu(5u) + i], A);
-    OUT[i] = X[pu(4u) + (o * A + a) * inner + col];
+    OUT[i] = pick(i, i);
 }
 
 @compute @workgroup_size(256)
-fn gather_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn gather_bwd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
     let A = pu(1u);
     let J = pu(2u);

@@ -91,7 +91,8 @@ fn bwd_sums(xb: u32, gb: u32, L: u32, mean: f32, rstd: f32, j0: u32, dj: u32) ->
     return vec2<f32>(s1, s2);
 }
 
-fn bwd_write(r: u32, L: u32, xb: u32, gb: u32, mean: f32, rstd: f32, t: vec2<f32>, j0: u32, dj: u32) {
+fn bwd_write(r: u32, L: u32, xb: u32, gb: u32, mean: f32, rstd: f32, t: vec2<f32>,
+             j0: u32, dj: u32) {
     let db = pu(6u) + r * L;
     for (var j = j0; j < L; j += dj) {
         let xh = (X[xb + j] - mean) * rstd;
@@ -100,31 +101,30 @@ fn bwd_write(r: u32, L: u32, xb: u32, gb: u32, mean: f32, rstd: f32, t: vec2<f32
 }
 
 @compute @workgroup_size(WG)
-fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = group_id(wid, nwg);
+fn fwd(ids: Launch) {
+    let r = group_idx(ids);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let xb = pu(2u) + r * L;
-    let mean = wg_sum2(vec2<f32>(row_sum(xb, L, lid, WG), 0.0), lid).x / f32(L);
-    let rstd = inverseSqrt(wg_sum2(vec2<f32>(row_sqdev(xb, L, mean, lid, WG), 0.0), lid).x / f32(L) + pf(6u));
-    fwd_write(r, L, xb, mean, rstd, lid, WG);
-    if (lid == 0u) {
+    let mean = wg_sum2(vec2<f32>(row_sum(xb, L, ids.lid, WG), 0.0), ids.lid).x / f32(L);
+    let q = wg_sum2(vec2<f32>(row_sqdev(xb, L, mean, ids.lid, WG), 0.0), ids.lid).x;
+    let rstd = inverseSqrt(q / f32(L) + pf(6u));
+    fwd_write(r, L, xb, mean, rstd, ids.lid, WG);
+    if (ids.lid == 0u) {
         MEAN[r] = mean;
         RSTD[r] = rstd;
     }
 }
 
 @compute @workgroup_size(WG)
-fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = group_id(wid, nwg);
+fn bwd(ids: Launch) {
+    let r = group_idx(ids);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let xb = pu(2u) + r * L;
     let gb = pu(3u) + r * L;
-    let t = wg_sum2(bwd_sums(xb, gb, L, MEAN[r], RSTD[r], lid, WG), lid) / f32(L);
-    bwd_write(r, L, xb, gb, MEAN[r], RSTD[r], t, lid, WG);
+    let t = wg_sum2(bwd_sums(xb, gb, L, MEAN[r], RSTD[r], ids.lid, WG), ids.lid) / f32(L);
+    bwd_write(r, L, xb, gb, MEAN[r], RSTD[r], t, ids.lid, WG);
 }
 
 @compute @workgroup_size(64)
@@ -148,9 +148,8 @@ fn wb(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 @compute @workgroup_size(64)
-fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let r = linear_id(wid, nwg, lid, 64u);
+fn fwd_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let xb = pu(2u) + r * L;
@@ -162,9 +161,8 @@ fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 @compute @workgroup_size(64)
-fn bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let r = linear_id(wid, nwg, lid, 64u);
+fn bwd_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let xb = pu(2u) + r * L;

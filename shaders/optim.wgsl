@@ -11,9 +11,8 @@
 // SGD. Words: 4 lr, 5 momentum, 6 dampening, 7 weight_decay, 8 nesterov (0/1),
 // 9 first step (0/1: the momentum buffer starts as the gradient).
 @compute @workgroup_size(256)
-fn sgd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn sgd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
     let ip = pu(1u) + i;
     let p = P[ip];
@@ -34,9 +33,8 @@ fn sgd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 @group(0) @binding(4) var<storage, read_write> S1: array<f32>;
 
 @compute @workgroup_size(256)
-fn adam(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn adam(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     if (i >= pu(0u)) { return; }
     let ip = pu(1u) + i;
     let is = pu(3u) + i;

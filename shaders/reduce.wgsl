@@ -11,54 +11,52 @@ var<workgroup> si: array<u32, 256>;
 fn combine(x: f32, y: f32) -> f32 { return {{COMBINE}}; }
 
 @compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+fn main(ids: Launch) {
+    let r = group_idx(ids);
     let R = pu(0u);
     if (r >= R) { return; }  // uniform per workgroup
     let L = pu(1u);
     let base = pu(2u) + r * L;
     var acc: f32 = {{INIT}};
-    for (var j = lid; j < L; j += 256u) {
+    for (var j = ids.lid; j < L; j += 256u) {
         acc = combine(acc, f32(IN[base + j]));
     }
-    sv[lid] = acc;
+    sv[ids.lid] = acc;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) { sv[lid] = combine(sv[lid], sv[lid + s]); }
+        if (ids.lid < s) { sv[ids.lid] = combine(sv[ids.lid], sv[ids.lid + s]); }
         workgroupBarrier();
     }
-    if (lid == 0u) { OUT[pu(4u) + r] = {{TO}}(sv[0] * pf(3u)); }
+    if (ids.lid == 0u) { OUT[pu(4u) + r] = {{TO}}(sv[0] * pf(3u)); }
 }
 
 // Index of the max (GT = ">") or min ("<") of each row; ties resolve to the first index.
 @compute @workgroup_size(256)
-fn arg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = wid.y * nwg.x + wid.x;
+fn arg(ids: Launch) {
+    let r = group_idx(ids);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let base = pu(2u) + r * L;
     var best: f32 = {{INIT}};
     var bi: u32 = 0xffffffffu;
-    for (var j = lid; j < L; j += 256u) {
+    for (var j = ids.lid; j < L; j += 256u) {
         let v = f32(IN[base + j]);
         if (v {{GT}} best || bi == 0xffffffffu) { best = v; bi = j; }
     }
-    sv[lid] = best;
-    si[lid] = bi;
+    sv[ids.lid] = best;
+    si[ids.lid] = bi;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            let v = sv[lid + s];
-            let i = si[lid + s];
-            if (i != 0xffffffffu && (si[lid] == 0xffffffffu || v {{GT}} sv[lid]
-                                     || (v == sv[lid] && i < si[lid]))) {
-                sv[lid] = v;
-                si[lid] = i;
+        if (ids.lid < s) {
+            let v = sv[ids.lid + s];
+            let i = si[ids.lid + s];
+            if (i != 0xffffffffu && (si[ids.lid] == 0xffffffffu || v {{GT}} sv[ids.lid]
+                                     || (v == sv[ids.lid] && i < si[ids.lid]))) {
+                sv[ids.lid] = v;
+                si[ids.lid] = i;
             }
         }
         workgroupBarrier();
     }
-    if (lid == 0u) { OUT[pu(4u) + r] = {{TO}}(si[0]); }
+    if (ids.lid == 0u) { OUT[pu(4u) + r] = {{TO}}(si[0]); }
 }

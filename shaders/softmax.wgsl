@@ -29,30 +29,23 @@ fn keys(r: u32, L: u32, tq: u32) -> u32 {
 var<workgroup> sm: array<f32, WG>;
 var<workgroup> ss: array<f32, WG>;
 
-// Workgroup merge of (max, sum exp) pairs / sum of a; call in uniform control flow.
-fn wg_lse(ms: vec2<f32>, lid: u32) -> vec2<f32> {
-    sm[lid] = ms.x;
-    ss[lid] = ms.y;
+// Workgroup reduction of each invocation's v: (max, sum exp) pairs merged (lse) or, without lse,
+// the sums v.y added; call in uniform control flow.
+fn wg_reduce(v: vec2<f32>, lid: u32, lse: bool) -> vec2<f32> {
+    sm[lid] = v.x;
+    ss[lid] = v.y;
     workgroupBarrier();
     for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if (lid < k) {
-            let v = lse_merge(vec2<f32>(sm[lid], ss[lid]), vec2<f32>(sm[lid + k], ss[lid + k]));
-            sm[lid] = v.x;
-            ss[lid] = v.y;
+        if (lid < k && lse) {
+            let m = lse_merge(vec2<f32>(sm[lid], ss[lid]), vec2<f32>(sm[lid + k], ss[lid + k]));
+            sm[lid] = m.x;
+            ss[lid] = m.y;
+        } else if (lid < k) {
+            ss[lid] += ss[lid + k];
         }
         workgroupBarrier();
     }
     return vec2<f32>(sm[0], ss[0]);
-}
-
-fn wg_sum(a: f32, lid: u32) -> f32 {
-    ss[lid] = a;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if (lid < k) { ss[lid] += ss[lid + k]; }
-        workgroupBarrier();
-    }
-    return ss[0];
 }
 
 // The loops of one row, shared by both layouts: this invocation handles columns j0, j0 + dj, ...
@@ -97,31 +90,29 @@ fn bwd_write(yb: u32, gb: u32, db: u32, K: u32, L: u32, sc: f32, dot: f32, j0: u
 }
 
 @compute @workgroup_size(WG)
-fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = group_id(wid, nwg);
+fn fwd(ids: Launch) {
+    let r = group_idx(ids);
     if (r >= pu(0u)) { return; }  // uniform per workgroup
     let L = pu(1u);
     let K = keys(r, L, pu(5u));
-    let ms = wg_lse(fwd_stats(pu(2u) + r * L, K, pf(4u), lid, WG), lid);
-    fwd_write(pu(2u) + r * L, pu(3u) + r * L, K, L, pf(4u), ms, lid, WG);
+    let ms = wg_reduce(fwd_stats(pu(2u) + r * L, K, pf(4u), ids.lid, WG), ids.lid, true);
+    fwd_write(pu(2u) + r * L, pu(3u) + r * L, K, L, pf(4u), ms, ids.lid, WG);
 }
 
 @compute @workgroup_size(WG)
-fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = group_id(wid, nwg);
+fn bwd(ids: Launch) {
+    let r = group_idx(ids);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let K = keys(r, L, pu(6u));
-    let dot = wg_sum(bwd_dot(pu(2u) + r * L, pu(3u) + r * L, K, lid, WG), lid);
-    bwd_write(pu(2u) + r * L, pu(3u) + r * L, pu(4u) + r * L, K, L, pf(5u), dot, lid, WG);
+    let part = bwd_dot(pu(2u) + r * L, pu(3u) + r * L, K, ids.lid, WG);
+    let dot = wg_reduce(vec2<f32>(0.0, part), ids.lid, false).y;
+    bwd_write(pu(2u) + r * L, pu(3u) + r * L, pu(4u) + r * L, K, L, pf(5u), dot, ids.lid, WG);
 }
 
 @compute @workgroup_size(64)
-fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let r = linear_id(wid, nwg, lid, 64u);
+fn fwd_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let K = keys(r, L, pu(5u));
@@ -130,9 +121,8 @@ fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 @compute @workgroup_size(64)
-fn bwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let r = linear_id(wid, nwg, lid, 64u);
+fn bwd_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
     if (r >= pu(0u)) { return; }
     let L = pu(1u);
     let K = keys(r, L, pu(6u));

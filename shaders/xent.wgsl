@@ -52,61 +52,58 @@ fn row_loss(r: u32, C: u32, xb: u32, st: vec3<f32>) {
     LSE[r] = lse;
 }
 
+// Workgroup reduction of each invocation's v: (v.x, v.y) as (max, sum exp) pairs merged (lse)
+// or, without lse, v.y added; v.z always added. Call in uniform control flow.
+fn wg_reduce(v: vec3<f32>, lid: u32, lse: bool) -> vec3<f32> {
+    sm[lid] = v.x;
+    ss[lid] = v.y;
+    sx[lid] = v.z;
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if (lid < k && lse) {
+            let m = lse_merge(vec2<f32>(sm[lid], ss[lid]), vec2<f32>(sm[lid + k], ss[lid + k]));
+            sm[lid] = m.x;
+            ss[lid] = m.y;
+        } else if (lid < k) {
+            ss[lid] += ss[lid + k];
+        }
+        if (lid < k) { sx[lid] += sx[lid + k]; }
+        workgroupBarrier();
+    }
+    return vec3<f32>(sm[0], ss[0], sx[0]);
+}
+
 @compute @workgroup_size(WG)
-fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let r = group_id(wid, nwg);
+fn fwd(ids: Launch) {
+    let r = group_idx(ids);
     if (r >= pu(0u)) { return; }
     let C = pu(1u);
     let xb = pu(2u) + r * C;
-    let st = row_stats(xb, C, lid, WG);
-    sm[lid] = st.x;
-    ss[lid] = st.y;
-    sx[lid] = st.z;
-    workgroupBarrier();
-    for (var k = WG / 2u; k > 0u; k >>= 1u) {
-        if (lid < k) {
-            let v = lse_merge(vec2<f32>(sm[lid], ss[lid]), vec2<f32>(sm[lid + k], ss[lid + k]));
-            sm[lid] = v.x;
-            ss[lid] = v.y;
-            sx[lid] += sx[lid + k];
-        }
-        workgroupBarrier();
-    }
-    if (lid == 0u) { row_loss(r, C, xb, vec3<f32>(sm[0], ss[0], sx[0])); }
+    let st = wg_reduce(row_stats(xb, C, ids.lid, WG), ids.lid, true);
+    if (ids.lid == 0u) { row_loss(r, C, xb, st); }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn finish(@builtin(local_invocation_index) lid: u32) {
     let N = pu(0u);
     var s = 0.0;
     var n = 0.0;
-    for (var r = lid; r < N; r += 256u) {
+    for (var r = lid; r < N; r += WG) {
         if (T[pu(1u) + r] != pi(2u)) {
             s += X[r];
             n += 1.0;
         }
     }
-    sm[lid] = s;
-    ss[lid] = n;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (lid < k) {
-            sm[lid] += sm[lid + k];
-            ss[lid] += ss[lid + k];
-        }
-        workgroupBarrier();
-    }
+    let t = wg_reduce(vec3<f32>(0.0, n, s), lid, false);
     if (lid == 0u) {
-        LOSS[0] = select(sm[0], sm[0] / ss[0], pu(3u) == 1u);
-        LOSS[1] = ss[0];
+        LOSS[0] = select(t.z, t.z / t.y, pu(3u) == 1u);
+        LOSS[1] = t.y;
     }
 }
 
 @compute @workgroup_size(256)
-fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    let i = linear_id(wid, nwg, lid, 256u);
+fn bwd(ids: Launch) {
+    let i = thread_idx(ids, 256u);
     let C = pu(1u);
     if (i >= pu(0u) * C) { return; }
     let r = i / C;
@@ -125,9 +122,8 @@ fn bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 }
 
 @compute @workgroup_size(64)
-fn fwd_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let r = linear_id(wid, nwg, lid, 64u);
+fn fwd_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
     if (r >= pu(0u)) { return; }
     let C = pu(1u);
     let xb = pu(2u) + r * C;
