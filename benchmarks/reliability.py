@@ -31,6 +31,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _child_env(*paths, **extra) -> dict:
+    """A child's environment: ``paths`` (default: the repository) before the inherited
+    PYTHONPATH, so an environment that finds wgpu through PYTHONPATH keeps finding it."""
+    keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(p) for p in paths or (ROOT,)] + keep),
+                **extra)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WGRUMUS_DEVICES", "8")
@@ -444,7 +452,7 @@ def case_mpi(plan: Plan, T: float, rng) -> dict:
     if exe is None:
         raise RuntimeError("mpiexec not found: pip install 'wgrumus[mpi]'")
     seed = int(rng.integers(1 << 30))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = _child_env()
     t0 = time.monotonic()
     p = subprocess.run([exe, "-n", "2", sys.executable, str(Path(__file__).resolve()),
                         "--mpi-worker", plan.fault, str(plan.bad), str(plan.step), str(seed),
@@ -769,7 +777,7 @@ def kill_once(folder: Path, rng, ref: Reference, max_delay: float = 1.5) -> dict
     path = folder / "train.safetensors"
     if path.exists():
         path.unlink()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WGRUMUS_DEVICES="1")
+    env = _child_env(WGRUMUS_DEVICES="1")
     child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--ckpt-child",
                               str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=env, cwd=ROOT)
@@ -859,7 +867,7 @@ def kill_cli_once(folder: Path, rng, max_delay: float = 2.0) -> dict:
     import signal
     import wgrumus.io as wio
     shutil.rmtree(folder, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WGRUMUS_DEVICES="2")
+    env = _child_env(WGRUMUS_DEVICES="2")
     cmd = [sys.executable, "-m", "wgrumus.cli", "train", "mlp", "--checkpoint", str(folder)]
     child = subprocess.Popen(cmd + ["--steps", "100000", "--checkpoint-every", "1"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
@@ -978,8 +986,8 @@ def concurrency_run(seed: int, tests=PARALLEL_TESTS, extra=(), wall: float = 900
     """One pytest process over ``tests`` with jitter seeded by ``seed``."""
     import tempfile
     report = Path(tempfile.mkdtemp(prefix="wgrumus-jitter-")) / "points.txt"
-    env = dict(os.environ, WGRUMUS_JITTER_SEED=str(seed), WGRUMUS_JITTER_REPORT=str(report),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)]))
+    env = _child_env(ROOT / "benchmarks", ROOT, WGRUMUS_JITTER_SEED=str(seed),
+                     WGRUMUS_JITTER_REPORT=str(report))
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "reliability",
                         "-p", "no:cacheprovider", "-k", "not mpi", *extra, *tests],

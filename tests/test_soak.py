@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from _util import subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("wgrumus_soak", ROOT / "benchmarks" / "soak.py")
@@ -70,9 +71,8 @@ def test_storages_freed_by_the_cycle_collector_never_return_dead_buffers():
     process in wgpu-native. Fixed in runtime/pool.py by keeping strong refs to handed-out
     buffers. Runs in a child process, so a regression fails this test instead of killing the
     test run (with the old pool the child aborts, exit code 134)."""
-    import os
     import subprocess
-    env = dict(os.environ, PYTHONPATH=str(ROOT), WGRUMUS_DEVICES="1")
+    env = subprocess_env(WGRUMUS_DEVICES="1")
     p = subprocess.run([sys.executable, "-c", CYCLE_PROGRAM], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=80)
     assert p.returncode == 0 and "CYCLES OK" in p.stdout, (p.returncode, p.stderr[-3000:])
