@@ -98,7 +98,6 @@ def memcpy_reference(sizes) -> list[dict]:
 def gloo_reference(sizes, worlds) -> list[dict]:
     """torch.distributed gloo all-reduce between processes, when torch is importable."""
     try:
-        import torch  # noqa: F401
         import torch.multiprocessing as mp
     except ImportError:
         return []
@@ -211,7 +210,6 @@ def run_comm(args, sizes, worlds) -> list[dict]:
             a = nbytes / sec / 1e9
             rows.append({"backend": label, "strategy": "barrier", "ranks": w, "bytes": nbytes,
                          "seconds": sec, "algbw_GBps": a, "busbw_GBps": a * 2 * (w - 1) / w})
-            del bufs
         for c in comms:
             c.close()
     return rows

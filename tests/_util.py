@@ -1,5 +1,6 @@
 """Helpers for tests that run wgrumus as a user does: in a separate process started from the
 repository root, so the child imports this working tree and not an installed copy."""
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -34,3 +35,17 @@ def mpiexec():
     None when there is none."""
     here = Path(sys.executable).parent / "mpiexec"
     return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+def load_benchmark(name: str, reuse: bool = True):
+    """benchmarks/<name>.py imported as module ``wgrumus_<name>`` and registered in sys.modules
+    (so functions handed to worker processes pickle by reference). ``reuse``: the module an
+    earlier test file loaded, if any; otherwise a fresh copy each call."""
+    mod_name = f"wgrumus_{name}"
+    if reuse and mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -3,11 +3,9 @@ and the previous checkpoint still loads and resumes bit for bit; loading never r
 file (no pickle in any loading path). The 20+-kill campaign is
 ``python benchmarks/reliability.py --campaign kill --kills 25``."""
 import ast
-import importlib.util
 import os
 import pickle
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,14 +14,9 @@ import wgrumus as wr
 import wgrumus.io as wio
 from wgrumus import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("wgrumus_reliability",
-                                               ROOT / "benchmarks" / "reliability.py")
-rel = sys.modules.get("wgrumus_reliability")
-if rel is None:
-    rel = importlib.util.module_from_spec(_spec)
-    sys.modules["wgrumus_reliability"] = rel
-    _spec.loader.exec_module(rel)
+from _util import ROOT, load_benchmark
+
+rel = load_benchmark("reliability")
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "kill") or sys.platform == "win32",
                                 reason="needs POSIX SIGKILL")

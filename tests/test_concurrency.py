@@ -2,11 +2,9 @@
 threads, comm threads, the data-loader thread) under load, and the parallel tests re-run with
 seeded random delays at the points where threads meet. The 50-repeat campaign is
 ``python benchmarks/reliability.py --campaign concurrency --runs 50``."""
-import importlib.util
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,14 +12,9 @@ import pytest
 import wgrumus as wr
 from wgrumus import distributed as dist
 
-ROOT = Path(__file__).resolve().parent.parent
-rel = sys.modules.get("wgrumus_reliability")
-if rel is None:
-    _spec = importlib.util.spec_from_file_location("wgrumus_reliability",
-                                                   ROOT / "benchmarks" / "reliability.py")
-    rel = importlib.util.module_from_spec(_spec)
-    sys.modules["wgrumus_reliability"] = rel
-    _spec.loader.exec_module(rel)
+from _util import load_benchmark
+
+rel = load_benchmark("reliability")
 
 
 @pytest.mark.timeout(120)

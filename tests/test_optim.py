@@ -181,35 +181,32 @@ def test_clip_scales_a_shared_gradient_once():
 def test_schedulers():
     def opt():
         return optim.SGD([nn.Parameter(wr.ones(1))], lr=1.0)
+
+    def rates(o, s, n, last_lr=False):
+        """The rate before each of ``n`` scheduler steps: the optimizer's, or get_last_lr()."""
+        got = []
+        for _ in range(n):
+            got.append(s.get_last_lr()[0] if last_lr else o.param_groups[0]["lr"])
+            s.step()
+        return got
+
     o = opt()
     s = lr_scheduler.StepLR(o, step_size=2, gamma=0.5)
-    lrs = []
-    for _ in range(6):
-        lrs.append(o.param_groups[0]["lr"])
-        s.step()
+    lrs = rates(o, s, 6)
     assert lrs == [1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
     o = opt()
     s = lr_scheduler.CosineAnnealingLR(o, T_max=10, eta_min=0.1)
-    got = []
-    for _ in range(11):
-        got.append(s.get_last_lr()[0])
-        s.step()
+    got = rates(o, s, 11, last_lr=True)
     ref = [0.1 + 0.9 * (1 + math.cos(math.pi * t / 10)) / 2 for t in range(11)]
     np.testing.assert_allclose(got, ref, rtol=1e-12)
     o = opt()
     s = lr_scheduler.CosineAnnealingLR(o, T_max=12, warmup_steps=4)
-    got = []
-    for _ in range(13):
-        got.append(o.param_groups[0]["lr"])
-        s.step()
+    got = rates(o, s, 13)
     np.testing.assert_allclose(got[:5], [0.0, 0.25, 0.5, 0.75, 1.0])
     assert got[12] == pytest.approx(0.0, abs=1e-12) and got[8] == pytest.approx(0.5)
     o = opt()
     w = lr_scheduler.LinearWarmup(o, warmup_steps=4, start_factor=0.2)
-    got = []
-    for _ in range(6):
-        got.append(o.param_groups[0]["lr"])
-        w.step()
+    got = rates(o, w, 6)
     np.testing.assert_allclose(got, [0.2, 0.4, 0.6, 0.8, 1.0, 1.0])
     # resuming from state_dict sets the same rate
     o2 = opt()

@@ -8,18 +8,13 @@ bound, no thread may be left alive, and a fresh training must work afterwards. T
 campaign is ``python benchmarks/reliability.py --runs 100``.
 """
 import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("wgrumus_reliability",
-                                               ROOT / "benchmarks" / "reliability.py")
-rel = importlib.util.module_from_spec(_spec)
-sys.modules["wgrumus_reliability"] = rel
-_spec.loader.exec_module(rel)
+from _util import load_benchmark
+
+rel = load_benchmark("reliability")
 
 T = 1.0  # collective timeout in these runs, seconds
 

@@ -2,21 +2,16 @@
 pools, host RSS and thread count flat after warm-up; and the regression test of the cycle
 collector handing a dead buffer back to the pool. The 10,000-step soak is
 ``python benchmarks/soak.py --steps 10000``."""
-import importlib.util
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import wgrumus as wr
-from _util import subprocess_env
+from _util import load_benchmark, run_process
 
-ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("wgrumus_soak", ROOT / "benchmarks" / "soak.py")
-soak = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(soak)
+soak = load_benchmark("soak")
 
 
 @pytest.mark.timeout(120)
@@ -71,10 +66,7 @@ def test_storages_freed_by_the_cycle_collector_never_return_dead_buffers():
     process in wgpu-native. Fixed in runtime/pool.py by keeping strong refs to handed-out
     buffers. Runs in a child process, so a regression fails this test instead of killing the
     test run (with the old pool the child aborts, exit code 134)."""
-    import subprocess
-    env = subprocess_env(WGRUMUS_DEVICES="1")
-    p = subprocess.run([sys.executable, "-c", CYCLE_PROGRAM], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=80)
+    p = run_process([sys.executable, "-c", CYCLE_PROGRAM], timeout=80, WGRUMUS_DEVICES="1")
     assert p.returncode == 0 and "CYCLES OK" in p.stdout, (p.returncode, p.stderr[-3000:])
 
 

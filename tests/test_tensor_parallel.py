@@ -58,9 +58,8 @@ def test_column_parallel_linear_matches_dense(tp, gather, devs, rng):
         xt, wt = _t(x, g, True), _t(S.split(W, tp, r, 0), g, True)
         bt = _t(S.split(b, tp, r, 0), g, True)
         out = TP.column_parallel_linear(xt, wt, bt, g, gather_output=gather)
-        gw = G if gather else S.split(G, tp, r, 2)
-        (out * _t(gw, g)).sum().backward()
-        return out.numpy(), xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
+        o, grads = _outputs_and_grads(out, G if gather else S.split(G, tp, r, 2), g, (xt, wt, bt))
+        return (o, *grads)
 
     res = run(tp, devs, fn)
     ref = x @ W.T + b
@@ -85,8 +84,8 @@ def test_row_parallel_linear_sums_and_adds_bias_once(tp, input_is_parallel, devs
         xt, wt, bt = _t(xin, g, True), _t(S.split(W, tp, r, 1), g, True), _t(b, g, True)
         out = TP.row_parallel_linear(xt, wt, bt, g, input_is_parallel=input_is_parallel)
         # the output is replicated: each rank backpropagates the same (whole) loss
-        (out * _t(G, g)).sum().backward()
-        return out.numpy(), xt.grad.numpy(), wt.grad.numpy(), bt.grad.numpy()
+        o, grads = _outputs_and_grads(out, G, g, (xt, wt, bt))
+        return (o, *grads)
 
     res = run(tp, devs, fn)
     ref = x @ W.T + b  # SUM of partial products, bias once (the original averaged)

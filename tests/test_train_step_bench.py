@@ -1,21 +1,15 @@
 """benchmarks/train_step.py: its numpy GPT (written out by hand, forward + backward + AdamW)
 follows wgrumus' GPT-mini step by step from the same weights, and the benchmark's JSON has
 the rows and per-step counters the lead's GPU run reads."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _util import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("train_step", ROOT / "benchmarks" /
-                                                  "train_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("train_step", reuse=False)  # a test changes its QUICK sizes
 
 
 @pytest.mark.timeout(120)

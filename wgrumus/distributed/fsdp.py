@@ -52,8 +52,7 @@ class FSDP:
             rows = full.reshape(shape[0] if full.ndim else 1, -1)
             n = rows.shape[0]
             per = -(-n // self.world)
-            padded = np.zeros((per * self.world,) + rows.shape[1:], np.float32)
-            padded[:n] = rows
+            padded = self._pad_rows(rows, per)
             mine = padded[self.rank * per:(self.rank + 1) * per].reshape(
                 (per,) + (shape[1:] if full.ndim else ()))
             shard = tensor(mine, device=self.device, requires_grad=True)
@@ -84,10 +83,20 @@ class FSDP:
         return self.train(False)
 
     # ------------------------------------------------------------------ gather / free
+    def _pad_rows(self, rows: np.ndarray, per: int) -> np.ndarray:
+        """``rows`` zero-padded along dim 0 to ``per * world`` rows (equal shards)."""
+        padded = np.zeros((per * self.world,) + rows.shape[1:], np.float32)
+        padded[:len(rows)] = rows
+        return padded
+
+    def _full_array(self, f: _Flat) -> np.ndarray:
+        """All-gather ``f``'s shards (a collective) into the dense parameter, padding dropped."""
+        full = self.group.all_gather(f.shard.numpy())  # [per * world, ...] in rank order
+        return np.ascontiguousarray(full[:f.rows]).reshape(f.shape)
+
     def _gather(self, f: _Flat) -> None:
         """All-gather ``f``'s shards into its full parameter's storage (a collective)."""
-        full = self.group.all_gather(f.shard.numpy())  # [per * world, ...] in rank order
-        full = np.ascontiguousarray(full[:f.rows]).reshape(f.shape)
+        full = self._full_array(f)
         st = f.param._storage
         if st.buffer is None:
             st.buffer = st.device.alloc(st.nbytes)
@@ -96,9 +105,7 @@ class FSDP:
     def _reduce_scatter(self, f: _Flat, g: Tensor) -> Tensor:
         """Mean of the full gradient over the ranks, this rank's rows only."""
         rows = np.asarray(g.numpy(), np.float32).reshape((f.rows,) + f.shard.shape[1:])
-        per = f.shard.shape[0]
-        padded = np.zeros((per * self.world,) + rows.shape[1:], np.float32)
-        padded[:f.rows] = rows
+        padded = self._pad_rows(rows, f.shard.shape[0])
         return tensor(self.group.reduce_scatter(padded, "mean"), device=self.device)
 
     def gather_all(self) -> None:
@@ -163,8 +170,7 @@ class FSDP:
         as numpy arrays: loadable into the unwrapped module on one device."""
         out = {}
         for f in self._flats:
-            full = self.group.all_gather(f.shard.numpy())
-            out[f.name] = np.ascontiguousarray(full[:f.rows]).reshape(f.shape)
+            out[f.name] = self._full_array(f)
         if hasattr(self.module, "state_dict"):
             for k, v in self.module.state_dict().items():
                 if k not in out:

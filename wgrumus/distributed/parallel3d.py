@@ -22,8 +22,9 @@ import numpy as np
 
 from ..autograd import backward, backward_with_grad
 from ..autograd.tape import no_grad
+from ..ops.creation import zeros
 from ..runtime.errors import ShapeError
-from ..tensor import tensor
+from ..tensor import Tensor, tensor
 from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
 from .tensor_parallel import functional as TF
 from .tensor_parallel.shard import COLUMN, QKV, REPLICATE, ROW, VOCAB, shard_array
@@ -217,17 +218,22 @@ def replica_micro_batches(tokens: np.ndarray, dp_rank: int, dp: int, m: int) -> 
 
 def dp_mean_grads(pgm, grads: dict, names: list, dev) -> dict:
     """Gradients averaged over the data-parallel group only (TP and PP peers hold other
-    shards), sent as one flat bucket: one all-reduce per step instead of one per parameter."""
+    shards), packed on the device into one flat bucket (as ``parallel.sync`` does): one
+    download, one all-reduce and one upload per step instead of one per parameter."""
     if pgm.config.dp == 1:
         return grads
-    flat = pgm.all_reduce_dp(np.concatenate([grads[n].numpy().reshape(-1) for n in names]),
-                             "mean")
-    out, off = {}, 0
+    from ..ops.elementwise import copy_into
+    from ..parallel.sync import flat_view
+    offsets, off = [], 0
     for n in names:
-        g = grads[n]
-        out[n] = tensor(flat[off:off + g.numel].reshape(g.shape), device=dev)
-        off += g.numel
-    return out
+        offsets.append(off)
+        off += grads[n].numel
+    with no_grad():
+        flat = Tensor.empty((off,), dev)
+        for n, o in zip(names, offsets):
+            copy_into(flat_view(flat, grads[n].shape, o), grads[n])
+    flat = pgm.all_reduce_dp(flat, "mean")
+    return {n: flat_view(flat, grads[n].shape, o) for n, o in zip(names, offsets)}
 
 
 def stage_loss(stage, pgm) -> float:
@@ -280,7 +286,6 @@ def _run_schedule(stage, pgm, actions, mbs, m, dev):
     with no_grad():
         for n, p in stage.params.items():
             if n not in grads:  # e.g. unused: keep the flat bucket aligned across ranks
-                from ..ops.creation import zeros
                 grads[n] = zeros(p.shape, device=dev)
     return grads
 

@@ -11,7 +11,7 @@ from ..autograd.tape import record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32
-from .elementwise import add, cast, contiguous
+from .elementwise import _f32, add, contiguous
 from .matmul import matmul
 from .shape import permute, reshape
 
@@ -63,7 +63,7 @@ def _col2im(dcols: Tensor, g: dict) -> Tensor:
 def im2col(x: Tensor, kernel_size, stride=1, padding=0, dilation=1) -> Tensor:
     """[C*KH*KW, N*OH*OW] patches of NCHW ``x`` (zeros where a tap falls in the padding);
     reads any strides of ``x``. Backward: col2im (each input position gathers its taps)."""
-    x = x if x.dtype == float32 else cast(x, float32)
+    x = _f32(x)
     g = _geometry(x, kernel_size, stride, padding, dilation, "im2col")
     cols = Tensor.empty((g["C"] * g["KH"] * g["KW"], g["N"] * g["OH"] * g["OW"]), x.device,
                         float32)
@@ -119,7 +119,7 @@ def _unbatched(fn):
 def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1) -> Tensor:
     """Window max (stride defaults to kernel_size; padding counts as -inf). Backward routes
     each gradient to the window's first maximum, found by the forward kernel."""
-    x = x if x.dtype == float32 else cast(x, float32)
+    x = _f32(x)
     g = _pool_geometry(x, kernel_size, stride, padding, dilation, "max_pool2d")
     shape = (g["N"], g["C"], g["OH"], g["OW"])
     out = Tensor.empty(shape, x.device, float32)
@@ -142,7 +142,7 @@ def avg_pool2d(x: Tensor, kernel_size, stride=None, padding=0,
                count_include_pad: bool = True) -> Tensor:
     """Window mean (stride defaults to kernel_size). With count_include_pad (PyTorch's
     default) the divisor is always KH*KW; otherwise only the taps inside the input count."""
-    x = x if x.dtype == float32 else cast(x, float32)
+    x = _f32(x)
     g = _pool_geometry(x, kernel_size, stride, padding, 1, "avg_pool2d")
     flag = int(bool(count_include_pad))
     out = Tensor.empty((g["N"], g["C"], g["OH"], g["OW"]), x.device, float32)

@@ -78,7 +78,7 @@ def _unary(name: str, x: Tensor) -> Tensor:
     fwd, bwd = UNARY[name]
     if x.dtype == int32 and name in ("neg", "abs"):
         return map_op(fwd.replace("0.0", "0"), [x], dtype=int32)
-    xi = x if x.dtype == float32 else cast(x, float32)
+    xi = _f32(x)
     out = map_op(fwd, [xi])
     if not needs_grad(x):
         return out
@@ -187,8 +187,7 @@ def binary(name: str, a, b) -> Tensor:
         return map_op(iexpr, [a, b], dtype=int32)
     if a.dtype == int32 and b.dtype == int32 and name in _COMPARE:
         return map_op(fexpr, [a, b])
-    a = a if a.dtype == float32 else cast(a, float32)
-    b = b if b.dtype == float32 else cast(b, float32)
+    a, b = _f32(a), _f32(b)
     out = map_op(fexpr, [a, b])
     if name not in _COMPARE and needs_grad(a, b):
         o = saved_output(out)
@@ -236,7 +235,7 @@ def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
     if x.dtype == int32 and name in _COMPARE:
         return map_op(_SCALAR[name][1 if reverse else 0].replace("a ", "f32(a) ")
                       .replace(" a)", " f32(a))"), [x], scalars=[float(s)])
-    x = x if x.dtype == float32 else cast(x, float32)
+    x = _f32(x)
     out = map_op(_SCALAR[name][1 if reverse else 0], [x], scalars=[float(s)])
     if name not in _COMPARE and needs_grad(x):
         ge, o = _SCALAR_GRAD[(name, reverse)], saved_output(out)
@@ -264,9 +263,7 @@ def where(cond, x, y) -> Tensor:
     cond, x, y = (t if isinstance(t, Tensor) else tensor(np.asarray(t, np.float32),
                                                           device=like.device)
                   for t in (cond, x, y))
-    c = cond if cond.dtype == float32 else cast(cond, float32)
-    x = x if x.dtype == float32 else cast(x, float32)
-    y = y if y.dtype == float32 else cast(y, float32)
+    c, x, y = _f32(cond), _f32(x), _f32(y)
     out = map_op("select(c, b, a != 0.0)", [c, x, y])
 
     def bw(g):

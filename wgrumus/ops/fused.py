@@ -19,7 +19,7 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
-from .elementwise import cast, contiguous, map_op, run_map, saved_output
+from .elementwise import _f32, contiguous, map_op, run_map, saved_output
 from .matmul import matmul
 from .nnops import softmax, softmax_backward
 from .shape import permute, reshape, transpose
@@ -42,10 +42,6 @@ def _dummy(dev, k: int):
     if ts is None:
         ts = _dummies[dev] = [Tensor.empty((1,), dev) for _ in range(2)]
     return ts[k]._storage.buffer
-
-
-def _f32(x: Tensor) -> Tensor:
-    return x if x.dtype == float32 else cast(x, float32)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,

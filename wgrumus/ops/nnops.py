@@ -17,7 +17,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
-from .elementwise import cast, contiguous, map_op, saved_output, unbroadcast
+from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
 from .random import next_seed
 from .shape import permute, reshape
 
@@ -53,10 +53,6 @@ def row_kernel(dev, family: str, entry: str, L: int, R: int, **defines):
     if row_mode(dev) == "thread":
         return Kernel.of(family, entry + "_rows", WG=32, **defines), groups_1d(R, 64)
     return Kernel.of(family, entry, WG=row_wg(L), **defines), groups_1d(R, 1)
-
-
-def _f32(x: Tensor) -> Tensor:
-    return x if x.dtype == float32 else cast(x, float32)
 
 
 def _along_last(x: Tensor, axis: int, fn):

@@ -115,16 +115,17 @@ def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
     if axis is not None and not isinstance(axis, (int, np.integer)):
         raise ShapeError(f"argmax/argmin take one axis or None (flattened), got {axis!r}")
-    kd_all = (1,) * x.ndim  # keepdims shape of a flattened arg-reduction
-    if axis is None:
+    flat_kd = None
+    if axis is None:  # flattened: keepdims keeps every axis, as 1
+        flat_kd = (1,) * x.ndim
         x = reshape(x, (-1,))
         axis = 0
     axes = _axes(x, axis)
     xt, R, L, kept, kd = _rows(x, axes)
     if L == 0:
         raise ShapeError(f"argmax/argmin of an empty axis (shape {x.shape})")
-    if keepdims and x.ndim == 1 and len(kd_all) != 1:
-        kd = kd_all
+    if flat_kd is not None:
+        kd = flat_kd
     out = Tensor.empty(kd if keepdims else kept, x.device, int32)
     k = Kernel.of("reduce", "arg", T=DTYPES[xt.dtype], TO="i32", COMBINE="x", GT=gt,
                   INIT="0.0", **_f16(xt.dtype))

@@ -9,9 +9,8 @@ The bias corrections are computed on the host in float64 and passed as kernel wo
 """
 from __future__ import annotations
 
-import math
-
 import functools
+import math
 
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
@@ -89,11 +88,7 @@ class Adam(Optimizer):
                 t._storage.version += 1
 
     def _update(self, p, g, state, group):
-        if "exp_avg" not in state:
-            state["step"] = 0
-            state["exp_avg"] = zeros(p.shape, device=p.device)
-            state["exp_avg_sq"] = zeros(p.shape, device=p.device)
-        state["step"] += 1
+        state = self._prepare(p, group)
         t = state["step"]
         b1, b2 = group["betas"]
         lr = float(group["lr"])

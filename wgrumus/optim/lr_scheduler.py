@@ -26,11 +26,15 @@ class LRScheduler:
     def _lr(self, base: float, t: int) -> float:
         return base * self.factor(t)
 
-    def step(self) -> None:
-        self.last_epoch += 1
+    def _apply(self) -> None:
+        """Write the rates for ``last_epoch`` into the optimizer's param groups."""
         for g, lr in zip(self.optimizer.param_groups, self.lr_at(self.last_epoch)):
             g["lr"] = lr
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        self._apply()
 
     def get_last_lr(self) -> list:
         return list(self._last_lr)
@@ -41,9 +45,7 @@ class LRScheduler:
     def load_state_dict(self, sd: dict) -> None:
         self.last_epoch = int(sd["last_epoch"])
         self.base_lrs = [float(v) for v in sd["base_lrs"]]
-        for g, lr in zip(self.optimizer.param_groups, self.lr_at(self.last_epoch)):
-            g["lr"] = lr
-        self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self._apply()
 
 
 def _warm(t: int, warmup_steps: int, start_factor: float) -> float:

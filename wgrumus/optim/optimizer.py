@@ -14,7 +14,7 @@ from ..ops.creation import zeros
 from ..ops.elementwise import contiguous
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
-from ..tensor import Tensor, float32
+from ..tensor import Tensor, float32, tensor
 
 _dummies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -146,7 +146,6 @@ class Optimizer:
                     if tuple(arr.shape) != tuple(p.shape):
                         raise ShapeError(f"optimizer state '{name}' of parameter {k} has shape "
                                          f"{tuple(arr.shape)}, the parameter {tuple(p.shape)}")
-                    from ..tensor import tensor
                     st[name] = tensor(np.asarray(arr, np.float32), device=p.device)
                 else:
                     st[name] = v.item() if isinstance(v, np.generic) or (

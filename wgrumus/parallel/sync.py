@@ -134,6 +134,15 @@ def flat_view(flat: Tensor, shape, offset: int) -> Tensor:
     return flat._view(tuple(shape), contiguous_strides(shape), flat.offset + offset)
 
 
+def _pack(flat: Tensor, shape, offset: int, g) -> None:
+    """Write gradient ``g`` (or zeros where it is None: an unused parameter) into ``flat``."""
+    dst = flat_view(flat, shape, offset)
+    if g is None:
+        fill_(dst, 0.0)
+    else:
+        copy_into(dst, g)
+
+
 class GradReducer:
     """Bucketed, overlapped gradient all-reduce of one replica during one backward."""
 
@@ -173,11 +182,7 @@ class GradReducer:
                 g = self._grads[i]
                 if g is None and self.accumulated is not None:
                     g = self.accumulated.get(self.params[i])
-                dst = flat_view(flat, shape, off)
-                if g is None:  # unused in this backward: contributes zero, as in DDP
-                    fill_(dst, 0.0)
-                else:
-                    copy_into(dst, g)
+                _pack(flat, shape, off, g)  # unused in this backward: zero, as in DDP
         if self.events is not None:
             self.events.record(self.rank, "allreduce_start", b)
         self._handles[b] = self.comm.launch(self.rank, flat)
@@ -239,11 +244,9 @@ class AllReduceSync:
                         raise ValueError(f"device {d}: parameter shape {tuple(p.shape)} != "
                                          f"device 0's {shape}")
                     g = store.get(p)
-                    dst = flat_view(flat, shape, int(off))
-                    if g is None:
-                        fill_(dst, 0.0)
-                    else:
-                        copy_into(dst, g.to(dev) if g.device is not dev else g)
+                    if g is not None and g.device is not dev:
+                        g = g.to(dev)
+                    _pack(flat, shape, int(off), g)
                 flats.append(flat)
                 downloads.append(dev.read_start(flat._storage.buffer, 0, flat.numel * 4))
         arrays = [dl.array(np.float32) for dl in downloads]  # phase 3
