@@ -240,3 +240,41 @@ def test_helper_threads_join_large_reductions():
         res, errs = run_threads(n, lambda r: b.reduce(xs[r], "sum", rank=r))
         assert errs == [None] * n
         assert np.array_equal(res[0], xs[0] + xs[1])
+
+
+@pytest.mark.timeout(20)
+def test_every_rank_gets_its_own_output_in_place_and_rank_ordered():
+    n, size = 3, 700_000  # several chunks
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+    expect = (xs[0] + xs[1]) + xs[2]
+    bufs = [x.copy() for x in xs]
+    b = CollectiveBarrier(n, timeout=10, chunk_bytes=1 << 18)
+    res, errs = run_threads(n, lambda r: b.reduce(bufs[r], "sum", rank=r, out=bufs[r]))
+    assert errs == [None] * n
+    for r in range(n):
+        assert res[r] is bufs[r] and np.array_equal(bufs[r], expect)
+
+
+@pytest.mark.timeout(30)
+def test_no_thread_writes_an_output_after_its_owner_has_raised(monkeypatch):
+    """An output may be mapped staging memory that its owner frees once reduce() raised: an
+    abort mid-reduction must not leave helper threads writing into it afterwards."""
+    import wgrumus.distributed.barrier as barrier_mod
+    real = barrier_mod.reduce_into
+
+    def slow_reduce(out, inputs, op, divisor):
+        time.sleep(0.05)
+        real(out, inputs, op, divisor)
+    monkeypatch.setattr(barrier_mod, "reduce_into", slow_reduce)
+    n, size = 2, 1 << 20
+    outs = [np.zeros(size, np.float32) for _ in range(n)]
+    b = CollectiveBarrier(n, timeout=10, chunk_bytes=1 << 16, helpers=4)  # 64 slow chunks
+    threading.Timer(0.12, lambda: b.abort(RuntimeError("injected"))).start()
+    _, errs = run_threads(n, lambda r: b.reduce(np.ones(size, np.float32), "sum", rank=r,
+                                                out=outs[r]))
+    assert all(isinstance(e, CollectiveError) for e in errs)
+    snapshot = [o.copy() for o in outs]
+    assert 0 < snapshot[0].sum() < 2 * size  # it did stop mid-way
+    time.sleep(0.3)  # several chunk times
+    assert all(np.array_equal(o, s) for o, s in zip(outs, snapshot))

@@ -12,7 +12,7 @@ spare cores, claim and reduce (numpy releases the GIL, so chunks run in parallel
 reduced in rank order when ranks are given, so the bits of the result do not depend on who arrived
 first. Every participant receives the same read-only array, or, with ``out=``, its own copy written
 chunk by chunk while the chunk is still in cache (``out`` may be the caller's input: in-place
-all-reduce).
+all-reduce; or mapped staging memory, which is written and never read).
 
 Every wait has a deadline. A participant that does not arrive within ``timeout`` makes the others
 raise CollectiveError naming the missing ranks; ``abort(exc)`` wakes everyone with CollectiveError.
@@ -85,7 +85,7 @@ class _Round:
         self.out = self.flats = None
         self.copies: list = []
         self.shared = True
-        self.nchunks = self.claimed = self.finished = 0
+        self.nchunks = self.claimed = self.finished = self.inflight = 0
         self.chunk = 0
 
 
@@ -253,8 +253,8 @@ class CollectiveBarrier:
             return
         flats = [a.reshape(-1) for a in rnd.items]
         outs = [o.reshape(-1) for o in rnd.outs if o is not None]
-        if len(outs) == self.world_size:  # everyone brought an output: reduce into the first
-            out, rnd.copies, rnd.shared = outs[0], outs[1:], False
+        if len(outs) == self.world_size:  # everyone brought an output: reduce into each
+            out, rnd.copies, rnd.shared = outs[0], outs, False
         else:
             out, rnd.copies = np.empty(flats[0].size, dtype=rnd.dtype), outs
         rnd.out, rnd.flats = out, flats
@@ -279,10 +279,19 @@ class CollectiveBarrier:
             pass
 
     def _reduce_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
-        """Reduce elements [lo, hi) once, then copy them to the other outputs while cached."""
-        reduce_into(rnd.out[lo:hi], [f[lo:hi] for f in rnd.flats], rnd.op, self.world_size)
+        """Reduce elements [lo, hi) once, then copy them to the outputs while cached. Outputs
+        are only written, never read back: they may be mapped staging memory, which is slow to
+        read (write-combined)."""
+        inputs = [f[lo:hi] for f in rnd.flats]
+        if rnd.shared:
+            reduce_into(rnd.out[lo:hi], inputs, rnd.op, self.world_size)
+            for o in rnd.copies:
+                np.copyto(o[lo:hi], rnd.out[lo:hi])
+            return
+        tmp = np.empty(hi - lo, rnd.out.dtype)
+        reduce_into(tmp, inputs, rnd.op, self.world_size)
         for o in rnd.copies:
-            np.copyto(o[lo:hi], rnd.out[lo:hi])
+            np.copyto(o[lo:hi], tmp)
 
     def _help_reduce(self, rnd: _Round, deadline: float, timeout: float,
                      wait: bool = True) -> None:
@@ -292,10 +301,13 @@ class CollectiveBarrier:
                 while True:
                     if rnd.done:
                         return
-                    self._raise_if_broken()
+                    if self._broken is not None:
+                        self._drain(rnd, deadline)
+                        self._raise_if_broken()
                     if rnd.claimed < rnd.nchunks:
                         i = rnd.claimed
                         rnd.claimed += 1
+                        rnd.inflight += 1
                         break
                     if not wait:
                         return
@@ -312,13 +324,24 @@ class CollectiveBarrier:
             try:
                 self._reduce_chunk(rnd, lo, hi)
             except BaseException as e:
+                with self._cond:
+                    rnd.inflight -= 1
                 self.abort(e)
                 raise
             with self._cond:
+                rnd.inflight -= 1
                 rnd.finished += 1
                 if rnd.finished == rnd.nchunks:
                     self._finish(rnd)
                     self._cond.notify_all()
+                elif self._broken is not None and not rnd.inflight:
+                    self._cond.notify_all()  # wake participants draining the broken round
+
+    def _drain(self, rnd: _Round, deadline: float) -> None:
+        """The barrier broke mid-reduction: wait (a chunk's time) until no thread writes into the
+        round's outputs any more, so a participant may free its output once it has raised."""
+        while rnd.inflight and time.monotonic() < deadline:
+            self._cond.wait(max(0.0, deadline - time.monotonic()))
 
     def _finish(self, rnd: _Round) -> None:
         if rnd.shared:

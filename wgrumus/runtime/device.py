@@ -32,7 +32,10 @@ WRITE_CHUNK = 1 << 30  # uploads above twice this are split (bounds one staging 
 COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
-ARENA_SLOTS = 1024
+# Dispatches per submitted batch (the arena holds one batch's parameters). Small enough that the
+# GPU starts on a step while the host still records it (a GPT-mini step is ~200 dispatches),
+# large enough that the submit cost stays small.
+ARENA_SLOTS = 128
 MAX_WG_PER_DIM = 65535
 BIND_GROUP_CACHE = 4096  # bind groups kept per device (keyed by layout + buffers)
 _BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>")
@@ -78,6 +81,7 @@ class Device:
         self._upload_used: list = []  # MAP_WRITE buffers copied from in the open batch
         self._staging_bytes = [0, 0]  # idle bytes cached: [read, write]
         self._fence = None
+        self._raw = _RawPass.create()
         self.dispatches = 0
         self.submits = 0
 
@@ -157,6 +161,8 @@ class Device:
             self._encoder = self.wgpu.create_command_encoder()
         if self._pass is None:
             self._pass = self._encoder.begin_compute_pass()
+            if self._raw is not None:
+                self._raw.begin(self._pass)
         return self._pass
 
     def _close_pass(self):
@@ -185,6 +191,13 @@ class Device:
             self._slots += 1
             struct.pack_into(fmt, self._params_bytes, slot * SLOT, *vals)
             cp = self._open_pass()
+            if dynamic and self._raw is not None:
+                self._raw.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
+                                   gx, gy, gz)
+                self.dispatches += 1
+                return
+            if self._raw is not None:
+                self._raw.begin(cp)  # the pipeline set below is not the one it remembers
             cp.set_pipeline(pipe)
             if dynamic:
                 cp.set_bind_group(0, self._bind_group(layout, buffers), [slot * SLOT])
@@ -275,14 +288,20 @@ class Device:
             self.queue.write_buffer(buf, offset, raw)
 
     def _write_mapped(self, buf, raw: np.ndarray, offset: int) -> None:
-        nbytes = raw.nbytes
-        st = self._upload_buffer(nbytes)
-        mv = st._experimental_get_mapped_range(0, nbytes)
+        up = self.write_start(raw.nbytes)
         try:
-            par_copy(np.frombuffer(mv, np.uint8), raw)
-        finally:
-            del mv
-            st.unmap()
+            par_copy(up.view(np.uint8), raw)
+        except BaseException:
+            up.cancel()
+            raise
+        up.commit(buf, offset)
+
+    def write_start(self, nbytes: int) -> "Upload":
+        """Host -> device in two steps: fill ``.view(dtype)`` (mapped staging memory; write it,
+        do not read it back), then ``.commit(buf, offset)`` records the copy into ``buf``."""
+        return Upload(self, self._upload_buffer(nbytes), nbytes)
+
+    def _commit_upload(self, st, buf, offset: int, nbytes: int) -> None:
         with self.lock:
             self._close_pass().copy_buffer_to_buffer(st, 0, buf, offset, nbytes)
             self._upload_used.append(st)
@@ -417,6 +436,32 @@ class Download:
         self._take(lambda v: par_copy(out, v))
 
 
+class Upload:
+    """A mapped MAP_WRITE staging buffer being filled; ``commit`` or ``cancel`` it once."""
+
+    def __init__(self, device, staging, nbytes: int):
+        self._d, self._s, self.nbytes = device, staging, nbytes
+        self._mv = staging._experimental_get_mapped_range(0, nbytes)
+
+    def view(self, dtype) -> np.ndarray:
+        return np.frombuffer(self._mv, dtype)
+
+    def _unmap(self) -> None:
+        if self._mv is None:
+            raise RuntimeError("this upload was already committed or cancelled")
+        self._mv = None
+        self._s.unmap()
+
+    def commit(self, buf, offset: int = 0) -> None:
+        """Record the copy of the filled bytes into ``buf`` at ``offset``; views die here."""
+        self._unmap()
+        self._d._commit_upload(self._s, buf, offset, self.nbytes)
+
+    def cancel(self) -> None:
+        """Give the staging buffer up without copying (after a failure)."""
+        self._unmap()
+
+
 class _MappedHost:
     """Owns a mapped staging range. numpy views collapse their base to this object (not to an
     intermediate array), so it lives exactly as long as some view of the data."""
@@ -484,6 +529,44 @@ def _trusted_module(device, code: str, label: str):
     if mid == ffi.NULL:
         return None
     return _api.GPUShaderModule(label, mid, device)
+
+
+class _RawPass:
+    """Records into the open compute pass through wgpu-native's C functions directly.
+
+    wgpu-py wraps every call in Python error capturing and argument conversion, about a fifth of
+    the host time of a small dispatch. Pass commands report no errors of their own (WebGPU
+    defers them to ``finish()``, which still goes through wgpu-py), so nothing is lost. A
+    pipeline already set in this pass is not set again."""
+
+    def __init__(self, lib, ffi):
+        self._set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        self._set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        self._dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+        self._offset = ffi.new("uint32_t[1]")
+        self._pass = self._pipe = None
+
+    @classmethod
+    def create(cls):
+        if os.environ.get("WGRUMUS_CHECKED_PASS"):
+            return None
+        try:
+            from wgpu.backends.wgpu_native import _api
+            return cls(_api.lib, _api.ffi)
+        except (ImportError, AttributeError):  # another wgpu-py layout: use its public API
+            return None
+
+    def begin(self, compute_pass) -> None:
+        self._pass, self._pipe = compute_pass._internal, None
+
+    def dispatch(self, pipe, bind_group, offset: int, gx: int, gy: int, gz: int) -> None:
+        cp = self._pass
+        if pipe is not self._pipe:
+            self._set_pipeline(cp, pipe._internal)
+            self._pipe = pipe
+        self._offset[0] = offset
+        self._set_bind_group(cp, 0, bind_group._internal, 1, self._offset)
+        self._dispatch(cp, gx, gy, gz)
 
 
 def groups_1d(n: int, wg: int = 256) -> tuple:
