@@ -11,9 +11,16 @@
 // Words: 0 M, 1 N, 2 K, 3..6 A (offset, batch, row, col stride), 7..10 B (same), 11 C offset,
 // 12 batch offset (for batches split over several dispatches).
 // T: storage type (f32, or f16 with F16=1: f16 operands and result, f32 accumulation).
+// Epilogue (2-D f32 only): EPI is the stored value as an expression of x (the product), n (its
+// column) and i (its index in C); it may read a bias (words 13: offset) and a contiguous residual
+// of C's shape (word 14: offset), declared by EPI_DECLS at bindings 4 and 5. Linear's bias,
+// residual add and ReLU so cost no pass of their own.
 @group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
 @group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
+{{EPI_DECLS}}
+
+fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
 
 const TM: u32 = {{TM}}u;
 const TILE: u32 = {{TILE}}u;  // 16 * TM
@@ -159,14 +166,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
 }
 
 fn store_quad(row: u32, n: u32, N: u32, full: bool, v: vec4<f32>) {
+    let i = row + n;
     if (full) {
-        C[row + n] = {{T}}(v.x);
-        C[row + n + 1u] = {{T}}(v.y);
-        C[row + n + 2u] = {{T}}(v.z);
-        C[row + n + 3u] = {{T}}(v.w);
+        C[i] = {{T}}(epi(i, n, v.x));
+        C[i + 1u] = {{T}}(epi(i + 1u, n + 1u, v.y));
+        C[i + 2u] = {{T}}(epi(i + 2u, n + 2u, v.z));
+        C[i + 3u] = {{T}}(epi(i + 3u, n + 3u, v.w));
         return;
     }
     for (var e = 0u; e < 4u; e++) {
-        if (n + e < N) { C[row + n + e] = {{T}}(v[e]); }
+        if (n + e < N) { C[i + e] = {{T}}(epi(i + e, n + e, v[e])); }
     }
 }

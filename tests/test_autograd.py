@@ -347,6 +347,25 @@ def test_second_backward_through_consumed_graph_errors():
         wr.autograd.backward(h.sum())
 
 
+def test_backward_frees_the_graph_without_the_cyclic_collector():
+    import weakref
+    x = wr.ones(3, requires_grad=True)
+    h = (x * 2.0).exp()
+    inner = weakref.ref(h._node)
+    loss = h.sum()
+    del h
+    gc.collect()
+    gc.disable()
+    try:
+        assert inner() is not None  # held by the loss's graph
+        wr.autograd.backward(loss)
+        assert inner() is None  # freed at once, though the loss is still alive
+        with pytest.raises(AutogradError, match="second time"):
+            wr.autograd.backward(loss)
+    finally:
+        gc.enable()
+
+
 def test_tape_does_not_grow_when_forwards_are_discarded(dev):
     x = wr.ones(64, requires_grad=True)
     w = wr.ones(64)

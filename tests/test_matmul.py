@@ -148,3 +148,30 @@ def test_tile_choice():
     assert mm._pick_tile(gpu, 4096, 4096, 1)[0] == 8
     assert mm._pick_tile(gpu, 1024, 1024, 8)[0] == 8  # batches fill the GPU too
     assert mm._pick_tile(cpu, 4096, 4096, 1)[0] == 4
+
+
+@pytest.mark.parametrize("tile", TILES, indirect=True)
+@pytest.mark.parametrize("bias,residual,act", [(True, False, None), (False, True, None),
+                                               (True, True, None), (True, False, "relu"),
+                                               (False, False, "relu")])
+@pytest.mark.parametrize("M,K,N", [(37, 20, 19), (130, 64, 132), (5, 0, 6)])
+def test_linear_epilogue_matches_numpy(dev, tile, bias, residual, act, M, K, N):
+    """Bias, residual and ReLU applied in the matmul's store, offsets included; K=0 too."""
+    rng = np.random.default_rng(M + K + N)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    want = x @ w.T
+    b = r = None
+    if bias:
+        bh = rng.standard_normal(N + 3).astype(np.float32)
+        b = wr.tensor(bh, device=dev)[3:]  # a view at an offset
+        want = want + bh[3:]
+    if residual:
+        rh = rng.standard_normal((M + 1, N)).astype(np.float32)
+        r = wr.tensor(rh, device=dev)[1:]
+        want = want + rh[1:]
+    if act:
+        want = np.maximum(want, 0)
+    wt = wr.tensor(w, device=dev).transpose(0, 1)
+    got = mm.linear_2d(wr.tensor(x, device=dev), wt, b, r, "max({z}, 0.0)" if act else None)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)

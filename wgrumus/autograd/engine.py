@@ -86,6 +86,11 @@ def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
                     grads[gid] = ig
             if pending is not None:
                 _leaves_done(n, pending, store, on_leaf_grad)
+    # Cut every consumed node loose from its parents: the graph then dies by reference counting
+    # now, instead of surviving (held by the output) into the oldest GC generation, whose full
+    # collections cost ~10% of a GPT step's host time. The output's own node stays, consumed.
+    for n in nodes:
+        n.inputs = ()
     current_tape()._consume(seen)
     return store
 

@@ -20,7 +20,7 @@ from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
 from .elementwise import _f32, contiguous, map_op, run_map, saved_output
-from .matmul import matmul
+from .matmul import linear_2d, matmul
 from .nnops import softmax, softmax_backward
 from .shape import permute, reshape, transpose
 
@@ -73,20 +73,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     with no_grad():
         x2 = contiguous(reshape(_f32(x), (-1, n_in)))
         b = contiguous(_f32(bias)) if bias is not None else None
-        u = matmul(x2, transpose(weight, 0, 1))  # [N, out], contiguous
         keep_u = activation not in (None, "relu")  # relu' reads the output, None reads nothing
-        if residual is not None:  # in place: u + bias + residual
-            r2 = reshape(_f32(residual), (-1, n_out))
-            y = run_map("a + b + c" if b is not None else "a + b", u,
-                        [u, b, r2] if b is not None else [u, r2])
-        elif bias is None and activation is None:
-            y = u
-        elif keep_u:
+        wt = transpose(weight, 0, 1)
+        if keep_u:  # the backward needs u = x @ W.T itself
+            u = matmul(x2, wt)  # [N, out], contiguous
             y = map_op(fwd.format(z="a + b" if b is not None else "a"),
                        [u] + ([b] if b is not None else []))
-        else:  # in place: u is not needed afterwards
-            y = run_map(fwd.format(z="a + b" if b is not None else "a"), u,
-                        [u] + ([b] if b is not None else []))
+        else:  # bias, residual and relu in the matmul's epilogue
+            r2 = (contiguous(reshape(_f32(residual), (-1, n_out)))
+                  if residual is not None else None)
+            u = y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
     out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y
     if not needs_grad(x, weight, bias, residual):
         return out

@@ -121,10 +121,11 @@ def _unrolled(tm: int, bk: int) -> dict:
 
 @functools.lru_cache(maxsize=256)
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
-               f16: bool = False) -> Kernel:
+               f16: bool = False, epilogue: tuple = (None, False, False)) -> Kernel:
     """The matmul specialisation: TM x TM outputs per invocation (tile 16*TM), k step BK, load
     modes of A and B, launch-order swizzle and workgroup-tile row padding (see
-    shaders/matmul.wgsl; one quad of padding keeps transposing stores free of bank conflicts)."""
+    shaders/matmul.wgsl; one quad of padding keeps transposing stores free of bank conflicts).
+    ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
     tile = 16 * tm
     loads = tile * bk // 1024
     if loads < 1 or bk % 4 or tm % 4:
@@ -132,7 +133,37 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
     return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, TQP=tile // 4 + pad, BK=bk,
                      LOADS=loads, SMEM=2 * bk * (tile // 4 + pad), T="f16" if f16 else "f32",
                      F16=int(f16), ACC=tm * tm // 4, AM=am, BM=bm, SWZ=swz,
-                     **_unrolled(tm, bk))
+                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk))
+
+
+def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
+    z, decls = "x", []
+    if bias:
+        decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<f32>;")
+        z += " + BIAS[pu(13u) + n]"
+    if residual:
+        decls.append(f"@group(0) @binding({4 + bias}) var<storage, read> RES: array<f32>;")
+        z += " + RES[i - pu(11u) + pu(14u)]"
+    return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z=z) if act else z}
+
+
+def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
+              activation: str | None = None) -> Tensor:
+    """act(x @ wt + bias + residual) for float32 2-D x [M, K] and wt [K, N] (any strides), a
+    contiguous bias [N] and residual [M, N], in one kernel. ``activation`` is a WGSL template
+    of {z} (e.g. "max({z}, 0.0)"). No autograd: fused.linear records the node."""
+    M, K = x.shape
+    N = wt.shape[1]
+    out = Tensor.empty((M, N), x.device, float32)
+    if not out.numel:
+        return out
+    if K == 0:  # a zero product: only the epilogue is left, in a map kernel
+        from .elementwise import run_map
+        ins = [t for t in (bias, residual) if t is not None]
+        z = " + ".join("ab"[:len(ins)]) or "0.0"
+        return run_map(activation.format(z=z) if activation else z, out, ins)
+    _launch(x, wt, out, M, N, K, 0, 0, 1, bias=bias, residual=residual, activation=activation)
+    return out
 
 
 def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
@@ -171,15 +202,24 @@ def _is_cpu(dev) -> bool:
     return str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
 
 
-def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None):
+def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
+            activation=None):
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
     am = _mode(a.offset, sa, ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
     tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
-    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16)
+    epi = (activation, bias is not None, residual is not None)
+    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
+    extra = [0, 0]
+    if bias is not None:
+        bufs.append(bias._storage.buffer)
+        extra[0] = bias.offset
+    if residual is not None:
+        bufs.append(residual._storage.buffer)
+        extra[1] = residual.offset
     t = 16 * tm
     gx, gy = -(-N // t), -(-M // t)
     if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:
@@ -187,4 +227,4 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None):
     for z0 in range(0, nbatch, MAX_WG_PER_DIM):
         gz = min(MAX_WG_PER_DIM, nbatch - z0)
         a.device.dispatch(k, bufs, [M, N, K, a.offset, sa, ar, ac, b.offset, sb, br, bc,
-                                    out.offset, z0], (gx, gy, gz))
+                                    out.offset, z0, *extra], (gx, gy, gz))
