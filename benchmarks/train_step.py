@@ -6,7 +6,9 @@
 Rows: ms/step, samples or tokens per second, ratios (wgrumus throughput / reference
 throughput), and per step: dispatches and submits recorded by the device, the host time spent
 recording the step (Python + wgpu encoding), the time spent waiting in the final synchronize
-(GPU work not hidden behind recording) and the host thread's CPU time.
+(GPU work not hidden behind recording), the host thread's CPU time, and the GPU's own time in
+compute passes (timestamp queries, where the adapter has them): host ms well above gpu ms means
+the step is host-bound.
 
 Sizes: MLP 784-512-512-10 batch 256; GPT-mini 4 layers, d=256, 4 heads, seq 128, batch 16,
 vocab 65. --quick (the default on a CPU adapter such as lavapipe) keeps GPT small
@@ -59,6 +61,19 @@ def measure(step, sync, steps: int, repeats: int, warmup: int, counters=None) ->
     out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     out["ms_all"] = [round(r["ms"], 3) for r in runs]
     return out
+
+
+def gpu_ms(step, dev, steps: int):
+    """GPU time per step inside compute passes (timestamp queries, one extra run of ``steps``
+    steps), or None where the adapter has no timestamp-query."""
+    from wgrumus.runtime import GpuTimer
+    if "timestamp-query" not in dev.features:
+        return None
+    with GpuTimer(dev) as t:
+        for _ in range(steps):
+            step()
+    dev.synchronize()
+    return 1e3 * t.seconds / steps
 
 
 # ----------------------------------------------------------------------------- data
@@ -405,6 +420,7 @@ def main(argv=None) -> int:
                "per_step": {k: ours[k] for k in ("host_ms", "wait_ms", "cpu_ms", "proc_cpu_ms",
                                                   "dispatches", "submits")},
                "wgrumus_ms_all": ours["ms_all"]}
+        row["per_step"]["gpu_ms"] = gpu_ms(step, dev, steps)
         if torch is not None:
             tstep, tsync, tloss = torch_step(name, cfg, torch, tdev)
             ref = measure(tstep, tsync, steps, args.repeats, max(5, warmup // 4))
@@ -442,7 +458,7 @@ def _table(meta, rows):
           f"median of {meta['repeats']} x {meta['steps']} steps; torch: {meta['torch']})")
     hdr = (f"{'model':5} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
            f"{'numpy ms':>9} {'x numpy':>8} | {'disp':>5} {'subm':>5} {'host ms':>8} "
-           f"{'wait ms':>8} {'cpu ms':>7}")
+           f"{'wait ms':>8} {'cpu ms':>7} {'gpu ms':>7}")
     print(hdr)
     print("-" * len(hdr))
     f = lambda v, w, p=2: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
@@ -452,9 +468,11 @@ def _table(meta, rows):
               f"{f(r.get('torch_ms'), 9)} {f(r.get('vs_torch'), 8, 3)} "
               f"{f(r.get('numpy_ms'), 9)} {f(r.get('vs_numpy'), 8, 3)} | "
               f"{ps['dispatches']:5.0f} {ps['submits']:5.1f} {ps['host_ms']:8.2f} "
-              f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f}")
+              f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f} {f(ps.get('gpu_ms'), 7)}")
     print("x torch / x numpy: wgrumus throughput over the reference's (1.0 = as fast). "
           "host ms: recording the step (Python + encoding); wait ms: the final synchronize; "
+          "gpu ms: GPU time inside compute passes (timestamp queries; copies and idle gaps "
+          "excluded); "
           "cpu ms: host thread CPU time (process CPU, which includes a CPU adapter's worker "
           "threads, is in --json as proc_cpu_ms).")
 

@@ -247,3 +247,26 @@ def test_no_raw_wgpu_error_reaches_the_user(devs):
             f()
         assert not type(e.value).__module__.startswith("wgpu"), (k, e.value)
         assert isinstance(e.value, (wr.WgrumusError, TypeError, ValueError, IndexError)), (k, e)
+
+
+def test_gpu_timer_measures_compute_passes(dev, monkeypatch):
+    from wgrumus.runtime import GpuTimer
+    if "timestamp-query" not in dev.features:
+        pytest.skip("adapter without timestamp-query")
+    a = wr.randn(128, 128, device=dev, seed=1)
+    dev.synchronize()
+    times = []
+    for reps in (1, 30):
+        with GpuTimer(dev) as t:
+            y = a
+            for _ in range(reps):
+                y = (y @ a) * 0.01
+        assert t.passes >= 1 and t.untimed == 0
+        times.append(t.seconds)
+    assert 0 < times[0] and times[1] > 3 * times[0]  # 30x the work
+    with GpuTimer(dev):
+        with pytest.raises(RuntimeError, match="already being timed"):
+            GpuTimer(dev).__enter__()
+    monkeypatch.setattr(dev, "features", frozenset())
+    with pytest.raises(wr.WgrumusError, match="timestamp-query"):
+        GpuTimer(dev)

@@ -3,4 +3,5 @@ from .context import MultiGpuContext, default_device, devices, get_device
 from .device import Device
 from .errors import (AdapterLimitError, DeviceMismatchError, KernelError, NoAdapterError,
                      ShapeError, WgrumusError)
+from .gpu_timer import GpuTimer
 from .kernels import Kernel

@@ -82,6 +82,7 @@ class Device:
         self._staging_bytes = [0, 0]  # idle bytes cached: [read, write]
         self._fence = None
         self._raw = _RawPass.create()
+        self._timer = None  # the GpuTimer timing this device's passes, if any
         self.dispatches = 0
         self.submits = 0
 
@@ -160,7 +161,9 @@ class Device:
         if self._encoder is None:
             self._encoder = self.wgpu.create_command_encoder()
         if self._pass is None:
-            self._pass = self._encoder.begin_compute_pass()
+            writes = self._timer._pass_writes() if self._timer is not None else None
+            self._pass = (self._encoder.begin_compute_pass(timestamp_writes=writes) if writes
+                          else self._encoder.begin_compute_pass())
             if self._raw is not None:
                 self._raw.begin(self._pass)
         return self._pass

@@ -1,0 +1,75 @@
+"""GpuTimer: how long the GPU spent in a device's compute passes, from timestamp queries.
+
+Host timers see when work was recorded and when the device went idle; they cannot tell GPU time
+from the host's own time in a host-bound step. Inside ``with GpuTimer(dev) as t:``, every compute
+pass the device opens writes a GPU timestamp at its start and end; on exit the timestamps are
+resolved and summed into ``t.seconds``. Copies between passes and gaps between passes (the GPU
+waiting for the host) are not counted. Work recorded before the block is submitted first, so it
+is not counted either.
+"""
+from __future__ import annotations
+
+import numpy as np
+import wgpu
+
+from .errors import AdapterLimitError
+
+MAX_PASSES = 2048  # WebGPU allows 4096 queries per query set: two per pass
+
+
+class GpuTimer:
+    def __init__(self, device):
+        if "timestamp-query" not in device.features:
+            raise AdapterLimitError(
+                f"{device.name} has no 'timestamp-query' feature, so GPU time cannot be "
+                "measured there; time the step on the host (device.synchronize()) instead")
+        self.device = device
+        self.seconds = 0.0
+        self.passes = 0  # compute passes timed
+        self.untimed = 0  # passes past MAX_PASSES (not counted in seconds)
+        self._queries = device.wgpu.create_query_set(type=wgpu.QueryType.timestamp,
+                                                     count=2 * MAX_PASSES)
+        self._resolved = device.wgpu.create_buffer(
+            size=16 * MAX_PASSES, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+
+    def __enter__(self) -> "GpuTimer":
+        dev = self.device
+        with dev.lock:
+            if dev._timer is not None:
+                raise RuntimeError(f"{dev!r} is already being timed; nest no GpuTimer blocks")
+            dev._flush_locked()
+            self.seconds, self.passes, self.untimed = 0.0, 0, 0
+            dev._timer = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dev = self.device
+        with dev.lock:
+            dev._flush_locked()  # ends the last timed pass
+            dev._timer = None
+            n = self.passes
+            if n:
+                dev._close_pass().resolve_query_set(self._queries, 0, 2 * n, self._resolved, 0)
+        if n:
+            ticks = np.frombuffer(dev.read(self._resolved, 0, 16 * n), np.uint64).reshape(n, 2)
+            spans = ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64)
+            self.seconds = float(np.clip(spans, 0, None).sum()) * _period_ns(dev) * 1e-9
+
+    def _pass_writes(self):
+        """timestamp_writes for the pass being opened (called under the device lock)."""
+        if self.passes == MAX_PASSES:
+            self.untimed += 1
+            return None
+        k = self.passes
+        self.passes += 1
+        return {"query_set": self._queries, "beginning_of_pass_write_index": 2 * k,
+                "end_of_pass_write_index": 2 * k + 1}
+
+
+def _period_ns(device) -> float:
+    """Nanoseconds per timestamp tick (wgpu resolves raw ticks)."""
+    try:
+        from wgpu.backends.wgpu_native import _api
+        return float(_api.lib.wgpuQueueGetTimestampPeriod(device.queue._internal)) or 1.0
+    except (ImportError, AttributeError):
+        return 1.0
