@@ -5,9 +5,9 @@ thread downloads the buffer through the runtime's staging path (copy into a mapp
 ``map_async``, polled on the comm thread, so the compute thread never blocks), joins the
 CollectiveBarrier with the other devices' comm threads, and writes the reduced values back into the
 same buffer. The host reduction reads each chunk in place in the mapped download buffers and writes
-it straight into the mapped upload buffers. Large buffers go in chunks: the download of chunk k+1
-is in flight while chunk k is reduced and uploaded. ``AllReduceHandle.wait()`` returns once the result is in place (queued
-before any later GPU work) and re-raises whatever failed.
+it straight into the mapped upload buffers. Buffers beyond ``chunk_bytes`` go in chunks, the
+download of chunk k+1 issued before chunk k is reduced. ``AllReduceHandle.wait()`` returns once
+the result is in place (queued before any later GPU work) and re-raises whatever failed.
 
 Do not modify the buffer between ``async_allreduce`` and ``wait()``.
 """

@@ -82,7 +82,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         else:  # bias, residual and relu in the matmul's epilogue
             r2 = (contiguous(reshape(_f32(residual), (-1, n_out)))
                   if residual is not None else None)
-            u = y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
+            y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
     out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y
     if not needs_grad(x, weight, bias, residual):
         return out
