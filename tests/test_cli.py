@@ -305,6 +305,18 @@ def test_bench_runs_one_benchmark_with_its_arguments():
 
 
 @pytest.mark.timeout(120)
+def test_bench_json_prints_one_document_of_every_benchmark_run():
+    rc, out, err = wgrumus("bench", "--json", "collectives", "--backend", "threads", "--ranks",
+                           "2", "--sizes", "4096", "--strategies", "ring", "--no-reference")
+    assert rc == 0, out + err
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1, out
+    rows = json.loads(lines[0])["collectives"]
+    assert [(r["strategy"], r["ranks"], r["bytes"]) for r in rows] == [("ring", 2, 4096)]
+    assert rows[0]["algbw_GBps"] > 0 and "collectives" in err  # progress on stderr
+
+
+@pytest.mark.timeout(120)
 def test_loss_curve_png_when_matplotlib_is_installed(tmp_path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "curve.png"

@@ -7,13 +7,14 @@ device set of a process is fixed once made.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .common import UsageError, console
+from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
 NOT_IN_ALL = {"reliability"}  # a fault-injection campaign, not a performance benchmark
@@ -44,22 +45,41 @@ def add_parser(sub) -> None:
     p.add_argument("name", nargs="?", help="benchmark to run (default: all, quick)")
     p.add_argument("args", nargs="...", help="arguments passed to the benchmark")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.add_argument("--json", action="store_true",
+                   help="run at full size (add --quick after NAME for quick sizes) with each "
+                   "benchmark's --json, and print one JSON object {name: [the JSON documents it "
+                   "printed]} on stdout; "
+                   "progress goes to stderr")
     p.set_defaults(func=run)
 
 
-def _run_script(path: Path, argv: list) -> int:
-    """The benchmark in a child process, its output streamed to ours."""
+def _run_script(path: Path, argv: list, capture: bool = False) -> tuple[int, str]:
+    """The benchmark in a child process: (exit status, its stdout if ``capture``, else the
+    output is streamed to ours)."""
     env = dict(os.environ)
     root = str(path.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "")
                                                   .split(os.pathsep) if p])
-    p = subprocess.Popen([sys.executable, str(path), *argv], env=env)
+    p = subprocess.Popen([sys.executable, str(path), *argv], env=env,
+                         stdout=subprocess.PIPE if capture else None, text=True)
     try:
-        return p.wait()
+        out, _ = p.communicate()
+        return p.returncode, out or ""
     except KeyboardInterrupt:
         p.terminate()
         p.wait(30)
         raise
+
+
+def parse_output(text: str) -> list:
+    """The JSON documents a benchmark printed with --json (one, or one per line), in order."""
+    docs, dec, i = [], json.JSONDecoder(), 0
+    while True:
+        i = text.find("{", i)
+        if i < 0:
+            return docs
+        doc, i = dec.raw_decode(text, i)
+        docs.append(doc)
 
 
 def run(args) -> int:
@@ -80,17 +100,24 @@ def run(args) -> int:
                              f"{', '.join(found)}")
         todo = [(args.name, list(args.args))]
     else:
-        todo = [(name, ["--quick"] if "--quick" in path.read_text() else [])
+        todo = [(name, ["--quick"] if "--quick" in path.read_text() and not args.json else [])
                 for name, path in found.items() if name not in NOT_IN_ALL]
-    failed = []
+    if args.json:  # tables and progress to stderr, results to stdout
+        con = console(stderr=True)
+        todo = [(name, argv if "--json" in argv else argv + ["--json"]) for name, argv in todo]
+    failed, results = [], {}
     for name, argv in todo:
         con.rule(f"[bold]{name}[/] {' '.join(argv)}")
         t0 = time.perf_counter()
-        rc = _run_script(found[name], argv)
+        rc, out = _run_script(found[name], argv, capture=args.json)
         if rc != 0:
             failed.append(name)
             con.print(f"[red]{name} exited with {rc}")
+        elif args.json:
+            results[name] = parse_output(out)
         con.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s")
+    if args.json:
+        print_json(results)
     if failed:
         con.print(f"[red]failed: {', '.join(failed)}")
         return 1
