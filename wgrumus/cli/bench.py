@@ -17,7 +17,7 @@ from pathlib import Path
 from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
-NOT_IN_ALL = {"reliability"}  # a fault-injection campaign, not a performance benchmark
+NOT_IN_ALL = {"reliability", "soak"}  # fault and leak campaigns, not performance benchmarks
 
 
 def bench_dir() -> Path | None:

@@ -451,7 +451,7 @@ class DataParallel:
             self.events.record(k, "backward_start")
             acc = self._accum[k]
             reducer = None
-            if sync:
+            if sync and self.world_size > 1:  # one replica has nothing to average with
                 reducer = GradReducer(self.plan, self._params[k], k, self._comm, self.events,
                                       acc)
             grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
@@ -460,8 +460,15 @@ class DataParallel:
             if not sync:
                 self._accumulate(k, grads)
                 return loss.item() * (hi - lo), None
-            w.phase = "all-reduce"
-            avg = reducer.finish(self.timeout)
+            if reducer is None:
+                avg = grads
+                for p in self._params[k] if acc is not None else ():
+                    g = acc.get(p)
+                    if g is not None:
+                        avg.accumulate(p, g)
+            else:
+                w.phase = "all-reduce"
+                avg = reducer.finish(self.timeout)
             if optimizers is not None:
                 w.phase = "optimizer step"
                 optimizers[k].step(avg)
