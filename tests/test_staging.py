@@ -59,6 +59,22 @@ def test_zero_copy_array_lives_as_long_as_its_views(dev, rng, small_chunks):
     np.testing.assert_array_equal(t.numpy()[10], a[10])
 
 
+def test_two_step_upload_commit_and_cancel(dev, rng):
+    x = rng.standard_normal(1000).astype(np.float32)
+    t = wr.zeros(1000, device=dev)
+    up = dev.write_start(x.nbytes)
+    up.view(np.float32)[:] = x
+    up.commit(t._storage.buffer, t.offset)
+    np.testing.assert_array_equal(t.numpy(), x)
+    with pytest.raises(RuntimeError, match="already committed"):
+        up.commit(t._storage.buffer)
+    dev.write_start(16).cancel()  # given up: nothing is copied
+    np.testing.assert_array_equal(t.numpy(), x)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="multiple of 4"):
+            dev.write_start(bad)
+
+
 def test_bind_groups_are_cached(dev):
     x = wr.ones((256,), device=dev)
     y = x + 1.0

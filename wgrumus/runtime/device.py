@@ -302,6 +302,9 @@ class Device:
     def write_start(self, nbytes: int) -> "Upload":
         """Host -> device in two steps: fill ``.view(dtype)`` (mapped staging memory; write it,
         do not read it back), then ``.commit(buf, offset)`` records the copy into ``buf``."""
+        if nbytes <= 0 or nbytes % 4:
+            raise ValueError(f"write_start: {nbytes} bytes; staged uploads move a positive "
+                             "multiple of 4 bytes (pad the data, or use write())")
         return Upload(self, self._upload_buffer(nbytes), nbytes)
 
     def _commit_upload(self, st, buf, offset: int, nbytes: int) -> None:
