@@ -460,12 +460,9 @@ class DataParallel:
             if not sync:
                 self._accumulate(k, grads)
                 return loss.item() * (hi - lo), None
-            if reducer is None:
-                avg = grads
-                for p in self._params[k] if acc is not None else ():
-                    g = acc.get(p)
-                    if g is not None:
-                        avg.accumulate(p, g)
+            if reducer is None:  # this step's gradients plus any no_sync accumulation
+                self._accumulate(k, grads)
+                avg = self._accum[k]
             else:
                 w.phase = "all-reduce"
                 avg = reducer.finish(self.timeout)
