@@ -1,32 +1,38 @@
-"""CommThread: one thread per device that all-reduces device buffers in the background.
+"""CommThread: one thread per device that all-reduces device buffers in the background, and the
+pipelined staging engine under it (and under the thread backend's device collectives).
 
-The compute thread calls ``async_allreduce(comm, x, barrier)`` and goes on recording work; the comm
-thread downloads the buffer through the runtime's staging path (copy into a mappable buffer,
-``map_async``, polled on the comm thread, so the compute thread never blocks), joins the
-CollectiveBarrier with the other devices' comm threads, and writes the reduced values back into the
-same buffer. The host reduction reads each chunk in place in the mapped download buffers and writes
-it straight into the mapped upload buffers. Buffers beyond ``chunk_bytes`` go in chunks, the
-download of chunk k+1 issued before chunk k is reduced. ``AllReduceHandle.wait()`` returns once
-the result is in place (queued before any later GPU work) and re-raises whatever failed.
+Adapters of one host have no peer-to-peer path in WebGPU, so a collective between devices goes
+device -> mapped staging -> host reduction -> staging -> device. The engine cuts the buffer into
+chunks and keeps ``inflight`` chunk downloads queued on the device; each map is tracked on its own
+(runtime/staging.py, runtime/native.py), so chunk k+1's download, chunk k's host reduction and
+chunk k-1's upload overlap on every rank. The reduction reads every rank's chunk in place in its
+mapped download buffer and writes the result straight into each rank's mapped upload buffer, split
+over several threads by the CollectiveBarrier (no other host copies). One submit carries chunk k's
+upload and chunk k+inflight's download.
 
-Do not modify the buffer between ``async_allreduce`` and ``wait()``.
+The compute thread calls ``async_allreduce(comm, x, barrier)`` and goes on recording work;
+``AllReduceHandle.wait()`` returns once the result is in place (queued before any later GPU work)
+and re-raises whatever failed. Do not modify the buffer between ``async_allreduce`` and ``wait()``.
 """
 from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime.staging import staging_of
 from .barrier import CollectiveBarrier, check_op
 from .errors import CollectiveError
 
-# Chunks overlap little here: wgpu-py's poll thread resolves a map only once *all* work submitted
-# to the device is done (a blocking wgpuDevicePoll waits for the latest submission), so the next
-# chunk's download holds up this one's map. Each chunk costs a map round trip and two submits:
-# on an H100 host 64 MiB went at 1.0 / 3.6 / 6.0 GB/s in chunks of 4 / 16 / 64 MiB.
-CHUNK_BYTES = 64 << 20
+# Per chunk the engine pays two map requests, one submit and one barrier round (~0.1 ms of host
+# time); the chunk must be large enough to hide that behind its transfer and small enough that
+# the pipeline fills quickly. benchmarks/collectives.py --backend comm --chunks sweeps it.
+CHUNK_BYTES = 4 << 20
+INFLIGHT = 3  # chunk downloads queued ahead of the one being reduced
 
 
 @dataclass(frozen=True)
@@ -103,10 +109,11 @@ class CommThread:
     device's index). Requests run in submission order; ``close()`` stops the thread."""
 
     def __init__(self, device, rank: int | None = None, chunk_bytes: int = CHUNK_BYTES,
-                 depth: int = 16):
+                 depth: int = 16, inflight: int = INFLIGHT):
         self.device = device
         self.rank = int(device.index if rank is None else rank)
         self.chunk_bytes = max(256, chunk_bytes // 256 * 256)
+        self.inflight = inflight
         self._requests: queue.Queue = queue.Queue(maxsize=depth)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -161,40 +168,78 @@ class CommThread:
                 req.handle._finish()
 
     def _all_reduce(self, req: _Request) -> None:
-        s, dev = req.storage, self.device
-        bounds = list(range(0, s.nbytes, self.chunk_bytes)) + [s.nbytes]
-        if s.nbytes == 0:
-            bounds = [0, 0]
-        pending = self._download(s, bounds[0], bounds[1])
-        try:
-            for k in range(len(bounds) - 1):
-                current, pending = pending, None
-                if k + 2 < len(bounds):  # next chunk's copy and map run while this one reduces
-                    pending = self._download(s, bounds[k + 1], bounds[k + 2])
-                if current is None:  # an empty buffer still joins the round
-                    req.barrier.reduce(np.empty(0, s.dtype), req.op, rank=self.rank)
-                    continue
-                # The barrier reads every rank's chunk in place in its mapped download buffer and
-                # writes the result straight into each rank's mapped upload buffer: no other
-                # host copies.
-                up = dev.write_start(current.nbytes)
-                try:
-                    local, out = current.mapped_array(s.dtype), up.view(s.dtype)
-                    req.barrier.reduce(local, req.op, rank=self.rank, out=out)
-                    del local, out  # the mappings must have no views left
-                except BaseException:
-                    up.cancel()
-                    raise
-                up.commit(s.buffer, s.offset + bounds[k])
-        finally:
-            if pending is not None:  # failed mid-way: finish the map so the staging is reused
-                try:
-                    pending.result()
-                except Exception:  # the original failure is what the caller needs
-                    pass
+        pipelined_all_reduce(req.storage, req.barrier, self.rank, req.op,
+                             chunk_bytes=self.chunk_bytes, inflight=self.inflight)
 
-    def _download(self, s: BufferSlice, lo: int, hi: int):
-        return self.device.read_start(s.buffer, s.offset + lo, hi - lo) if hi > lo else None
+
+def _bounds(nbytes: int, chunk: int) -> list[int]:
+    return list(range(0, nbytes, chunk)) + [nbytes] if nbytes else [0, 0]
+
+
+def pipelined_all_reduce(src: BufferSlice, barrier: CollectiveBarrier, rank: int,
+                         op: str = "mean", dst: BufferSlice | None = None,
+                         chunk_bytes: int = CHUNK_BYTES, inflight: int = INFLIGHT) -> None:
+    """All-reduce ``src`` over the barrier's participants into ``dst`` (default: in place),
+    chunk by chunk through pipelined staging; every participant calls it with its own device's
+    slices. On failure the staging buffers this call holds are unmapped and dropped, the barrier
+    is left broken (the other ranks raise) and the error propagates."""
+    dst = src if dst is None else dst
+    if dst.device is not src.device or dst.nbytes != src.nbytes or dst.dtype != src.dtype:
+        raise ValueError(f"dst ({dst.nbytes} bytes of {dst.dtype} on {dst.device!r}) must match "
+                         f"src ({src.nbytes} bytes of {src.dtype} on {src.device!r})")
+    check_op(op, src.dtype)
+    if src.nbytes == 0:  # an empty buffer still joins the round
+        barrier.reduce(np.empty(0, src.dtype), op, rank=rank)
+        return
+    st = staging_of(src.device)
+    b = _bounds(src.nbytes, max(256, chunk_bytes // 256 * 256))
+    nchunks = len(b) - 1
+    reads: deque = deque()
+    w = None
+    nxt = 0
+
+    def download(k):
+        r = st.reader(b[k + 1] - b[k])
+        reads.append(r)
+        return r, (src.buffer, src.offset + b[k], r.buffer, 0, b[k + 1] - b[k])
+
+    try:
+        while nxt < min(max(1, inflight), nchunks):  # one submit each: maps resolve one by one
+            r, cp = download(nxt)
+            st.submit([cp], [r])
+            nxt += 1
+        for k in range(nchunks):
+            n = b[k + 1] - b[k]
+            deadline = time.monotonic() + barrier.timeout
+            r = reads[0]
+            r.wait(deadline)
+            w = st.writer(n, deadline)
+            _reduce_mapped(barrier, r, w, n, src.dtype, op, rank)
+            reads.popleft()
+            r.unmap()
+            st.give_back(r)
+            w.unmap()
+            copies, maps = [(w.buffer, 0, dst.buffer, dst.offset + b[k], n)], [w]
+            if nxt < nchunks:  # chunk k's upload and chunk nxt's download: one submit
+                r, cp = download(nxt)
+                copies.append(cp)
+                maps.append(r)
+                nxt += 1
+            st.submit(copies, maps)
+            st.give_back(w)
+            w = None
+    except BaseException:
+        st.discard([*reads, w], barrier.timeout)
+        raise
+
+
+def _reduce_mapped(barrier, r, w, n, dtype, op, rank) -> None:
+    """One barrier round over the mapped chunk: the views die before the buffers unmap."""
+    local, out = r.array(dtype, n), w.array(dtype, n)
+    try:
+        barrier.reduce(local, op, rank=rank, out=out)
+    finally:
+        del local, out
 
 
 def async_allreduce(comm: CommThread, x, barrier: CollectiveBarrier,

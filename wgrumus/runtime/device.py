@@ -21,6 +21,7 @@ import wgpu
 
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
+from .native import submit
 from .pool import BufferPool
 
 SLOT = 256  # bytes of parameters per dispatch
@@ -85,6 +86,7 @@ class Device:
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.dispatches = 0
         self.submits = 0
+        self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
 
     def __repr__(self):
         return f"Device({self.index}: {self.name})"
@@ -234,7 +236,7 @@ class Device:
             self._slots = 0
         cb = self._encoder.finish()
         self._encoder = None
-        self.queue.submit([cb])
+        self.last_submission = submit(self.queue, cb)
         self.submits += 1
         # The mapping resolves once this batch's copies out of the buffer have run.
         for st in self._upload_used:

@@ -1,0 +1,185 @@
+"""The pipelined staging engine under CommThread: per-request map tracking (out-of-order waits),
+a rank failing mid-chunk, and thousands of mixed-size all-reduces with random delays."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from wgrumus.distributed import CollectiveBarrier, CollectiveError
+from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
+from wgrumus.runtime.native import api
+from wgrumus.runtime.staging import Staging, staging_of
+
+
+@pytest.fixture(scope="module")
+def devices(devs):
+    return devs[:3]
+
+
+def upload(dev, arr):
+    buf = dev.alloc(arr.nbytes)
+    dev.write(buf, arr)
+    return buf
+
+
+def download(dev, buf, nbytes, dtype=np.float32):
+    return np.frombuffer(dev.read(buf, 0, nbytes), dtype=dtype)
+
+
+def run_ranks(n, fn, join=60):
+    out, errs, took = [None] * n, [None] * n, [None] * n
+
+    def body(r):
+        t0 = time.monotonic()
+        try:
+            out[r] = fn(r)
+        except BaseException as e:  # noqa: BLE001 - inspected by the test
+            errs[r] = e
+        took[r] = time.monotonic() - t0
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(join)
+    assert not any(t.is_alive() for t in ts), "a rank hung"
+    return out, errs, took
+
+
+def test_native_api_is_used_in_the_tested_range():
+    import wgpu
+
+    from wgrumus.runtime.native import TESTED, _version
+    if TESTED[0] <= _version(wgpu.__version__) <= TESTED[1]:
+        assert api().native, "wgpu-py in the tested range but the C API was not loaded"
+
+
+@pytest.mark.timeout(60)
+def test_maps_complete_and_are_waited_out_of_order(devices):
+    """Downloads queued back to back, each with its own map request, waited in a shuffled order
+    (later chunks first), with write maps (no copy to wait for) resolving in between."""
+    dev = devices[0]
+    st = Staging(dev)
+    k, n = 6, 1 << 16
+    data = np.arange(k * n // 4, dtype=np.uint32)
+    buf = upload(dev, data)
+    reads = []
+    for i in range(k):
+        r = st.reader(n)
+        st.submit([(buf, i * n, r.buffer, 0, n)], [r])
+        reads.append(r)
+    w = st.writer(n, time.monotonic() + 10)  # a map with no copy to wait for, in between
+    for i in [5, 0, 3, 1, 4, 2]:
+        reads[i].wait(time.monotonic() + 10)
+        got = reads[i].array(np.uint32, n)
+        assert np.array_equal(got, data[i * n // 4:(i + 1) * n // 4]), i
+        del got
+        reads[i].unmap()
+        st.give_back(reads[i])
+    w.unmap()
+    assert st.mapped_buffers() == 0
+    assert api().pending == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devices,
+                                                                           monkeypatch):
+    nelem, chunk = 64 * 1024, 16 * 1024  # 16 chunks per all-reduce
+    xs = [np.full(nelem, r + 1, np.float32) for r in range(3)]
+    bufs = [upload(d, x) for d, x in zip(devices, xs)]
+    barrier = CollectiveBarrier(3, timeout=20)
+    failing = staging_of(devices[1])
+    calls = {"n": 0}
+    real_writer = Staging.writer
+
+    def writer(self, nbytes, deadline):
+        if self is failing:
+            calls["n"] += 1
+            if calls["n"] == 5:  # rank 1, chunk 4: downloads of later chunks are in flight
+                raise RuntimeError("injected failure on rank 1")
+        return real_writer(self, nbytes, deadline)
+
+    monkeypatch.setattr(Staging, "writer", writer)
+
+    def rank(r):
+        with CommThread(devices[r], rank=r, chunk_bytes=chunk) as comm:
+            h = async_allreduce(comm, BufferSlice(devices[r], bufs[r], 0, nelem * 4,
+                                                  np.float32), barrier, "sum")
+            h.wait(30)
+
+    _, errs, took = run_ranks(3, rank)
+    assert isinstance(errs[1], RuntimeError) and "injected" in str(errs[1])
+    for r in (0, 2):
+        assert isinstance(errs[r], CollectiveError), errs[r]
+        assert "injected" in str(errs[r])
+        assert took[r] < barrier.timeout  # woken by the abort, not by the timeout
+    for d in devices:
+        assert staging_of(d).mapped_buffers() == 0
+    assert api().pending == 0
+    monkeypatch.undo()
+    # every device still works: a fresh all-reduce over the same buffers is exact
+    barrier = CollectiveBarrier(3, timeout=20)
+    for d, b, x in zip(devices, bufs, xs):
+        d.write(b, x)
+
+    def again(r):
+        with CommThread(devices[r], rank=r, chunk_bytes=chunk) as comm:
+            async_allreduce(comm, BufferSlice(devices[r], bufs[r], 0, nelem * 4, np.float32),
+                            barrier, "sum").wait(30)
+        return download(devices[r], bufs[r], nelem * 4)
+
+    out, errs, _ = run_ranks(3, again)
+    assert errs == [None] * 3, errs
+    for got in out:
+        assert (got == 6).all()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, world):
+    """10,000 all-reduces between 2 ranks (1,000 between 3; sizes 4 B .. 6 KiB in 1 KiB chunks,
+    so up to 6 chunks each), ranks pausing at random; integer-valued float32 and int32 sums must
+    be exact."""
+    count = 10_000 if world == 2 else 1_000
+    rng = np.random.default_rng(world)
+    sizes = rng.integers(1, 1536, count) * 4  # bytes
+    dtypes = [np.float32 if i % 3 else np.int32 for i in range(count)]
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    total = int(offs[-1])
+    inputs = [rng.integers(-1000, 1000, total // 4).astype(np.int32) for _ in range(world)]
+    barrier = CollectiveBarrier(world, timeout=30)
+
+    def rank(r):
+        dev = devices[r]
+        host = inputs[r].copy()
+        f = host.view(np.float32)  # float ops get integer-valued floats, exact in a sum
+        for i, dt in enumerate(dtypes):
+            if dt is np.float32:
+                lo, hi = offs[i] // 4, offs[i + 1] // 4
+                f[lo:hi] = inputs[r][lo:hi].astype(np.float32)
+        buf = upload(dev, host)
+        delays = np.random.default_rng(100 + r)
+        handles = []
+        with CommThread(dev, rank=r, chunk_bytes=1024, depth=32) as comm:
+            for i, dt in enumerate(dtypes):
+                if delays.random() < 0.002:
+                    time.sleep(delays.random() * 0.01)
+                s = BufferSlice(dev, buf, int(offs[i]), int(sizes[i]), dt)
+                handles.append(async_allreduce(comm, s, barrier, "sum"))
+                if len(handles) > 64:
+                    handles.pop(0).wait(60)
+            for h in handles:
+                h.wait(60)
+        return np.frombuffer(dev.read(buf, 0, total), np.int32).copy()
+
+    out, errs, _ = run_ranks(world, rank, join=110)
+    assert errs == [None] * world, errs
+    want = np.sum(inputs, axis=0, dtype=np.int32)
+    for got in out:
+        for i, dt in enumerate(dtypes):
+            lo, hi = offs[i] // 4, offs[i + 1] // 4
+            if dt is np.float32:
+                assert np.array_equal(got[lo:hi].view(np.float32), want[lo:hi]), i
+            else:
+                assert np.array_equal(got[lo:hi], want[lo:hi]), i
