@@ -3,14 +3,17 @@
     python benchmarks/collectives.py                  # threads backend, 2/4/8 ranks, 1 KB..256 MB
     python benchmarks/collectives.py --backend mpi    # starts mpiexec -n 2/4/8 itself
     python benchmarks/collectives.py --backend comm   # GPU buffers: CommThread per device
+    python benchmarks/collectives.py --backend comm --ranks 2 --chunks 1,2,4,8,16
     python benchmarks/collectives.py --quick          # a few sizes, 2 and 4 ranks
     python benchmarks/collectives.py --json           # one JSON object per measurement
 
 algbw (GB/s) = bytes of the array / wall time of one all-reduce (the NCCL-tests definition);
 busbw = algbw * 2(n-1)/n is what each rank's links carry in a ring. The comm backend all-reduces
-device buffers in place (download through staging, barrier reduction, upload), one rank per device:
-one per adapter, several logical devices per adapter when ranks outnumber adapters. Each point is the slowest
-rank's mean over enough iterations to run ~0.2 s, after a warm-up call. References measured in the
+device buffers in place (pipelined download through staging, barrier reduction, upload; 1-256 MB),
+one rank per device: one per adapter, several logical devices per adapter when ranks outnumber
+adapters; next to it the one-way staging rates measured in the same run, the bound they give and
+the ratio algbw / bound. Each point is the slowest rank's mean over enough iterations to run
+~0.2 s, after a warm-up call. References measured in the
 same run: numpy memcpy (one copy of the array; the bound for a shared-memory reduction) and, when
 torch is importable, torch.distributed gloo all-reduce between processes.
 """
@@ -167,11 +170,13 @@ def run_mpi(args, sizes, worlds) -> list[dict]:
     return rows
 
 
-def run_comm(args, sizes, worlds) -> list[dict]:
-    """GPU buffers all-reduced in place by one CommThread per device."""
+COMM_SIZES = [1 << k for k in range(20, 29, 2)]  # 1 MB .. 256 MB
+
+
+def comm_devices(n):
+    """n runtime Devices: one per adapter, several logical devices per adapter beyond that."""
     import wgpu
 
-    from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
     from wgrumus.runtime.device import Device
     adapters = wgpu.gpu.enumerate_adapters_sync()
     hw = [a for a in adapters if a.info.get("adapter_type", "").lower() != "cpu"
@@ -179,45 +184,155 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     native = [a for a in hw if a.info.get("backend_type", "").lower() != "opengl"]
     adapters = native or hw or adapters[:1]  # one adapter per GPU: skip GL twins of Vulkan ones
     if not adapters:
+        return [], 0
+    return ([Device(i, adapters[i % len(adapters)], logical=i // len(adapters))
+             for i in range(n)], len(adapters))
+
+
+def on_all(devs, fn):
+    """Run fn(rank) on one thread per device, started together; seconds until the last ends."""
+    import threading
+    start, ends, errs = threading.Barrier(len(devs) + 1), [0.0] * len(devs), []
+
+    def body(r):
+        start.wait()
+        try:
+            fn(r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errs.append(e)
+        ends[r] = time.perf_counter()
+
+    ts = [threading.Thread(target=body, args=(r,)) for r in range(len(devs))]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    if errs:
+        raise errs[0]
+    return max(ends) - t0
+
+
+def stream_down(dev, buf, nbytes, chunk, inflight):
+    """Device -> host through the engine's staging, chunk maps waited one by one, no host work."""
+    from collections import deque
+
+    from wgrumus.runtime.staging import staging_of
+    st, q, deadline = staging_of(dev), deque(), time.monotonic() + 600
+    bounds = list(range(0, nbytes, chunk)) + [nbytes]
+    for k in range(len(bounds) - 1):
+        n = bounds[k + 1] - bounds[k]
+        r = st.reader(n)
+        st.submit([(buf, bounds[k], r.buffer, 0, n)], [r])
+        q.append(r)
+        if len(q) > inflight:
+            _drop(st, q.popleft(), deadline)
+    while q:
+        _drop(st, q.popleft(), deadline)
+
+
+def _drop(st, r, deadline):
+    r.wait(deadline)
+    r.unmap()
+    st.give_back(r)
+
+
+def stream_up(dev, buf, nbytes, chunk):
+    """Host -> device through the engine's staging (mapped upload buffers rotating), until the
+    last copy has landed (its buffer's re-map completes)."""
+    from wgrumus.runtime.staging import staging_of
+    st, deadline = staging_of(dev), time.monotonic() + 600
+    for lo in range(0, nbytes, chunk):
+        n = min(chunk, nbytes - lo)
+        w = st.writer(n, deadline)
+        w.unmap()
+        st.submit([(w.buffer, 0, buf, lo, n)], [w])
+        if lo + chunk >= nbytes:
+            w.wait(deadline)
+        st.give_back(w)
+
+
+def run_comm(args, sizes, worlds) -> list[dict]:
+    """GPU buffers all-reduced in place by one CommThread per device, next to the one-way staging
+    rates of the same devices measured in the same run (all ranks transferring at once, so a
+    shared link is shared here too). bound = min(down, up): the all-reduce moves each rank's
+    bytes down once and up once, and can at best overlap the two directions completely."""
+    from wgrumus.distributed.comm import INFLIGHT, BufferSlice, CommThread, async_allreduce
+    devs, n_adapters = comm_devices(max(worlds))
+    if not devs:
         print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
         return []
-    devs = [Device(i, adapters[i % len(adapters)], logical=i // len(adapters))
-            for i in range(max(worlds))]
-    label = f"comm:{len(adapters)}ad"
+    label = f"comm:{n_adapters}ad"
+    sizes = [s for s in sizes if s >= 1 << 20] if not args.sizes else sizes
     rows = []
     for w in worlds:
-        comms = [CommThread(d, rank=i) for i, d in enumerate(devs[:w])]
-        for nbytes in sizes:
-            if nbytes > min(d.max_binding for d in devs[:w]) or \
-                    nbytes * w * 4 > args.max_memory:
-                continue
-            bufs = [d.alloc(nbytes) for d in devs[:w]]
-            for i, (d, b) in enumerate(zip(devs, bufs)):
-                d.write(b, np.full(nbytes // 4, i + 1, np.float32))
-            barrier = dist.CollectiveBarrier(w, timeout=600)
-            slices = [BufferSlice(d, b, 0, nbytes, np.float32) for d, b in zip(devs, bufs)]
-
-            def once():
-                hs = [async_allreduce(c, s, barrier, "sum") for c, s in zip(comms, slices)]
-                for h in hs:
-                    h.wait()
-                for d, b in zip(devs, bufs):
-                    d.read(b, 0, 4)  # a read queued after the uploads: they have landed
-
-            for _ in range(WARMUP):  # staging buffers are made and mapped on the first calls
-                t0 = time.perf_counter()
-                once()
-            n = iterations(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                once()
-            sec = (time.perf_counter() - t0) / n
-            a = nbytes / sec / 1e9
-            rows.append({"backend": label, "strategy": "barrier", "ranks": w, "bytes": nbytes,
-                         "seconds": sec, "algbw_GBps": a, "busbw_GBps": a * 2 * (w - 1) / w})
-        for c in comms:
-            c.close()
+        for chunk in args.chunks:
+            comms = [CommThread(d, rank=i, chunk_bytes=chunk) for i, d in enumerate(devs[:w])]
+            for nbytes in sizes:
+                if nbytes > min(d.max_binding for d in devs[:w]) or \
+                        nbytes * w * 4 > args.max_memory:
+                    continue
+                rows.append(_comm_point(devs[:w], comms, nbytes, chunk, label, INFLIGHT,
+                                        (BufferSlice, async_allreduce)))
+            for c in comms:
+                c.close()
     return rows
+
+
+def _comm_point(devs, comms, nbytes, chunk, label, inflight, api) -> dict:
+    BufferSlice, async_allreduce = api
+    w = len(devs)
+    bufs = [d.alloc(nbytes) for d in devs]
+    for i, (d, b) in enumerate(zip(devs, bufs)):
+        d.write(b, np.full(nbytes // 4, i + 1, np.float32))
+        d.synchronize()
+    barrier = dist.CollectiveBarrier(w, timeout=600)
+    slices = [BufferSlice(d, b, 0, nbytes, np.float32) for d, b in zip(devs, bufs)]
+
+    def once():
+        hs = [async_allreduce(c, s, barrier, "sum") for c, s in zip(comms, slices)]
+        for h in hs:
+            h.wait()
+        for d in devs:
+            d.synchronize()  # the uploads have landed
+
+    def rate(fn):
+        on_all(devs, fn)  # warm-up: staging buffers are made on the first call
+        n = iterations(on_all(devs, fn))
+        return nbytes * n / sum(on_all(devs, fn) for _ in range(n)) / 1e9
+
+    down = rate(lambda r: stream_down(devs[r], bufs[r], nbytes, chunk, inflight))
+    up = rate(lambda r: stream_up(devs[r], bufs[r], nbytes, chunk))
+    for _ in range(WARMUP):  # staging buffers are made and mapped on the first calls
+        t0 = time.perf_counter()
+        once()
+    n = iterations(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        once()
+    sec = (time.perf_counter() - t0) / n
+    a = nbytes / sec / 1e9
+    bound = min(down, up)
+    return {"backend": label, "strategy": f"pipe{fmt_size(chunk).replace(' ', '')}", "ranks": w,
+            "bytes": nbytes, "seconds": sec, "algbw_GBps": a, "busbw_GBps": a * 2 * (w - 1) / w,
+            "down_GBps": down, "up_GBps": up, "bound_GBps": bound, "ratio": a / bound}
+
+
+def print_comm_table(rows):
+    rows = [r for r in rows if "bound_GBps" in r]
+    if not rows:
+        return
+    print("\ncomm: algbw vs the bound from the one-way staging rates measured in the same run "
+          "(GB/s per rank, all ranks at once; bound = min(down, up))")
+    head = (f"{'backend':9} {'chunk':8} {'ranks':>5} {'size':>8} | {'algbw':>7} {'down':>7} "
+            f"{'up':>7} {'bound':>7} {'ratio':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in sorted(rows, key=lambda r: (r["ranks"], r["strategy"], r["bytes"])):
+        print(f"{r['backend']:9} {r['strategy']:8} {r['ranks']:>5} {fmt_size(r['bytes']):>8} | "
+              f"{r['algbw_GBps']:7.3f} {r['down_GBps']:7.3f} {r['up_GBps']:7.3f} "
+              f"{r['bound_GBps']:7.3f} {r['ratio']:6.2f}")
 
 
 def mpi_worker(args):
@@ -265,6 +380,9 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="4 sizes, 2 and 4 ranks")
     p.add_argument("--json", action="store_true", help="print one JSON object per point")
     p.add_argument("--no-reference", action="store_true", help="skip memcpy/gloo references")
+    p.add_argument("--chunks", default=None,
+                   help="comm backend: comma-separated chunk sizes in MiB to compare "
+                        "(default: the engine's CHUNK_BYTES)")
     p.add_argument("--max-memory", type=int, default=None,
                    help="bytes of host memory the arrays may use (default: half of RAM)")
     p.add_argument("--table", nargs="+", metavar="JSONL",
@@ -272,6 +390,11 @@ def main(argv=None):
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.strategies = [s for s in args.strategies.split(",") if s]
+    if args.chunks:
+        args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
+    else:
+        from wgrumus.distributed.comm import CHUNK_BYTES
+        args.chunks = [CHUNK_BYTES]
     if args.max_memory is None:
         args.max_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     if args.mpi_worker:
@@ -279,7 +402,8 @@ def main(argv=None):
     if args.table:
         return print_table(load_rows(args.table))
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
-             else QUICK_SIZES if args.quick else FULL_SIZES)
+             else QUICK_SIZES if args.quick else COMM_SIZES if args.backend == "comm"
+             else FULL_SIZES)
     worlds = [2, 4] if args.quick else [int(w) for w in args.ranks.split(",")]
     rows = []
     if not args.no_reference:
@@ -297,6 +421,7 @@ def main(argv=None):
             print(json.dumps(r))
     else:
         print_table(rows)
+        print_comm_table(rows)
         if not args.no_reference and not any(r["strategy"] == "gloo" for r in rows):
             print("(torch not importable: no gloo reference)")
     return 0

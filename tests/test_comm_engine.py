@@ -183,3 +183,98 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
                 assert np.array_equal(got[lo:hi].view(np.float32), want[lo:hi]), i
             else:
                 assert np.array_equal(got[lo:hi], want[lo:hi]), i
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """256-byte chunks, so the small tensors below cross many chunk boundaries mid-piece."""
+    from wgrumus.distributed import pipelined
+    monkeypatch.setattr(pipelined, "CHUNK_BYTES", 256)
+
+
+def _no_host_round_trip(monkeypatch):
+    """The engine path never reads a tensor into numpy (the host path does, via read_array)."""
+    from wgrumus.runtime.device import Device
+
+    def refuse(*a, **k):
+        raise AssertionError("device collective read the tensor through read_array")
+
+    monkeypatch.setattr(Device, "read_array", refuse)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_process_group_device_collectives_run_on_the_engine(devices, small_chunks, monkeypatch,
+                                                           world):
+    import wgrumus as wr
+    from wgrumus import distributed as dist
+    rng = np.random.default_rng(world)
+    xs = [rng.integers(-50, 50, (37, 5)).astype(np.float32) for _ in range(world)]
+    ints = [rng.integers(-9, 9, (11,)).astype(np.int32) for _ in range(world)]
+    pieces = [rng.standard_normal((3 * r + 2, 5)).astype(np.float32) for r in range(world)]
+
+    def fn(g):
+        r = g.rank
+        t = wr.tensor(xs[r], device=g.device)
+        ti = wr.tensor(ints[r], device=g.device, dtype=np.int32)
+        tp = wr.tensor(pieces[r], device=g.device)
+        g.barrier()
+        if r == 0:
+            _no_host_round_trip(monkeypatch)
+        g.barrier()
+        outs = {"sum": g.all_reduce(t, "sum"), "mean": g.all_reduce(t, "mean"),
+                "max": g.all_reduce(t, "max"), "isum": g.all_reduce(ti, "sum"),
+                "rs": g.reduce_scatter(t, "sum"), "ag": g.all_gather(tp),
+                "bc": g.broadcast(t, root=world - 1)}
+        return {k: (type(v).__name__, v.device is g.device, v) for k, v in outs.items()}
+
+    out = dist.spawn(fn, world, devices=devices[:world], timeout=60)
+    monkeypatch.undo()
+    out = [{k: (a, b, v.numpy()) for k, (a, b, v) in res.items()} for res in out]
+    total = np.sum(xs, axis=0, dtype=np.float32)
+    bounds = np.array_split(np.arange(37), world)
+    for r, res in enumerate(out):
+        assert all(kind == "Tensor" and same for kind, same, _ in res.values()), res
+        assert np.array_equal(res["sum"][2], total)
+        mean = xs[0].copy()
+        for x in xs[1:]:
+            mean += x
+        assert np.array_equal(res["mean"][2], mean / np.float32(world))
+        assert np.array_equal(res["max"][2], np.max(xs, axis=0))
+        assert np.array_equal(res["isum"][2], np.sum(ints, axis=0, dtype=np.int32))
+        assert np.array_equal(res["rs"][2], total[bounds[r]])
+        assert np.array_equal(res["ag"][2], np.concatenate(pieces))
+        assert np.array_equal(res["bc"][2], xs[world - 1])
+    for d in devices[:world]:
+        assert staging_of(d).mapped_buffers() <= 8  # only idle upload buffers, mapped to fill
+
+
+@pytest.mark.timeout(60)
+def test_process_group_rank_passing_an_array_among_tensors_fails_clearly(devices):
+    import wgrumus as wr
+    from wgrumus import distributed as dist
+
+    def fn(g):
+        x = np.ones(4, np.float32)
+        return g.all_reduce(x if g.rank == 1 else wr.tensor(x, device=g.device))
+
+    with pytest.raises(CollectiveError, match="called"):
+        dist.spawn(fn, 2, devices=devices[:2], timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_process_group_unaligned_tensors_take_the_host_path_together(devices):
+    """float16 rows of odd length cannot be cut at 4-byte boundaries: every rank agrees to use
+    the host path, and the results are the same."""
+    import wgrumus as wr
+    from wgrumus import distributed as dist
+    xs = [np.arange(15, dtype=np.float16).reshape(5, 3) + r for r in range(2)]
+
+    def fn(g):
+        t = wr.tensor(xs[g.rank], device=g.device, dtype=np.float16)
+        return g.reduce_scatter(t, "sum").numpy(), g.all_gather(t).numpy()
+
+    out = dist.spawn(fn, 2, devices=devices[:2], timeout=20)
+    total = xs[0] + xs[1]
+    assert np.array_equal(out[0][0], total[:3]) and np.array_equal(out[1][0], total[3:])
+    assert all(np.array_equal(o[1], np.concatenate(xs)) for o in out)

@@ -87,6 +87,9 @@ class _Round:
         self.shared = True
         self.nchunks = self.claimed = self.finished = self.inflight = 0
         self.chunk = 0
+        self.length = self.nbytes = 0
+        self.item_at: list = [0] * world_size  # exchange rounds: where items and outs sit
+        self.out_at: list = [0] * world_size
 
 
 class CollectiveBarrier:
@@ -148,13 +151,52 @@ class CollectiveBarrier:
             self._help_reduce(rnd, time.monotonic() + t, t)
         return out if out is not None else rnd.result
 
-    def gather(self, obj, rank: int | None = None, timeout: float | None = None) -> list:
-        """Join this round with any object; return every participant's object (rank order when
-        ranks are given, else arrival order). Objects are shared, not copied."""
+    def exchange(self, length: int, dtype, rank: int, item=None, item_at: int = 0, out=None,
+                 out_at: int = 0, op: str | None = None, timeout: float | None = None) -> None:
+        """One round over a space of ``length`` elements of ``dtype``, in which every participant
+        brings part of the input and takes part of the result (the device collectives' chunk
+        step; arrays may be mapped staging memory: outputs are written, never read).
+
+        With ``op``, every ``item`` covers the whole space and the result is their reduction in
+        rank order (all-reduce, reduce-scatter); without, the items are disjoint pieces
+        (``item`` at element ``item_at``, or None) that together cover the space, and the result
+        is the pieces side by side (all-gather, broadcast). The result's elements
+        ``[out_at, out_at + out.size)`` are written into ``out`` (or nothing, with None). The
+        work is split over participants and helper threads; when the call returns or raises,
+        no thread touches ``item`` or ``out`` any more."""
+        if op is not None:
+            check_op(op, dtype)
+        dtype = np.dtype(dtype)
+        for name, a, at in (("item", item, item_at), ("out", out, out_at)):
+            if a is not None and not (isinstance(a, np.ndarray) and a.ndim == 1 and
+                                      a.dtype == dtype and a.flags.c_contiguous and
+                                      0 <= at and at + a.size <= length):
+                raise ValueError(f"{name} must be a contiguous 1-D {dtype} array inside the "
+                                 f"{length}-element space (at {at}, size "
+                                 f"{getattr(a, 'size', '?')})")
+        if out is not None and not out.flags.writeable:
+            raise ValueError("out must be writeable")
+        if op is not None and item is not None and (item_at or item.size != length):
+            raise ValueError(f"with op={op!r} every item covers the whole space ({length} "
+                             f"elements), got {item.size} at {item_at}")
         t = self._timeout(timeout)
         deadline = time.monotonic() + t
         with self._cond:
-            rnd = self._join("gather", None, obj, rank)
+            rnd = self._join("exchange", op or "copy", (item, item_at, out, out_at), rank,
+                             shape=(int(length),), dtype=dtype)
+            self._wait_full(rnd, deadline, t)
+        if not rnd.done:
+            self._help_reduce(rnd, time.monotonic() + t, t)
+
+    def gather(self, obj, rank: int | None = None, timeout: float | None = None,
+               tag: str | None = None) -> list:
+        """Join this round with any object; return every participant's object (rank order when
+        ranks are given, else arrival order). Objects are shared, not copied. Participants must
+        pass the same ``tag``: rounds of different purposes do not mix silently."""
+        t = self._timeout(timeout)
+        deadline = time.monotonic() + t
+        with self._cond:
+            rnd = self._join("gather", tag, obj, rank)
             self._wait_full(rnd, deadline, t)
         return list(rnd.result)
 
@@ -194,7 +236,7 @@ class CollectiveBarrier:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         return t
 
-    def _join(self, kind, op, item, rank, out=None) -> _Round:
+    def _join(self, kind, op, item, rank, out=None, shape=None, dtype=None) -> _Round:
         self._raise_if_broken()
         rnd = self._round
         ranked = rank is not None
@@ -202,17 +244,18 @@ class CollectiveBarrier:
             raise ValueError(f"rank must be an int in [0, {self.world_size}), got {rank!r}")
         who = f"rank {rank}" if ranked else f"participant #{len(rnd.arrived)}"
         problem = None
+        if kind == "reduce":
+            shape, dtype = item.shape, item.dtype
         if not rnd.arrived:
             rnd.kind, rnd.op, rnd.ranked = kind, op, ranked
-            if kind == "reduce":
-                rnd.shape, rnd.dtype = item.shape, item.dtype
+            rnd.shape, rnd.dtype = shape, dtype
         elif rnd.ranked != ranked:
             problem = "some participants passed rank= and others did not"
         elif rnd.kind != kind or rnd.op != op:
             problem = (f"{who} called {kind}({op or ''}) while others called "
                        f"{rnd.kind}({rnd.op or ''})")
-        elif kind == "reduce" and (item.shape != rnd.shape or item.dtype != rnd.dtype):
-            problem = (f"{who} passed shape {item.shape} dtype {item.dtype}, others "
+        elif kind in ("reduce", "exchange") and (shape != rnd.shape or dtype != rnd.dtype):
+            problem = (f"{who} passed shape {shape} dtype {dtype}, others "
                        f"shape {rnd.shape} dtype {rnd.dtype}")
         elif ranked and rank in rnd.arrived:
             problem = f"rank {rank} joined twice"
@@ -226,6 +269,8 @@ class CollectiveBarrier:
             self._break(err)
             raise err
         slot = rank if ranked else len(rnd.arrived)
+        if kind == "exchange":
+            item, rnd.item_at[slot], out, rnd.out_at[slot] = item
         rnd.items[slot] = item
         rnd.outs[slot] = out
         rnd.arrived.append(slot)
@@ -247,6 +292,9 @@ class CollectiveBarrier:
         """The round is complete: start the next one, then reduce (or hand out) this one."""
         rnd.full = True
         self._round = _Round(rnd.gen + 1, self.world_size)
+        if rnd.kind == "exchange":
+            self._fill_exchange(rnd)
+            return
         if rnd.kind != "reduce":
             rnd.result, rnd.done = rnd.items, True
             self._cond.notify_all()
@@ -258,19 +306,47 @@ class CollectiveBarrier:
         else:
             out, rnd.copies = np.empty(flats[0].size, dtype=rnd.dtype), outs
         rnd.out, rnd.flats = out, flats
-        nbytes = out.nbytes
+        self._split(rnd, out.size, out.nbytes)
+
+    def _split(self, rnd: _Round, length: int, nbytes: int) -> None:
+        """Reduce a small round at once; cut a large one into chunks for every thread."""
+        rnd.length, rnd.nbytes = length, nbytes
         nchunks = max(1, math.ceil(nbytes / self.chunk_bytes))
         if nbytes >= PARALLEL_MIN_BYTES and self.world_size > 1:
             nchunks = max(nchunks, self.world_size)
         if nchunks == 1:
-            self._reduce_chunk(rnd, 0, out.size)
+            self._reduce_chunk(rnd, 0, length)
             self._finish(rnd)
         else:
             rnd.nchunks = nchunks
-            rnd.chunk = math.ceil(out.size / nchunks)
+            rnd.chunk = math.ceil(length / nchunks)
             for _ in range(min(self.helpers, nchunks - self.world_size)):
                 _helper_pool().submit(self._helper, rnd)
         self._cond.notify_all()
+
+    def _fill_exchange(self, rnd: _Round) -> None:
+        length = rnd.shape[0]
+        if rnd.op == "copy":  # the pieces must tile the space
+            spans = sorted((rnd.item_at[r], a.size) for r, a in enumerate(rnd.items)
+                           if a is not None and a.size)
+            at = 0
+            for lo, n in spans:
+                if lo != at:
+                    break
+                at += n
+            if at != length or sum(n for _, n in spans) != length:
+                err = CollectiveError(
+                    f"CollectiveBarrier round {rnd.gen}: the pieces (at, size) {spans} do not "
+                    f"cover the {length}-element space exactly once")
+                self._break(err)
+                raise err
+        elif any(a is None for a in rnd.items):
+            err = CollectiveError(f"CollectiveBarrier round {rnd.gen}: a {rnd.op} exchange "
+                                  "needs an item from every participant")
+            self._break(err)
+            raise err
+        rnd.shared = False
+        self._split(rnd, length, length * rnd.dtype.itemsize)
 
     def _helper(self, rnd: _Round) -> None:
         try:
@@ -282,6 +358,9 @@ class CollectiveBarrier:
         """Reduce elements [lo, hi) once, then copy them to the outputs while cached. Outputs
         are only written, never read back: they may be mapped staging memory, which is slow to
         read (write-combined)."""
+        if rnd.kind == "exchange":
+            self._exchange_chunk(rnd, lo, hi)
+            return
         inputs = [f[lo:hi] for f in rnd.flats]
         if rnd.shared:
             reduce_into(rnd.out[lo:hi], inputs, rnd.op, self.world_size)
@@ -292,6 +371,27 @@ class CollectiveBarrier:
         reduce_into(tmp, inputs, rnd.op, self.world_size)
         for o in rnd.copies:
             np.copyto(o[lo:hi], tmp)
+
+    def _exchange_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
+        outs = [(o, at) for o, at in zip(rnd.outs, rnd.out_at) if o is not None and o.size]
+        if rnd.op != "copy":
+            outs = [(o, at) for o, at in outs if at < hi and at + o.size > lo]
+            if not outs:
+                return
+            tmp = np.empty(hi - lo, rnd.dtype)
+            reduce_into(tmp, [a[lo:hi] for a in rnd.items], rnd.op, self.world_size)
+            for o, at in outs:
+                a, b = max(lo, at), min(hi, at + o.size)
+                np.copyto(o[a - at:b - at], tmp[a - lo:b - lo])
+            return
+        for item, iat in zip(rnd.items, rnd.item_at):
+            if item is None:
+                continue
+            ilo, ihi = max(lo, iat), min(hi, iat + item.size)
+            for o, at in outs:
+                a, b = max(ilo, at), min(ihi, at + o.size)
+                if a < b:
+                    np.copyto(o[a - at:b - at], item[a - iat:b - iat])
 
     def _help_reduce(self, rnd: _Round, deadline: float, timeout: float,
                      wait: bool = True) -> None:
@@ -314,13 +414,13 @@ class CollectiveBarrier:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         err = CollectiveError(
-                            f"CollectiveBarrier round {rnd.gen}: reduction of {rnd.out.nbytes:,} "
+                            f"CollectiveBarrier round {rnd.gen}: reduction of {rnd.nbytes:,} "
                             f"bytes did not finish within {timeout} s", timed_out=True)
                         self._break(err)
                         raise err
                     self._cond.wait(remaining)
             lo = i * rnd.chunk
-            hi = min(lo + rnd.chunk, rnd.out.size)
+            hi = min(lo + rnd.chunk, rnd.length)
             try:
                 self._reduce_chunk(rnd, lo, hi)
             except BaseException as e:

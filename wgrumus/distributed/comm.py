@@ -1,14 +1,6 @@
-"""CommThread: one thread per device that all-reduces device buffers in the background, and the
-pipelined staging engine under it (and under the thread backend's device collectives).
-
-Adapters of one host have no peer-to-peer path in WebGPU, so a collective between devices goes
-device -> mapped staging -> host reduction -> staging -> device. The engine cuts the buffer into
-chunks and keeps ``inflight`` chunk downloads queued on the device; each map is tracked on its own
-(runtime/staging.py, runtime/native.py), so chunk k+1's download, chunk k's host reduction and
-chunk k-1's upload overlap on every rank. The reduction reads every rank's chunk in place in its
-mapped download buffer and writes the result straight into each rank's mapped upload buffer, split
-over several threads by the CollectiveBarrier (no other host copies). One submit carries chunk k's
-upload and chunk k+inflight's download.
+"""CommThread: one thread per device that all-reduces device buffers in the background, through
+the pipelined staging engine (pipelined.py: chunk k+1's download, chunk k's host reduction and
+chunk k-1's upload overlap on every rank).
 
 The compute thread calls ``async_allreduce(comm, x, barrier)`` and goes on recording work;
 ``AllReduceHandle.wait()`` returns once the result is in place (queued before any later GPU work)
@@ -18,21 +10,14 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.staging import staging_of
+from . import pipelined
 from .barrier import CollectiveBarrier, check_op
 from .errors import CollectiveError
-
-# Per chunk the engine pays two map requests, one submit and one barrier round (~0.1 ms of host
-# time); the chunk must be large enough to hide that behind its transfer and small enough that
-# the pipeline fills quickly. benchmarks/collectives.py --backend comm --chunks sweeps it.
-CHUNK_BYTES = 4 << 20
-INFLIGHT = 3  # chunk downloads queued ahead of the one being reduced
+from .pipelined import CHUNK_BYTES, INFLIGHT
 
 
 @dataclass(frozen=True)
@@ -168,78 +153,8 @@ class CommThread:
                 req.handle._finish()
 
     def _all_reduce(self, req: _Request) -> None:
-        pipelined_all_reduce(req.storage, req.barrier, self.rank, req.op,
+        pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op,
                              chunk_bytes=self.chunk_bytes, inflight=self.inflight)
-
-
-def _bounds(nbytes: int, chunk: int) -> list[int]:
-    return list(range(0, nbytes, chunk)) + [nbytes] if nbytes else [0, 0]
-
-
-def pipelined_all_reduce(src: BufferSlice, barrier: CollectiveBarrier, rank: int,
-                         op: str = "mean", dst: BufferSlice | None = None,
-                         chunk_bytes: int = CHUNK_BYTES, inflight: int = INFLIGHT) -> None:
-    """All-reduce ``src`` over the barrier's participants into ``dst`` (default: in place),
-    chunk by chunk through pipelined staging; every participant calls it with its own device's
-    slices. On failure the staging buffers this call holds are unmapped and dropped, the barrier
-    is left broken (the other ranks raise) and the error propagates."""
-    dst = src if dst is None else dst
-    if dst.device is not src.device or dst.nbytes != src.nbytes or dst.dtype != src.dtype:
-        raise ValueError(f"dst ({dst.nbytes} bytes of {dst.dtype} on {dst.device!r}) must match "
-                         f"src ({src.nbytes} bytes of {src.dtype} on {src.device!r})")
-    check_op(op, src.dtype)
-    if src.nbytes == 0:  # an empty buffer still joins the round
-        barrier.reduce(np.empty(0, src.dtype), op, rank=rank)
-        return
-    st = staging_of(src.device)
-    b = _bounds(src.nbytes, max(256, chunk_bytes // 256 * 256))
-    nchunks = len(b) - 1
-    reads: deque = deque()
-    w = None
-    nxt = 0
-
-    def download(k):
-        r = st.reader(b[k + 1] - b[k])
-        reads.append(r)
-        return r, (src.buffer, src.offset + b[k], r.buffer, 0, b[k + 1] - b[k])
-
-    try:
-        while nxt < min(max(1, inflight), nchunks):  # one submit each: maps resolve one by one
-            r, cp = download(nxt)
-            st.submit([cp], [r])
-            nxt += 1
-        for k in range(nchunks):
-            n = b[k + 1] - b[k]
-            deadline = time.monotonic() + barrier.timeout
-            r = reads[0]
-            r.wait(deadline)
-            w = st.writer(n, deadline)
-            _reduce_mapped(barrier, r, w, n, src.dtype, op, rank)
-            reads.popleft()
-            r.unmap()
-            st.give_back(r)
-            w.unmap()
-            copies, maps = [(w.buffer, 0, dst.buffer, dst.offset + b[k], n)], [w]
-            if nxt < nchunks:  # chunk k's upload and chunk nxt's download: one submit
-                r, cp = download(nxt)
-                copies.append(cp)
-                maps.append(r)
-                nxt += 1
-            st.submit(copies, maps)
-            st.give_back(w)
-            w = None
-    except BaseException:
-        st.discard([*reads, w], barrier.timeout)
-        raise
-
-
-def _reduce_mapped(barrier, r, w, n, dtype, op, rank) -> None:
-    """One barrier round over the mapped chunk: the views die before the buffers unmap."""
-    local, out = r.array(dtype, n), w.array(dtype, n)
-    try:
-        barrier.reduce(local, op, rank=rank, out=out)
-    finally:
-        del local, out
 
 
 def async_allreduce(comm: CommThread, x, barrier: CollectiveBarrier,

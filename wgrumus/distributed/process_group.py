@@ -18,7 +18,8 @@ from . import collectives as C
 from .barrier import check_op
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
-from .interop import from_numpy, to_numpy
+from .device_collectives import on_devices
+from .interop import from_numpy, is_tensor, to_numpy
 
 
 class Work:
@@ -154,6 +155,9 @@ class ProcessGroup:
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, x, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks (op: sum, mean, max, min); every rank gets the result."""
+        if strategy is None and is_tensor(x) and \
+                (out := on_devices(self, "all_reduce", x, op=op)) is not None:
+            return out
         arr, dev = to_numpy(x)
         check_op(op, arr.dtype)
         if strategy is None and self.config.num_nodes is not None and self.world_size > 1:
@@ -183,6 +187,8 @@ class ProcessGroup:
         """Return root's ``x`` on every rank. Other ranks may pass None (shape and dtype come with
         the data) or an array/Tensor of the expected shape and dtype (checked)."""
         root = self._check_rank(root, "root")
+        if strategy is None and (out := on_devices(self, "broadcast", x, root=root)) is not None:
+            return out
         arr, dev = to_numpy(x) if x is not None else (None, None)
         if self.rank == root and arr is None:
             raise ValueError(f"broadcast: the root (rank {root}) must pass the data")
@@ -206,6 +212,9 @@ class ProcessGroup:
     def all_gather(self, x, axis: int = 0, strategy=None):
         """Concatenate every rank's ``x`` along ``axis`` (dim 0 by default) in rank order.
         Sizes along ``axis`` may differ between ranks; everything else must match."""
+        if strategy is None and is_tensor(x) and \
+                (out := on_devices(self, "all_gather", x, axis=axis)) is not None:
+            return out
         arr, dev = to_numpy(x)
         native = self._native(strategy, "all_gather")
 
@@ -222,6 +231,9 @@ class ProcessGroup:
         The axis is split into world_size parts by numpy.array_split's rule: with n = size % world,
         ranks 0..n-1 get one more row than the rest (so uneven sizes are allowed, and all_gather
         of the parts restores the full array)."""
+        if strategy is None and is_tensor(x) and \
+                (out := on_devices(self, "reduce_scatter", x, op=op, axis=axis)) is not None:
+            return out
         arr, dev = to_numpy(x)
         check_op(op, arr.dtype)
         if arr.ndim == 0:

@@ -1,0 +1,146 @@
+"""The thread backend's collectives on device tensors: each rank's Tensor stays on its device and
+moves through the pipelined staging engine (pipelined.py), instead of being read into a fresh
+numpy array, reduced, and uploaded again.
+
+ProcessGroup calls ``on_devices`` first when it was handed a Tensor (a broadcast: always, since
+non-root ranks may pass nothing). The ranks then agree in one round: when every rank passed a
+contiguous tensor on a runtime device, with pieces the engine can move (4-byte aligned), the engine
+runs; otherwise every rank takes the host path together. In all_reduce, reduce_scatter and
+all_gather all ranks must pass tensors, or all arrays: a rank passing an array while others pass
+tensors makes the call fail with CollectiveError.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import pipelined
+from .barrier import check_op
+from .errors import CollectiveError
+from .transport import split_bounds
+
+
+def _slice_of(x):
+    """x's BufferSlice when the engine can move it (contiguous, aligned, runtime device)."""
+    from ..runtime.device import Device
+    if not (hasattr(x, "buffer_slice") and isinstance(getattr(x, "device", None), Device)):
+        return None
+    try:
+        return x.buffer_slice() if x.is_contiguous() else None
+    except ValueError:  # offset or size not a multiple of 4 bytes
+        return None
+
+
+def on_devices(group, name: str, x, **kw):
+    """The result Tensor of collective ``name`` through the engine, or None when this call takes
+    the host path (not the thread backend, or not every rank passed a movable tensor)."""
+    barrier = getattr(getattr(group._t, "world", None), "barrier", None)
+    if barrier is None or group.config.num_nodes is not None or group.world_size == 1:
+        return None
+    if kw.get("op") is not None:
+        check_op(kw["op"], x.dtype)
+    s = _slice_of(x) if x is not None else None
+    mine = (name, s is not None, str(s.dtype) if s else None, tuple(x.shape) if s else None)
+    try:
+        everyone = barrier.gather(mine, rank=group.rank, tag="device-collective")
+    except CollectiveError as e:
+        group._fail(e)
+        raise
+    names = {e[0] for e in everyone}
+    if len(names) > 1:
+        err = CollectiveError(f"ranks called different collectives at once: "
+                              f"{', '.join(f'rank {r}: {e[0]}' for r, e in enumerate(everyone))}")
+        group._fail(err)
+        raise err
+    if not all(e[1] for e in everyone):
+        return None
+    dtypes = {e[2] for e in everyone}
+    shapes = [e[3] for e in everyone]
+    if len(dtypes) > 1:
+        return _mismatch(group, name, everyone)
+    fn = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
+          "all_gather": _all_gather, "broadcast": _broadcast}[name]
+    plan = fn(group, x, s, shapes, **kw)
+    if plan is None:
+        return None
+    if plan is _MISMATCH:
+        return _mismatch(group, name, everyone)
+    out, work = plan
+    group._run(name, s.nbytes, lambda tag, deadline: (work(barrier), out)[1])
+    return out
+
+
+_MISMATCH = object()
+
+
+def _mismatch(group, name, everyone):
+    err = CollectiveError(f"{name}: ranks passed different tensors: " + ", ".join(
+        f"rank {r}: {e[2]} {e[3]}" for r, e in enumerate(everyone)))
+    group._fail(err)
+    raise err
+
+
+def _empty_like(s, shape):
+    from ..tensor import Tensor
+    return Tensor.empty(shape, s.device, s.dtype)
+
+
+def _aligned(bounds, isz) -> bool:
+    return all(b * isz % 4 == 0 for b in bounds)
+
+
+def _all_reduce(group, x, s, shapes, op):
+    if len(set(shapes)) > 1:
+        return _MISMATCH
+    out = _empty_like(s, shapes[0])
+    dst = out.buffer_slice()
+    return out, lambda barrier: pipelined.all_reduce(s, barrier, group.rank, op, dst=dst)
+
+
+def _rows(shape):
+    return shape[0], int(np.prod(shape[1:], dtype=np.int64))
+
+
+def _reduce_scatter(group, x, s, shapes, op, axis):
+    shape = shapes[group.rank]
+    if len(shape) == 0 or axis % len(shape) != 0:
+        return None
+    if len(set(shapes)) > 1:
+        return _MISMATCH
+    rows, per = _rows(shape)
+    parts = [b * per for b in split_bounds(rows, group.world_size)]
+    if not _aligned(parts, s.dtype.itemsize):
+        return None
+    r = group.rank
+    b = split_bounds(rows, group.world_size)
+    out = _empty_like(s, (b[r + 1] - b[r],) + shape[1:])
+    dst = out.buffer_slice()
+    return out, lambda barrier: pipelined.reduce_scatter(s, dst, barrier, r, parts, op)
+
+
+def _all_gather(group, x, s, shapes, axis):
+    shape = shapes[group.rank]
+    if len(shape) == 0 or axis % len(shape) != 0:
+        return None
+    if len({sh[1:] for sh in shapes}) > 1 or any(len(sh) == 0 for sh in shapes):
+        return _MISMATCH
+    per = _rows(shape)[1]
+    parts = np.concatenate([[0], np.cumsum([sh[0] * per for sh in shapes])]).tolist()
+    if not _aligned(parts, s.dtype.itemsize):
+        return None
+    out = _empty_like(s, (sum(sh[0] for sh in shapes),) + shape[1:])
+    dst = out.buffer_slice()
+    return out, lambda barrier: pipelined.all_gather(s, dst, barrier, group.rank, parts)
+
+
+def _broadcast(group, x, s, shapes, root):
+    if len(set(shapes)) > 1:
+        return _MISMATCH
+    out = _empty_like(s, shapes[root])
+    dst = out.buffer_slice()
+    if group.rank == root:  # the root's result is a device copy of its input
+        def work(barrier):
+            if s.nbytes:
+                s.device.copy(s.buffer, s.offset, dst.buffer, dst.offset, s.nbytes)
+            pipelined.broadcast(s, barrier, group.rank, root)
+        return out, work
+    return out, lambda barrier: pipelined.broadcast(dst, barrier, group.rank, root)

@@ -1,0 +1,193 @@
+"""Device collectives through pipelined staging: the engine under CommThread and under the thread
+backend's device collectives (all_reduce, reduce_scatter, all_gather, broadcast).
+
+Adapters of one host have no peer-to-peer path in WebGPU, so a collective between devices goes
+device -> mapped staging -> host -> staging -> device. Every participant (one thread per device)
+cuts its part of the work into the same chunks and keeps ``inflight`` chunk downloads queued on its
+device; each map is tracked on its own (runtime/staging.py), so chunk k+1's download, chunk k's
+host step and chunk k-1's upload overlap on every rank. The host step is one
+``CollectiveBarrier.exchange`` round per chunk: it reads every rank's chunk in place in its mapped
+download buffer and writes the result straight into each rank's mapped upload buffer, split over
+several threads (no other host copies). One submit carries chunk k's upload and the next chunk's
+download.
+
+On failure the staging buffers a call holds are unmapped and dropped, the barrier is broken (the
+other ranks raise CollectiveError at once) and the error propagates.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .barrier import check_op
+
+# Per chunk the engine pays two map requests, one submit and one barrier round (~0.1 ms of host
+# time on a fast host); the chunk must be large enough to hide that behind its transfer and small
+# enough that the pipeline fills quickly. benchmarks/collectives.py --backend comm --chunks
+# compares sizes.
+CHUNK_BYTES = 4 << 20
+INFLIGHT = 3  # chunk downloads queued ahead of the one being reduced
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One round: its space (elements), what this rank downloads into it (byte offset in src,
+    bytes; at element item_at) and uploads from it (byte offset in dst, bytes; from out_at)."""
+    length: int
+    down: tuple | None
+    item_at: int
+    up: tuple | None
+    out_at: int
+
+
+def _spans(length: int, chunk: int) -> list[tuple]:
+    return [(c, min(c + chunk, length)) for c in range(0, length, chunk)] or [(0, 0)]
+
+
+def _piece(c0, c1, lo, hi, isz):
+    """(byte offset from lo, bytes, element offset from c0) of [c0,c1) & [lo,hi), or None."""
+    a, b = max(c0, lo), min(c1, hi)
+    return ((a - lo) * isz, (b - a) * isz, a - c0) if a < b else None
+
+
+def _elems(chunk_bytes, dtype) -> int:
+    """Elements per chunk (None: the module's CHUNK_BYTES, read at call time)."""
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return max(256, chunk_bytes // 256 * 256) // np.dtype(dtype).itemsize
+
+
+def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
+               chunk_bytes: int | None = None, inflight: int | None = None) -> None:
+    """All-reduce BufferSlice ``src`` over the barrier's participants into ``dst`` (default: in
+    place); every participant calls it with its own device's slices."""
+    dst = src if dst is None else dst
+    if dst.device is not src.device or dst.nbytes != src.nbytes or dst.dtype != src.dtype:
+        raise ValueError(f"dst ({dst.nbytes} bytes of {dst.dtype} on {dst.device!r}) must match "
+                         f"src ({src.nbytes} bytes of {src.dtype} on {src.device!r})")
+    check_op(op, src.dtype)
+    isz = src.dtype.itemsize
+    chunks = [_Chunk(c1 - c0, (c0 * isz, (c1 - c0) * isz), 0, (c0 * isz, (c1 - c0) * isz), 0)
+              if c1 > c0 else _Chunk(0, None, 0, None, 0)
+              for c0, c1 in _spans(src.nbytes // isz, _elems(chunk_bytes, src.dtype))]
+    _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight)
+
+
+def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
+                   chunk_bytes: int | None = None, inflight: int | None = None) -> None:
+    """Reduce every rank's ``src`` and write elements [parts[rank], parts[rank+1]) of the result
+    into this rank's ``dst``."""
+    check_op(op, src.dtype)
+    isz = src.dtype.itemsize
+    lo, hi = parts[rank], parts[rank + 1]
+    if dst.nbytes != (hi - lo) * isz or src.nbytes != parts[-1] * isz:
+        raise ValueError(f"reduce_scatter: src holds {src.nbytes} bytes and dst {dst.nbytes}; "
+                         f"parts {list(parts)} need {parts[-1] * isz} and {(hi - lo) * isz}")
+    chunks = []
+    for c0, c1 in _spans(parts[-1], _elems(chunk_bytes, src.dtype)):
+        p = _piece(c0, c1, lo, hi, isz)
+        chunks.append(_Chunk(c1 - c0, (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None, 0,
+                             p[:2] if p else None, p[2] if p else 0))
+    _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight)
+
+
+def all_gather(src, dst, barrier, rank: int, parts, chunk_bytes: int | None = None,
+               inflight: int | None = None) -> None:
+    """Write every rank's ``src`` side by side into each rank's ``dst``: rank r's elements go to
+    [parts[r], parts[r+1])."""
+    isz = src.dtype.itemsize
+    lo, hi = parts[rank], parts[rank + 1]
+    if src.nbytes != (hi - lo) * isz or dst.nbytes != parts[-1] * isz:
+        raise ValueError(f"all_gather: src holds {src.nbytes} bytes and dst {dst.nbytes}; "
+                         f"parts {list(parts)} need {(hi - lo) * isz} and {parts[-1] * isz}")
+    chunks = []
+    for c0, c1 in _spans(parts[-1], _elems(chunk_bytes, src.dtype)):
+        p = _piece(c0, c1, lo, hi, isz)
+        chunks.append(_Chunk(c1 - c0, p[:2] if p else None, p[2] if p else 0,
+                             (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None, 0))
+    _run(barrier, rank, src.dtype, None, chunks, src, dst, inflight)
+
+
+def broadcast(buf, barrier, rank: int, root: int, chunk_bytes: int | None = None,
+              inflight: int | None = None) -> None:
+    """Copy the root's ``buf`` into every other rank's ``buf`` (same size and dtype)."""
+    isz = buf.dtype.itemsize
+    chunks = []
+    for c0, c1 in _spans(buf.nbytes // isz, _elems(chunk_bytes, buf.dtype)):
+        span = (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None
+        chunks.append(_Chunk(c1 - c0, span if rank == root else None, 0,
+                             None if rank == root else span, 0))
+    _run(barrier, rank, buf.dtype, None, chunks, buf, buf, inflight)
+
+
+def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
+    """The pipeline over ``chunks``: downloads up to ``inflight`` ahead, one exchange round and
+    one upload per chunk."""
+    for c in chunks:
+        for part in (c.down, c.up):
+            if part is not None and (part[0] % 4 or part[1] % 4):
+                raise ValueError(f"a piece at byte {part[0]} of {part[1]} bytes: staged copies "
+                                 "move 4-byte aligned multiples of 4 bytes")
+    from ..runtime.staging import staging_of  # wgpu is imported only once devices are used
+    st = staging_of(src.device)
+    inflight = max(1, INFLIGHT if inflight is None else inflight)
+    reads: deque = deque()  # (chunk index, StagingBuffer): downloads in flight, in order
+    w = None
+    nxt = 0  # the next chunk whose download is still to be issued
+
+    def refill(copies, maps, upto):
+        nonlocal nxt
+        while nxt < len(chunks) and len(reads) < upto:
+            c = chunks[nxt]
+            if c.down is not None:
+                r = st.reader(c.down[1])
+                reads.append((nxt, r))
+                copies.append((src.buffer, src.offset + c.down[0], r.buffer, 0, c.down[1]))
+                maps.append(r)
+            nxt += 1
+
+    try:
+        for depth in range(1, inflight + 1):  # one submit each: maps resolve one by one
+            copies, maps = [], []
+            refill(copies, maps, depth)
+            if copies:
+                st.submit(copies, maps)
+        for k, c in enumerate(chunks):
+            deadline = time.monotonic() + barrier.timeout
+            r = None
+            if c.down is not None:
+                r = reads[0][1]
+                r.wait(deadline)
+            if c.up is not None:
+                w = st.writer(c.up[1], deadline)
+            _exchange(barrier, rank, c, r, w, dtype, op)
+            if r is not None:
+                reads.popleft()
+                r.unmap()
+                st.give_back(r)
+            copies, maps = [], []
+            if w is not None:
+                w.unmap()
+                copies.append((w.buffer, 0, dst.buffer, dst.offset + c.up[0], c.up[1]))
+                maps.append(w)
+            refill(copies, maps, inflight)  # chunk k's upload, later chunks' downloads
+            if copies:
+                st.submit(copies, maps)
+            if w is not None:
+                st.give_back(w)
+                w = None
+    except BaseException:
+        st.discard([*(r for _, r in reads), w], barrier.timeout)
+        raise
+
+
+def _exchange(barrier, rank, c: _Chunk, r, w, dtype, op) -> None:
+    """One barrier round over the mapped chunk; the views die before the buffers unmap."""
+    item = r.array(dtype, c.down[1]) if r is not None else None
+    out = w.array(dtype, c.up[1]) if w is not None else None
+    try:
+        barrier.exchange(c.length, dtype, rank, item, c.item_at, out, c.out_at, op)
+    finally:
+        del item, out
