@@ -36,9 +36,9 @@ def on_devices(group, name: str, x, **kw):
     barrier = getattr(getattr(group._t, "world", None), "barrier", None)
     if barrier is None or group.config.num_nodes is not None or group.world_size == 1:
         return None
-    if kw.get("op") is not None:
-        check_op(kw["op"], x.dtype)
     s = _slice_of(x) if x is not None else None
+    if s is not None and kw.get("op") is not None:
+        check_op(kw["op"], s.dtype)  # bad input raises before any rank waits on this one
     mine = (name, s is not None, str(s.dtype) if s else None, tuple(x.shape) if s else None)
     try:
         everyone = barrier.gather(mine, rank=group.rank, tag="device-collective")
