@@ -214,51 +214,29 @@ def on_all(devs, fn):
     return max(ends) - t0
 
 
-def stream_down(dev, buf, nbytes, chunk, inflight):
-    """Device -> host through the engine's staging, chunk maps waited one by one, no host work."""
-    from collections import deque
-
-    from wgrumus.runtime.staging import staging_of
-    st, q, deadline = staging_of(dev), deque(), time.monotonic() + 600
-    bounds = list(range(0, nbytes, chunk)) + [nbytes]
-    for k in range(len(bounds) - 1):
-        n = bounds[k + 1] - bounds[k]
-        r = st.reader(n)
-        st.submit([(buf, bounds[k], r.buffer, 0, n)], [r])
-        q.append(r)
-        if len(q) > inflight:
-            _drop(st, q.popleft(), deadline)
-    while q:
-        _drop(st, q.popleft(), deadline)
-
-
-def _drop(st, r, deadline):
-    r.wait(deadline)
-    r.unmap()
-    st.give_back(r)
-
-
-def stream_up(dev, buf, nbytes, chunk):
-    """Host -> device through the engine's staging (mapped upload buffers rotating), until the
-    last copy has landed (its buffer's re-map completes)."""
+def one_way(dev, buf, nbytes, down: bool):
+    """One copy of the whole buffer between the device and a mapped staging buffer, through the
+    engine's staging (runtime/staging.py), until its map completes: the link's one-way rate
+    with no chunking overhead."""
     from wgrumus.runtime.staging import staging_of
     st, deadline = staging_of(dev), time.monotonic() + 600
-    for lo in range(0, nbytes, chunk):
-        n = min(chunk, nbytes - lo)
-        w = st.writer(n, deadline)
-        w.unmap()
-        st.submit([(w.buffer, 0, buf, lo, n)], [w])
-        if lo + chunk >= nbytes:
-            w.wait(deadline)
-        st.give_back(w)
+    sb = st.reader(nbytes) if down else st.writer(nbytes, deadline)
+    sb.unmap()  # a writer comes mapped (ready to fill)
+    copy = (buf, 0, sb.buffer, 0, nbytes) if down else (sb.buffer, 0, buf, 0, nbytes)
+    st.submit([copy], [sb])
+    sb.wait(deadline)  # the map resolves once the copy is done
+    if down:
+        sb.unmap()
+    st.give_back(sb)
 
 
 def run_comm(args, sizes, worlds) -> list[dict]:
     """GPU buffers all-reduced in place by one CommThread per device, next to the one-way staging
-    rates of the same devices measured in the same run (all ranks transferring at once, so a
-    shared link is shared here too). bound = min(down, up): the all-reduce moves each rank's
-    bytes down once and up once, and can at best overlap the two directions completely."""
-    from wgrumus.distributed.comm import INFLIGHT, BufferSlice, CommThread, async_allreduce
+    rates of the same devices and sizes measured in the same run (one whole-buffer copy per
+    direction, all ranks at once, so a shared link is shared here too). bound = min(down, up):
+    the all-reduce moves each rank's bytes down once and up once, and can at best overlap the
+    two directions completely."""
+    from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
     devs, n_adapters = comm_devices(max(worlds))
     if not devs:
         print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
@@ -273,14 +251,14 @@ def run_comm(args, sizes, worlds) -> list[dict]:
                 if nbytes > min(d.max_binding for d in devs[:w]) or \
                         nbytes * w * 4 > args.max_memory:
                     continue
-                rows.append(_comm_point(devs[:w], comms, nbytes, chunk, label, INFLIGHT,
+                rows.append(_comm_point(devs[:w], comms, nbytes, chunk, label,
                                         (BufferSlice, async_allreduce)))
             for c in comms:
                 c.close()
     return rows
 
 
-def _comm_point(devs, comms, nbytes, chunk, label, inflight, api) -> dict:
+def _comm_point(devs, comms, nbytes, chunk, label, api) -> dict:
     BufferSlice, async_allreduce = api
     w = len(devs)
     bufs = [d.alloc(nbytes) for d in devs]
@@ -302,8 +280,8 @@ def _comm_point(devs, comms, nbytes, chunk, label, inflight, api) -> dict:
         n = iterations(on_all(devs, fn))
         return nbytes * n / sum(on_all(devs, fn) for _ in range(n)) / 1e9
 
-    down = rate(lambda r: stream_down(devs[r], bufs[r], nbytes, chunk, inflight))
-    up = rate(lambda r: stream_up(devs[r], bufs[r], nbytes, chunk))
+    down = rate(lambda r: one_way(devs[r], bufs[r], nbytes, True))
+    up = rate(lambda r: one_way(devs[r], bufs[r], nbytes, False))
     for _ in range(WARMUP):  # staging buffers are made and mapped on the first calls
         t0 = time.perf_counter()
         once()

@@ -278,3 +278,36 @@ def test_process_group_unaligned_tensors_take_the_host_path_together(devices):
     total = xs[0] + xs[1]
     assert np.array_equal(out[0][0], total[:3]) and np.array_equal(out[1][0], total[3:])
     assert all(np.array_equal(o[1], np.concatenate(xs)) for o in out)
+
+
+@pytest.mark.timeout(60)
+def test_barrier_exchange_rounds_split_over_helper_threads():
+    """exchange() with large pieces (cut into pieces for participants and 2 helper threads):
+    a reduce-scatter-like round writes each rank its own range; a gather-like round assembles
+    disjoint pieces; pieces that do not tile the space fail every participant."""
+    n, world = 1 << 19, 3  # 2 MiB of float32: split into many pieces
+    rng = np.random.default_rng(1)
+    xs = [rng.integers(-99, 99, n).astype(np.float32) for _ in range(world)]
+    cuts = [0, 100_003, 300_001, n]
+    barrier = CollectiveBarrier(world, timeout=20, helpers=2)
+
+    def rank(r):
+        mine = np.empty(cuts[r + 1] - cuts[r], np.float32)
+        barrier.exchange(n, np.float32, r, xs[r], 0, mine, cuts[r], op="sum")
+        full = np.empty(n, np.float32)
+        barrier.exchange(n, np.float32, r, xs[r][cuts[r]:cuts[r + 1]], cuts[r], full, 0)
+        return mine, full
+
+    out, errs, _ = run_ranks(world, rank)
+    assert errs == [None] * world, errs
+    total = xs[0] + xs[1] + xs[2]
+    want_full = np.concatenate([xs[r][cuts[r]:cuts[r + 1]] for r in range(world)])
+    for r, (mine, full) in enumerate(out):
+        assert np.array_equal(mine, total[cuts[r]:cuts[r + 1]])
+        assert np.array_equal(full, want_full)
+
+    def overlapping(r):
+        barrier.exchange(8, np.float32, r, np.zeros(4, np.float32), 0 if r < 2 else 4, None)
+
+    _, errs, _ = run_ranks(world, overlapping)
+    assert all(isinstance(e, CollectiveError) and "cover" in str(e) for e in errs), errs

@@ -34,7 +34,10 @@ REDUCE_OPS = ("sum", "mean", "max", "min")
 _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 CHUNK_BYTES = 1 << 20       # a chunk fits in L2 and still amortises the per-chunk bookkeeping
 PARALLEL_MIN_BYTES = 1 << 19  # below this one thread is faster than waking the others
-MAX_REDUCE_THREADS = 8        # one core's memory bandwidth is ~10 GB/s; a few saturate a socket
+SPLIT_MIN_BYTES = 1 << 17     # large rounds are cut into at least one piece per thread, to here
+# One core moves ~10 GB/s; a 2-rank all-reduce at 10 GB/s moves ~40 GB/s of host memory (two
+# inputs read, two outputs written), so a round wants about a dozen threads on a large host.
+MAX_REDUCE_THREADS = 12
 _helpers: ThreadPoolExecutor | None = None
 _helpers_lock = threading.Lock()
 
@@ -313,7 +316,8 @@ class CollectiveBarrier:
         rnd.length, rnd.nbytes = length, nbytes
         nchunks = max(1, math.ceil(nbytes / self.chunk_bytes))
         if nbytes >= PARALLEL_MIN_BYTES and self.world_size > 1:
-            nchunks = max(nchunks, self.world_size)
+            threads = self.world_size + self.helpers
+            nchunks = max(nchunks, self.world_size, min(threads, nbytes // SPLIT_MIN_BYTES))
         if nchunks == 1:
             self._reduce_chunk(rnd, 0, length)
             self._finish(rnd)
