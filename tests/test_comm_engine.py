@@ -311,3 +311,27 @@ def test_barrier_exchange_rounds_split_over_helper_threads():
 
     _, errs, _ = run_ranks(world, overlapping)
     assert all(isinstance(e, CollectiveError) and "cover" in str(e) for e in errs), errs
+
+
+@pytest.mark.timeout(60)
+def test_engine_over_wgpu_py_promises_outside_the_tested_range(devices, monkeypatch):
+    """Where the C API is not used (another wgpu-py), the same engine runs on wgpu-py's own
+    map promises: slower, same results."""
+    from wgrumus.runtime import native, staging
+    monkeypatch.setattr(staging, "api", native._WgpuPy)
+    monkeypatch.setattr(staging, "_STAGING", staging.weakref.WeakKeyDictionary())
+    xs = [np.arange(16384, dtype=np.float32) * (r + 1) for r in range(2)]
+    bufs = [upload(d, x) for d, x in zip(devices, xs)]
+    barrier = CollectiveBarrier(2, timeout=20)
+
+    def rank(r):
+        with CommThread(devices[r], rank=r, chunk_bytes=4096) as comm:
+            async_allreduce(comm, BufferSlice(devices[r], bufs[r], 0, 65536, np.float32),
+                            barrier, "sum").wait(30)
+        assert not staging.staging_of(devices[r]).api.native
+        return download(devices[r], bufs[r], 65536)
+
+    out, errs, _ = run_ranks(2, rank)
+    assert errs == [None, None], errs
+    for got in out:
+        assert np.array_equal(got, xs[0] + xs[1])

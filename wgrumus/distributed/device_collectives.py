@@ -65,8 +65,12 @@ def on_devices(group, name: str, x, **kw):
     if plan is _MISMATCH:
         return _mismatch(group, name, everyone)
     out, work = plan
-    group._run(name, s.nbytes, lambda tag, deadline: (work(barrier), out)[1])
-    return out
+
+    def go(_tag, _deadline):
+        work(barrier)
+        return out
+
+    return group._run(name, s.nbytes, go)
 
 
 _MISMATCH = object()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .barrier import check_op
+from .errors import CollectiveError
 
 # Per chunk the engine pays two map requests, one submit and one barrier round (~0.1 ms of host
 # time on a fast host); the chunk must be large enough to hide that behind its transfer and small
@@ -178,7 +179,9 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
             if w is not None:
                 st.give_back(w)
                 w = None
-    except BaseException:
+    except BaseException as e:
+        if not isinstance(e, CollectiveError):
+            barrier.abort(e)  # the other ranks must not wait for this one
         st.discard([*(r for _, r in reads), w], barrier.timeout)
         raise
 
