@@ -41,6 +41,8 @@ def api():
     the tested range and has every symbol, else wgpu-py's promises (WGRUMUS_NO_NATIVE=1 forces
     that)."""
     global _api_obj
+    if _api_obj is not None:
+        return _api_obj
     with _api_lock:
         if _api_obj is None:
             _api_obj = _load() or _WgpuPy()
@@ -68,7 +70,8 @@ def _load():
 
 class MapRequest:
     """One ``wgpuBufferMapAsync``: ``status`` is None while pending, then True (mapped) or an
-    error message. ``index`` is the submission whose completion the map waits for."""
+    error message (through wgpu-py's API: its promise). ``index`` is the submission whose
+    completion the map waits for (None: no copy to wait for)."""
     __slots__ = ("buffer", "mode", "size", "index", "status", "__weakref__")
 
     def __init__(self, buffer, mode: int, size: int, index):
@@ -87,24 +90,22 @@ class _Native:
         self._map = lib.wgpuBufferMapAsync
         self._range = lib.wgpuBufferGetMappedRange
         self._unmap = _api.libf.wgpuBufferUnmap
-        self._cbs = ffi.new("WGPUCommandBuffer[1]")
-        self._index = ffi.new("WGPUSubmissionIndex *")
         self._pending: dict[int, MapRequest] = {}
-        self._keys = itertools.count(1)
-        self._lock = threading.Lock()  # guards the C scratch arrays above
+        self._keys = itertools.count(1)  # next() is atomic under the GIL
+        # One C callback for every map request; userdata1 carries the request's key.
         self._cb = ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)",
                                 self._on_map)
         self._ok = lib.WGPUMapAsyncStatus_Success
-        self._info = ffi.new("WGPUBufferMapCallbackInfo *")
-        self._info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        self._info.callback = self._cb
+        self._mode = lib.WGPUCallbackMode_AllowProcessEvents
+        # Fails here (and wgpu-py's API is used) if this header's struct has other fields.
+        ffi.new("WGPUBufferMapCallbackInfo *", {"mode": self._mode, "callback": self._cb,
+                                                "userdata1": ffi.NULL})
 
     # ------------------------------------------------------------------ submissions
     def submit(self, queue, command_buffer) -> int:
         """Submit one command buffer; return its submission index."""
-        with self._lock:
-            self._cbs[0] = command_buffer._internal
-            return int(self._submit(queue._internal, 1, self._cbs))
+        cbs = self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal])
+        return int(self._submit(queue._internal, 1, cbs))
 
     def wait_index(self, device, index: int) -> None:
         """Block until submission ``index`` of ``device`` is done (fires ready callbacks)."""
@@ -120,9 +121,9 @@ class _Native:
         req = MapRequest(buffer, mode, size, index)
         key = next(self._keys)
         self._pending[key] = req
-        with self._lock:
-            self._info.userdata1 = self.ffi.cast("void *", key)
-            self._map(buffer._internal, mode, 0, size, self._info[0])
+        info = self.ffi.new("WGPUBufferMapCallbackInfo *", {
+            "mode": self._mode, "callback": self._cb, "userdata1": self.ffi.cast("void *", key)})
+        self._map(buffer._internal, mode, 0, size, info[0])
         return req
 
     def _on_map(self, status, message, userdata1, _userdata2) -> None:
