@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from test_comm import download, upload
 from wgrumus.distributed import CollectiveBarrier, CollectiveError
 from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
 from wgrumus.runtime.native import api
@@ -15,16 +16,6 @@ from wgrumus.runtime.staging import Staging, staging_of
 @pytest.fixture(scope="module")
 def devices(devs):
     return devs[:3]
-
-
-def upload(dev, arr):
-    buf = dev.alloc(arr.nbytes)
-    dev.write(buf, arr)
-    return buf
-
-
-def download(dev, buf, nbytes, dtype=np.float32):
-    return np.frombuffer(dev.read(buf, 0, nbytes), dtype=dtype)
 
 
 def run_ranks(n, fn, join=60):

@@ -48,12 +48,6 @@ def _spans(length: int, chunk: int) -> list[tuple]:
     return [(c, min(c + chunk, length)) for c in range(0, length, chunk)] or [(0, 0)]
 
 
-def _piece(c0, c1, lo, hi, isz):
-    """(byte offset from lo, bytes, element offset from c0) of [c0,c1) & [lo,hi), or None."""
-    a, b = max(c0, lo), min(c1, hi)
-    return ((a - lo) * isz, (b - a) * isz, a - c0) if a < b else None
-
-
 def _elems(chunk_bytes, dtype) -> int:
     """Elements per chunk (None: the module's CHUNK_BYTES, read at call time)."""
     chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
@@ -81,34 +75,36 @@ def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
     """Reduce every rank's ``src`` and write elements [parts[rank], parts[rank+1]) of the result
     into this rank's ``dst``."""
     check_op(op, src.dtype)
-    isz = src.dtype.itemsize
-    lo, hi = parts[rank], parts[rank + 1]
-    if dst.nbytes != (hi - lo) * isz or src.nbytes != parts[-1] * isz:
-        raise ValueError(f"reduce_scatter: src holds {src.nbytes} bytes and dst {dst.nbytes}; "
-                         f"parts {list(parts)} need {parts[-1] * isz} and {(hi - lo) * isz}")
-    chunks = []
-    for c0, c1 in _spans(parts[-1], _elems(chunk_bytes, src.dtype)):
-        p = _piece(c0, c1, lo, hi, isz)
-        chunks.append(_Chunk(c1 - c0, (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None, 0,
-                             p[:2] if p else None, p[2] if p else 0))
-    _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight)
+    chunks = _scatter_gather("reduce_scatter", dst, src, rank, parts, chunk_bytes)
+    _run(barrier, rank, src.dtype, op, [_Chunk(c.length, c.up, c.out_at, c.down, c.item_at)
+                                        for c in chunks], src, dst, inflight)
 
 
 def all_gather(src, dst, barrier, rank: int, parts, chunk_bytes: int | None = None,
                inflight: int | None = None) -> None:
     """Write every rank's ``src`` side by side into each rank's ``dst``: rank r's elements go to
     [parts[r], parts[r+1])."""
-    isz = src.dtype.itemsize
-    lo, hi = parts[rank], parts[rank + 1]
-    if src.nbytes != (hi - lo) * isz or dst.nbytes != parts[-1] * isz:
-        raise ValueError(f"all_gather: src holds {src.nbytes} bytes and dst {dst.nbytes}; "
-                         f"parts {list(parts)} need {(hi - lo) * isz} and {parts[-1] * isz}")
-    chunks = []
-    for c0, c1 in _spans(parts[-1], _elems(chunk_bytes, src.dtype)):
-        p = _piece(c0, c1, lo, hi, isz)
-        chunks.append(_Chunk(c1 - c0, p[:2] if p else None, p[2] if p else 0,
-                             (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None, 0))
+    chunks = _scatter_gather("all_gather", src, dst, rank, parts, chunk_bytes)
     _run(barrier, rank, src.dtype, None, chunks, src, dst, inflight)
+
+
+def _scatter_gather(name, part, whole, rank, parts, chunk_bytes) -> list:
+    """All-gather's chunks: this rank downloads its ``part`` (elements [parts[rank],
+    parts[rank+1]) of the space) where a chunk holds some of it, and uploads every chunk into
+    ``whole``. Reduce-scatter's are the same with the directions swapped."""
+    isz = part.dtype.itemsize
+    lo, hi = parts[rank], parts[rank + 1]
+    if part.nbytes != (hi - lo) * isz or whole.nbytes != parts[-1] * isz:
+        raise ValueError(f"{name}: this rank's part holds {part.nbytes} bytes and the whole "
+                         f"{whole.nbytes}; parts {list(parts)} need {(hi - lo) * isz} and "
+                         f"{parts[-1] * isz}")
+    chunks = []
+    for c0, c1 in _spans(parts[-1], _elems(chunk_bytes, part.dtype)):
+        a, b = max(c0, lo), min(c1, hi)
+        mine = ((a - lo) * isz, (b - a) * isz) if a < b else None
+        chunks.append(_Chunk(c1 - c0, mine, a - c0 if mine else 0,
+                             (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None, 0))
+    return chunks
 
 
 def broadcast(buf, barrier, rank: int, root: int, chunk_bytes: int | None = None,
