@@ -216,7 +216,8 @@ def test_process_group_device_collectives_run_on_the_engine(devices, small_chunk
         outs = {"sum": g.all_reduce(t, "sum"), "mean": g.all_reduce(t, "mean"),
                 "max": g.all_reduce(t, "max"), "isum": g.all_reduce(ti, "sum"),
                 "rs": g.reduce_scatter(t, "sum"), "ag": g.all_gather(tp),
-                "bc": g.broadcast(t, root=world - 1)}
+                "bc": g.broadcast(t, root=world - 1),
+                "empty": g.all_reduce(wr.tensor(np.zeros((0, 3), np.float32), device=g.device))}
         return {k: (type(v).__name__, v.device is g.device, v) for k, v in outs.items()}
 
     out = dist.spawn(fn, world, devices=devices[:world], timeout=60)
@@ -236,6 +237,7 @@ def test_process_group_device_collectives_run_on_the_engine(devices, small_chunk
         assert np.array_equal(res["rs"][2], total[bounds[r]])
         assert np.array_equal(res["ag"][2], np.concatenate(pieces))
         assert np.array_equal(res["bc"][2], xs[world - 1])
+        assert res["empty"][2].shape == (0, 3)
     for d in devices[:world]:
         assert staging_of(d).mapped_buffers() <= 8  # only idle upload buffers, mapped to fill
 

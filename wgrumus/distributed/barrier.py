@@ -344,7 +344,7 @@ class CollectiveBarrier:
                     f"cover the {length}-element space exactly once")
                 self._break(err)
                 raise err
-        elif any(a is None for a in rnd.items):
+        elif length and any(a is None for a in rnd.items):
             err = CollectiveError(f"CollectiveBarrier round {rnd.gen}: a {rnd.op} exchange "
                                   "needs an item from every participant")
             self._break(err)
