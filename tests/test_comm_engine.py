@@ -74,6 +74,38 @@ def test_maps_complete_and_are_waited_out_of_order(devices):
 
 
 @pytest.mark.timeout(60)
+def test_engine_waits_on_its_own_map_requests_not_wgpu_py_promises(devices, monkeypatch):
+    """wgpu-py resolves its promises on a poll thread that waits for *all* submitted work (and
+    holds the device's fence meanwhile); the engine must not depend on it: no poll token is
+    taken while two ranks all-reduce 64 KiB in 4 KiB chunks."""
+    if not api().native:
+        pytest.skip("wgpu-py outside the tested range: the engine uses its promises")
+    from wgpu.backends.wgpu_native import _poller
+    tokens = []
+    real = _poller.PollThread.get_token
+    monkeypatch.setattr(_poller.PollThread, "get_token",
+                        lambda self: tokens.append(1) or real(self))
+    xs = [np.full(16384, r + 1, np.float32) for r in range(2)]
+    bufs = [upload(d, x) for d, x in zip(devices, xs)]
+    for d in devices[:2]:
+        d.synchronize()
+    barrier = CollectiveBarrier(2, timeout=20)
+    tokens.clear()
+
+    def rank(r):
+        with CommThread(devices[r], rank=r, chunk_bytes=4096) as comm:
+            async_allreduce(comm, BufferSlice(devices[r], bufs[r], 0, 65536, np.float32),
+                            barrier, "sum").wait(30)
+
+    _, errs, _ = run_ranks(2, rank)
+    assert errs == [None, None], errs
+    assert tokens == []
+    monkeypatch.undo()
+    for d, b in zip(devices, bufs):
+        assert (download(d, b, 65536) == 3).all()
+
+
+@pytest.mark.timeout(60)
 def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devices,
                                                                            monkeypatch):
     nelem, chunk = 64 * 1024, 16 * 1024  # 16 chunks per all-reduce
