@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 import pytest
-
 from test_comm import download, upload
+
 from wgrumus.distributed import CollectiveBarrier, CollectiveError
 from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
 from wgrumus.runtime.native import api

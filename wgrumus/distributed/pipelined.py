@@ -127,7 +127,8 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
             if part is not None and (part[0] % 4 or part[1] % 4):
                 raise ValueError(f"a piece at byte {part[0]} of {part[1]} bytes: staged copies "
                                  "move 4-byte aligned multiples of 4 bytes")
-    from ..runtime.staging import staging_of  # wgpu is imported only once devices are used
+    # imported here: wgpu loads only once devices are used
+    from ..runtime.staging import staging_of
     st = staging_of(src.device)
     inflight = max(1, INFLIGHT if inflight is None else inflight)
     reads: deque = deque()  # (chunk index, StagingBuffer): downloads in flight, in order

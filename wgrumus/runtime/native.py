@@ -72,7 +72,7 @@ class MapRequest:
     """One ``wgpuBufferMapAsync``: ``status`` is None while pending, then True (mapped) or an
     error message (through wgpu-py's API: its promise). ``index`` is the submission whose
     completion the map waits for (None: no copy to wait for)."""
-    __slots__ = ("buffer", "mode", "size", "index", "status", "__weakref__")
+    __slots__ = ("buffer", "index", "mode", "size", "status")
 
     def __init__(self, buffer, mode: int, size: int, index):
         self.buffer, self.mode, self.size, self.index = buffer, mode, size, index
@@ -181,7 +181,6 @@ class _WgpuPy:
 
     def submit(self, queue, command_buffer):
         queue.submit([command_buffer])
-        return None
 
     def map_async(self, buffer, mode: int, size: int, index=None) -> MapRequest:
         req = MapRequest(buffer, mode, size, index)

@@ -17,18 +17,15 @@ import weakref
 import numpy as np
 import wgpu
 
+from .device import staging_size
 from .native import MAP_READ, MAP_WRITE, api
 
 MAX_IDLE = 8  # idle buffers kept per (direction, size)
 
 
-def staging_size(nbytes: int) -> int:
-    return max(256, 1 << (max(nbytes, 1) - 1).bit_length())
-
-
 class StagingBuffer:
     """One staging buffer and its latest map request."""
-    __slots__ = ("staging", "buffer", "mode", "size", "req", "mapped", "__weakref__")
+    __slots__ = ("__weakref__", "buffer", "mapped", "mode", "req", "size", "staging")
 
     def __init__(self, staging, mode: int, size: int):
         usage = (wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST if mode == MAP_READ
@@ -150,7 +147,7 @@ class Staging:
         return sum(sb.mapped or sb.req is not None for sb in live if sb is not None)
 
 
-_STAGING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_STAGING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STAGING_LOCK = threading.Lock()
 
 
