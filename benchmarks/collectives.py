@@ -236,7 +236,7 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     direction, all ranks at once, so a shared link is shared here too). bound = min(down, up):
     the all-reduce moves each rank's bytes down once and up once, and can at best overlap the
     two directions completely."""
-    from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
+    from wgrumus.distributed.comm import CommThread
     devs, n_adapters = comm_devices(max(worlds))
     if not devs:
         print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
@@ -251,15 +251,14 @@ def run_comm(args, sizes, worlds) -> list[dict]:
                 if nbytes > min(d.max_binding for d in devs[:w]) or \
                         nbytes * w * 4 > args.max_memory:
                     continue
-                rows.append(_comm_point(devs[:w], comms, nbytes, chunk, label,
-                                        (BufferSlice, async_allreduce)))
+                rows.append(_comm_point(devs[:w], comms, nbytes, chunk, label))
             for c in comms:
                 c.close()
     return rows
 
 
-def _comm_point(devs, comms, nbytes, chunk, label, api) -> dict:
-    BufferSlice, async_allreduce = api
+def _comm_point(devs, comms, nbytes, chunk, label) -> dict:
+    from wgrumus.distributed.comm import BufferSlice, async_allreduce
     w = len(devs)
     bufs = [d.alloc(nbytes) for d in devs]
     for i, (d, b) in enumerate(zip(devs, bufs)):
