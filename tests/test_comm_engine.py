@@ -1,5 +1,7 @@
-"""The pipelined staging engine under CommThread: per-request map tracking (out-of-order waits),
-a rank failing mid-chunk, and thousands of mixed-size all-reduces with random delays."""
+"""The pipelined staging engine under CommThread and the thread backend's device collectives:
+per-request map tracking (out-of-order waits, no wgpu-py promise), a rank failing mid-chunk,
+10,000 mixed-size all-reduces with random delays, ProcessGroup's all_reduce / reduce_scatter /
+all_gather / broadcast of device tensors, and the fallback over wgpu-py's promises."""
 import threading
 import time
 
