@@ -10,14 +10,17 @@
 //   IDX[k] == a of G[o, k, :]. The workgroup compacts the matching k of each chunk of 256
 //   indices (prefix sum) and adds them in ascending k: deterministic, no atomics. Cost
 //   outer * A * K index comparisons (fine for embedding tables up to ~1e5 rows).
-//   words: 0 rows (outer * A), 1 A, 2 K, 3 inner, 4 g off, 5 idx off
+//   words: 0 rows (outer * A), 1 A, 2 K, 3 inner, 4 g off, 5 idx off, 6 k0, 7 k1 (this pass
+//   adds the indices k0 <= k < k1: long index lists take several passes so that no loop runs
+//   long), 8 accumulate (0: the first pass, which also zeroes DX)
 // select_bwd_rows: the same without barriers (CPU adapters): one invocation per 32 columns of
-//   a destination row, looping over all K indices. Words as select_bwd.
+//   a destination row, looping over the indices of the pass. Words as select_bwd.
 // gather_fwd (one invocation per output element): OUT[o, j, in] = X[o, IDX[o, j, in], in]
 //   words: 0 n out, 1 A, 2 J, 3 inner, 4 x off, 5 idx off
 // gather_bwd (one invocation per element of DX): DX[o, a, in] = sum over j with
 //   IDX[o, j, in] == a of G[o, j, in]. Cost numel(x) * J: meant for small J.
-//   words: 0 n dx, 1 A, 2 J, 3 inner, 4 g off, 5 idx off
+//   words: 0 n dx, 1 A, 2 J, 3 inner, 4 g off, 5 idx off, 6 j0, 7 j1, 8 accumulate (passes
+//   over j as in select_bwd)
 @group(0) @binding(1) var<storage, read> X: array<{{T}}>;
 @group(0) @binding(2) var<storage, read> IDX: array<i32>;
 @group(0) @binding(3) var<storage, read_write> OUT: array<{{T}}>;
@@ -70,11 +73,14 @@ fn select_bwd(ids: Launch) {
     let o = row / A;
     let gbase = pu(4u) + o * K * inner;
     let dbase = row * inner;
-    for (var c = ids.lid; c < inner; c += 256u) { OUT[dbase + c] = {{T}}(0); }
-    for (var k0 = 0u; k0 < K; k0 += 256u) {
+    if (pu(8u) == 0u) {
+        for (var c = ids.lid; c < inner; c += 256u) { OUT[dbase + c] = {{T}}(0); }
+    }
+    let kend = pu(7u);
+    for (var k0 = pu(6u); k0 < kend; k0 += 256u) {
         let k = k0 + ids.lid;
         var f = 0u;
-        if (k < K) { f = select(0u, 1u, norm_index(IDX[pu(5u) + k], A) == a); }
+        if (k < kend) { f = select(0u, 1u, norm_index(IDX[pu(5u) + k], A) == a); }
         scan[ids.lid] = f;
         workgroupBarrier();
         for (var s = 1u; s < 256u; s <<= 1u) {
@@ -112,8 +118,10 @@ fn select_bwd_rows(ids: Launch) {
     let a = row % A;
     let gbase = pu(4u) + (row / A) * K * inner;
     let dbase = row * inner;
-    for (var c = c0; c < c1; c++) { OUT[dbase + c] = {{T}}(0); }
-    for (var k = 0u; k < K; k++) {
+    if (pu(8u) == 0u) {
+        for (var c = c0; c < c1; c++) { OUT[dbase + c] = {{T}}(0); }
+    }
+    for (var k = pu(6u); k < pu(7u); k++) {
         if (norm_index(IDX[pu(5u) + k], A) == a) {
             for (var c = c0; c < c1; c++) { OUT[dbase + c] += X[gbase + k * inner + c]; }
         }
@@ -138,7 +146,8 @@ fn gather_bwd(ids: Launch) {
     let a = (i / inner) % A;
     let o = i / (inner * A);
     var acc = {{T}}(0);
-    for (var j = 0u; j < J; j++) {
+    if (pu(8u) != 0u) { acc = OUT[i]; }
+    for (var j = pu(6u); j < pu(7u); j++) {
         let e = (o * J + j) * inner + col;
         if (norm_index(IDX[pu(5u) + e], A) == a) { acc += X[pu(4u) + e]; }
     }

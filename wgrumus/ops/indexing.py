@@ -18,6 +18,7 @@ from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float32, int32
 from .elementwise import contiguous
+from .bounds import LOOP_BUDGET
 from .nnops import row_mode
 from .shape import _norm_axis, getitem
 
@@ -87,13 +88,19 @@ def index_select(x: Tensor, axis: int, idx) -> Tensor:
         dx = Tensor.empty(x.shape, g.device, float32)
         rows = outer * A
         if rows and inner:
+            # indices per pass: every one of them may hit this row (skewed ids), and each hit
+            # costs a loop over the row's columns
             if row_mode(g.device) == "thread":
                 k = _kernel("select_bwd_rows", float32)
                 groups = groups_1d(rows * -(-inner // 32), 64)
+                per = LOOP_BUDGET // 33
             else:
                 k, groups = _kernel("select_bwd", float32), groups_1d(rows, 1)
-            g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
-                              [rows, A, K, inner, g.offset, it.offset], groups)
+                per = 256 * max(1, LOOP_BUDGET // (9 + 256 * -(-inner // 256)))
+            for k0 in range(0, max(K, 1), per):
+                g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                                  [rows, A, K, inner, g.offset, it.offset, k0,
+                                   min(K, k0 + per), int(k0 > 0)], groups)
         return (dx,)
     record("index_select", out, [xc], bw, saved=[it])
     return out
@@ -125,10 +132,12 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     def bw(g):
         g = contiguous(g)
         dx = Tensor.empty(xc.shape, g.device, float32)
-        if dx.numel:
+        per = LOOP_BUDGET - 64  # index entries one pass adds (one loop iteration each)
+        for j0 in range(0, max(J, 1), per) if dx.numel else ():
             g.device.dispatch_1d(_kernel("gather_bwd", float32),
                                  [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
-                                 [dx.numel, A, J, inner, g.offset, it.offset], dx.numel)
+                                 [dx.numel, A, J, inner, g.offset, it.offset, j0,
+                                  min(J, j0 + per), int(j0 > 0)], dx.numel)
         return (dx,)
     record("gather", out, [xc], bw, saved=[it])
     return out
