@@ -1,6 +1,7 @@
 // Index ops on a contiguous source viewed as [outer, A, inner] (A = the indexed axis).
-// An index i < 0 counts from the end (numpy); indices still outside [0, A) are clamped
-// (a kernel cannot raise: host-side indices are checked before upload, see indexing.py).
+// An index i < 0 counts from the end (numpy); indices still outside [0, A) are clamped, and the
+// forward kernels report them in the device's assert flag (runtime/asserts.py), raised on the
+// next host read. Forward words 6 op code of the flag, 7 negatives allowed (0: only 0..A-1).
 // Define T: storage type of the data (f32 or i32).
 // select_fwd (one invocation per output element): OUT[o, k, in] = X[o, IDX[k], in]
 //   words: 0 n out, 1 A, 2 K, 3 inner, 4 x off, 5 idx off
@@ -24,10 +25,27 @@
 @group(0) @binding(1) var<storage, read> X: array<{{T}}>;
 @group(0) @binding(2) var<storage, read> IDX: array<i32>;
 @group(0) @binding(3) var<storage, read_write> OUT: array<{{T}}>;
+@group(0) @binding(4) var<storage, read_write> FLAG: array<atomic<u32>>;
 
 fn norm_index(v: i32, A: u32) -> u32 {
     let w = select(v, v + i32(A), v < 0);
     return u32(clamp(w, 0, i32(A) - 1));
+}
+
+// Record a bad index in the assert flag (the first op to fail keeps it).
+fn flag_bad(v: i32, A: u32) {
+    let r = atomicCompareExchangeWeak(&FLAG[0], 0u, pu(6u));
+    if (r.exchanged || r.old_value == 0u) {
+        atomicStore(&FLAG[0], pu(6u));
+        atomicStore(&FLAG[1], bitcast<u32>(v));
+        atomicStore(&FLAG[2], A);
+    }
+}
+
+// norm_index of a forward kernel, reporting indices out of range.
+fn fwd_index(v: i32, A: u32) -> u32 {
+    if (v >= i32(A) || v < select(0, -i32(A), pu(7u) != 0u)) { flag_bad(v, A); }
+    return norm_index(v, A);
 }
 
 // X[o, IDX[e], col] for output element i = (o, k or j, col) of [outer, K or J, inner]
@@ -36,7 +54,7 @@ fn pick(i: u32, e: u32) -> {{T}} {
     let A = pu(1u);
     let inner = pu(3u);
     let o = i / (inner * pu(2u));
-    return X[pu(4u) + (o * A + norm_index(IDX[pu(5u) + e], A)) * inner + i % inner];
+    return X[pu(4u) + (o * A + fwd_index(IDX[pu(5u) + e], A)) * inner + i % inner];
 }
 
 @compute @workgroup_size(256)
@@ -53,7 +71,7 @@ fn select_rows_fwd(ids: Launch) {
     let K = pu(2u);
     if (row * inner >= pu(0u)) { return; }
     let A = pu(1u);
-    let a = norm_index(IDX[pu(5u) + row % K], A);
+    let a = fwd_index(IDX[pu(5u) + row % K], A);
     let src = pu(4u) + ((row / K) * A + a) * inner;
     let dst = row * inner;
     for (var c = ids.lid; c < inner; c += 64u) { OUT[dst + c] = X[src + c]; }

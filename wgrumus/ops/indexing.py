@@ -4,7 +4,8 @@ gather (torch.gather), embedding. Kernels in shaders/index.wgsl.
 Backward rules are scatter-adds written as gathers (each gradient element sums the entries that
 point at it), so they need no float atomics and give the same bits on every run. Indices given
 on the host are range-checked before upload (a clear error); indices already on the device
-cannot be checked without a round trip, so the kernels wrap negatives and clamp the rest.
+are checked by the forward kernels, which clamp a bad one and set the device's assert flag: the
+next host read raises (runtime/asserts.py).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..runtime.asserts import CODES
 from ..runtime.device import groups_1d
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
@@ -60,13 +62,22 @@ def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = Tru
     return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32)
 
 
-def index_select(x: Tensor, axis: int, idx) -> Tensor:
+def _asserted(dev, params: list, idx, op: str, allow_negative: bool = True) -> list:
+    """Forward words 6-7 of an index kernel (the device assert op code, negatives allowed);
+    indices held on the device arm the device's check of the next read (runtime/asserts.py)."""
+    if isinstance(idx, Tensor):
+        dev.asserts.arm()
+    return params + [CODES[op], int(allow_negative)]
+
+
+def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
+                 _negative: bool = True) -> Tensor:
     """Rows ``idx`` of ``x`` along ``axis``: shape x.shape[:axis] + idx.shape +
     x.shape[axis+1:] (numpy ``take``; torch's index_select for 1-D idx). Negative indices count
     from the end."""
     axis = _norm_axis(axis, x.ndim)
     A = x.shape[axis]
-    it = as_index(idx, x, A, "index_select")
+    it = as_index(idx, x, A, _op, _negative)
     if A == 0 and it.numel:
         raise IndexError(f"index_select: axis {axis} of shape {x.shape} is empty")
     xc = contiguous(x)
@@ -75,8 +86,10 @@ def index_select(x: Tensor, axis: int, idx) -> Tensor:
     K = it.numel
     out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
     if out.numel:
-        bufs = [xc._storage.buffer, it._storage.buffer, out._storage.buffer]
-        params = [out.numel, A, K, inner, xc.offset, it.offset]
+        bufs = [xc._storage.buffer, it._storage.buffer, out._storage.buffer,
+                x.device.asserts.buffer]
+        params = _asserted(x.device, [out.numel, A, K, inner, xc.offset, it.offset], idx, _op,
+                           _negative)
         if inner >= 32:  # wide rows (embeddings): one workgroup copies one row
             x.device.dispatch(_kernel("select_rows_fwd", x.dtype), bufs, params,
                               groups_1d(outer * K, 1))
@@ -126,8 +139,10 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     out = Tensor.empty(it.shape, x.device, x.dtype)
     if out.numel:
         x.device.dispatch_1d(_kernel("gather_fwd", x.dtype),
-                             [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
-                             [out.numel, A, J, inner, xc.offset, it.offset], out.numel)
+                             [xc._storage.buffer, it._storage.buffer, out._storage.buffer,
+                              x.device.asserts.buffer],
+                             _asserted(x.device, [out.numel, A, J, inner, xc.offset, it.offset],
+                                       idx, "gather"), out.numel)
 
     def bw(g):
         g = contiguous(g)
@@ -145,8 +160,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
 
 def embedding(idx, weight: Tensor) -> Tensor:
     """Rows of ``weight`` [V, D] for integer ``idx`` of any shape -> idx.shape + (D,).
-    Host indices outside [0, V) raise; device indices are clamped (see module docstring)."""
+    Indices outside [0, V) raise: host ones at once, device ones at the next read."""
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be [num_embeddings, dim], got {weight.shape}")
-    it = as_index(idx, weight, weight.shape[0], "embedding", allow_negative=False)
-    return index_select(weight, 0, it)
+    return index_select(weight, 0, idx, "embedding", False)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..runtime.asserts import CODES
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
@@ -306,7 +307,8 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """PyTorch's cross_entropy with integer targets: logits [N, C] (or [C], or [N, C, d...])
     and targets [N] ([], [N, d...]). Rows whose target is ``ignore_index`` contribute 0 and are
-    left out of the mean. A target outside [0, C) gives NaN (on the host it is an error)."""
+    left out of the mean. A target outside [0, C) raises: host targets at once, targets held
+    on the device at the next host read (their loss is NaN)."""
     _check_reduction(reduction)
     eps = float(label_smoothing)
     if not 0.0 <= eps <= 1.0:
@@ -344,8 +346,12 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
     tb = tt._storage.buffer
     if N:
         k, groups = plan
-        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer],
-                     [N, C, lg.offset, tt.offset, int(ignore_index), eps], groups)
+        if host is None:  # targets held on the device: the kernel checks them
+            dev.asserts.arm()
+        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer,
+                         dev.asserts.buffer],
+                     [N, C, lg.offset, tt.offset, int(ignore_index), eps,
+                      CODES["cross_entropy target"]], groups)
     if reduction == "none":
         out, count = rows, None
     else:
@@ -363,7 +369,7 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
         if N * C:
             dev.dispatch_1d(Kernel.of("xent", "bwd", WG=32),
                             [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
-                             g._storage.buffer, cnt._storage.buffer],
+                             dev.asserts.buffer, g._storage.buffer, cnt._storage.buffer],
                             [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
                              g.offset, cnt.offset], N * C)
         return (dx,)

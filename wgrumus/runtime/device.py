@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import wgpu
 
+from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .pool import BufferPool
@@ -83,6 +84,7 @@ class Device:
         self._fence = None
         self._raw = _RawPass.create()
         self._timer = None  # the GpuTimer timing this device's passes, if any
+        self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.dispatches = 0
         self.submits = 0
 
@@ -358,10 +360,14 @@ class Device:
         size = max(end - start, 4)
         staging = self._staging_buffer(size)
         with self.lock:
-            self._close_pass().copy_buffer_to_buffer(buf, start, staging, 0, size)
+            enc = self._close_pass()
+            enc.copy_buffer_to_buffer(buf, start, staging, 0, size)
+            check = self.asserts.record_read(enc)
             self._flush_locked()
         promise = staging.map_async("READ_NOSYNC", 0, size)
-        return Download(self, staging, promise, offset - start, nbytes, size)
+        if check is not None:
+            check.start()
+        return Download(self, staging, promise, offset - start, nbytes, size, check)
 
     def read(self, buf, offset: int, nbytes: int) -> bytes:
         if nbytes == 0:
@@ -406,20 +412,24 @@ class Device:
 class Download:
     """A device -> host copy in flight; take its bytes once (from any thread)."""
 
-    def __init__(self, device, staging, promise, skip, nbytes, size):
+    def __init__(self, device, staging, promise, skip, nbytes, size, check=None):
         self._d, self._s, self._p = device, staging, promise
         self._skip, self.nbytes, self._size = skip, nbytes, size
+        self._check = check  # a device-side assert check read along (runtime/asserts.py)
 
     def _take(self, convert):
         self._p.sync_wait()
         mv = self._s.read_mapped(0, self._size, copy=False)
         try:
             view = np.frombuffer(mv, dtype=np.uint8)[self._skip:self._skip + self.nbytes]
-            return convert(view)
+            out = convert(view)
         finally:
             del mv
             self._s.unmap()
             self._d._return_staging(self._s)
+        if self._check is not None:
+            self._check.result()
+        return out
 
     def result(self) -> bytes:
         return self._take(lambda v: v.tobytes())
@@ -434,6 +444,13 @@ class Download:
         """A writable array over the mapped staging memory itself; the buffer is unmapped and
         pooled again when the array and every view of it are garbage."""
         self._p.sync_wait()
+        if self._check is not None:
+            try:
+                self._check.result()
+            except Exception:
+                self._s.unmap()
+                self._d._return_staging(self._s)
+                raise
         return np.asarray(_MappedHost(self._d, self._s, self._size, self._skip, self.nbytes,
                                       dtype))
 
