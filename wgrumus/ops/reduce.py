@@ -16,11 +16,14 @@ from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float16, float32, int32
 from .elementwise import contiguous, map_op, saved_output
+from .nnops import row_mode
 from .shape import permute, reshape
 
 # Rows up to this length are reduced by one invocation each (no barriers, all lanes busy on
 # many short rows: a (5M, 3) sum); longer rows get a 256-wide workgroup per chunk of CHUNK.
+# CPU adapters (row mode "thread"), where barriers are expensive, take longer rows that way.
 SHORT_ROW = 64
+SHORT_ROW_CPU = 4096
 # Elements per workgroup of a long row: 512 iterations per invocation, far below the 65,535
 # loop iterations after which llvmpipe stops a shader loop; longer rows take another pass.
 CHUNK = 256 * 512
@@ -76,6 +79,10 @@ def _kernel(entry: str, dtype, out_dtype, comb: str, gt: str = ">",
                      FIN=fin.format(TO=DTYPES[out_dtype]), ISNAN=_isnan(dtype), **defines)
 
 
+def _short_row(dev) -> int:
+    return SHORT_ROW_CPU if row_mode(dev) == "thread" else SHORT_ROW
+
+
 def _row_reduce(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> None:
     """out[r] = reduction of row r of the contiguous [R, L] block ``xt``, in passes whose
     loops stay bounded: each pass cuts rows into chunks and reduces the chunk partials next."""
@@ -83,8 +90,9 @@ def _row_reduce(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float
     init, comb = _ops(name, xt.dtype)
     scaled = xt.dtype != int32 and scale != 1.0
     fin = "{TO}(v * pf(3u))" if scaled else "{TO}(v)"
+    short = _short_row(dev)
     while True:
-        if L <= SHORT_ROW:
+        if L <= short:
             k = _kernel("rows", xt.dtype, out.dtype, comb, fin=fin)
             dev.dispatch(k, [xt._storage.buffer, out._storage.buffer],
                          [R, L, xt.offset, float(scale), out.offset, init], groups_1d(R, 64))
@@ -162,7 +170,7 @@ def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
     bounded loops as in _row_reduce; later passes carry the first pass's indices."""
     dev = xt.device
     init = _ops("max" if gt == ">" else "min", xt.dtype)[0]
-    if L <= SHORT_ROW:
+    if L <= _short_row(dev):
         dev.dispatch(_kernel("arg_rows", xt.dtype, int32, "x", gt),
                      [xt._storage.buffer, out._storage.buffer],
                      [R, L, xt.offset, 1.0, out.offset, init], groups_1d(R, 64))
