@@ -1,11 +1,14 @@
 """Cost of the device-side index asserts (runtime/asserts.py) on a GPT-mini training step.
 
-    python benchmarks/assert_cost.py --before /path/to/old/tree [--after .] [--rounds 5]
+    python benchmarks/assert_cost.py [--blocks 10] [--before /path/to/old/tree --rounds 5]
 
-Runs the same step loop (GPT-mini, ids and targets held on the device, so every step arms the
-check, and ``loss.item()`` read every step, so every step pays the flag copy) under two source
-trees, alternating fresh processes round by round so that load drift on a shared machine hits
-both alike, and prints the median ms/step of each and the ratio after / before.
+The step: GPT-mini with ids and targets held on the device (so every step arms the check) and
+``loss.item()`` read every step (so every step pays the flag copy). In one process, blocks of
+steps alternate between the check armed as shipped and arming switched off (the kernels still
+bind the flag buffer and compare indices: that part is in both), and the medians of wall and
+process-CPU ms/step are compared. With ``--before``, the same step also runs under an older
+source tree without any of it, alternating fresh processes round by round so that load drift
+on a shared machine hits both alike.
 """
 from __future__ import annotations
 
@@ -39,40 +42,68 @@ def step():
 
 for _ in range(cfg["warmup"]):
     step()
-t = time.perf_counter()
-for _ in range(cfg["steps"]):
-    step()
-print(json.dumps({"ms": 1e3 * (time.perf_counter() - t) / cfg["steps"]}))
+
+def block():
+    t, c = time.perf_counter(), time.process_time()
+    for _ in range(cfg["steps"]):
+        step()
+    return (1e3 * (time.perf_counter() - t) / cfg["steps"],
+            1e3 * (time.process_time() - c) / cfg["steps"])
+
+res = {"on": [], "off": []}
+if cfg["blocks"]:
+    from wgrumus.runtime.asserts import DeviceAsserts
+    arm = DeviceAsserts.arm
+    for b in range(cfg["blocks"]):
+        for mode in (("on", "off") if b % 2 == 0 else ("off", "on")):
+            DeviceAsserts.arm = arm if mode == "on" else (lambda self: None)
+            res[mode].append(block())
+    DeviceAsserts.arm = arm
+else:
+    res["on"].append(block())
+print(json.dumps(res))
 """
 
-CFG = dict(batch=4, seq=32, vocab=65, layers=2, d=64, heads=4, warmup=10, steps=40)
+CFG = dict(batch=4, seq=32, vocab=65, layers=2, d=64, heads=4, warmup=10, steps=10)
 
 
-def run(tree: str) -> float:
+def run(tree: str, blocks: int) -> dict:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), WGRUMUS_DEVICES="1")
-    out = subprocess.run([sys.executable, "-c", STEP, json.dumps(CFG)], env=env, check=True,
-                         capture_output=True, text=True, cwd=os.path.abspath(tree), timeout=600)
-    return json.loads(out.stdout.strip().splitlines()[-1])["ms"]
+    out = subprocess.run([sys.executable, "-c", STEP, json.dumps(dict(CFG, blocks=blocks))],
+                         env=env, check=True, capture_output=True, text=True,
+                         cwd=os.path.abspath(tree), timeout=1800)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(title: str, rows: dict) -> None:
+    """rows: name -> list of (wall ms, cpu ms) per block; the last row is compared to the first."""
+    print(title)
+    print(f"{'':10} {'wall ms/step':>13} {'cpu ms/step':>12}  blocks")
+    med = {k: [statistics.median(v[i] for v in r) for i in (0, 1)] for k, r in rows.items()}
+    for k, (w, c) in med.items():
+        print(f"{k:10} {w:13.2f} {c:12.2f}  {len(rows[k])}")
+    first, last = list(med.values())[0], list(med.values())[-1]
+    print(f"ratio {list(med)[-1]} / {list(med)[0]}: wall {last[0] / first[0]:.4f}, "
+          f"cpu {last[1] / first[1]:.4f}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", required=True, help="source tree without the asserts")
-    ap.add_argument("--after", default=".", help="source tree with them (default: here)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=10, help="in-process blocks per mode")
+    ap.add_argument("--before", help="also compare with this source tree (no asserts)")
+    ap.add_argument("--rounds", type=int, default=5, help="processes per tree with --before")
     args = ap.parse_args()
-    res = {"before": [], "after": []}
-    for r in range(args.rounds):
-        for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
-            res[name].append(run(getattr(args, name)))
-    b, a = statistics.median(res["before"]), statistics.median(res["after"])
-    print(f"GPT-mini step (batch {CFG['batch']}, seq {CFG['seq']}, d {CFG['d']}, "
-          f"{CFG['layers']} layers; loss.item() every step), {args.rounds} rounds x "
-          f"{CFG['steps']} steps")
-    print(f"{'tree':8} {'median ms/step':>15} {'all rounds':>40}")
-    for name, m in (("before", b), ("after", a)):
-        print(f"{name:8} {m:15.2f} {' '.join(f'{v:.2f}' for v in res[name]):>40}")
-    print(f"after / before: {a / b:.4f}")
+    head = (f"GPT-mini step (batch {CFG['batch']}, seq {CFG['seq']}, d {CFG['d']}, "
+            f"{CFG['layers']} layers; loss.item() every step), {CFG['steps']} steps per block")
+    res = run(".", args.blocks)
+    table(head + "; one process, arming off / on alternating",
+          {"off": res["off"], "on": res["on"]})
+    if args.before:
+        trees = {"before": [], "after": []}
+        for r in range(args.rounds):
+            for name in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                trees[name] += run(args.before if name == "before" else ".", 0)["on"]
+        table(f"\n{head}; fresh processes, {args.before} vs this tree", trees)
 
 
 if __name__ == "__main__":

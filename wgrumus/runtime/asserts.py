@@ -1,8 +1,8 @@
 """Device-side asserts: kernels that read indices from device memory (embedding ids, gather /
 index_select indices, cross_entropy targets held on the device) cannot raise, so an index out
 of range sets a flag in a small buffer of the device (the kernel clamps it and goes on). The
-next host read of that device (``item``, ``numpy``, ``synchronize``) copies the flag along with
-its data, in the same submit, and raises a DeviceAssertError naming the op and the bad value,
+next host read of that device (``item``, ``numpy``, ``synchronize``) copies the flag into its
+staging buffer right after its data (one more 16-byte copy, no extra mapping) and raises a DeviceAssertError naming the op and the bad value,
 as CUDA's device-side asserts do. Reads are checked only while some kernel that can set the
 flag has run since the last check (``arm``); indices checked on the host never arm it.
 
@@ -47,40 +47,26 @@ class DeviceAsserts:
         with self._lock:
             self._armed += 1
 
-    def record_read(self, encoder):
-        """Called while a read is recorded: when armed, also copy the flag (the caller submits
-        the batch); returns the pending check, or None."""
+    def take_armed(self) -> bool:
+        """Whether the read being recorded must carry the flag (and disarm)."""
         with self._lock:
             armed, self._armed = self._armed, 0
-        if not armed:
-            return None
-        staging = self._dev.create_buffer(
-            size=FLAG_BYTES, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
-        encoder.copy_buffer_to_buffer(self.buffer, 0, staging, 0, FLAG_BYTES)
+        return bool(armed)
+
+    def record_copy(self, encoder, staging, offset: int) -> None:
+        """Copy the flag into the read's staging buffer after its data, then clear it."""
+        encoder.copy_buffer_to_buffer(self.buffer, 0, staging, offset, FLAG_BYTES)
         encoder.clear_buffer(self.buffer, 0, FLAG_BYTES)
-        return _Check(staging)
 
 
-class _Check:
-    def __init__(self, staging):
-        self._s = staging
-        self._p = None
-
-    def start(self) -> None:
-        self._p = self._s.map_async("READ_NOSYNC", 0, FLAG_BYTES)
-
-    def result(self) -> None:
-        """Raise DeviceAssertError if the flag was set."""
-        self._p.sync_wait()
-        words = np.frombuffer(self._s.read_mapped(0, FLAG_BYTES), np.uint32).copy()
-        self._s.unmap()
-        self._s.destroy()
-        if words[0]:
-            op = OPS.get(int(words[0]), f"op {int(words[0])}")
-            bad = int(words[1].view(np.int32))
-            raise DeviceAssertError(
-                f"device-side assert: {op} index {bad} is out of range for size "
-                f"{int(words[2])} (an index tensor held on the device, read by a kernel "
-                f"recorded before this read; the kernel clamped it, so results since then are "
-                f"wrong). Fix the indices, or pass them as numpy arrays to have them checked "
-                f"on the host")
+def raise_if_set(flag_bytes) -> None:
+    """Raise DeviceAssertError if the flag words copied along with a read are set."""
+    words = np.frombuffer(flag_bytes, np.uint32, 3)
+    if words[0]:
+        op = OPS.get(int(words[0]), f"op {int(words[0])}")
+        bad = int(words[1].view(np.int32))
+        raise DeviceAssertError(
+            f"device-side assert: {op} index {bad} is out of range for size {int(words[2])} "
+            f"(an index tensor held on the device, read by a kernel recorded before this read; "
+            f"the kernel clamped it, so results since then are wrong). Fix the indices, or pass "
+            f"them as numpy arrays to have them checked on the host")
