@@ -62,12 +62,15 @@ def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = Tru
     return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32)
 
 
-def _asserted(dev, params: list, idx, op: str, allow_negative: bool = True) -> list:
-    """Forward words 6-7 of an index kernel (the device assert op code, negatives allowed);
-    indices held on the device arm the device's check of the next read (runtime/asserts.py)."""
+def _dispatch_checked(dev, kernel, bufs: list, params: list, groups, idx, op: str,
+                      allow_negative: bool = True) -> None:
+    """Dispatch a forward index kernel with the device assert flag bound (words 6-7: op code,
+    negatives allowed). Indices held on the device arm the check of the next read, after the
+    dispatch: a read recorded in between misses nothing, the flag is read by a later one."""
+    dev.dispatch(kernel, bufs + [dev.asserts.buffer],
+                 params + [CODES[op], int(allow_negative)], groups)
     if isinstance(idx, Tensor):
         dev.asserts.arm()
-    return params + [CODES[op], int(allow_negative)]
 
 
 def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
@@ -86,15 +89,12 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
     K = it.numel
     out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
     if out.numel:
-        bufs = [xc._storage.buffer, it._storage.buffer, out._storage.buffer,
-                x.device.asserts.buffer]
-        params = _asserted(x.device, [out.numel, A, K, inner, xc.offset, it.offset], idx, _op,
-                           _negative)
-        if inner >= 32:  # wide rows (embeddings): one workgroup copies one row
-            x.device.dispatch(_kernel("select_rows_fwd", x.dtype), bufs, params,
-                              groups_1d(outer * K, 1))
-        else:
-            x.device.dispatch_1d(_kernel("select_fwd", x.dtype), bufs, params, out.numel)
+        wide = inner >= 32  # wide rows (embeddings): one workgroup copies one row
+        _dispatch_checked(x.device, _kernel("select_rows_fwd" if wide else "select_fwd", x.dtype),
+                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [out.numel, A, K, inner, xc.offset, it.offset],
+                          groups_1d(outer * K, 1) if wide else groups_1d(out.numel),
+                          idx, _op, _negative)
 
     def bw(g):
         g = contiguous(g)
@@ -138,11 +138,10 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     J = it.shape[axis]
     out = Tensor.empty(it.shape, x.device, x.dtype)
     if out.numel:
-        x.device.dispatch_1d(_kernel("gather_fwd", x.dtype),
-                             [xc._storage.buffer, it._storage.buffer, out._storage.buffer,
-                              x.device.asserts.buffer],
-                             _asserted(x.device, [out.numel, A, J, inner, xc.offset, it.offset],
-                                       idx, "gather"), out.numel)
+        _dispatch_checked(x.device, _kernel("gather_fwd", x.dtype),
+                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [out.numel, A, J, inner, xc.offset, it.offset], groups_1d(out.numel),
+                          idx, "gather")
 
     def bw(g):
         g = contiguous(g)

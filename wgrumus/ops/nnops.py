@@ -346,12 +346,12 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
     tb = tt._storage.buffer
     if N:
         k, groups = plan
-        if host is None:  # targets held on the device: the kernel checks them
-            dev.asserts.arm()
         dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer,
                          dev.asserts.buffer],
                      [N, C, lg.offset, tt.offset, int(ignore_index), eps,
                       CODES["cross_entropy target"]], groups)
+        if host is None:  # targets held on the device: the kernel checks them
+            dev.asserts.arm()
     if reduction == "none":
         out, count = rows, None
     else:

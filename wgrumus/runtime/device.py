@@ -358,10 +358,10 @@ class Device:
         start = offset & ~3
         end = (offset + nbytes + 3) & ~3
         size = max(end - start, 4)
-        check = self.asserts.take_armed()  # the device-side assert flag rides along
-        mapped = (size + 7) // 8 * 8 + FLAG_BYTES if check else size  # (mapped ranges: 8-aligned)
-        staging = self._staging_buffer(mapped)
         with self.lock:
+            check = self.asserts.take_armed()  # the device-side assert flag rides along
+            mapped = (size + 7) // 8 * 8 + FLAG_BYTES if check else size  # (8-aligned ranges)
+            staging = self._staging_buffer(mapped)
             enc = self._close_pass()
             enc.copy_buffer_to_buffer(buf, start, staging, 0, size)
             if check:
