@@ -1,6 +1,6 @@
 """Cost of the device-side index asserts (runtime/asserts.py) on a GPT-mini training step.
 
-    python benchmarks/assert_cost.py [--blocks 10] [--before /path/to/old/tree --rounds 5]
+    python benchmarks/assert_cost.py [--full] [--blocks 10] [--before OLD_TREE --rounds 5]
 
 The step: GPT-mini with ids and targets held on the device (so every step arms the check) and
 ``loss.item()`` read every step (so every step pays the flag copy). In one process, blocks of
@@ -65,6 +65,7 @@ print(json.dumps(res))
 """
 
 CFG = dict(batch=4, seq=32, vocab=65, layers=2, d=64, heads=4, warmup=10, steps=10)
+FULL = dict(CFG, batch=16, seq=128, layers=4, d=256, steps=50)  # train_step.py's full GPT-mini
 
 
 def run(tree: str, blocks: int) -> dict:
@@ -89,10 +90,13 @@ def table(title: str, rows: dict) -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="full GPT-mini sizes (GPUs)")
     ap.add_argument("--blocks", type=int, default=10, help="in-process blocks per mode")
     ap.add_argument("--before", help="also compare with this source tree (no asserts)")
     ap.add_argument("--rounds", type=int, default=5, help="processes per tree with --before")
     args = ap.parse_args()
+    if args.full:
+        CFG.update(FULL)
     head = (f"GPT-mini step (batch {CFG['batch']}, seq {CFG['seq']}, d {CFG['d']}, "
             f"{CFG['layers']} layers; loss.item() every step), {CFG['steps']} steps per block")
     res = run(".", args.blocks)
