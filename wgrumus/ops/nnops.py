@@ -3,8 +3,9 @@
 Each op is a fused WGSL kernel (shaders/softmax.wgsl, layernorm.wgsl, xent.wgsl, or one map
 kernel) recorded with its backward rule, itself a fused kernel. Row ops work on a contiguous
 [R, L] block (another axis is moved last with a permute and at most one copy): one workgroup per
-row on GPUs, one invocation per row on CPU adapters (see ``row_mode``). Nothing here reads
-device data back to the host.
+row on GPUs, one invocation per row on CPU adapters (see ``row_mode``) while the row fits one
+invocation's loop budget (ops/bounds.py); rows too long for a workgroup are composed of chunked
+reductions. Nothing here reads device data back to the host.
 """
 from __future__ import annotations
 
