@@ -1018,7 +1018,8 @@ def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> 
 # ============================================================================= command line
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--campaign", choices=["faults", "kill", "kill-cli", "concurrency"], default="faults")
+    ap.add_argument("--campaign", choices=["faults", "kill", "kill-cli", "concurrency", "numerics"],
+                    default="faults")
     ap.add_argument("--runs", type=int, default=100, help="fault runs / concurrency repeats")
     ap.add_argument("--kills", type=int, default=25)
     ap.add_argument("--seed", type=int, default=0)
@@ -1052,6 +1053,15 @@ def main(argv=None) -> int:
               f"{sum(r['temp_files_left'] for r in recs)} temp files left by the kills; "
               f"{time.monotonic() - t0:.1f} s")
         summary = {}
+    elif a.campaign == "numerics":  # issue 15: benchmarks/reliability_numerics.py
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from reliability_numerics import numerics_campaign, summarize_numerics
+        recs = numerics_campaign(a.runs, a.seed)
+        summary = summarize_numerics(recs)
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} numerics runs matched numpy; "
+              f"{time.monotonic() - t0:.1f} s")
+        for case, (runs, ok, worst) in summary.items():
+            print(f"{case:16s} {ok:>3d}/{runs:<3d} max {worst:6.2f}s")
     elif a.campaign == "concurrency":
         recs = concurrency_campaign(a.runs, a.seed)
         print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} jittered runs of the parallel tests "

@@ -66,6 +66,8 @@ fn tanh_(x: f32) -> f32 {
 }
 
 fn nan_() -> f32 { return bitcast<f32>(0x7fc00000u); }
+// NaN test on the bits (a compiler may fold x != x to false).
+fn isnan_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 
 // numpy semantics for a negative base with an integral exponent.
 fn pow_(a: f32, b: f32) -> f32 {

@@ -1,9 +1,10 @@
 // Cross-entropy with integer targets over a contiguous [N, C] block of logits, fused with
 // log-softmax (PyTorch semantics: ignore_index rows give 0 and are not counted; label smoothing
 // eps mixes in the uniform distribution). A target outside [0, C) that is not ignore_index
-// gives a NaN loss (a GPU kernel cannot raise; NaN makes the bad label visible).
+// gives a NaN loss and sets the device's assert flag (runtime/asserts.py; raised on the next
+// host read).
 // fwd (one workgroup per row): LOSS[r], LSE[r] = logsumexp of row r.
-//   words: 0 N, 1 C, 2 x off, 3 t off, 4 ignore_index (i32), 5 eps
+//   words: 0 N, 1 C, 2 x off, 3 t off, 4 ignore_index (i32), 5 eps, 6 op code of the flag
 // fwd_rows: the same with one invocation per row and no barriers (CPU adapters).
 // finish (one workgroup): OUT[0] = sum or mean of LOSS over counted rows, OUT[1] = count.
 //   words: 0 N, 1 t off, 2 ignore_index, 3 mean (1) or sum (0)
@@ -16,8 +17,9 @@ const WG: u32 = {{WG}}u;
 @group(0) @binding(2) var<storage, read> T: array<i32>;
 @group(0) @binding(3) var<storage, read_write> LOSS: array<f32>;
 @group(0) @binding(4) var<storage, read_write> LSE: array<f32>;
-@group(0) @binding(5) var<storage, read> GR: array<f32>;
-@group(0) @binding(6) var<storage, read> CNT: array<f32>;
+@group(0) @binding(5) var<storage, read_write> FLAG: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read> GR: array<f32>;
+@group(0) @binding(7) var<storage, read> CNT: array<f32>;
 
 var<workgroup> sm: array<f32, WG>;
 var<workgroup> ss: array<f32, WG>;
@@ -44,6 +46,12 @@ fn row_loss(r: u32, C: u32, xb: u32, st: vec3<f32>) {
     if (t != pi(4u)) {
         if (t < 0 || u32(t) >= C) {
             loss = bitcast<f32>(0x7fc00000u);
+            let f = atomicCompareExchangeWeak(&FLAG[0], 0u, pu(6u));
+            if (f.exchanged || f.old_value == 0u) {
+                atomicStore(&FLAG[0], pu(6u));
+                atomicStore(&FLAG[1], bitcast<u32>(t));
+                atomicStore(&FLAG[2], C);
+            }
         } else {
             loss = lse - (1.0 - eps) * X[xb + u32(t)] - eps * st.z / f32(C);
         }

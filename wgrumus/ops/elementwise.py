@@ -64,7 +64,8 @@ UNARY = {
     "abs": ("abs(a)", "a * sign(b)"),
     "tanh": ("tanh_(a)", "a * (1.0 - c * c)"),
     "sigmoid": ("1.0 / (1.0 + exp(-a))", "a * c * (1.0 - c)"),
-    "relu": ("max(a, 0.0)", "select(0.0, a, b > 0.0)"),
+    # NaN passes through relu and its gradient, as in PyTorch (WGSL's max may drop it)
+    "relu": ("select(max(a, 0.0), a, isnan_(a))", "select(0.0, a, b > 0.0 || isnan_(b))"),
     "gelu": ("gelu_(a)", "a * gelu_grad_(b)"),
     "gelu_tanh": ("gelu_tanh_(a)", "a * gelu_tanh_grad_(b)"),
     "sin": ("sin(a)", "a * cos(b)"),
@@ -123,6 +124,13 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
 
 
 # --------------------------------------------------------------------------- binary
+_ANY_NAN = "isnan_(a) || isnan_(b)"
+# d maximum(x, y) / dx as an expression of g=a, x=b, y=c: PyTorch's rule (half to each at a tie,
+# all to both where either is NaN, since the NaN output came from both); minimum mirrors it.
+_PICK_GRAD = {
+    "maximum": "select(select(a, 0.5 * a, b == c), 0.0, b < c && !isnan_(b) && !isnan_(c))",
+    "minimum": "select(select(a, 0.5 * a, b == c), 0.0, b > c && !isnan_(b) && !isnan_(c))",
+}
 # name: (float expr, int expr or None)
 BINARY = {
     "add": ("a + b", "a + b"),
@@ -130,8 +138,8 @@ BINARY = {
     "mul": ("a * b", "a * b"),
     "div": ("a / b", None),
     "pow": ("pow_(a, b)", None),
-    "maximum": ("max(a, b)", "max(a, b)"),
-    "minimum": ("min(a, b)", "min(a, b)"),
+    "maximum": (f"select(max(a, b), a + b, {_ANY_NAN})", "max(a, b)"),
+    "minimum": (f"select(min(a, b), a + b, {_ANY_NAN})", "min(a, b)"),
     "eq": ("select(0.0, 1.0, a == b)", None),
     "ne": ("select(0.0, 1.0, a != b)", None),
     "lt": ("select(0.0, 1.0, a < b)", None),
@@ -161,12 +169,9 @@ def _binary_backward(name, a, b, out):
             ga = map_op("a * c * pow_(b, c - 1.0)", [g, a, b]) if a.requires_grad else None
             gb = (map_op("select(0.0, a * b * log(c), c > 0.0)", [g, out, a])
                   if b.requires_grad else None)
-        elif name == "maximum":
-            ga = map_op("select(0.0, a, b >= c)", [g, a, b])
-            gb = map_op("select(0.0, a, b < c)", [g, a, b])
-        elif name == "minimum":
-            ga = map_op("select(0.0, a, b <= c)", [g, a, b])
-            gb = map_op("select(0.0, a, b > c)", [g, a, b])
+        elif name in ("maximum", "minimum"):
+            ga = map_op(_PICK_GRAD[name], [g, a, b])
+            gb = map_op(_PICK_GRAD[name], [g, b, a])
         return (unbroadcast(ga, sa) if ga is not None and a.requires_grad else None,
                 unbroadcast(gb, sb) if gb is not None and b.requires_grad else None)
     return bw
@@ -200,8 +205,8 @@ _SCALAR = {
     "add": ("a + pf(48u)", "a + pf(48u)"), "sub": ("a - pf(48u)", "pf(48u) - a"),
     "mul": ("a * pf(48u)", "a * pf(48u)"), "div": ("a / pf(48u)", "pf(48u) / a"),
     "pow": ("pow_(a, pf(48u))", "pow_(pf(48u), a)"),
-    "maximum": ("max(a, pf(48u))", "max(a, pf(48u))"),
-    "minimum": ("min(a, pf(48u))", "min(a, pf(48u))"),
+    "maximum": ("select(max(a, pf(48u)), a, isnan_(a))",) * 2,
+    "minimum": ("select(min(a, pf(48u)), a, isnan_(a))",) * 2,
     "eq": ("select(0.0, 1.0, a == pf(48u))",) * 2, "ne": ("select(0.0, 1.0, a != pf(48u))",) * 2,
     "lt": ("select(0.0, 1.0, a < pf(48u))", "select(0.0, 1.0, pf(48u) < a)"),
     "le": ("select(0.0, 1.0, a <= pf(48u))", "select(0.0, 1.0, pf(48u) <= a)"),
@@ -214,10 +219,10 @@ _SCALAR_GRAD = {  # d out / d a, as an expression of g=a, x=b, out=c, s=pf(48u)
     ("div", False): "a / pf(48u)", ("div", True): "-a * c / b",
     ("pow", False): "a * pf(48u) * pow_(b, pf(48u) - 1.0)",
     ("pow", True): "a * c * log(pf(48u))",
-    ("maximum", False): "select(0.0, a, b >= pf(48u))",
-    ("maximum", True): "select(0.0, a, b >= pf(48u))",
-    ("minimum", False): "select(0.0, a, b <= pf(48u))",
-    ("minimum", True): "select(0.0, a, b <= pf(48u))",
+    ("maximum", False): "select(0.0, a, b >= pf(48u) || isnan_(b))",
+    ("maximum", True): "select(0.0, a, b >= pf(48u) || isnan_(b))",
+    ("minimum", False): "select(0.0, a, b <= pf(48u) || isnan_(b))",
+    ("minimum", True): "select(0.0, a, b <= pf(48u) || isnan_(b))",
 }
 
 
@@ -228,10 +233,13 @@ def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
         s = int(s)
     if not isinstance(s, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: unsupported operand type {type(s).__name__}")
-    if (x.dtype == int32 and isinstance(s, (int, np.integer)) and name in ("add", "sub", "mul",
-                                                                            "maximum", "minimum")):
-        e = _SCALAR[name][1 if reverse else 0].replace("pf(", "pi(")
-        return map_op(e, [x], dtype=int32, scalars=[int(s)])
+    if x.dtype == int32 and isinstance(s, (int, np.integer)) and (
+            name in ("add", "sub", "mul", "maximum", "minimum") or name in _COMPARE):
+        e = _SCALAR[name][1 if reverse else 0]
+        if name in ("maximum", "minimum"):
+            e = f"{name[:3]}(a, pf(48u))"
+        return map_op(e.replace("pf(", "pi("), [x], dtype=float32 if name in _COMPARE else int32,
+                      scalars=[int32_scalar(s, name)])
     if x.dtype == int32 and name in _COMPARE:
         return map_op(_SCALAR[name][1 if reverse else 0].replace("a ", "f32(a) ")
                       .replace(" a)", " f32(a))"), [x], scalars=[float(s)])
@@ -274,18 +282,29 @@ def where(cond, x, y) -> Tensor:
     return out
 
 
+def int32_scalar(v, what: str) -> int:
+    """A Python / numpy integer for an int32 kernel, which would otherwise wrap silently."""
+    v = int(v)
+    if not -2 ** 31 <= v < 2 ** 31:
+        raise OverflowError(f"{what}: the value {v} does not fit in int32 (the tensor's dtype); "
+                            f"use a value in [-2**31, 2**31 - 1] or a float32 tensor")
+    return v
+
+
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
-    """min(max(x, min), max) like torch (so min > max gives max); int32 stays int32."""
+    """min(max(x, min), max) like torch (so min > max gives max); int32 stays int32. NaN stays
+    NaN; the gradient passes where min <= x <= max (both bounds included, as in PyTorch)."""
     if x.dtype == int32 and all(v is None or isinstance(v, (int, np.integer)) for v in (min, max)):
-        lo = -2 ** 31 if min is None else int(min)
-        hi = 2 ** 31 - 1 if max is None else int(max)
+        lo = -2 ** 31 if min is None else int32_scalar(min, "clamp min")
+        hi = 2 ** 31 - 1 if max is None else int32_scalar(max, "clamp max")
         return map_op("min(max(a, pi(48u)), pi(49u))", [x], dtype=int32, scalars=[lo, hi])
     x = _f32(x)
     lo = -np.inf if min is None else float(min)
     hi = np.inf if max is None else float(max)
-    out = map_op("min(max(a, pf(48u)), pf(49u))", [x], scalars=[lo, hi])
+    out = map_op("select(min(max(a, pf(48u)), pf(49u)), a, isnan_(a))", [x], scalars=[lo, hi])
     record("clamp", out, [x], lambda g: (map_op(
-        "select(0.0, a, b >= pf(48u) && b <= pf(49u))", [g, x], scalars=[lo, hi]),), saved=[x])
+        "select(0.0, a, b >= pf(48u) && b <= pf(49u) && !isnan_(b))", [g, x],
+        scalars=[lo, hi]),), saved=[x])
     return out
 
 
@@ -325,5 +344,5 @@ def clone(x: Tensor) -> Tensor:
 
 def fill_(x: Tensor, value) -> Tensor:
     if x.dtype == int32:
-        return run_map("pi(48u)", x, [], scalars=[int(value)])
+        return run_map("pi(48u)", x, [], scalars=[int32_scalar(value, "fill_")])
     return run_map("pf(48u)", x, [], scalars=[float(value)])

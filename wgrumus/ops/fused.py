@@ -19,6 +19,7 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
+from .bounds import chunk_rows
 from .elementwise import _f32, contiguous, map_op, run_map, saved_output
 from .matmul import linear_2d, matmul
 from .nnops import softmax, softmax_backward
@@ -125,7 +126,7 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     dev = g.device
     # one chunk for small R (no second pass); else chunks of >= 64 rows, enough of them to
     # spread over a GPU
-    rows = R if R <= 256 else max(64, -(-R // 128))
+    rows = R if R <= 256 else chunk_rows(R, 64)
     chunks = max(1, -(-R // max(rows, 1)))
     dz = Tensor.empty((R, L), dev, float32) if has_act else g
     part = Tensor.empty((chunks, L), dev, float32)

@@ -4,7 +4,8 @@ gather (torch.gather), embedding. Kernels in shaders/index.wgsl.
 Backward rules are scatter-adds written as gathers (each gradient element sums the entries that
 point at it), so they need no float atomics and give the same bits on every run. Indices given
 on the host are range-checked before upload (a clear error); indices already on the device
-cannot be checked without a round trip, so the kernels wrap negatives and clamp the rest.
+are checked by the forward kernels, which clamp a bad one and set the device's assert flag: the
+next host read raises (runtime/asserts.py).
 """
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..runtime.asserts import CODES
 from ..runtime.device import groups_1d
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float32, int32
 from .elementwise import contiguous
+from .bounds import LOOP_BUDGET
 from .nnops import row_mode
 from .shape import _norm_axis, getitem
 
@@ -59,13 +62,25 @@ def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = Tru
     return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32)
 
 
-def index_select(x: Tensor, axis: int, idx) -> Tensor:
+def _dispatch_checked(dev, kernel, bufs: list, params: list, groups, idx, op: str,
+                      allow_negative: bool = True) -> None:
+    """Dispatch a forward index kernel with the device assert flag bound (words 6-7: op code,
+    negatives allowed). Indices held on the device arm the check of the next read, after the
+    dispatch: a read recorded in between misses nothing, the flag is read by a later one."""
+    dev.dispatch(kernel, bufs + [dev.asserts.buffer],
+                 params + [CODES[op], int(allow_negative)], groups)
+    if isinstance(idx, Tensor):
+        dev.asserts.arm()
+
+
+def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
+                 _negative: bool = True) -> Tensor:
     """Rows ``idx`` of ``x`` along ``axis``: shape x.shape[:axis] + idx.shape +
     x.shape[axis+1:] (numpy ``take``; torch's index_select for 1-D idx). Negative indices count
     from the end."""
     axis = _norm_axis(axis, x.ndim)
     A = x.shape[axis]
-    it = as_index(idx, x, A, "index_select")
+    it = as_index(idx, x, A, _op, _negative)
     if A == 0 and it.numel:
         raise IndexError(f"index_select: axis {axis} of shape {x.shape} is empty")
     xc = contiguous(x)
@@ -74,26 +89,31 @@ def index_select(x: Tensor, axis: int, idx) -> Tensor:
     K = it.numel
     out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
     if out.numel:
-        bufs = [xc._storage.buffer, it._storage.buffer, out._storage.buffer]
-        params = [out.numel, A, K, inner, xc.offset, it.offset]
-        if inner >= 32:  # wide rows (embeddings): one workgroup copies one row
-            x.device.dispatch(_kernel("select_rows_fwd", x.dtype), bufs, params,
-                              groups_1d(outer * K, 1))
-        else:
-            x.device.dispatch_1d(_kernel("select_fwd", x.dtype), bufs, params, out.numel)
+        wide = inner >= 32  # wide rows (embeddings): one workgroup copies one row
+        _dispatch_checked(x.device, _kernel("select_rows_fwd" if wide else "select_fwd", x.dtype),
+                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [out.numel, A, K, inner, xc.offset, it.offset],
+                          groups_1d(outer * K, 1) if wide else groups_1d(out.numel),
+                          idx, _op, _negative)
 
     def bw(g):
         g = contiguous(g)
         dx = Tensor.empty(x.shape, g.device, float32)
         rows = outer * A
         if rows and inner:
+            # indices per pass: every one of them may hit this row (skewed ids), and each hit
+            # costs a loop over the row's columns
             if row_mode(g.device) == "thread":
                 k = _kernel("select_bwd_rows", float32)
                 groups = groups_1d(rows * -(-inner // 32), 64)
+                per = LOOP_BUDGET // 33
             else:
                 k, groups = _kernel("select_bwd", float32), groups_1d(rows, 1)
-            g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
-                              [rows, A, K, inner, g.offset, it.offset], groups)
+                per = 256 * max(1, LOOP_BUDGET // (9 + 256 * -(-inner // 256)))
+            for k0 in range(0, max(K, 1), per):
+                g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                                  [rows, A, K, inner, g.offset, it.offset, k0,
+                                   min(K, k0 + per), int(k0 > 0)], groups)
         return (dx,)
     record("index_select", out, [xc], bw, saved=[it])
     return out
@@ -118,17 +138,20 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     J = it.shape[axis]
     out = Tensor.empty(it.shape, x.device, x.dtype)
     if out.numel:
-        x.device.dispatch_1d(_kernel("gather_fwd", x.dtype),
-                             [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
-                             [out.numel, A, J, inner, xc.offset, it.offset], out.numel)
+        _dispatch_checked(x.device, _kernel("gather_fwd", x.dtype),
+                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [out.numel, A, J, inner, xc.offset, it.offset], groups_1d(out.numel),
+                          idx, "gather")
 
     def bw(g):
         g = contiguous(g)
         dx = Tensor.empty(xc.shape, g.device, float32)
-        if dx.numel:
+        per = LOOP_BUDGET - 64  # index entries one pass adds (one loop iteration each)
+        for j0 in range(0, max(J, 1), per) if dx.numel else ():
             g.device.dispatch_1d(_kernel("gather_bwd", float32),
                                  [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
-                                 [dx.numel, A, J, inner, g.offset, it.offset], dx.numel)
+                                 [dx.numel, A, J, inner, g.offset, it.offset, j0,
+                                  min(J, j0 + per), int(j0 > 0)], dx.numel)
         return (dx,)
     record("gather", out, [xc], bw, saved=[it])
     return out
@@ -136,8 +159,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
 
 def embedding(idx, weight: Tensor) -> Tensor:
     """Rows of ``weight`` [V, D] for integer ``idx`` of any shape -> idx.shape + (D,).
-    Host indices outside [0, V) raise; device indices are clamped (see module docstring)."""
+    Indices outside [0, V) raise: host ones at once, device ones at the next read."""
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be [num_embeddings, dim], got {weight.shape}")
-    it = as_index(idx, weight, weight.shape[0], "embedding", allow_negative=False)
-    return index_select(weight, 0, it)
+    return index_select(weight, 0, idx, "embedding", False)

@@ -3,8 +3,9 @@
 Each op is a fused WGSL kernel (shaders/softmax.wgsl, layernorm.wgsl, xent.wgsl, or one map
 kernel) recorded with its backward rule, itself a fused kernel. Row ops work on a contiguous
 [R, L] block (another axis is moved last with a permute and at most one copy): one workgroup per
-row on GPUs, one invocation per row on CPU adapters (see ``row_mode``). Nothing here reads
-device data back to the host.
+row on GPUs, one invocation per row on CPU adapters (see ``row_mode``) while the row fits one
+invocation's loop budget (ops/bounds.py); rows too long for a workgroup are composed of chunked
+reductions. Nothing here reads device data back to the host.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..runtime.asserts import CODES
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
+from .bounds import LOOP_BUDGET, chunk_rows
 from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
 from .random import next_seed
 from .shape import permute, reshape
@@ -48,10 +51,15 @@ def row_mode(dev) -> str:
     return mode
 
 
-def row_kernel(dev, family: str, entry: str, L: int, R: int, **defines):
-    """(kernel, workgroups) of a row op over R rows of length L in the device's row mode."""
-    if row_mode(dev) == "thread":
+def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, **defines):
+    """(kernel, workgroups) of a row op over R rows of length L in the device's row mode, or
+    None when a row is too long for one workgroup (the caller then composes the op of
+    reductions). ``loops``: passes the kernel makes over a row. Rows too long for one
+    invocation's loop budget take a workgroup per row in either mode."""
+    if row_mode(dev) == "thread" and loops * L <= LOOP_BUDGET:
         return Kernel.of(family, entry + "_rows", WG=32, **defines), groups_1d(R, 64)
+    if loops * -(-L // 256) > LOOP_BUDGET - 64:
+        return None
     return Kernel.of(family, entry, WG=row_wg(L), **defines), groups_1d(R, 1)
 
 
@@ -80,12 +88,14 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         raise ShapeError(f"causal softmax needs [..., queries, keys], got shape {xc.shape}")
     tq = xc.shape[-2] if causal else 0
     scale = float(scale)
-    out = Tensor.empty(xc.shape, xc.device, float32)
     dev, lg = xc.device, str(log).lower()
+    plan = row_kernel(dev, "softmax", "fwd", L, R, 2, LOG=lg)
+    if plan is None:
+        return _softmax_long(xc, log, scale, causal)
+    out = Tensor.empty(xc.shape, xc.device, float32)
     if R:
-        k, groups = row_kernel(dev, "softmax", "fwd", L, R, LOG=lg)
-        dev.dispatch(k, [xc._storage.buffer, out._storage.buffer],
-                     [R, L, xc.offset, out.offset, scale, tq], groups)
+        dev.dispatch(plan[0], [xc._storage.buffer, out._storage.buffer],
+                     [R, L, xc.offset, out.offset, scale, tq], plan[1])
 
     o = saved_output(out)  # no cycle out -> node -> closure -> out
     record("log_softmax" if log else "softmax", out, [xc],
@@ -103,10 +113,31 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
     dev = out.device
     dx = Tensor.empty(out.shape, dev, float32)
     if R:
-        k, groups = row_kernel(dev, "softmax", "bwd", L, R, LOG=str(log).lower())
-        dev.dispatch(k, [out._storage.buffer, dx._storage.buffer, g._storage.buffer],
-                     [R, L, out.offset, g.offset, dx.offset, float(scale), tq], groups)
+        plan = row_kernel(dev, "softmax", "bwd", L, R, 2, LOG=str(log).lower())
+        if plan is None:
+            raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
+                             f"workgroup can reduce; use softmax() (it splits such rows)")
+        dev.dispatch(plan[0], [out._storage.buffer, dx._storage.buffer, g._storage.buffer],
+                     [R, L, out.offset, g.offset, dx.offset, float(scale), tq], plan[1])
     return dx
+
+
+def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
+    """(log_)softmax of rows too long for one workgroup, composed of chunked reductions and
+    elementwise ops (autograd differentiates the composition)."""
+    from ..autograd.tape import no_grad
+    from .elementwise import div, exp, log as log_, mul, sub
+    from .reduce import max as max_, sum as sum_
+    if causal:
+        raise ShapeError(f"causal softmax over {x.shape[-1]} keys: rows this long are not "
+                         f"supported with a causal mask; apply the mask to the scores instead")
+    xs = mul(x, scale) if scale != 1.0 else x
+    with no_grad():  # the shift cancels in the result
+        m = max_(xs, -1, keepdims=True)
+    z = sub(xs, m)
+    e = exp(z)
+    s = sum_(e, -1, keepdims=True)
+    return sub(z, log_(s)) if log else div(e, s)
 
 
 def _check_causal(axis, x, causal):
@@ -150,12 +181,15 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     L = math.prod(ns)
     R = xc.numel // L if L else 0
     dev = xc.device
+    plan = row_kernel(dev, "layernorm", "fwd", L, R, 3)
+    if plan is None:
+        return _layer_norm_long(xc, wc, bc, R, L, eps)
     out = Tensor.empty(xc.shape, dev, float32)
     mean = Tensor.empty((R,), dev, float32)
     rstd = Tensor.empty((R,), dev, float32)
     if R and L:
         xb = xc._storage.buffer
-        k, groups = row_kernel(dev, "layernorm", "fwd", L, R)
+        k, groups = plan
         dev.dispatch(k,
                      [xb, wc._storage.buffer if wc is not None else xb,
                       bc._storage.buffer if bc is not None else xb, out._storage.buffer,
@@ -170,7 +204,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         dx = Tensor.empty(xc.shape, dev, float32) if xc.requires_grad else None
         gw = gbias = None
         if R and L and dx is not None:
-            k, groups = row_kernel(dev, "layernorm", "bwd", L, R)
+            k, groups = row_kernel(dev, "layernorm", "bwd", L, R, 2)
             dev.dispatch(k,
                          [xb, gb, wc._storage.buffer if wc is not None else xb,
                           dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
@@ -185,13 +219,25 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     return out
 
 
+def _layer_norm_long(xc, wc, bc, R, L, eps):
+    """layer_norm of rows too long for one workgroup, composed of chunked reductions and
+    elementwise ops (autograd differentiates the composition)."""
+    from .elementwise import add, mul, rsqrt, square, sub
+    from .reduce import mean as mean_
+    x2 = reshape(xc, (R, L))
+    d = sub(x2, mean_(x2, 1, keepdims=True))
+    y = reshape(mul(d, rsqrt(add(mean_(square(d), 1, keepdims=True), float(eps)))), xc.shape)
+    y = mul(y, wc) if wc is not None else y
+    return add(y, bc) if bc is not None else y
+
+
 def _weight_bias_grads(xc, g, mean, rstd, R, L):
     """[2, L]: sum over rows of g * xhat (dweight) and of g (dbias), in two deterministic
     passes: per-chunk partial column sums, then a sum over the chunks."""
     dev = xc.device
     # chunks of >= 32 rows: enough chunks to fill a GPU, few enough that the second pass
     # (one invocation per column, looping over the chunks) stays short
-    rows = max(32, -(-R // 128))
+    rows = chunk_rows(R, 32)
     chunks = -(-R // rows)
     part = Tensor.empty((2, chunks, L), dev, float32)
     dev.dispatch(Kernel.of("layernorm", "wb", WG=32),
@@ -262,7 +308,8 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """PyTorch's cross_entropy with integer targets: logits [N, C] (or [C], or [N, C, d...])
     and targets [N] ([], [N, d...]). Rows whose target is ``ignore_index`` contribute 0 and are
-    left out of the mean. A target outside [0, C) gives NaN (on the host it is an error)."""
+    left out of the mean. A target outside [0, C) raises: host targets at once, targets held
+    on the device at the next host read (their loss is NaN)."""
     _check_reduction(reduction)
     eps = float(label_smoothing)
     if not 0.0 <= eps <= 1.0:
@@ -291,13 +338,21 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
                          f"shape {tuple(logits.shape)} (expected {tshape})")
     tt = reshape(tt, (N,)) if tt.ndim != 1 else tt
     dev = lg.device
+    plan = row_kernel(dev, "xent", "fwd", C, N, 1)
+    if plan is None or N > 256 * (LOOP_BUDGET - 64):  # past what the kernels bound
+        out = _cross_entropy_long(lg, tt, int(ignore_index), eps, reduction)
+        return reshape(out, tshape) if reduction == "none" else out
     rows = Tensor.empty((N,), dev, float32)
     lse = Tensor.empty((N,), dev, float32)
     tb = tt._storage.buffer
     if N:
-        k, groups = row_kernel(dev, "xent", "fwd", C, N)
-        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer],
-                     [N, C, lg.offset, tt.offset, int(ignore_index), eps], groups)
+        k, groups = plan
+        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer,
+                         dev.asserts.buffer],
+                     [N, C, lg.offset, tt.offset, int(ignore_index), eps,
+                      CODES["cross_entropy target"]], groups)
+        if host is None:  # targets held on the device: the kernel checks them
+            dev.asserts.arm()
     if reduction == "none":
         out, count = rows, None
     else:
@@ -315,12 +370,31 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
         if N * C:
             dev.dispatch_1d(Kernel.of("xent", "bwd", WG=32),
                             [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
-                             g._storage.buffer, cnt._storage.buffer],
+                             dev.asserts.buffer, g._storage.buffer, cnt._storage.buffer],
                             [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
                              g.offset, cnt.offset], N * C)
         return (dx,)
     record("cross_entropy", out, [lg], bw, saved=[lg, tt])
     return reshape(out, tshape) if reduction == "none" else out
+
+
+def _cross_entropy_long(lg: Tensor, tt: Tensor, ignore: int, eps: float, reduction: str):
+    """cross_entropy of [N, C] logits with C or N past the bounds of the fused kernels, composed
+    of log_softmax, gather and chunked sums (autograd differentiates the composition)."""
+    from .elementwise import add, div, mul, neg
+    from .indexing import gather
+    from .reduce import mean as mean_, sum as sum_
+    N = lg.shape[0]
+    lsm = _softmax_long(lg, True, 1.0, False)
+    safe = map_op("select(a, 0, a == pi(48u))", [tt], dtype=int32, scalars=[ignore])
+    loss = neg(reshape(gather(lsm, 1, reshape(safe, (N, 1))), (N,)))
+    if eps:
+        loss = add(mul(loss, 1.0 - eps), mul(reshape(mean_(lsm, 1), (N,)), -eps))
+    keep = map_op("select(1.0, 0.0, a == pi(48u))", [tt], scalars=[ignore])
+    rows = mul(loss, keep)
+    if reduction == "none":
+        return rows
+    return sum_(rows) if reduction == "sum" else div(sum_(rows), sum_(keep))
 
 
 def mse_loss(a: Tensor, b: Tensor, reduction: str = "mean") -> Tensor:

@@ -1,5 +1,8 @@
 """Reductions over any axes: the reduced axes are moved last and made contiguous (a view plus
-at most one copy), then one workgroup reduces each row. Backward rules broadcast back."""
+at most one copy), then each row is reduced: short rows by one invocation, long ones in chunks
+and passes so that no shader loop runs long (see shaders/reduce.wgsl). int32 reduces in
+integers; NaN propagates through max / min / argmax as in PyTorch. Backward rules broadcast
+back."""
 from __future__ import annotations
 
 import builtins
@@ -13,13 +16,32 @@ from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float16, float32, int32
 from .elementwise import contiguous, map_op, saved_output
+from .nnops import row_mode
 from .shape import permute, reshape
 
-_OPS = {  # name: (init, combine)
-    "sum": (0.0, "x + y"),
-    "max": (float("-inf"), "max(x, y)"),
-    "min": (float("inf"), "min(x, y)"),
-}
+# Rows up to this length are reduced by one invocation each (no barriers, all lanes busy on
+# many short rows: a (5M, 3) sum); longer rows get a 256-wide workgroup per chunk of CHUNK.
+# CPU adapters (row mode "thread"), where barriers are expensive, take longer rows that way.
+SHORT_ROW = 64
+SHORT_ROW_CPU = 4096
+# Elements per workgroup of a long row: 512 iterations per invocation, far below the 65,535
+# loop iterations after which llvmpipe stops a shader loop; longer rows take another pass.
+CHUNK = 256 * 512
+
+
+def _isnan(dtype) -> str:
+    return "false" if dtype == int32 else "isnan_(x)"
+
+
+def _ops(name: str, dtype) -> tuple:
+    """(init value, COMBINE) of a reduction in ``dtype``'s arithmetic: exact for int32, and NaN
+    propagates through max / min as in PyTorch (WGSL's max/min may drop it)."""
+    if dtype == int32:
+        return {"sum": (0, "x + y"), "max": (-2 ** 31, "max(x, y)"),
+                "min": (2 ** 31 - 1, "min(x, y)")}[name]
+    nan = "select({0}, x + y, isnan_a(x) || isnan_a(y))"
+    return {"sum": (0.0, "x + y"), "max": (float("-inf"), nan.format("max(x, y)")),
+            "min": (float("inf"), nan.format("min(x, y)"))}[name]
 
 
 def _axes(x: Tensor, axis) -> tuple:
@@ -48,34 +70,62 @@ def _rows(x: Tensor, axes):
     return xt, math.prod(kept), L, kept, kd
 
 
-def _f16(dtype) -> dict:
-    return {"F16": "1"} if dtype == float16 else {}
+def _kernel(entry: str, dtype, out_dtype, comb: str, gt: str = ">",
+            fin: str = "{TO}(v)") -> Kernel:
+    acc = "i32" if dtype == int32 else "f32"
+    defines = {"F16": "1"} if dtype == float16 else {}
+    return Kernel.of("reduce", entry, T=DTYPES[dtype], A=acc, TO=DTYPES[out_dtype],
+                     INIT="pi(5u)" if acc == "i32" else "pf(5u)", COMBINE=comb, GT=gt,
+                     FIN=fin.format(TO=DTYPES[out_dtype]), ISNAN=_isnan(dtype), **defines)
 
 
-def _launch(kernel, xt, R, L, out, scale=1.0, init=0.0):
-    if R == 0:
-        return
-    xt.device.dispatch(kernel, [xt._storage.buffer, out._storage.buffer],
-                       [R, L, xt.offset, float(scale), out.offset, float(init)],
-                       groups_1d(R, 1))
+def _short_row(dev) -> int:
+    return SHORT_ROW_CPU if row_mode(dev) == "thread" else SHORT_ROW
+
+
+def _row_reduce(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> None:
+    """out[r] = reduction of row r of the contiguous [R, L] block ``xt``, in passes whose
+    loops stay bounded: each pass cuts rows into chunks and reduces the chunk partials next."""
+    dev = xt.device
+    init, comb = _ops(name, xt.dtype)
+    scaled = xt.dtype != int32 and scale != 1.0
+    fin = "{TO}(v * pf(3u))" if scaled else "{TO}(v)"
+    short = _short_row(dev)
+    while True:
+        if L <= short:
+            k = _kernel("rows", xt.dtype, out.dtype, comb, fin=fin)
+            dev.dispatch(k, [xt._storage.buffer, out._storage.buffer],
+                         [R, L, xt.offset, float(scale), out.offset, init], groups_1d(R, 64))
+            return
+        nc = -(-L // CHUNK)
+        dst = out if nc == 1 else Tensor.empty((R, nc), dev, out.dtype)
+        k = _kernel("main", xt.dtype, dst.dtype, comb, fin=fin if nc == 1 else "{TO}(v)")
+        dev.dispatch(k, [xt._storage.buffer, dst._storage.buffer],
+                     [R * nc, L, xt.offset, float(scale), dst.offset, init, CHUNK, nc],
+                     groups_1d(R * nc, 1))
+        if nc == 1:
+            return
+        xt, L = dst, nc
 
 
 def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     axes = _axes(x, axis)
     with_grad = x
-    if x.dtype != float32 and name == "sum" or mean:
+    if x.dtype == float16 and name == "sum" or mean:
         from .elementwise import cast
         x = cast(x, float32)
     xt, R, L, kept, kd = _rows(x, axes)
     if L == 0 and name in ("max", "min"):
         raise ShapeError(f"{name} of an empty axis (shape {x.shape}, axes {axes}) has no identity")
-    out_dtype = x.dtype if name != "sum" else float32  # int max/min stay int (numpy)
+    # int32 stays int32 (exact, wrapping on overflow); float16 sums accumulate in float32
+    out_dtype = float32 if x.dtype == float16 and name == "sum" else x.dtype
     out = Tensor.empty(kd if keepdims else kept, x.device, out_dtype)
-    init, comb = _OPS[name]
-    k = Kernel.of("reduce", T=DTYPES[xt.dtype], TO=DTYPES[out_dtype], INIT="pf(5u)",
-                  COMBINE=comb, GT=">", **_f16(xt.dtype))
     scale = (1.0 / L if L else float("nan")) if mean else 1.0
-    _launch(k, xt, R, L, out, scale, init)
+    if R and L:
+        _row_reduce(name, xt, R, L, out, scale)
+    elif R:  # sum / mean of empty rows
+        from .elementwise import fill_
+        fill_(out, 0 if out_dtype == int32 else 0.0 * scale)
     in_shape = x.shape
 
     if name == "sum":
@@ -87,9 +137,10 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
         o = saved_output(out)
 
         def bw(g):
-            # gradient to every position equal to the extreme, split evenly between ties
+            # gradient to every position equal to the extreme (NaN counts as equal to NaN),
+            # split evenly between ties
             ok = reshape(o, kd)
-            mask = map_op("select(0.0, 1.0, a == b)", [x, ok])
+            mask = map_op("select(0.0, 1.0, a == b || (isnan_(a) && isnan_(b)))", [x, ok])
             cnt = _reduce("sum", mask, axes, True)
             return (map_op("a * b / c", [mask, reshape(g, kd), cnt]),)
         record(name, out, [x], bw, saved=[x])
@@ -97,6 +148,8 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
 
 
 def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """Sum over ``axis``; int32 tensors sum exactly in int32 (wrapping past 2^31, where
+    PyTorch would widen to int64)."""
     return _reduce("sum", x, axis, keepdims)
 
 
@@ -110,6 +163,31 @@ def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 
 def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _reduce("min", x, axis, keepdims)
+
+
+def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
+    """out[r] = index of the extreme of row r (first NaN, else first of ties), in passes of
+    bounded loops as in _row_reduce; later passes carry the first pass's indices."""
+    dev = xt.device
+    init = _ops("max" if gt == ">" else "min", xt.dtype)[0]
+    if L <= _short_row(dev):
+        dev.dispatch(_kernel("arg_rows", xt.dtype, int32, "x", gt),
+                     [xt._storage.buffer, out._storage.buffer],
+                     [R, L, xt.offset, 1.0, out.offset, init], groups_1d(R, 64))
+        return
+    ix = None
+    while True:
+        nc = -(-L // CHUNK)
+        dst = out if nc == 1 else Tensor.empty((R, nc), dev, int32)
+        vals = Tensor.empty((R, nc), dev, xt.dtype)
+        ixb, ixo = (ix._storage.buffer, ix.offset) if ix is not None else (xt._storage.buffer, 0)
+        dev.dispatch(_kernel("arg", xt.dtype, int32, "x", gt),
+                     [xt._storage.buffer, dst._storage.buffer, ixb, vals._storage.buffer],
+                     [R * nc, L, xt.offset, 1.0, dst.offset, init, CHUNK, nc,
+                      int(ix is not None), ixo, vals.offset], groups_1d(R * nc, 1))
+        if nc == 1:
+            return
+        xt, ix, L = vals, dst, nc
 
 
 def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
@@ -127,9 +205,8 @@ def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
     if flat_kd is not None:
         kd = flat_kd
     out = Tensor.empty(kd if keepdims else kept, x.device, int32)
-    k = Kernel.of("reduce", "arg", T=DTYPES[xt.dtype], TO="i32", COMBINE="x", GT=gt,
-                  INIT="0.0", **_f16(xt.dtype))
-    _launch(k, xt, R, L, out)
+    if R:
+        _arg_rows(xt, R, L, out, gt)
     return out
 
 

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import wgpu
 
+from .asserts import FLAG_BYTES, DeviceAsserts, raise_if_set
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .native import submit
@@ -84,6 +85,7 @@ class Device:
         self._fence = None
         self._raw = _RawPass.create()
         self._timer = None  # the GpuTimer timing this device's passes, if any
+        self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.dispatches = 0
         self.submits = 0
         self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
@@ -358,12 +360,17 @@ class Device:
         start = offset & ~3
         end = (offset + nbytes + 3) & ~3
         size = max(end - start, 4)
-        staging = self._staging_buffer(size)
         with self.lock:
-            self._close_pass().copy_buffer_to_buffer(buf, start, staging, 0, size)
+            check = self.asserts.take_armed()  # the device-side assert flag rides along
+            mapped = (size + 7) // 8 * 8 + FLAG_BYTES if check else size  # (8-aligned ranges)
+            staging = self._staging_buffer(mapped)
+            enc = self._close_pass()
+            enc.copy_buffer_to_buffer(buf, start, staging, 0, size)
+            if check:
+                self.asserts.record_copy(enc, staging, mapped - FLAG_BYTES)
             self._flush_locked()
-        promise = staging.map_async("READ_NOSYNC", 0, size)
-        return Download(self, staging, promise, offset - start, nbytes, size)
+        promise = staging.map_async("READ_NOSYNC", 0, mapped)
+        return Download(self, staging, promise, offset - start, nbytes, size, check)
 
     def read(self, buf, offset: int, nbytes: int) -> bytes:
         if nbytes == 0:
@@ -408,20 +415,26 @@ class Device:
 class Download:
     """A device -> host copy in flight; take its bytes once (from any thread)."""
 
-    def __init__(self, device, staging, promise, skip, nbytes, size):
+    def __init__(self, device, staging, promise, skip, nbytes, size, check=False):
         self._d, self._s, self._p = device, staging, promise
         self._skip, self.nbytes, self._size = skip, nbytes, size
+        self._check = check  # the device-side assert flag follows the data (runtime/asserts.py)
+        self._flag_at = (size + 7) // 8 * 8
 
     def _take(self, convert):
         self._p.sync_wait()
+        flag = self._s.read_mapped(self._flag_at, FLAG_BYTES) if self._check else None
         mv = self._s.read_mapped(0, self._size, copy=False)
         try:
             view = np.frombuffer(mv, dtype=np.uint8)[self._skip:self._skip + self.nbytes]
-            return convert(view)
+            out = convert(view)
         finally:
             del mv
             self._s.unmap()
             self._d._return_staging(self._s)
+        if flag is not None:
+            raise_if_set(flag)
+        return out
 
     def result(self) -> bytes:
         return self._take(lambda v: v.tobytes())
@@ -436,6 +449,13 @@ class Download:
         """A writable array over the mapped staging memory itself; the buffer is unmapped and
         pooled again when the array and every view of it are garbage."""
         self._p.sync_wait()
+        if self._check:
+            try:
+                raise_if_set(self._s.read_mapped(self._flag_at, FLAG_BYTES))
+            except Exception:
+                self._s.unmap()
+                self._d._return_staging(self._s)
+                raise
         return np.asarray(_MappedHost(self._d, self._s, self._size, self._skip, self.nbytes,
                                       dtype))
 
