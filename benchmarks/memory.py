@@ -1,0 +1,119 @@
+"""Peak device memory of one training step (the buffer pool's live bytes, high-water mark),
+before/after the memory-saving modes of issue 18:
+
+    checkpoint  GPT on one device, plain vs --activation-checkpointing (wgrumus.utils.checkpoint
+                per block): peak live bytes of forward + backward + AdamW step.
+    zero1       DataParallel with N replicas, plain vs shard_optimizer_state=True (ZeRO-1): the
+                optimizer state bytes per replica and the peak live bytes per replica.
+    fsdp        FSDP over N ranks, whole-model wrapping vs per-block wrapping: peak live bytes per
+                rank of a forward + backward, with the parameter bytes for reference.
+
+    python benchmarks/memory.py                        # GPT-mini (4 x 256, T=128), N=4
+    python benchmarks/memory.py --quick                # small shapes (lavapipe, CI)
+    WGRUMUS_DEVICES=4 python benchmarks/memory.py --only fsdp
+
+"live" counts buffers handed out by the device's pool (tensors, optimizer state, gathered
+parameters), not the pool's cached free buffers: the figure PyTorch calls
+max_memory_allocated. Each row is measured after one warm-up step so that one-time buffers
+(position ids, kernel constants) are already live in both columns. Prints one table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("WGRUMUS_DEVICES", "4")
+
+MB = 1 << 20
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", choices=["checkpoint", "zero1", "fsdp"], action="append")
+    ap.add_argument("--ranks", type=int, default=4, help="replicas / FSDP ranks (default 4)")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=256)
+    ap.add_argument("--n-head", type=int, default=4)
+    ap.add_argument("--block", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--quick", action="store_true", help="small shapes (lavapipe, CI)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.n_layer, a.n_embd, a.n_head, a.block, a.vocab, a.batch = 4, 64, 2, 32, 128, 4
+    return a
+
+
+def gpt(a, device, checkpoint=False):
+    import wgrumus as wr
+    return wr.nn.GPT(a.vocab, a.block, n_layer=a.n_layer, n_head=a.n_head, n_embd=a.n_embd,
+                     device=device, seed=0, checkpoint=checkpoint)
+
+
+def tokens(a, n, seed=0):
+    return np.random.default_rng(seed).integers(0, a.vocab, (n, a.block + 1)).astype(np.int32)
+
+
+def lm_loss(logits, y):
+    from wgrumus.nn import functional as F
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def peak_of(devices, fn):
+    """Run ``fn()`` and return each device's peak live bytes during it."""
+    for d in devices:
+        d.pool.reset_peak()
+    fn()
+    for d in devices:
+        d.synchronize()
+    return [d.pool.peak_live_bytes for d in devices]
+
+
+def bench_checkpoint(a) -> list:
+    import wgrumus as wr
+    dev = wr.devices()[0]
+    rows = []
+    data = tokens(a, a.batch)
+    x = wr.tensor(data[:, :-1], device=dev)
+    y = wr.tensor(data[:, 1:], device=dev)
+    res = {}
+    for ck in (False, True):
+        model = gpt(a, dev, checkpoint=ck)
+        opt = wr.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step():
+            loss = lm_loss(model(x), y)
+            opt.step(wr.autograd.backward(loss))
+            loss.item()
+        step()
+        res[ck] = peak_of([dev], step)[0]
+        del model, opt
+    rows.append(("checkpoint", "GPT, 1 device", "plain", "per block",
+                 res[False], res[True]))
+    return rows
+
+
+SECTIONS = {"checkpoint": bench_checkpoint}
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    import wgrumus as wr
+    print(f"# peak live device bytes (MiB) per rank, GPT n_layer={a.n_layer} n_embd={a.n_embd} "
+          f"T={a.block} vocab={a.vocab} batch={a.batch}/rank; adapter "
+          f"{wr.devices()[0].name}")
+    print(f"{'mode':<11} {'setting':<24} {'before':>22} {'after':>22} {'ratio':>6}")
+    for name in a.only or list(SECTIONS):
+        for mode, setting, bname, aname, b, aft in SECTIONS[name](a):
+            print(f"{mode:<11} {setting:<24} {bname + ' ' + f'{b / MB:.2f}':>22} "
+                  f"{aname + ' ' + f'{aft / MB:.2f}':>22} {aft / b:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
