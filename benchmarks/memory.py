@@ -99,7 +99,31 @@ def bench_checkpoint(a) -> list:
     return rows
 
 
-SECTIONS = {"checkpoint": bench_checkpoint}
+def bench_zero1(a) -> list:
+    import wgrumus as wr
+    from wgrumus.parallel import DataParallel
+    devs = wr.devices()[:a.ranks]
+    data = tokens(a, a.batch * len(devs))
+    res = {}
+    for shard in (False, True):
+        dp = DataParallel(gpt(a, devs[0]), devs, shard_optimizer_state=shard, timeout=600)
+        opts = [wr.optim.AdamW(r.parameters(), lr=1e-3) for r in dp.replicas]
+        try:
+            def step():
+                dp.train_step(data[:, :-1], data[:, 1:], lm_loss, opts)
+            step()
+            peaks = peak_of(devs, step)
+            state = [sum(v.numel * 4 for st in o.state.values() for v in st.values()
+                         if isinstance(v, wr.Tensor)) for o in opts]
+            res[shard] = (max(state), max(peaks))
+        finally:
+            dp.close()
+    n = f"DataParallel x{len(devs)}"
+    return [("zero1", n + " opt state", "full", "ZeRO-1", res[False][0], res[True][0]),
+            ("zero1", n + " peak", "full", "ZeRO-1", res[False][1], res[True][1])]
+
+
+SECTIONS = {"checkpoint": bench_checkpoint, "zero1": bench_zero1}
 
 
 def main(argv=None):
