@@ -123,7 +123,46 @@ def bench_zero1(a) -> list:
             ("zero1", n + " peak", "full", "ZeRO-1", res[False][1], res[True][1])]
 
 
-SECTIONS = {"checkpoint": bench_checkpoint, "zero1": bench_zero1}
+def bench_fsdp(a) -> list:
+    import wgrumus as wr
+    from wgrumus import distributed as dist
+    from wgrumus.distributed import FSDP
+    from wgrumus.nn.attention import TransformerBlock
+    units = (TransformerBlock, wr.nn.Embedding, wr.nn.LayerNorm, wr.nn.Linear)
+    devs = wr.devices()[:a.ranks]
+    data = tokens(a, a.batch * len(devs))
+
+    def run(auto_wrap):
+        def fn(g):
+            f = FSDP(gpt(a, g.device), g, auto_wrap=auto_wrap)
+            opt = wr.optim.AdamW(f.parameters(), lr=1e-3)
+            rows = data[g.rank * a.batch:(g.rank + 1) * a.batch]
+            x = wr.tensor(rows[:, :-1], device=g.device)
+            y = wr.tensor(rows[:, 1:], device=g.device)
+            try:
+                def step():
+                    loss = lm_loss(f(x), y)
+                    f.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    loss.item()
+                step()
+                return peak_of([g.device], step)[0]
+            finally:
+                f.close()
+        return max(dist.spawn(fn, len(devs), devices=devs, timeout=600))
+
+    model = gpt(a, devs[0])
+    full = sum(p.numel * 4 for p in model.parameters())
+    block = sum(p.numel * 4 for p in model.blocks[0].parameters())
+    del model
+    n = len(devs)
+    return [("fsdp", f"x{n}: params (model)", "whole", "1 block+1/N",
+             full, block + (full - block) / n),
+            ("fsdp", f"x{n}: peak per rank", "whole model", "per block", run(None), run(units))]
+
+
+SECTIONS = {"checkpoint": bench_checkpoint, "zero1": bench_zero1, "fsdp": bench_fsdp}
 
 
 def main(argv=None):

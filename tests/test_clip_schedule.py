@@ -10,7 +10,7 @@ from wgrumus import distributed as dist
 from wgrumus import optim
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from test_cli import GPT_TINY, train_json  # noqa: E402
+from test_cli import GPT_TINY, train_json, wgrumus  # noqa: E402
 
 
 def test_clip_over_gradients_on_several_devices(devs, rng):
@@ -153,3 +153,14 @@ def test_gpt_activation_checkpointing_gives_the_same_losses():
         res = train_json("gpt", *GPT_TINY, "--steps", "2", "--activation-checkpointing",
                          *layout)
         assert res["losses"] == pytest.approx(ref, rel=1e-4), layout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,reason", [
+    (["mlp", "--activation-checkpointing"], "no blocks to checkpoint"),
+    (["gpt", "--warmup", "-1"], "--warmup -1"),
+    (["gpt", "--clip", "0"], "--clip"),
+    (["gpt", "--lr-schedule", "linear"], "--lr-schedule")])
+def test_bad_flags_are_one_line_usage_errors(args, reason):
+    rc, out, err = wgrumus("train", *args, "--steps", "1")
+    assert rc == 2 and reason in err, (rc, out, err)

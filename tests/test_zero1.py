@@ -76,3 +76,45 @@ def test_ownership_is_balanced_and_covers_every_parameter(devs):
     assert sorted(i for own in sh.owned for i in own) == list(range(len(ps)))
     loads = [sum(ps[i].numel for i in own) for own in sh.owned]
     assert max(loads) - min(loads) <= 10, loads
+
+
+MPI_WORKER = '''
+import os, sys
+sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+import numpy as np
+import wgrumus as wr
+from wgrumus import distributed as dist, optim
+from test_zero1 import make, lm_loss, batches
+g = dist.init_process_group("mpi", timeout=60)
+dev = wr.devices()[0]
+dp = wr.parallel.DataParallel(make(dev), backend="mpi", group=g, shard_optimizer_state=True)
+opt = optim.AdamW(dp.module.parameters(), lr=0.01)
+losses = [dp.train_step(b[:, :-1], b[:, 1:], lm_loss, opt) for b in batches()]
+assert dp.replicas_identical()
+ref = make(dev)
+ref_opt = optim.AdamW(ref.parameters(), lr=0.01)
+ref_losses = []
+for b in batches():
+    loss = lm_loss(ref(wr.tensor(b[:, :-1], device=dev)), wr.tensor(b[:, 1:], device=dev))
+    ref_opt.step(wr.autograd.backward(loss))
+    ref_losses.append(loss.item())
+np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+owned = sum(1 for o in dp.sharding.owner if o == g.rank)
+assert len(opt.state) == owned < len(list(ref.parameters())), (len(opt.state), owned)
+dp.close()
+print("ZERO_OK", g.rank, flush=True)
+'''
+
+
+@pytest.mark.timeout(180)
+def test_zero1_mpi_two_processes(tmp_path):
+    import sys
+    from _util import mpiexec, run_process
+    pytest.importorskip("mpi4py")
+    exe = mpiexec()
+    if exe is None:
+        pytest.skip("mpiexec not found (pip install 'wgrumus[mpi]')")
+    script = tmp_path / "zero_worker.py"
+    script.write_text(MPI_WORKER)
+    p = run_process([exe, "-n", 2, sys.executable, script], 170, WGRUMUS_DEVICES=1)
+    assert p.returncode == 0 and p.stdout.count("ZERO_OK") == 2, p.stdout + p.stderr
