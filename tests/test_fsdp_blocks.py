@@ -1,5 +1,8 @@
 """Per-block FSDP (auto_wrap): the losses and weights of one device, each block's parameters
 gathered just for its own forward and backward, a lower peak than whole-model FSDP."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -8,6 +11,10 @@ from wgrumus import distributed as dist
 from wgrumus import nn, optim
 from wgrumus.distributed import FSDP
 from wgrumus.nn.attention import TransformerBlock
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_zero1 import batches as token_batches  # noqa: E402
+from test_zero1 import lm_loss, one_device  # noqa: E402
 
 WORLD, STEPS = 4, 3
 UNITS = (TransformerBlock, nn.Embedding, nn.LayerNorm, nn.Linear)
@@ -18,13 +25,8 @@ def make(dev):
                   seed=4)
 
 
-def lm_loss(logits, y):
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
 def batches():
-    rng = np.random.default_rng(2)
-    return [rng.integers(0, 32, (8, 9)).astype(np.int32) for _ in range(STEPS)]
+    return token_batches(vocab=32, seed=2, steps=STEPS)
 
 
 def train_fsdp(devs, auto_wrap):
@@ -56,13 +58,7 @@ def train_fsdp(devs, auto_wrap):
 @pytest.mark.timeout(300)
 def test_per_block_fsdp_trains_like_one_device_with_a_lower_peak(devs):
     model = make(devs[0])
-    opt = optim.AdamW(model.parameters(), lr=0.01)
-    ref = []
-    for b in batches():
-        loss = lm_loss(model(wr.tensor(b[:, :-1], device=devs[0])),
-                       wr.tensor(b[:, 1:], device=devs[0]))
-        opt.step(wr.autograd.backward(loss))
-        ref.append(loss.item())
+    ref = one_device(model, devs[0], batches())
     blocks = train_fsdp(devs, UNITS)
     whole = train_fsdp(devs, None)
     n_params = len(list(model.parameters()))

@@ -20,9 +20,21 @@ def lm_loss(logits, y):
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def batches():
-    rng = np.random.default_rng(3)
-    return [rng.integers(0, 16, (8, 9)).astype(np.int32) for _ in range(STEPS)]
+def batches(vocab=16, seed=3, steps=STEPS):
+    """[8, 9] token rows per step: inputs [:, :-1], targets [:, 1:]."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, (8, 9)).astype(np.int32) for _ in range(steps)]
+
+
+def one_device(model, dev, batches) -> list:
+    """The reference: AdamW on one device over the whole batches; the loss of every step."""
+    opt = optim.AdamW(model.parameters(), lr=0.01)
+    losses = []
+    for b in batches:
+        loss = lm_loss(model(wr.tensor(b[:, :-1], device=dev)), wr.tensor(b[:, 1:], device=dev))
+        opt.step(wr.autograd.backward(loss))
+        losses.append(loss.item())
+    return losses
 
 
 def state_bytes(opt) -> int:
@@ -43,14 +55,7 @@ def run_dp(devs, shard):
 
 @pytest.mark.timeout(180)
 def test_zero1_matches_plain_data_parallel_and_one_device(devs):
-    model = make(devs[0])
-    opt = optim.AdamW(model.parameters(), lr=0.01)
-    ref = []
-    for b in batches():
-        loss = lm_loss(model(wr.tensor(b[:, :-1], device=devs[0])),
-                       wr.tensor(b[:, 1:], device=devs[0]))
-        opt.step(wr.autograd.backward(loss))
-        ref.append(loss.item())
+    ref = one_device(make(devs[0]), devs[0], batches())
     plain, plain_sd, plain_opts, plain_osd = run_dp(devs[:4], False)
     zero, zero_sd, zero_opts, zero_osd = run_dp(devs[:4], True)
     assert zero == plain  # same averaged gradients, same updates: bit for bit
@@ -84,7 +89,7 @@ sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "t
 import numpy as np
 import wgrumus as wr
 from wgrumus import distributed as dist, optim
-from test_zero1 import make, lm_loss, batches
+from test_zero1 import make, lm_loss, batches, one_device
 g = dist.init_process_group("mpi", timeout=60)
 dev = wr.devices()[0]
 dp = wr.parallel.DataParallel(make(dev), backend="mpi", group=g, shard_optimizer_state=True)
@@ -92,13 +97,7 @@ opt = optim.AdamW(dp.module.parameters(), lr=0.01)
 losses = [dp.train_step(b[:, :-1], b[:, 1:], lm_loss, opt) for b in batches()]
 assert dp.replicas_identical()
 ref = make(dev)
-ref_opt = optim.AdamW(ref.parameters(), lr=0.01)
-ref_losses = []
-for b in batches():
-    loss = lm_loss(ref(wr.tensor(b[:, :-1], device=dev)), wr.tensor(b[:, 1:], device=dev))
-    ref_opt.step(wr.autograd.backward(loss))
-    ref_losses.append(loss.item())
-np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+np.testing.assert_allclose(losses, one_device(ref, dev, batches()), rtol=1e-5)
 owned = sum(1 for o in dp.sharding.owner if o == g.rank)
 assert len(opt.state) == owned < len(list(ref.parameters())), (len(opt.state), owned)
 dp.close()

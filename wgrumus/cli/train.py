@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from .common import positive
+from .optimizing import SCHEDULES as LR_SCHEDULES
 
 MODELS = ("mlp", "cnn", "gpt")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     g.add_argument("--clip", type=positive(float), metavar="NORM",
                    help="clip the gradients to this global norm (over every shard and stage)")
-    g.add_argument("--lr-schedule", choices=("constant", "cosine"), default="constant",
+    g.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
                    help="constant, or cosine decay to 0 over the run (default constant)")
     g.add_argument("--warmup", type=int, default=0, metavar="STEPS",
                    help="linear learning-rate warmup from 0 over this many steps (default 0)")
