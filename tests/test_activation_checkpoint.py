@@ -90,3 +90,5 @@ def test_checkpoint_without_grad_is_plain_and_rejects_non_tensor_outputs(dev):
     assert out._node is None
     with pytest.raises(wr.WgrumusError, match="one Tensor"):
         checkpoint(lambda t: (lin(t), lin(t)), x)
+    y = wr.tensor(np.ones((2, 3), np.float32), device=dev, requires_grad=True) * 2.0
+    assert checkpoint(lambda t: t, y) is y  # nothing computed inside: nothing to recompute

@@ -26,7 +26,11 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
     ``fn`` must return one Tensor and compute the same function when re-run (it may read
     parameters, which get their gradients as usual). Tensor ``args`` must not be modified in
     place between the forward and the backward. ``use_reentrant`` is accepted for PyTorch
-    compatibility and ignored. Without grad (``no_grad``) this is just ``fn(*args)``."""
+    compatibility and ignored. Without grad (``no_grad``) this is just ``fn(*args)``.
+
+    ``preserve_rng_state`` rewinds the process-wide generator for the recomputation: with
+    dropout inside ``fn`` while other threads also draw from it (thread ranks), pass explicit
+    seeds instead."""
     if not is_grad_enabled():
         return fn(*args, **kwargs)
     rng = get_rng_state() if preserve_rng_state else None
@@ -38,7 +42,7 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
     if not isinstance(out, Tensor):
         raise WgrumusError(f"checkpoint: fn must return one Tensor, got {type(out).__name__}; "
                            f"checkpoint each output's computation separately")
-    if out._node is None:  # nothing in fn needed grad: there is nothing to recompute
+    if out._node is None or any(out is a for a in args):  # nothing recorded to recompute
         return out
     leaves = _leaves(out._node, args)
     tensors = [a for a in args if isinstance(a, Tensor)]
