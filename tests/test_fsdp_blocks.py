@@ -48,7 +48,9 @@ def train_fsdp(devs, auto_wrap):
                 opt.step()
                 losses.append(g.all_reduce(np.array([loss.item()]), "mean")[0])
                 peaks.append(pool.peak_live_bytes)
-            return losses, f.full_state_dict(), max(peaks), g.stats()["by_op"]
+            sd = f.full_state_dict()
+            ops = dict(g.stats()["by_op"], prefetch_hits=f.prefetch_hits)
+            return losses, sd, max(peaks), ops
         finally:
             f.close()
 
@@ -72,6 +74,10 @@ def test_per_block_fsdp_trains_like_one_device_with_a_lower_peak(devs):
         # full_state_dict: the per-block schedule adds no gathers
         assert ops["all_gather"]["calls"] == STEPS * 2 * n_params + n_params
         assert ops["reduce_scatter"]["calls"] == STEPS * n_params
+        # 7 units (wte, wpe, 3 blocks, ln_f, lm_head): each but the first of forward order is
+        # prefetched by the one before it (from the second forward on, once the order is
+        # known), and each but the last by the one after it in every backward
+        assert ops["prefetch_hits"] == (STEPS - 1) * 6 + STEPS * 6
     for (lb, _, pb, _), (lw, _, pw, _) in zip(blocks, whole):
         assert lb == pytest.approx(lw, rel=1e-6)
         assert pb < pw, (pb, pw)

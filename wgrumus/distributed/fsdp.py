@@ -67,6 +67,8 @@ class _Unit:
             if self.gathered():
                 return
             self.prefetch()
+        else:
+            self.fsdp.prefetch_hits += 1
         arrays = self.fsdp._wait(self._pending)
         self._pending = None
         for f, full in zip(self.flats, arrays):
@@ -194,6 +196,7 @@ class FSDP:
         # one thread runs this rank's FSDP collectives in order, so gathers can run ahead
         self._comm = ThreadPoolExecutor(1, thread_name_prefix=f"wgrumus-fsdp{self.rank}") \
             if len(self.units) > 1 else None
+        self.prefetch_hits = 0  # gathers that a prefetch had already started
         self._order: list = []  # units in the order the last forward entered them
         self._seen: list = []
 
