@@ -78,12 +78,11 @@ def peak_of(devices, fn):
 def bench_checkpoint(a) -> list:
     import wgrumus as wr
     dev = wr.devices()[0]
-    rows = []
     data = tokens(a, a.batch)
     x = wr.tensor(data[:, :-1], device=dev)
     y = wr.tensor(data[:, 1:], device=dev)
-    res = {}
-    for ck in (False, True):
+
+    def measure(ck):
         model = gpt(a, dev, checkpoint=ck)
         opt = wr.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -92,11 +91,10 @@ def bench_checkpoint(a) -> list:
             opt.step(wr.autograd.backward(loss))
             loss.item()
         step()
-        res[ck] = peak_of([dev], step)[0]
-        del model, opt
-    rows.append(("checkpoint", "GPT, 1 device", "plain", "per block",
-                 res[False], res[True]))
-    return rows
+        return peak_of([dev], step)[0]
+
+    return [("checkpoint", "GPT, 1 device", "plain", "per block", measure(False),
+             measure(True))]
 
 
 def bench_zero1(a) -> list:
@@ -104,8 +102,7 @@ def bench_zero1(a) -> list:
     from wgrumus.parallel import DataParallel
     devs = wr.devices()[:a.ranks]
     data = tokens(a, a.batch * len(devs))
-    res = {}
-    for shard in (False, True):
+    def measure(shard):
         dp = DataParallel(gpt(a, devs[0]), devs, shard_optimizer_state=shard, timeout=600)
         opts = [wr.optim.AdamW(r.parameters(), lr=1e-3) for r in dp.replicas]
         try:
@@ -115,9 +112,11 @@ def bench_zero1(a) -> list:
             peaks = peak_of(devs, step)
             state = [sum(v.numel * 4 for st in o.state.values() for v in st.values()
                          if isinstance(v, wr.Tensor)) for o in opts]
-            res[shard] = (max(state), max(peaks))
+            return max(state), max(peaks)
         finally:
             dp.close()
+
+    res = {shard: measure(shard) for shard in (False, True)}
     n = f"DataParallel x{len(devs)}"
     return [("zero1", n + " opt state", "full", "ZeRO-1", res[False][0], res[True][0]),
             ("zero1", n + " peak", "full", "ZeRO-1", res[False][1], res[True][1])]

@@ -10,7 +10,7 @@ from wgrumus import distributed as dist
 from wgrumus import optim
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from test_cli import GPT_TINY, train_json, wgrumus  # noqa: E402
+from test_cli import GPT_TINY, train_json, wgrumus
 
 
 def test_clip_over_gradients_on_several_devices(devs, rng):

@@ -13,8 +13,8 @@ from wgrumus.distributed import FSDP
 from wgrumus.nn.attention import TransformerBlock
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_zero1 import batches as token_batches  # noqa: E402
-from test_zero1 import lm_loss, one_device  # noqa: E402
+from test_zero1 import batches as token_batches
+from test_zero1 import lm_loss, one_device
 
 WORLD, STEPS = 4, 3
 UNITS = (TransformerBlock, nn.Embedding, nn.LayerNorm, nn.Linear)

@@ -108,6 +108,7 @@ print("ZERO_OK", g.rank, flush=True)
 @pytest.mark.timeout(180)
 def test_zero1_mpi_two_processes(tmp_path):
     import sys
+
     from _util import mpiexec, run_process
     pytest.importorskip("mpi4py")
     exe = mpiexec()

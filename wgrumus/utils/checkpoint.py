@@ -13,7 +13,14 @@ activations plus the pieces' inputs, instead of every piece's activations.
 from __future__ import annotations
 
 from ..autograd.engine import backward_with_grad
-from ..autograd.tape import Tape, enable_grad, install_tape, is_grad_enabled, no_grad, record
+from ..autograd.tape import (
+    Tape,
+    enable_grad,
+    install_tape,
+    is_grad_enabled,
+    no_grad,
+    record,
+)
 from ..ops.random import get_rng_state, set_rng_state
 from ..ops.shape import detach
 from ..runtime.errors import WgrumusError
@@ -47,7 +54,6 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
     leaves = _leaves(out._node, args)
     tensors = [a for a in args if isinstance(a, Tensor)]
     result = detach(out)  # the graph dies with ``out`` when this function returns
-    n_in = len(tensors)
 
     def bw(g):
         with enable_grad():
