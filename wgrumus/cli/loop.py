@@ -54,6 +54,10 @@ class TrainConfig:
     plot: str | None = None
     json: bool = False
     title: str = "wgrumus train"
+    clip: float | None = None
+    lr_schedule: str = "constant"
+    warmup: int = 0
+    activation_checkpointing: bool = False
 
 
 def config_from_args(args) -> TrainConfig:
@@ -69,6 +73,11 @@ def config_from_args(args) -> TrainConfig:
     if args.tp > 1 and model != "gpt":
         raise UsageError(f"--tp {args.tp}: tensor parallelism splits attention heads and MLP "
                          f"columns of the gpt model; use --dp/--pp for {model}")
+    if args.warmup < 0:
+        raise UsageError(f"--warmup {args.warmup}: the warmup is a number of steps >= 0")
+    if args.activation_checkpointing and model != "gpt":
+        raise UsageError(f"--activation-checkpointing recomputes the gpt model's transformer "
+                         f"blocks; {model} has no blocks to checkpoint")
     gpt = {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
            "block_size": args.block_size}
     if model == "gpt":
@@ -87,7 +96,9 @@ def config_from_args(args) -> TrainConfig:
         _check_writable(args.checkpoint)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
-                       args.plot, args.json, getattr(args, "title", "wgrumus train"))
+                       args.plot, args.json, getattr(args, "title", "wgrumus train"),
+                       args.clip, args.lr_schedule, args.warmup,
+                       args.activation_checkpointing)
 
 
 def _check_gpt_sizes(args) -> None:
@@ -158,6 +169,7 @@ def train(cfg: TrainConfig) -> int:
     if saved and int(saved[0]["step"]) >= steps:
         raise UsageError(f"the checkpoint in {cfg.checkpoint!r} is already at step "
                          f"{saved[0]['step']} >= --steps {steps}; ask for more steps")
+    task.total_steps = steps  # the cosine schedule decays over the whole run
     trainer = trainers.make_trainer(cfg, task)
     try:
         start, losses = checkpoint.load(trainer, *saved) if saved else (0, [])

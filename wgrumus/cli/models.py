@@ -31,6 +31,13 @@ class Task:
     x_test: np.ndarray
     y_test: np.ndarray | None
     extra: dict = field(default_factory=dict)
+    # around every optimizer step (cli/optimizing.py); total_steps is set once the run's
+    # length is known
+    clip: float | None = None
+    lr_schedule: str = "constant"
+    warmup: int = 0
+    total_steps: int = 1
+    activation_checkpointing: bool = False
 
     # ---------------------------------------------------------------- model, loss, optimizer
     def make_model(self, device):
@@ -45,12 +52,17 @@ class Task:
             y = y.reshape(-1)
         return F.cross_entropy(out, y)
 
-    def make_optimizer(self, params):
+    def make_optimizer(self, params, clip: bool = True, group=None, counted_elsewhere=()):
+        """The optimizer over ``params`` at the scheduled rate, clipping to --clip unless
+        ``clip`` is False (the caller clips: pipeline stages share one norm). ``group`` and
+        ``counted_elsewhere``: see optim.clip_grad_norm_ (sharded layouts)."""
         from .. import optim
+        from .optimizing import TrainOptimizer
         cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}[self.optimizer]
-        if self.optimizer == "sgd":
-            return cls(params, lr=self.lr, momentum=0.9)
-        return cls(params, lr=self.lr)
+        opt = cls(params, lr=self.lr, momentum=0.9) if self.optimizer == "sgd" else \
+            cls(params, lr=self.lr)
+        return TrainOptimizer(opt, self.lr_schedule, self.warmup, self.total_steps,
+                              self.clip if clip else None, group, counted_elsewhere)
 
     # ---------------------------------------------------------------------------- batches
     def steps_per_epoch(self, batch: int) -> int:
@@ -105,9 +117,10 @@ class Task:
 
 def build(cfg) -> Task:
     lr = cfg.lr or DEFAULT_LR[cfg.optimizer]
-    if cfg.model in ("mlp", "cnn"):
-        return _digits_task(cfg, lr)
-    return _gpt_task(cfg, lr)
+    task = _digits_task(cfg, lr) if cfg.model in ("mlp", "cnn") else _gpt_task(cfg, lr)
+    task.clip, task.lr_schedule, task.warmup = cfg.clip, cfg.lr_schedule, cfg.warmup
+    task.activation_checkpointing = cfg.activation_checkpointing
+    return task
 
 
 # ------------------------------------------------------------------------------- digits

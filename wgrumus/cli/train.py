@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from .common import positive
+from .optimizing import SCHEDULES as LR_SCHEDULES
 
 MODELS = ("mlp", "cnn", "gpt")
 SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
@@ -30,6 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lr", type=positive(float), metavar="LR",
                    help="learning rate (default: 0.1 for sgd, 0.003 for adam/adamw)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+    g.add_argument("--clip", type=positive(float), metavar="NORM",
+                   help="clip the gradients to this global norm (over every shard and stage)")
+    g.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
+                   help="constant, or cosine decay to 0 over the run (default constant)")
+    g.add_argument("--warmup", type=int, default=0, metavar="STEPS",
+                   help="linear learning-rate warmup from 0 over this many steps (default 0)")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="gpt: recompute each block's activations in backward instead of "
+                   "keeping them (less memory, one more forward per block)")
     g.add_argument("--seed", type=int, default=0,
                    help="weights and data order, the same in every layout (default 0)")
     g = p.add_argument_group("parallel layout")

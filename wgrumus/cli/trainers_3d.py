@@ -45,11 +45,25 @@ class _Rank:
         self.pgm = ProcessGroupManager(ThreeDParallelismConfig(lay.dp, lay.tp, lay.pp), group)
         self.map = self.pgm.mapping
         self.device = group.device
-        self.stage = _Stage(gcfg, dense, self.pgm, self.device)
+        self.stage = _Stage(gcfg, dense, self.pgm, self.device,
+                            checkpoint=task.activation_checkpointing)
         self.names = list(self.stage.params)
         self.plan = gpt_shard_plan(self.names)
-        self.opt = task.make_optimizer([self.stage.params[n] for n in self.names])
+        self.opt = task.make_optimizer([self.stage.params[n] for n in self.names],
+                                       **self._clip_scope(task, group))
         self.actions = get_schedule(lay.schedule, lay.pp, lay.micro_batches)[self.map.pp_rank]
+
+    def _clip_scope(self, task, group) -> dict:
+        """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
+        the model; dp replicas hold the same averaged gradients): a group of them, and the
+        TP-replicated parameters (LayerNorms, row-parallel biases) counted on tp rank 0 only."""
+        from ..distributed.tensor_parallel.shard import REPLICATE
+        if task.clip is None or self.lay.tp * self.lay.pp == 1:
+            return {}
+        model = group.split(self.map.dp_rank, name=f"model-dp{self.map.dp_rank}")
+        dup = [self.stage.params[n] for n in self.names
+               if self.map.tp_rank > 0 and self.plan[n] == REPLICATE]
+        return {"group": model, "counted_elsewhere": dup}
 
     @property
     def coords(self):

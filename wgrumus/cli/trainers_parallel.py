@@ -107,8 +107,9 @@ class PipelineTrainer(TrainerBase):
             self.execs.append(PipelineExecutor(stages, lay.micro_batches, schedule=lay.schedule,
                                                timeout=120.0))
             # a stage of parameter-free layers only (e.g. a lone ReLU) has no optimizer
-            self.opts.append([task.make_optimizer(st.parameters()) if st.parameters() else None
-                              for st in stages])
+            # clip=False: the stages clip together, with the norm over all of them
+            self.opts.append([task.make_optimizer(st.parameters(), clip=False)
+                              if st.parameters() else None for st in stages])
 
     def _run(self, r, x, y):
         return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
@@ -118,7 +119,7 @@ class PipelineTrainer(TrainerBase):
         dp = self.lay.dp
         if dp == 1:
             loss, store = self._run(0, x, y)
-            _step_stages(self.opts[0], store)
+            _step_stages(self.opts[0], store, self.task.clip)
             return float(loss)
         n = len(x) // dp
         results: list = [None] * dp
@@ -161,7 +162,7 @@ class PipelineTrainer(TrainerBase):
                 p = per_replica[r][j]
                 new[r].accumulate(p, wr.tensor(mean, device=p.device))
         for r in range(self.lay.dp):
-            _step_stages(self.opts[r], new[r])
+            _step_stages(self.opts[r], new[r], self.task.clip)
 
     def predict(self, x) -> np.ndarray:
         import wgrumus as wr
@@ -217,11 +218,16 @@ class PipelineTrainer(TrainerBase):
         return rows
 
 
-def _step_stages(opts, store) -> None:
-    """Step every stage's optimizer (None for a stage without parameters) with ``store``."""
+def _step_stages(opts, store, clip=None) -> None:
+    """Clip ``store`` to the global norm ``clip`` over every stage's gradients (each on its
+    stage's device), then step every stage's optimizer (None for a stage without
+    parameters)."""
+    opts = [o for o in opts if o is not None]
+    if clip is not None:
+        from ..optim import clip_grad_norm_
+        clip_grad_norm_([p for o in opts for p in o.params], clip, grads=store)
     for opt in opts:
-        if opt is not None:
-            opt.step(store)
+        opt.step(store)
 
 
 def _busy_by_stage(ex):

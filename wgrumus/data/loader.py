@@ -1,15 +1,23 @@
-"""DataLoader: seeded shuffling, batching, and a background prefetch thread.
+"""DataLoader: seeded shuffling (or a sampler's order), batching, a background prefetch thread
+and, for datasets whose ``__getitem__`` is slow, worker threads building batches in parallel.
 
 The order of epoch ``e`` is ``default_rng([seed, e]).permutation(n)``: a function of the seed
 and the epoch only, so a resumed loader (``state_dict``/``load_state_dict``: epoch and batch
 position) yields exactly the batches an uninterrupted one would. The prefetch thread prepares
 host (numpy) batches ahead; moving a batch to the device happens in the consumer's thread.
 Every wait has a timeout, and closing an iterator stops and joins its thread.
+
+``num_workers=k`` builds up to ``2k`` batches at once on ``k`` threads (each batch by one
+thread, handed out in order). Threads, not processes: they overlap a ``__getitem__`` that waits
+(file or network reads, decompression and numpy work that release the interpreter lock); a
+``__getitem__`` that computes in pure Python holds the lock and gains nothing from them.
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -36,13 +44,20 @@ class DataLoader:
     ``iter(loader)`` continues the current epoch from the next batch not yet handed out (a
     finished pass moves on to the next epoch), so breaking out of a loop and iterating again
     resumes rather than repeats. ``prefetch=0`` builds batches in the caller's thread; with a
-    ``device`` each batch arrives as tensors on it."""
+    ``device`` each batch arrives as tensors on it. ``sampler`` (e.g. a DistributedSampler)
+    gives the indices instead of ``shuffle``; its epoch follows the loader's."""
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int = 0, prefetch: int = 2, device=None,
-                 collate_fn=None, timeout: float = 60.0):
+                 collate_fn=None, timeout: float = 60.0, sampler=None, num_workers: int = 0):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if sampler is not None and shuffle:
+            raise ValueError("pass shuffle=True or a sampler, not both: the sampler decides the "
+                             "order (DistributedSampler(..., shuffle=True) shuffles)")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.sampler, self.num_workers = sampler, int(num_workers)
         self.dataset, self.batch_size, self.shuffle = dataset, batch_size, shuffle
         self.drop_last, self.seed, self.prefetch = drop_last, int(seed), int(prefetch)
         self.device, self.collate_fn, self.timeout = device, collate_fn, float(timeout)
@@ -51,10 +66,14 @@ class DataLoader:
 
     # ------------------------------------------------------------------ order and position
     def __len__(self):
-        n = len(self.dataset)
+        n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
+        if self.sampler is not None:
+            if hasattr(self.sampler, "set_epoch"):
+                self.sampler.set_epoch(epoch)
+            return np.fromiter(iter(self.sampler), dtype=np.int64)
         n = len(self.dataset)
         if not self.shuffle:
             return np.arange(n)
@@ -79,8 +98,23 @@ class DataLoader:
 
     def _host_batches(self, epoch, start):
         order = self.order(epoch)
-        for b in range(start, len(self)):
-            yield self._make(order[b * self.batch_size:(b + 1) * self.batch_size])
+        idxs = (order[b * self.batch_size:(b + 1) * self.batch_size]
+                for b in range(start, len(self)))
+        if self.num_workers == 0:
+            for idx in idxs:
+                yield self._make(idx)
+            return
+        pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="wgrumus-data-worker")
+        pending: collections.deque = collections.deque()
+        try:
+            for idx in idxs:
+                pending.append(pool.submit(self._make, idx))
+                if len(pending) >= 2 * self.num_workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:  # closed early: batches not started are dropped, running ones finish alone
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def _to_device(self, batch):
         if self.device is None:
@@ -177,6 +211,7 @@ class _Iter:
         self._done = True
         t = self._thread
         if t is None:
+            self._gen.close()
             return
         self._stop.set()
         while True:  # unblock a producer waiting on a full queue
@@ -185,6 +220,8 @@ class _Iter:
             except queue.Empty:
                 break
         t.join(timeout)
+        if not t.is_alive():
+            self._gen.close()  # stops the worker threads of num_workers
         if t.is_alive():
             raise DataLoaderError(f"the prefetch thread did not stop within {timeout} s (a "
                                   f"dataset __getitem__ that never returns?); use prefetch=0 "

@@ -2,20 +2,33 @@
 
 Every parameter of the wrapped module is split along dim 0 into ``world`` equal shards (rows
 padded with zeros up to a multiple of ``world``); this rank keeps only its shard, a leaf that the
-optimizer updates (``FSDP.parameters()`` are the shards). Around each forward:
+optimizer updates (``FSDP.parameters()`` are the shards).
 
-    all-gather shards -> the module's parameter storage  (gather node: shard -> full param)
-    run the module                                        (ops save views of the full params)
+Parameters are gathered and freed by *units*: with ``auto_wrap`` (module classes, e.g. the
+transformer block) every outermost submodule of those classes is one unit, and the parameters
+outside them form the root unit; without it the whole module is one unit. Around each unit's
+forward:
+
+    all-gather its shards -> the module's parameter storage (gather node: shard -> full param)
+    run the unit                                            (ops save views of the full params)
     free the full parameters' device buffers
-    backward: the output's node re-gathers them first (before any op that uses them),
+    backward: the unit's output node re-gathers them first (before any op that uses them),
               each param's gather node reduce-scatters its gradient (mean over ranks, like
-              data parallel) into the shard's gradient and frees the full buffer again.
+              data parallel) into the shard's gradient as soon as that gradient is final, and
+              frees the full buffer again.
+
+So at peak a rank holds one unit's full parameters (plus the root's) and 1/world of the rest.
+All of a rank's FSDP collectives run in order on one communication thread: while a unit
+computes, the gather of the next unit (in forward order, or in backward order the one before)
+is already under way (prefetch); every rank issues the same collectives in the same order.
 
 The module's Parameter objects stay in place; only their Storage's device buffer comes and
 goes, so the views saved for backward see the re-gathered data. Buffers (e.g. BatchNorm
 running statistics) are not parameters and stay whole on every rank.
 """
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,11 +46,117 @@ class _Flat:
         self.name, self.param, self.shard, self.rows, self.shape = name, param, shard, rows, shape
 
 
+class _Unit:
+    """Parameters gathered and freed together: one wrapped submodule, or the root's rest."""
+
+    def __init__(self, fsdp, name: str, flats: list):
+        self.fsdp, self.name, self.flats = fsdp, name, flats
+        self._pending = None  # a prefetched gather: future of the full arrays
+
+    def gathered(self) -> bool:
+        return all(f.param._storage.buffer is not None for f in self.flats)
+
+    def prefetch(self) -> None:
+        """Start this unit's all-gather on the communication thread (if not already there)."""
+        if self._pending is None and self.flats and not self.gathered():
+            self._pending = self.fsdp._submit_gather(self.flats)
+
+    def gather(self) -> None:
+        """The full parameters in place: from the prefetch, else gathered now."""
+        if self._pending is None:
+            if self.gathered():
+                return
+            self.prefetch()
+        else:
+            self.fsdp.prefetch_hits += 1
+        arrays = self.fsdp._wait(self._pending)
+        self._pending = None
+        for f, full in zip(self.flats, arrays):
+            st = f.param._storage
+            if st.buffer is None:
+                st.buffer = st.device.alloc(st.nbytes)
+            st.device.write(st.buffer, full)
+
+    def drop_prefetch(self) -> None:
+        """Wait out a prefetch nobody used (its collective must still complete everywhere)."""
+        if self._pending is not None:
+            self.fsdp._wait(self._pending)
+            self._pending = None
+
+    def free(self) -> None:
+        for f in self.flats:
+            _free(f.param)
+
+    def run(self, fn, *args, **kw):
+        """``fn(*args, **kw)`` with this unit's parameters gathered for the call only."""
+        fs = self.fsdp
+        fs._entered(self)
+        grad = is_grad_enabled()
+        self.gather()
+        if grad:
+            for f in self.flats:
+                record("fsdp_all_gather", f.param, [f.shard], fs._param_backward(f))
+        nxt = fs._neighbour(self, +1)
+        if nxt is not None:
+            nxt.prefetch()
+        try:
+            out = fn(*args, **kw)
+        finally:
+            self.free()
+        if not grad:
+            return out
+        if isinstance(out, Tensor):
+            return self._regather_on_backward(out)
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._regather_on_backward(o) if isinstance(o, Tensor) else o
+                             for o in out)
+        return out
+
+    def _regather_on_backward(self, out: Tensor) -> Tensor:
+        """Alias of ``out`` whose backward (the first of this unit's to run) re-gathers the
+        parameters the unit's ops saved and prefetches the unit whose backward comes next."""
+        if not out.requires_grad or not self.flats:
+            return out
+        alias = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
+
+        def bw(g):
+            self.gather()
+            prev = self.fsdp._neighbour(self, -1)
+            if prev is not None:
+                prev.prefetch()
+            return (g,)
+        record("fsdp_regather", alias, [out], bw)
+        return alias
+
+
+def _wrap_targets(module, auto_wrap) -> list:
+    """(name, submodule) of the outermost submodules ``auto_wrap`` selects (not the root)."""
+    if auto_wrap is None:
+        return []
+    pick = auto_wrap if callable(auto_wrap) and not isinstance(auto_wrap, (type, tuple)) \
+        else (lambda m: isinstance(m, auto_wrap))
+    out = []
+
+    def walk(prefix, m):
+        for name, child in m.named_children():
+            full = f"{prefix}.{name}" if prefix else name
+            if pick(child):
+                out.append((full, child))
+            else:
+                walk(full, child)
+    walk("", module)
+    return out
+
+
 class FSDP:
     """Wrap ``module`` (built identically on every rank of ``group``, e.g. from one seed) so
-    that each rank stores 1/world of every parameter. Call it like the module."""
+    that each rank stores 1/world of every parameter. Call it like the module.
 
-    def __init__(self, module, group, device=None):
+    ``auto_wrap``: a module class, a tuple of them, or a predicate ``module -> bool``; each
+    outermost submodule it selects is gathered and freed on its own (per-block FSDP, e.g.
+    ``auto_wrap=TransformerBlock``). None: the whole module is one unit."""
+
+    def __init__(self, module, group, device=None, auto_wrap=None):
         self.module = module
         self.group = group
         self.device = device if device is not None else group.device
@@ -46,6 +165,7 @@ class FSDP:
                              "(dist.spawn(..., devices=...))")
         self.world, self.rank = group.world_size, group.rank
         self._flats: list[_Flat] = []
+        by_param = {}
         for name, p in module.named_parameters():
             full = np.asarray(p.numpy(), np.float32)
             shape = full.shape
@@ -59,8 +179,26 @@ class FSDP:
             if p.device is not self.device:
                 raise ValueError(f"FSDP: parameter {name} is on {p.device}, the rank's device is "
                                  f"{self.device}; build the module on the rank's device")
-            self._flats.append(_Flat(name, p, shard, n, shape))
+            f = _Flat(name, p, shard, n, shape)
+            self._flats.append(f)
+            by_param[id(p)] = f
             _free(p)
+        self.units: list[_Unit] = []
+        taken = set()
+        for name, sub in _wrap_targets(module, auto_wrap):
+            flats = [by_param[id(p)] for p in sub.parameters() if id(p) not in taken]
+            taken.update(id(f.param) for f in flats)
+            unit = _Unit(self, name, flats)
+            self.units.append(unit)
+            sub.forward = _unit_forward(unit, sub.forward)
+        self._root = _Unit(self, "", [f for f in self._flats if id(f.param) not in taken])
+        self.units.insert(0, self._root)
+        # one thread runs this rank's FSDP collectives in order, so gathers can run ahead
+        self._comm = ThreadPoolExecutor(1, thread_name_prefix=f"wgrumus-fsdp{self.rank}") \
+            if len(self.units) > 1 else None
+        self.prefetch_hits = 0  # gathers that a prefetch had already started
+        self._order: list = []  # units in the order the last forward entered them
+        self._seen: list = []
 
     # ------------------------------------------------------------------ parameters
     def parameters(self):
@@ -82,65 +220,78 @@ class FSDP:
     def eval(self):
         return self.train(False)
 
-    # ------------------------------------------------------------------ gather / free
+    # ------------------------------------------------------------------ collectives
     def _pad_rows(self, rows: np.ndarray, per: int) -> np.ndarray:
         """``rows`` zero-padded along dim 0 to ``per * world`` rows (equal shards)."""
         padded = np.zeros((per * self.world,) + rows.shape[1:], np.float32)
         padded[:len(rows)] = rows
         return padded
 
-    def _full_array(self, f: _Flat) -> np.ndarray:
-        """All-gather ``f``'s shards (a collective) into the dense parameter, padding dropped."""
-        full = self.group.all_gather(f.shard.numpy())  # [per * world, ...] in rank order
-        return np.ascontiguousarray(full[:f.rows]).reshape(f.shape)
+    def _collective(self, fn):
+        """Run ``fn`` (collectives) after every one submitted before, on the comm thread."""
+        return self._comm.submit(fn) if self._comm is not None else _Done(fn())
 
-    def _gather(self, f: _Flat) -> None:
-        """All-gather ``f``'s shards into its full parameter's storage (a collective)."""
-        full = self._full_array(f)
-        st = f.param._storage
-        if st.buffer is None:
-            st.buffer = st.device.alloc(st.nbytes)
-        st.device.write(st.buffer, full)
+    def _wait(self, fut):
+        return fut.result(timeout=self.group.timeout * 2)
+
+    def _submit_gather(self, flats) -> object:
+        """All-gather ``flats``' shards (downloaded now) into dense arrays, padding dropped."""
+        local = [f.shard.numpy() for f in flats]
+
+        def go():
+            out = []
+            for f, arr in zip(flats, local):
+                full = self.group.all_gather(arr)  # [per * world, ...] in rank order
+                out.append(np.ascontiguousarray(full[:f.rows]).reshape(f.shape))
+            return out
+        return self._collective(go)
+
+    def _full_array(self, f: _Flat) -> np.ndarray:
+        return self._wait(self._submit_gather([f]))[0]
 
     def _reduce_scatter(self, f: _Flat, g: Tensor) -> Tensor:
         """Mean of the full gradient over the ranks, this rank's rows only."""
         rows = np.asarray(g.numpy(), np.float32).reshape((f.rows,) + f.shard.shape[1:])
         padded = self._pad_rows(rows, f.shard.shape[0])
-        return tensor(self.group.reduce_scatter(padded, "mean"), device=self.device)
+        out = self._wait(self._collective(lambda: self.group.reduce_scatter(padded, "mean")))
+        return tensor(out, device=self.device)
 
     def gather_all(self) -> None:
-        for f in self._flats:
-            self._gather(f)
+        for u in self.units:
+            u.gather()
 
     def free_all(self) -> None:
-        for f in self._flats:
-            _free(f.param)
+        for u in self.units:
+            u.free()
+
+    # ------------------------------------------------------------------ unit order
+    def _entered(self, unit: _Unit) -> None:
+        if unit not in self._seen:
+            self._seen.append(unit)
+
+    def _neighbour(self, unit: _Unit, step: int):
+        """The unit after (+1) or before (-1) ``unit`` in the last forward's order."""
+        order = self._order
+        if unit not in order:
+            return None
+        i = order.index(unit) + step
+        return order[i] if 0 <= i < len(order) else None
 
     # ------------------------------------------------------------------ forward
     def __call__(self, *args, **kw):
         return self.forward(*args, **kw)
 
     def forward(self, *args, **kw):
-        """The wrapped module's forward with every parameter gathered for this call only, so
-        between calls a rank holds just its shards; backward re-gathers what the module's ops
-        saved and reduce-scatters each gradient back to its shard."""
-        grad = is_grad_enabled()
-        for f in self._flats:
-            self._gather(f)
-            if grad:
-                record("fsdp_all_gather", f.param, [f.shard], self._param_backward(f))
+        """The wrapped module's forward with each unit's parameters gathered for its own call
+        only, so between calls a rank holds just its shards; backward re-gathers what the
+        units' ops saved and reduce-scatters each gradient back to its shard."""
+        for u in self.units:  # a prefetch of the last step that no backward consumed
+            u.drop_prefetch()
+        self._seen = []
         try:
-            out = self.module(*args, **kw)
+            return self._root.run(self.module, *args, **kw)
         finally:
-            self.free_all()
-        if not grad:
-            return out
-        if isinstance(out, Tensor):
-            return self._regather_on_backward(out)
-        if isinstance(out, (tuple, list)):
-            return type(out)(self._regather_on_backward(o) if isinstance(o, Tensor) else o
-                             for o in out)
-        return out
+            self._order = list(self._seen)
 
     def _param_backward(self, f: _Flat):
         def bw(g):
@@ -148,21 +299,6 @@ class FSDP:
             _free(f.param)  # its last user in this backward has run
             return (gs,)
         return bw
-
-    def _regather_on_backward(self, out: Tensor) -> Tensor:
-        """Alias of ``out`` whose backward (the first of this module's to run) re-gathers
-        every parameter the module's ops saved."""
-        if not out.requires_grad:
-            return out
-        alias = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
-
-        def bw(g):
-            for f in self._flats:
-                if f.param._storage.buffer is None:
-                    self._gather(f)
-            return (g,)
-        record("fsdp_regather", alias, [out], bw)
-        return alias
 
     # ------------------------------------------------------------------ checkpoints
     def full_state_dict(self) -> dict:
@@ -179,6 +315,29 @@ class FSDP:
 
     def shard_bytes(self) -> int:
         return sum(f.shard.numel * 4 for f in self._flats)
+
+    def close(self) -> None:
+        """Stop the communication thread (idle between steps; also stopped at exit)."""
+        if self._comm is not None:
+            self._comm.shutdown(wait=True)
+            self._comm = None
+
+
+class _Done:
+    """An already computed result with a future's ``result``."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout=None):
+        return self.value
+
+
+def _unit_forward(unit: _Unit, forward):
+    def fwd(*args, **kw):
+        return unit.run(forward, *args, **kw)
+    return fwd
 
 
 def _free(p: Tensor) -> None:

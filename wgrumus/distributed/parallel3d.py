@@ -25,6 +25,7 @@ from ..autograd.tape import no_grad
 from ..ops.creation import zeros
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, tensor
+from ..utils.checkpoint import checkpoint
 from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
 from .tensor_parallel import functional as TF
 from .tensor_parallel.shard import COLUMN, QKV, REPLICATE, ROW, VOCAB, shard_array
@@ -131,8 +132,10 @@ def _layer_norm(x, w, b):
 class _Stage:
     """This rank's pipeline stage: its shards (leaf tensors) and its forward."""
 
-    def __init__(self, cfg, dense: dict, pgm: ProcessGroupManager, device):
+    def __init__(self, cfg, dense: dict, pgm: ProcessGroupManager, device,
+                 checkpoint: bool = False):
         m = pgm.mapping
+        self.checkpoint = checkpoint  # recompute each block's activations in backward
         self.cfg, self.group, self.device = cfg, pgm.tp_group, device
         self.first, self.last = m.is_first_stage, m.is_last_stage
         self.blocks = stage_blocks(cfg.n_layer, pgm.config.pp)[m.pp_rank]
@@ -157,20 +160,26 @@ class _Stage:
             t = x.shape[-1]
             x = TF.vocab_parallel_embedding(x, P["wte.weight"], g) + P["wpe.weight"][:t]
         for i in self.blocks:
-            p = f"blocks.{i}."
-            h = ln(x, P[p + "ln1.weight"], P[p + "ln1.bias"])
-            x = x + TF.parallel_self_attention(
-                h, P[p + "attn.in_proj_weight"], P[p + "attn.in_proj_bias"],
-                P[p + "attn.out_proj.weight"], P[p + "attn.out_proj.bias"], self.cfg.n_head, g)
-            h = ln(x, P[p + "ln2.weight"], P[p + "ln2.bias"])
-            x = x + TF.parallel_mlp(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"],
-                                    P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"], g,
-                                    activation="gelu_tanh")
+            x = checkpoint(self._block, x, i) if self.checkpoint else self._block(x, i)
         if self.last:
             h = ln(x, P["ln_f.weight"], P["ln_f.bias"])
             logits = TF.column_parallel_linear(h, P["lm_head.weight"], None, g)
             return TF.vocab_parallel_cross_entropy(logits, targets, g)
         return x
+
+
+    def _block(self, x, i: int):
+        """Transformer block ``i`` (its TP collectives inside; a checkpointed block re-runs
+        them in backward, in the same order on every TP rank)."""
+        P, g, p = self.params, self.group, f"blocks.{i}."
+        h = _layer_norm(x, P[p + "ln1.weight"], P[p + "ln1.bias"])
+        x = x + TF.parallel_self_attention(
+            h, P[p + "attn.in_proj_weight"], P[p + "attn.in_proj_bias"],
+            P[p + "attn.out_proj.weight"], P[p + "attn.out_proj.bias"], self.cfg.n_head, g)
+        h = _layer_norm(x, P[p + "ln2.weight"], P[p + "ln2.bias"])
+        return x + TF.parallel_mlp(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"],
+                                   P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"], g,
+                                   activation="gelu_tanh")
 
 
 # ---------------------------------------------------------------------------- one rank

@@ -13,6 +13,7 @@ from ..ops.reduce import argmax
 from ..ops.shape import cat
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, int32, tensor
+from ..utils.checkpoint import checkpoint
 from . import init
 from .attention import TransformerBlock
 from .layers import Dropout, Embedding, LayerNorm, Linear, ModuleList, _sub
@@ -21,8 +22,10 @@ from .module import Module
 
 class GPT(Module):
     def __init__(self, vocab_size: int, block_size: int, n_layer: int = 2, n_head: int = 2,
-                 n_embd: int = 64, dropout: float = 0.0, device=None, seed=None):
+                 n_embd: int = 64, dropout: float = 0.0, device=None, seed=None,
+                 checkpoint: bool = False):
         super().__init__()
+        self.checkpoint = checkpoint  # recompute each block's activations in backward
         self.vocab_size, self.block_size = vocab_size, block_size
         self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
         self.wte = Embedding(vocab_size, n_embd, device=device)
@@ -59,7 +62,7 @@ class GPT(Module):
                              f"the context to the last {self.block_size} tokens")
         x = self.drop(self.wte(idx) + self.wpe(self._positions(T, idx.device)))
         for blk in self.blocks:
-            x = blk(x)
+            x = checkpoint(blk, x) if self.checkpoint else blk(x)
         return self.lm_head(self.ln_f(x))
 
     def _positions(self, T: int, device) -> Tensor:

@@ -1,5 +1,12 @@
-"""clip_grad_norm_: the total gradient norm and the rescale both stay on the GPU (no readback),
-so clipping does not stall the command batch."""
+"""clip_grad_norm_: the total gradient norm and the rescale both stay on the devices (no
+readback on one process), so clipping does not stall the command batch.
+
+Sharded layouts (tensor / pipeline parallel, FSDP, ZeRO) clip with the norm of the whole model:
+each rank reduces its own shards to one partial (sum of |g|^p, or the max for p = inf) on its
+devices, the partials of the ranks that together hold one copy of the model are all-reduced once
+over ``group``, and every rank scales by the same factor. A gradient that several ranks of the
+group hold identically (a TP-replicated LayerNorm) must be counted on one of them only:
+``counted_elsewhere`` names it on the others."""
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
@@ -12,42 +19,69 @@ from ..tensor import Tensor
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=None,
-                    error_if_nonfinite: bool = False) -> Tensor:
+                    error_if_nonfinite: bool = False, group=None,
+                    counted_elsewhere=()) -> Tensor:
     """Rescale the gradients (``p.grad``, or those in the GradientStore ``grads``) so
     their total ``norm_type``-norm is at most ``max_norm``; returns the norm before clipping
-    (a one-element device tensor: call .item() only when you need the number)."""
+    (a one-element device tensor: call .item() only when you need the number).
+
+    Gradients may live on several devices. ``group`` (a ProcessGroup): the ranks whose shards
+    make up the model with this rank's; every rank of it must call this at the same point.
+    ``counted_elsewhere``: parameters scaled here but left out of this rank's partial because
+    another rank of ``group`` counts the same gradient."""
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
     pairs = [(p, p.grad if grads is None else grads.get(p)) for p in params]
     pairs = [(p, g) for p, g in pairs if g is not None]
-    gs = [g for _, g in pairs]
-    if not gs:
+    if not pairs and group is None:
         raise WgrumusError("clip_grad_norm_: none of the parameters has a gradient")
-    dev = gs[0].device
-    if any(g.device is not dev for g in gs):
-        raise WgrumusError("clip_grad_norm_: gradients live on different devices; clip each "
-                           "device's parameters separately")
+    skip = {id(p) for p in counted_elsewhere}
+    counted = [g for p, g in pairs if id(p) not in skip]
     norm_type = float(norm_type)
+    inf = norm_type == float("inf")
+    dev = pairs[0][1].device if pairs else group.device
     with no_grad():
-        if norm_type == float("inf"):
-            parts = [reshape(_max(abs_(g)), (1,)) for g in gs]
-            total = _max(stack(parts, 0)) if len(parts) > 1 else reshape(parts[0], ())
-        else:
-            expr = "a * a" if norm_type == 2.0 else "pow_(abs(a), pf(48u))"
-            parts = [reshape(_sum(map_op(expr, [g], scalars=[norm_type])), (1,)) for g in gs]
-            s = _sum(stack(parts, 0)) if len(parts) > 1 else reshape(parts[0], ())
-            total = map_op("pow_(a, 1.0 / pf(48u))", [s], scalars=[norm_type])
+        part = _partial(counted, norm_type, dev)
+        if group is not None and group.world_size > 1:
+            part = group.all_reduce(part, "max" if inf else "sum")
+            if part.device is not dev:
+                part = part.to(dev)
+        total = part if inf else map_op("pow_(a, 1.0 / pf(48u))", [part], scalars=[norm_type])
         if error_if_nonfinite and not bool(abs(total.item()) < float("inf")):
             raise WgrumusError(f"clip_grad_norm_: the total gradient norm is {total.item()} "
                                f"(a gradient holds NaN or inf); check the inputs and loss for "
                                f"NaN, lower the learning rate, or pass error_if_nonfinite=False")
         coef = map_op("min(pf(48u) / (a + 1e-6), 1.0)", [total], scalars=[float(max_norm)])
+        coefs = {dev: coef}
         # New tensors rather than in-place writes: autograd may hand the same gradient tensor
         # (or views of one) to several leaves, which an in-place scale would scale twice.
         for p, g in pairs:
-            scaled = map_op("a * b", [g, coef])
+            c = coefs.get(g.device)
+            if c is None:
+                c = coefs[g.device] = coef.to(g.device)
+            scaled = map_op("a * b", [g, c])
             if grads is None:
                 p.grad = scaled
             else:
                 grads.remove(p)
                 grads.accumulate(p, scaled)
     return total
+
+
+def _partial(gs, norm_type: float, dev) -> Tensor:
+    """Sum of |g|^p over ``gs`` (max |g| for p = inf) as a 0-d tensor on ``dev``: reduced on
+    each gradient's own device, then the per-device partials combined on ``dev``."""
+    from ..ops.creation import zeros
+    if norm_type == float("inf"):
+        parts = [reshape(_max(abs_(g)), (1,)) for g in gs]
+    else:
+        expr = "a * a" if norm_type == 2.0 else "pow_(abs(a), pf(48u))"
+        parts = [reshape(_sum(map_op(expr, [g], scalars=[norm_type])), (1,)) for g in gs]
+    red = _max if norm_type == float("inf") else _sum
+    by_dev: dict = {}
+    for t in parts:
+        by_dev.setdefault(t.device, []).append(t)
+    per = [red(stack(ts, 0)) if len(ts) > 1 else reshape(ts[0], ()) for ts in by_dev.values()]
+    per = [reshape(t if t.device is dev else t.to(dev), (1,)) for t in per]
+    if not per:  # this rank counts nothing (all of its gradients are counted elsewhere)
+        return zeros((), device=dev)
+    return red(stack(per, 0)) if len(per) > 1 else reshape(per[0], ())

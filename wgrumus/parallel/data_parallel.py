@@ -31,7 +31,7 @@ from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
 from .buckets import plan_buckets
-from .sync import EventLog, GradReducer, MPIComm, ThreadComm
+from .sync import EventLog, GradReducer, MPIComm, OptimizerSharding, ThreadComm
 
 
 class ReplicaError(WgrumusError):
@@ -168,11 +168,16 @@ class DataParallel:
     replica (on ``devices[0]``, default the device ``rank % len(wr.devices())``) and ``group``
     (default ``dist.init_process_group("mpi")``) connects the replicas; every process passes the
     same global batch and takes its own rows. ``timeout`` bounds every wait on another replica.
+
+    ``shard_optimizer_state=True`` is ZeRO-1 (``sync.OptimizerSharding``): each replica's
+    optimizer steps, and so keeps state for, only the parameters that replica owns (about 1/N of
+    them), and the updated parameters are then copied from their owners to the other replicas.
+    The losses are those of the unsharded run; ``optimizer_state_dict()`` gathers the state.
     """
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
                  first_bucket_mb: float = 1.0, backend: str = "threads", group=None,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, shard_optimizer_state: bool = False):
         if backend not in ("threads", "mpi"):
             raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
         if not timeout > 0:
@@ -205,6 +210,8 @@ class DataParallel:
         names = [n for n, _ in self.module.named_parameters()] \
             if hasattr(self.module, "named_parameters") else None
         self.plan = plan_buckets(self._params[0], bucket_cap_mb, first_bucket_mb, names)
+        self.sharding = OptimizerSharding(self._params[0], self.world_size) \
+            if shard_optimizer_state else None
         self.events = EventLog()
         self.last_step_seconds = 0.0
         self._comm = (MPIComm(group, self.timeout) if backend == "mpi"
@@ -468,7 +475,9 @@ class DataParallel:
                 avg = reducer.finish(self.timeout)
             if optimizers is not None:
                 w.phase = "optimizer step"
-                optimizers[k].step(avg)
+                r = self.rank if self.backend == "mpi" else k
+                optimizers[k].step(avg if self.sharding is None else
+                                   self.sharding.owned_grads(r, self._params[k], avg))
                 self.events.record(k, "step_end")
             return loss.item() * (hi - lo), avg
 
@@ -477,11 +486,39 @@ class DataParallel:
         finally:
             if sync:
                 self._accum = [None] * len(self.replicas)
+        if sync and optimizers is not None and self.sharding is not None:
+            self._gather_owned()
         local = float(np.sum([r[0] for r in res], dtype=np.float64))
         if self.backend == "mpi":
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
         self.last_step_seconds = time.perf_counter() - t0
         return local / n, [r[1] for r in res]
+
+    def _gather_owned(self) -> None:
+        """ZeRO-1: every replica gets the parameters their owners just updated."""
+        with no_grad():
+            if self.backend == "mpi":
+                self.sharding.gather_group(self.group, self._params[0])
+            else:
+                self.sharding.gather_threads(self._params)
+
+    def optimizer_state_dict(self, optimizers) -> dict:
+        """The state of the whole model's optimizer as one replica's ``state_dict()`` (indices
+        over ``parameters()``): with ZeRO-1 each parameter's state is taken from its owner
+        (threads backend: every replica's optimizer is in this process)."""
+        opts = self._resolve_optimizers(optimizers)
+        sd = opts[0].state_dict()
+        if self.sharding is None:
+            return sd
+        if self.backend == "mpi":
+            raise WgrumusError("optimizer_state_dict with shard_optimizer_state under mpi: "
+                               "each process holds its own part; save it per rank")
+        state = {}
+        for i, r in enumerate(self.sharding.owner):
+            own = opts[r].state_dict()["state"]
+            if i in own:
+                state[i] = own[i]
+        return dict(sd, state=state)
 
     def _accumulate(self, k: int, grads) -> None:
         """Inside ``no_sync``: add replica ``k``'s gradients to its running sum, which the next

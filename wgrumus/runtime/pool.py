@@ -51,6 +51,7 @@ class BufferPool:
         self.max_cached_bytes = max_cached_bytes
         self.cached_bytes = 0
         self.live_bytes = 0
+        self.peak_live_bytes = 0  # high-water mark of live_bytes since reset_peak()
         self.allocated = 0  # buffers ever created (a soak test watches it stay flat)
 
     def acquire(self, nbytes: int):
@@ -66,6 +67,7 @@ class BufferPool:
                 self.allocated += 1
         with self._lock:
             self.live_bytes += size
+            self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
             self._live[id(item[1])] = item
         return item[1]
 
@@ -86,6 +88,11 @@ class BufferPool:
             self._free.clear()
             self.cached_bytes = 0
 
+    def reset_peak(self) -> None:
+        """Start a new high-water mark from the bytes live now (memory benchmarks)."""
+        with self._lock:
+            self.peak_live_bytes = self.live_bytes
+
     def stats(self) -> dict:
-        return {"live_bytes": self.live_bytes, "cached_bytes": self.cached_bytes,
-                "buffers_created": self.allocated}
+        return {"live_bytes": self.live_bytes, "peak_live_bytes": self.peak_live_bytes,
+                "cached_bytes": self.cached_bytes, "buffers_created": self.allocated}

@@ -1,0 +1,65 @@
+"""What `wgrumus train` does around every optimizer step, whatever the layout: the learning rate
+of the step from the schedule (--lr-schedule, --warmup) and gradient clipping (--clip).
+
+``TrainOptimizer`` wraps the optimizer each trainer builds (one per replica, stage or rank; each
+steps once per global step). The step count lives in the parameter groups (``lr_step``), so it
+is saved in checkpoints with the optimizer state and a resumed run sets the rates an
+uninterrupted one would."""
+from __future__ import annotations
+
+SCHEDULES = ("constant", "cosine")
+
+
+def make_schedule(opt, name: str, warmup: int, total_steps: int):
+    """The LRScheduler whose closed form ``lr_at(t)`` gives step t's rates."""
+    from ..optim import lr_scheduler as S
+    if name == "cosine":
+        return S.CosineAnnealingLR(opt, T_max=max(total_steps, 1), warmup_steps=warmup)
+    return S.LinearWarmup(opt, warmup_steps=warmup)
+
+
+class TrainOptimizer:
+    """``opt`` stepping at the scheduled rate after clipping the gradients to ``clip``
+    (None: no clipping) over ``group`` (the ranks holding the other shards of the model; None
+    on one device or for replicas that hold whole, identical gradients)."""
+
+    def __init__(self, opt, schedule: str, warmup: int, total_steps: int, clip=None,
+                 group=None, counted_elsewhere=()):
+        self.opt = opt
+        self.schedule = make_schedule(opt, schedule, warmup, total_steps)
+        self.clip, self.group, self.counted_elsewhere = clip, group, list(counted_elsewhere)
+        self._set_lr()
+
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
+
+    @property
+    def params(self) -> list:
+        return [p for g in self.opt.param_groups for p in g["params"]]
+
+    def _set_lr(self) -> int:
+        t = int(self.opt.param_groups[0].get("lr_step", 0))
+        for g, lr in zip(self.opt.param_groups, self.schedule.lr_at(t)):
+            g["lr"] = lr
+        return t
+
+    def step(self, grads=None) -> None:
+        t = self._set_lr()
+        if self.clip is not None:
+            from ..optim import clip_grad_norm_
+            clip_grad_norm_(self.params, self.clip, grads=grads, group=self.group,
+                            counted_elsewhere=self.counted_elsewhere)
+        self.opt.step(grads)
+        for g in self.opt.param_groups:
+            g["lr_step"] = t + 1
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.opt.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.opt.state_dict()
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.opt.load_state_dict(sd)
+        self._set_lr()
