@@ -44,6 +44,13 @@ _OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
 # register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
 TRUSTED_FAMILIES = frozenset({"matmul"})
+# Lavapipe (Mesa 22.x) "inlines" uniform values that steer loops and branches: at every
+# dispatch whose uniform binding changed it compiles a specialised copy of the shader and never
+# frees it (+512 KB per matmul dispatch at M = 128, +1.1 MB per training step of a small MLP;
+# issue 15 item 9). It inlines uniform buffers only, so on CPU adapters the parameter slots are
+# bound as a read-only storage buffer: no recompiles, no leak, and faster dispatches.
+_PARAMS_UNIFORM = "var<uniform> PRM"
+_PARAMS_STORAGE = "var<storage, read> PRM"
 
 
 class Device:
@@ -68,8 +75,11 @@ class Device:
         self.pool = BufferPool(self.wgpu)
         self.lock = threading.RLock()
         self._pipelines: dict = {}
+        self.params_in_storage = str(info.get("adapter_type", "")).lower() == "cpu"
         self._arena = self.wgpu.create_buffer(
-            size=SLOT * ARENA_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            size=SLOT * ARENA_SLOTS, usage=(wgpu.BufferUsage.STORAGE if self.params_in_storage
+                                            else wgpu.BufferUsage.UNIFORM)
+            | wgpu.BufferUsage.COPY_DST)
         self._params = np.zeros((ARENA_SLOTS, SLOT // 4), dtype=np.uint32)
         self._params_bytes = memoryview(self._params).cast("B")
         self._bind_groups: dict = {}
@@ -99,6 +109,8 @@ class Device:
         p = self._pipelines.get(key)
         if p is None:
             src = kernel.source()
+            if self.params_in_storage:
+                src = src.replace(_PARAMS_UNIFORM, _PARAMS_STORAGE)
             try:
                 module = None
                 if kernel.family in TRUSTED_FAMILIES:
@@ -121,12 +133,14 @@ class Device:
         if nbuf is None:
             return None
         decl = {int(b): (space, access) for b, space, access in _BINDING.findall(src)}
-        if decl.get(0, ("",))[0] != "uniform" or any(
+        params = ("storage", "read") if self.params_in_storage else ("uniform", "")
+        if decl.get(0) != params or any(
                 decl.get(i, ("",))[0] != "storage" for i in range(1, nbuf + 1)):
             return None
         stage = wgpu.ShaderStage.COMPUTE
         entries = [{"binding": 0, "visibility": stage,
-                    "buffer": {"type": wgpu.BufferBindingType.uniform,
+                    "buffer": {"type": wgpu.BufferBindingType.read_only_storage
+                               if self.params_in_storage else wgpu.BufferBindingType.uniform,
                                "has_dynamic_offset": True}}]
         for i in range(1, nbuf + 1):
             rw = decl[i][1] == "read_write"
