@@ -98,3 +98,42 @@ def test_training_steps_keep_native_memory_flat():
     assert out.returncode == 0, out.stderr[-2000:]
     grown = float(out.stdout.split()[-1])
     assert grown < 8, f"RSS grew {grown:.1f} MB over {steps} steps"
+
+
+# ------------------------------------------------------------------------------- item 8: loading
+def _checkpoint(tmp_path, meta: str):
+    from safetensors.numpy import save_file
+    path = str(tmp_path / "ck.safetensors")
+    save_file({"model.weight": np.zeros((3, 2), np.float32),
+               "model.bias": np.zeros(3, np.float32)}, path, metadata={"wgrumus": meta})
+    return path
+
+
+@pytest.mark.parametrize("meta, what", [
+    ("{not json", r"corrupt wgrumus metadata \(not JSON"),
+    ("[1, 2]", r"corrupt wgrumus metadata \(a JSON list, expected an object\)"),
+    ('{"format": "wgrumus-checkpoint-1"}', r"incomplete wgrumus metadata \(no step, rng, extra\)"),
+])
+def test_corrupt_checkpoint_metadata_is_a_checkpoint_error(tmp_path, meta, what):
+    from wgrumus.io import CheckpointError, load_checkpoint
+    with pytest.raises(CheckpointError, match=what + r".*use another checkpoint"):
+        load_checkpoint(_checkpoint(tmp_path, meta), nn.Linear(2, 3))
+
+
+@pytest.mark.parametrize("value", [1e39, -3e300, 1e-50])
+def test_float64_outside_float32_range_is_an_error(tmp_path, value):
+    from safetensors.numpy import save_file
+    from wgrumus.io import CheckpointError
+    path = str(tmp_path / "w.safetensors")
+    save_file({"w": np.array([0.0, 1.5, value, 0.0], np.float64)}, path)
+    with pytest.raises(CheckpointError, match=r"tensor w \(float64\) holds .*outside the float32 "
+                                              r"range.*1 such values"):
+        wr.load(path)
+
+
+def test_float64_inside_float32_range_loads(tmp_path):
+    from safetensors.numpy import save_file
+    path = str(tmp_path / "w.safetensors")
+    a = np.array([0.0, -1.5, 3e38, 1e-40, np.inf, np.nan], np.float64)
+    save_file({"w": a}, path)
+    np.testing.assert_array_equal(wr.load(path)["w"].numpy(), a.astype(np.float32))
