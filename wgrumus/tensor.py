@@ -52,8 +52,8 @@ def as_shape(dims, op: str = "shape", wildcard: bool = False) -> tuple:
                              f"pass whole numbers (int(...) if they were computed as floats)")
         d = int(d)
         if d < 0 and not (wildcard and d == -1):
-            raise ShapeError(f"{op}: negative dimension {d} in {tuple(dims)}; sizes must be "
-                             f">= 0" + (" (-1 alone infers one size)" if wildcard else ""))
+            raise ShapeError(f"{op}: negative dimension in shape {tuple(dims)} ({d}); sizes "
+                             f"must be >= 0" + (" (-1 infers one size)" if wildcard else ""))
         out.append(d)
     return tuple(out)
 
