@@ -57,6 +57,53 @@ def test_linear_with_no_input_features(lead):
     assert lin.weight.grad.shape == (3, 0) and x.grad.shape == lead + (0,)
 
 
+# ------------------------------------------------------------------------------- item 7: random
+def test_rank_threads_that_seed_alike_draw_alike(devs):
+    """Every rank seeds, waits for the others, then builds a layer and applies dropout: with one
+    generator per process the ranks took turns on a shared counter and got different weights."""
+    from wgrumus import distributed as dist
+
+    def rank(g):
+        wr.manual_seed(1234)
+        g.barrier()  # everyone has seeded before anyone draws
+        m = nn.Sequential(nn.Linear(16, 32, device=g.device), nn.Dropout(0.5))
+        y = m(wr.ones(8, 16, device=g.device))
+        return np.concatenate([m[0].weight.numpy().ravel(), y.numpy().ravel()])
+    out = dist.spawn(rank, 3, devices=devs[:3], timeout=30)
+    assert all(np.array_equal(out[0], o) for o in out[1:])
+
+
+def test_plain_threads_that_seed_get_their_own_generator(devs):
+    import threading
+    ready = threading.Barrier(3, timeout=30)
+    res = [None] * 3
+
+    def run(i):
+        wr.manual_seed(7)
+        ready.wait()
+        res[i] = wr.rand(64, device=devs[i]).numpy()
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert all(np.array_equal(res[0], r) for r in res[1:])
+
+
+def test_spawned_ranks_start_from_the_callers_state_and_leave_it_alone(devs):
+    from wgrumus import distributed as dist
+    wr.manual_seed(5)
+    first = wr.rand(8).numpy()
+    want_next = wr.rand(8).numpy()
+    wr.manual_seed(5)
+    wr.rand(8)
+    out = dist.spawn(lambda g: (wr.rand(8, device=g.device).numpy(), wr.manual_seed(99))[0], 2,
+                     devices=devs[:2], timeout=30)
+    assert all(np.array_equal(o, want_next) for o in out)  # each rank: the caller's next draw
+    np.testing.assert_array_equal(wr.rand(8).numpy(), want_next)  # the caller's is untouched
+    assert not np.array_equal(first, want_next)
+
+
 # ------------------------------------------------------------------------------- item 9: memory
 _STEPS = """
 import gc, os, sys
