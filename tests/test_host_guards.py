@@ -184,3 +184,65 @@ def test_float64_inside_float32_range_loads(tmp_path):
     a = np.array([0.0, -1.5, 3e38, 1e-40, np.inf, np.nan], np.float64)
     save_file({"w": a}, path)
     np.testing.assert_array_equal(wr.load(path)["w"].numpy(), a.astype(np.float32))
+
+
+# ------------------------------------------------------------------------------- item 10: OOM
+_FILL = """
+import time, wgrumus as wr
+from wgrumus.runtime.errors import OutOfMemoryError
+ts, t0 = [], time.monotonic()
+try:
+    for _ in range(400):
+        ts.append(wr.empty(25_000_000))  # (zeros: the same, plus lavapipe's fill time)
+    print("NO ERROR")
+except OutOfMemoryError as e:
+    print("OOM", round(time.monotonic() - t0, 1), e)
+"""
+
+
+def _child(code, timeout=90, **env):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               **env)
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs RLIMIT_AS (POSIX)")
+def test_allocating_past_memory_is_an_out_of_memory_error():
+    """A process limited to 6 GiB of address space allocates 100 MB tensors until it cannot:
+    wgpu said only "Validation Error: Not enough memory left"; now an OutOfMemoryError names
+    the size and what is free, at once."""
+    code = "import resource; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n" + _FILL
+    out = _child(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "OOM" in out.stdout, out.stdout + out.stderr[-2000:]
+    secs = float(out.stdout.split()[1])
+    assert secs < 30
+    assert "cannot allocate 96.0 MiB (100,663,296 bytes)" in out.stdout
+    assert "Not enough memory left" in out.stdout and "Free tensors" in out.stdout
+
+
+def test_memory_limit_caps_what_a_device_holds():
+    out = _child(_FILL, WGRUMUS_MEMORY_LIMIT="320M")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "OOM" in out.stdout, out.stdout
+    assert "cannot allocate 96.0 MiB" in out.stdout and "left of WGRUMUS_MEMORY_LIMIT=320.0 MiB" \
+        in out.stdout, out.stdout
+
+
+def test_host_backed_check_names_what_is_available():
+    """CPU adapters keep tensors in host memory: a buffer larger than MemAvailable is refused
+    before anything is allocated (checked against this machine's real figure)."""
+    from wgrumus.runtime.errors import OutOfMemoryError
+    from wgrumus.runtime.pool import MemoryGuard, host_available
+    mem = host_available()
+    if mem is None:
+        pytest.skip("no /proc/meminfo")
+    guard = MemoryGuard("test adapter", host_backed=True)
+    with pytest.raises(OutOfMemoryError, match=r"out of memory on test adapter: cannot allocate "
+                                               r".*GiB.*of host memory available.*del them"):
+        guard.check(mem[1] + (1 << 30), 0, lambda: 0)
+    guard.check(1 << 20, 0, lambda: 0)  # a small buffer passes

@@ -21,7 +21,7 @@ import wgpu
 
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
-from .pool import BufferPool
+from .pool import BufferPool, MemoryGuard
 
 SLOT = 256  # bytes of parameters per dispatch
 MAPPED_WRITE_MIN = 1 << 16  # uploads from this size go through mapped staging buffers
@@ -63,6 +63,7 @@ class Device:
         if logical:
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
+        cpu = str(info.get("adapter_type", "")).lower() == "cpu"  # memory is host memory
         feats = [f for f in _OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
@@ -72,10 +73,11 @@ class Device:
         self.limits = dict(self.wgpu.limits)
         self.max_binding = min(self.limits["max-storage-buffer-binding-size"],
                                self.limits["max-buffer-size"])
-        self.pool = BufferPool(self.wgpu)
+        self.memory = MemoryGuard(self.name, cpu, self.synchronize)
+        self.pool = BufferPool(self.wgpu, guard=self.memory)
         self.lock = threading.RLock()
         self._pipelines: dict = {}
-        self.params_in_storage = str(info.get("adapter_type", "")).lower() == "cpu"
+        self.params_in_storage = cpu
         self._arena = self.wgpu.create_buffer(
             size=SLOT * ARENA_SLOTS, usage=(wgpu.BufferUsage.STORAGE if self.params_in_storage
                                             else wgpu.BufferUsage.UNIFORM)
@@ -341,9 +343,8 @@ class Device:
             if item is not None:
                 self._staging_bytes[1] -= size
         if item is None:
-            return self.wgpu.create_buffer(size=size, mapped_at_creation=True,
-                                           usage=wgpu.BufferUsage.MAP_WRITE
-                                           | wgpu.BufferUsage.COPY_SRC)
+            return self.memory.create(self.wgpu, size, mapped_at_creation=True,
+                                      usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
         st, promise = item
         promise.sync_wait()
         return st
@@ -361,8 +362,8 @@ class Device:
             if free:
                 self._staging_bytes[0] -= size
                 return free.pop()
-        return self.wgpu.create_buffer(
-            size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        return self.memory.create(self.wgpu, size,
+                                  usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def read_start(self, buf, offset: int, nbytes: int) -> "Download":
         """Device -> host, asynchronous: records the copy, submits, and starts mapping.
