@@ -44,11 +44,14 @@ _OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
 # register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
 TRUSTED_FAMILIES = frozenset({"matmul"})
-# Lavapipe (Mesa 22.x) "inlines" uniform values that steer loops and branches: at every
-# dispatch whose uniform binding changed it compiles a specialised copy of the shader and never
-# frees it (+512 KB per matmul dispatch at M = 128, +1.1 MB per training step of a small MLP;
-# issue 15 item 9). It inlines uniform buffers only, so on CPU adapters the parameter slots are
-# bound as a read-only storage buffer: no recompiles, no leak, and faster dispatches.
+# Lavapipe (Mesa 22.x) "inlines" uniform values that steer loops and branches: when the first
+# dispatch of a pipeline shows that inlining halves the shader, it compiles a specialised copy at
+# every later dispatch (the uniform binding moved) and never frees it: +512 KB per matmul
+# dispatch at M = 128, +1.1 MB per training step of a small MLP (issue 15, item 9). It inlines
+# uniform buffers only, so on CPU adapters these families read their parameters from a
+# read-only storage buffer (the same speed for matmul; the other families stay on uniforms,
+# which llvmpipe reads faster: a CNN step took 1.3x longer with every family on storage).
+PARAMS_IN_STORAGE = frozenset({"matmul"})
 _PARAMS_UNIFORM = "var<uniform> PRM"
 _PARAMS_STORAGE = "var<storage, read> PRM"
 
@@ -77,11 +80,10 @@ class Device:
         self.pool = BufferPool(self.wgpu, guard=self.memory)
         self.lock = threading.RLock()
         self._pipelines: dict = {}
-        self.params_in_storage = cpu
+        self.params_in_storage = PARAMS_IN_STORAGE if cpu else frozenset()
         self._arena = self.wgpu.create_buffer(
-            size=SLOT * ARENA_SLOTS, usage=(wgpu.BufferUsage.STORAGE if self.params_in_storage
-                                            else wgpu.BufferUsage.UNIFORM)
-            | wgpu.BufferUsage.COPY_DST)
+            size=SLOT * ARENA_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+            | (wgpu.BufferUsage.STORAGE if cpu else 0))
         self._params = np.zeros((ARENA_SLOTS, SLOT // 4), dtype=np.uint32)
         self._params_bytes = memoryview(self._params).cast("B")
         self._bind_groups: dict = {}
@@ -111,7 +113,8 @@ class Device:
         p = self._pipelines.get(key)
         if p is None:
             src = kernel.source()
-            if self.params_in_storage:
+            storage = kernel.family in self.params_in_storage
+            if storage:
                 src = src.replace(_PARAMS_UNIFORM, _PARAMS_STORAGE)
             try:
                 module = None
@@ -120,7 +123,7 @@ class Device:
                 if module is None:
                     module = self.wgpu.create_shader_module(code=src, label=kernel.family)
                 compute = {"module": module, "entry_point": kernel.entry}
-                p = self._explicit_pipeline(src, nbuf, compute)
+                p = self._explicit_pipeline(src, nbuf, compute, storage)
                 if p is None:
                     pipe = self.wgpu.create_compute_pipeline(layout=wgpu.AutoLayoutMode.auto,
                                                              compute=compute)
@@ -131,18 +134,18 @@ class Device:
             self._pipelines[key] = p
         return p
 
-    def _explicit_pipeline(self, src: str, nbuf, compute):
+    def _explicit_pipeline(self, src: str, nbuf, compute, storage_params: bool = False):
         if nbuf is None:
             return None
         decl = {int(b): (space, access) for b, space, access in _BINDING.findall(src)}
-        params = ("storage", "read") if self.params_in_storage else ("uniform", "")
+        params = ("storage", "read") if storage_params else ("uniform", "")
         if decl.get(0) != params or any(
                 decl.get(i, ("",))[0] != "storage" for i in range(1, nbuf + 1)):
             return None
         stage = wgpu.ShaderStage.COMPUTE
         entries = [{"binding": 0, "visibility": stage,
                     "buffer": {"type": wgpu.BufferBindingType.read_only_storage
-                               if self.params_in_storage else wgpu.BufferBindingType.uniform,
+                               if storage_params else wgpu.BufferBindingType.uniform,
                                "has_dynamic_offset": True}}]
         for i in range(1, nbuf + 1):
             rw = decl[i][1] == "read_write"
