@@ -237,7 +237,7 @@ def test_host_backed_check_names_what_is_available():
     """CPU adapters keep tensors in host memory: a buffer larger than MemAvailable is refused
     before anything is allocated (checked against this machine's real figure)."""
     from wgrumus.runtime.errors import OutOfMemoryError
-    from wgrumus.runtime.pool import MemoryGuard, host_available
+    from wgrumus.runtime.memory import MemoryGuard, host_available
     mem = host_available()
     if mem is None:
         pytest.skip("no /proc/meminfo")

@@ -21,7 +21,8 @@ import wgpu
 
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
-from .pool import BufferPool, MemoryGuard
+from .memory import MemoryGuard
+from .pool import BufferPool
 
 SLOT = 256  # bytes of parameters per dispatch
 MAPPED_WRITE_MIN = 1 << 16  # uploads from this size go through mapped staging buffers
