@@ -1,6 +1,5 @@
 """Host-side guards of issue 15: shapes (item 5), lavapipe's native memory per dispatch
 (item 9) and allocations past what the adapter or the host can hold (item 10)."""
-import gc
 import os
 
 import numpy as np
