@@ -1,5 +1,6 @@
-"""Host-side guards of issue 15: shapes (item 5), lavapipe's native memory per dispatch
-(item 9) and allocations past what the adapter or the host can hold (item 10)."""
+"""Host-side guards of issue 15: shapes (item 5), one random generator per rank thread
+(item 7), checkpoint loading (item 8), lavapipe's native memory per dispatch (item 9) and
+allocations past what the adapter or the host can hold (item 10)."""
 import os
 
 import numpy as np
