@@ -1169,8 +1169,11 @@ def guards_campaign(n: int, seed: int, folder: Path, T: float, log=print) -> lis
     recs = []
     for i, kind in enumerate(plan + ["memory", "oom"]):
         t0 = time.monotonic()
-        rec = (guard_memory() if kind == "memory" else guard_oom() if kind == "oom"
-               else kinds[kind](rng))
+        try:
+            rec = (guard_memory() if kind == "memory" else guard_oom() if kind == "oom"
+                   else kinds[kind](rng))
+        except Exception as e:  # noqa: BLE001 - a case that crashes is a failed case
+            rec = {"case": kind, "problem": f"raised {type(e).__name__}: {str(e)[:300]}"}
         rec = {"run": i, "kind": kind, "ok": rec["problem"] is None,
                "seconds": round(time.monotonic() - t0, 3), **rec}
         recs.append(rec)
