@@ -24,6 +24,7 @@ returns one must copy it (``owned_copy``).
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 
@@ -519,8 +520,10 @@ class MPITransport:
     def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
         """Every rank learns every rank's collective number ``seq`` (one small all-gather) and
         all raise on a difference, before any data moves."""
+        raw = f"{name}|{detail}".encode()
+        if len(raw) > _SIG_BYTES:  # keep the start readable, and any difference visible
+            raw = raw[:_SIG_BYTES - 17] + b"#" + hashlib.sha1(raw).hexdigest()[:16].encode()
         mine = np.zeros(_SIG_BYTES, np.uint8)
-        raw = f"{name}|{detail}".encode()[:_SIG_BYTES]
         mine[:len(raw)] = np.frombuffer(raw, np.uint8)
         sigs = np.empty((self.size, _SIG_BYTES), np.uint8)
         B = self.MPI.BYTE
