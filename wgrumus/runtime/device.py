@@ -51,7 +51,7 @@ TRUSTED_FAMILIES = frozenset({"matmul"})
 # dispatch at M = 128, +1.1 MB per training step of a small MLP (issue 15, item 9). It inlines
 # uniform buffers only, so on CPU adapters these families read their parameters from a
 # read-only storage buffer (the same speed for matmul; the other families stay on uniforms,
-# which llvmpipe reads faster: a CNN step took 1.3x longer with every family on storage).
+# which llvmpipe reads faster: a CNN step took 1.37x longer with every family on storage).
 PARAMS_IN_STORAGE = frozenset({"matmul"})
 _PARAMS_UNIFORM = "var<uniform> PRM"
 _PARAMS_STORAGE = "var<storage, read> PRM"
