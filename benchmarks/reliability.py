@@ -1016,9 +1016,176 @@ def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> 
 
 
 # ============================================================================= command line
+# ----------------------------------------------------------------------------- host guards (issue 15)
+def _raises(fn, cls, pattern: str) -> str | None:
+    """None when ``fn()`` raises ``cls`` whose message matches ``pattern``, else the problem."""
+    import re
+    try:
+        fn()
+    except cls as e:
+        return None if re.search(pattern, str(e)) else f"message {str(e)[:200]!r}"
+    except BaseException as e:  # noqa: BLE001 - recorded
+        return f"raised {type(e).__name__}: {str(e)[:200]}"
+    return "no error (a silent result)"
+
+
+def guard_shapes(rng) -> dict:
+    """A random bad dimension (negative, or a float) in a random constructor or view."""
+    import wgrumus as wr
+    from wgrumus import nn
+    from wgrumus.runtime.errors import ShapeError
+    bad = [int(-rng.integers(2, 9)), float(rng.integers(1, 9)) + 0.5, float(rng.integers(1, 9))]
+    d = bad[rng.integers(len(bad))]
+    ok = int(rng.integers(1, 5))
+    makers = {"reshape": lambda: wr.ones(ok * 6).reshape(d, -1 if d != -1 else 6),
+              "expand": lambda: wr.ones(1, ok).expand(d, ok),
+              "zeros": lambda: wr.zeros(d, ok), "rand": lambda: wr.rand(ok, d),
+              "full": lambda: wr.full((ok, d), 1.0), "Linear": lambda: nn.Linear(d, ok)}
+    name = list(makers)[rng.integers(len(makers))]
+    problem = _raises(makers[name], ShapeError, r"negative dimension|dimensions must be ints")
+    if problem is None:  # and the empty Linear of PyTorch works: out = bias over the batch
+        lin = nn.Linear(0, ok)
+        y = lin(wr.zeros(3, 0)).numpy()
+        if not np.array_equal(y, np.broadcast_to(lin.bias.numpy(), (3, ok))):
+            problem = "Linear(0, n) output is not its bias"
+    return {"case": f"{name}({d!r})", "problem": problem}
+
+
+def guard_collectives(rng, T: float) -> dict:
+    """0-d arrays through a random strategy, or ranks that disagree (op, root, collective)."""
+    from wgrumus import distributed as dist
+    from wgrumus.distributed import CollectiveConfig, CollectiveError
+    n = int(rng.integers(2, 5))
+    strat = ["ring", "tree", "tree:3", "centralized", "native", "auto"][rng.integers(6)]
+    rooted = {"ring": "direct", "centralized": "direct"}.get(strat, strat)
+    cfg = CollectiveConfig(num_devices=n, local_all_reduce=strat, local_reduce=rooted,
+                           local_broadcast=rooted, timeout=T)
+    kind = ["zero_d", "op", "root", "collective"][rng.integers(4)]
+    bad = int(rng.integers(1, n))
+    t0 = time.monotonic()
+    if kind == "zero_d":
+        def fn(g):
+            a = g.all_reduce(np.float32(g.rank))
+            r = g.reduce(np.float32(1), root=n - 1)
+            b = g.broadcast(np.float32(7) if g.rank == 0 else None, root=0)
+            return a.shape, None if r is None else r.shape, b.shape
+        try:
+            out = dist.spawn(fn, n, timeout=T, config=cfg)
+            problem = None if all(a == () and b == () for a, _, b in out) and out[-1][1] == () \
+                else f"shapes {out}"
+        except BaseException as e:  # noqa: BLE001 - recorded
+            problem = f"raised {type(e).__name__}: {str(e)[:200]}"
+    else:
+        calls = {"op": lambda g: g.all_reduce(np.ones(3), "max" if g.rank == bad else "sum"),
+                 "root": lambda g: g.broadcast(np.ones(3), root=bad if g.rank == bad else 0),
+                 "collective": lambda g: g.barrier() if g.rank == bad
+                 else g.all_reduce(np.ones(2))}
+        problem = _raises(lambda: dist.spawn(calls[kind], n, timeout=T, config=cfg),
+                          CollectiveError, "disagree|different collectives")
+        if problem is None and time.monotonic() - t0 > T:
+            problem = f"detected only after {time.monotonic() - t0:.2f} s (timeout {T} s)"
+    return {"case": f"{kind} {strat} n={n}", "problem": problem,
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def guard_rng(rng) -> dict:
+    """Rank threads seed alike, meet, then draw weights and a dropout mask: all identical."""
+    import wgrumus as wr
+    from wgrumus import distributed as dist
+    from wgrumus import nn
+    n, seed = int(rng.integers(2, 5)), int(rng.integers(1 << 30))
+
+    def fn(g):
+        wr.manual_seed(seed)
+        g.barrier()
+        m = nn.Sequential(nn.Linear(8, 16, device=g.device), nn.Dropout(0.5))
+        return np.concatenate([m[0].weight.numpy().ravel(),
+                               m(wr.ones(4, 8, device=g.device)).numpy().ravel()])
+    out = dist.spawn(fn, n, devices=devices()[:n], timeout=60)
+    same = all(np.array_equal(out[0], o) for o in out[1:])
+    return {"case": f"{n} ranks seed {seed}", "problem": None if same else "ranks differ"}
+
+
+def guard_loading(rng, folder: Path) -> dict:
+    """A corrupt wgrumus metadata string, or a float64 value float32 cannot hold."""
+    import wgrumus as wr
+    from safetensors.numpy import save_file
+    from wgrumus import nn
+    from wgrumus.io import CheckpointError, load_checkpoint
+    folder.mkdir(parents=True, exist_ok=True)
+    path = str(folder / f"guard-{os.getpid()}.safetensors")
+    if rng.integers(2):
+        good = '{"format": "wgrumus-checkpoint-1", "step": 1, "rng": {"seed": 0, "calls": 0}}'
+        cut = int(rng.integers(1, len(good) - 1))
+        meta = good[:cut]  # truncated JSON, or (cut past the keys) incomplete metadata
+        save_file({"model.weight": np.zeros((2, 2), np.float32)}, path, {"wgrumus": meta})
+        problem = _raises(lambda: load_checkpoint(path, nn.Linear(2, 2, bias=False)),
+                          CheckpointError, "corrupt wgrumus metadata|incomplete wgrumus metadata|"
+                                           "format")
+        case = f"metadata {meta!r}"
+    else:
+        v = float(rng.choice([1e39, -1e300, 1e-46, 4e38]))
+        save_file({"w": np.array([1.0, v], np.float64)}, path)
+        problem = _raises(lambda: wr.load(path), CheckpointError, "outside the float32 range")
+        case = f"float64 {v!r}"
+    os.unlink(path)
+    return {"case": case, "problem": problem}
+
+
+def guard_memory(steps: int = 300) -> dict:
+    """Linear 32-64-10, AdamW, batch 128 (1.1 MB/step before the fix): RSS slope after
+    warm-up, from benchmarks/soak.py."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import soak
+    samples = soak.soak_model("linear", steps, every=50, warmup=100)
+    v = soak.flatness(samples, 100, rss_slack_mb=8.0)
+    return {"case": f"linear batch 128, {steps} steps: {v['rss_kb_per_step']} KB/step",
+            "problem": "; ".join(v["problems"]) or None}
+
+
+def guard_oom() -> dict:
+    """A child limited to 6 GiB of address space allocates 96 MiB tensors until it cannot."""
+    code = ("import resource, time, wgrumus as wr\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))\n"
+            "from wgrumus.runtime.errors import OutOfMemoryError\n"
+            "ts, t0 = [], time.monotonic()\n"
+            "try:\n    [ts.append(wr.empty(25_000_000)) for _ in range(400)]\n"
+            "except OutOfMemoryError as e:\n    print('OOM', time.monotonic() - t0, e)\n")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], env=_child_env(), capture_output=True,
+                       text=True, timeout=120)
+    ok = p.stdout.startswith("OOM") and "cannot allocate" in p.stdout
+    return {"case": "RLIMIT_AS 6 GiB, 96 MiB tensors", "seconds": round(time.monotonic() - t0, 1),
+            "problem": None if ok else (p.stdout + p.stderr)[-400:]}
+
+
+def guards_campaign(n: int, seed: int, folder: Path, T: float, log=print) -> list:
+    """``n`` seeded random cases of items 5-8 of issue 15 (shapes, collectives, rng, loading),
+    then one memory soak and one out-of-memory child (items 9, 10)."""
+    rng = np.random.default_rng(seed)
+    kinds = {"shapes": guard_shapes, "collectives": lambda r: guard_collectives(r, T),
+             "rng": guard_rng, "loading": lambda r: guard_loading(r, folder)}
+    plan = [list(kinds)[i % len(kinds)] for i in range(n)]
+    recs = []
+    for i, kind in enumerate(plan + ["memory", "oom"]):
+        t0 = time.monotonic()
+        try:
+            rec = (guard_memory() if kind == "memory" else guard_oom() if kind == "oom"
+                   else kinds[kind](rng))
+        except Exception as e:  # noqa: BLE001 - a case that crashes is a failed case
+            rec = {"case": kind, "problem": f"raised {type(e).__name__}: {str(e)[:300]}"}
+        rec = {"run": i, "kind": kind, "ok": rec["problem"] is None,
+               "seconds": round(time.monotonic() - t0, 3), **rec}
+        recs.append(rec)
+        log(f"{i:3d} {kind:12s} {'ok ' if rec['ok'] else 'BAD'} {rec['case']}"
+            + ("" if rec["ok"] else f": {rec['problem']}"))
+    return recs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--campaign", choices=["faults", "kill", "kill-cli", "concurrency", "numerics"],
+    ap.add_argument("--campaign",
+                    choices=["faults", "kill", "kill-cli", "concurrency", "numerics", "guards"],
                     default="faults")
     ap.add_argument("--runs", type=int, default=100, help="fault runs / concurrency repeats")
     ap.add_argument("--kills", type=int, default=25)
@@ -1062,6 +1229,14 @@ def main(argv=None) -> int:
               f"{time.monotonic() - t0:.1f} s")
         for case, (runs, ok, worst) in summary.items():
             print(f"{case:16s} {ok:>3d}/{runs:<3d} max {worst:6.2f}s")
+    elif a.campaign == "guards":
+        recs = guards_campaign(a.runs, a.seed, Path(a.folder), a.timeout)
+        kinds = sorted({r["kind"] for r in recs})
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} host-guard cases held (issue 15): "
+              + ", ".join(f"{k} {sum(r['ok'] for r in recs if r['kind'] == k)}/"
+                          f"{sum(r['kind'] == k for r in recs)}" for k in kinds)
+              + f"; {time.monotonic() - t0:.1f} s")
+        summary = {}
     elif a.campaign == "concurrency":
         recs = concurrency_campaign(a.runs, a.seed)
         print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} jittered runs of the parallel tests "

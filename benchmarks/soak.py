@@ -1,13 +1,20 @@
-"""Soak: many small data-parallel training steps on logical devices, watching for leaks
-(issue 10, item 4).
+"""Soak: many training steps, watching for leaks (issue 10, item 4; issue 15, item 9).
+
+``--model dp`` (default): a small MLP under DataParallel on ``--devices`` logical devices.
+``--model linear``: Linear 32-64-10, AdamW, batch 128 on one device (grew 1.1 MB of native
+memory per step on lavapipe before the parameters moved out of a uniform buffer there).
+``--model mlp|cnn|gpt``: the CLI's models and data (``wgrumus train``), on one device; gpt at
+``--gpt-size`` (n_layer, n_embd, n_head, block_size).
 
 Every ``--every`` steps it samples the GPU buffer pools (``device.pool.stats()`` summed over the
-replicas' devices: live bytes, cached bytes, buffers ever created), the host resident set
+devices: live bytes, cached bytes, buffers ever created), the host resident set
 (/proc/self/statm, else resource.getrusage's peak) and the thread count. After ``--warmup``
 steps all of them must stay flat: no new GPU buffers, live bytes and threads unchanged, RSS
-growth under ``--rss-slack-mb``.
+growth under ``--rss-slack-mb``. The last line is the verdict with the RSS slope in KB/step.
 
     python benchmarks/soak.py --steps 10000 --devices 2 --json soak.json
+    python benchmarks/soak.py --model linear --steps 2000 --every 100 --warmup 200
+    for m in mlp cnn gpt; do python benchmarks/soak.py --model $m --steps 10000; done
 """
 from __future__ import annotations
 
@@ -85,6 +92,59 @@ def soak(steps: int, n_devices: int = 2, every: int = 50, warmup: int = 100, bat
     return out
 
 
+MODELS = ("dp", "linear", "mlp", "cnn", "gpt")
+
+
+def _cli_task(model: str, seed: int, gpt_size):
+    """The ``wgrumus train`` task (model builder, data, loss, optimizer) of ``model``."""
+    from types import SimpleNamespace
+    from wgrumus.cli.models import build
+    n_layer, n_embd, n_head, block = gpt_size
+    return build(SimpleNamespace(model=model, lr=None, optimizer="adamw", seed=seed,
+                                 gpt={"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
+                                      "block_size": block}))
+
+
+def soak_model(model: str, steps: int, every: int = 50, warmup: int = 100, batch: int = 128,
+               seed: int = 0, gpt_size=(2, 64, 4, 32), log=None) -> list:
+    """Train ``model`` ("linear", "mlp", "cnn", "gpt") on one device for ``steps`` steps, a
+    host read of the loss every step (as a training loop that logs it); return the samples."""
+    import wgrumus as wr
+    from wgrumus import nn
+    dev = wr.devices()[0]
+    if model == "linear":
+        rng = np.random.default_rng(seed)
+        xs = rng.standard_normal((batch, 32)).astype(np.float32)
+        ys = rng.integers(0, 10, batch).astype(np.int32)
+        wr.manual_seed(seed)
+        net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
+        opt = wr.optim.AdamW(net.parameters(), lr=1e-3)
+        loss_fn = nn.functional.cross_entropy
+        next_batch = lambda step: (xs, ys)  # noqa: E731
+    else:
+        task = _cli_task(model, seed, gpt_size)
+        net = task.make_model(dev)
+        opt = task.make_optimizer(net.parameters())
+        loss_fn = task.loss
+        next_batch = lambda step: task.batch(step, batch)  # noqa: E731
+    out = []
+    t0 = time.monotonic()
+    for step in range(1, steps + 1):
+        x, y = next_batch(step)
+        loss = loss_fn(net(wr.tensor(x, device=dev)), wr.tensor(y, device=dev))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        if step % every == 0 or step == steps or step == warmup:
+            gc.collect()
+            s = sample(step, [dev], value, t0)
+            out.append(s)
+            if log:
+                log(s)
+    return out
+
+
 def flatness(samples: list, warmup: int, rss_slack_mb: float) -> dict:
     """Drift of every watched figure after warm-up, and the problems found."""
     after = [s for s in samples if s["step"] >= warmup]
@@ -94,6 +154,8 @@ def flatness(samples: list, warmup: int, rss_slack_mb: float) -> dict:
     spread = {k: max(s[k] for s in after) - min(s[k] for s in after)
               for k in ("live_bytes", "cached_bytes", "buffers_created", "threads", "rss_mb")}
     drift = {k: last[k] - first[k] for k in spread}
+    steps = max(last["step"] - first["step"], 1)
+    slope_kb = round(drift["rss_mb"] * 1024 / steps, 2)
     problems = []
     if spread["buffers_created"]:
         problems.append(f"{spread['buffers_created']} GPU buffers created after warm-up")
@@ -107,13 +169,22 @@ def flatness(samples: list, warmup: int, rss_slack_mb: float) -> dict:
     if not last["loss"] < samples[0]["loss"]:
         problems.append(f"loss did not fall: {samples[0]['loss']} -> {last['loss']}")
     return {"from_step": first["step"], "to_step": last["step"], "spread": spread,
-            "drift": drift, "problems": problems, "ok": not problems}
+            "drift": drift, "rss_kb_per_step": slope_kb, "rss_mb": [first["rss_mb"],
+                                                                    last["rss_mb"]],
+            "problems": problems, "ok": not problems}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=10_000)
-    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--model", choices=MODELS, default="dp",
+                    help="dp: DataParallel MLP; linear: the issue-15 Linear 32-64-10 case; "
+                         "mlp/cnn/gpt: the CLI's models on one device")
+    ap.add_argument("--devices", type=int, default=2, help="replicas of --model dp")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch size (default: dp 16, linear 128, mlp/cnn 64, gpt 16)")
+    ap.add_argument("--gpt-size", default="2,64,4,32",
+                    help="gpt: n_layer,n_embd,n_head,block_size")
     ap.add_argument("--every", type=int, default=250, help="sample every N steps")
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--rss-slack-mb", type=float, default=16.0)
@@ -122,9 +193,15 @@ def main(argv=None) -> int:
     if a.warmup >= a.steps:
         ap.error(f"--warmup {a.warmup} must be below --steps {a.steps}")
     t0 = time.monotonic()
-    samples = soak(a.steps, a.devices, a.every, a.warmup,
-                   log=lambda s: print(json.dumps(s), flush=True))
+    log = lambda s: print(json.dumps(s), flush=True)  # noqa: E731
+    if a.model == "dp":
+        samples = soak(a.steps, a.devices, a.every, a.warmup, batch=a.batch or 16, log=log)
+    else:
+        batch = a.batch or {"linear": 128, "gpt": 16}.get(a.model, 64)
+        samples = soak_model(a.model, a.steps, a.every, a.warmup, batch,
+                             gpt_size=tuple(int(v) for v in a.gpt_size.split(",")), log=log)
     verdict = flatness(samples, a.warmup, a.rss_slack_mb)
+    verdict["model"] = a.model
     verdict["seconds"] = round(time.monotonic() - t0, 1)
     verdict["steps_per_second"] = round(a.steps / verdict["seconds"], 1)
     print(json.dumps(verdict, indent=1))

@@ -89,6 +89,39 @@ PRIMS = {
 }
 
 
+def zero_d(g):
+    """0-d arrays keep their shape in every strategy (issue 15, item 6)."""
+    for s in STRATEGIES + ["auto"]:
+        got = g.all_reduce(np.float32(g.rank + 1), strategy=s)
+        assert got.shape == () and got == sum(range(1, g.world_size + 1)), (s, got)
+    for s in ("direct", "tree", "native", "auto"):
+        red = g.reduce(np.float64(2), root=0, strategy=s)
+        assert red is None if g.rank else (red.shape == () and red == 2 * g.world_size), (s, red)
+        bc = g.broadcast(np.int32(7) if g.rank == 0 else None, root=0, strategy=s)
+        assert bc.shape == () and bc == 7, (s, bc)
+
+
+MISMATCHES = {  # a collective in which rank 1 differs from the others
+    "op": lambda g, s: g.all_reduce(np.ones(4, np.float32), "max" if g.rank == 1 else "sum",
+                                    strategy=s),
+    "reduce_root": lambda g, s: g.reduce(np.ones(3), root=int(g.rank == 1), strategy=s),
+    "broadcast_root": lambda g, s: g.broadcast(np.ones(3), root=int(g.rank == 1), strategy=s),
+    "collective": lambda g, s: (g.barrier() if g.rank == 1
+                                else g.all_reduce(np.ones(2), strategy=s)),
+}
+
+
+def mismatch(g, case, strategy):
+    t0 = time.monotonic()
+    try:
+        MISMATCHES[case](g, strategy)
+    except CollectiveError as e:
+        msg = str(e).replace("\n", " ")
+        say(f"COLLECTIVE_ERROR {g.rank} {time.monotonic() - t0:.3f} {msg}")
+        return
+    say(f"RETURNED {g.rank}")
+
+
 def fault(g, kind, prim, timeout):
     bad = 1
     if g.rank == bad:
@@ -128,6 +161,11 @@ def main():
         res = dist.spawn(lambda grp: grp.rank * 10, g.world_size, backend="mpi",
                          timeout=timeout)
         assert res == [q * 10 for q in range(g.world_size)], res
+    elif scenario == "zero_d":
+        zero_d(g)
+    elif scenario == "mismatch":
+        mismatch(g, sys.argv[2], sys.argv[3])
+        return
     elif scenario == "fault":
         fault(g, sys.argv[2], sys.argv[3], timeout)
         return

@@ -164,10 +164,23 @@ def _read(path):
     return arrays, meta
 
 
-def _device_array(a: np.ndarray) -> np.ndarray:
-    """numpy array in a dtype wgrumus tensors hold (int64 -> int32, float64 -> float32)."""
+def _device_array(a: np.ndarray, name: str = "") -> np.ndarray:
+    """numpy array in a dtype wgrumus tensors hold (int64 -> int32, float64 -> float32).
+    Values float32 cannot hold (finite ones that would become inf, non-zero ones that would
+    become 0) are an error, not a silent change."""
     if a.dtype.kind == "f" and a.dtype != np.float16:
-        return a.astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):  # overflow is checked (and named) below
+            b = a.astype(np.float32, copy=False)
+        if b.dtype != a.dtype and a.size:
+            bad = (np.isinf(b) & np.isfinite(a)) | ((b == 0) & (a != 0))
+            if bad.any():
+                i = int(np.flatnonzero(bad.reshape(-1))[0])
+                raise CheckpointError(
+                    f"tensor {name or '?'} ({a.dtype}) holds {a.reshape(-1)[i]!r}, outside the "
+                    f"float32 range (|x| from {np.finfo(np.float32).smallest_subnormal:.1e} to "
+                    f"{np.finfo(np.float32).max:.2e}); {int(bad.sum())} such values. Rescale "
+                    f"them before saving, or read them with wgrumus.io.load_numpy (keeps float64)")
+        return b
     if a.dtype.kind in "iub":
         if a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
             raise CheckpointError("integer tensor values do not fit in int32")
@@ -181,7 +194,7 @@ def load(path, device=None) -> dict:
     """name -> Tensor on ``device`` (the default device when None)."""
     arrays, _ = _read(path)
     dev = get_device(device)
-    return {k: _tensor(_device_array(a), dev) for k, a in arrays.items()}
+    return {k: _tensor(_device_array(a, k), dev) for k, a in arrays.items()}
 
 
 def _tensor(a: np.ndarray, dev) -> Tensor:
@@ -247,11 +260,23 @@ def load_checkpoint(path, model, optimizer=None, scheduler=None, data_loader=Non
     if "wgrumus" not in meta:
         raise CheckpointError(f"{path} is a plain safetensors file, not a wgrumus training "
                               f"checkpoint; load weights with model.load_state_dict(wr.load(...))")
-    info = json.loads(meta["wgrumus"])
+    try:
+        info = json.loads(meta["wgrumus"])
+    except ValueError as e:
+        raise CheckpointError(f"{path} has corrupt wgrumus metadata (not JSON: {e}); the file "
+                              f"was damaged or edited: use another checkpoint") from e
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path} has corrupt wgrumus metadata (a JSON "
+                              f"{type(info).__name__}, expected an object); use another "
+                              f"checkpoint")
     if info.get("format") != FORMAT:
         raise CheckpointError(f"{path} has checkpoint format {info.get('format')!r}, expected "
                               f"{FORMAT!r}")
-    model_sd = {k[len("model."):]: _device_array(a) for k, a in arrays.items()
+    missing = [k for k in ("step", "rng", "extra") if k not in info]
+    if missing:
+        raise CheckpointError(f"{path} has incomplete wgrumus metadata (no {', '.join(missing)});"
+                              f" the file was damaged or edited: use another checkpoint")
+    model_sd = {k[len("model."):]: _device_array(a, k) for k, a in arrays.items()
                 if k.startswith("model.")}
     model.load_state_dict(model_sd)
     if optimizer is not None:

@@ -42,6 +42,22 @@ def contiguous_strides(shape) -> tuple:
     return tuple(reversed(strides))
 
 
+def as_shape(dims, op: str = "shape", wildcard: bool = False) -> tuple:
+    """Dimensions as a tuple of Python ints, refusing floats (which ``int()`` would truncate)
+    and negative sizes; ``wildcard`` lets -1 through (reshape / expand resolve it)."""
+    out = []
+    for d in dims:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+            raise ShapeError(f"{op}: dimensions must be ints, got {d!r} in {tuple(dims)}; "
+                             f"pass whole numbers (int(...) if they were computed as floats)")
+        d = int(d)
+        if d < 0 and not (wildcard and d == -1):
+            raise ShapeError(f"{op}: negative dimension in shape {tuple(dims)} ({d}); sizes "
+                             f"must be >= 0" + (" (-1 infers one size)" if wildcard else ""))
+        out.append(d)
+    return tuple(out)
+
+
 def as_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
     if dt not in DTYPES:
@@ -72,9 +88,7 @@ class Tensor:
     def empty(shape, device=None, dtype=float32) -> "Tensor":
         dev = get_device(device)
         dtype = dtype if dtype in DTYPES else as_dtype(dtype)
-        shape = tuple(map(int, shape))
-        if shape and min(shape) < 0:
-            raise ShapeError(f"negative dimension in shape {shape}")
+        shape = as_shape(shape, "tensor shape")
         return Tensor(Storage(dev, math.prod(shape) * dtype.itemsize), shape, dtype=dtype)
 
     @staticmethod

@@ -13,7 +13,7 @@ def is_tensor(x) -> bool:
 def to_numpy(x):
     """Return (array, device): device is None for array-likes."""
     if is_tensor(x):
-        return np.ascontiguousarray(x.numpy()), x.device
+        return np.asarray(x.numpy(), order="C"), x.device  # (ascontiguousarray makes 0-d 1-d)
     return np.asarray(x), None
 
 

@@ -60,12 +60,15 @@ def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: 
 def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
     """One daemon thread per rank (a rank stuck outside collectives cannot keep the process
     alive); the first failure aborts the world and is re-raised with every rank's outcome."""
+    from ..ops.random import get_rng_state, use_thread_generator
     world = ThreadWorld(world_size, cfg.timeout)
     results = [None] * world_size
     failures: list[tuple[float, int, BaseException]] = []
     lock = threading.Lock()
+    rng = get_rng_state()  # each rank starts its own generator here, as a process would
 
     def run(rank: int) -> None:
+        use_thread_generator(rng)
         group = ProcessGroup(world.transport(rank), cfg,
                              devices[rank] if devices is not None else None)
         try:

@@ -83,12 +83,14 @@ class ProcessGroup:
         return self._coll_base - 1
 
     # ------------------------------------------------------------------ plumbing
-    def _run(self, name: str, nbytes, fn, collective: bool = True):
+    def _run(self, name: str, nbytes, fn, collective: bool = True, detail: str = ""):
         """Run one operation under the group's deadline, with measured stats and failure policy:
         any error once communication started breaks the group and tells the peers.
 
         Collectives take the next sequence number as their tag; every rank counts the same
-        collectives, so tags agree. Point-to-point calls must not advance it."""
+        collectives, so tags agree. Point-to-point calls must not advance it. Before a
+        collective moves data the ranks compare ``name`` and ``detail`` (op, root, strategy,
+        dtype, shape): a mismatch is a CollectiveError, not a hang or a wrong result."""
         with self._lock:
             self._check_usable()
             if collective:
@@ -97,6 +99,8 @@ class ProcessGroup:
             deadline = time.monotonic() + self.config.timeout
             t0 = time.perf_counter()
             try:
+                if collective:
+                    self._t.agree(self._seq, name, detail, deadline)
                 out = fn(tag, deadline)
             except CollectiveError as e:
                 self._fail(e)
@@ -164,8 +168,9 @@ class ProcessGroup:
             return from_numpy(self._hierarchical_all_reduce(arr, op), dev)
         strat = self.config.select_all_reduce(arr.nbytes, self.world_size, strategy)
         out = self._run("all_reduce", arr.nbytes,
-                        lambda tag, dl: C.all_reduce(self._t, arr, op, strat, tag, dl))
-        return from_numpy(out, dev)
+                        lambda tag, dl: C.all_reduce(self._t, arr, op, strat, tag, dl),
+                        detail=_detail(arr, op=op, strategy=strat))
+        return from_numpy(out.reshape(arr.shape), dev)  # (some paths make 0-d arrays 1-d)
 
     def reduce(self, x, root: int = 0, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks to ``root``; returns the result on root, None elsewhere."""
@@ -176,12 +181,15 @@ class ProcessGroup:
 
         def go(tag, dl):
             if strat.kind == "native":
-                return self._t.native_reduce(np.ascontiguousarray(arr), op, root, dl)
-            if strat.kind == "direct":
-                return C.direct_reduce(self._t, arr, op, root, tag, dl)
-            return C.tree_reduce(self._t, arr, op, root, strat.arity, tag, dl)
+                out = self._t.native_reduce(np.ascontiguousarray(arr), op, root, dl)
+            elif strat.kind == "direct":
+                out = C.direct_reduce(self._t, arr, op, root, tag, dl)
+            else:
+                out = C.tree_reduce(self._t, arr, op, root, strat.arity, tag, dl)
+            return out if out is None else out.reshape(arr.shape)
 
-        return from_numpy(self._run("reduce", arr.nbytes, go), dev)
+        return from_numpy(self._run("reduce", arr.nbytes, go,
+                                    detail=_detail(arr, op=op, root=root, strategy=strat)), dev)
 
     def broadcast(self, x=None, root: int = 0, strategy=None):
         """Return root's ``x`` on every rank. Other ranks may pass None (shape and dtype come with
@@ -196,7 +204,7 @@ class ProcessGroup:
 
         def go(tag, dl):
             if strat.kind == "native":
-                src = np.ascontiguousarray(arr) if self.rank == root else None
+                src = np.asarray(arr, order="C") if self.rank == root else None
                 out = self._t.native_broadcast(src, root, dl)
             elif strat.kind == "direct":
                 out = C.direct_broadcast(self._t, arr, root, tag, dl)
@@ -207,7 +215,8 @@ class ProcessGroup:
                                       f"{self.rank} expected {arr.dtype} {arr.shape}")
             return out
 
-        return from_numpy(self._run("broadcast", None, go), dev)
+        return from_numpy(self._run("broadcast", None, go,
+                                    detail=f"root {root} strategy {strat!r}"), dev)
 
     def all_gather(self, x, axis: int = 0, strategy=None):
         """Concatenate every rank's ``x`` along ``axis`` (dim 0 by default) in rank order.
@@ -223,7 +232,8 @@ class ProcessGroup:
                 return self._t.native_all_gather(front, dl)
             return C.ring_all_gather(self._t, front, tag, dl)
 
-        return from_numpy(self._along_axis("all_gather", np.atleast_1d(arr), axis, go), dev)
+        return from_numpy(self._along_axis("all_gather", np.atleast_1d(arr), axis, go,
+                                           f"strategy {'native' if native else 'ring'}"), dev)
 
     def reduce_scatter(self, x, op: str = "sum", axis: int = 0, strategy=None):
         """Reduce ``x`` over all ranks and return this rank's part of it along ``axis``.
@@ -245,14 +255,19 @@ class ProcessGroup:
                 return self._t.native_reduce_scatter(front, op, dl)
             return C.ring_reduce_scatter(self._t, front, op, tag, dl)
 
-        return from_numpy(self._along_axis("reduce_scatter", arr, axis, go), dev)
+        return from_numpy(self._along_axis("reduce_scatter", arr, axis, go,
+                                           f"op {op} strategy {'native' if native else 'ring'}"),
+                          dev)
 
-    def _along_axis(self, name: str, arr, axis: int, go):
+    def _along_axis(self, name: str, arr, axis: int, go, detail: str):
         """The transports split and join along axis 0 only: move ``axis`` to the front, run
         ``go(front, tag, deadline)`` under :meth:`_run`, and move it back."""
         axis = _axis(axis, arr.ndim)
         front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
-        out = self._run(name, arr.nbytes, lambda tag, dl: go(front, tag, dl))
+        # dim 0 of an all-gather may differ between ranks: compare the rest
+        shape = front.shape if name == "reduce_scatter" else ("*",) + front.shape[1:]
+        out = self._run(name, arr.nbytes, lambda tag, dl: go(front, tag, dl),
+                        detail=f"axis {axis} shape {shape} dtype {arr.dtype} {detail}")
         return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
     def barrier(self) -> None:
@@ -375,7 +390,8 @@ class ProcessGroup:
                     np.divide(part, self.world_size, out=part)
             return local_g.broadcast(part if local_g.rank == 0 else None, 0)
 
-        return self._run("all_reduce", arr.nbytes, go)
+        return self._run("all_reduce", arr.nbytes, go,
+                         detail=_detail(arr, op=op, strategy="hierarchical"))
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
@@ -388,6 +404,12 @@ class ProcessGroup:
                "by_op": ops}
         out.update(self._t.stats)
         return out
+
+
+def _detail(arr, **fields) -> str:
+    """What ranks must agree on for a collective over ``arr`` (compared before data moves)."""
+    return " ".join([f"shape {arr.shape} dtype {arr.dtype}"]
+                    + [f"{k} {v!r}" if k == "strategy" else f"{k} {v}" for k, v in fields.items()])
 
 
 def _axis(axis: int, ndim: int) -> int:

@@ -24,6 +24,7 @@ returns one must copy it (``owned_copy``).
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 
@@ -85,6 +86,23 @@ def check_received(a: np.ndarray, dtype, shape, src: int, what: str) -> None:
                               "operations)", rank=src)
 
 
+_SIG_BYTES = 192  # bytes of a collective's description compared between MPI ranks
+
+
+def mismatch_error(seq: int, group: str, mine: tuple, first: tuple) -> CollectiveError:
+    """Ranks disagree on collective number ``seq``: (rank, name, detail) of the rank that
+    noticed and of the rank it is compared with."""
+    (r, name, detail), (r0, name0, detail0) = mine, first
+    if name != name0:
+        what = (f"ranks called different collectives (#{seq} of group {group}): rank {r} "
+                f"called {name}({detail}), others {name0}({detail0}) (rank {r0})")
+    else:
+        what = (f"{name}: ranks disagree (collective #{seq} of group {group}): rank {r} passed "
+                f"{detail}, others {detail0} (rank {r0})")
+    return CollectiveError(what + "; every rank must call the same collectives in the same "
+                           "order, with the same op, root, strategy, dtype and shape", rank=r)
+
+
 class _Done:
     """A send that already completed (thread transport)."""
     __slots__ = ()
@@ -117,6 +135,7 @@ class ThreadWorld:
         self._children: dict = {}
         self.error: CollectiveError | None = None
         self.exited: set[int] = set()
+        self._calls: dict = {}  # collective number -> [first (rank, name, detail), ranks seen]
 
     def transport(self, rank: int) -> "ThreadTransport":
         return ThreadTransport(self, rank)
@@ -238,6 +257,19 @@ class ThreadTransport:
             raise CollectiveError(f"rank {self.rank}: {what} within {self.world.timeout} s "
                                   f"timeout ({self.world.name})", missing=[peer], timed_out=True)
         cond.wait(remaining)
+
+    def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
+        """Check this rank's collective number ``seq`` against the first rank's without
+        waiting: the rank that differs raises (and the group then fails everywhere)."""
+        w = self.world
+        with w._lock:
+            entry = w._calls.setdefault(seq, [(self.rank, name, detail), 0])
+            entry[1] += 1
+            if entry[1] == self.size:
+                del w._calls[seq]
+        first = entry[0]
+        if first[1:] != (name, detail):
+            raise mismatch_error(seq, w.name, (self.rank, name, detail), first)
 
     # -- native collectives: the world's shared-memory barrier
     def _left(self, deadline):
@@ -477,13 +509,33 @@ class MPITransport:
         return buf
 
     def send_array(self, dst, tag, arr, deadline, owned=False):
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr, order="C")  # 0-d stays 0-d
         return [self.isend(dst, tag, encode_header(arr), deadline),
                 self.isend(dst, tag, arr, deadline)]
 
     def recv_array(self, src, tag, deadline):
         dtype, shape = decode_header(self.recv(src, tag, deadline, np.int64, (_HEADER_WORDS,)))
         return self.recv(src, tag, deadline, dtype, shape)
+
+    def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
+        """Every rank learns every rank's collective number ``seq`` (one small all-gather) and
+        all raise on a difference, before any data moves."""
+        raw = f"{name}|{detail}".encode()
+        if len(raw) > _SIG_BYTES:  # keep the start readable, and any difference visible
+            raw = raw[:_SIG_BYTES - 17] + b"#" + hashlib.sha1(raw).hexdigest()[:16].encode()
+        mine = np.zeros(_SIG_BYTES, np.uint8)
+        mine[:len(raw)] = np.frombuffer(raw, np.uint8)
+        sigs = np.empty((self.size, _SIG_BYTES), np.uint8)
+        B = self.MPI.BYTE
+        self._run(lambda: self.comm.Iallgather([mine, B], [sigs, B]), deadline,
+                  "Iallgather (collective check)")
+        differ = np.flatnonzero((sigs != sigs[0]).any(axis=1))
+        if differ.size:
+            r = int(differ[0])
+            a, b = (bytes(sigs[i]).rstrip(b"\0").decode(errors="replace").split("|", 1)
+                    for i in (0, r))
+            raise mismatch_error(seq, "world" if self.comm is self.state.comm else "subgroup",
+                                 (r, *b), (0, *a))
 
     # -- native collectives: MPI's own, nonblocking and polled
     def _mpi_type(self, dtype):

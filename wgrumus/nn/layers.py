@@ -7,7 +7,7 @@ from ..autograd.tape import no_grad
 from ..ops.creation import ones, zeros
 from ..ops.launch import run_map
 from ..runtime import get_device
-from ..tensor import Tensor, int32
+from ..tensor import Tensor, as_shape, int32
 from . import functional as F
 from . import init
 from .module import Module, Parameter
@@ -117,6 +117,8 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  seed=None):
         super().__init__()
+        in_features, out_features = as_shape((in_features, out_features),
+                                             "nn.Linear(in_features, out_features)")
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(init.kaiming_uniform_(_empty((out_features, in_features), device),
                                                       a=math.sqrt(5), seed=_sub(seed, 0)))

@@ -18,7 +18,7 @@ def empty(*shape, device=None, dtype=float32) -> Tensor:
 
 
 def full(shape, value, device=None, dtype=float32, requires_grad=False) -> Tensor:
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     t = fill_(Tensor.empty(shape, device, as_dtype(dtype)), value)
     return t.requires_grad_(True) if requires_grad else t
 

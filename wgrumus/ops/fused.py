@@ -72,7 +72,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     lead = x.shape[:-1]
     fwd, grad_expr = ACTIVATIONS[activation]
     with no_grad():
-        x2 = contiguous(reshape(_f32(x), (-1, n_in)))
+        x2 = contiguous(reshape(_f32(x), (math.prod(lead), n_in)))  # (no -1: n_in may be 0)
         b = contiguous(_f32(bias)) if bias is not None else None
         keep_u = activation not in (None, "relu")  # relu' reads the output, None reads nothing
         wt = transpose(weight, 0, 1)
@@ -81,7 +81,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
             y = map_op(fwd.format(z="a + b" if b is not None else "a"),
                        [u] + ([b] if b is not None else []))
         else:  # bias, residual and relu in the matmul's epilogue
-            r2 = (contiguous(reshape(_f32(residual), (-1, n_out)))
+            r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
                   if residual is not None else None)
             y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
     out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y

@@ -1,39 +1,77 @@
 """Seeded random numbers generated on the device (counter-based hash, see common.wgsl).
 
-With ``seed=None`` each call takes the next seed of a process-wide generator whose state
+With ``seed=None`` each call takes the next seed of a generator whose state
 (``get_rng_state`` / ``set_rng_state``) goes into training checkpoints.
+
+Which generator: the main thread uses the process's. Any other thread gets its own as soon as it
+seeds (``manual_seed`` / ``set_rng_state``), and ``distributed.spawn`` gives each rank thread
+one (a copy of the spawning thread's): ranks that run as threads then draw the same numbers as
+ranks that run as processes, whatever order their threads are scheduled in. A thread that never
+seeds shares the process's generator.
 """
 from __future__ import annotations
 
 import threading
 
-_lock = threading.Lock()
-_state = {"seed": 0, "calls": 0}
+
+class _Generator:
+    __slots__ = ("seed", "calls", "lock")
+
+    def __init__(self, seed: int = 0, calls: int = 0):
+        self.seed, self.calls, self.lock = seed, calls, threading.Lock()
+
+    def state(self) -> dict:
+        with self.lock:
+            return {"seed": self.seed, "calls": self.calls}
+
+
+_process = _Generator()
+_local = threading.local()
+
+
+def _current(own: bool = False) -> _Generator:
+    """This thread's generator; ``own``: create one for a thread other than the main thread
+    that has none yet (it is about to seed)."""
+    gen = getattr(_local, "gen", None)
+    if gen is None:
+        if not own or threading.current_thread() is threading.main_thread():
+            return _process
+        gen = _local.gen = _Generator()
+    return gen
+
+
+def use_thread_generator(state: dict | None = None) -> None:
+    """Give the calling thread its own generator, starting from ``state`` (a
+    ``get_rng_state()`` taken elsewhere, e.g. by the thread that starts this one)."""
+    st = state if state is not None else _process.state()
+    _local.gen = _Generator(int(st["seed"]), int(st["calls"]))
 
 
 def manual_seed(seed: int) -> None:
-    with _lock:
-        _state["seed"], _state["calls"] = int(seed) & 0xFFFFFFFF, 0
+    gen = _current(own=True)
+    with gen.lock:
+        gen.seed, gen.calls = int(seed) & 0xFFFFFFFF, 0
 
 
 def get_rng_state() -> dict:
-    with _lock:
-        return dict(_state)
+    return _current().state()
 
 
 def set_rng_state(state: dict) -> None:
-    with _lock:
-        _state["seed"], _state["calls"] = int(state["seed"]), int(state["calls"])
+    gen = _current(own=True)
+    with gen.lock:
+        gen.seed, gen.calls = int(state["seed"]), int(state["calls"])
 
 
 def next_seed(seed=None) -> int:
-    """The explicit seed, or the next one from the global generator."""
+    """The explicit seed, or the next one from this thread's generator."""
     if seed is not None:
         return int(seed) & 0xFFFFFFFF
-    with _lock:
-        k = _state["calls"]
-        _state["calls"] += 1
-        x = (_state["seed"] * 0x9E3779B1 + k * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
+    gen = _current()
+    with gen.lock:
+        k = gen.calls
+        gen.calls += 1
+        x = (gen.seed * 0x9E3779B1 + k * 0x85EBCA77 + 0x165667B1) & 0xFFFFFFFF
     x ^= x >> 15
     x = (x * 0x2C1B3C6D) & 0xFFFFFFFF
     return x ^ (x >> 12)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..autograd.tape import record
 from ..runtime.errors import ShapeError, WgrumusError
-from ..tensor import Tensor, check_same_device, contiguous_strides
+from ..tensor import Tensor, as_shape, check_same_device, contiguous_strides
 from .elementwise import contiguous, copy_into, fill_
 from .launch import expand_strides
 
@@ -21,7 +21,7 @@ def _norm_axis(axis: int, nd: int, what="axis") -> int:
 
 
 def _infer(shape, n) -> tuple:
-    shape = list(shape)
+    shape = list(as_shape(shape, "reshape", wildcard=True))
     neg = [i for i, s in enumerate(shape) if s == -1]
     if len(neg) > 1:
         raise ShapeError(f"reshape: only one -1 allowed, got {tuple(shape)}")
@@ -72,6 +72,7 @@ def transpose(x: Tensor, a: int = -2, b: int = -1) -> Tensor:
 def expand(x: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    shape = as_shape(shape, "expand", wildcard=True)
     pad = len(shape) - x.ndim
     if pad < 0 or any(s == -1 for s in shape[:pad]):
         raise ShapeError(f"cannot expand shape {x.shape} to {tuple(shape)} (-1 only keeps an "

@@ -22,6 +22,7 @@ import wgpu
 from .asserts import FLAG_BYTES, DeviceAsserts, raise_if_set
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
+from .memory import MemoryGuard
 from .native import submit
 from .pool import BufferPool
 
@@ -46,6 +47,16 @@ _OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
 # register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
 TRUSTED_FAMILIES = frozenset({"matmul"})
+# Lavapipe (Mesa 22.x) "inlines" uniform values that steer loops and branches: when the first
+# dispatch of a pipeline shows that inlining halves the shader, it compiles a specialised copy at
+# every later dispatch (the uniform binding moved) and never frees it: +512 KB per matmul
+# dispatch at M = 128, +1.1 MB per training step of a small MLP (issue 15, item 9). It inlines
+# uniform buffers only, so on CPU adapters these families read their parameters from a
+# read-only storage buffer (the same speed for matmul; the other families stay on uniforms,
+# which llvmpipe reads faster: a CNN step took 1.37x longer with every family on storage).
+PARAMS_IN_STORAGE = frozenset({"matmul"})
+_PARAMS_UNIFORM = "var<uniform> PRM"
+_PARAMS_STORAGE = "var<storage, read> PRM"
 
 
 class Device:
@@ -58,6 +69,7 @@ class Device:
         if logical:
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
+        cpu = str(info.get("adapter_type", "")).lower() == "cpu"  # memory is host memory
         feats = [f for f in _OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
@@ -67,11 +79,14 @@ class Device:
         self.limits = dict(self.wgpu.limits)
         self.max_binding = min(self.limits["max-storage-buffer-binding-size"],
                                self.limits["max-buffer-size"])
-        self.pool = BufferPool(self.wgpu)
+        self.memory = MemoryGuard(self.name, cpu, self.synchronize)
+        self.pool = BufferPool(self.wgpu, guard=self.memory)
         self.lock = threading.RLock()
         self._pipelines: dict = {}
+        self.params_in_storage = PARAMS_IN_STORAGE if cpu else frozenset()
         self._arena = self.wgpu.create_buffer(
-            size=SLOT * ARENA_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+            size=SLOT * ARENA_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+            | (wgpu.BufferUsage.STORAGE if cpu else 0))
         self._params = np.zeros((ARENA_SLOTS, SLOT // 4), dtype=np.uint32)
         self._params_bytes = memoryview(self._params).cast("B")
         self._bind_groups: dict = {}
@@ -103,6 +118,9 @@ class Device:
         p = self._pipelines.get(key)
         if p is None:
             src = kernel.source()
+            storage = kernel.family in self.params_in_storage
+            if storage:
+                src = src.replace(_PARAMS_UNIFORM, _PARAMS_STORAGE)
             try:
                 module = None
                 if kernel.family in TRUSTED_FAMILIES:
@@ -110,7 +128,7 @@ class Device:
                 if module is None:
                     module = self.wgpu.create_shader_module(code=src, label=kernel.family)
                 compute = {"module": module, "entry_point": kernel.entry}
-                p = self._explicit_pipeline(src, nbuf, compute)
+                p = self._explicit_pipeline(src, nbuf, compute, storage)
                 if p is None:
                     pipe = self.wgpu.create_compute_pipeline(layout=wgpu.AutoLayoutMode.auto,
                                                              compute=compute)
@@ -121,16 +139,18 @@ class Device:
             self._pipelines[key] = p
         return p
 
-    def _explicit_pipeline(self, src: str, nbuf, compute):
+    def _explicit_pipeline(self, src: str, nbuf, compute, storage_params: bool = False):
         if nbuf is None:
             return None
         decl = {int(b): (space, access) for b, space, access in _BINDING.findall(src)}
-        if decl.get(0, ("",))[0] != "uniform" or any(
+        params = ("storage", "read") if storage_params else ("uniform", "")
+        if decl.get(0) != params or any(
                 decl.get(i, ("",))[0] != "storage" for i in range(1, nbuf + 1)):
             return None
         stage = wgpu.ShaderStage.COMPUTE
         entries = [{"binding": 0, "visibility": stage,
-                    "buffer": {"type": wgpu.BufferBindingType.uniform,
+                    "buffer": {"type": wgpu.BufferBindingType.read_only_storage
+                               if storage_params else wgpu.BufferBindingType.uniform,
                                "has_dynamic_offset": True}}]
         for i in range(1, nbuf + 1):
             rw = decl[i][1] == "read_write"
@@ -331,9 +351,8 @@ class Device:
             if item is not None:
                 self._staging_bytes[1] -= size
         if item is None:
-            return self.wgpu.create_buffer(size=size, mapped_at_creation=True,
-                                           usage=wgpu.BufferUsage.MAP_WRITE
-                                           | wgpu.BufferUsage.COPY_SRC)
+            return self.memory.create(self.wgpu, size, mapped_at_creation=True,
+                                      usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
         st, promise = item
         promise.sync_wait()
         return st
@@ -351,8 +370,8 @@ class Device:
             if free:
                 self._staging_bytes[0] -= size
                 return free.pop()
-        return self.wgpu.create_buffer(
-            size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        return self.memory.create(self.wgpu, size,
+                                  usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def read_start(self, buf, offset: int, nbytes: int) -> "Download":
         """Device -> host, asynchronous: records the copy, submits, and starts mapping.

@@ -23,3 +23,8 @@ class AdapterLimitError(WgrumusError, ValueError):
 
 class KernelError(WgrumusError):
     """A WGSL kernel failed to compile or launch (a bug in wgrumus, never in user code)."""
+
+
+class OutOfMemoryError(WgrumusError, MemoryError):
+    """An allocation does not fit in what the device (or, for CPU adapters, the host) has free.
+    Also a MemoryError, so callers catching MemoryError keep working."""

@@ -8,6 +8,8 @@ import threading
 
 import wgpu
 
+from .memory import MemoryGuard
+
 STORAGE_USAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
 
 
@@ -40,8 +42,9 @@ class BufferPool:
     released buffer (wgpu-native then aborts the process in create_bind_group).
     """
 
-    def __init__(self, wgpu_device, max_cached_bytes: int = 1 << 30):
+    def __init__(self, wgpu_device, max_cached_bytes: int = 1 << 30, guard=None):
         self._dev = wgpu_device
+        self.guard = guard or MemoryGuard("device", False)
         lim = wgpu_device.limits
         self.max_size = min(lim["max-storage-buffer-binding-size"], lim["max-buffer-size"])
         self._free: dict[int, list] = collections.defaultdict(list)  # heaps of (age, buffer)
@@ -62,7 +65,9 @@ class BufferPool:
             if item is not None:
                 self.cached_bytes -= size
         if item is None:
-            item = (next(self._ages), self._dev.create_buffer(size=size, usage=STORAGE_USAGE))
+            buf = self.guard.create(self._dev, size, self.live_bytes + self.cached_bytes,
+                                    self.trim, usage=STORAGE_USAGE)
+            item = (next(self._ages), buf)
             with self._lock:
                 self.allocated += 1
         with self._lock:
@@ -83,10 +88,12 @@ class BufferPool:
             self.cached_bytes += size
             heapq.heappush(self._free[size], item)
 
-    def trim(self) -> None:
+    def trim(self) -> int:
+        """Drop every cached buffer (wgpu frees them); returns the bytes dropped."""
         with self._lock:
             self._free.clear()
-            self.cached_bytes = 0
+            dropped, self.cached_bytes = self.cached_bytes, 0
+        return dropped
 
     def reset_peak(self) -> None:
         """Start a new high-water mark from the bytes live now (memory benchmarks)."""
