@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..ops.attention import flash_attention
 from ..ops.fused import causal_self_attention
 from ..ops.launch import run_map
 from ..ops.nnops import softmax as softmax_op
@@ -24,8 +25,20 @@ def causal_mask(T: int, device) -> Tensor:
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
                                  training: bool = False, is_causal: bool = False):
-    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without an explicit mask the
-    scaling and the causal mask are fused into the softmax kernel (and its backward)."""
+    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without a mask or active
+    dropout this is the fused attention kernel (O(T) memory, ops/attention.py); otherwise the
+    unfused composition."""
+    if (mask is None and (dropout_p == 0.0 or not training)
+            and (not is_causal or q.shape[-2] == k.shape[-2])):
+        return flash_attention(q, k, v, causal=is_causal)
+    return unfused_attention(q, k, v, mask, dropout_p, training, is_causal)
+
+
+def unfused_attention(q, k, v, mask=None, dropout_p: float = 0.0, training: bool = False,
+                      is_causal: bool = False):
+    """scaled_dot_product_attention through a [..., Tq, Tk] score matrix: explicit masks and
+    dropout on the attention weights need it (and it is the reference the fused kernel is
+    tested against). The scaling and the causal mask are fused into the softmax kernel."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     att = q @ k.transpose(-1, -2)
     if mask is not None:

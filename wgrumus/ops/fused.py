@@ -19,9 +19,9 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
-from .elementwise import _f32, contiguous, map_op, run_map, saved_output
+from .attention import attention_backward, attention_forward
+from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
 from .matmul import linear_2d, matmul
-from .nnops import softmax, softmax_backward
 from .shape import permute, reshape, transpose
 
 # activation: (forward expression of z, dz expression of g and z)
@@ -146,10 +146,13 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     return dz, db
 
 
-def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tensor:
+def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
+                          compute_dtype=None) -> Tensor:
     """softmax(q k^T / sqrt(d), causal) v for a packed projection qkv [B, T, 3E] (q, k, v
     side by side, heads of d = E / n_head consecutive features, like PyTorch's
-    MultiheadAttention); returns [B, T, E] with the heads merged back."""
+    MultiheadAttention); returns [B, T, E] with the heads merged back. The fused attention
+    kernel (ops/attention.py) needs no [T, T] scores; ``compute_dtype`` float16 runs it on
+    f16 copies of q, k, v (autocast)."""
     if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
                          f"{n_head} heads, got {qkv.shape}")
@@ -157,29 +160,24 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tens
     E = E3 // 3
     H, d = n_head, E // n_head
     scale = 1.0 / math.sqrt(d)
-    tq = T if causal else 0
     dev = qkv.device
     with no_grad():
-        src = contiguous(_f32(qkv))
+        src = contiguous(cast(qkv, compute_dtype or float32))
         # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
         heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
         n = B * H * T * d
-        q, k, v = (Tensor(heads._storage, (B, H, T, d), None, heads.offset + i * n)
-                   for i in range(3))
-        p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
-        o = matmul(p, v)  # [B, H, T, d]
-        y = contiguous(permute(o, (0, 2, 1, 3)))
+        q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
+                          heads.dtype) for i in range(3))
+        o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
+        y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
         y = Tensor(y._storage, (B, T, E), None, y.offset)
     if not needs_grad(qkv):
         return y
 
     def bw(g):
         go = contiguous(permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3)))
-        dp = matmul(go, transpose(v, -1, -2))
-        ds = softmax_backward(p, dp, False, scale, tq)
-        dq = matmul(ds, k)
-        dk = matmul(transpose(ds, -1, -2), q)
-        dv = matmul(transpose(p, -1, -2), go)
+        go = Tensor(go._storage, (B * H, T, d), None, go.offset)
+        dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
@@ -188,5 +186,5 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tens
                 dqkv, views, [E])
         return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
-           saved=[heads, p])
+           saved=[heads, o, lse])
     return y
