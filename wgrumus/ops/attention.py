@@ -17,6 +17,7 @@ from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, copy_into, fill_
 from .matmul import _is_cpu
 from .nnops import row_mode
+from .precision import autocast_dtype
 from .shape import reshape
 
 WG = 64  # rows (queries, or keys in bwd_kv) per workgroup, one per invocation
@@ -140,14 +141,15 @@ def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "at
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                     scale: float | None = None, compute_dtype=None) -> Tensor:
     """softmax(scale * q k^T, causal) v for q [..., Tq, d], k and v [..., Tk, d]; float32
-    output. ``scale`` defaults to 1/sqrt(d). ``compute_dtype`` float16 casts the inputs to f16
-    for the kernel (autocast; accumulation stays f32); gradients are float32."""
+    output. ``scale`` defaults to 1/sqrt(d). ``compute_dtype`` float16 (default under
+    autocast) casts the inputs to f16 for the kernel (accumulation stays f32); gradients are
+    float32."""
     check_attention(q, k, v, causal, "flash_attention")
     lead, Tq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     Tk = k.shape[-2]
     BH = math.prod(lead)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    dt = compute_dtype or q.dtype
+    dt = compute_dtype or (autocast_dtype() if q.dtype == float32 else None) or q.dtype
     with no_grad():
         qc, kc, vc = (contiguous(reshape(cast(t, dt), (BH, t.shape[-2], d))) for t in (q, k, v))
         o, lse = attention_forward(qc, kc, vc, scale, causal)

@@ -22,6 +22,7 @@ from ..tensor import Tensor, check_same_device, float32
 from .attention import attention_backward, attention_forward
 from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
 from .matmul import linear_2d, matmul
+from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
 
 # activation: (forward expression of z, dz expression of g and z)
@@ -73,15 +74,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     with no_grad():
         x2 = contiguous(reshape(_f32(x), (-1, n_in)))
         b = contiguous(_f32(bias)) if bias is not None else None
-        keep_u = activation not in (None, "relu")  # relu' reads the output, None reads nothing
+        # the backward needs u = x @ W.T itself (relu' reads the output, None reads nothing);
+        # under autocast the f16 matmul's f32 result gets the epilogue in a map kernel
+        keep_u = activation not in (None, "relu") or autocast_dtype() is not None
         wt = transpose(weight, 0, 1)
-        if keep_u:  # the backward needs u = x @ W.T itself
+        r2 = contiguous(reshape(_f32(residual), (-1, n_out))) if residual is not None else None
+        if keep_u:
             u = matmul(x2, wt)  # [N, out], contiguous
-            y = map_op(fwd.format(z="a + b" if b is not None else "a"),
-                       [u] + ([b] if b is not None else []))
+            ins = [u] + [t for t in (b, r2) if t is not None]
+            y = map_op(fwd.format(z=" + ".join("abc"[:len(ins)])), ins)
         else:  # bias, residual and relu in the matmul's epilogue
-            r2 = (contiguous(reshape(_f32(residual), (-1, n_out)))
-                  if residual is not None else None)
             y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
     out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y
     if not needs_grad(x, weight, bias, residual):
@@ -108,7 +110,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
             return dx, dw, db
         return dx, dw, db, (g if residual.requires_grad else None)
     record("linear" + (f"_{activation}" if activation else ""), out,
-           [x, weight, bias] + ([residual] if residual is not None else []), bw,
+           [x, weight, bias] + ([residual] if residual is not None else []),
+           in_forward_precision(bw),
            saved=[x2, weight, z_saved] + ([b] if b is not None else []))
     return out
 
@@ -151,8 +154,8 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     """softmax(q k^T / sqrt(d), causal) v for a packed projection qkv [B, T, 3E] (q, k, v
     side by side, heads of d = E / n_head consecutive features, like PyTorch's
     MultiheadAttention); returns [B, T, E] with the heads merged back. The fused attention
-    kernel (ops/attention.py) needs no [T, T] scores; ``compute_dtype`` float16 runs it on
-    f16 copies of q, k, v (autocast)."""
+    kernel (ops/attention.py) needs no [T, T] scores; ``compute_dtype`` float16 (default
+    under autocast) runs it on f16 copies of q, k, v."""
     if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
                          f"{n_head} heads, got {qkv.shape}")
@@ -162,7 +165,7 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
     with no_grad():
-        src = contiguous(cast(qkv, compute_dtype or float32))
+        src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32))
         # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
         heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
         n = B * H * T * d
