@@ -139,6 +139,20 @@ fn key_end(i0: u32) -> u32 {
     return pu(2u);
 }
 
+// This row's keys: up to the tile's (uniform) end, or up to its own position when causal.
+fn my_key_end(r: Rows, kend: u32) -> u32 {
+    return select(min(kend, r.i + 1u), kend, pu(9u) == 0u);
+}
+
+// Key tile t into workgroup memory when TILED (call in uniform control flow).
+fn kv_tile(r: Rows, kb: u32, vb: u32, t: u32, Tk: u32, lid: u32) {
+    if (TILED) {
+        workgroupBarrier();
+        if (r.bh < pu(0u)) { stage_kv(kb, vb, t, Tk, lid); }
+        workgroupBarrier();
+    }
+}
+
 @compute @workgroup_size({{WG}})
 fn fwd(ids: Launch) {
     let Tq = pu(1u);
@@ -158,13 +172,9 @@ fn fwd(ids: Launch) {
     var m = LOWEST_F32;
     var l = 0.0;
     let kend = key_end(r.i0);
-    let mine = select(min(kend, r.i + 1u), kend, pu(9u) == 0u);
+    let mine = my_key_end(r, kend);
     for (var t = 0u; t < kend; t += BK) {
-        if (TILED) {
-            workgroupBarrier();
-            if (r.bh < pu(0u)) { stage_kv(kb, vb, t, Tk, ids.lid); }
-            workgroupBarrier();
-        }
+        kv_tile(r, kb, vb, t, Tk, ids.lid);
         for (var jj = 0u; jj < BK; jj++) {
             let j = t + jj;
             if (r.ok && j < mine) {
@@ -207,13 +217,9 @@ fn bwd_q(ids: Launch) {
     }
     let lse = LS[pu(13u) + select(0u, row, r.ok)];
     let kend = key_end(r.i0);
-    let mine = select(min(kend, r.i + 1u), kend, pu(9u) == 0u);
+    let mine = my_key_end(r, kend);
     for (var t = 0u; t < kend; t += BK) {
-        if (TILED) {
-            workgroupBarrier();
-            if (r.bh < pu(0u)) { stage_kv(kb, vb, t, Tk, ids.lid); }
-            workgroupBarrier();
-        }
+        kv_tile(r, kb, vb, t, Tk, ids.lid);
         for (var jj = 0u; jj < BK; jj++) {
             let j = t + jj;
             if (r.ok && j < mine) {

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
-from wgrumus.nn.attention import unfused_attention
-from wgrumus.ops.attention import CPU_MAX_ROWS, flash_attention
+from wgrumus.nn.attention import scaled_dot_product_attention, unfused_attention
+from wgrumus.ops.attention import CPU_MAX_ROWS, flash_attention, fused_fits
 from wgrumus.ops.matmul import _is_cpu
 from wgrumus.runtime.errors import AdapterLimitError, ShapeError
 
@@ -187,3 +187,19 @@ def test_bad_input_errors(rng):
         flash_attention(t(1, 4, 8), t(1, 0, 8), t(1, 0, 8))
     with pytest.raises(ShapeError, match="outside 1..128"):
         flash_attention(t(1, 2, 130), t(1, 2, 130), t(1, 2, 130))
+
+
+def test_attention_layers_past_the_fused_limits(dev, rng):
+    """Where the fused kernel does not take the shapes (head size 96 on a CPU adapter),
+    MultiheadAttention and scaled_dot_product_attention use the unfused composition."""
+    if fused_fits(dev, 96, 8, 8):
+        pytest.skip("the fused kernel takes head size 96 on this adapter")
+    x = rng.standard_normal((2, 8, 96)).astype(np.float32)
+    mha = wr.nn.MultiheadAttention(96, 1, causal=True, seed=0)
+    w = mha.in_proj_weight.numpy()
+    q, k, v = (x @ w[i * 96:(i + 1) * 96].T for i in range(3))
+    want = ref(q.astype(np.float64), k, v, True) @ mha.out_proj.weight.numpy().T
+    np.testing.assert_allclose(mha(wr.tensor(x)).numpy(), want, rtol=1e-4, atol=1e-4)
+    t = wr.tensor(q[:, None])
+    np.testing.assert_allclose(scaled_dot_product_attention(t, t, t).numpy()[:, 0],
+                               ref(q.astype(np.float64), q, q, False), rtol=1e-4, atol=1e-4)

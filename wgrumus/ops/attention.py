@@ -103,6 +103,14 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
+def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
+    """Whether the fused kernel takes this head size and these lengths on ``dev`` (callers
+    with another way, the unfused composition, pick it when not)."""
+    if _is_cpu(dev):
+        return d <= CPU_MAX_HEAD_DIM and max(Tq, Tk) <= CPU_MAX_ROWS
+    return d <= MAX_HEAD_DIM
+
+
 def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "attention"):
     """Shape, dtype and device rules of the fused kernel."""
     for t in (q, k, v):
@@ -118,8 +126,7 @@ def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "at
     if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
         raise ShapeError(f"{op}: head size {q.shape[-1]} is outside 1..{MAX_HEAD_DIM}; split "
                          f"the heads further")
-    if _is_cpu(q.device) and (q.shape[-1] > CPU_MAX_HEAD_DIM
-                              or max(q.shape[-2], k.shape[-2]) > CPU_MAX_ROWS):
+    if not fused_fits(q.device, q.shape[-1], q.shape[-2], k.shape[-2]):
         raise AdapterLimitError(
             f"{op}: on a CPU adapter ({q.device.name}) the fused kernel takes head sizes <= "
             f"{CPU_MAX_HEAD_DIM} and sequences <= {CPU_MAX_ROWS:,} (llvmpipe cuts shader loops "
