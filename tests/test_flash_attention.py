@@ -203,3 +203,20 @@ def test_attention_layers_past_the_fused_limits(dev, rng):
     t = wr.tensor(q[:, None])
     np.testing.assert_allclose(scaled_dot_product_attention(t, t, t).numpy()[:, 0],
                                ref(q.astype(np.float64), q, q, False), rtol=1e-4, atol=1e-4)
+
+
+def test_memory_grows_with_t_not_t_squared(dev):
+    """Device bytes held from forward to backward (the outputs and what backward saves): the
+    fused op keeps O(T) (q, k, v, output, logsumexp), the unfused one the [T, T] weights."""
+    T, d = 1024, 16
+    held = {}
+    for name, fn in (("fused", flash_attention), ("unfused", unfused_attention)):
+        ts = [wr.randn((1, 1, T, d), seed=s).requires_grad_(True) for s in range(3)]
+        dev.synchronize()
+        before = dev.pool.live_bytes
+        out = fn(*ts, is_causal=True) if name == "unfused" else fn(*ts, causal=True)
+        held[name] = dev.pool.live_bytes - before
+        out.sum().backward()
+        del out
+    assert held["fused"] * 8 <= held["unfused"], held
+    assert held["fused"] < 16 * T * d * 4, held  # a few [T, d] blocks, no [T, T] one
