@@ -108,9 +108,8 @@ def test_backward_keeps_the_forward_precision(rng):
 def test_without_shader_f16_a_clear_error(dev, monkeypatch):
     """Simulated through the device's feature set: autocast and the f16 casts refuse."""
     monkeypatch.setattr(dev, "features", dev.features - {"shader-f16"})
-    with pytest.raises(AdapterLimitError, match="shader-f16"):
-        with wr.autocast(device=dev):
-            pass
+    with pytest.raises(AdapterLimitError, match="shader-f16"), wr.autocast(device=dev):
+        pass
     with pytest.raises(AdapterLimitError, match="shader-f16"):
         wr.tensor(np.ones(3, np.float32), device=dev).half()
     with pytest.raises(ValueError, match="float16 only"):
@@ -218,7 +217,8 @@ def test_autocast_training_tracks_f32():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model,extra", [("mlp", []), ("gpt", ["--n-layer", "1", "--batch-size", "8", "--block-size", "16"])])
+@pytest.mark.parametrize("model,extra", [
+    ("mlp", []), ("gpt", ["--n-layer", "1", "--batch-size", "8", "--block-size", "16"])])
 def test_cli_precision_f16_close_to_f32(model, extra, capsys):
     from wgrumus.cli import main
     losses = {}

@@ -5,14 +5,13 @@ sizes where things break (a T x T score matrix over the binding limit, > 65,535 
 invocation's loop, > 65,535 workgroups)."""
 import numpy as np
 import pytest
+from gradcheck import check_grad
 
 import wgrumus as wr
 from wgrumus.nn.attention import scaled_dot_product_attention, unfused_attention
 from wgrumus.ops.attention import CPU_MAX_ROWS, flash_attention, fused_fits
 from wgrumus.ops.matmul import _is_cpu
 from wgrumus.runtime.errors import AdapterLimitError, ShapeError
-
-from gradcheck import check_grad
 
 
 def ref(q, k, v, causal, scale=None):
@@ -176,7 +175,7 @@ def test_more_than_65535_workgroups():
 
 
 def test_bad_input_errors(rng):
-    t = lambda *s: wr.tensor(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    t = lambda *s: wr.tensor(rng.standard_normal(s).astype(np.float32))
     with pytest.raises(ShapeError, match="causal attention needs as many queries as keys"):
         flash_attention(t(1, 4, 8), t(1, 5, 8), t(1, 5, 8), causal=True)
     with pytest.raises(ShapeError, match="head size"):

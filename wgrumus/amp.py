@@ -22,14 +22,14 @@ from .runtime import get_device
 from .runtime.errors import AdapterLimitError, WgrumusError
 from .tensor import Tensor, float16
 
-__all__ = ["autocast", "GradScaler"]
+__all__ = ["GradScaler", "autocast"]
 
 # 1.0 where a is inf or NaN (all exponent bits set; exact, whatever the compiler assumes
 # about NaN in comparisons), else 0.0
 _NONFINITE = "select(0.0, 1.0, (bitcast<u32>(a) & 0x7f800000u) == 0x7f800000u)"
 
 
-class autocast:  # noqa: N801  (PyTorch's name)
+class autocast:
     """``with wr.autocast(dtype=wr.float16):`` runs matmul / linear / conv / attention in f16
     inside the block (this thread). Also a decorator. ``device`` (default: the default
     device) is checked for ``shader-f16`` on entry."""

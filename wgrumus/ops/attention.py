@@ -34,7 +34,7 @@ def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
     on GPUs; on CPU adapters (row_mode 'thread') one row per invocation, no barriers."""
     t = "f16" if dtype == float16 else "f32"
     d4 = d // 4
-    common = dict(T=t, F16=int(t == "f16"), WG=WG, D=d)
+    common = {"T": t, "F16": int(t == "f16"), "WG": WG, "D": d}
     if row_mode(dev) == "thread":
         return Kernel.of("flash_attention", entry, BK=32, TILED="false", SMEM=1, SROW=1,
                          **common)
@@ -49,7 +49,7 @@ def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=No
     Tk = k.shape[1]
     tiles = -(-rows // WG)
     dev = q.device
-    off = lambda t: t.offset if t is not None else 0  # noqa: E731
+    off = lambda t: t.offset if t is not None else 0
     bufs = [q._storage.buffer, k._storage.buffer, v._storage.buffer, w1._storage.buffer,
             w2._storage.buffer]
     bufs += [t._storage.buffer for t in (o, do, lse, dsum) if t is not None]
@@ -153,7 +153,6 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     float32."""
     check_attention(q, k, v, causal, "flash_attention")
     lead, Tq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
-    Tk = k.shape[-2]
     BH = math.prod(lead)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     dt = compute_dtype or (autocast_dtype() if q.dtype == float32 else None) or q.dtype
