@@ -236,3 +236,18 @@ def test_cli_precision_f16_errors(dev, monkeypatch, capsys):
     monkeypatch.setattr(dev, "features", dev.features - {"shader-f16"})
     assert main(["train", "mlp", "--precision", "f16", "--steps", "1"]) == 2
     assert "shader-f16" in capsys.readouterr().err
+
+
+def test_unscale_many_gradients_in_chunks(rng):
+    """More gradients than one dispatch takes, odd sizes, views: every one is unscaled, and
+    an inf in the last one is found."""
+    from wgrumus.amp import unscale_check
+    arrs = [rng.standard_normal(n).astype(np.float32) for n in range(1, 46)]
+    gs = [wr.tensor(a) for a in arrs]
+    gs[3] = wr.tensor(rng.standard_normal((4, 6)).astype(np.float32)).T  # a strided view
+    us, flag = unscale_check(gs, 0.25)
+    for g, u in zip(gs, us):
+        np.testing.assert_array_equal(u.numpy(), g.numpy() * 0.25)
+    assert flag.item() == 0
+    gs[-1] = wr.tensor(np.array([1.0, -np.inf], np.float32))
+    assert unscale_check(gs, 0.25)[1].item() != 0

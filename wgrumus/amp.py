@@ -14,19 +14,54 @@ import functools
 import numpy as np
 
 from .autograd import no_grad
-from .ops.elementwise import map_op
+from .ops.elementwise import contiguous, fill_
 from .ops.precision import autocast_as
-from .ops.reduce import max as _max
-from .ops.shape import reshape, stack
 from .runtime import get_device
 from .runtime.errors import AdapterLimitError, WgrumusError
-from .tensor import Tensor, float16
+from .runtime.kernels import Kernel
+from .tensor import Tensor, float16, float32, int32
 
 __all__ = ["GradScaler", "autocast"]
 
-# 1.0 where a is inf or NaN (all exponent bits set; exact, whatever the compiler assumes
-# about NaN in comparisons), else 0.0
-_NONFINITE = "select(0.0, 1.0, (bitcast<u32>(a) & 0x7f800000u) == 0x7f800000u)"
+
+
+@functools.cache
+def _unscale_kernel(k: int) -> Kernel:
+    """shaders/unscale.wgsl for k gradients: their bindings and one branch each."""
+    decls, body = [], []
+    for j in range(k):
+        decls += [f"@group(0) @binding({2 + 2 * j}) var<storage, read> G{j}: array<f32>;",
+                  f"@group(0) @binding({3 + 2 * j}) var<storage, read_write> U{j}: array<f32>;"]
+        w = 4 + 3 * j
+        start = "0u" if j == 0 else f"pu({w - 3}u)"
+        body += [f"    if (i < pu({w}u)) {{",
+                 f"        let e = i - {start};",
+                 f"        U{j}[pu({w + 2}u) + e] = unscale_(G{j}[pu({w + 1}u) + e]);",
+                 "        return;",
+                 "    }"]
+    return Kernel.of("unscale", DECLS="\n".join(decls), BODY="\n".join(body))
+
+
+def unscale_check(grads: list, inv_scale: float) -> tuple:
+    """(grads * inv_scale as new tensors, 1-element int32 device flag: nonzero if any held an
+    inf or NaN), in ceil(n / K) dispatches; one device each (the grads' device)."""
+    dev = grads[0].device
+    lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
+    k = max(1, min(20, (lim - 1) // 2))  # 20: the parameter words of one dispatch
+    flag = fill_(Tensor.empty((1,), dev, int32), 0)
+    out = []
+    for c in range(0, len(grads), k):
+        chunk = [contiguous(g) for g in grads[c:c + k]]
+        us = [Tensor.empty(g.shape, dev, float32) for g in chunk]
+        words, bufs, end = [float(inv_scale), flag.offset, 0, 0], [flag._storage.buffer], 0
+        for g, u in zip(chunk, us):
+            end += g.numel
+            words += [end, g.offset, u.offset]
+            bufs += [g._storage.buffer, u._storage.buffer]
+        if end:
+            dev.dispatch_1d(_unscale_kernel(len(chunk)), bufs, words, end)
+        out += us
+    return out, flag
 
 
 class autocast:
@@ -70,7 +105,8 @@ class GradScaler:
     skipped step and doubles it after ``growth_interval`` clean steps in a row.
 
     Gradients are ``p.grad``, or those of a GradientStore passed as ``grads`` (as to
-    ``optimizer.step(grads)``). The inf/NaN check reads one number back per step."""
+    ``optimizer.step(grads)``). Unscaling and the inf/NaN check are one multi-tensor kernel
+    (shaders/unscale.wgsl); the check reads one number back per step."""
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
@@ -110,24 +146,22 @@ class GradScaler:
         if id(optimizer) in self._found_inf:
             raise WgrumusError("GradScaler.unscale_ was already called for this optimizer since "
                                "the last update(); call it once per step, before step()")
-        inv = 1.0 / self._scale
         pairs = [(p, p.grad if grads is None else grads.get(p))
                  for g in optimizer.param_groups for p in g["params"]]
-        peaks = []  # per gradient: 1.0 if it holds an inf or NaN
+        pairs = [(p, g) for p, g in pairs if g is not None]
+        flags = []
         with no_grad():
-            for p, g in pairs:
-                if g is None:
-                    continue
-                u = map_op("a * pf(48u)", [g], scalars=[inv])
-                peaks.append(reshape(_max(map_op(_NONFINITE, [u])), (1,)))
-                if grads is None:
-                    p.grad = u
-                else:
-                    grads.remove(p)
-                    grads.accumulate(p, u)
-            bad = (_max(stack(peaks, 0)).item() if len(peaks) > 1
-                   else peaks[0].item() if peaks else 0.0)
-        self._found_inf[id(optimizer)] = bad > 0.0
+            for dev in {id(g.device): g.device for _, g in pairs}.values():
+                mine = [(p, g) for p, g in pairs if g.device is dev]
+                us, flag = unscale_check([g for _, g in mine], 1.0 / self._scale)
+                flags.append(flag)
+                for (p, _), u in zip(mine, us):
+                    if grads is None:
+                        p.grad = u
+                    else:
+                        grads.remove(p)
+                        grads.accumulate(p, u)
+        self._found_inf[id(optimizer)] = any(f.item() for f in flags)
 
     def step(self, optimizer, grads=None):
         """``optimizer.step(grads)`` unless a gradient is inf/NaN (then the step is skipped

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 from ..tensor import Tensor, float32
 
@@ -31,13 +32,31 @@ def autocast_as(dtype):
         _local.dtype = prev
 
 
+# f16 copies of whole storages, by storage version: every view of a weight (W, W.T) shares
+# one copy per optimizer step, forward and backward, and so does every view of an activation or
+# gradient feeding several matmuls. Weak keys: a copy goes when its source does; an in-place
+# write (a new version) makes it stale.
+_copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_copies_lock = threading.Lock()
+
+
 def low(x: Tensor) -> Tensor:
     """``x`` in the autocast dtype when autocast is on and ``x`` is float32, else ``x``."""
     dt = autocast_dtype()
     if dt is None or x.dtype != float32:
         return x
     from .elementwise import cast
-    return cast(x, dt)
+    st = x._storage
+    n = st.nbytes // 4
+    if 2 * x.numel < n:  # a small view of a large buffer: cast just the view
+        return cast(x, dt)
+    with _copies_lock:
+        hit = _copies.get(st)
+    if hit is None or hit[0] != st.version or hit[1].dtype != dt:
+        hit = (st.version, cast(Tensor(st, (n,)), dt))
+        with _copies_lock:
+            _copies[st] = hit
+    return Tensor(hit[1]._storage, x.shape, x.strides, x.offset, dt)
 
 
 def in_forward_precision(backward):
