@@ -251,3 +251,25 @@ def test_unscale_many_gradients_in_chunks(rng):
     assert flag.item() == 0
     gs[-1] = wr.tensor(np.array([1.0, -np.inf], np.float32))
     assert unscale_check(gs, 0.25)[1].item() != 0
+
+
+def test_f16_copies_follow_weight_updates(dev, rng):
+    """The f16 copy of a weight is shared inside a step and renewed after an optimizer step,
+    and after a write that bypasses the storage version (as FSDP's re-gather does) once the
+    next autocast block starts."""
+    x = wr.tensor(rng.standard_normal((4, 8)).astype(np.float32))
+    lin = wr.nn.Linear(8, 8, bias=False, seed=0)
+    opt = wr.optim.SGD(lin.parameters(), lr=0.5)
+
+    def check():
+        with wr.autocast():
+            y = lin(x)
+        want = f16(f16(x.numpy()) @ f16(lin.weight.numpy()).T)
+        np.testing.assert_allclose(y.numpy(), want, rtol=2e-3, atol=2e-3)
+        return y
+    check().sum().backward()
+    opt.step()
+    check()
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    dev.write(lin.weight._storage.buffer, w)  # no version bump
+    check()

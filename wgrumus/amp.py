@@ -15,7 +15,7 @@ import numpy as np
 
 from .autograd import no_grad
 from .ops.elementwise import contiguous, fill_
-from .ops.precision import autocast_as
+from .ops.precision import autocast_as, autocast_dtype, forget_copies
 from .runtime import get_device
 from .runtime.errors import AdapterLimitError, WgrumusError
 from .runtime.kernels import Kernel
@@ -82,6 +82,8 @@ class autocast:
                 raise AdapterLimitError(
                     f"autocast(float16) needs the adapter feature shader-f16, which {dev.name} "
                     f"does not have; train in float32 (--precision f32, or no autocast)")
+        if self.enabled and autocast_dtype() is None:  # a new forward (ops/precision.py)
+            forget_copies()
         ctx = autocast_as(self.dtype if self.enabled else None)
         ctx.__enter__()
         self._ctx.append(ctx)

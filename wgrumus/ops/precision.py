@@ -33,11 +33,17 @@ def autocast_as(dtype):
 
 
 # f16 copies of whole storages, by storage version: every view of a weight (W, W.T) shares
-# one copy per optimizer step, forward and backward, and so does every view of an activation or
+# one copy from the forward through its backward, and so does every view of an activation or
 # gradient feeding several matmuls. Weak keys: a copy goes when its source does; an in-place
-# write (a new version) makes it stale.
-_copies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# write (a new version) makes it stale, and entering autocast afresh (the next forward) drops
+# them all, since some writes bypass the version (FSDP re-gathers parameters into storage).
+_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _copies_lock = threading.Lock()
+
+
+def forget_copies() -> None:
+    with _copies_lock:
+        _copies.clear()
 
 
 def low(x: Tensor) -> Tensor:
