@@ -1,4 +1,5 @@
-"""Op throughput: matmul, elementwise, softmax/layer_norm, staging, small-op submission rate,
+"""Op throughput: matmul, elementwise, softmax/layer_norm, attention (fused vs unfused, time and
+peak memory), staging, small-op submission rate,
 each next to numpy (CPU) and torch (CUDA, TF32 off) measured in the same run.
 
     python benchmarks/ops.py [--quick] [--json] [--sizes 256,512,...] [--mb 256]
@@ -191,6 +192,86 @@ def bench_submit(rows, dev, th):
     rows.add("small op chain", "200 x add(1024)", "ops/s", ours, ref_np, ref_t)
 
 
+def _attention_step(fn, q, k, v, g):
+    """forward + backward of ``fn(q, k, v)`` with output gradient g; returns dq."""
+    import wgrumus as wr
+    return wr.autograd.backward_with_grad(fn(q, k, v), g).get(q)
+
+
+def peak_bytes(dev, fn) -> int:
+    """Peak live device bytes above those live before, while fn() runs (the pool's count)."""
+    pool = dev.pool
+    dev.synchronize()
+    base, peak = pool.live_bytes, [pool.live_bytes]
+    acquire = pool.acquire
+
+    def tracked(nbytes):
+        buf = acquire(nbytes)
+        peak[0] = max(peak[0], pool.live_bytes)
+        return buf
+    pool.acquire = tracked
+    try:
+        fn()
+        dev.synchronize()
+    finally:
+        del pool.acquire  # back to the class's method
+    return peak[0] - base
+
+
+def bench_attention(rows, dev, quick, th):
+    """Causal attention forward + backward: the fused kernel, the unfused composition
+    (q k^T, softmax, @ v) and torch's scaled_dot_product_attention (fp32), in GFLOP/s of the
+    FlashAttention count (fwd 4 B H T^2 d / 2 causal, bwd 2.5x fwd); then the peak live
+    device bytes of one fused and one unfused step at a long T."""
+    import wgrumus as wr
+    from wgrumus.nn.attention import unfused_attention
+    from wgrumus.ops.attention import flash_attention
+    B, H, T, d = (1, 2, 256, 64) if quick else (8, 8, 1024, 64)
+    flop = 3.5 * 4 * B * H * T * T * d / 2
+    mk = lambda s, T=T: wr.randn((B, H, T, d), device=dev, seed=s)  # noqa: E731
+    q, k, v, g = mk(1), mk(2), mk(3), mk(4)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    fused = lambda a, b, c: flash_attention(a, b, c, causal=True)  # noqa: E731
+    unfused = lambda a, b, c: unfused_attention(a, b, c, is_causal=True)  # noqa: E731
+    ref_t = None
+    if th is not None:
+        qt, kt, vt = (th.from_numpy(t.numpy()).cuda().requires_grad_(True) for t in (q, k, v))
+        gt = th.from_numpy(g.numpy()).cuda()
+
+        def t_step():
+            th.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True) \
+                .backward(gt)
+        ref_t = flop / timeit(t_step, th.cuda.synchronize) / 1e9
+    size = f"{B}x{H}x{T}x{d}"
+    for name, fn in (("attention fused f+b", fused), ("attention unfused f+b", unfused)):
+        ours = flop / timeit(lambda: _attention_step(fn, q, k, v, g), dev.synchronize) / 1e9
+        rows.add(name, size, "GFLOP/s", ours, None, ref_t, note="causal; torch: SDPA fp32")
+    # memory: one (batch, head) at a long T; the unfused step holds [T, T] scores and probs
+    TL = 1024 if quick else 8192
+    B, H = 1, 1
+    ql, kl, vl, gl = (mk(s, TL) for s in (5, 6, 7, 8))
+    for t in (ql, kl, vl):
+        t.requires_grad_(True)
+    mb_f = peak_bytes(dev, lambda: _attention_step(fused, ql, kl, vl, gl)) / 2 ** 20
+    mb_u = peak_bytes(dev, lambda: _attention_step(unfused, ql, kl, vl, gl)) / 2 ** 20
+    ref_mb = None
+    if th is not None:
+        qt, kt, vt = (th.from_numpy(t.numpy()).cuda().requires_grad_(True)
+                      for t in (ql, kl, vl))
+        gt = th.from_numpy(gl.numpy()).cuda()
+        th.cuda.synchronize()
+        base = th.cuda.memory_allocated()
+        th.cuda.reset_peak_memory_stats()
+        th.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(gt)
+        th.cuda.synchronize()
+        ref_mb = (th.cuda.max_memory_allocated() - base) / 2 ** 20
+    note = "live device bytes above the inputs, fwd + bwd (lower is better)"
+    rows.add("attention fused peak", f"1x1x{TL}x{d}", "MiB", mb_f, None, ref_mb, note=note)
+    rows.add("attention unfused peak", f"1x1x{TL}x{d}", "MiB", mb_u, None, ref_mb,
+             note=f"{mb_u / max(mb_f, 1e-9):.1f}x the fused peak")
+
+
 def _fmt(v):
     if v is None:
         return "-"
@@ -219,8 +300,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--sizes", help="matmul sizes, comma separated (default 256..4096)")
     p.add_argument("--mb", type=int, help="staging transfer size in MiB (default 256)")
-    p.add_argument("--only", default="matmul,add,rows,staging,submit",
-                   help="comma separated subset of: matmul,add,rows,staging,submit")
+    p.add_argument("--only", default="matmul,add,rows,attention,staging,submit",
+                   help="comma separated subset of: matmul,add,rows,attention,staging,submit")
     a = p.parse_args(argv)
     import wgrumus as wr
     dev = wr.devices()[0]
@@ -245,6 +326,8 @@ def main(argv=None) -> int:
         bench_elementwise(rows, dev, (1 << 20) if quick else (1 << 26), th)
     if "rows" in only:
         bench_rows(rows, dev, 1024 if quick else 16384, 1024, th)
+    if "attention" in only:
+        bench_attention(rows, dev, quick, th)
     if "staging" in only:
         bench_staging(rows, dev, mb, th)
     if "submit" in only:

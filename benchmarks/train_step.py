@@ -2,6 +2,7 @@
 (CUDA, TF32 off; CPU torch where there is no GPU) and numpy (MLP), measured in the same run.
 
     python benchmarks/train_step.py [--quick] [--json] [--models mlp,gpt] [--steps N]
+                                    [--precision f32,f16]
 
 Rows: ms/step, samples or tokens per second, ratios (wgrumus throughput / reference
 throughput), and per step: dispatches and submits recorded by the device, the host time spent
@@ -92,7 +93,7 @@ def gpt_data(cfg, seed=0):
 
 
 # ----------------------------------------------------------------------------- wgrumus
-def wgrumus_step(name, cfg, dev):
+def wgrumus_step(name, cfg, dev, precision="f32"):
     import wgrumus as wr
     from wgrumus.nn import functional as F
     if name == "mlp":
@@ -113,11 +114,15 @@ def wgrumus_step(name, cfg, dev):
     weights = {k: v.numpy() for k, v in model.state_dict().items()}
     opt = wr.optim.AdamW(model.parameters(), lr=LR)
     last = {}
+    f16 = precision == "f16"  # autocast + dynamic loss scaling, f32 master weights
+    scaler = wr.amp.GradScaler(enabled=f16)
 
     def step():
-        out = model(x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y)
-        opt.step(wr.autograd.backward(loss))
+        with wr.autocast(enabled=f16, device=dev):
+            out = model(x)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y)
+        scaler.step(opt, wr.autograd.backward(scaler.scale(loss)))
+        scaler.update()
         last["loss"] = loss
     return step, lambda: float(last["loss"].item()), weights
 
@@ -391,7 +396,15 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--no-numpy", action="store_true", help="skip the numpy reference")
+    ap.add_argument("--precision", default="f32",
+                    help="comma list of f32, f16 (autocast + GradScaler; its rows are compared "
+                    "with the f32 row of the same run, without torch / numpy references)")
     args = ap.parse_args(argv)
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    if not precisions or set(precisions) - {"f32", "f16"}:
+        print(f"train_step: --precision takes f32 and/or f16, got {args.precision!r}",
+              file=sys.stderr)
+        return 2
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in FULL]
     if bad:
@@ -409,18 +422,24 @@ def main(argv=None) -> int:
     counters = lambda: (dev.dispatches, dev.submits)  # noqa: E731
 
     rows = []
-    for name in models:
+    for name, prec in [(m, p) for m in models for p in precisions]:
         cfg = sizes[name]
         unit_n = cfg["batch"] * (cfg["seq"] if name == "gpt" else 1)
         unit = "tokens/s" if name == "gpt" else "samples/s"
-        step, loss, weights = wgrumus_step(name, cfg, dev)
+        step, loss, weights = wgrumus_step(name, cfg, dev, prec)
         ours = measure(step, dev.synchronize, steps, args.repeats, warmup, counters)
-        row = {"model": name, "config": cfg, "unit": unit, "wgrumus_ms": ours["ms"],
+        row = {"model": name if prec == "f32" else f"{name} {prec}", "precision": prec,
+               "config": cfg, "unit": unit, "wgrumus_ms": ours["ms"],
                "wgrumus_throughput": unit_n / ours["ms"] * 1e3, "wgrumus_loss": loss(),
                "per_step": {k: ours[k] for k in ("host_ms", "wait_ms", "cpu_ms", "proc_cpu_ms",
                                                   "dispatches", "submits")},
                "wgrumus_ms_all": ours["ms_all"]}
         row["per_step"]["gpu_ms"] = gpu_ms(step, dev, steps)
+        if prec != "f32":
+            base = next((r for r in rows if r["model"] == name), None)
+            row["vs_f32"] = base["wgrumus_ms"] / ours["ms"] if base else None
+            rows.append(row)
+            continue
         if torch is not None:
             tstep, tsync, tloss = torch_step(name, cfg, torch, tdev)
             ref = measure(tstep, tsync, steps, args.repeats, max(5, warmup // 4))
@@ -469,6 +488,10 @@ def _table(meta, rows):
               f"{f(r.get('numpy_ms'), 9)} {f(r.get('vs_numpy'), 8, 3)} | "
               f"{ps['dispatches']:5.0f} {ps['submits']:5.1f} {ps['host_ms']:8.2f} "
               f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f} {f(ps.get('gpu_ms'), 7)}")
+    for r in rows:
+        if r.get("vs_f32"):
+            print(f"{r['model']}: {r['vs_f32']:.3f}x the throughput of the f32 step; loss "
+                  f"{r['wgrumus_loss']:.4f}")
     print("x torch / x numpy: wgrumus throughput over the reference's (1.0 = as fast). "
           "host ms: recording the step (Python + encoding); wait ms: the final synchronize; "
           "gpu ms: GPU time inside compute passes (timestamp queries; copies and idle gaps "

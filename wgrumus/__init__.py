@@ -11,7 +11,8 @@ from .ops import gather, index_select, log_softmax, softmax
 from .runtime import (AdapterLimitError, Device, DeviceMismatchError, MultiGpuContext,
                       NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
-from . import data, nn, optim  # noqa: E402  (build on the core above)
+from . import amp, data, nn, optim  # noqa: E402  (build on the core above)
+from .amp import autocast  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint
 
 

@@ -58,6 +58,7 @@ class TrainConfig:
     lr_schedule: str = "constant"
     warmup: int = 0
     activation_checkpointing: bool = False
+    precision: str = "f32"
 
 
 def config_from_args(args) -> TrainConfig:
@@ -94,11 +95,31 @@ def config_from_args(args) -> TrainConfig:
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
+    precision = getattr(args, "precision", "f32")
+    if precision == "f16":
+        _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
                        args.plot, args.json, getattr(args, "title", "wgrumus train"),
                        args.clip, args.lr_schedule, args.warmup,
-                       args.activation_checkpointing)
+                       args.activation_checkpointing, precision)
+
+
+def _check_f16(model: str, layout: Layout) -> None:
+    """--precision f16 needs shader-f16, and runs where one rank's inf/NaN check decides
+    for all: one device, or (gpt) data parallelism, whose replicas see the same gradients."""
+    import wgrumus as wr
+    if model == "gpt" and (layout.tp > 1 or layout.pp > 1):
+        raise UsageError("--precision f16 runs the gpt with --dp only (tensor and pipeline "
+                         "shards would need a shared inf/NaN check); use --tp 1 --pp 1")
+    if model != "gpt" and (layout.dp > 1 or layout.pp > 1):
+        raise UsageError(f"--precision f16 trains {model} on one device; drop --dp/--pp")
+    if layout.backend == "mpi":
+        raise UsageError("--precision f16 runs with the threads backend")
+    for d in wr.devices()[:layout.world]:
+        if "shader-f16" not in d.features:
+            raise UsageError(f"--precision f16 needs the adapter feature shader-f16, which "
+                             f"{d.name} does not have; use --precision f32")
 
 
 def _check_gpt_sizes(args) -> None:

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "keeping them (less memory, one more forward per block)")
     g.add_argument("--seed", type=int, default=0,
                    help="weights and data order, the same in every layout (default 0)")
+    g.add_argument("--precision", choices=("f32", "f16"), default="f32",
+                   help="f16: mixed precision (autocast matmul/linear/conv/attention to f16, "
+                   "dynamic loss scaling, f32 master weights; needs shader-f16). Default f32")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

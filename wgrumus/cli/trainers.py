@@ -72,6 +72,26 @@ class TrainerBase:
         pass
 
 
+class Precision:
+    """--precision of a trainer: f32, or f16 (autocast + dynamic loss scaling, f32 master
+    weights): ``with p.autocast():`` around the forward (and backward), ``p.scaler.scale(loss)``
+    before backward, ``p.step(opt, grads)`` instead of ``opt.step(grads)``."""
+
+    def __init__(self, precision: str, device):
+        import wgrumus as wr
+        self.f16 = precision == "f16"
+        self.device = device
+        self.scaler = wr.amp.GradScaler(enabled=self.f16)
+
+    def autocast(self):
+        import wgrumus as wr
+        return wr.autocast(enabled=self.f16, device=self.device)
+
+    def step(self, opt, grads) -> None:
+        self.scaler.step(opt, grads)
+        self.scaler.update()
+
+
 class SingleTrainer(TrainerBase):
     """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
 
@@ -81,13 +101,16 @@ class SingleTrainer(TrainerBase):
         self.device = wr.devices()[0]
         self.model = task.make_model(self.device)
         self.opt = task.make_optimizer(self.model.parameters())
+        self.amp = Precision(cfg.precision, self.device)
 
     def step(self, x, y) -> float:
         import wgrumus as wr
         self.model.train()
-        loss = self.task.loss(self.model(to_tensor(x, self.device)), to_tensor(y, self.device))
-        grads = wr.autograd.backward(loss)
-        self.opt.step(grads)
+        with self.amp.autocast():
+            loss = self.task.loss(self.model(to_tensor(x, self.device)),
+                                  to_tensor(y, self.device))
+        grads = wr.autograd.backward(self.amp.scaler.scale(loss))
+        self.amp.step(self.opt, grads)
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from .common import UsageError
-from .trainers import TrainerBase
+from .trainers import Precision, TrainerBase
 
 _POLL = 0.2                 # seconds between checks for "stop" while a rank waits for a command
 COLLECTIVE_TIMEOUT = 120.0  # a rank waiting longer on a peer gives up: that peer failed or hung
@@ -37,7 +37,7 @@ def gpt_config(cfg, task):
 class _Rank:
     """One rank's model shard, optimizer and schedule (used by thread ranks and MPI ranks)."""
 
-    def __init__(self, group, gcfg, lay, task, dense):
+    def __init__(self, group, gcfg, lay, task, dense, precision="f32"):
         from ..distributed import ProcessGroupManager, ThreeDParallelismConfig
         from ..distributed.parallel3d import _Stage, gpt_shard_plan
         from ..distributed.pipeline import get_schedule
@@ -52,6 +52,7 @@ class _Rank:
         self.opt = task.make_optimizer([self.stage.params[n] for n in self.names],
                                        **self._clip_scope(task, group))
         self.actions = get_schedule(lay.schedule, lay.pp, lay.micro_batches)[self.map.pp_rank]
+        self.amp = Precision(precision, self.device)
 
     def _clip_scope(self, task, group) -> dict:
         """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
@@ -77,12 +78,14 @@ class _Rank:
                                               replica_micro_batches, stage_loss)
         lay, m = self.lay, self.lay.micro_batches
         mbs = replica_micro_batches(tokens, self.map.dp_rank, lay.dp, m)
-        grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
+        self.stage.loss_scale = self.amp.scaler.get_scale()
+        with self.amp.autocast():
+            grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
         grads = dp_mean_grads(self.pgm, grads, self.names, self.device)
         store = GradientStore()
         for n in self.names:
             store.accumulate(self.stage.params[n], grads[n])
-        self.opt.step(store)
+        self.amp.step(self.opt, store)
         loss = stage_loss(self.stage, self.pgm) if self.stage.last else None
         return loss if self.coords == (0, 0, lay.pp - 1) else None
 
@@ -177,7 +180,7 @@ class ThreeDTrainer(TrainerBase):
             group.device = devs[group.rank % len(devs)]
             self.group = group
             self.is_main = group.rank == 0
-            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init)
+            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init, cfg.precision)
             self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])
@@ -196,8 +199,10 @@ class ThreeDTrainer(TrainerBase):
         self._stop = threading.Event()
         self._error: list = []
 
+        cfg_precision = self.cfg.precision
+
         def rank_main(group):
-            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init)
+            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init, cfg_precision)
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():
                 try:

@@ -131,6 +131,7 @@ def _layer_norm(x, w, b):
 
 class _Stage:
     """This rank's pipeline stage: its shards (leaf tensors) and its forward."""
+    loss_scale = 1.0  # a GradScaler's scale (mixed precision): multiplies the backward's seed
 
     def __init__(self, cfg, dense: dict, pgm: ProcessGroupManager, device,
                  checkpoint: bool = False):
@@ -272,7 +273,7 @@ def _run_schedule(stage, pgm, actions, mbs, m, dev):
             out = stage.forward(x, targets)
             if stage.last:
                 stage.mb_losses.append(out.item())
-                out = out * (1.0 / m)  # the step's loss is the mean over micro-batches
+                out = out * (stage.loss_scale / m)  # the mean over micro-batches
             else:
                 pgm.send_to_next_stage(out, tag=2 * mb)
             live[mb] = (x_in, out)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ..ops.attention import flash_attention, fused_fits
 from ..ops.fused import causal_self_attention
 from ..ops.launch import run_map
 from ..ops.nnops import softmax as softmax_op
@@ -24,8 +25,21 @@ def causal_mask(T: int, device) -> Tensor:
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
                                  training: bool = False, is_causal: bool = False):
-    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without an explicit mask the
-    scaling and the causal mask are fused into the softmax kernel (and its backward)."""
+    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without a mask or active
+    dropout this is the fused attention kernel (O(T) memory, ops/attention.py) where it takes
+    the shapes; otherwise the unfused composition."""
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    if (mask is None and (dropout_p == 0.0 or not training) and (not is_causal or Tq == Tk)
+            and fused_fits(q.device, q.shape[-1], Tq, Tk)):
+        return flash_attention(q, k, v, causal=is_causal)
+    return unfused_attention(q, k, v, mask, dropout_p, training, is_causal)
+
+
+def unfused_attention(q, k, v, mask=None, dropout_p: float = 0.0, training: bool = False,
+                      is_causal: bool = False):
+    """scaled_dot_product_attention through a [..., Tq, Tk] score matrix: explicit masks and
+    dropout on the attention weights need it (and it is the reference the fused kernel is
+    tested against). The scaling and the causal mask are fused into the softmax kernel."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     att = q @ k.transpose(-1, -2)
     if mask is not None:
@@ -74,7 +88,7 @@ class MultiheadAttention(Module):
                              f"got {query.shape}")
         B, T, E = query.shape
         causal = self.causal if is_causal is None else is_causal
-        if self._fast(key, value, attn_mask):
+        if self._fast(key, value, attn_mask, T):
             return self.out_proj(self._attend(query, causal))
         if key is None and value is None:  # self-attention: one fused projection
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
@@ -93,10 +107,12 @@ class MultiheadAttention(Module):
         y = y.permute(0, 2, 1, 3).reshape(B, T, E)
         return self.out_proj(y)
 
-    def _fast(self, key=None, value=None, attn_mask=None) -> bool:
-        """Self-attention without mask or active dropout: the fused path applies."""
+    def _fast(self, key=None, value=None, attn_mask=None, T: int = 0) -> bool:
+        """Self-attention of length T without mask or active dropout, in shapes the fused
+        kernel takes: the fused path applies."""
         return (key is None and value is None and attn_mask is None
-                and (self.dropout == 0.0 or not self.training))
+                and (self.dropout == 0.0 or not self.training)
+                and fused_fits(self.in_proj_weight.device, self.head_dim, T, T))
 
     def _attend(self, query, causal):
         """The heads' outputs, merged [B, T, E], before out_proj: one packed projection and
@@ -142,7 +158,7 @@ class TransformerBlock(Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x):
-        if self._identity(self.drop) and self.attn._fast():
+        if self._identity(self.drop) and self.attn._fast(T=x.shape[-2] if x.ndim > 1 else 0):
             # the residual adds ride in the projections' bias kernels (ops/fused.py)
             a = self.attn._attend(self.ln1(x), self.attn.causal)
             op = self.attn.out_proj

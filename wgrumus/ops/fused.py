@@ -19,10 +19,11 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
+from .attention import attention_backward, attention_forward
 from .bounds import chunk_rows
-from .elementwise import _f32, contiguous, map_op, run_map, saved_output
+from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
 from .matmul import linear_2d, matmul
-from .nnops import softmax, softmax_backward
+from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
 
 # activation: (forward expression of z, dz expression of g and z)
@@ -74,15 +75,17 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     with no_grad():
         x2 = contiguous(reshape(_f32(x), (math.prod(lead), n_in)))  # (no -1: n_in may be 0)
         b = contiguous(_f32(bias)) if bias is not None else None
-        keep_u = activation not in (None, "relu")  # relu' reads the output, None reads nothing
+        # the backward needs u = x @ W.T itself (relu' reads the output, None reads nothing);
+        # under autocast the f16 matmul's f32 result gets the epilogue in a map kernel
+        keep_u = activation not in (None, "relu") or autocast_dtype() is not None
         wt = transpose(weight, 0, 1)
-        if keep_u:  # the backward needs u = x @ W.T itself
+        r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
+              if residual is not None else None)
+        if keep_u:
             u = matmul(x2, wt)  # [N, out], contiguous
-            y = map_op(fwd.format(z="a + b" if b is not None else "a"),
-                       [u] + ([b] if b is not None else []))
+            ins = [u] + [t for t in (b, r2) if t is not None]
+            y = map_op(fwd.format(z=" + ".join("abc"[:len(ins)])), ins)
         else:  # bias, residual and relu in the matmul's epilogue
-            r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
-                  if residual is not None else None)
             y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
     out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y
     if not needs_grad(x, weight, bias, residual):
@@ -109,7 +112,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
             return dx, dw, db
         return dx, dw, db, (g if residual.requires_grad else None)
     record("linear" + (f"_{activation}" if activation else ""), out,
-           [x, weight, bias] + ([residual] if residual is not None else []), bw,
+           [x, weight, bias] + ([residual] if residual is not None else []),
+           in_forward_precision(bw),
            saved=[x2, weight, z_saved] + ([b] if b is not None else []))
     return out
 
@@ -147,10 +151,13 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     return dz, db
 
 
-def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tensor:
+def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
+                          compute_dtype=None) -> Tensor:
     """softmax(q k^T / sqrt(d), causal) v for a packed projection qkv [B, T, 3E] (q, k, v
     side by side, heads of d = E / n_head consecutive features, like PyTorch's
-    MultiheadAttention); returns [B, T, E] with the heads merged back."""
+    MultiheadAttention); returns [B, T, E] with the heads merged back. The fused attention
+    kernel (ops/attention.py) needs no [T, T] scores; ``compute_dtype`` float16 (default
+    under autocast) runs it on f16 copies of q, k, v."""
     if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
                          f"{n_head} heads, got {qkv.shape}")
@@ -158,29 +165,24 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tens
     E = E3 // 3
     H, d = n_head, E // n_head
     scale = 1.0 / math.sqrt(d)
-    tq = T if causal else 0
     dev = qkv.device
     with no_grad():
-        src = contiguous(_f32(qkv))
+        src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32))
         # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
         heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
         n = B * H * T * d
-        q, k, v = (Tensor(heads._storage, (B, H, T, d), None, heads.offset + i * n)
-                   for i in range(3))
-        p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
-        o = matmul(p, v)  # [B, H, T, d]
-        y = contiguous(permute(o, (0, 2, 1, 3)))
+        q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
+                          heads.dtype) for i in range(3))
+        o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
+        y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
         y = Tensor(y._storage, (B, T, E), None, y.offset)
     if not needs_grad(qkv):
         return y
 
     def bw(g):
         go = contiguous(permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3)))
-        dp = matmul(go, transpose(v, -1, -2))
-        ds = softmax_backward(p, dp, False, scale, tq)
-        dq = matmul(ds, k)
-        dk = matmul(transpose(ds, -1, -2), q)
-        dv = matmul(transpose(p, -1, -2), go)
+        go = Tensor(go._storage, (B * H, T, d), None, go.offset)
+        dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
@@ -189,5 +191,5 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True) -> Tens
                 dqkv, views, [E])
         return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
-           saved=[heads, p])
+           saved=[heads, o, lse])
     return y

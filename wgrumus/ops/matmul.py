@@ -11,6 +11,7 @@ from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, unbroadcast
 from .launch import broadcast_shapes
+from .precision import in_forward_precision, low
 from .shape import expand, reshape, transpose
 
 def _batch_stride(t: Tensor, nb: int):
@@ -38,27 +39,30 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     b = b if b.dtype == dt else cast(b, dt)
     a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
+    # autocast: the kernel runs on f16 copies, the result is cast back to f32 (ops/precision.py)
+    a2l, b2l = low(a2), low(b2)
     M, K = a2.shape[-2:]
     K2, N = b2.shape[-2:]
     if K != K2:
         raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({K} != {K2})")
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     nb = len(batch)
-    ae = expand(a2, batch + (M, K)) if a2.shape[:-2] != batch else a2
-    be = expand(b2, batch + (K, N)) if b2.shape[:-2] != batch else b2
+    ae = expand(a2l, batch + (M, K)) if a2.shape[:-2] != batch else a2l
+    be = expand(b2l, batch + (K, N)) if b2.shape[:-2] != batch else b2l
     sa, sb = _batch_stride(ae, nb), _batch_stride(be, nb)
     if sa is None:
         ae, sa = contiguous(ae), M * K
     if sb is None:
         be, sb = contiguous(be), K * N
     nbatch = math.prod(batch)
-    out = Tensor.empty(batch + (M, N), a.device, dt)
+    out = Tensor.empty(batch + (M, N), a.device, ae.dtype)
     if out.numel:
         if K == 0:
             from .elementwise import fill_
             fill_(out, 0.0)
         else:
             _launch(ae, be, out, M, N, K, sa, sb, nbatch)
+    out = cast(out, dt)
     def bw(g):
         g2 = reshape(g, batch + (M, N))
         ga = gb = None
@@ -69,7 +73,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             gb = unbroadcast(matmul(transpose(a2, -1, -2), g2), b2.shape)
             gb = reshape(gb, b.shape)
         return ga, gb
-    record("matmul", out, [a, b], bw, saved=[a, b])
+    record("matmul", out, [a, b], in_forward_precision(bw), saved=[a, b])
     if a.ndim == 1 and b.ndim == 1:
         return reshape(out, ())
     if a.ndim == 1:

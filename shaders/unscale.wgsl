@@ -1,0 +1,20 @@
+// GradScaler's unscale and inf/NaN check over up to K gradients in one dispatch (their
+// concatenated element range): U_k = G_k * inv_scale, and FLAG[flag offset] |= 1 where a value
+// is inf or NaN (all exponent bits set: exact, whatever the compiler assumes about NaN).
+// Words: 0 inv_scale, 1 flag offset; gradient k at 4 + 3k: end of its range (cumulative
+// element count), G offset, U offset. Python generates the declarations and the branches
+// (G_k at binding 2 + 2k, U_k at 3 + 2k).
+@group(0) @binding(1) var<storage, read_write> FLAG: array<atomic<u32>>;
+{{DECLS}}
+
+fn unscale_(g: f32) -> f32 {
+    if ((bitcast<u32>(g) & 0x7f800000u) == 0x7f800000u) { atomicOr(&FLAG[pu(1u)], 1u); }
+    return g * pf(0u);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = linear_id(wid, nwg, lid, 256u);
+{{BODY}}
+}

@@ -1,0 +1,172 @@
+"""Fused attention (FlashAttention, shaders/flash_attention.wgsl): softmax(scale q k^T) v in one
+kernel that streams K/V tiles with an online softmax, so memory is O(T) (the output and one
+logsumexp per query) instead of the [Tq, Tk] score matrix; the backward recomputes the scores
+from the saved logsumexp. ``attention_forward`` / ``attention_backward`` are the kernel
+launches without autograd (ops/fused.py builds its packed-qkv node on them);
+``flash_attention`` is the autograd op on [..., T, d] tensors.
+"""
+from __future__ import annotations
+
+import math
+
+from ..autograd.tape import no_grad, record
+from ..runtime.device import groups_1d
+from ..runtime.errors import AdapterLimitError, ShapeError
+from ..runtime.kernels import Kernel
+from ..tensor import Tensor, check_same_device, float16, float32
+from .elementwise import cast, contiguous, copy_into, fill_
+from .matmul import _is_cpu
+from .nnops import row_mode
+from .precision import autocast_dtype
+from .shape import reshape
+
+WG = 64  # rows (queries, or keys in bwd_kv) per workgroup, one per invocation
+MAX_HEAD_DIM = 128
+# llvmpipe stops a shader loop after 65,535 iterations per invocation, counting the loops it
+# does not unroll: the per-vec4 loops unroll up to 16 vec4s, the tile loops count about one
+# iteration per streamed row. CPU adapters therefore take head sizes <= 64 and <= 60,000 rows.
+CPU_MAX_HEAD_DIM = 64
+CPU_MAX_ROWS = 60_000
+
+
+def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
+    """The kernel of one entry point in the device's mode: tiles staged in workgroup memory
+    on GPUs; on CPU adapters (row_mode 'thread') one row per invocation, no barriers."""
+    t = "f16" if dtype == float16 else "f32"
+    d4 = d // 4
+    common = {"T": t, "F16": int(t == "f16"), "WG": WG, "D": d}
+    if row_mode(dev) == "thread":
+        return Kernel.of("flash_attention", entry, BK=32, TILED="false", SMEM=1, SROW=1,
+                         **common)
+    limit = dev.limits.get("max-compute-workgroup-storage-size", 16384)
+    bk = max(1, min(64, limit // (16 * (2 * d4 + 1))))  # SA, SB: bk x d4 vec4s; SL, SD: bk
+    return Kernel.of("flash_attention", entry, BK=bk, TILED="true", SMEM=bk * d4, SROW=bk,
+                     **common)
+
+
+def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None):
+    BH, Tq, d = q.shape
+    Tk = k.shape[1]
+    tiles = -(-rows // WG)
+    dev = q.device
+    off = lambda t: t.offset if t is not None else 0
+    bufs = [q._storage.buffer, k._storage.buffer, v._storage.buffer, w1._storage.buffer,
+            w2._storage.buffer]
+    bufs += [t._storage.buffer for t in (o, do, lse, dsum) if t is not None]
+    dev.dispatch(_kernel(dev, entry, d, q.dtype), bufs,
+                 [BH, Tq, Tk, q.offset, k.offset, v.offset, w1.offset, w2.offset, float(scale),
+                  int(causal), tiles, off(o), off(do), off(lse), off(dsum)],
+                 groups_1d(BH * tiles, 1))
+
+
+def _pad(x: Tensor, dp: int) -> Tensor:
+    """[BH, T, d] -> [BH, T, dp] with zero columns (the kernel reads rows as vec4s)."""
+    if x.shape[-1] == dp:
+        return x
+    out = fill_(Tensor.empty(x.shape[:-1] + (dp,), x.device, x.dtype), 0.0)
+    copy_into(out[..., :x.shape[-1]], x)
+    return out
+
+
+def _unpad(x: Tensor, d: int) -> Tensor:
+    return x if x.shape[-1] == d else contiguous(x[..., :d])
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool):
+    """(O [BH, Tq, d] f32, logsumexp [BH, Tq] f32) of contiguous q [BH, Tq, d], k, v
+    [BH, Tk, d] (f32 or f16). No autograd."""
+    BH, Tq, d = q.shape
+    dp = -(-d // 4) * 4
+    o = Tensor.empty((BH, Tq, dp), q.device, float32)
+    lse = Tensor.empty((BH, Tq), q.device, float32)
+    if o.numel:
+        _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq)
+    return _unpad(o, d), lse
+
+
+def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
+    """(dq, dk, dv), f32 and shaped like q, k, v, of attention_forward's output given its
+    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels: dq (and the row sums
+    dO . O), then dk and dv; both recompute the scores from ``lse``."""
+    BH, Tq, d = q.shape
+    Tk = k.shape[1]
+    dev = q.device
+    dp = -(-d // 4) * 4
+    dq = Tensor.empty((BH, Tq, dp), dev, float32)
+    dsum = Tensor.empty((BH, Tq), dev, float32)
+    dk = Tensor.empty((BH, Tk, dp), dev, float32)
+    dv = Tensor.empty((BH, Tk, dp), dev, float32)
+    if dq.numel:
+        q, k, v, o, do = (_pad(t, dp) for t in (q, k, v, o, do))
+        _launch("bwd_q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse)
+        _launch("bwd_kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum)
+    return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
+
+
+def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
+    """Whether the fused kernel takes this head size and these lengths on ``dev`` (callers
+    with another way, the unfused composition, pick it when not)."""
+    if _is_cpu(dev):
+        return d <= CPU_MAX_HEAD_DIM and max(Tq, Tk) <= CPU_MAX_ROWS
+    return d <= MAX_HEAD_DIM
+
+
+def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "attention"):
+    """Shape, dtype and device rules of the fused kernel."""
+    for t in (q, k, v):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op} needs tensors, got {type(t).__name__}")
+    check_same_device(q, k, v, op=op)
+    if q.ndim < 2 or k.ndim != q.ndim or v.shape != k.shape:
+        raise ShapeError(f"{op}: q [..., Tq, d], k and v [..., Tk, d] expected, got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"{op}: q {q.shape} and k {k.shape} differ in their batch dims or "
+                         f"head size (no broadcasting here)")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ShapeError(f"{op}: head size {q.shape[-1]} is outside 1..{MAX_HEAD_DIM}; split "
+                         f"the heads further")
+    if not fused_fits(q.device, q.shape[-1], q.shape[-2], k.shape[-2]):
+        raise AdapterLimitError(
+            f"{op}: on a CPU adapter ({q.device.name}) the fused kernel takes head sizes <= "
+            f"{CPU_MAX_HEAD_DIM} and sequences <= {CPU_MAX_ROWS:,} (llvmpipe cuts shader loops "
+            f"off after 65,535 iterations), got q {q.shape}, k {k.shape}; split the sequence "
+            f"or the heads")
+    if k.shape[-2] == 0:
+        raise ShapeError(f"{op}: no keys (k has shape {k.shape})")
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ShapeError(f"{op}: causal attention needs as many queries as keys, got "
+                         f"{q.shape[-2]} and {k.shape[-2]}")
+    if len({q.dtype, k.dtype, v.dtype}) != 1 or q.dtype not in (float32, float16):
+        raise ShapeError(f"{op}: q, k, v must share a float dtype, got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if (float16 in (q.dtype, k.dtype, v.dtype) and "shader-f16" not in q.device.features):
+        raise AdapterLimitError(f"{op}: float16 needs the adapter feature shader-f16, which "
+                                f"{q.device.name} does not have; keep float32")
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                    scale: float | None = None, compute_dtype=None) -> Tensor:
+    """softmax(scale * q k^T, causal) v for q [..., Tq, d], k and v [..., Tk, d]; float32
+    output. ``scale`` defaults to 1/sqrt(d). ``compute_dtype`` float16 (default under
+    autocast) casts the inputs to f16 for the kernel (accumulation stays f32); gradients are
+    float32."""
+    check_attention(q, k, v, causal, "flash_attention")
+    lead, Tq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    BH = math.prod(lead)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    dt = compute_dtype or (autocast_dtype() if q.dtype == float32 else None) or q.dtype
+    with no_grad():
+        qc, kc, vc = (contiguous(reshape(cast(t, dt), (BH, t.shape[-2], d))) for t in (q, k, v))
+        o, lse = attention_forward(qc, kc, vc, scale, causal)
+    out = reshape(o, lead + (Tq, d))
+
+    def bw(g):
+        go = contiguous(reshape(g, (BH, Tq, d)))
+        dq, dk, dv = attention_backward(qc, kc, vc, o, lse, go, scale, causal)
+        return (reshape(dq, q.shape) if q.requires_grad else None,
+                reshape(dk, k.shape) if k.requires_grad else None,
+                reshape(dv, v.shape) if v.requires_grad else None)
+    record("causal_flash_attention" if causal else "flash_attention", out, [q, k, v], bw,
+           saved=[qc, kc, vc, o, lse])
+    return out
