@@ -5,7 +5,7 @@ import functools
 import math
 
 from ..autograd.tape import record
-from ..runtime.device import MAX_WG_PER_DIM
+from ..runtime.device import MAX_WG_PER_DIM, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
@@ -202,6 +202,109 @@ def _is_cpu(dev) -> bool:
     return str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
 
 
+# CPU adapters (shaders/matmul_cpu.wgsl): outputs per invocation (TM x TN) and invocations per
+# workgroup (WGX along n, WGY along m), from benchmarks/cpu_sweep.py on lavapipe (AVX2).
+CPU_WG = (4, 4)  # WGX, WGY
+
+
+def _cpu_tile(M: int, N: int) -> tuple:
+    """(TM, TN, WGX, WGY): 16 x 16 blocks (most FMAs per loaded value) where the output has
+    enough of them, smaller blocks for thin outputs so that fewer lanes idle."""
+    side = lambda d: 16 if d >= 256 else 8 if d >= 32 else 4
+    return (side(M), side(N)) + CPU_WG
+
+
+CPU_FLAT = (1, 4, 1, 64)  # tiny batched matrices: one row per invocation, 64 rows a workgroup
+_Q = "xyzw"
+
+
+def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, t: str) -> dict:
+    """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
+    loaded value stays a named register)."""
+    setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
+    setup += [f"let cb{j} = bbase + min(n0 + {j}u, ln) * bc;" for j in range(tn)]
+    if vec and am == 1:
+        setup += [f"let mq{q} = abase + min(m0 + {4 * q}u, lqm);" for q in range(tm // 4)]
+    if vec and bm == 0:
+        setup += [f"let nq{q} = bbase + min(n0 + {4 * q}u, lqn);" for q in range(tn // 4)]
+    setup += [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
+
+    def fmas(a_of, bq_of, rs):
+        return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
+                for r in rs for i in range(tm) for q in range(tn // 4)]
+
+    def bcols(name, q, suffix=""):
+        return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
+
+    body4 = []
+    if vec:
+        if am == 0:
+            body4 += [f"let a{i} = vec4<f32>(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
+            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+        else:
+            body4 += [f"let a{q}_{r} = vec4<f32>(A[(mq{q} + (k + {r}u) * ac) >> 2u]);"
+                      for r in range(4) for q in range(tm // 4)]
+            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
+        if bm == 0:
+            body4 += [f"let b{r}_{q} = vec4<f32>(B[(nq{q} + (k + {r}u) * br) >> 2u]);"
+                      for r in range(4) for q in range(tn // 4)]
+            bq_of = lambda r, q: f"b{r}_{q}"
+        else:
+            body4 += [f"let b{j} = vec4<f32>(B[(cb{j} + k) >> 2u]);" for j in range(tn)]
+            bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
+        body4 += fmas(a_of, bq_of, range(4))
+    body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
+    body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
+    body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
+    store = []
+    for i in range(tm):
+        store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * N;")
+        for j in range(tn):
+            n = f"n0 + {j}u"
+            store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = {t}(epi(r{i} + {n}, {n}, "
+                         f"c{i}_{j // 4}.{_Q[j % 4]})); }}")
+        store.append("}")
+    ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
+    return {"SETUP": ind(setup, 4), "BODY4": ind(body4, 12), "BODY1": ind(body1, 12),
+            "STORE": ind(store, 4)}
+
+
+@functools.lru_cache(maxsize=128)
+def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
+                   f16: bool = False, epilogue: tuple = (None, False, False)) -> Kernel:
+    """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
+    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise)."""
+    if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
+        raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
+    vec = am != 2 and bm != 2 and not (am == 1 and tm % 4)
+    am, bm = (am, bm) if vec else (0, 0)
+    t = "f16" if f16 else "f32"
+    return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(vec),
+                     FLAT=int(flat), T=t, F16=int(f16), **_epilogue_defines(*epilogue),
+                     **_cpu_code(tm, tn, am, bm, vec, t))
+
+
+def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile=None):
+    flat = nbatch > 1 and 8 * M <= CPU_FLAT[3]
+    tm, tn, wgx, wgy = tile or (CPU_FLAT if flat else _cpu_tile(M, N))
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=a.dtype == float16, epilogue=epi)
+    words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
+             b.strides[-2], b.strides[-1], out.offset]
+    gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
+    if flat:
+        rows = nbatch * M
+        fx, fy, _ = groups_1d(rows, wgy)
+        if gx > MAX_WG_PER_DIM:
+            raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
+        a.device.dispatch(k, bufs, words + [0, *extra, rows], (fx, fy, gx))
+        return
+    if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:
+        raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
+    for z0 in range(0, nbatch, MAX_WG_PER_DIM):
+        gz = min(MAX_WG_PER_DIM, nbatch - z0)
+        a.device.dispatch(k, bufs, words + [z0, *extra], (gx, gy, gz))
+
+
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
             activation=None):
     ar, ac = a.strides[-2], a.strides[-1]
@@ -209,9 +312,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     am = _mode(a.offset, sa, ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
-    tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
     epi = (activation, bias is not None, residual is not None)
-    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     extra = [0, 0]
     if bias is not None:
@@ -220,6 +321,10 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if residual is not None:
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
+    if _is_cpu(a.device) and (tile is None or len(tile) == 4):
+        return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
+    tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
+    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
     t = 16 * tm
     gx, gy = -(-N // t), -(-M // t)
     if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:
