@@ -1,9 +1,9 @@
 """Tuning sweep for CPU adapters (lavapipe): matmul_cpu.wgsl block shapes and workgroup
 layouts next to the GPU tiled kernel and numpy, measured in the same run. Prints one JSON line
-per measurement; the winners go into ops/matmul.py (CPU_TILE).
+per measurement; the winners go into ops/matmul.py (_cpu_tile).
 
     PYTHONPATH=$PWD python benchmarks/cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
-        [--tiles 8x8x4x4,4x8x8x2,...]
+        [--tiles 16x16x4x4,8x32x4x4,...]
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     dev = wr.devices()[0]
     print(json.dumps({"what": "adapter", "device": dev.adapter_info.get("device"),
                       "load": os.getloadavg()}), flush=True)
-    tiles = [tuple(int(x) for x in t.split("x")) for t in args.tiles.split(",") if t]
+    tiles = [tuple(int(x) for x in t.split("x")) + (0,) for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
     orig = mm._launch
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                 finally:
                     mm._launch = orig
                 print(json.dumps({"what": "matmul", "n": n, "layout": layout,
-                                  "tile": "x".join(map(str, tile)), **row}), flush=True)
+                                  "tile": "x".join(map(str, tile[:4])), **row}), flush=True)
     return 0
 
 

@@ -1,6 +1,7 @@
 // C[b] = A[b] @ B[b] on CPU adapters (lavapipe/llvmpipe); same operands and words as
 // matmul.wgsl (0 M, 1 N, 2 K, 3..6 A offset/batch/row/col stride, 7..10 B, 11 C offset,
-// 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch).
+// 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch, 16/17 the
+// K range of this pass, 18 add to C (not the first pass), 19 apply the epilogue (the last)).
 // llvmpipe runs a workgroup's invocations as the SIMD lanes of one CPU thread, turns every
 // workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
 // one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
@@ -10,13 +11,22 @@
 // indices); VEC 0 (odd strides or alignment) and the K % 4 tail load element-wise.
 //   AM 0: A's K contiguous, 1: A's M contiguous.  BM 0: B's N contiguous, 1: B's K contiguous.
 //   FLAT 1 (TM 1): lanes walk the flattened (batch, row) index, for tiny batched matrices.
-// llvmpipe silently ends a loop after 65,535 iterations, so K is walked in chunks.
+// llvmpipe silently stops looping once an invocation has taken 65,535 loop back-edges in total
+// (one counter for all its loops), so a long K is split into passes (ops/matmul.py, CPU_KPASS).
 @group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
 @group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}
 
 fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
+// The stored value of a sum over this pass's K range: added to C's value from earlier passes
+// (word 18), the epilogue applied in the last pass (word 19).
+fn fin(i: u32, n: u32, x: f32) -> {{T}} {
+    var v = x;
+    if (pu(18u) == 1u) { v += f32(C[i]); }
+    if (pu(19u) == 1u) { v = epi(i, n, v); }
+    return {{T}}(v);
+}
 fn ea(i: u32) -> f32 { return f32(A[i >> 2u][i & 3u]); }
 fn eb(i: u32) -> f32 { return f32(B[i >> 2u][i & 3u]); }
 
@@ -26,7 +36,6 @@ const TM: u32 = {{TM}}u;
 const TN: u32 = {{TN}}u;
 const VEC: u32 = {{VEC}}u;
 const FLAT: u32 = {{FLAT}}u;
-const KC: u32 = 16384u;  // loop trips per chunk (under llvmpipe's 65,535 cap)
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
@@ -63,18 +72,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let lqm = lm & ~3u;
     let lqn = ln & ~3u;
 {{SETUP}}
-    let K4 = select(0u, K & ~3u, VEC == 1u);
-    for (var kc = 0u; kc < K4; kc += 4u * KC) {
-        let ke = min(K4, kc + 4u * KC);
-        for (var k = kc; k < ke; k += 4u) {
+    let kb = pu(16u);
+    let ke = pu(17u);
+    let k4 = select(kb, kb + ((ke - kb) & ~3u), VEC == 1u);
+    for (var k = kb; k < k4; k += 4u) {
 {{BODY4}}
-        }
     }
-    for (var kc = K4; kc < K; kc += KC) {
-        let ke = min(K, kc + KC);
-        for (var k = kc; k < ke; k++) {
+    for (var k = k4; k < ke; k++) {
 {{BODY1}}
-        }
     }
     if (!live) { return; }
     let c0 = pu(11u) + bz * M * N;

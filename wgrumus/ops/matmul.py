@@ -42,6 +42,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     K2, N = b2.shape[-2:]
     if K != K2:
         raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({K} != {K2})")
+    if a2.ndim > 2 and b2.ndim == 2 and a2.is_contiguous():
+        # A batched contiguous operand times a 2-D one is one 2-D product: one kernel over all
+        # rows instead of a batch of (possibly tiny) products.
+        rows = math.prod(a2.shape[:-1])
+        out = reshape(matmul(reshape(a2, (rows, K)), b2), a2.shape[:-1] + (N,))
+        return reshape(out, out.shape[:-1]) if b.ndim == 1 else out
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     nb = len(batch)
     ae = expand(a2, batch + (M, K)) if a2.shape[:-2] != batch else a2
@@ -182,7 +188,8 @@ def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
 def _pick_tile(dev, M, N, nbatch) -> tuple:
     """(TM, BK, SWZ): on GPUs 8x8 per invocation (128x128 tiles) once there are enough tiles
     to fill the GPU, 4x4 (64x64 tiles) for small products so that they still spread over all
-    cores. CPU adapters (lavapipe) run 64x64 tiles: fewer live registers per SIMD lane."""
+    cores. On CPU adapters this kernel runs only where forced (CPU_KERNEL False): 64x64
+    tiles, fewer live registers per SIMD lane; _cpu_tile picks the CPU kernel's blocks."""
     if _is_cpu(dev):
         return 4, 16, 0
     big = nbatch * (-(-M // 128)) * (-(-N // 128))
@@ -204,17 +211,29 @@ def _is_cpu(dev) -> bool:
 
 # CPU adapters (shaders/matmul_cpu.wgsl): outputs per invocation (TM x TN) and invocations per
 # workgroup (WGX along n, WGY along m), from benchmarks/cpu_sweep.py on lavapipe (AVX2).
+# K per pass of the CPU kernel (element-wise, vec4): llvmpipe ends an invocation's loops after
+# 65,535 back-edges in all; a vec4 step covers 4 K.
+CPU_KPASS = (65_000, 260_000)
+CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
 CPU_WG = (4, 4)  # WGX, WGY
+CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
 
 
-def _cpu_tile(M: int, N: int) -> tuple:
-    """(TM, TN, WGX, WGY): 16 x 16 blocks (most FMAs per loaded value) where the output has
-    enough of them, smaller blocks for thin outputs so that fewer lanes idle."""
-    side = lambda d: 16 if d >= 256 else 8 if d >= 32 else 4
-    return (side(M), side(N)) + CPU_WG
+def use_cpu_kernel(dev) -> bool:
+    return _is_cpu(dev) if CPU_KERNEL is None else CPU_KERNEL
 
 
-CPU_FLAT = (1, 4, 1, 64)  # tiny batched matrices: one row per invocation, 64 rows a workgroup
+def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
+    """(TM, TN, WGX, WGY, FLAT): 8 x 8 blocks where the output has enough of them, 4 on a thin
+    side so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
+    batches' rows). 16 x 16 and 8 x 32 blocks run up to 1.5x faster at 512^2 but take llvmpipe
+    10-35 s to compile (benchmarks/cpu_sweep.py), too long for the first step of a script."""
+    if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
+        return CPU_FLAT
+    side = lambda d: 8 if d >= 32 else 4
+    return (side(M), side(N)) + CPU_WG + (0,)
+
+
 _Q = "xyzw"
 
 
@@ -261,11 +280,11 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, t: str) -> dict:
         store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * N;")
         for j in range(tn):
             n = f"n0 + {j}u"
-            store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = {t}(epi(r{i} + {n}, {n}, "
-                         f"c{i}_{j // 4}.{_Q[j % 4]})); }}")
+            store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
+                         f"c{i}_{j // 4}.{_Q[j % 4]}); }}")
         store.append("}")
     ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
-    return {"SETUP": ind(setup, 4), "BODY4": ind(body4, 12), "BODY1": ind(body1, 12),
+    return {"SETUP": ind(setup, 4), "BODY4": ind(body4, 8), "BODY1": ind(body1, 8),
             "STORE": ind(store, 4)}
 
 
@@ -284,25 +303,25 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      **_cpu_code(tm, tn, am, bm, vec, t))
 
 
-def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile=None):
-    flat = nbatch > 1 and 8 * M <= CPU_FLAT[3]
-    tm, tn, wgx, wgy = tile or (CPU_FLAT if flat else _cpu_tile(M, N))
+def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
+    tm, tn, wgx, wgy, flat = tile
     k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=a.dtype == float16, epilogue=epi)
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
-    if flat:
-        rows = nbatch * M
-        fx, fy, _ = groups_1d(rows, wgy)
-        if gx > MAX_WG_PER_DIM:
-            raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
-        a.device.dispatch(k, bufs, words + [0, *extra, rows], (fx, fy, gx))
-        return
-    if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:
+    if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
-    for z0 in range(0, nbatch, MAX_WG_PER_DIM):
-        gz = min(MAX_WG_PER_DIM, nbatch - z0)
-        a.device.dispatch(k, bufs, words + [z0, *extra], (gx, gy, gz))
+    rows = nbatch * M
+    span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
+    for kb in range(0, K, span):  # passes over K: under llvmpipe's loop cap, adding up in C
+        ks = [kb, min(K, kb + span), int(kb > 0), int(kb + span >= K)]
+        if flat:
+            fx, fy, _ = groups_1d(rows, wgy)
+            a.device.dispatch(k, bufs, words + [0, *extra, rows, *ks], (fx, fy, gx))
+            continue
+        for z0 in range(0, nbatch, MAX_WG_PER_DIM):
+            gz = min(MAX_WG_PER_DIM, nbatch - z0)
+            a.device.dispatch(k, bufs, words + [z0, *extra, 0, *ks], (gx, gy, gz))
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
@@ -321,7 +340,9 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if residual is not None:
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
-    if _is_cpu(a.device) and (tile is None or len(tile) == 4):
+    if tile is None and use_cpu_kernel(a.device):
+        tile = _cpu_tile(M, N, nbatch)
+    if tile is not None and len(tile) == 5:
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
     tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
     k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
