@@ -1,7 +1,7 @@
 // C[b] = A[b] @ B[b] on CPU adapters (lavapipe/llvmpipe); same operands and words as
 // matmul.wgsl (0 M, 1 N, 2 K, 3..6 A offset/batch/row/col stride, 7..10 B, 11 C offset,
 // 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch, 16/17 the
-// K range of this pass, 18 add to C (not the first pass), 19 apply the epilogue (the last)).
+// K range of this pass).
 // llvmpipe runs a workgroup's invocations as the SIMD lanes of one CPU thread, turns every
 // workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
 // one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
@@ -19,13 +19,11 @@
 {{EPI_DECLS}}
 
 fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
-// The stored value of a sum over this pass's K range: added to C's value from earlier passes
-// (word 18), the epilogue applied in the last pass (word 19).
+// The stored value: ACC 1 (passes after the first over a long K) adds C's value so far; the
+// epilogue is the identity except in the last pass.
 fn fin(i: u32, n: u32, x: f32) -> {{T}} {
-    var v = x;
-    if (pu(18u) == 1u) { v += f32(C[i]); }
-    if (pu(19u) == 1u) { v = epi(i, n, v); }
-    return {{T}}(v);
+    if ({{ACC}}u == 1u) { return {{T}}(epi(i, n, x + f32(C[i]))); }
+    return {{T}}(epi(i, n, x));
 }
 fn ea(i: u32) -> f32 { return f32(A[i >> 2u][i & 3u]); }
 fn eb(i: u32) -> f32 { return f32(B[i >> 2u][i & 3u]); }

@@ -214,6 +214,7 @@ def _is_cpu(dev) -> bool:
 # K per pass of the CPU kernel (element-wise, vec4): llvmpipe ends an invocation's loops after
 # 65,535 back-edges in all; a vec4 step covers 4 K.
 CPU_KPASS = (65_000, 260_000)
+CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
 CPU_WG = (4, 4)  # WGX, WGY
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
@@ -224,20 +225,20 @@ def use_cpu_kernel(dev) -> bool:
 
 
 def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
-    """(TM, TN, WGX, WGY, FLAT): 8 x 8 blocks where the output has enough of them, 4 on a thin
-    side so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
-    batches' rows). 16 x 16 and 8 x 32 blocks run up to 1.5x faster at 512^2 but take llvmpipe
-    10-35 s to compile (benchmarks/cpu_sweep.py), too long for the first step of a script."""
+    """(TM, TN, WGX, WGY, FLAT): 16 x 16 blocks (the most FMAs per loaded value that llvmpipe
+    still compiles in seconds) where the output has enough of them, smaller ones on thin sides
+    so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
+    batches' rows). benchmarks/cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
         return CPU_FLAT
-    side = lambda d: 8 if d >= 32 else 4
+    side = lambda d: 16 if d >= 128 else 8 if d >= 32 else 4
     return (side(M), side(N)) + CPU_WG + (0,)
 
 
 _Q = "xyzw"
 
 
-def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, t: str) -> dict:
+def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -> dict:
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
     loaded value stays a named register)."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
@@ -256,7 +257,7 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, t: str) -> dict:
         return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
 
     body4 = []
-    if vec:
+    if k4:
         if am == 0:
             body4 += [f"let a{i} = vec4<f32>(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
             a_of = lambda i, r: f"a{i}.{_Q[r]}"
@@ -273,8 +274,12 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, t: str) -> dict:
             bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
         body4 += fmas(a_of, bq_of, range(4))
     body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
-    body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
-    body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
+    if vec and bm == 0:  # B's quads along n, one k at a time
+        body1 += [f"let b{q} = vec4<f32>(B[(nq{q} + k * br) >> 2u]);" for q in range(tn // 4)]
+        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
+    else:
+        body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
+        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
     store = []
     for i in range(tm):
         store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * N;")
@@ -290,38 +295,46 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, t: str) -> dict:
 
 @functools.lru_cache(maxsize=128)
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
-                   f16: bool = False, epilogue: tuple = (None, False, False)) -> Kernel:
+                   f16: bool = False, epilogue: tuple = (None, False, False),
+                   acc: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
     invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise)."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     vec = am != 2 and bm != 2 and not (am == 1 and tm % 4)
     am, bm = (am, bm) if vec else (0, 0)
+    k4 = vec and tm * tn < CPU_K1_BLOCK
     t = "f16" if f16 else "f32"
-    return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(vec),
-                     FLAT=int(flat), T=t, F16=int(f16), **_epilogue_defines(*epilogue),
-                     **_cpu_code(tm, tn, am, bm, vec, t))
+    return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
+                     FLAT=int(flat), T=t, F16=int(f16), ACC=int(acc),
+                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t))
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
     tm, tn, wgx, wgy, flat = tile
-    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=a.dtype == float16, epilogue=epi)
+    f16 = a.dtype == float16
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi)
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
-    rows = nbatch * M
+    rows, bound = nbatch * M, bufs
     span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
-    for kb in range(0, K, span):  # passes over K: under llvmpipe's loop cap, adding up in C
-        ks = [kb, min(K, kb + span), int(kb > 0), int(kb + span >= K)]
+    for kb in range(0, K, span):  # bound over K: under llvmpipe's loop cap, adding up in C
+        if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
+            last = kb + span >= K
+            k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
+                               epilogue=epi if last else (None, False, False))
+            bound = bufs if last else bufs[:3]
+        ks = [kb, min(K, kb + span)]
         if flat:
             fx, fy, _ = groups_1d(rows, wgy)
-            a.device.dispatch(k, bufs, words + [0, *extra, rows, *ks], (fx, fy, gx))
+            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks], (fx, fy, gx))
             continue
         for z0 in range(0, nbatch, MAX_WG_PER_DIM):
             gz = min(MAX_WG_PER_DIM, nbatch - z0)
-            a.device.dispatch(k, bufs, words + [z0, *extra, 0, *ks], (gx, gy, gz))
+            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks], (gx, gy, gz))
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
