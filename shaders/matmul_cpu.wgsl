@@ -6,9 +6,11 @@
 // workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
 // one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
 // barriers and no workgroup memory, and each invocation owns a TM x TN block of C in registers:
-// per k it loads TM + TN values for TM * TN FMAs. K is walked 4 at a time with vec4 loads along
-// each operand's contiguous dimension (one lane visit loads 4 values), host-unrolled with literal
-// indices); VEC 0 (odd strides or alignment) and the K % 4 tail load element-wise.
+// per k it loads TM + TN values for TM * TN FMAs. VEC 1: K is walked 4 at a time with vec4
+// loads along each operand's contiguous dimension (one lane visit loads 4 values); otherwise
+// (and for the K % 4 tail) one k at a time, B as vec4 along n where it is contiguous (large
+// blocks: their 4-k body takes llvmpipe too long to compile), else element-wise. The register
+// code is unrolled on the host with literal indices (ops/matmul.py, _cpu_code).
 //   AM 0: A's K contiguous, 1: A's M contiguous.  BM 0: B's N contiguous, 1: B's K contiguous.
 //   FLAT 1 (TM 1): lanes walk the flattened (batch, row) index, for tiny batched matrices.
 // llvmpipe silently stops looping once an invocation has taken 65,535 loop back-edges in total
