@@ -130,7 +130,7 @@ def test_gradients(dev, rng):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("tile", TILES[:2], indirect=True)
+@pytest.mark.parametrize("tile", TILES[:2] + CPU_TILES, indirect=True)
 def test_float16_storage(dev, rng, tile):
     """f16 @ f16 -> f16 with f32 accumulation (adapters with shader-f16)."""
     if "shader-f16" not in dev.features:
