@@ -210,7 +210,7 @@ def _is_cpu(dev) -> bool:
 
 
 # CPU adapters (shaders/matmul_cpu.wgsl): outputs per invocation (TM x TN) and invocations per
-# workgroup (WGX along n, WGY along m), from benchmarks/cpu_sweep.py on lavapipe (AVX2).
+# workgroup (WGX along n, WGY along m), from benchmarks/_cpu_sweep.py on lavapipe (AVX2).
 # K per pass of the CPU kernel (element-wise, vec4): llvmpipe ends an invocation's loops after
 # 65,535 back-edges in all; a vec4 step covers 4 K.
 CPU_KPASS = (65_000, 260_000)
@@ -228,7 +228,7 @@ def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
     """(TM, TN, WGX, WGY, FLAT): 16 x 16 blocks (the most FMAs per loaded value that llvmpipe
     still compiles in seconds) where the output has enough of them, smaller ones on thin sides
     so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
-    batches' rows). benchmarks/cpu_sweep.py measures the alternatives."""
+    batches' rows). benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
         return CPU_FLAT
     side = lambda d: 16 if d >= 128 else 8 if d >= 32 else 4

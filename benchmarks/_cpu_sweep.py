@@ -2,7 +2,7 @@
 layouts next to the GPU tiled kernel and numpy, measured in the same run. Prints one JSON line
 per measurement; the winners go into ops/matmul.py (_cpu_tile).
 
-    PYTHONPATH=$PWD python benchmarks/cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
         [--tiles 16x16x4x4,8x32x4x4,...]
 """
 from __future__ import annotations
