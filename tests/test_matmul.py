@@ -8,16 +8,24 @@ import pytest
 import wgrumus as wr
 
 mm = importlib.import_module("wgrumus.ops.matmul")
-TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # (TM, BK, swizzle rows)
+TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # tiled kernel: (TM, BK, swizzle rows)
+# CPU-adapter kernel (matmul_cpu.wgsl): (TM, TN, WGX, WGY, FLAT)
+CPU_TILES = [(8, 8, 4, 4, 0), (4, 8, 2, 8, 0), (1, 4, 1, 64, 1)]
+CPU_K1 = (16, 16, 4, 4, 0)  # a block that steps K one at a time (slow to compile: one test)
 
 
 @pytest.fixture
 def tile(request):
-    """Force one register tiling for the duration of a test."""
-    orig = mm._pick_tile
-    mm._pick_tile = lambda *a: request.param
+    """Force one kernel and its register tiling for the duration of a test."""
+    cpu = len(request.param) == 5
+    orig = mm._pick_tile, mm._cpu_tile, mm.CPU_KERNEL
+    mm.CPU_KERNEL = cpu
+    if cpu:
+        mm._cpu_tile = lambda *a: request.param
+    else:
+        mm._pick_tile = lambda *a: request.param
     yield request.param
-    mm._pick_tile = orig
+    mm._pick_tile, mm._cpu_tile, mm.CPU_KERNEL = orig
 
 
 def _operand(rng, shape, transposed, dev):
@@ -36,7 +44,7 @@ def _check(out, ref, k):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("tile", TILES, indirect=True)
+@pytest.mark.parametrize("tile", TILES + CPU_TILES + [CPU_K1], indirect=True)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
 @pytest.mark.parametrize("M,N,K", [(64, 64, 16), (68, 132, 40), (130, 68, 36), (5, 7, 3),
                                    (1, 9, 12), (12, 1, 8), (64, 64, 1), (17, 33, 129)])
@@ -49,7 +57,8 @@ def test_layouts_and_shapes(dev, rng, tile, ta, tb, M, N, K):
 def test_load_modes_are_specialised(dev, rng):
     """Contiguous and transposed operands take the vec4 paths; odd strides the gather path."""
     modes = []
-    orig = mm.kernel_for
+    orig, cpu = mm.kernel_for, mm.CPU_KERNEL
+    mm.CPU_KERNEL = False  # the tiled kernel (the CPU kernel: test_cpu_kernel_load_modes)
     mm.kernel_for = lambda tm, bk, am, bm, *r, **kw: (modes.append((am, bm)),
                                                       orig(tm, bk, am, bm, *r, **kw))[1]
     try:
@@ -59,7 +68,7 @@ def test_load_modes_are_specialised(dev, rng):
         a.T.contiguous().T @ b.T.contiguous().T
         wr.tensor(rng.standard_normal((32, 18)).astype(np.float32), device=dev)[:, 1:17] @ b
     finally:
-        mm.kernel_for = orig
+        mm.kernel_for, mm.CPU_KERNEL = orig, cpu
     assert modes == [(0, 0), (1, 1), (2, 0)]
 
 
@@ -73,7 +82,7 @@ def test_strided_views(dev, rng):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("tile", TILES, indirect=True)
+@pytest.mark.parametrize("tile", TILES + CPU_TILES, indirect=True)
 def test_batched_and_broadcast(dev, rng, tile):
     a, an = _operand(rng, (3, 20, 12), False, dev)
     b, bn = _operand(rng, (3, 12, 8), True, dev)
@@ -121,7 +130,7 @@ def test_gradients(dev, rng):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("tile", TILES[:2], indirect=True)
+@pytest.mark.parametrize("tile", TILES[:2] + CPU_TILES, indirect=True)
 def test_float16_storage(dev, rng, tile):
     """f16 @ f16 -> f16 with f32 accumulation (adapters with shader-f16)."""
     if "shader-f16" not in dev.features:
@@ -150,7 +159,7 @@ def test_tile_choice():
     assert mm._pick_tile(cpu, 4096, 4096, 1)[0] == 4
 
 
-@pytest.mark.parametrize("tile", TILES, indirect=True)
+@pytest.mark.parametrize("tile", TILES + CPU_TILES, indirect=True)
 @pytest.mark.parametrize("bias,residual,act", [(True, False, None), (False, True, None),
                                                (True, True, None), (True, False, "relu"),
                                                (False, False, "relu")])
@@ -175,3 +184,65 @@ def test_linear_epilogue_matches_numpy(dev, tile, bias, residual, act, M, K, N):
     wt = wr.tensor(w, device=dev).transpose(0, 1)
     got = mm.linear_2d(wr.tensor(x, device=dev), wt, b, r, "max({z}, 0.0)" if act else None)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_kernel_load_modes(dev, rng, monkeypatch):
+    """The CPU kernel reads contiguous and transposed operands as vec4, odd strides element-wise,
+    and is the one CPU adapters get by default."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    modes = []
+    orig = mm.cpu_kernel_for
+    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (modes.append(a[4:6]),
+                                                               orig(*a, **kw))[1])
+    a = wr.tensor(rng.standard_normal((32, 16)).astype(np.float32), device=dev)
+    b = wr.tensor(rng.standard_normal((16, 24)).astype(np.float32), device=dev)
+    a @ b
+    a.T.contiguous().T @ b.T.contiguous().T
+    wr.tensor(rng.standard_normal((32, 18)).astype(np.float32), device=dev)[:, 1:17] @ b
+    assert modes == [(0, 0), (1, 1), (2, 0)]
+    assert ("VEC", "1") in orig(8, 8, 4, 4, 1, 1).defines
+    assert ("VEC", "0") in orig(8, 8, 4, 4, 2, 0).defines
+    from types import SimpleNamespace
+    monkeypatch.setattr(mm, "CPU_KERNEL", None)
+    assert mm.use_cpu_kernel(SimpleNamespace(adapter_info={"adapter_type": "CPU"}))
+    assert not mm.use_cpu_kernel(SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"}))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("tile", CPU_TILES[:1] + CPU_TILES[2:3], indirect=True)
+@pytest.mark.parametrize("K,aligned", [(270_000, True), (70_001, False)])
+def test_cpu_kernel_k_past_loop_cap(dev, rng, tile, K, aligned):
+    """K past llvmpipe's 65,535 loop back-edges per invocation (vec4 steps: 4 K a trip; element-wise:
+    1): split into passes that add up in C."""
+    an = rng.standard_normal((3, K)).astype(np.float32)
+    bn = rng.standard_normal((K, 4 if aligned else 6)).astype(np.float32)
+    a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
+    if not aligned:  # a column-offset view: element-wise loads
+        b = wr.tensor(np.pad(bn, ((0, 0), (1, 0))), device=dev)[:, 1:]
+    out = (a @ b).numpy()
+    ref = an.astype(np.float64) @ bn.astype(np.float64)
+    tol = 2e-3 * np.sqrt(K) / 10
+    np.testing.assert_allclose(out, ref, rtol=1e-3, atol=tol)
+    bias = rng.standard_normal(bn.shape[1]).astype(np.float32)  # epilogue in the last pass only
+    fused = mm.linear_2d(a, b, bias=wr.tensor(bias, device=dev), activation="max({z}, 0.0)")
+    np.testing.assert_allclose(fused.numpy(), np.maximum(ref + bias, 0), rtol=1e-3, atol=tol)
+
+
+@pytest.mark.timeout(120)
+def test_tiny_batched_matrices(dev, rng):
+    """(70000, 2, 2) @ (2, 2) runs as one 2-D product and (70000, 2, 2) @ (70000, 2, 2) as one
+    FLAT launch (more batches than a dispatch dimension holds); gradients through the route."""
+    an = rng.standard_normal((70_000, 2, 2)).astype(np.float32)
+    bn = rng.standard_normal((70_000, 2, 2)).astype(np.float32)
+    wn = rng.standard_normal((2, 2)).astype(np.float32)
+    a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
+    w = wr.tensor(wn, device=dev, requires_grad=True)
+    np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-5, atol=1e-5)
+    out = a @ w
+    np.testing.assert_allclose(out.numpy(), an @ wn, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), np.einsum("bmk,bmn->kn", an, np.ones_like(an)),
+                               rtol=1e-3, atol=1e-2)
+    v = rng.standard_normal(2).astype(np.float32)
+    np.testing.assert_allclose((a @ wr.tensor(v, device=dev)).numpy(), an @ v, rtol=1e-5,
+                               atol=1e-5)

@@ -5,7 +5,7 @@ import functools
 import math
 
 from ..autograd.tape import record
-from ..runtime.device import MAX_WG_PER_DIM
+from ..runtime.device import MAX_WG_PER_DIM, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
@@ -45,6 +45,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     K2, N = b2.shape[-2:]
     if K != K2:
         raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({K} != {K2})")
+    if a2.ndim > 2 and b2.ndim == 2 and a2.is_contiguous():
+        # A batched contiguous operand times a 2-D one is one 2-D product: one kernel over all
+        # rows instead of a batch of (possibly tiny) products.
+        rows = math.prod(a2.shape[:-1])
+        out = reshape(matmul(reshape(a2, (rows, K)), b2), a2.shape[:-1] + (N,))
+        return reshape(out, out.shape[:-1]) if b.ndim == 1 else out
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     nb = len(batch)
     ae = expand(a2l, batch + (M, K)) if a2.shape[:-2] != batch else a2l
@@ -186,7 +192,8 @@ def _mode(off, sb, rs, cs, rows, cols, along_rows_ok=True):
 def _pick_tile(dev, M, N, nbatch) -> tuple:
     """(TM, BK, SWZ): on GPUs 8x8 per invocation (128x128 tiles) once there are enough tiles
     to fill the GPU, 4x4 (64x64 tiles) for small products so that they still spread over all
-    cores. CPU adapters (lavapipe) run 64x64 tiles: fewer live registers per SIMD lane."""
+    cores. On CPU adapters this kernel runs only where forced (CPU_KERNEL False): 64x64
+    tiles, fewer live registers per SIMD lane; _cpu_tile picks the CPU kernel's blocks."""
     if _is_cpu(dev):
         return 4, 16, 0
     big = nbatch * (-(-M // 128)) * (-(-N // 128))
@@ -206,6 +213,134 @@ def _is_cpu(dev) -> bool:
     return str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
 
 
+# CPU adapters (shaders/matmul_cpu.wgsl): outputs per invocation (TM x TN) and invocations per
+# workgroup (WGX along n, WGY along m), from benchmarks/_cpu_sweep.py on lavapipe (AVX2).
+# K per pass of the CPU kernel (element-wise, vec4): llvmpipe ends an invocation's loops after
+# 65,535 back-edges in all; a vec4 step covers 4 K.
+CPU_KPASS = (65_000, 260_000)
+CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
+CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
+CPU_WG = (4, 4)  # WGX, WGY
+CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
+
+
+def use_cpu_kernel(dev) -> bool:
+    return _is_cpu(dev) if CPU_KERNEL is None else CPU_KERNEL
+
+
+def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
+    """(TM, TN, WGX, WGY, FLAT): 16 x 16 blocks (the most FMAs per loaded value that llvmpipe
+    still compiles in seconds) where the output has enough of them, smaller ones on thin sides
+    so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
+    batches' rows). benchmarks/_cpu_sweep.py measures the alternatives."""
+    if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
+        return CPU_FLAT
+    side = lambda d: 16 if d >= 128 else 8 if d >= 32 else 4
+    return (side(M), side(N)) + CPU_WG + (0,)
+
+
+_Q = "xyzw"
+
+
+def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -> dict:
+    """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
+    loaded value stays a named register)."""
+    setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
+    setup += [f"let cb{j} = bbase + min(n0 + {j}u, ln) * bc;" for j in range(tn)]
+    if vec and am == 1:
+        setup += [f"let mq{q} = abase + min(m0 + {4 * q}u, lqm);" for q in range(tm // 4)]
+    if vec and bm == 0:
+        setup += [f"let nq{q} = bbase + min(n0 + {4 * q}u, lqn);" for q in range(tn // 4)]
+    setup += [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
+
+    def fmas(a_of, bq_of, rs):
+        return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
+                for r in rs for i in range(tm) for q in range(tn // 4)]
+
+    def bcols(name, q, suffix=""):
+        return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
+
+    body4 = []
+    if k4:
+        if am == 0:
+            body4 += [f"let a{i} = vec4<f32>(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
+            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+        else:
+            body4 += [f"let a{q}_{r} = vec4<f32>(A[(mq{q} + (k + {r}u) * ac) >> 2u]);"
+                      for r in range(4) for q in range(tm // 4)]
+            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
+        if bm == 0:
+            body4 += [f"let b{r}_{q} = vec4<f32>(B[(nq{q} + (k + {r}u) * br) >> 2u]);"
+                      for r in range(4) for q in range(tn // 4)]
+            bq_of = lambda r, q: f"b{r}_{q}"
+        else:
+            body4 += [f"let b{j} = vec4<f32>(B[(cb{j} + k) >> 2u]);" for j in range(tn)]
+            bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
+        body4 += fmas(a_of, bq_of, range(4))
+    body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
+    if vec and bm == 0:  # B's quads along n, one k at a time
+        body1 += [f"let b{q} = vec4<f32>(B[(nq{q} + k * br) >> 2u]);" for q in range(tn // 4)]
+        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
+    else:
+        body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
+        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
+    store = []
+    for i in range(tm):
+        store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * N;")
+        for j in range(tn):
+            n = f"n0 + {j}u"
+            store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
+                         f"c{i}_{j // 4}.{_Q[j % 4]}); }}")
+        store.append("}")
+    ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
+    return {"SETUP": ind(setup, 4), "BODY4": ind(body4, 8), "BODY1": ind(body1, 8),
+            "STORE": ind(store, 4)}
+
+
+@functools.lru_cache(maxsize=128)
+def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
+                   f16: bool = False, epilogue: tuple = (None, False, False),
+                   acc: bool = False) -> Kernel:
+    """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
+    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise)."""
+    if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
+        raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
+    vec = am != 2 and bm != 2 and not (am == 1 and tm % 4)
+    am, bm = (am, bm) if vec else (0, 0)
+    k4 = vec and tm * tn < CPU_K1_BLOCK
+    t = "f16" if f16 else "f32"
+    return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
+                     FLAT=int(flat), T=t, F16=int(f16), ACC=int(acc),
+                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t))
+
+
+def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
+    tm, tn, wgx, wgy, flat = tile
+    f16 = a.dtype == float16
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi)
+    words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
+             b.strides[-2], b.strides[-1], out.offset]
+    gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
+    if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
+        raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
+    rows, bound = nbatch * M, bufs
+    span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
+    for kb in range(0, K, span):  # bound over K: under llvmpipe's loop cap, adding up in C
+        if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
+            last = kb + span >= K
+            k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
+                               epilogue=epi if last else (None, False, False))
+            bound = bufs if last else bufs[:3]
+        ks = [kb, min(K, kb + span)]
+        if flat:
+            fx, fy, _ = groups_1d(rows, wgy)
+            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks], (fx, fy, gx))
+            continue
+        for z0 in range(0, nbatch, MAX_WG_PER_DIM):
+            gz = min(MAX_WG_PER_DIM, nbatch - z0)
+            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks], (gx, gy, gz))
+
+
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
             activation=None):
     ar, ac = a.strides[-2], a.strides[-1]
@@ -213,9 +348,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     am = _mode(a.offset, sa, ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
-    tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
     epi = (activation, bias is not None, residual is not None)
-    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     extra = [0, 0]
     if bias is not None:
@@ -224,6 +357,12 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if residual is not None:
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
+    if tile is None and use_cpu_kernel(a.device):
+        tile = _cpu_tile(M, N, nbatch)
+    if tile is not None and len(tile) == 5:
+        return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
+    tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
+    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
     t = 16 * tm
     gx, gy = -(-N // t), -(-M // t)
     if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:

@@ -1,0 +1,71 @@
+"""Tuning sweep for CPU adapters (lavapipe): matmul_cpu.wgsl block shapes and workgroup
+layouts next to the GPU tiled kernel and numpy, measured in the same run. Prints one JSON line
+per measurement; the winners go into ops/matmul.py (_cpu_tile).
+
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
+        [--tiles 16x16x4x4,8x32x4x4,...]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+os.environ.setdefault("WGRUMUS_DEVICES", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ops import timeit  # noqa: E402
+
+GPU_TILE = (4, 16, 0)  # the shared-memory tiled kernel the CPU adapters ran before
+TILES = "8x8x4x4,8x8x8x8,4x8x8x8,8x4x8x8,4x4x8x8,8x16x4x4,16x8x4x4,8x8x2x2,8x8x16x4"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="256,512")
+    p.add_argument("--layouts", default="nn")
+    p.add_argument("--tiles", default=TILES, help="TMxTNxWGXxWGY list, comma separated")
+    p.add_argument("--no-gpu-kernel", action="store_true", help="skip the tiled GPU kernel")
+    args = p.parse_args(argv)
+    import wgrumus as wr
+    mm = importlib.import_module("wgrumus.ops.matmul")
+    dev = wr.devices()[0]
+    print(json.dumps({"what": "adapter", "device": dev.adapter_info.get("device"),
+                      "load": os.getloadavg()}), flush=True)
+    tiles = [tuple(int(x) for x in t.split("x")) + (0,) for t in args.tiles.split(",") if t]
+    if not args.no_gpu_kernel:
+        tiles.append(GPU_TILE)
+    orig = mm._launch
+    for n in [int(s) for s in args.sizes.split(",")]:
+        a, b = wr.randn((n, n), seed=1), wr.randn((n, n), seed=2)
+        an, bn = a.numpy(), b.numpy()
+        t_np = timeit(lambda: an @ bn)
+        print(json.dumps({"what": "numpy", "n": n, "gflops": 2 * n ** 3 / t_np / 1e9}),
+              flush=True)
+        for layout in args.layouts.split(","):
+            ta = a.transpose(0, 1) if layout[0] == "t" else a
+            tb = b.transpose(0, 1) if layout[1] == "t" else b
+            want = (ta.numpy() @ tb.numpy())
+            for tile in tiles:
+                mm._launch = lambda *x, tile=tile, **kw: orig(*x, tile=tile, **kw)
+                try:
+                    err = float(np.abs((ta @ tb).numpy() - want).max())
+                    dt = timeit(lambda: ta @ tb, dev.synchronize)
+                    row = {"ms": round(dt * 1e3, 2), "gflops": round(2 * n ** 3 / dt / 1e9, 3),
+                           "vs_numpy": round(t_np / dt, 4), "max_err": err}
+                except Exception as e:  # a variant that does not build: report, go on
+                    row = {"error": str(e)[:300]}
+                finally:
+                    mm._launch = orig
+                print(json.dumps({"what": "matmul", "n": n, "layout": layout,
+                                  "tile": "x".join(map(str, tile[:4])), **row}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

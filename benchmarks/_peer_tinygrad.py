@@ -1,0 +1,104 @@
+"""Peer row: tinygrad's WebGPU backend (Dawn) on the same adapter, next to wgrumus and numpy in
+the same run: fp32 matmul and the MLP 784-512-512-10 batch 256 AdamW step of train_step.py.
+Optional: prints why and exits 0 when tinygrad or its WebGPU backend is not importable
+(tinygrad needs Dawn's libwebgpu_dawn, which wgpu-py does not ship; WEBGPU_PATH points to it).
+
+    PYTHONPATH=$PWD python benchmarks/_peer_tinygrad.py [--sizes 256,512] [--device WEBGPU]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+os.environ.setdefault("WGRUMUS_DEVICES", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ops import timeit  # noqa: E402
+
+
+def _tinygrad(device: str):
+    """(tinygrad module, device name) or (None, why)."""
+    try:
+        import tinygrad
+        from tinygrad import Device, Tensor
+        Tensor.ones(4, device=device).realize()
+        return tinygrad, Device[device]
+    except Exception as e:  # absent, or its backend library is missing: no peer row
+        return None, f"{type(e).__name__}: {str(e)[:200]}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="256,512")
+    p.add_argument("--device", default="WEBGPU", help="tinygrad device (default WEBGPU)")
+    p.add_argument("--no-mlp", action="store_true")
+    p.add_argument("--mlp", default="256:784,512,512,10", help="batch:dims of the MLP step")
+    args = p.parse_args(argv)
+    tg, tdev = _tinygrad(args.device)
+    if tg is None:
+        print(f"tinygrad peer skipped ({args.device}): {tdev}")
+        return 0
+    from tinygrad import Tensor
+    import wgrumus as wr
+    dev = wr.devices()[0]
+    tsync = tdev.synchronize
+    from importlib.metadata import version
+    print(f"wgrumus on {dev.adapter_info.get('device')}; tinygrad {version('tinygrad')} on "
+          f"{args.device}")
+    print(f"{'bench':<10}{'size':>6}{'wgrumus':>10}{'tinygrad':>10}{'numpy':>10}"
+          f"{'x tinygrad':>12}{'x numpy':>9}")
+    for n in [int(s) for s in args.sizes.split(",")]:
+        a, b = wr.randn((n, n), seed=1), wr.randn((n, n), seed=2)
+        an, bn = a.numpy(), b.numpy()
+        ta = Tensor(an, device=args.device).realize()
+        tb = Tensor(bn, device=args.device).realize()
+        ours = timeit(lambda: a @ b, dev.synchronize)
+        peer = timeit(lambda: (ta @ tb).realize(), tsync)
+        ref = timeit(lambda: an @ bn)
+        g = lambda t: 2 * n ** 3 / t / 1e9
+        print(f"{'matmul':<10}{n:>6}{g(ours):>10.3f}{g(peer):>10.3f}{g(ref):>10.3f}"
+              f"{peer / ours:>12.2f}{ref / ours:>9.3f}   GFLOP/s")
+    if not args.no_mlp:
+        import train_step as ts
+        from tinygrad import Context, nn as tnn
+        batch, dims = args.mlp.split(":")
+        cfg = {"batch": int(batch), "dims": tuple(int(d) for d in dims.split(","))}
+        step, _, _ = ts.wgrumus_step("mlp", cfg, dev)
+        xh, yh = ts.mlp_data(cfg)
+        dims = cfg["dims"]
+        layers = [tnn.Linear(i, o) for i, o in zip(dims[:-1], dims[1:])]
+        params = [p for lay in layers for p in (lay.weight, lay.bias)]
+        for q in params:
+            q.replace(q.to(args.device)).realize()
+        opt = tnn.optim.AdamW(params, lr=ts.LR)
+        x, y = Tensor(xh, device=args.device), Tensor(yh.astype(np.int32), device=args.device)
+
+        def tstep():
+            with Context(TRAINING=1):
+                _tstep()
+
+        def _tstep():
+            h = x
+            for i, lay in enumerate(layers):
+                h = lay(h)
+                h = h.relu() if i < len(layers) - 1 else h
+            loss = h.sparse_categorical_crossentropy(y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        np_step = ts.numpy_mlp_step(cfg)
+        ours = timeit(step, dev.synchronize, min_n=3)
+        peer = timeit(tstep, tsync, min_n=3)
+        ref = timeit(np_step, min_n=3)
+        print(f"{'mlp step':<10}{cfg['batch']:>6}{ours * 1e3:>10.1f}{peer * 1e3:>10.1f}"
+              f"{ref * 1e3:>10.1f}{peer / ours:>12.2f}{ref / ours:>9.3f}   ms/step")
+    print(f"load average {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

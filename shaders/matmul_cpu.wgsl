@@ -1,0 +1,87 @@
+// C[b] = A[b] @ B[b] on CPU adapters (lavapipe/llvmpipe); same operands and words as
+// matmul.wgsl (0 M, 1 N, 2 K, 3..6 A offset/batch/row/col stride, 7..10 B, 11 C offset,
+// 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch, 16/17 the
+// K range of this pass).
+// llvmpipe runs a workgroup's invocations as the SIMD lanes of one CPU thread, turns every
+// workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
+// one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
+// barriers and no workgroup memory, and each invocation owns a TM x TN block of C in registers:
+// per k it loads TM + TN values for TM * TN FMAs. VEC 1: K is walked 4 at a time with vec4
+// loads along each operand's contiguous dimension (one lane visit loads 4 values); otherwise
+// (and for the K % 4 tail) one k at a time, B as vec4 along n where it is contiguous (large
+// blocks: their 4-k body takes llvmpipe too long to compile), else element-wise. The register
+// code is unrolled on the host with literal indices (ops/matmul.py, _cpu_code).
+//   AM 0: A's K contiguous, 1: A's M contiguous.  BM 0: B's N contiguous, 1: B's K contiguous.
+//   FLAT 1 (TM 1): lanes walk the flattened (batch, row) index, for tiny batched matrices.
+// llvmpipe silently stops looping once an invocation has taken 65,535 loop back-edges in total
+// (one counter for all its loops), so a long K is split into passes (ops/matmul.py, CPU_KPASS).
+@group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
+@group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
+{{EPI_DECLS}}
+
+fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
+// The stored value: ACC 1 (passes after the first over a long K) adds C's value so far; the
+// epilogue is the identity except in the last pass.
+fn fin(i: u32, n: u32, x: f32) -> {{T}} {
+    if ({{ACC}}u == 1u) { return {{T}}(epi(i, n, x + f32(C[i]))); }
+    return {{T}}(epi(i, n, x));
+}
+fn ea(i: u32) -> f32 { return f32(A[i >> 2u][i & 3u]); }
+fn eb(i: u32) -> f32 { return f32(B[i >> 2u][i & 3u]); }
+
+const WGX: u32 = {{WGX}}u;  // invocations along n
+const WGY: u32 = {{WGY}}u;  // invocations along m
+const TM: u32 = {{TM}}u;
+const TN: u32 = {{TN}}u;
+const VEC: u32 = {{VEC}}u;
+const FLAT: u32 = {{FLAT}}u;
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let M = pu(0u);
+    let N = pu(1u);
+    let K = pu(2u);
+    var bz: u32;
+    var m0: u32;
+    var n0: u32;
+    var live = true;
+    if (FLAT == 1u) {  // rows over (x, y) folded 1-D, column blocks over z
+        let r = (wid.y * nwg.x + wid.x) * WGY + lid;
+        live = r < pu(15u);
+        let rr = select(0u, r, live);
+        bz = rr / M;
+        m0 = rr % M;
+        n0 = wid.z * TN;
+    } else {  // column blocks over x, row blocks over y, batches over z
+        bz = wid.z + pu(12u);
+        m0 = (wid.y * WGY + lid / WGX) * TM;
+        n0 = (wid.x * WGX + lid % WGX) * TN;
+    }
+    let abase = pu(3u) + bz * pu(4u);
+    let ar = pu(5u);
+    let ac = pu(6u);
+    let bbase = pu(7u) + bz * pu(8u);
+    let br = pu(9u);
+    let bc = pu(10u);
+    // Rows and columns past the edge read the last one (their sums are never stored); quads
+    // along a contiguous dimension are aligned, that dimension a multiple of 4 (host-checked).
+    let lm = M - 1u;
+    let ln = N - 1u;
+    let lqm = lm & ~3u;
+    let lqn = ln & ~3u;
+{{SETUP}}
+    let kb = pu(16u);
+    let ke = pu(17u);
+    let k4 = select(kb, kb + ((ke - kb) & ~3u), VEC == 1u);
+    for (var k = kb; k < k4; k += 4u) {
+{{BODY4}}
+    }
+    for (var k = k4; k < ke; k++) {
+{{BODY1}}
+    }
+    if (!live) { return; }
+    let c0 = pu(11u) + bz * M * N;
+{{STORE}}
+}
