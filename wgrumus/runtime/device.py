@@ -54,7 +54,7 @@ TRUSTED_FAMILIES = frozenset({"matmul"})
 # uniform buffers only, so on CPU adapters these families read their parameters from a
 # read-only storage buffer (the same speed for matmul; the other families stay on uniforms,
 # which llvmpipe reads faster: a CNN step took 1.37x longer with every family on storage).
-PARAMS_IN_STORAGE = frozenset({"matmul"})
+PARAMS_IN_STORAGE = frozenset({"matmul", "matmul_cpu"})
 _PARAMS_UNIFORM = "var<uniform> PRM"
 _PARAMS_STORAGE = "var<storage, read> PRM"
 
