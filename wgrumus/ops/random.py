@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import threading
 
+from ..runtime.capture import refuse
+
 _lock = threading.Lock()
 _state = {"seed": 0, "calls": 0}
 
@@ -30,6 +32,9 @@ def next_seed(seed=None) -> int:
     """The explicit seed, or the next one from the global generator."""
     if seed is not None:
         return int(seed) & 0xFFFFFFFF
+    refuse("a random op drawing from the global generator (dropout, rand, randn, init)",
+           "every replay would reuse the seed drawn at capture (the same mask each step); pass "
+           "an explicit seed= or keep the random op out of the jitted function")
     with _lock:
         k = _state["calls"]
         _state["calls"] += 1

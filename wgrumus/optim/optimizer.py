@@ -27,14 +27,17 @@ def dummy_buffer(device):
     return b._storage.buffer
 
 
-def launch(p: Tensor, g: Tensor, states, entry: str, words) -> None:
-    """One fused update dispatch over the n elements of ``p``."""
+def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None) -> None:
+    """One fused update dispatch over the n elements of ``p``. words: a callable giving the
+    kernel's hyperparameter words; refresh: one that steps the optimizer's counts and gives
+    them anew (a replayed wr.jit capture calls it per step; default: ``words``)."""
     dev = p.device
     bufs = [p._storage.buffer, g._storage.buffer]
     bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
-    soff = states[0].offset if states else 0
-    dev.dispatch_1d(Kernel.of("optim", entry), bufs,
-                    [p.numel, p.offset, g.offset, soff, *words], p.numel)
+    head = [p.numel, p.offset, g.offset, states[0].offset if states else 0]
+    again = refresh or words
+    dev.dispatch_1d(Kernel.of("optim", entry), bufs, head + words(), p.numel,
+                    refresh=lambda: head + again())
     p._storage.version += 1
     for s in states:
         s._storage.version += 1

@@ -23,3 +23,7 @@ class AdapterLimitError(WgrumusError, ValueError):
 
 class KernelError(WgrumusError):
     """A WGSL kernel failed to compile or launch (a bug in wgrumus, never in user code)."""
+
+
+class CaptureError(WgrumusError):
+    """A ``wr.jit`` function did something a replayed recording could not reproduce."""
