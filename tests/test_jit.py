@@ -266,3 +266,32 @@ def test_large_dispatch_counts(dev, rng):
     np.testing.assert_allclose(outs[2][0].numpy(), np.full(5, 150.0))
     idx = [0, 65_536 * 256, n - 1]
     np.testing.assert_allclose(outs[2][1].numpy()[idx], big[idx] * 2)
+
+
+# ----------------------------------------------------------------------------- wgrumus train
+def _train_cli(*args):
+    import json
+    import sys
+
+    from _util import run_process
+    p = run_process([sys.executable, "-m", "wgrumus.cli", "train", *args, "--json"], 280)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])["losses"]
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn", "gpt"])
+def test_cli_jit_gives_the_eager_losses(model):
+    args = [model, "--steps", "20", "--batch-size", "16"]
+    if model == "gpt":
+        args += ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8"]
+    eager = _train_cli(*args, "--no-jit")
+    jitted = _train_cli(*args, "--jit")
+    assert len(eager) == 20
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=0)
+
+
+def test_cli_jit_refuses_parallel_layouts(capsys):
+    from wgrumus.cli import main
+    assert main(["train", "mlp", "--jit", "--dp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--jit captures single-device steps only" in err and "--dp 2" in err

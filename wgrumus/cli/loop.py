@@ -54,6 +54,7 @@ class TrainConfig:
     plot: str | None = None
     json: bool = False
     title: str = "wgrumus train"
+    jit: bool = False
 
 
 def config_from_args(args) -> TrainConfig:
@@ -82,12 +83,17 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
     layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
+    jit = bool(getattr(args, "jit", False))
+    if jit and layout.world > 1:
+        raise UsageError(f"--jit captures single-device steps only so far ({layout.product()}); "
+                         f"captured steps do not compose with data, tensor or pipeline "
+                         f"parallelism yet: drop --jit or run with --dp/--tp/--pp 1")
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
-                       args.plot, args.json, getattr(args, "title", "wgrumus train"))
+                       args.plot, args.json, getattr(args, "title", "wgrumus train"), jit)
 
 
 def _check_gpt_sizes(args) -> None:

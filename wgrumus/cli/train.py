@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     g.add_argument("--seed", type=int, default=0,
                    help="weights and data order, the same in every layout (default 0)")
+    g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=False,
+                   help="replay each step from a wr.jit capture (no Python per op; same "
+                   "losses). One device only so far: --dp/--tp/--pp must be 1 (default off)")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

@@ -81,13 +81,18 @@ class SingleTrainer(TrainerBase):
         self.device = wr.devices()[0]
         self.model = task.make_model(self.device)
         self.opt = task.make_optimizer(self.model.parameters())
+        self._step = wr.jit(self._train_step) if cfg.jit else \
+            self._train_step
+
+    def _train_step(self, x, y):
+        import wgrumus as wr
+        loss = self.task.loss(self.model(x), y)
+        self.opt.step(wr.autograd.backward(loss))
+        return loss
 
     def step(self, x, y) -> float:
-        import wgrumus as wr
         self.model.train()
-        loss = self.task.loss(self.model(to_tensor(x, self.device)), to_tensor(y, self.device))
-        grads = wr.autograd.backward(loss)
-        self.opt.step(grads)
+        loss = self._step(to_tensor(x, self.device), to_tensor(y, self.device))
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:

@@ -37,7 +37,7 @@ def gpt_config(cfg, task):
 class _Rank:
     """One rank's model shard, optimizer and schedule (used by thread ranks and MPI ranks)."""
 
-    def __init__(self, group, gcfg, lay, task, dense):
+    def __init__(self, group, gcfg, lay, task, dense, jit: bool = False):
         from ..distributed import ProcessGroupManager, ThreeDParallelismConfig
         from ..distributed.parallel3d import _Stage, gpt_shard_plan
         from ..distributed.pipeline import get_schedule
@@ -50,6 +50,36 @@ class _Rank:
         self.plan = gpt_shard_plan(self.names)
         self.opt = task.make_optimizer([self.stage.params[n] for n in self.names])
         self.actions = get_schedule(lay.schedule, lay.pp, lay.micro_batches)[self.map.pp_rank]
+        self._jit = None
+        if jit:
+            import wgrumus as wr
+            if lay.world != 1:
+                raise ValueError("captured gpt steps run on one rank only (dp = tp = pp = 1)")
+            self._jit = wr.jit(self._one_rank_step)
+
+    def _one_rank_step(self, *mbs):
+        """The whole step of a 1 x 1 x 1 layout on device tensors (what _run_schedule, the
+        data-parallel mean and the optimizer do there, in the same order): micro-batch k is
+        (mbs[2k], mbs[2k + 1]); returns the micro-batch losses. Captured by --jit."""
+        from ..autograd import GradientStore, backward
+        m, grads = len(mbs) // 2, {}
+        losses = []
+        for k in range(m):
+            out = self.stage.forward(mbs[2 * k], mbs[2 * k + 1])
+            losses.append(out)
+            store = backward(out * (1.0 / m))
+            for n, p in self.stage.params.items():
+                gp = store.get(p)
+                if gp is not None:
+                    grads[n] = gp if n not in grads else grads[n] + gp
+        store = GradientStore()
+        for n in self.names:
+            if n not in grads:
+                raise ValueError(f"parameter {n} got no gradient; --jit needs every parameter "
+                                 "to take part in the loss")
+            store.accumulate(self.stage.params[n], grads[n])
+        self.opt.step(store)
+        return losses
 
     @property
     def coords(self):
@@ -63,6 +93,12 @@ class _Rank:
                                               replica_micro_batches, stage_loss)
         lay, m = self.lay, self.lay.micro_batches
         mbs = replica_micro_batches(tokens, self.map.dp_rank, lay.dp, m)
+        if self._jit is not None:
+            from ..tensor import tensor
+            args = [tensor(t, device=self.device) for mb in mbs
+                    for t in (mb[:, :-1], mb[:, 1:])]
+            self.stage.mb_losses = [v.item() for v in self._jit(*args)]
+            return stage_loss(self.stage, self.pgm)
         grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
         grads = dp_mean_grads(self.pgm, grads, self.names, self.device)
         store = GradientStore()
@@ -163,7 +199,7 @@ class ThreeDTrainer(TrainerBase):
             group.device = devs[group.rank % len(devs)]
             self.group = group
             self.is_main = group.rank == 0
-            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init)
+            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init, cfg.jit)
             self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])
@@ -183,7 +219,7 @@ class ThreeDTrainer(TrainerBase):
         self._error: list = []
 
         def rank_main(group):
-            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init)
+            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init, self.cfg.jit)
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():
                 try:
