@@ -295,3 +295,21 @@ def test_cli_jit_refuses_parallel_layouts(capsys):
     assert main(["train", "mlp", "--jit", "--dp", "2"]) == 2
     err = capsys.readouterr().err
     assert "--jit captures single-device steps only" in err and "--dp 2" in err
+
+
+def test_readme_jit_example_runs(tmp_path):
+    """The README's wr.jit block, run after the ten-line example that defines its model."""
+    import sys
+
+    from _util import ROOT, run_process
+    text = (ROOT / "README.md").read_text()
+    blocks = []
+    for head in ("## About ten lines of Python", "### Captured steps: `wr.jit`"):
+        start = text.index("```python", text.index(head)) + len("```python")
+        blocks.append(text[start:text.index("```", start)])
+    script = tmp_path / "readme_jit.py"
+    script.write_text(blocks[0] + blocks[1] + "print('jit', loss.item(), train_step.replays)\n")
+    p = run_process([sys.executable, script], 200)
+    assert p.returncode == 0, p.stderr
+    _, loss, replays = p.stdout.splitlines()[-1].split()
+    assert float(loss) < 0.15 and int(replays) == 98
