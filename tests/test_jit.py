@@ -313,3 +313,18 @@ def test_readme_jit_example_runs(tmp_path):
     assert p.returncode == 0, p.stderr
     _, loss, replays = p.stdout.splitlines()[-1].split()
     assert float(loss) < 0.15 and int(replays) == 98
+
+
+def test_refuses_data_parallel_and_work_on_two_devices(devs, rng):
+    """Layouts that do not compose yet fail clearly instead of replaying half a step."""
+    from wgrumus.parallel import DataParallel
+    x = wr.tensor(rng.standard_normal((4, 6)).astype(np.float32))
+    y = wr.tensor(rng.integers(0, 3, 4), dtype=wr.int32)
+    with DataParallel(_mlp(devs[0]), devices=devs[:2]) as dp:
+        msg = _capture_error(
+            lambda a, b: dp.train_step(a, b, F.cross_entropy, optim.SGD), x, y)
+        assert "DataParallel.train_step" in msg
+    w1 = wr.tensor(np.ones(6, np.float32), device=devs[1])
+    msg = _capture_error(lambda a: (a * 2.0, w1 * 3.0), x)
+    assert "on 2 devices" in msg
+    assert all(d.recorder is None for d in devs)

@@ -27,6 +27,7 @@ from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
 from ..ops.shape import cat
 from ..runtime import Device
+from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
@@ -421,6 +422,9 @@ class DataParallel:
         return optimizers
 
     def _step(self, batch, targets, loss_fn, optimizers):
+        refuse("DataParallel.train_step / forward_backward", "data-parallel replicas do not "
+               "compose with wr.jit yet (their steps run on worker threads around host "
+               "all-reduces); run DataParallel without wr.jit")
         n, sizes, bounds = self._shards(batch)
         if targets is not None:
             tn = targets.shape[0] if hasattr(targets, "shape") else len(targets)
