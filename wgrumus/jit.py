@@ -45,21 +45,24 @@ from .tensor import Storage, Tensor
 CACHE_SIZE = 8  # captures kept per jitted function (one per input signature)
 
 
-def jit(fn=None, *, warmup: int = 1, cache_size: int = CACHE_SIZE):
+def jit(fn=None, *, warmup: int = 1, cache_size: int = CACHE_SIZE, devices=None):
     """Capture ``fn`` (also ``@wr.jit`` or ``@wr.jit(warmup=...)``): ``warmup`` eager calls per
-    input signature, then one capturing call, then replays."""
+    input signature, then one capturing call, then replays. ``devices``: record only these
+    (default: every device of the process; threads capturing at once, as DataParallel's
+    replicas do, each name their own)."""
     if fn is None:
-        return lambda f: Jitted(f, warmup, cache_size)
-    return Jitted(fn, warmup, cache_size)
+        return lambda f: Jitted(f, warmup, cache_size, devices)
+    return Jitted(fn, warmup, cache_size, devices)
 
 
 class Jitted:
-    def __init__(self, fn, warmup: int = 1, cache_size: int = CACHE_SIZE):
+    def __init__(self, fn, warmup: int = 1, cache_size: int = CACHE_SIZE, devices=None):
         if warmup < 0 or cache_size < 1:
             raise ValueError(f"wr.jit: warmup must be >= 0 and cache_size >= 1 (got {warmup}, "
                              f"{cache_size})")
         functools.update_wrapper(self, fn)
         self.fn, self.warmup, self.cache_size = fn, warmup, cache_size
+        self.devices = None if devices is None else list(devices)
         self._captures: collections.OrderedDict = collections.OrderedDict()
         self._calls: dict = {}
         self.recaptures = 0  # captures dropped from the cache to make room
@@ -77,7 +80,7 @@ class Jitted:
         if n < self.warmup:
             self._calls[key] = n + 1
             return self.fn(*args, **kwargs)
-        cap, out = _Capture.record(self.fn, args, kwargs, tensors)
+        cap, out = _Capture.record(self.fn, args, kwargs, tensors, self.devices)
         self._calls.pop(key, None)
         self._captures[key] = cap
         if len(self._captures) > self.cache_size:
@@ -116,8 +119,8 @@ class _Capture:
     """One recording with its input and output buffers (pinned in the pool while it lives)."""
 
     @classmethod
-    def record(cls, fn, args, kwargs, tensors):
-        devices = list(MultiGpuContext.get().devices)
+    def record(cls, fn, args, kwargs, tensors, devices=None):
+        devices = list(devices or MultiGpuContext.get().devices)
         with no_grad():
             inputs = [_own_copy(t) for t in tensors]
         it = iter(inputs)

@@ -17,18 +17,20 @@ import threading
 from .errors import CaptureError
 
 _lock = threading.Lock()
-_open = [0]  # captures open in this process
+_local = threading.local()  # .open: captures open in this thread (DataParallel replicas capture
+# in their own threads at once, each on its own device)
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def active() -> bool:
-    return _open[0] > 0
+    return getattr(_local, "open", 0) > 0
 
 
 def refuse(call: str, why: str) -> None:
-    """Raise a CaptureError for ``call`` if a capture is open (a no-op otherwise)."""
-    if _open[0]:
+    """Raise a CaptureError for ``call`` if this thread has a capture open (a no-op
+    otherwise)."""
+    if getattr(_local, "open", 0):
         raise CaptureError(f"{call} inside a wr.jit function{_user_frame()}: {why}. A "
                            "captured step replays device work only; move this out of the "
                            "jitted function (or call the function without wr.jit)")
@@ -98,7 +100,7 @@ def start(devices) -> list:
             d.flush()
             d.recorder = Recording(d)
             recs.append(d.recorder)
-        _open[0] += 1
+    _local.open = getattr(_local, "open", 0) + 1
     return recs
 
 
@@ -106,4 +108,4 @@ def stop(devices) -> None:
     with _lock:
         for d in devices:
             d.recorder = None
-        _open[0] -= 1
+    _local.open -= 1
