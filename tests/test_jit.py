@@ -290,11 +290,19 @@ def test_cli_jit_gives_the_eager_losses(model):
     np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=0)
 
 
-def test_cli_jit_refuses_parallel_layouts(capsys):
+def test_cli_jit_data_parallel_gives_the_eager_losses():
+    args = ["mlp", "--steps", "6", "--batch-size", "16", "--dp", "2", "--devices", "2"]
+    np.testing.assert_allclose(_train_cli(*args, "--jit"), _train_cli(*args, "--no-jit"),
+                               rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("layout", [["mlp", "--pp", "2"], ["gpt", "--dp", "2"],
+                                    ["gpt", "--tp", "2"]])
+def test_cli_jit_refuses_layouts_that_do_not_compose(capsys, layout):
     from wgrumus.cli import main
-    assert main(["train", "mlp", "--jit", "--dp", "2"]) == 2
+    assert main(["train", *layout, "--jit"]) == 2
     err = capsys.readouterr().err
-    assert "--jit captures single-device steps only" in err and "--dp 2" in err
+    assert "do not compose" in err and " ".join(layout[1:]) in err
 
 
 def test_readme_jit_example_runs(tmp_path):

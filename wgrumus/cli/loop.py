@@ -84,10 +84,11 @@ def config_from_args(args) -> TrainConfig:
                          f"({m} by {args.pp})")
     layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
     jit = bool(getattr(args, "jit", False))
-    if jit and layout.world > 1:
-        raise UsageError(f"--jit captures single-device steps only so far ({layout.product()}); "
-                         f"captured steps do not compose with data, tensor or pipeline "
-                         f"parallelism yet: drop --jit or run with --dp/--tp/--pp 1")
+    if jit and (layout.tp > 1 or layout.pp > 1 or (model == "gpt" and layout.dp > 1)):
+        raise UsageError(f"--jit captures one device's steps, and --dp replicas of mlp/cnn, only "
+                         f"so far ({layout.product()}); captured steps do not compose with "
+                         f"tensor or pipeline parallelism or the gpt's 3D engine yet: drop --jit "
+                         f"or use --tp 1 --pp 1 (and --dp 1 for gpt)")
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)

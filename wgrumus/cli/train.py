@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="weights and data order, the same in every layout (default 0)")
     g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=False,
                    help="replay each step from a wr.jit capture (no Python per op; same "
-                   "losses). One device only so far: --dp/--tp/--pp must be 1 (default off)")
+                   "losses). One device, or --dp replicas of mlp/cnn; --tp/--pp do not "
+                   "compose yet (default off)")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

@@ -47,7 +47,7 @@ class DataParallelTrainer(TrainerBase):
             devs = _devices(cfg)
         self.model = task.make_model(devs[0])
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
-                               group=self.group)
+                               group=self.group, jit=cfg.jit)
         self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
 
     def step(self, x, y) -> float:
