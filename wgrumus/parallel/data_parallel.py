@@ -542,9 +542,11 @@ class DataParallel:
 
             pair = self._jits[key] = (jit(grads, devices=[dev]), jit(step, devices=[dev]))
         loss, flats = pair[0](x, y, float(scale))
+        self.events.record(k, "backward_end")
         if self.world_size > 1:
             handles = [self._comm.launch(k, f) for f in flats]
             flats = [h.wait(self.timeout) for h in handles]
+        self.events.record(k, "sync_end")
         pair[1](flats)
         return loss
 
