@@ -362,3 +362,26 @@ def test_data_parallel_jit_matches_eager(devs, rng, world):
     np.testing.assert_array_equal(runs[1][0], runs[0][0])
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(b, a)
+
+
+@pytest.mark.parametrize("opt_cls", [optim.Adam, optim.SGD])
+def test_optimizer_state_replaced_after_capture_is_refused(dev, opt_cls):
+    p = nn.Parameter(wr.tensor(np.ones(3, np.float32)))
+    opt = opt_cls([p], lr=0.1, **({"momentum": 0.9} if opt_cls is optim.SGD else {}))
+
+    @wr.jit
+    def step(t):
+        opt.zero_grad()
+        (p * t).sum().backward()
+        opt.step()
+    x = wr.tensor(np.arange(3, dtype=np.float32))
+    for _ in range(3):
+        step(x)
+    opt.load_state_dict(opt.state_dict())
+    with pytest.raises(wr.CaptureError, match="load_state_dict"):
+        step(x)
+    step.free()
+    before = p.numpy()
+    for _ in range(3):  # eager again, capture again, replay
+        step(x)
+    assert step.replays == 2 and not np.array_equal(p.numpy(), before)

@@ -80,7 +80,7 @@ class Adam(Optimizer):
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
             end += p.numel
-            rows.append(([end, p.offset, g.offset, m.offset, v.offset], st))
+            rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
 
         def words():
@@ -88,13 +88,15 @@ class Adam(Optimizer):
             lr = float(group["lr"])
             out = [lr, float(b1), float(b2), float(group["eps"]),
                    float(group["weight_decay"]), int(self._decoupled), 0, 0]
-            for offsets, st in rows:
+            for offsets, st, _ in rows:
                 t = st["step"]
                 out += offsets + [lr / (1.0 - b1 ** t), math.sqrt(1.0 - b2 ** t)]
             return out
 
         def refresh():
-            for _, st in rows:
+            for _, st, p in rows:
+                self._check_replay(p, st)
+            for _, st, _ in rows:
                 st["step"] += 1
             return words()
 
@@ -116,6 +118,7 @@ class Adam(Optimizer):
                     math.sqrt(1.0 - b2 ** t)]
 
         def refresh():
+            self._check_replay(p, state)
             state["step"] += 1
             return words()
         launch(p, g, [state["exp_avg"], state["exp_avg_sq"]], "adam", words, refresh)

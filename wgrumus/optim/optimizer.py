@@ -12,7 +12,7 @@ import numpy as np
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
 from ..ops.elementwise import contiguous
-from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
 
@@ -103,6 +103,15 @@ class Optimizer:
 
     def _update(self, p, g, state, group):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _check_replay(self, p, state) -> None:
+        """A replayed wr.jit capture updates the state tensors it captured: refuse to go on
+        once ``load_state_dict`` has replaced them."""
+        if self.state.get(p) is not state:
+            raise CaptureError(f"{type(self).__name__}'s state was replaced (load_state_dict) "
+                               "after a wr.jit capture of its step, which would go on updating "
+                               "the old state; call .free() on the jitted function after "
+                               "loading so it captures again")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:

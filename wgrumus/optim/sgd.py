@@ -35,6 +35,11 @@ class SGD(Optimizer):
                 buf = state["momentum_buffer"] = zeros(p.shape, device=p.device)
                 first = 1
             states = [buf]
-        launch(p, g, states, "sgd", lambda: [
-            float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
-            float(group["weight_decay"]), int(bool(group["nesterov"])), first])
+        def words():
+            return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
+                    float(group["weight_decay"]), int(bool(group["nesterov"])), first]
+
+        def refresh():
+            self._check_replay(p, state)
+            return words()
+        launch(p, g, states, "sgd", words, refresh)
