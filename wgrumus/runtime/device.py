@@ -248,12 +248,16 @@ class Device:
             self._slots = 0
         cb = self._encoder.finish()
         self._encoder = None
-        self.queue.submit([cb])
-        self.submits += 1
+        self._submit(cb)
         # The mapping resolves once this batch's copies out of the buffer have run.
         for st in self._upload_used:
             self._return_upload(st, st.map_async("WRITE"))
         self._upload_used = []
+
+    def _submit(self, command_buffer) -> None:
+        """Every submit of this device's work (batches and wr.jit replays) goes through here."""
+        self.queue.submit([command_buffer])
+        self.submits += 1
 
     def flush(self) -> None:
         """Submit the recorded batch without waiting for it."""

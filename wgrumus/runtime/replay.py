@@ -123,8 +123,7 @@ class Replay:
                 self._encode_raw(enc, before, after)
             else:
                 self._encode_api(enc, before, after)
-            dev.queue.submit([enc.finish()])
-            dev.submits += 1
+            dev._submit(enc.finish())
             dev.dispatches += self.dispatches
 
     def _pass(self, enc):
