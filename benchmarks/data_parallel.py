@@ -139,7 +139,8 @@ def run_plain(task, dev, a, jit=False) -> dict:
     for s in range(a.steps):
         step(a.warmup + s)
     dt = time.perf_counter() - t0
-    return {"devices": 1, "mode": "plain+jit" if jit else "plain", "samples_per_s": a.batch * a.steps / dt,
+    return {"devices": 1, "mode": "plain+jit" if jit else "plain",
+            "samples_per_s": a.batch * a.steps / dt,
             "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0}
 
 

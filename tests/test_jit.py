@@ -71,7 +71,7 @@ def _train(kind, dev, batches, use_jit, opt_name="adamw", clip=True, sched=True)
         losses.append(fn(xt, wr.tensor(y, device=dev, dtype=wr.int32)))
         if sch:
             sch.step()
-    return [l.item() for l in losses], [p.numpy() for p in params], fn
+    return [v.item() for v in losses], [p.numpy() for p in params], fn
 
 
 def _same(a, b):
