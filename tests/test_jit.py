@@ -132,6 +132,16 @@ def test_replay_runs_no_python_ops(dev, rng, monkeypatch):
     assert loss.item() == pytest.approx(expected, rel=1e-6)
 
 
+def test_replay_through_wgpu_py_calls(dev, rng, monkeypatch):
+    """Under WGRUMUS_CHECKED_PASS (no raw C pass) replays encode through wgpu-py's API."""
+    monkeypatch.setattr(dev, "_raw", None)
+    batches = _batches("mlp", 4, 5, rng)
+    eager = _train("mlp", dev, batches, False)
+    jitted = _train("mlp", dev, batches, True)
+    assert jitted[2]._captures[next(iter(jitted[2]._captures))].replay_obj._lib is None
+    _same(eager, jitted)
+
+
 def test_outputs_and_inputs_are_not_aliased(dev, rng):
     """Each call returns new output tensors; the caller's input tensors are never written."""
     w = wr.tensor(rng.standard_normal((3,)).astype(np.float32))

@@ -29,7 +29,7 @@ def _c_api():
 
 
 class Replay:
-    def __init__(self, recording, raw: bool = True):
+    def __init__(self, recording):
         dev = self.device = recording.device
         ops = recording.ops
         n = sum(op[0] == "d" for op in ops)
@@ -70,9 +70,9 @@ class Replay:
                 segs.append((_COPY, (src, 0, dst, offset, len(data))))
         self._keep += [bind_groups, segs]
         dev.queue.write_buffer(self._arena, 0, self._words)
-        lib, self._ffi = _c_api() if raw else (None, None)
-        self._lib = lib
-        self._segs = self._lower(segs) if lib is not None else segs
+        # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
+        self._lib, self._ffi = _c_api() if dev._raw is not None else (None, None)
+        self._segs = self._lower(segs) if self._lib is not None else segs
 
     def _bind_group(self, layout, bufs, offset):
         entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
