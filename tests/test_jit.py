@@ -159,6 +159,24 @@ def test_outputs_and_inputs_are_not_aliased(dev, rng):
     assert f.captures == 1 and f.replays == 2
 
 
+def test_method_decorator_captures_per_instance(dev):
+    class Scaler:
+        def __init__(self, k):
+            self.w = wr.tensor(np.full(3, k, np.float32))
+
+        @wr.jit
+        def apply(self, x):
+            return x * self.w
+
+    a, b = Scaler(2.0), Scaler(5.0)
+    x = wr.tensor(np.arange(3, dtype=np.float32))
+    for _ in range(3):
+        ya, yb = a.apply(x), b.apply(x)
+    np.testing.assert_array_equal(ya.numpy(), 2 * np.arange(3))
+    np.testing.assert_array_equal(yb.numpy(), 5 * np.arange(3))
+    assert Scaler.apply.captures == 2 and Scaler.apply.replays == 2
+
+
 def test_recapture_on_new_shape(dev, rng):
     batches = _batches("mlp", 4, 5, rng) + _batches("mlp", 4, 3, rng) + _batches("mlp", 2, 5, rng)
     eager = _train("mlp", dev, batches, False, sched=False)

@@ -95,6 +95,11 @@ class Jitted:
                               "arguments change every call?", RuntimeWarning, stacklevel=2)
         return out
 
+    def __get__(self, obj, objtype=None):
+        """As a method decorator: the instance is the first argument (a non-tensor, keyed by
+        identity, so each instance gets captures of its own)."""
+        return self if obj is None else functools.partial(self, obj)
+
     @property
     def captures(self) -> int:
         return len(self._captures)
