@@ -21,6 +21,7 @@ Columns:
   samples/s  global samples per second over the timed steps;
   scaling    samples/s divided by the plain single-device loop's (no DataParallel: forward,
              backward, step on device 0) -- the >= 1.85x target on two adapters is for K=2;
+             '+jit' rows are divided by the captured plain loop's ('plain+jit');
   step ms    mean wall time per step;
   exposed    mean time per step a replica waited for gradient all-reduce after its backward
              finished recording (``backward_end`` -> ``sync_end`` events, averaged over replicas);
@@ -30,7 +31,9 @@ Columns:
              (communication not hidden, packing, the replicas' threads competing for the CPU);
   buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
 With ``--one-bucket`` each K > 1 is also run with a single bucket launched after backward (no
-overlap), to show what the overlap saves.
+overlap), to show what the overlap saves. With ``--jit`` every row is also run with captured
+steps (``wr.jit`` for the plain loop, ``DataParallel(jit=True)``: each replica replays its
+forward/backward and its optimizer step, the bucket all-reduces run between them, not overlapped).
 """
 from __future__ import annotations
 
@@ -67,6 +70,8 @@ def parse_args(argv=None):
     ap.add_argument("--backend", choices=["threads", "mpi"], default="threads",
                     help="mpi: run under mpiexec -n K; measures K = the number of processes")
     ap.add_argument("--quick", action="store_true", help="small shapes (lavapipe, CI)")
+    ap.add_argument("--jit", action="store_true",
+                    help="also run every row with wr.jit captured steps (rows '<mode>+jit')")
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
     a = ap.parse_args(argv)
     if a.quick:
@@ -111,17 +116,22 @@ class Task:
         return wr.optim.AdamW(params, lr=1e-3)
 
 
-def run_plain(task, dev, a) -> dict:
-    """The baseline: the ordinary one-device loop, no DataParallel."""
+def run_plain(task, dev, a, jit=False) -> dict:
+    """The baseline: the ordinary one-device loop, no DataParallel (``jit``: its step
+    captured with wr.jit)."""
     import wgrumus as wr
     model = task.model(dev)
     opt = task.optimizer(model.parameters())
 
+    def body(x, y):
+        loss = task.loss(model(x), y)
+        opt.step(wr.autograd.backward(loss))
+        return loss
+    fn = wr.jit(body) if jit else body
+
     def step(s):
         x, y = task.batch(s, a.batch)
-        loss = task.loss(model(wr.tensor(x, device=dev)), wr.tensor(y, device=dev))
-        opt.step(wr.autograd.backward(loss))
-        return loss.item()
+        return fn(wr.tensor(x, device=dev), wr.tensor(y, device=dev)).item()
 
     for s in range(a.warmup):
         step(s)
@@ -129,18 +139,20 @@ def run_plain(task, dev, a) -> dict:
     for s in range(a.steps):
         step(a.warmup + s)
     dt = time.perf_counter() - t0
-    return {"devices": 1, "mode": "plain", "samples_per_s": a.batch * a.steps / dt,
+    return {"devices": 1, "mode": "plain+jit" if jit else "plain",
+            "samples_per_s": a.batch * a.steps / dt,
             "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0}
 
 
-def run_dp(task, devs, a, one_bucket=False, group=None) -> dict:
+def run_dp(task, devs, a, one_bucket=False, group=None, jit=False) -> dict:
     import wgrumus as wr
     k = len(devs) if group is None else group.world_size
     big = 1e6  # MB: everything in one bucket, launched when the last gradient is ready
     dp = wr.parallel.DataParallel(task.model(devs[0]), devs,
                                   bucket_cap_mb=big if one_bucket else a.bucket_mb,
                                   first_bucket_mb=big if one_bucket else a.first_bucket_mb,
-                                  backend="threads" if group is None else "mpi", group=group)
+                                  backend="threads" if group is None else "mpi", group=group,
+                                  jit=jit)
     local = len(dp.replicas)
     try:
         for s in range(a.warmup):
@@ -151,7 +163,8 @@ def run_dp(task, devs, a, one_bucket=False, group=None) -> dict:
             exposed.append(np.mean([dp.events.exposed_comm_seconds(r) for r in range(local)]))
         dt = time.perf_counter() - t0
         assert dp.replicas_identical(), "replicas diverged"
-        return {"devices": k, "mode": "one-bucket" if one_bucket else "bucketed",
+        return {"devices": k, "mode": ("one-bucket" if one_bucket else "bucketed")
+                + ("+jit" if jit else ""),
                 "samples_per_s": a.batch * k * a.steps / dt, "step_ms": 1e3 * dt / a.steps,
                 "exposed_ms": 1e3 * float(np.mean(exposed)), "buckets": len(dp.plan)}
     finally:
@@ -173,13 +186,15 @@ def main(argv=None) -> int:
     head = (f"{a.model}: {nparams / 1e6:.2f} M parameters, batch {a.batch}/device"
             + (f", seq {a.block}" if a.model == "gpt" else "") + f"; {len(devs)} device(s): "
             + ", ".join(sorted({str(d.adapter_info.get("device") or d.name) for d in devs})))
-    rows = [run_plain(task, devs[0], a)]
-    base = rows[0]["samples_per_s"]
+    jits = (False, True) if a.jit else (False,)
+    rows = [run_plain(task, devs[0], a, jit) for jit in jits]
+    base = {jit: rows[i] for i, jit in enumerate(jits)}  # plain row of the same mode
     if group is not None:
         head += f"; mpi backend, {group.world_size} processes"
-        rows.append(run_dp(task, devs, a, group=group))
-        if a.one_bucket:
-            rows.append(run_dp(task, devs, a, one_bucket=True, group=group))
+        for jit in jits:
+            rows.append(run_dp(task, devs, a, group=group, jit=jit))
+            if a.one_bucket:
+                rows.append(run_dp(task, devs, a, one_bucket=True, group=group, jit=jit))
         if group.rank != 0:
             return 0
     for k in (a.devices if group is None else []):
@@ -187,22 +202,24 @@ def main(argv=None) -> int:
             print(f"skipping {k} devices: only {len(devs)} present (set WGRUMUS_DEVICES)",
                   file=sys.stderr)
             continue
-        rows.append(run_dp(task, devs[:k], a))
-        if a.one_bucket and k > 1:
-            rows.append(run_dp(task, devs[:k], a, one_bucket=True))
+        for jit in jits:
+            rows.append(run_dp(task, devs[:k], a, jit=jit))
+            if a.one_bucket and k > 1:
+                rows.append(run_dp(task, devs[:k], a, one_bucket=True, jit=jit))
     for r in rows:
-        r["scaling"] = r["samples_per_s"] / base
-        r["overhead_ms"] = r["step_ms"] - rows[0]["step_ms"]
+        ref = base[r["mode"].endswith("+jit")]
+        r["scaling"] = r["samples_per_s"] / ref["samples_per_s"]
+        r["overhead_ms"] = r["step_ms"] - ref["step_ms"]
         r["model"], r["params"] = a.model, nparams
     if a.json:
         for r in rows:
             print(json.dumps(r))
         return 0
     print(head)
-    print(f"{'devices':>7} {'mode':>10} {'samples/s':>10} {'scaling':>8} {'step ms':>8} "
+    print(f"{'devices':>7} {'mode':>14} {'samples/s':>10} {'scaling':>8} {'step ms':>8} "
           f"{'exposed ms':>10} {'vs plain':>9} {'buckets':>7}")
     for r in rows:
-        print(f"{r['devices']:>7} {r['mode']:>10} {r['samples_per_s']:>10.1f} "
+        print(f"{r['devices']:>7} {r['mode']:>14} {r['samples_per_s']:>10.1f} "
               f"{r['scaling']:>7.2f}x {r['step_ms']:>8.1f} {r['exposed_ms']:>10.1f} "
               f"{r['overhead_ms']:>+9.1f} {r['buckets']:>7}")
     return 0

@@ -1,7 +1,9 @@
 """Training step (forward + backward + AdamW) of an MLP and of GPT-mini, next to PyTorch eager
-(CUDA, TF32 off; CPU torch where there is no GPU) and numpy (MLP), measured in the same run.
+(CUDA, TF32 off; CPU torch where there is no GPU) and numpy (MLP), measured in the same run;
+each wgrumus model also as a ``wr.jit`` captured step (row ``<model>+jit``: the same step
+replayed from its recording, no Python per op).
 
-    python benchmarks/train_step.py [--quick] [--json] [--models mlp,gpt] [--steps N]
+    python benchmarks/train_step.py [--quick] [--json] [--models mlp,gpt] [--steps N] [--no-jit]
                                     [--precision f32,f16]
 
 Rows: ms/step, samples or tokens per second, ratios (wgrumus throughput / reference
@@ -9,7 +11,7 @@ throughput), and per step: dispatches and submits recorded by the device, the ho
 recording the step (Python + wgpu encoding), the time spent waiting in the final synchronize
 (GPU work not hidden behind recording), the host thread's CPU time, and the GPU's own time in
 compute passes (timestamp queries, where the adapter has them): host ms well above gpu ms means
-the step is host-bound.
+the step is host-bound. us/disp: host microseconds per dispatch (host ms / dispatches).
 
 Sizes: MLP 784-512-512-10 batch 256; GPT-mini 4 layers, d=256, 4 heads, seq 128, batch 16,
 vocab 65. --quick (the default on a CPU adapter such as lavapipe) keeps GPT small
@@ -93,7 +95,9 @@ def gpt_data(cfg, seed=0):
 
 
 # ----------------------------------------------------------------------------- wgrumus
-def wgrumus_step(name, cfg, dev, precision="f32"):
+def wgrumus_step(name, cfg, dev, precision="f32", jit: bool = False):
+    """(step, loss of the last step, initial weights); with ``jit`` the step is a wr.jit
+    capture of the same computation (eager warm-up call, capture, then replays; f32 only)."""
     import wgrumus as wr
     from wgrumus.nn import functional as F
     if name == "mlp":
@@ -117,13 +121,17 @@ def wgrumus_step(name, cfg, dev, precision="f32"):
     f16 = precision == "f16"  # autocast + dynamic loss scaling, f32 master weights
     scaler = wr.amp.GradScaler(enabled=f16)
 
-    def step():
+    def body(x, y):
         with wr.autocast(enabled=f16, device=dev):
             out = model(x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y)
         scaler.step(opt, wr.autograd.backward(scaler.scale(loss)))
         scaler.update()
-        last["loss"] = loss
+        return loss
+    fn = wr.jit(body) if jit else body
+
+    def step():
+        last["loss"] = fn(x, y)
     return step, lambda: float(last["loss"].item()), weights
 
 
@@ -399,6 +407,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="f32",
                     help="comma list of f32, f16 (autocast + GradScaler; its rows are compared "
                     "with the f32 row of the same run, without torch / numpy references)")
+    ap.add_argument("--no-jit", action="store_true", help="skip the wr.jit rows")
     args = ap.parse_args(argv)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     if not precisions or set(precisions) - {"f32", "f16"}:
@@ -440,12 +449,24 @@ def main(argv=None) -> int:
             row["vs_f32"] = base["wgrumus_ms"] / ours["ms"] if base else None
             rows.append(row)
             continue
+        if not args.no_jit:
+            jstep, jloss, _ = wgrumus_step(name, cfg, dev, jit=True)
+            j = measure(jstep, dev.synchronize, steps, args.repeats, warmup, counters)
+            row["jit"] = {"ms": j["ms"], "throughput": unit_n / j["ms"] * 1e3,
+                          "loss": jloss(), "vs_eager": ours["ms"] / j["ms"],
+                          "host_vs_eager": j["host_ms"] / ours["host_ms"],
+                          "ms_all": j["ms_all"],
+                          "per_step": {k: j[k] for k in ("host_ms", "wait_ms", "cpu_ms",
+                                                         "proc_cpu_ms", "dispatches", "submits")}}
+            row["jit"]["per_step"]["gpu_ms"] = gpu_ms(jstep, dev, steps)
         if torch is not None:
             tstep, tsync, tloss = torch_step(name, cfg, torch, tdev)
             ref = measure(tstep, tsync, steps, args.repeats, max(5, warmup // 4))
             row.update(torch_ms=ref["ms"], torch_throughput=unit_n / ref["ms"] * 1e3,
                        torch_host_ms=ref["host_ms"], torch_loss=tloss(),
                        vs_torch=ref["ms"] / ours["ms"])
+            if "jit" in row:
+                row["jit"]["vs_torch"] = ref["ms"] / row["jit"]["ms"]
         if not args.no_numpy:
             nloss = None
             if name == "mlp":
@@ -475,19 +496,32 @@ def main(argv=None) -> int:
 def _table(meta, rows):
     print(f"train_step on {meta['device']} ({'quick' if meta['quick'] else 'full'} sizes; "
           f"median of {meta['repeats']} x {meta['steps']} steps; torch: {meta['torch']})")
-    hdr = (f"{'model':5} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
+    hdr = (f"{'model':9} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
            f"{'numpy ms':>9} {'x numpy':>8} | {'disp':>5} {'subm':>5} {'host ms':>8} "
-           f"{'wait ms':>8} {'cpu ms':>7} {'gpu ms':>7}")
+           f"{'wait ms':>8} {'cpu ms':>7} {'gpu ms':>7} {'us/disp':>7}")
     print(hdr)
     print("-" * len(hdr))
     f = lambda v, w, p=2: f"{v:{w}.{p}f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
     for r in rows:
-        ps = r["per_step"]
-        print(f"{r['model']:5} {f(r['wgrumus_ms'], 9)} {f(r['wgrumus_throughput'], 10, 0)} "
-              f"{f(r.get('torch_ms'), 9)} {f(r.get('vs_torch'), 8, 3)} "
-              f"{f(r.get('numpy_ms'), 9)} {f(r.get('vs_numpy'), 8, 3)} | "
-              f"{ps['dispatches']:5.0f} {ps['submits']:5.1f} {ps['host_ms']:8.2f} "
-              f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f} {f(ps.get('gpu_ms'), 7)}")
+        lines = [(r["model"], r["wgrumus_ms"], r["wgrumus_throughput"], r.get("vs_torch"),
+                  r.get("vs_numpy"), r["per_step"])]
+        if "jit" in r:
+            j = r["jit"]
+            lines.append((r["model"] + "+jit", j["ms"], j["throughput"], j.get("vs_torch"),
+                          r["numpy_ms"] / j["ms"] if r.get("numpy_ms") else None,
+                          j["per_step"]))
+        for label, ms, thr, vt, vn, ps in lines:
+            per = 1e3 * ps["host_ms"] / ps["dispatches"] if ps["dispatches"] else None
+            print(f"{label:9} {f(ms, 9)} {f(thr, 10, 0)} "
+                  f"{f(r.get('torch_ms'), 9)} {f(vt, 8, 3)} "
+                  f"{f(r.get('numpy_ms'), 9)} {f(vn, 8, 3)} | "
+                  f"{ps['dispatches']:5.0f} {ps['submits']:5.1f} {ps['host_ms']:8.2f} "
+                  f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f} {f(ps.get('gpu_ms'), 7)} "
+                  f"{f(per, 7, 1)}")
+        if "jit" in r:
+            print(f"{'':9} jit/eager: host ms x{r['jit']['host_vs_eager']:.3f}, step x"
+                  f"{1 / r['jit']['vs_eager']:.3f}; final loss eager {r['wgrumus_loss']:.7g}, "
+                  f"jit {r['jit']['loss']:.7g}")
     for r in rows:
         if r.get("vs_f32"):
             print(f"{r['model']}: {r['vs_f32']:.3f}x the throughput of the f32 step; loss "

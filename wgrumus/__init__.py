@@ -8,12 +8,13 @@ from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, ge
                   set_rng_state, sigmoid, split, sqrt, stack, tanh, where, zeros, zeros_like)
 from .ops import max, min, sum  # noqa: A004  (numpy-style names)
 from .ops import gather, index_select, log_softmax, softmax
-from .runtime import (AdapterLimitError, Device, DeviceMismatchError, MultiGpuContext,
-                      NoAdapterError, ShapeError, WgrumusError, devices)
+from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError,
+                      MultiGpuContext, NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
 from . import amp, data, nn, optim  # noqa: E402  (build on the core above)
 from .amp import autocast  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint
+from .jit import jit
 
 
 def _backward(self, grad=None):

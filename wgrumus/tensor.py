@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .runtime import get_device
+from .runtime.capture import refuse
 from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
@@ -156,6 +157,10 @@ class Tensor:
             raise WgrumusError(f"only float32 tensors can require grad (this one is {self.dtype})")
         if flag and self._node is not None:
             raise WgrumusError("requires_grad_ is for leaf tensors; this one is an op's output")
+        if flag:
+            refuse("creating a tensor that requires grad (a new parameter)", "a replay would "
+                   "recreate it at every step instead of training it; create parameters before "
+                   "the first call")
         self.requires_grad = bool(flag)
         if flag:
             _ = self.grad_id

@@ -59,6 +59,7 @@ class TrainConfig:
     warmup: int = 0
     activation_checkpointing: bool = False
     precision: str = "f32"
+    jit: bool = False
 
 
 def config_from_args(args) -> TrainConfig:
@@ -92,17 +93,26 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
     layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
+    jit = bool(getattr(args, "jit", False))
+    if jit and (layout.tp > 1 or layout.pp > 1 or (model == "gpt" and layout.dp > 1)):
+        raise UsageError(f"--jit captures one device's steps, and --dp replicas of mlp/cnn, only "
+                         f"so far ({layout.product()}); captured steps do not compose with "
+                         f"tensor or pipeline parallelism or the gpt's 3D engine yet: drop --jit "
+                         f"or use --tp 1 --pp 1 (and --dp 1 for gpt)")
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
     precision = getattr(args, "precision", "f32")
     if precision == "f16":
+        if jit:
+            raise UsageError("--jit does not capture --precision f16 steps yet (the loss "
+                             "scaler reads the gradients' inf/NaN check on the host); drop one")
         _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
                        args.plot, args.json, getattr(args, "title", "wgrumus train"),
                        args.clip, args.lr_schedule, args.warmup,
-                       args.activation_checkpointing, precision)
+                       args.activation_checkpointing, precision, jit)
 
 
 def _check_f16(model: str, layout: Layout) -> None:

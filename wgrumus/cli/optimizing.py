@@ -44,15 +44,26 @@ class TrainOptimizer:
             g["lr"] = lr
         return t
 
-    def step(self, grads=None) -> None:
-        t = self._set_lr()
+    def begin_step(self) -> int:
+        """Set this step's rates; returns the step count for ``end_step``."""
+        return self._set_lr()
+
+    def clip_and_step(self, grads=None) -> None:
+        """The device work of a step (what a ``wr.jit`` capture replays)."""
         if self.clip is not None:
             from ..optim import clip_grad_norm_
             clip_grad_norm_(self.params, self.clip, grads=grads, group=self.group,
                             counted_elsewhere=self.counted_elsewhere)
         self.opt.step(grads)
+
+    def end_step(self, t: int) -> None:
         for g in self.opt.param_groups:
             g["lr_step"] = t + 1
+
+    def step(self, grads=None) -> None:
+        t = self.begin_step()
+        self.clip_and_step(grads)
+        self.end_step(t)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.opt.zero_grad(set_to_none)

@@ -102,15 +102,29 @@ class SingleTrainer(TrainerBase):
         self.model = task.make_model(self.device)
         self.opt = task.make_optimizer(self.model.parameters())
         self.amp = Precision(cfg.precision, self.device)
+        self.jit = cfg.jit
+        self._step = wr.jit(self._train_step) if cfg.jit else self._train_step
+
+    def _train_step(self, x, y):
+        import wgrumus as wr
+        with self.amp.autocast():
+            loss = self.task.loss(self.model(x), y)
+        grads = wr.autograd.backward(self.amp.scaler.scale(loss))
+        if self.jit:  # the schedule's host bookkeeping runs around the replay (step below)
+            self.opt.clip_and_step(grads)
+        else:
+            self.amp.step(self.opt, grads)
+        return loss
 
     def step(self, x, y) -> float:
-        import wgrumus as wr
         self.model.train()
-        with self.amp.autocast():
-            loss = self.task.loss(self.model(to_tensor(x, self.device)),
-                                  to_tensor(y, self.device))
-        grads = wr.autograd.backward(self.amp.scaler.scale(loss))
-        self.amp.step(self.opt, grads)
+        x, y = to_tensor(x, self.device), to_tensor(y, self.device)
+        if self.jit:
+            t = self.opt.begin_step()
+            loss = self._step(x, y)
+            self.opt.end_step(t)
+        else:
+            loss = self._step(x, y)
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:

@@ -37,7 +37,7 @@ def gpt_config(cfg, task):
 class _Rank:
     """One rank's model shard, optimizer and schedule (used by thread ranks and MPI ranks)."""
 
-    def __init__(self, group, gcfg, lay, task, dense, precision="f32"):
+    def __init__(self, group, gcfg, lay, task, dense, precision="f32", jit: bool = False):
         from ..distributed import ProcessGroupManager, ThreeDParallelismConfig
         from ..distributed.parallel3d import _Stage, gpt_shard_plan
         from ..distributed.pipeline import get_schedule
@@ -53,6 +53,14 @@ class _Rank:
                                        **self._clip_scope(task, group))
         self.actions = get_schedule(lay.schedule, lay.pp, lay.micro_batches)[self.map.pp_rank]
         self.amp = Precision(precision, self.device)
+        self._jit = None
+        if jit and precision != "f32":
+            raise ValueError("captured gpt steps run in f32 only")
+        if jit:
+            import wgrumus as wr
+            if lay.world != 1:
+                raise ValueError("captured gpt steps run on one rank only (dp = tp = pp = 1)")
+            self._jit = wr.jit(self._one_rank_step)
 
     def _clip_scope(self, task, group) -> dict:
         """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
@@ -66,6 +74,30 @@ class _Rank:
                if self.map.tp_rank > 0 and self.plan[n] == REPLICATE]
         return {"group": model, "counted_elsewhere": dup}
 
+    def _one_rank_step(self, *mbs):
+        """The whole step of a 1 x 1 x 1 layout on device tensors (what _run_schedule, the
+        data-parallel mean and the optimizer do there, in the same order): micro-batch k is
+        (mbs[2k], mbs[2k + 1]); returns the micro-batch losses. Captured by --jit."""
+        from ..autograd import GradientStore, backward
+        m, grads = len(mbs) // 2, {}
+        losses = []
+        for k in range(m):
+            out = self.stage.forward(mbs[2 * k], mbs[2 * k + 1])
+            losses.append(out)
+            store = backward(out * (1.0 / m))
+            for n, p in self.stage.params.items():
+                gp = store.get(p)
+                if gp is not None:
+                    grads[n] = gp if n not in grads else grads[n] + gp
+        store = GradientStore()
+        for n in self.names:
+            if n not in grads:
+                raise ValueError(f"parameter {n} got no gradient; --jit needs every parameter "
+                                 "to take part in the loss")
+            store.accumulate(self.stage.params[n], grads[n])
+        self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
+        return losses
+
     @property
     def coords(self):
         return (self.map.dp_rank, self.map.tp_rank, self.map.pp_rank)
@@ -78,6 +110,14 @@ class _Rank:
                                               replica_micro_batches, stage_loss)
         lay, m = self.lay, self.lay.micro_batches
         mbs = replica_micro_batches(tokens, self.map.dp_rank, lay.dp, m)
+        if self._jit is not None:
+            from ..tensor import tensor
+            args = [tensor(t, device=self.device) for mb in mbs
+                    for t in (mb[:, :-1], mb[:, 1:])]
+            t = self.opt.begin_step()
+            self.stage.mb_losses = [v.item() for v in self._jit(*args)]
+            self.opt.end_step(t)
+            return stage_loss(self.stage, self.pgm)
         self.stage.loss_scale = self.amp.scaler.get_scale()
         with self.amp.autocast():
             grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
@@ -180,7 +220,8 @@ class ThreeDTrainer(TrainerBase):
             group.device = devs[group.rank % len(devs)]
             self.group = group
             self.is_main = group.rank == 0
-            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init, cfg.precision)
+            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init, cfg.precision,
+                              cfg.jit)
             self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])
@@ -202,7 +243,8 @@ class ThreeDTrainer(TrainerBase):
         cfg_precision = self.cfg.precision
 
         def rank_main(group):
-            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init, cfg_precision)
+            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init, cfg_precision,
+                         self.cfg.jit)
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():
                 try:

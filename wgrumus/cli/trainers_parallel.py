@@ -47,11 +47,19 @@ class DataParallelTrainer(TrainerBase):
             devs = _devices(cfg)
         self.model = task.make_model(devs[0])
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
-                               group=self.group)
+                               group=self.group, jit=cfg.jit)
         self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
 
     def step(self, x, y) -> float:
-        return float(self.dp.train_step(x, y, self.task.loss, self.opts))
+        if not self.dp.jit:
+            return float(self.dp.train_step(x, y, self.task.loss, self.opts))
+        # a replayed capture skips TrainOptimizer's host bookkeeping (the schedule's rate and
+        # step count): it runs here, around the replay (idempotent with the captured call's)
+        ts = [o.begin_step() for o in self.opts]
+        loss = float(self.dp.train_step(x, y, self.task.loss, self.opts))
+        for o, t in zip(self.opts, ts):
+            o.end_step(t)
+        return loss
 
     def predict(self, x) -> np.ndarray:
         return eval_forward(self.model, x, self.dp.devices[0])

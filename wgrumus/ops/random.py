@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 
+from ..runtime.capture import refuse
+
 
 class _Generator:
     __slots__ = ("seed", "calls", "lock")
@@ -67,6 +69,9 @@ def next_seed(seed=None) -> int:
     """The explicit seed, or the next one from this thread's generator."""
     if seed is not None:
         return int(seed) & 0xFFFFFFFF
+    refuse("a random op drawing from the global generator (dropout, rand, randn, init)",
+           "every replay would reuse the seed drawn at capture (the same mask each step); pass "
+           "an explicit seed= or keep the random op out of the jitted function")
     gen = _current()
     with gen.lock:
         k = gen.calls

@@ -5,7 +5,10 @@ torch.optim's formulas:
     m = m + (1 - b1) * (g - m);  v = b2 * v + (1 - b2) * g^2
     p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
-The bias corrections are computed on the host in float64 and passed as kernel words.
+The bias corrections are computed on the host in float64 and passed as kernel words. Each
+update dispatch also carries a ``refresh`` callable that steps the counts and recomputes the
+words (learning rate from the param group, bias corrections), which a replayed ``wr.jit``
+capture calls instead of reusing the captured words.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import math
 
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
+from ..runtime.capture import refuse
 from ..runtime.kernels import Kernel
 from .optimizer import Optimizer, launch
 
@@ -61,6 +65,9 @@ class Adam(Optimizer):
         """The parameter's state, stepped: (step, exp_avg, exp_avg_sq), created at first use."""
         state = self.state.setdefault(p, {})
         if "exp_avg" not in state:
+            refuse(f"{type(self).__name__}.step creating its state (exp_avg, exp_avg_sq)",
+                   "a replay would zero the moments at every step; wr.jit's eager warm-up "
+                   "call creates them (keep warmup >= 1)")
             state["step"] = 0
             state["exp_avg"] = zeros(p.shape, device=p.device)
             state["exp_avg_sq"] = zeros(p.shape, device=p.device)
@@ -69,34 +76,52 @@ class Adam(Optimizer):
 
     def _multi(self, batch, group) -> None:
         """One dispatch for the (param, grad, state) triples of ``batch``."""
-        b1, b2 = group["betas"]
-        lr = float(group["lr"])
-        words = [lr, float(b1), float(b2), float(group["eps"]), float(group["weight_decay"]),
-                 int(self._decoupled), 0, 0]
-        bufs, end = [], 0
+        bufs, rows, end = [], [], 0
         for p, g, st in batch:
-            t = st["step"]
             m, v = st["exp_avg"], st["exp_avg_sq"]
             end += p.numel
-            words += [end, p.offset, g.offset, m.offset, v.offset, lr / (1.0 - b1 ** t),
-                      math.sqrt(1.0 - b2 ** t)]
+            rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
+
+        def words():
+            b1, b2 = group["betas"]
+            lr = float(group["lr"])
+            out = [lr, float(b1), float(b2), float(group["eps"]),
+                   float(group["weight_decay"]), int(self._decoupled), 0, 0]
+            for offsets, st, _ in rows:
+                t = st["step"]
+                out += offsets + [lr / (1.0 - b1 ** t), math.sqrt(1.0 - b2 ** t)]
+            return out
+
+        def refresh():
+            for _, st, p in rows:
+                self._check_replay(p, st)
+            for _, st, _ in rows:
+                st["step"] += 1
+            return words()
+
         dev = batch[0][0].device
-        dev.dispatch_1d(multi_kernel(len(batch)), bufs, words, end)
+        dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
             for t in (p, st["exp_avg"], st["exp_avg_sq"]):
                 t._storage.version += 1
 
     def _update(self, p, g, state, group):
         state = self._prepare(p, group)
-        t = state["step"]
-        b1, b2 = group["betas"]
-        lr = float(group["lr"])
-        step_size = lr / (1.0 - b1 ** t)
-        bc2_sqrt = math.sqrt(1.0 - b2 ** t)
-        launch(p, g, [state["exp_avg"], state["exp_avg_sq"]], "adam",
-               [lr, float(b1), float(b2), float(group["eps"]), float(group["weight_decay"]),
-                int(self._decoupled), step_size, bc2_sqrt])
+
+        def words():
+            t = state["step"]
+            b1, b2 = group["betas"]
+            lr = float(group["lr"])
+            return [lr, float(b1), float(b2), float(group["eps"]),
+                    float(group["weight_decay"]), int(self._decoupled), lr / (1.0 - b1 ** t),
+                    math.sqrt(1.0 - b2 ** t)]
+
+        def refresh():
+            self._check_replay(p, state)
+            state["step"] += 1
+            return words()
+        launch(p, g, [state["exp_avg"], state["exp_avg_sq"]], "adam", words, refresh)
 
 
 class AdamW(Adam):

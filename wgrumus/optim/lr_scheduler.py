@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from ..runtime.capture import refuse
+
 
 class LRScheduler:
     def __init__(self, optimizer, last_epoch: int = -1):
@@ -33,6 +35,9 @@ class LRScheduler:
         self._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def step(self) -> None:
+        refuse(f"{type(self).__name__}.step()", "the new rate would be set once, at capture; "
+               "call scheduler.step() after each call of the jitted step instead (replays "
+               "read the rate from the optimizer's param groups)")
         self.last_epoch += 1
         self._apply()
 

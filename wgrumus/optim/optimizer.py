@@ -12,7 +12,7 @@ import numpy as np
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
 from ..ops.elementwise import contiguous
-from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
 
@@ -27,14 +27,17 @@ def dummy_buffer(device):
     return b._storage.buffer
 
 
-def launch(p: Tensor, g: Tensor, states, entry: str, words) -> None:
-    """One fused update dispatch over the n elements of ``p``."""
+def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None) -> None:
+    """One fused update dispatch over the n elements of ``p``. words: a callable giving the
+    kernel's hyperparameter words; refresh: one that steps the optimizer's counts and gives
+    them anew (a replayed wr.jit capture calls it per step; default: ``words``)."""
     dev = p.device
     bufs = [p._storage.buffer, g._storage.buffer]
     bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
-    soff = states[0].offset if states else 0
-    dev.dispatch_1d(Kernel.of("optim", entry), bufs,
-                    [p.numel, p.offset, g.offset, soff, *words], p.numel)
+    head = [p.numel, p.offset, g.offset, states[0].offset if states else 0]
+    again = refresh or words
+    dev.dispatch_1d(Kernel.of("optim", entry), bufs, head + words(), p.numel,
+                    refresh=lambda: head + again())
     p._storage.version += 1
     for s in states:
         s._storage.version += 1
@@ -100,6 +103,15 @@ class Optimizer:
 
     def _update(self, p, g, state, group):  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _check_replay(self, p, state) -> None:
+        """A replayed wr.jit capture updates the state tensors it captured: refuse to go on
+        once ``load_state_dict`` has replaced them."""
+        if self.state.get(p) is not state:
+            raise CaptureError(f"{type(self).__name__}'s state was replaced (load_state_dict) "
+                               "after a wr.jit capture of its step, which would go on updating "
+                               "the old state; call .free() on the jitted function after "
+                               "loading so it captures again")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from ..ops.creation import zeros
+from ..runtime.capture import refuse
 from .optimizer import Optimizer, launch
 
 
@@ -28,9 +29,17 @@ class SGD(Optimizer):
         if mom != 0:
             buf = state.get("momentum_buffer")
             if buf is None:
+                refuse("SGD.step creating its momentum buffer", "a replay would restart the "
+                       "momentum at every step; wr.jit's eager warm-up call creates it (keep "
+                       "warmup >= 1)")
                 buf = state["momentum_buffer"] = zeros(p.shape, device=p.device)
                 first = 1
             states = [buf]
-        launch(p, g, states, "sgd", [float(group["lr"]), float(mom), float(group["dampening"]),
-                                     float(group["weight_decay"]), int(bool(group["nesterov"])),
-                                     first])
+        def words():
+            return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
+                    float(group["weight_decay"]), int(bool(group["nesterov"])), first]
+
+        def refresh():
+            self._check_replay(p, state)
+            return words()
+        launch(p, g, states, "sgd", words, refresh)

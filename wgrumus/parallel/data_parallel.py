@@ -27,11 +27,13 @@ from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
 from ..ops.shape import cat
 from ..runtime import Device
+from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
 from .buckets import plan_buckets
-from .sync import EventLog, GradReducer, MPIComm, OptimizerSharding, ThreadComm
+from .sync import EventLog, GradReducer, MPIComm, OptimizerSharding, ThreadComm, flat_view
+from .sync import _pack as pack
 
 
 class ReplicaError(WgrumusError):
@@ -159,6 +161,13 @@ class _Worker:
                 self.phase = "idle"
 
 
+def _check_loss(loss):
+    if loss.numel != 1:
+        raise ValueError(f"loss_fn must return one value (the mean over the shard), got shape "
+                         f"{loss.shape}")
+    return loss
+
+
 # ---------------------------------------------------------------------------------- the wrapper
 class DataParallel:
     """Replicas of ``module`` on ``devices``; see the module docstring for what a step does.
@@ -173,11 +182,18 @@ class DataParallel:
     optimizer steps, and so keeps state for, only the parameters that replica owns (about 1/N of
     them), and the updated parameters are then copied from their owners to the other replicas.
     The losses are those of the unsharded run; ``optimizer_state_dict()`` gathers the state.
+
+    ``jit=True``: ``train_step`` replays each replica's work from two ``wr.jit`` captures per
+    replica (forward + backward + packing the gradient buckets; the optimizer step from the
+    averaged buckets) with the bucket all-reduces run eagerly between them: the same results,
+    no Python per op, but the all-reduce no longer overlaps backward. Steps inside ``no_sync``
+    and ``forward_backward`` run eagerly.
     """
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
                  first_bucket_mb: float = 1.0, backend: str = "threads", group=None,
-                 timeout: float = 60.0, shard_optimizer_state: bool = False):
+                 timeout: float = 60.0, shard_optimizer_state: bool = False,
+                 jit: bool = False):
         if backend not in ("threads", "mpi"):
             raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
         if not timeout > 0:
@@ -220,6 +236,12 @@ class DataParallel:
         self._sync = True
         self._accum: list = [None] * len(devs)
         self._optimizers = None
+        if jit and shard_optimizer_state:
+            raise ValueError("DataParallel(jit=True, shard_optimizer_state=True) is not supported "
+                             "yet: the captured optimizer step updates every parameter; use "
+                             "one of the two")
+        self.jit = bool(jit)
+        self._jits: dict = {}  # (replica, loss_fn, optimizer) -> (grads capture, step capture)
         self._closed = False
         if backend == "mpi":
             self.broadcast_weights()
@@ -236,6 +258,10 @@ class DataParallel:
             for w in self._workers:
                 w.close(self.timeout)
             self._comm.close()
+            for pair in self._jits.values():
+                for j in pair:
+                    j.free()
+            self._jits.clear()
 
     def __del__(self):
         # Forgotten close(): let the threads end without waiting on them here.
@@ -428,6 +454,9 @@ class DataParallel:
         return optimizers
 
     def _step(self, batch, targets, loss_fn, optimizers):
+        refuse("DataParallel.train_step / forward_backward", "data-parallel replicas do not "
+               "compose with wr.jit yet (their steps run on worker threads around host "
+               "all-reduces); run DataParallel without wr.jit")
         n, sizes, bounds = self._shards(batch)
         if targets is not None:
             tn = targets.shape[0] if hasattr(targets, "shape") else len(targets)
@@ -444,16 +473,18 @@ class DataParallel:
             dev = self.devices[k]
             w.phase = "scatter"
             x, y = _rows(batch, lo, hi, dev), _rows(targets, lo, hi, dev)
+            # d(global loss)/d(shard loss) = n_k / B; the all-reduce averages over world_size.
+            scale = float(hi - lo) * self.world_size / n
+            if self.jit and sync and self._accum[k] is None and optimizers is not None:
+                w.phase = "captured step"
+                loss = self._captured_step(k, x, y, loss_fn, scale, optimizers[k])
+                self.events.record(k, "step_end")
+                return loss.item() * (hi - lo), None
             w.phase = "forward"
             self.events.record(k, "forward_start")
             out = self.replicas[k](x)
             w.phase = "loss"
-            loss = loss_fn(out, y)
-            if loss.numel != 1:
-                raise ValueError(f"loss_fn must return one value (the mean over the shard), "
-                                 f"got shape {loss.shape}")
-            # d(global loss)/d(shard loss) = n_k / B; the all-reduce averages over world_size.
-            scale = float(hi - lo) * self.world_size / n
+            loss = _check_loss(loss_fn(out, y))
             w.phase = "backward"
             self.events.record(k, "backward_start")
             acc = self._accum[k]
@@ -519,6 +550,47 @@ class DataParallel:
             if i in own:
                 state[i] = own[i]
         return dict(sd, state=state)
+
+    def _captured_step(self, k: int, x, y, loss_fn, scale: float, opt):
+        """Replica ``k``'s step with ``jit=True``: capture 1 (forward, loss, backward, gradients
+        packed into the plan's flat buckets, exactly as GradReducer packs them), the buckets'
+        all-reduces (eager, in bucket order), capture 2 (the optimizer step on views of the
+        averaged buckets, as GradReducer.finish hands them). Returns the loss tensor."""
+        key = (k, loss_fn, id(opt))
+        pair = self._jits.get(key)
+        if pair is None:
+            from ..jit import jit
+            dev, params, plan, replica = self.devices[k], self._params[k], self.plan, \
+                self.replicas[k]
+
+            def grads(x, y, scale):
+                loss = _check_loss(loss_fn(replica(x), y))
+                g = backward_with_grad(loss, full(loss.shape, scale, device=loss.device))
+                flats = []
+                with no_grad():
+                    for b in plan.buckets:
+                        flat = Tensor.empty((b.numel,), dev, b.dtype)
+                        for i, shape, off in zip(b.params, b.shapes, b.offsets):
+                            pack(flat, shape, off, g.get(params[i]))
+                        flats.append(flat)
+                return loss, flats
+
+            def step(flats):
+                store = GradientStore()
+                for b, flat in zip(plan.buckets, flats):
+                    for i, shape, off in zip(b.params, b.shapes, b.offsets):
+                        store.accumulate(params[i], flat_view(flat, shape, off))
+                opt.step(store)
+
+            pair = self._jits[key] = (jit(grads, devices=[dev]), jit(step, devices=[dev]))
+        loss, flats = pair[0](x, y, float(scale))
+        self.events.record(k, "backward_end")
+        if self.world_size > 1:
+            handles = [self._comm.launch(k, f) for f in flats]
+            flats = [h.wait(self.timeout) for h in handles]
+        self.events.record(k, "sync_end")
+        pair[1](flats)
+        return loss
 
     def _accumulate(self, k: int, grads) -> None:
         """Inside ``no_sync``: add replica ``k``'s gradients to its running sum, which the next

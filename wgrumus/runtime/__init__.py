@@ -1,7 +1,7 @@
 """Runtime: adapters, devices, buffer pool, kernels, command batching and staging."""
 from .context import MultiGpuContext, default_device, devices, get_device
 from .device import Device
-from .errors import (AdapterLimitError, DeviceMismatchError, KernelError, NoAdapterError,
-                     ShapeError, WgrumusError)
+from .errors import (AdapterLimitError, CaptureError, DeviceMismatchError, KernelError,
+                     NoAdapterError, ShapeError, WgrumusError)
 from .gpu_timer import GpuTimer
 from .kernels import Kernel

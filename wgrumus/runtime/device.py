@@ -7,6 +7,8 @@ batch's submit, so recording an op never waits on the GPU. Bind groups are cache
 (layout, buffers), the slot being a dynamic offset. Staging: uploads are copied (by several
 threads) into persistently mapped MAP_WRITE buffers and recorded as buffer copies in the batch;
 large downloads return a view of the mapped MAP_READ buffer itself (zero host copies).
+While ``recorder`` is set (a ``wr.jit`` capture, see capture.py) the device also records the
+dispatches, copies and writes it runs, and refuses reads back to the host.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import numpy as np
 import wgpu
 
 from .asserts import FLAG_BYTES, DeviceAsserts, raise_if_set
+from .capture import refuse
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
@@ -101,6 +104,7 @@ class Device:
         self._raw = _RawPass.create()
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
+        self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
         self.dispatches = 0
         self.submits = 0
         self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
@@ -200,9 +204,12 @@ class Device:
             self._encoder = self.wgpu.create_command_encoder()
         return self._encoder
 
-    def dispatch(self, kernel: Kernel, buffers, params=(), groups=(1, 1, 1)) -> None:
+    def dispatch(self, kernel: Kernel, buffers, params=(), groups=(1, 1, 1),
+                 refresh=None) -> None:
         """Record one dispatch. buffers: wgpu buffers bound at 1..n; params: up to 64 words
-        (ints, or np.float32/float values, stored bit-cast)."""
+        (ints, or np.float32/float values, stored bit-cast). refresh: for words that change
+        from step to step (an optimizer's bias corrections), a callable giving the params anew;
+        a replayed capture calls it instead of reusing the captured words."""
         gx, gy, gz = groups
         if gx == 0 or gy == 0 or gz == 0:
             return
@@ -217,6 +224,10 @@ class Device:
             slot = self._slots
             self._slots += 1
             struct.pack_into(fmt, self._params_bytes, slot * SLOT, *vals)
+            if self.recorder is not None:
+                self.recorder.dispatch(pipe, layout, dynamic, buffers,
+                                       bytes(self._params_bytes[slot * SLOT:(slot + 1) * SLOT]),
+                                       groups, refresh)
             cp = self._open_pass()
             if dynamic and self._raw is not None:
                 self._raw.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
@@ -239,12 +250,15 @@ class Device:
             cp.dispatch_workgroups(gx, gy, gz)
             self.dispatches += 1
 
-    def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256) -> None:
+    def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
+                    refresh=None) -> None:
         """Launch ceil(n / wg) workgroups, folded into (x, y) so any n fits the per-dim limit."""
-        self.dispatch(kernel, buffers, params, groups_1d(n, wg))
+        self.dispatch(kernel, buffers, params, groups_1d(n, wg), refresh)
 
     def copy(self, src, src_off: int, dst, dst_off: int, nbytes: int) -> None:
         with self.lock:
+            if self.recorder is not None:
+                self.recorder.copy(src, src_off, dst, dst_off, nbytes)
             self._close_pass().copy_buffer_to_buffer(src, src_off, dst, dst_off, nbytes)
 
     def _flush_locked(self):
@@ -258,12 +272,16 @@ class Device:
             self._slots = 0
         cb = self._encoder.finish()
         self._encoder = None
-        self.last_submission = submit(self.queue, cb)
-        self.submits += 1
+        self._submit(cb)
         # The mapping resolves once this batch's copies out of the buffer have run.
         for st in self._upload_used:
             self._return_upload(st, st.map_async("WRITE"))
         self._upload_used = []
+
+    def _submit(self, command_buffer) -> None:
+        """Every submit of this device's work (batches and wr.jit replays) goes through here."""
+        self.last_submission = submit(self.queue, command_buffer)
+        self.submits += 1
 
     def flush(self) -> None:
         """Submit the recorded batch without waiting for it."""
@@ -312,6 +330,8 @@ class Device:
                 pad = np.zeros(((nbytes + 3) // 4) * 4, dtype=np.uint8)
                 pad[:nbytes] = raw
                 raw = pad
+            if self.recorder is not None:
+                self.recorder.write(buf, offset, raw)
             self.queue.write_buffer(buf, offset, raw)
 
     def _write_mapped(self, buf, raw: np.ndarray, offset: int) -> None:
@@ -376,6 +396,11 @@ class Device:
     def read_start(self, buf, offset: int, nbytes: int) -> "Download":
         """Device -> host, asynchronous: records the copy, submits, and starts mapping.
         Call ``.result()`` on the returned object (from any thread) to get the bytes."""
+        if self.recorder is not None:
+            refuse("reading a tensor back to the host (.item(), .numpy(), float(), bool(), "
+                   "print, or a device synchronize)",
+                   "its value is taken once at capture and would be stale in every replay, as "
+                   "would Python control flow on it")
         start = offset & ~3
         end = (offset + nbytes + 3) & ~3
         size = max(end - start, 4)
@@ -501,6 +526,8 @@ class Upload:
 
     def commit(self, buf, offset: int = 0) -> None:
         """Record the copy of the filled bytes into ``buf`` at ``offset``; views die here."""
+        if self._d.recorder is not None and self._mv is not None:
+            self._d.recorder.write(buf, offset, self._mv[:self.nbytes])
         self._unmap()
         self._d._commit_upload(self._s, buf, offset, self.nbytes)
 

@@ -28,3 +28,7 @@ class KernelError(WgrumusError):
 class OutOfMemoryError(WgrumusError, MemoryError):
     """An allocation does not fit in what the device (or, for CPU adapters, the host) has free.
     Also a MemoryError, so callers catching MemoryError keep working."""
+
+
+class CaptureError(WgrumusError):
+    """A ``wr.jit`` function did something a replayed recording could not reproduce."""

@@ -40,6 +40,9 @@ class BufferPool:
     keeps a buffer out of the garbage when its Storage dies inside a reference cycle: otherwise
     the collector runs wgpu's finalizer on the buffer too, and the pool would later hand out a
     released buffer (wgpu-native then aborts the process in create_bind_group).
+
+    A captured step (``wr.jit``) pins the buffers its recording uses: a pinned buffer that is
+    released (or was free when pinned) is held aside, never handed out, until its last pin goes.
     """
 
     def __init__(self, wgpu_device, max_cached_bytes: int = 1 << 30, guard=None):
@@ -56,6 +59,9 @@ class BufferPool:
         self.live_bytes = 0
         self.peak_live_bytes = 0  # high-water mark of live_bytes since reset_peak()
         self.allocated = 0  # buffers ever created (a soak test watches it stay flat)
+        self._pins: dict[int, int] = {}  # id -> number of captures holding the buffer
+        self._held: dict[int, tuple] = {}  # id -> (age, buffer): released but pinned
+        self.held_bytes = 0
 
     def acquire(self, nbytes: int):
         size = bucket_size(nbytes, self.max_size)
@@ -83,10 +89,51 @@ class BufferPool:
             if item is None:
                 return  # not ours, or released twice
             self.live_bytes -= size
-            if self.cached_bytes + size > self.max_cached_bytes:
-                return  # dropped: wgpu frees it once pending command buffers are done with it
-            self.cached_bytes += size
-            heapq.heappush(self._free[size], item)
+            if id(buf) in self._pins:
+                self._held[id(buf)] = item
+                self.held_bytes += size
+                return
+            self._cache(item)
+
+    def _cache(self, item) -> None:
+        size = item[1].size
+        if self.cached_bytes + size > self.max_cached_bytes:
+            return  # dropped: wgpu frees it once pending command buffers are done with it
+        self.cached_bytes += size
+        heapq.heappush(self._free[size], item)
+
+    def pin(self, buffers) -> None:
+        """Keep ``buffers`` away from other tensors until ``unpin``: free ones leave the free
+        lists now, live ones when they are released."""
+        with self._lock:
+            free = set()
+            for b in buffers:
+                self._pins[id(b)] = self._pins.get(id(b), 0) + 1
+                free.add(id(b))
+            for size, q in self._free.items():
+                keep = [it for it in q if id(it[1]) not in free]
+                if len(keep) != len(q):
+                    for it in q:
+                        if id(it[1]) in free:
+                            self._held[id(it[1])] = it
+                            self.held_bytes += size
+                            self.cached_bytes -= size
+                    heapq.heapify(keep)
+                    self._free[size] = keep
+
+    def unpin(self, buffers) -> None:
+        """Drop one pin of each buffer; a released buffer whose last pin goes is free again."""
+        with self._lock:
+            for b in buffers:
+                n = self._pins.get(id(b), 0) - 1
+                if n > 0:
+                    self._pins[id(b)] = n
+                    continue
+                self._pins.pop(id(b), None)
+                item = self._held.pop(id(b), None)
+                if item is not None:
+                    self.held_bytes -= item[1].size
+                    self._cache(item)
 
     def trim(self) -> int:
         """Drop every cached buffer (wgpu frees them); returns the bytes dropped."""
@@ -102,4 +149,5 @@ class BufferPool:
 
     def stats(self) -> dict:
         return {"live_bytes": self.live_bytes, "peak_live_bytes": self.peak_live_bytes,
-                "cached_bytes": self.cached_bytes, "buffers_created": self.allocated}
+                "cached_bytes": self.cached_bytes, "held_bytes": self.held_bytes,
+                "pinned": len(self._pins), "buffers_created": self.allocated}

@@ -1,0 +1,262 @@
+"""wr.jit: a step function captured once and replayed without Python per op.
+
+    @wr.jit
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        wr.optim.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return loss
+
+The first call per input signature (shapes, dtypes, devices of the tensor arguments and the
+values of the others) runs eagerly: it compiles the kernels and creates lazily made state such
+as Adam's moments. The second runs eagerly too while the device records what it executes
+(runtime/capture.py). Every later call with the same signature copies the new input data into
+the capture's input buffers and replays the recording (runtime/replay.py): no autograd, op
+dispatch or allocation in Python, ~3 C calls per dispatch. Outputs come back as new tensors with
+the values the eager call would return (without autograd history).
+
+What a replay reproduces: device work on tensors, including in-place updates of parameters and
+optimizer state; optimizer step counts, bias corrections and learning rates (re-read from the
+param groups each replay). What it does not, and therefore refuses with a ``CaptureError``
+naming the call at capture time (no silent fallback): reading a value to the host (``.item()``,
+``.numpy()``, ``bool(t)``, so Python control flow on tensor values), random ops drawing from the
+global generator (pass ``seed=``), a learning-rate scheduler step (call it outside the jitted
+function), creating parameters or optimizer state. Other Python side effects of ``fn`` (prints,
+counters, tensors built from host data, which become constants of the capture) run only at
+capture. Tensor arguments are inputs: their data is copied in at each call; state the step
+updates in place (model, optimizer) must be reached through closures or non-tensor arguments.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import warnings
+
+from .autograd.tape import no_grad
+from .ops.elementwise import contiguous
+from .runtime import capture
+from .runtime.context import MultiGpuContext
+from .runtime.errors import CaptureError
+from .runtime.replay import Replay
+from .tensor import Storage, Tensor
+
+CACHE_SIZE = 8  # captures kept per jitted function (one per input signature)
+
+
+def jit(fn=None, *, warmup: int = 1, cache_size: int = CACHE_SIZE, devices=None):
+    """Capture ``fn`` (also ``@wr.jit`` or ``@wr.jit(warmup=...)``): ``warmup`` eager calls per
+    input signature, then one capturing call, then replays. ``devices``: record only these
+    (default: every device of the process; threads capturing at once, as DataParallel's
+    replicas do, each name their own)."""
+    if fn is None:
+        return lambda f: Jitted(f, warmup, cache_size, devices)
+    return Jitted(fn, warmup, cache_size, devices)
+
+
+class Jitted:
+    def __init__(self, fn, warmup: int = 1, cache_size: int = CACHE_SIZE, devices=None):
+        if warmup < 0 or cache_size < 1:
+            raise ValueError(f"wr.jit: warmup must be >= 0 and cache_size >= 1 (got {warmup}, "
+                             f"{cache_size})")
+        functools.update_wrapper(self, fn)
+        self.fn, self.warmup, self.cache_size = fn, warmup, cache_size
+        self.devices = None if devices is None else list(devices)
+        self._captures: collections.OrderedDict = collections.OrderedDict()
+        self._calls: dict = {}
+        self.recaptures = 0  # captures dropped from the cache to make room
+        self.replays = 0
+
+    def __call__(self, *args, **kwargs):
+        tensors = []
+        key = _signature((args, kwargs), tensors)
+        cap = self._captures.get(key)
+        if cap is not None:
+            self._captures.move_to_end(key)
+            out = cap.replay(tensors)
+            self.replays += 1
+            return out
+        n = self._calls.get(key, 0)
+        if n < self.warmup:
+            self._calls[key] = n + 1
+            return self.fn(*args, **kwargs)
+        cap, out = _Capture.record(self.fn, args, kwargs, tensors, self.devices)
+        self._calls.pop(key, None)
+        self._captures[key] = cap
+        if len(self._captures) > self.cache_size:
+            _, old = self._captures.popitem(last=False)
+            old.free()
+            self.recaptures += 1
+            if self.recaptures == 1:
+                warnings.warn(f"wr.jit({getattr(self.fn, '__name__', 'fn')}): more than "
+                              f"{self.cache_size} input signatures, captures are being "
+                              "dropped and made again; do the shapes or the non-tensor "
+                              "arguments change every call?", RuntimeWarning, stacklevel=2)
+        return out
+
+    def __get__(self, obj, objtype=None):
+        """As a method decorator: the instance is the first argument (a non-tensor, keyed by
+        identity, so each instance gets captures of its own)."""
+        return self if obj is None else functools.partial(self, obj)
+
+    @property
+    def captures(self) -> int:
+        return len(self._captures)
+
+    def stats(self) -> dict:
+        """Dispatches per replay of each capture, and replays so far."""
+        return {"captures": [c.replay_obj.dispatches for c in self._captures.values()],
+                "replays": self.replays}
+
+    def free(self) -> None:
+        """Release every capture's buffers to the pool (also done when this object dies)."""
+        while self._captures:
+            self._captures.popitem()[1].free()
+
+    def __del__(self):
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class _Capture:
+    """One recording with its input and output buffers (pinned in the pool while it lives)."""
+
+    @classmethod
+    def record(cls, fn, args, kwargs, tensors, devices=None):
+        devices = list(devices or MultiGpuContext.get().devices)
+        with no_grad():
+            inputs = [_own_copy(t) for t in tensors]
+        it = iter(inputs)
+        args2, kwargs2 = _rebuild((args, kwargs), it)
+        recs = capture.start(devices)
+        try:
+            out = fn(*args2, **kwargs2)
+        finally:
+            capture.stop(devices)
+        used = [r for r in recs if r.ops]
+        if len(used) > 1:
+            raise CaptureError(f"wr.jit: the function ran work on {len(used)} devices; a "
+                               "capture replays one device's work (run each device's part "
+                               "under its own wr.jit)")
+        dev = used[0].device if used else (inputs[0].device if inputs else devices[0])
+        outs = []
+        spec = _out_spec(out, outs)
+        for t in inputs + outs:
+            if t.device is not dev:
+                raise CaptureError(f"wr.jit: a tensor argument or result lives on {t.device}, "
+                                   f"the captured work on {dev}; keep them on one device")
+        self = cls()
+        self.device = dev
+        self.replay_obj = Replay(used[0] if used else capture.Recording(dev))
+        self._inputs = [(t._storage.buffer, t.offset * t.dtype.itemsize, t.numel * t.dtype.itemsize)
+                        for t in inputs]
+        self._outputs = [(t._storage.buffer, t._storage.nbytes, t.shape, t.strides, t.offset,
+                          t.dtype) for t in outs]
+        self._spec = spec
+        self._buffers = (used[0].buffers() if used else []) + [b for b, *_ in self._inputs] + [
+            b for b, *_ in self._outputs]
+        dev.pool.pin(self._buffers)
+        results, copies = self._fresh_outputs()
+        for c in copies:
+            dev.copy(*c)
+        return self, _unflatten(spec, iter(results))
+
+    def _fresh_outputs(self):
+        results, copies = [], []
+        for buf, nbytes, shape, strides, offset, dtype in self._outputs:
+            st = Storage(self.device, nbytes)
+            results.append(Tensor(st, shape, strides, offset, dtype))
+            copies.append((buf, 0, st.buffer, 0, (nbytes + 3) & ~3))
+        return results, copies
+
+    def replay(self, tensors):
+        before = []
+        for t, (buf, off, nbytes) in zip(tensors, self._inputs):
+            if not t.is_contiguous() or (t.offset * t.dtype.itemsize) % 4:
+                with no_grad():
+                    t = contiguous(t) if not t.is_contiguous() else t.clone()
+            before.append((t._storage.buffer, t.offset * t.dtype.itemsize, buf, off,
+                           (nbytes + 3) & ~3))
+        results, after = self._fresh_outputs()
+        self.replay_obj.run(before, after)
+        return _unflatten(self._spec, iter(results))
+
+    def free(self) -> None:
+        bufs, self._buffers = self._buffers, []
+        if bufs:
+            self.device.pool.unpin(bufs)
+        self.replay_obj = None
+
+
+def _own_copy(t: Tensor) -> Tensor:
+    """A contiguous copy of an input in a buffer of the capture's own, so a replay writing the
+    next call's data there never touches the caller's tensor."""
+    src = contiguous(t)
+    c = Tensor.empty(t.shape, t.device, t.dtype)
+    nbytes = (t.numel * t.dtype.itemsize + 3) & ~3
+    if src.offset * src.dtype.itemsize % 4:
+        src = src.clone()
+    if nbytes:
+        t.device.copy(src._storage.buffer, src.offset * src.dtype.itemsize, c._storage.buffer, 0,
+                      nbytes)
+    if t.requires_grad:
+        c.requires_grad_(True)
+    return c
+
+
+def _signature(obj, tensors: list):
+    """A hashable key of the argument structure; tensors are appended to ``tensors``."""
+    if isinstance(obj, Tensor):
+        tensors.append(obj)
+        return ("T", obj.shape, obj.dtype.str, obj.device, obj.requires_grad)
+    if isinstance(obj, (list, tuple)):
+        return (type(obj), tuple(_signature(o, tensors) for o in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple((k, _signature(v, tensors)) for k, v in obj.items()))
+    try:
+        hash(obj)
+    except TypeError:
+        raise CaptureError(f"wr.jit: an argument of type {type(obj).__name__} is neither a "
+                           "tensor nor hashable; pass data as wr.tensor(...) (copied into the "
+                           "capture at every call) or reach it through a closure") from None
+    return (type(obj), obj)
+
+
+def _rebuild(obj, it):
+    """``obj`` with its tensors replaced, in order, by those of ``it``."""
+    if isinstance(obj, Tensor):
+        return next(it)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_rebuild(o, it) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _rebuild(v, it) for k, v in obj.items()}
+    return obj
+
+
+def _out_spec(obj, outs: list):
+    """The result's structure with tensors as placeholders (collected into ``outs``)."""
+    if isinstance(obj, Tensor):
+        outs.append(obj)
+        return _TENSOR
+    if isinstance(obj, (list, tuple)):
+        return (type(obj), [_out_spec(o, outs) for o in obj])
+    if isinstance(obj, dict):
+        return (dict, {k: _out_spec(v, outs) for k, v in obj.items()})
+    return ("const", obj)
+
+
+_TENSOR = object()
+
+
+def _unflatten(spec, it):
+    if spec is _TENSOR:
+        return next(it)
+    kind, body = spec
+    if kind == "const":
+        return body
+    if kind is dict:
+        return {k: _unflatten(v, it) for k, v in body.items()}
+    return kind(_unflatten(v, it) for v in body)

@@ -1,0 +1,173 @@
+"""Replay of a capture.Recording: the recorded work re-encoded with no Python per op beyond
+three of wgpu-native's C calls per dispatch.
+
+The recording's parameter words go, once, into a uniform buffer of its own (one 256-byte slot
+per dispatch), and its bind groups are built once against that buffer; only the slots whose
+dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
+constant buffers filled once, so they run in order with the dispatches. Command buffers are
+single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch set pipeline
+(when it changes), set bind group, dispatch.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import wgpu
+
+from .device import SLOT, _pack
+
+_PASS, _COPY = 0, 1
+
+
+def _c_api():
+    try:
+        from wgpu.backends.wgpu_native import _api
+        return _api.lib, _api.ffi
+    except (ImportError, AttributeError):  # another wgpu-py layout: its public API is used
+        return None, None
+
+
+class Replay:
+    def __init__(self, recording):
+        dev = self.device = recording.device
+        ops = recording.ops
+        n = sum(op[0] == "d" for op in ops)
+        self.dispatches = n
+        self._arena = dev.wgpu.create_buffer(size=max(n, 1) * SLOT, usage=wgpu.BufferUsage.UNIFORM
+                                             | wgpu.BufferUsage.COPY_DST)
+        self._words = np.zeros((max(n, 1), SLOT // 4), np.uint32)
+        self._bytes = memoryview(self._words).cast("B")
+        self._refresh = []  # (slot, callable)
+        self._keep = []  # wgpu objects the encoded commands use
+        bind_groups, segs, cur, slot = {}, [], None, 0
+        for op in ops:
+            if op[0] == "d":
+                _, pipe, layout, dynamic, bufs, words, groups, refresh = op
+                self._words[slot] = np.frombuffer(words, np.uint32)
+                if refresh is not None:
+                    self._refresh.append((slot, refresh))
+                if dynamic:
+                    bg = bind_groups.get((layout, *bufs))
+                    if bg is None:
+                        bg = bind_groups[(layout, *bufs)] = self._bind_group(layout, bufs, 0)
+                    offs = [slot * SLOT]
+                else:
+                    bg, offs = self._bind_group(layout, bufs, slot * SLOT), []
+                if cur is None:
+                    cur = []
+                    segs.append((_PASS, cur))
+                cur.append((pipe, bg, offs, *groups))
+                slot += 1
+                continue
+            cur = None
+            if op[0] == "c":
+                segs.append((_COPY, op[1:]))
+            else:
+                _, dst, offset, data = op
+                src = dev.wgpu.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.COPY_SRC)
+                self._keep.append(src)
+                segs.append((_COPY, (src, 0, dst, offset, len(data))))
+        self._keep += [bind_groups, segs]
+        dev.queue.write_buffer(self._arena, 0, self._words)
+        # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
+        self._lib, self._ffi = _c_api() if dev._raw is not None else (None, None)
+        self._segs = self._lower(segs) if self._lib is not None else segs
+
+    def _bind_group(self, layout, bufs, offset):
+        entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
+                                                "size": SLOT}}]
+        entries += [{"binding": i + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                    for i, b in enumerate(bufs)]
+        return self.device.wgpu.create_bind_group(layout=layout, entries=entries)
+
+    def _lower(self, segs):
+        """The segments with wgpu-native handles in place of wgpu-py objects, the pipeline
+        left out (None) where the pass already has it, and offsets as C arrays."""
+        ffi, out = self._ffi, []
+        offsets = ffi.new("uint32_t[]", max(self.dispatches, 1))
+        self._keep.append(offsets)
+        k = 0
+        for kind, body in segs:
+            if kind == _COPY:
+                src, so, dst, do, nb = body
+                out.append((_COPY, (src._internal, so, dst._internal, do, nb)))
+                continue
+            lowered, last = [], None
+            for pipe, bg, offs, gx, gy, gz in body:
+                p = None if pipe is last else pipe._internal
+                last = pipe
+                if offs:
+                    offsets[k] = offs[0]
+                    lowered.append((p, bg._internal, 1, offsets + k, gx, gy, gz))
+                else:
+                    lowered.append((p, bg._internal, 0, ffi.NULL, gx, gy, gz))
+                k += 1
+            out.append((_PASS, lowered))
+        return out
+
+    def run(self, before=(), after=()) -> None:
+        """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
+        copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
+        dev = self.device
+        with dev.lock:
+            dev._flush_locked()  # eager work recorded so far runs first
+            if self._refresh:
+                for slot, fn in self._refresh:
+                    fmt, vals = _pack(fn())
+                    struct.pack_into(fmt, self._bytes, slot * SLOT, *vals)
+                lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
+                dev.queue.write_buffer(self._arena, lo * SLOT, self._words[lo:hi])
+            enc = dev.wgpu.create_command_encoder()
+            if self._lib is not None:
+                self._encode_raw(enc, before, after)
+            else:
+                self._encode_api(enc, before, after)
+            dev._submit(enc.finish())
+            dev.dispatches += self.dispatches
+
+    def _pass(self, enc):
+        timer = self.device._timer
+        writes = timer._pass_writes() if timer is not None else None
+        return enc.begin_compute_pass(timestamp_writes=writes) if writes else \
+            enc.begin_compute_pass()
+
+    def _encode_raw(self, enc, before, after) -> None:
+        lib = self._lib
+        copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        set_pipe = lib.wgpuComputePassEncoderSetPipeline
+        set_bg = lib.wgpuComputePassEncoderSetBindGroup
+        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+        e = enc._internal
+        for src, so, dst, do, nb in before:
+            copy(e, src._internal, so, dst._internal, do, nb)
+        for kind, body in self._segs:
+            if kind == _COPY:
+                copy(e, *body)
+                continue
+            cp = self._pass(enc)
+            h = cp._internal
+            for pipe, bg, n, offs, gx, gy, gz in body:
+                if pipe is not None:
+                    set_pipe(h, pipe)
+                set_bg(h, 0, bg, n, offs)
+                dispatch(h, gx, gy, gz)
+            cp.end()
+        for src, so, dst, do, nb in after:
+            copy(e, src._internal, so, dst._internal, do, nb)
+
+    def _encode_api(self, enc, before, after) -> None:
+        for c in before:
+            enc.copy_buffer_to_buffer(*c)
+        for kind, body in self._segs:
+            if kind == _COPY:
+                enc.copy_buffer_to_buffer(*body)
+                continue
+            cp = self._pass(enc)
+            for pipe, bg, offs, gx, gy, gz in body:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg, offs)
+                cp.dispatch_workgroups(gx, gy, gz)
+            cp.end()
+        for c in after:
+            enc.copy_buffer_to_buffer(*c)
