@@ -219,3 +219,24 @@ def test_memory_grows_with_t_not_t_squared(dev):
         del out
     assert held["fused"] * 8 <= held["unfused"], held
     assert held["fused"] < 16 * T * d * 4, held  # a few [T, d] blocks, no [T, T] one
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_attention_takes_the_fused_kernel_for_large_scores(rng, monkeypatch, causal):
+    """causal_self_attention (MultiheadAttention, GPT) runs the fused kernel once the scores
+    pass FUSED_SCORE_BYTES and two matmuls around the softmax below: both give the same
+    outputs and gradients, and the policy picks what it says."""
+    from wgrumus.ops import attention, fused
+    qkv = rng.standard_normal((2, 24, 3 * 16)).astype(np.float32)
+    g = rng.standard_normal((2, 24, 16)).astype(np.float32)
+    dev = wr.devices()[0]
+    res = {}
+    for limit in (0, 1 << 40):
+        monkeypatch.setattr(attention, "FUSED_SCORE_BYTES", limit)
+        assert attention.prefer_fused(dev, 2 * 4, 4, 24, 24) == (limit == 0)
+        t = wr.tensor(qkv, requires_grad=True)
+        y = fused.causal_self_attention(t, 4, causal)
+        (y * wr.tensor(g)).sum().backward()
+        res[limit] = (y.numpy(), t.grad.numpy())
+    np.testing.assert_allclose(res[0][0], res[1 << 40][0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(res[0][1], res[1 << 40][1], rtol=1e-4, atol=1e-5)

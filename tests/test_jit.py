@@ -322,6 +322,18 @@ def test_cli_jit_data_parallel_gives_the_eager_losses():
                                rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("layout", [["mlp"], ["mlp", "--dp", "2", "--devices", "2"],
+                                    ["gpt", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
+                                     "--block-size", "8"]])
+def test_cli_jit_follows_the_schedule_and_clipping(layout):
+    """The schedule's rate changes every step outside the replayed recording: a capture that
+    froze it (or the step count behind it) would drift from the eager losses."""
+    args = [*layout, "--steps", "8", "--batch-size", "16", "--lr-schedule", "cosine",
+            "--warmup", "3", "--clip", "0.5"]
+    eager = _train_cli(*args, "--no-jit")
+    np.testing.assert_allclose(_train_cli(*args, "--jit"), eager, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("layout", [["mlp", "--pp", "2"], ["gpt", "--dp", "2"],
                                     ["gpt", "--tp", "2"]])
 def test_cli_jit_refuses_layouts_that_do_not_compose(capsys, layout):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..ops.attention import flash_attention, fused_fits
+from ..ops.attention import flash_attention, prefer_fused
 from ..ops.fused import causal_self_attention
 from ..ops.launch import run_map
 from ..ops.nnops import softmax as softmax_op
@@ -26,11 +26,11 @@ def causal_mask(T: int, device) -> Tensor:
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
                                  training: bool = False, is_causal: bool = False):
     """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without a mask or active
-    dropout this is the fused attention kernel (O(T) memory, ops/attention.py) where it takes
-    the shapes; otherwise the unfused composition."""
+    dropout this is the fused attention kernel (O(T) memory, ops/attention.py) where the
+    scores would be large and it takes the shapes; otherwise the unfused composition."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if (mask is None and (dropout_p == 0.0 or not training) and (not is_causal or Tq == Tk)
-            and fused_fits(q.device, q.shape[-1], Tq, Tk)):
+            and prefer_fused(q.device, math.prod(q.shape[:-2]), q.shape[-1], Tq, Tk)):
         return flash_attention(q, k, v, causal=is_causal)
     return unfused_attention(q, k, v, mask, dropout_p, training, is_causal)
 
@@ -108,11 +108,10 @@ class MultiheadAttention(Module):
         return self.out_proj(y)
 
     def _fast(self, key=None, value=None, attn_mask=None, T: int = 0) -> bool:
-        """Self-attention of length T without mask or active dropout, in shapes the fused
-        kernel takes: the fused path applies."""
+        """Self-attention without mask or active dropout: one packed attention node
+        (ops/fused.py picks the fused kernel or the unfused composition)."""
         return (key is None and value is None and attn_mask is None
-                and (self.dropout == 0.0 or not self.training)
-                and fused_fits(self.in_proj_weight.device, self.head_dim, T, T))
+                and (self.dropout == 0.0 or not self.training))
 
     def _attend(self, query, causal):
         """The heads' outputs, merged [B, T, E], before out_proj: one packed projection and

@@ -103,6 +103,20 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
+# Where the [Tq, Tk] scores fit, the unfused composition (two matmuls around the fused
+# softmax) is the faster one: forward + backward at 8x8x1024x64 ran at 3.6 TFLOP/s unfused vs
+# 1.0 fused on the H100, 0.074 vs 0.054 GFLOP/s at 1x2x256x64 on lavapipe (benchmarks/ops.py
+# --only attention). The fused kernel takes over where the scores would be large.
+FUSED_SCORE_BYTES = 128 << 20
+
+
+def prefer_fused(dev, n: int, d: int, Tq: int, Tk: int) -> bool:
+    """Whether attention over ``n`` (batch x heads) [T, d] slices runs the fused kernel: it
+    takes the shape, and the f32 scores would pass FUSED_SCORE_BYTES or one binding."""
+    scores = 4 * n * Tq * Tk
+    return fused_fits(dev, d, Tq, Tk) and scores > min(FUSED_SCORE_BYTES, dev.max_binding)
+
+
 def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
     """Whether the fused kernel takes this head size and these lengths on ``dev`` (callers
     with another way, the unfused composition, pick it when not)."""

@@ -19,10 +19,11 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
-from .attention import attention_backward, attention_forward
+from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
 from .matmul import linear_2d, matmul
+from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
 
@@ -155,9 +156,10 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
                           compute_dtype=None) -> Tensor:
     """softmax(q k^T / sqrt(d), causal) v for a packed projection qkv [B, T, 3E] (q, k, v
     side by side, heads of d = E / n_head consecutive features, like PyTorch's
-    MultiheadAttention); returns [B, T, E] with the heads merged back. The fused attention
-    kernel (ops/attention.py) needs no [T, T] scores; ``compute_dtype`` float16 (default
-    under autocast) runs it on f16 copies of q, k, v."""
+    MultiheadAttention); returns [B, T, E] with the heads merged back. Large [T, T] scores go
+    through the fused kernel (ops/attention.py, O(T) memory), others through two matmuls
+    around the fused softmax (faster where the scores fit: ``prefer_fused``).
+    ``compute_dtype`` float16 (default under autocast) runs it on f16 copies of q, k, v."""
     if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
                          f"{n_head} heads, got {qkv.shape}")
@@ -166,14 +168,20 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     H, d = n_head, E // n_head
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
+    fused = prefer_fused(dev, B * H, d, T, T)
     with no_grad():
-        src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32))
+        src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
+            else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
         # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
         heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
         n = B * H * T * d
         q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
                           heads.dtype) for i in range(3))
-        o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
+        if fused:
+            o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
+        else:
+            p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
+            o = matmul(p, v)
         y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
         y = Tensor(y._storage, (B, T, E), None, y.offset)
     if not needs_grad(qkv):
@@ -182,7 +190,13 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     def bw(g):
         go = contiguous(permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3)))
         go = Tensor(go._storage, (B * H, T, d), None, go.offset)
-        dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
+        if fused:
+            dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
+        else:
+            ds = softmax_backward(p, matmul(go, transpose(v, -1, -2)), False, scale,
+                                  T if causal else 0)
+            dq, dk = matmul(ds, k), matmul(transpose(ds, -1, -2), q)
+            dv = matmul(transpose(p, -1, -2), go)
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
@@ -191,5 +205,5 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
                 dqkv, views, [E])
         return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
-           saved=[heads, o, lse])
+           saved=[heads, o, lse] if fused else [heads, p])
     return y

@@ -34,8 +34,9 @@ class Replay:
         ops = recording.ops
         n = sum(op[0] == "d" for op in ops)
         self.dispatches = n
-        self._arena = dev.wgpu.create_buffer(size=max(n, 1) * SLOT, usage=wgpu.BufferUsage.UNIFORM
-                                             | wgpu.BufferUsage.COPY_DST)
+        self._arena = dev.wgpu.create_buffer(  # bound as the device's own arena is
+            size=max(n, 1) * SLOT, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+            | (wgpu.BufferUsage.STORAGE if dev.params_in_storage else 0))
         self._words = np.zeros((max(n, 1), SLOT // 4), np.uint32)
         self._bytes = memoryview(self._words).cast("B")
         self._refresh = []  # (slot, callable)
