@@ -102,7 +102,8 @@ def _cli_task(model: str, seed: int, gpt_size):
     n_layer, n_embd, n_head, block = gpt_size
     return build(SimpleNamespace(model=model, lr=None, optimizer="adamw", seed=seed,
                                  gpt={"n_layer": n_layer, "n_embd": n_embd, "n_head": n_head,
-                                      "block_size": block}))
+                                      "block_size": block}, clip=None, lr_schedule="constant",
+                                 warmup=0, activation_checkpointing=False))
 
 
 def soak_model(model: str, steps: int, every: int = 50, warmup: int = 100, batch: int = 128,
