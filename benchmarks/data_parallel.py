@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         group = dist.init_process_group("mpi", timeout=300)
         devs = [devs[group.rank % len(devs)]]
     task = Task(a)
-    nparams = sum(p.numel for p in task.model(devs[0]).parameters())
+    nparams = sum(p.numel() for p in task.model(devs[0]).parameters())
     head = (f"{a.model}: {nparams / 1e6:.2f} M parameters, batch {a.batch}/device"
             + (f", seq {a.block}" if a.model == "gpt" else "") + f"; {len(devs)} device(s): "
             + ", ".join(sorted({str(d.adapter_info.get("device") or d.name) for d in devs})))

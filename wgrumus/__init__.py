@@ -8,6 +8,7 @@ from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, ge
                   set_rng_state, sigmoid, split, sqrt, stack, tanh, where, zeros, zeros_like)
 from .ops import max, min, sum  # noqa: A004  (numpy-style names)
 from .ops import gather, index_select, log_softmax, softmax
+from .ops import floor_divide, remainder, std, var
 from .runtime import (AdapterLimitError, Device, DeviceMismatchError, MultiGpuContext,
                       NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor

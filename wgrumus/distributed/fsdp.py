@@ -178,7 +178,7 @@ class FSDP:
         return out
 
     def shard_bytes(self) -> int:
-        return sum(f.shard.numel * 4 for f in self._flats)
+        return sum(f.shard.numel() * 4 for f in self._flats)
 
 
 def _free(p: Tensor) -> None:

@@ -77,7 +77,7 @@ class Adam(Optimizer):
         for p, g, st in batch:
             t = st["step"]
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            end += p.numel
+            end += p.numel()
             words += [end, p.offset, g.offset, m.offset, v.offset, lr / (1.0 - b1 ** t),
                       math.sqrt(1.0 - b2 ** t)]
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]

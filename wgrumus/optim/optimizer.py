@@ -34,7 +34,7 @@ def launch(p: Tensor, g: Tensor, states, entry: str, words) -> None:
     bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
     soff = states[0].offset if states else 0
     dev.dispatch_1d(Kernel.of("optim", entry), bufs,
-                    [p.numel, p.offset, g.offset, soff, *words], p.numel)
+                    [p.numel(), p.offset, g.offset, soff, *words], p.numel())
     p._storage.version += 1
     for s in states:
         s._storage.version += 1

@@ -442,7 +442,7 @@ class DataParallel:
             out = self.replicas[k](x)
             w.phase = "loss"
             loss = loss_fn(out, y)
-            if loss.numel != 1:
+            if loss.numel() != 1:
                 raise ValueError(f"loss_fn must return one value (the mean over the shard), "
                                  f"got shape {loss.shape}")
             # d(global loss)/d(shard loss) = n_k / B; the all-reduce averages over world_size.
