@@ -342,3 +342,25 @@ def test_training_checkpoint_carries_a_checksum(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="corrupt"):
         wr.load_checkpoint(path, nn.Linear(4, 2))
+
+
+@pytest.mark.timeout(120)
+def test_readme_example_runs_with_dim_and_with_the_numpy_aliases(tmp_path):
+    """README's ten lines use dim=/keepdim=; the same lines with axis=/keepdims= learn the
+    same (test_cli runs the README text itself)."""
+    import subprocess
+    import sys
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python", text.index("## About ten lines of Python")) + len("```python")
+    code = text[start:text.index("```", start)]
+    assert "dim=1, keepdim=True" in code
+    losses = []
+    for variant in (code, code.replace("dim=1, keepdim=True", "axis=1, keepdims=True")):
+        script = tmp_path / "example.py"
+        script.write_text(variant)
+        p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=110, cwd=ROOT, env={**__import__("os").environ,
+                                                       "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 0, p.stderr
+        losses.append(float(p.stdout.split()[1]))
+    assert losses[0] == losses[1] and losses[0] < 0.15

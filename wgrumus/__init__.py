@@ -1,7 +1,10 @@
 """wgrumus: deep learning on WebGPU across every adapter of a host, and across hosts with MPI."""
 from __future__ import annotations
 
-from . import autograd, ops
+from ._deps import check_wgpu
+
+check_wgpu()  # a clear ImportError on an untested wgpu-py, before anything uses it
+from . import autograd, ops  # noqa: E402
 from .autograd import GradientStore, no_grad
 from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, get_rng_state, log,
                   manual_seed, matmul, maximum, mean, minimum, ones, ones_like, rand, randn, relu,

@@ -86,8 +86,8 @@ def run(args) -> int:
     found = available()
     if not found:
         raise UsageError("no benchmarks/ directory next to the wgrumus package: the benchmarks "
-                         "ship with the source, so run this from a git checkout installed with "
-                         "pip install -e .")
+                         "are not in the wheel, they come with a source checkout; clone the "
+                         "repository, pip install -e . there, and run wgrumus bench")
     con = console()
     if args.list:
         for name, path in found.items():
