@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,10 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR (the directory to resume from)")
+    overwrite = getattr(args, "overwrite", False)
+    if args.resume and overwrite:
+        raise UsageError("give --resume (continue the checkpoint) or --overwrite (replace it), "
+                         "not both")
     if args.tp > 1 and model != "gpt":
         raise UsageError(f"--tp {args.tp}: tensor parallelism splits attention heads and MLP "
                          f"columns of the gpt model; use --dp/--pp for {model}")
@@ -74,6 +79,8 @@ def config_from_args(args) -> TrainConfig:
     if model == "gpt":
         _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
+    layout.devices = _device_count(args, layout)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
         raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
@@ -81,10 +88,10 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
-    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
-    layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
+        if not args.resume and not overwrite:
+            _refuse_existing(args.checkpoint)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
                        args.plot, args.json, getattr(args, "title", "wgrumus train"))
@@ -116,7 +123,10 @@ def _device_count(args, layout: Layout) -> int:
         if args.devices < layout.world:
             raise UsageError(f"{layout.product()} devices needed, but --devices is "
                              f"{args.devices}; pass --devices {layout.world} or more")
-        if args.devices != len(wr.MultiGpuContext.get().devices):
+        # --devices overrides WGRUMUS_DEVICES: the environment's count is never read (nor
+        # its devices made) when the flag is given
+        ctx = getattr(wr.MultiGpuContext, "_instance", None)
+        if ctx is None or len(ctx.devices) != args.devices:
             wr.MultiGpuContext.reset(count=args.devices)
         return args.devices
     have = len(wr.devices())
@@ -135,6 +145,14 @@ def _mpi_size() -> int:
                          "'wgrumus[mpi]', then mpiexec -n N wgrumus train --backend mpi ...") \
             from None
     return MPI.COMM_WORLD.Get_size()
+
+
+def _refuse_existing(folder: str) -> None:
+    """A new run must not silently replace the checkpoint of an earlier one."""
+    from .checkpoint import FILE
+    if os.path.exists(os.path.join(folder, FILE)):
+        raise UsageError(f"--checkpoint {folder!r} already holds a checkpoint; pass --resume to "
+                         f"continue it or --overwrite to start over and replace it")
 
 
 def _check_writable(path: str) -> None:
@@ -159,6 +177,7 @@ def train(cfg: TrainConfig) -> int:
         raise UsageError(f"the checkpoint in {cfg.checkpoint!r} is already at step "
                          f"{saved[0]['step']} >= --steps {steps}; ask for more steps")
     trainer = trainers.make_trainer(cfg, task)
+    hard_stop = False
     try:
         start, losses = checkpoint.load(trainer, *saved) if saved else (0, [])
         ui = report.Progress(cfg, task, steps, start, enabled=trainer.is_main and not cfg.json)
@@ -168,24 +187,45 @@ def train(cfg: TrainConfig) -> int:
                 x, y = task.batch(step, cfg.batch_size)
                 losses.append(float(trainer.step(x, y)))
                 ui.update(step + 1, losses[-1])
-                if trainer.agree_stop(stop.requested):
+                if trainer.agree_stop(stop.requested or not math.isfinite(losses[-1])):
                     break
                 if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 \
                         and step + 1 < steps:
                     checkpoint.save(cfg, task, trainer, step + 1, losses)
         interrupted = stop.requested
+        diverged = not all(math.isfinite(v) for v in losses[start:])
         seconds = time.perf_counter() - t0
-        if cfg.checkpoint:  # also after Ctrl-C: the steps done so far are kept
+        # also after Ctrl-C: the steps done so far are kept; never diverged weights
+        if cfg.checkpoint and not diverged:
             checkpoint.save(cfg, task, trainer, len(losses), losses)
         result = report.result(cfg, task, trainer, losses, len(losses) - start, seconds,
-                               interrupted)
+                               interrupted, diverged)
+    except KeyboardInterrupt:
+        # A second Ctrl-C leaves at once: closing would wait for the ranks to finish the step
+        # they are in (seconds to minutes); they are daemon threads and the process is exiting.
+        hard_stop = True
+        raise
     finally:
-        trainer.close()
+        if not hard_stop:
+            trainer.close()
     if cfg.json:
         print_json(result)
     elif trainer.is_main:
         report.summary(cfg, task, result)
+    if diverged:
+        if trainer.is_main:
+            print(f"{cfg.title}: error: {_divergence(cfg, task, losses, start)}",
+                  file=sys.stderr, flush=True)
+        return 1
     return 130 if interrupted else 0
+
+
+def _divergence(cfg, task, losses, start) -> str:
+    bad = next(i for i in range(start, len(losses)) if not math.isfinite(losses[i]))
+    kept = (f"; the checkpoint in {cfg.checkpoint!r} keeps the last finite state"
+            if cfg.checkpoint else "")
+    return (f"the loss became {losses[bad]} at step {bad + 1}, so training stopped (it "
+            f"diverged); lower --lr (it was {task.lr:g}){kept}")
 
 
 class StopOnInterrupt:
