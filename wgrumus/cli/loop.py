@@ -80,7 +80,7 @@ def config_from_args(args) -> TrainConfig:
         _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
     layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
-    layout.devices = _device_count(args, layout)  # a device shortfall is the first thing to fix
+    _device_count(args, layout, create=False)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
         raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
@@ -88,6 +88,7 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
+    layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
         if not args.resume and not overwrite:
@@ -110,8 +111,9 @@ def _check_gpt_sizes(args) -> None:
                          f"(--n-layer is {args.n_layer})")
 
 
-def _device_count(args, layout: Layout) -> int:
-    """How many devices the run uses; --devices N (re)creates N devices in this process."""
+def _device_count(args, layout: Layout, create: bool = True) -> int:
+    """How many devices the run uses; --devices N (re)creates N devices in this process
+    (unless ``create`` is False: only check that there are enough)."""
     import wgrumus as wr
     if layout.backend == "mpi":
         size = _mpi_size()
@@ -126,7 +128,7 @@ def _device_count(args, layout: Layout) -> int:
         # --devices overrides WGRUMUS_DEVICES: the environment's count is never read (nor
         # its devices made) when the flag is given
         ctx = getattr(wr.MultiGpuContext, "_instance", None)
-        if ctx is None or len(ctx.devices) != args.devices:
+        if create and (ctx is None or len(ctx.devices) != args.devices):
             wr.MultiGpuContext.reset(count=args.devices)
         return args.devices
     have = len(wr.devices())
