@@ -131,7 +131,7 @@ def _curve(cfg, res, con) -> None:
         saved = save_png(losses, path, f"{cfg.model} ({cfg.layout.describe()})")
         missing = not saved
     except (OSError, ValueError) as e:  # unwritable path, or an extension it cannot write
-        con.print(f"[yellow]could not write {path}: {e}", markup=True)
+        con.print(f"[yellow]could not write {path}: {e}")
         saved = missing = False
     if saved:
         con.print(f"loss curve: {os.path.abspath(path)}")

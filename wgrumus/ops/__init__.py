@@ -38,8 +38,9 @@ def _inplace(fn):
 _METHODS = {
     "__add__": add, "__radd__": _rev(add), "__sub__": sub, "__rsub__": _rev(sub),
     "__mul__": mul, "__rmul__": _rev(mul), "__truediv__": div, "__rtruediv__": _rev(div),
-    "__pow__": pow_, "__rpow__": _rev(pow_), "__floordiv__": floor_divide,
-    "__rfloordiv__": _rev(floor_divide), "__mod__": remainder, "__rmod__": _rev(remainder), "__matmul__": matmul, "__rmatmul__": _rev(matmul),
+    "__pow__": pow_, "__rpow__": _rev(pow_), "__matmul__": matmul, "__rmatmul__": _rev(matmul),
+    "__floordiv__": floor_divide, "__rfloordiv__": _rev(floor_divide), "__mod__": remainder,
+    "__rmod__": _rev(remainder),
     "__neg__": neg, "__abs__": abs_, "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le,
     "__gt__": gt, "__ge__": ge, "__getitem__": getitem, "__setitem__": setitem,
     "__iadd__": _inplace(add), "__isub__": _inplace(sub), "__imul__": _inplace(mul),
