@@ -195,11 +195,11 @@ def _read(path):
     except ValueError as e:
         raise CheckpointError(f"{path} has a corrupt safetensors header (not JSON: {e})") from e
     from safetensors.numpy import load as st_load
-    verify_checksum(data, path)
     try:
         arrays = st_load(data)
     except Exception as e:
         raise CheckpointError(f"{path} is not a valid safetensors file: {e}") from e
+    verify_checksum(data, path)
     meta = header.get("__metadata__") or {}
     return arrays, meta
 
