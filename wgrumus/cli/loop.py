@@ -224,7 +224,7 @@ def train(cfg: TrainConfig) -> int:
 
 def _divergence(cfg, task, losses, start) -> str:
     bad = next(i for i in range(start, len(losses)) if not math.isfinite(losses[i]))
-    kept = (f"; the checkpoint in {cfg.checkpoint!r} keeps the last finite state"
+    kept = (f"; no checkpoint of the diverged weights was written to {cfg.checkpoint!r}"
             if cfg.checkpoint else "")
     return (f"the loss became {losses[bad]} at step {bad + 1}, so training stopped (it "
             f"diverged); lower --lr (it was {task.lr:g}){kept}")
