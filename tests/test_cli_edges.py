@@ -78,6 +78,15 @@ def test_existing_checkpoint_needs_resume_or_overwrite(tmp_path):
     err = one_line_usage_error(*wgrumus("train", "mlp", "--checkpoint", ck, "--resume",
                                         "--overwrite")[::2])
     assert "not both" in err
+    # a flipped bit in the saved weights is caught by the checksum on --resume
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    data = bytearray(before)
+    data[-7] ^= 0x20
+    (bad / "checkpoint.safetensors").write_bytes(bytes(data))
+    err = one_line_usage_error(*wgrumus("train", "mlp", "--steps", "5", "--checkpoint", bad,
+                                        "--resume")[::2])
+    assert "corrupt" in err and "checksum" in err
     rc, out, err = wgrumus("train", "mlp", "--steps", "2", "--checkpoint", ck, "--overwrite",
                            "--json")
     assert rc == 0, err

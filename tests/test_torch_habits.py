@@ -364,3 +364,20 @@ def test_readme_example_runs_with_dim_and_with_the_numpy_aliases(tmp_path):
         assert p.returncode == 0, p.stderr
         losses.append(float(p.stdout.split()[1]))
     assert losses[0] == losses[1] and losses[0] < 0.15
+
+
+def test_readme_compatibility_table_names_exist():
+    """The names README's "Coming from PyTorch" table says exist do exist."""
+    text = (ROOT / "README.md").read_text()
+    assert "## Coming from PyTorch" in text
+    for name in ("sum", "mean", "max", "min", "argmax", "argmin", "var", "std", "numel", "size",
+                 "dim", "t", "view", "reshape", "permute", "transpose", "split", "chunk",
+                 "squeeze", "unsqueeze", "to", "float", "half", "int", "long", "bool", "double",
+                 "backward", "softmax", "log_softmax", "__floordiv__", "__mod__"):
+        assert callable(getattr(wr.Tensor, name)), name
+    for name in ("tensor", "zeros", "ones", "full", "arange", "rand", "randn", "manual_seed",
+                 "cat", "stack", "where", "save", "load", "no_grad", "max", "min"):
+        assert callable(getattr(wr, name)), name
+    for name in ("CrossEntropyLoss", "MSELoss", "Linear", "Conv2d", "LayerNorm", "Embedding"):
+        assert issubclass(getattr(nn, name), nn.Module), name
+    assert not hasattr(wr, "prod") and not hasattr(wr.Tensor, "cuda")  # "do not exist"
