@@ -1,10 +1,10 @@
 """Data-parallel training throughput: samples/s of a GPT-mini on 1, 2 and 4 devices, the scaling
 ratio against plain single-device training, and the exposed (non-overlapped) communication time.
 
-    python benchmarks/data_parallel.py                       # GPT-mini, devices 1 2 4 (those present)
+    python benchmarks/data_parallel.py                       # GPT-mini on 1, 2 and 4 devices
     python benchmarks/data_parallel.py --quick               # small shapes for lavapipe / CI
     python benchmarks/data_parallel.py --model mlp --devices 1 2 --steps 20 --json
-    WGRUMUS_DEVICES=4 python benchmarks/data_parallel.py     # 4 logical devices on one adapter
+    WGRUMUS_DEVICES=2 python benchmarks/data_parallel.py     # only 2 devices (4 is skipped)
     mpiexec -n 2 python benchmarks/data_parallel.py --backend mpi   # one process per adapter
 
 The threads backend records every replica's ops from one Python process, so the replicas share
@@ -54,7 +54,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", choices=["gpt", "mlp"], default="gpt")
     ap.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4],
-                    help="replica counts to run (those above the devices present are skipped)")
+                    help="replica counts to run; WGRUMUS_DEVICES defaults to the largest, "
+                    "logical devices sharing an adapter (counts above a WGRUMUS_DEVICES "
+                    "that is set are skipped)")
     ap.add_argument("--batch", type=int, default=16, help="samples per device per step")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
@@ -174,6 +176,8 @@ def run_dp(task, devs, a, one_bucket=False, group=None, jit=False) -> dict:
 def main(argv=None) -> int:
     a = parse_args(argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    if a.backend == "threads":  # logical devices share an adapter when there are fewer
+        os.environ.setdefault("WGRUMUS_DEVICES", str(max(a.devices)))
     import wgrumus as wr
     group = None
     devs = wr.devices()
@@ -182,7 +186,7 @@ def main(argv=None) -> int:
         group = dist.init_process_group("mpi", timeout=300)
         devs = [devs[group.rank % len(devs)]]
     task = Task(a)
-    nparams = sum(p.numel for p in task.model(devs[0]).parameters())
+    nparams = sum(p.numel() for p in task.model(devs[0]).parameters())
     head = (f"{a.model}: {nparams / 1e6:.2f} M parameters, batch {a.batch}/device"
             + (f", seq {a.block}" if a.model == "gpt" else "") + f"; {len(devs)} device(s): "
             + ", ".join(sorted({str(d.adapter_info.get("device") or d.name) for d in devs})))

@@ -388,7 +388,7 @@ def test_split_sequential_balances_and_runs(devs):
     weights = make_weights(6, dims=dims)
     layers = make_layers(weights)
     parts = split_sequential(layers, 3)
-    sizes = [sum(int(p.numel) for p in part.parameters()) for part in parts]
+    sizes = [sum(int(p.numel()) for p in part.parameters()) for part in parts]
     print("\nstage parameter counts:", sizes)
     assert [len(part) for part in parts] == [1, 1, 4]  # 288 | 264 | 3*72+36
     assert max(sizes) == min(max(s) for s in _all_cuts(layers, 3))
@@ -407,7 +407,7 @@ def test_split_sequential_balances_and_runs(devs):
 
 def _all_cuts(layers, p):
     import itertools
-    counts = [sum(int(x.numel) for x in l.parameters()) for l in layers]
+    counts = [sum(int(x.numel()) for x in l.parameters()) for l in layers]
     for cut in itertools.combinations(range(1, len(layers)), p - 1):
         bounds = (0,) + cut + (len(layers),)
         yield [sum(counts[a:b]) for a, b in zip(bounds, bounds[1:])]
@@ -483,7 +483,7 @@ def test_split_gpt_matches_whole_model(devs):
     stages = split_gpt(gpt, 3, devices=devs[1:4])  # embedding, 2 blocks, ln_f, head -> 3 stages
     counts = [st.num_parameters() for st in stages]
     print("\nGPT stage parameter counts:", counts)
-    assert sum(counts) == sum(int(p.numel) for p in ref.parameters())
+    assert sum(counts) == sum(int(p.numel()) for p in ref.parameters())
     loss, store = PipelineExecutor(stages, 2, schedule="1f1b").run(idx, tgt, loss_fn)
     assert loss == pytest.approx(ref_loss.item(), rel=1e-5)
     for (name, p), (_, q) in zip(gpt.named_parameters(), ref.named_parameters()):

@@ -54,7 +54,7 @@ def test_views_share_storage():
 
 def test_small_api():
     t = wr.zeros(2, 3)
-    assert t.ndim == 2 and t.dim() == 2 and t.numel == 6 and len(t) == 2
+    assert t.ndim == 2 and t.dim() == 2 and t.numel() == 6 and len(t) == 2
     assert t.size() == (2, 3) and t.size(1) == 3
     with pytest.raises(TypeError, match="0-d"):
         len(wr.tensor(1.0))

@@ -11,6 +11,7 @@ leaves either the old file or the new one, never a torn one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -108,6 +109,37 @@ def _to_numpy(name, v) -> np.ndarray:
                           f"tensors or numpy arrays")
 
 
+CHECKSUM_KEY = "wgrumus.sha256"  # metadata entry: sha256 of the tensor data region
+SINGLE_KEY, SINGLE_NAME = "wgrumus.object", "tensor"  # a file holding one tensor, not a dict
+
+
+def _regions(data: bytes):
+    """(header dict, data region) of a serialized safetensors file."""
+    (hlen,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + hlen]), data[8 + hlen:]
+
+
+def with_checksum(data: bytes) -> bytes:
+    """A safetensors file with the sha256 of its tensor bytes added to its metadata, so that
+    a flipped bit in the weights is an error on load instead of silently different weights."""
+    header, body = _regions(data)
+    header.setdefault("__metadata__", {})[CHECKSUM_KEY] = hashlib.sha256(body).hexdigest()
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data region stays 8-byte aligned
+    return struct.pack("<Q", len(head)) + head + body
+
+
+def verify_checksum(data: bytes, path) -> None:
+    """Raise CheckpointError when the file records a checksum its tensor bytes do not match
+    (files written elsewhere, without one, are not checked)."""
+    header, body = _regions(data)
+    want = (header.get("__metadata__") or {}).get(CHECKSUM_KEY)
+    if want is not None and hashlib.sha256(body).hexdigest() != want:
+        raise CheckpointError(f"{os.fspath(path)} is corrupt: its tensor data does not match "
+                              f"the checksum written with it (damaged on disk or in transfer); "
+                              f"restore it from a copy or save it again")
+
+
 def _serialize(tensors: dict, metadata=None) -> bytes:
     from safetensors.numpy import save as st_save
     arrays = {}
@@ -116,12 +148,19 @@ def _serialize(tensors: dict, metadata=None) -> bytes:
             raise CheckpointError(f"state dict keys must be strings, got {k!r}")
         arrays[k] = _to_numpy(k, v)
     meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
-    return st_save(arrays, metadata=meta)
+    return with_checksum(st_save(arrays, metadata=meta))
 
 
-def save(state_dict: dict, path, metadata=None) -> None:
-    """Write name -> tensor (or array) to ``path`` as safetensors, atomically."""
-    data = _serialize(state_dict, metadata)
+def save(obj, path, metadata=None) -> None:
+    """Write a tensor, or a dict name -> tensor (or numpy array), to ``path`` as safetensors,
+    atomically, with a checksum of the tensor data in the metadata. ``load`` gives back the
+    same kind of object."""
+    if isinstance(obj, (Tensor, np.ndarray)):
+        obj, metadata = {SINGLE_NAME: obj}, {**(metadata or {}), SINGLE_KEY: SINGLE_NAME}
+    elif not isinstance(obj, dict):
+        raise CheckpointError(f"save takes a tensor or a dict of tensors (a state_dict), got "
+                              f"{type(obj).__name__}")
+    data = _serialize(obj, metadata)
     if os.path.isdir(path):
         example = os.path.join(path, "model.safetensors")
         raise CheckpointWriteError(f"cannot write checkpoint {os.fspath(path)}: it is a folder; "
@@ -160,6 +199,7 @@ def _read(path):
         arrays = st_load(data)
     except Exception as e:
         raise CheckpointError(f"{path} is not a valid safetensors file: {e}") from e
+    verify_checksum(data, path)
     meta = header.get("__metadata__") or {}
     return arrays, meta
 
@@ -190,11 +230,13 @@ def _device_array(a: np.ndarray, name: str = "") -> np.ndarray:
     raise CheckpointError(f"unsupported tensor dtype {a.dtype} in checkpoint")
 
 
-def load(path, device=None) -> dict:
-    """name -> Tensor on ``device`` (the default device when None)."""
-    arrays, _ = _read(path)
+def load(path, device=None):
+    """name -> Tensor on ``device`` (the default device when None), or the one Tensor when
+    ``save`` was given a tensor."""
+    arrays, meta = _read(path)
     dev = get_device(device)
-    return {k: _tensor(_device_array(a, k), dev) for k, a in arrays.items()}
+    out = {k: _tensor(_device_array(a, k), dev) for k, a in arrays.items()}
+    return out[SINGLE_NAME] if meta.get(SINGLE_KEY) == SINGLE_NAME else out
 
 
 def _tensor(a: np.ndarray, dev) -> Tensor:

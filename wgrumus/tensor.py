@@ -128,12 +128,19 @@ class Tensor:
     def dim(self) -> int:
         return len(self.shape)
 
-    @property
     def numel(self) -> int:
+        """Number of elements (a method, as in PyTorch)."""
         return math.prod(self.shape)
 
-    def size(self, axis=None):
-        return self.shape if axis is None else self.shape[axis]
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def t(self) -> "Tensor":
+        """PyTorch's t(): the transpose of a 2-D tensor; 0-D and 1-D tensors unchanged."""
+        if self.ndim > 2:
+            raise ShapeError(f"t() expects a tensor with <= 2 dimensions, got {self.ndim}; use "
+                             f"transpose(dim0, dim1) or permute")
+        return self.transpose(0, 1) if self.ndim == 2 else self
 
     def __len__(self):
         if not self.shape:
@@ -185,14 +192,14 @@ class Tensor:
             from .autograd.tape import no_grad
             with no_grad():  # reading is not part of the graph
                 t = self.contiguous()
-        n = t.numel
+        n = t.numel()
         if n == 0:
             return np.zeros(self.shape, self.dtype)
         arr = t.device.read_array(t._storage.buffer, t.offset * t.dtype.itemsize, n, t.dtype)
         return arr.reshape(self.shape)
 
     def item(self) -> float:
-        if self.numel != 1:
+        if self.numel() != 1:
             raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
         return self.numpy().reshape(-1)[0].item()
 
@@ -210,7 +217,7 @@ class Tensor:
         from .distributed.comm import BufferSlice
         isz = self.dtype.itemsize
         return BufferSlice(self.device, self._storage.buffer, self.offset * isz,
-                           self.numel * isz, self.dtype)
+                           self.numel() * isz, self.dtype)
 
     def __repr__(self):
         try:
@@ -222,8 +229,8 @@ class Tensor:
         return f"tensor({body}, device={self.device.index}{dt}{g})"
 
     def __bool__(self):
-        if self.numel != 1:
-            raise ShapeError(f"truth value of a tensor with {self.numel} elements is ambiguous")
+        if self.numel() != 1:
+            raise ShapeError(f"truth value of a tensor with {self.numel()} elements is ambiguous")
         return bool(self.item())
 
     def __float__(self):

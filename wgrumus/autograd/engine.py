@@ -11,7 +11,7 @@ class AutogradError(WgrumusError):
 
 
 def backward(loss, on_leaf_grad=None) -> GradientStore:
-    if loss.numel != 1:
+    if loss.numel() != 1:
         raise ShapeError(f"backward(loss) needs a loss with one element, got shape {loss.shape}; "
                          f"reduce it (e.g. .mean()) or use backward_with_grad(out, grad)")
     from ..ops.creation import full

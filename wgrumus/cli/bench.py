@@ -18,6 +18,24 @@ from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
 NOT_IN_ALL = {"reliability", "soak"}  # fault and leak campaigns, not performance benchmarks
+# `wgrumus bench` (all of them, quick): arguments that keep the whole run within about two
+# minutes on lavapipe and keep the multi-device rows (the scripts make the logical devices
+# they need). A benchmark not listed runs with --quick when it has that flag.
+QUICK = {
+    "ops": ["--quick", "--sizes", "256", "--mb", "4"],
+    "train_step": ["--quick", "--repeats", "1", "--warmup", "2", "--steps", "2"],
+    "collectives": ["--quick", "--no-reference"],
+    "data_parallel": ["--quick", "--devices", "1", "2", "--steps", "2", "--warmup", "1"],
+    "pipeline": ["--stages", "2", "--micro-batches", "4", "--schedules", "gpipe", "1f1b",
+                 "--width", "64", "--layers", "2", "--mb-size", "8", "--repeats", "1"],
+    "parallel3d": ["--quick", "--layouts", "1x1x1,2x2x2"],
+}
+
+
+def quick_args(name: str, path: Path) -> list:
+    if name in QUICK:
+        return list(QUICK[name])
+    return ["--quick"] if "--quick" in path.read_text() else []
 
 
 def bench_dir() -> Path | None:
@@ -86,8 +104,8 @@ def run(args) -> int:
     found = available()
     if not found:
         raise UsageError("no benchmarks/ directory next to the wgrumus package: the benchmarks "
-                         "ship with the source, so run this from a git checkout installed with "
-                         "pip install -e .")
+                         "are not in the wheel, they come with a source checkout; clone the "
+                         "repository, pip install -e . there, and run wgrumus bench")
     con = console()
     if args.list:
         for name, path in found.items():
@@ -100,12 +118,13 @@ def run(args) -> int:
                              f"{', '.join(found)}")
         todo = [(args.name, list(args.args))]
     else:
-        todo = [(name, ["--quick"] if "--quick" in path.read_text() and not args.json else [])
+        todo = [(name, [] if args.json else quick_args(name, path))
                 for name, path in found.items() if name not in NOT_IN_ALL]
     if args.json:  # tables and progress to stderr, results to stdout
         con = console(stderr=True)
         todo = [(name, argv if "--json" in argv else argv + ["--json"]) for name, argv in todo]
     failed, results = [], {}
+    start = time.perf_counter()
     for name, argv in todo:
         con.rule(f"[bold]{name}[/] {' '.join(argv)}")
         t0 = time.perf_counter()
@@ -116,6 +135,8 @@ def run(args) -> int:
         elif args.json:
             results[name] = parse_output(out)
         con.print(f"[dim]{name}: {time.perf_counter() - t0:.1f} s")
+    if len(todo) > 1:
+        con.print(f"[dim]all: {time.perf_counter() - start:.1f} s")
     if args.json:
         print_json(results)
     if failed:

@@ -60,7 +60,7 @@ def save(cfg, task, trainer, step: int, losses) -> None:
     """Every rank gathers (collectives may be involved); rank 0 writes."""
     from safetensors.numpy import save as st_save
 
-    from ..io import atomic_write
+    from ..io import atomic_write, with_checksum
     state = trainer.state_dict()
     if not is_main_rank():
         return
@@ -71,16 +71,20 @@ def save(cfg, task, trainer, step: int, losses) -> None:
             "seed": str(cfg.seed), "optimizer": cfg.optimizer,
             "layout": json.dumps({"dp": cfg.layout.dp, "tp": cfg.layout.tp,
                                   "pp": cfg.layout.pp})}
-    atomic_write(path_of(cfg), st_save(arrays, metadata=meta))
+    atomic_write(path_of(cfg), with_checksum(st_save(arrays, metadata=meta)))
 
 
 def read(path: str):
     """(metadata, arrays) of a checkpoint file, or UsageError naming what is wrong."""
     from safetensors import safe_open
+
+    from ..io import verify_checksum
     if not os.path.exists(path):
         raise UsageError(f"--resume: no checkpoint at {path!r} (train with --checkpoint "
                          f"{os.path.dirname(path)!r} first)")
     try:
+        with open(path, "rb") as f:
+            verify_checksum(f.read(), path)
         with safe_open(path, "numpy") as f:
             meta = f.metadata() or {}
             arrays = {k: f.get_tensor(k) for k in f.keys()}

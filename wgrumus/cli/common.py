@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -18,6 +19,8 @@ def positive(kind=int, allow_zero: bool = False):
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if v < 0 or (v == 0 and not allow_zero):
             raise argparse.ArgumentTypeError(
                 f"must be {'>= 0' if allow_zero else '> 0'}, got {text}")
@@ -49,10 +52,25 @@ def console(stderr: bool = False):
 
 
 def print_json(obj) -> None:
-    """Exactly one JSON document on stdout (rank 0 only)."""
+    """Exactly one JSON document on stdout (rank 0 only). Strict JSON: a NaN or infinity
+    becomes null (bare NaN / Infinity would break most JSON readers)."""
     if is_main_rank():
-        sys.stdout.write(json.dumps(obj, default=_default) + "\n")
+        sys.stdout.write(json.dumps(finite_or_none(obj), default=_default, allow_nan=False)
+                         + "\n")
         sys.stdout.flush()
+
+
+def finite_or_none(obj):
+    """``obj`` with every non-finite float (in dicts, lists, numpy scalars) replaced by None."""
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars
+        obj = obj.tolist()
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def _default(o):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -72,6 +73,10 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR (the directory to resume from)")
+    overwrite = getattr(args, "overwrite", False)
+    if args.resume and overwrite:
+        raise UsageError("give --resume (continue the checkpoint) or --overwrite (replace it), "
+                         "not both")
     if args.tp > 1 and model != "gpt":
         raise UsageError(f"--tp {args.tp}: tensor parallelism splits attention heads and MLP "
                          f"columns of the gpt model; use --dp/--pp for {model}")
@@ -85,6 +90,8 @@ def config_from_args(args) -> TrainConfig:
     if model == "gpt":
         _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
+    _device_count(args, layout, create=False)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
         raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
@@ -92,7 +99,6 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
-    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
     jit = bool(getattr(args, "jit", False))
     if jit and (layout.tp > 1 or layout.pp > 1 or (model == "gpt" and layout.dp > 1)):
         raise UsageError(f"--jit captures one device's steps, and --dp replicas of mlp/cnn, only "
@@ -102,6 +108,8 @@ def config_from_args(args) -> TrainConfig:
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
+        if not args.resume and not overwrite:
+            _refuse_existing(args.checkpoint)
     precision = getattr(args, "precision", "f32")
     if precision == "f16":
         if jit:
@@ -145,8 +153,9 @@ def _check_gpt_sizes(args) -> None:
                          f"(--n-layer is {args.n_layer})")
 
 
-def _device_count(args, layout: Layout) -> int:
-    """How many devices the run uses; --devices N (re)creates N devices in this process."""
+def _device_count(args, layout: Layout, create: bool = True) -> int:
+    """How many devices the run uses; --devices N (re)creates N devices in this process
+    (unless ``create`` is False: only check that there are enough)."""
     import wgrumus as wr
     if layout.backend == "mpi":
         size = _mpi_size()
@@ -158,7 +167,10 @@ def _device_count(args, layout: Layout) -> int:
         if args.devices < layout.world:
             raise UsageError(f"{layout.product()} devices needed, but --devices is "
                              f"{args.devices}; pass --devices {layout.world} or more")
-        if args.devices != len(wr.MultiGpuContext.get().devices):
+        # --devices overrides WGRUMUS_DEVICES: the environment's count is never read (nor
+        # its devices made) when the flag is given
+        ctx = getattr(wr.MultiGpuContext, "_instance", None)
+        if create and (ctx is None or len(ctx.devices) != args.devices):
             wr.MultiGpuContext.reset(count=args.devices)
         return args.devices
     have = len(wr.devices())
@@ -177,6 +189,14 @@ def _mpi_size() -> int:
                          "'wgrumus[mpi]', then mpiexec -n N wgrumus train --backend mpi ...") \
             from None
     return MPI.COMM_WORLD.Get_size()
+
+
+def _refuse_existing(folder: str) -> None:
+    """A new run must not silently replace the checkpoint of an earlier one."""
+    from .checkpoint import FILE
+    if os.path.exists(os.path.join(folder, FILE)):
+        raise UsageError(f"--checkpoint {folder!r} already holds a checkpoint; pass --resume to "
+                         f"continue it or --overwrite to start over and replace it")
 
 
 def _check_writable(path: str) -> None:
@@ -202,6 +222,7 @@ def train(cfg: TrainConfig) -> int:
                          f"{saved[0]['step']} >= --steps {steps}; ask for more steps")
     task.total_steps = steps  # the cosine schedule decays over the whole run
     trainer = trainers.make_trainer(cfg, task)
+    hard_stop = False
     try:
         start, losses = checkpoint.load(trainer, *saved) if saved else (0, [])
         ui = report.Progress(cfg, task, steps, start, enabled=trainer.is_main and not cfg.json)
@@ -211,24 +232,45 @@ def train(cfg: TrainConfig) -> int:
                 x, y = task.batch(step, cfg.batch_size)
                 losses.append(float(trainer.step(x, y)))
                 ui.update(step + 1, losses[-1])
-                if trainer.agree_stop(stop.requested):
+                if trainer.agree_stop(stop.requested or not math.isfinite(losses[-1])):
                     break
                 if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 \
                         and step + 1 < steps:
                     checkpoint.save(cfg, task, trainer, step + 1, losses)
         interrupted = stop.requested
+        diverged = not all(math.isfinite(v) for v in losses[start:])
         seconds = time.perf_counter() - t0
-        if cfg.checkpoint:  # also after Ctrl-C: the steps done so far are kept
+        # also after Ctrl-C: the steps done so far are kept; never diverged weights
+        if cfg.checkpoint and not diverged:
             checkpoint.save(cfg, task, trainer, len(losses), losses)
         result = report.result(cfg, task, trainer, losses, len(losses) - start, seconds,
-                               interrupted)
+                               interrupted, diverged)
+    except KeyboardInterrupt:
+        # A second Ctrl-C leaves at once: closing would wait for the ranks to finish the step
+        # they are in (seconds to minutes); they are daemon threads and the process is exiting.
+        hard_stop = True
+        raise
     finally:
-        trainer.close()
+        if not hard_stop:
+            trainer.close()
     if cfg.json:
         print_json(result)
     elif trainer.is_main:
         report.summary(cfg, task, result)
+    if diverged:
+        if trainer.is_main:
+            print(f"{cfg.title}: error: {_divergence(cfg, task, losses, start)}",
+                  file=sys.stderr, flush=True)
+        return 1
     return 130 if interrupted else 0
+
+
+def _divergence(cfg, task, losses, start) -> str:
+    bad = next(i for i in range(start, len(losses)) if not math.isfinite(losses[i]))
+    kept = (f"; no checkpoint of the diverged weights was written to {cfg.checkpoint!r}"
+            if cfg.checkpoint else "")
+    return (f"the loss became {losses[bad]} at step {bad + 1}, so training stopped (it "
+            f"diverged); lower --lr (it was {task.lr:g}){kept}")
 
 
 class StopOnInterrupt:

@@ -163,6 +163,12 @@ def _gpt_task(cfg, lr) -> Task:
     ids = np.array([stoi[c] for c in text], np.int32)
     cut = int(len(ids) * 0.9)
     g = cfg.gpt
+    longest = len(ids) - cut - 2  # a window plus its next character fits in the held-out text
+    if g["block_size"] > longest:
+        from .common import UsageError
+        raise UsageError(f"--block-size {g['block_size']} is longer than the text allows: the "
+                         f"held-out part has {len(ids) - cut} characters, so use --block-size "
+                         f"{longest} or less")
     conf = {"model": "gpt", "vocab_size": len(chars), **g}
 
     def build_fn(device):

@@ -49,7 +49,8 @@ class Progress:
         return False
 
 
-def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupted: bool) -> dict:
+def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupted: bool,
+           diverged: bool = False) -> dict:
     """The machine-readable record of a run (what `--json` prints)."""
     lay = cfg.layout
     units = steps_run * cfg.batch_size * task.units_per_sample
@@ -66,6 +67,7 @@ def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupt
                    "micro_batches": lay.micro_batches, "devices": lay.world,
                    "backend": lay.backend},
         "interrupted": interrupted,
+        "diverged": diverged,  # the loss turned NaN/infinite (printed as null in --json)
     }
     if cfg.model == "gpt":
         out["config"] = dict(cfg.gpt)
@@ -123,14 +125,18 @@ def _curve(cfg, res, con) -> None:
     if len(losses) < 2:
         return
     path = cfg.plot or os.path.join(cfg.checkpoint or ".", f"wgrumus-{cfg.model}-loss.png")
+    if not os.path.splitext(path)[1]:
+        path += ".png"  # what matplotlib would write anyway: say the real name
     try:
         saved = save_png(losses, path, f"{cfg.model} ({cfg.layout.describe()})")
-    except OSError as e:
+        missing = not saved
+    except (OSError, ValueError) as e:  # unwritable path, or an extension it cannot write
         con.print(f"[yellow]could not write {path}: {e}")
-        saved = False
+        saved = missing = False
     if saved:
         con.print(f"loss curve: {os.path.abspath(path)}")
-    else:
-        con.print("loss per step (pip install matplotlib for a PNG):")
-        con.print(terminal_plot(losses), markup=False, highlight=False)
+        return
+    con.print("loss per step" + (' (pip install -e ".[plot]" for a PNG)' if missing else "")
+              + ":", markup=False)
+    con.print(terminal_plot(losses), markup=False, highlight=False)
 

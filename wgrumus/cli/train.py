@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="global batch, split over dp replicas and micro-batches (default 64; "
                    "gpt 32)")
     g.add_argument("--lr", type=positive(float), metavar="LR",
-                   help="learning rate (default: 0.1 for sgd, 0.003 for adam/adamw)")
+                   help="learning rate, a finite number > 0 (default: 0.1 for sgd, 0.003 for "
+                   "adam/adamw); a run whose loss turns NaN or infinite stops there (exit 1)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     g.add_argument("--clip", type=positive(float), metavar="NORM",
                    help="clip the gradients to this global norm (over every shard and stage)")
@@ -59,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline schedule (default 1f1b)")
     g.add_argument("--devices", type=pos, metavar="N",
                    help="devices to create, logical ones sharing an adapter when N exceeds the "
-                   "adapters (default: WGRUMUS_DEVICES, else one per adapter)")
+                   "adapters; overrides WGRUMUS_DEVICES (default: WGRUMUS_DEVICES, else one "
+                   "per adapter)")
     g.add_argument("--backend", choices=("threads", "mpi"), default="threads",
                    help="threads: one process, one thread per device; mpi: one process per "
                    "rank under mpiexec")
@@ -79,8 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=pos, default=50, metavar="N",
                    help="steps between checkpoints (default 50)")
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start over in a --checkpoint DIR that already holds a checkpoint, "
+                   "replacing it (without this or --resume such a DIR is refused)")
     g.add_argument("--plot", metavar="PNG",
-                   help="loss curve file when matplotlib is installed (default: "
+                   help="loss curve file when matplotlib is installed (pip install -e "
+                   "\".[plot]\"); .png is added when PNG has no extension (default: "
                    "wgrumus-<model>-loss.png in the checkpoint directory or here); without "
                    "matplotlib a plot is drawn in the terminal")
     g.add_argument("--json", action="store_true", help="print one JSON object, nothing else")

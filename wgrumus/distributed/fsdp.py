@@ -314,7 +314,7 @@ class FSDP:
         return out
 
     def shard_bytes(self) -> int:
-        return sum(f.shard.numel * 4 for f in self._flats)
+        return sum(f.shard.numel() * 4 for f in self._flats)
 
     def close(self) -> None:
         """Stop the communication thread (idle between steps; also stopped at exit)."""

@@ -237,7 +237,7 @@ def dp_mean_grads(pgm, grads: dict, names: list, dev) -> dict:
     offsets, off = [], 0
     for n in names:
         offsets.append(off)
-        off += grads[n].numel
+        off += grads[n].numel()
     with no_grad():
         flat = Tensor.empty((off,), dev)
         for n, o in zip(names, offsets):

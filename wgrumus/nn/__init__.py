@@ -4,9 +4,11 @@ from .attention import MLP, MultiheadAttention, TransformerBlock, causal_mask
 from .gpt import GPT
 from .layers import (GELU, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Identity,
                      LayerNorm, Linear, MaxPool2d, ModuleList, ReLU, Sequential, Sigmoid, Tanh)
+from .losses import CrossEntropyLoss, MSELoss
 from .module import Module, Parameter, StateDictError
 
 __all__ = ["functional", "init", "Module", "Parameter", "StateDictError", "Sequential",
            "ModuleList", "Identity", "Linear", "Embedding", "LayerNorm", "BatchNorm2d", "ReLU",
            "GELU", "Tanh", "Sigmoid", "Dropout", "Flatten", "Conv2d", "MaxPool2d", "AvgPool2d",
-           "MultiheadAttention", "MLP", "TransformerBlock", "GPT", "causal_mask"]
+           "MultiheadAttention", "MLP", "TransformerBlock", "GPT", "causal_mask",
+           "CrossEntropyLoss", "MSELoss"]

@@ -102,7 +102,7 @@ def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,
         xc = x - mu
         var = _mean(xc * xc, axes, keepdims=True)
         if running_mean is not None:
-            n = x.numel // x.shape[1]
+            n = x.numel() // x.shape[1]
             with no_grad():
                 run_map("(1.0 - pf(48u)) * a + pf(48u) * b", running_mean, [
                     running_mean, mu.detach().reshape(running_mean.shape)], [float(momentum)])

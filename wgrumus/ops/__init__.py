@@ -6,9 +6,9 @@ from ..tensor import Tensor
 from . import creation, elementwise, matmul as _mm, reduce, shape
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .elementwise import (abs_, add, binary, cast, clamp, clone, contiguous, cos, div, eq, exp,
-                          fill_, ge, gelu, gt, le, leaky_relu, log, lt, maximum, minimum, mul,
-                          ne, neg, pow_, reciprocal, relu, rsqrt, sigmoid, sin, sqrt, square,
-                          sub, tanh, where)
+                          fill_, floor_divide, ge, gelu, gt, le, leaky_relu, log, lt, maximum,
+                          minimum, mul, ne, neg, pow_, reciprocal, relu, remainder, rsqrt,
+                          sigmoid, sin, sqrt, square, sub, tanh, where)
 from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
@@ -39,11 +39,14 @@ _METHODS = {
     "__add__": add, "__radd__": _rev(add), "__sub__": sub, "__rsub__": _rev(sub),
     "__mul__": mul, "__rmul__": _rev(mul), "__truediv__": div, "__rtruediv__": _rev(div),
     "__pow__": pow_, "__rpow__": _rev(pow_), "__matmul__": matmul, "__rmatmul__": _rev(matmul),
+    "__floordiv__": floor_divide, "__rfloordiv__": _rev(floor_divide), "__mod__": remainder,
+    "__rmod__": _rev(remainder),
     "__neg__": neg, "__abs__": abs_, "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le,
     "__gt__": gt, "__ge__": ge, "__getitem__": getitem, "__setitem__": setitem,
     "__iadd__": _inplace(add), "__isub__": _inplace(sub), "__imul__": _inplace(mul),
     "__itruediv__": _inplace(div),
     "add": add, "sub": sub, "mul": mul, "div": div, "pow": pow_, "matmul": matmul,
+    "floor_divide": floor_divide, "remainder": remainder,
     "maximum": maximum, "minimum": minimum,
     "neg": neg, "exp": exp, "log": log, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "tanh": tanh,
     "sigmoid": sigmoid, "relu": relu, "gelu": gelu, "leaky_relu": leaky_relu, "sin": sin,
@@ -53,7 +56,8 @@ _METHODS = {
     "reshape": reshape, "view": reshape, "permute": permute, "transpose": transpose,
     "expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
     "contiguous": contiguous, "clone": clone, "to": to, "detach": detach, "split": split,
-    "chunk": chunk, "fill_": fill_, "astype": cast,
+    "chunk": chunk, "fill_": fill_, "astype": cast, "eq": eq, "ne": ne, "lt": lt, "le": le,
+    "gt": gt, "ge": ge,
     "softmax": softmax, "log_softmax": log_softmax,
 }
 for _name, _fn in _METHODS.items():
@@ -62,4 +66,17 @@ Tensor.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))
 Tensor.float = lambda self: cast(self, "float32")
 Tensor.half = lambda self: cast(self, "float16")
 Tensor.int = lambda self: cast(self, "int32")
+Tensor.long = Tensor.int  # no int64 on WebGPU: int32 is the widest integer
+
+
+def _double(self):
+    raise TypeError("float64 does not exist on WebGPU; float32 (.float()) is the widest float")
+
+
+def _bool(self):
+    """A mask: 1.0 where x != 0 (there is no bool dtype; comparisons return these too)."""
+    return ne(self, 0)
+
+
+Tensor.double, Tensor.bool = _double, _bool
 Tensor.zero_ = lambda self: fill_(self, 0)

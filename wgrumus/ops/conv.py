@@ -55,7 +55,7 @@ def _run(dev, entry, g, n, bufs, strides=(0, 0, 0, 0), off=0, flag=0):
 def _col2im(dcols: Tensor, g: dict) -> Tensor:
     dcols = contiguous(dcols)
     dx = Tensor.empty((g["N"], g["C"], g["H"], g["W"]), dcols.device, float32)
-    _run(dcols.device, "col2im", g, dx.numel, [dcols._storage.buffer, dx._storage.buffer],
+    _run(dcols.device, "col2im", g, dx.numel(), [dcols._storage.buffer, dx._storage.buffer],
          off=dcols.offset)
     return dx
 
@@ -67,7 +67,7 @@ def im2col(x: Tensor, kernel_size, stride=1, padding=0, dilation=1) -> Tensor:
     g = _geometry(x, kernel_size, stride, padding, dilation, "im2col")
     cols = Tensor.empty((g["C"] * g["KH"] * g["KW"], g["N"] * g["OH"] * g["OW"]), x.device,
                         float32)
-    _run(x.device, "im2col", g, cols.numel, [x._storage.buffer, cols._storage.buffer],
+    _run(x.device, "im2col", g, cols.numel(), [x._storage.buffer, cols._storage.buffer],
          x.strides, x.offset)
     record("im2col", cols, [x], lambda gr: (_col2im(gr, g),))
     return cols
@@ -124,13 +124,13 @@ def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1) -> Te
     shape = (g["N"], g["C"], g["OH"], g["OW"])
     out = Tensor.empty(shape, x.device, float32)
     arg = Tensor.empty(shape, x.device, "int32")
-    _run(x.device, "maxpool", g, out.numel,
+    _run(x.device, "maxpool", g, out.numel(),
          [x._storage.buffer, out._storage.buffer, arg._storage.buffer], x.strides, x.offset)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
-        _run(gr.device, "maxpool_bwd", g, dx.numel,
+        _run(gr.device, "maxpool_bwd", g, dx.numel(),
              [gr._storage.buffer, dx._storage.buffer, arg._storage.buffer], off=gr.offset)
         return (dx,)
     record("max_pool2d", out, [x], bw)
@@ -146,13 +146,13 @@ def avg_pool2d(x: Tensor, kernel_size, stride=None, padding=0,
     g = _pool_geometry(x, kernel_size, stride, padding, 1, "avg_pool2d")
     flag = int(bool(count_include_pad))
     out = Tensor.empty((g["N"], g["C"], g["OH"], g["OW"]), x.device, float32)
-    _run(x.device, "avgpool", g, out.numel, [x._storage.buffer, out._storage.buffer],
+    _run(x.device, "avgpool", g, out.numel(), [x._storage.buffer, out._storage.buffer],
          x.strides, x.offset, flag)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
-        _run(gr.device, "avgpool_bwd", g, dx.numel, [gr._storage.buffer, dx._storage.buffer],
+        _run(gr.device, "avgpool_bwd", g, dx.numel(), [gr._storage.buffer, dx._storage.buffer],
              off=gr.offset, flag=flag)
         return (dx,)
     record("avg_pool2d", out, [x], bw)

@@ -140,6 +140,12 @@ BINARY = {
     "pow": ("pow_(a, b)", None),
     "maximum": (f"select(max(a, b), a + b, {_ANY_NAN})", "max(a, b)"),
     "minimum": (f"select(min(a, b), a + b, {_ANY_NAN})", "min(a, b)"),
+    # floor division and Python's modulo (sign of the divisor); integer x // 0 and x % 0 give 0
+    # as numpy does (WGSL integer division never traps)
+    "floordiv": ("floor(a / b)", "select(select(a / b, a / b - 1, (a % b != 0) && ((a < 0) != "
+                 "(b < 0))), 0, b == 0)"),
+    "remainder": ("a - b * floor(a / b)", "select(select(a % b, a % b + b, (a % b != 0) && "
+                  "((a % b < 0) != (b < 0))), 0, b == 0)"),
     "eq": ("select(0.0, 1.0, a == b)", None),
     "ne": ("select(0.0, 1.0, a != b)", None),
     "lt": ("select(0.0, 1.0, a < b)", None),
@@ -148,6 +154,8 @@ BINARY = {
     "ge": ("select(0.0, 1.0, a >= b)", None),
 }
 _COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+_NO_GRAD = _COMPARE | {"floordiv"}  # piecewise constant: zero gradient, as in PyTorch
+_TENSOR_ONLY = {"floordiv", "remainder"}  # no scalar variant: a scalar operand is uploaded
 
 
 def _binary_backward(name, a, b, out):
@@ -172,12 +180,17 @@ def _binary_backward(name, a, b, out):
         elif name in ("maximum", "minimum"):
             ga = map_op(_PICK_GRAD[name], [g, a, b])
             gb = map_op(_PICK_GRAD[name], [g, b, a])
+        elif name == "remainder":
+            ga = g
+            gb = map_op("-a * floor(b / c)", [g, a, b]) if b.requires_grad else None
         return (unbroadcast(ga, sa) if ga is not None and a.requires_grad else None,
                 unbroadcast(gb, sb) if gb is not None and b.requires_grad else None)
     return bw
 
 
 def binary(name: str, a, b) -> Tensor:
+    if name in _TENSOR_ONLY:
+        a, b = _scalar_as_tensor(a, b), _scalar_as_tensor(b, a)
     if not isinstance(a, Tensor):
         ta = _wrap(a, b)
         if ta is None:
@@ -194,10 +207,21 @@ def binary(name: str, a, b) -> Tensor:
         return map_op(fexpr, [a, b])
     a, b = _f32(a), _f32(b)
     out = map_op(fexpr, [a, b])
-    if name not in _COMPARE and needs_grad(a, b):
+    if name not in _NO_GRAD and needs_grad(a, b):
         o = saved_output(out)
         record(name, out, [a, b], _binary_backward(name, a, b, o), saved=[a, b, o])
     return out
+
+
+def _scalar_as_tensor(x, like):
+    """A Python/numpy scalar as a 0-d tensor on ``like``'s device (int32 next to an int32
+    tensor when the scalar is an integer), so that the tensor kernels apply."""
+    if isinstance(x, Tensor) or not isinstance(like, Tensor):
+        return x
+    from ..tensor import tensor
+    v = np.asarray(x)
+    dt = int32 if like.dtype == int32 and v.dtype.kind in "iub" else float32
+    return tensor(v.astype(dt), device=like.device, dtype=dt)
 
 
 # scalar variants: the scalar is a kernel parameter, so changing it never recompiles
@@ -262,6 +286,7 @@ def _make_binary(name):
 add, sub, mul, div, pow_, maximum, minimum, eq, ne, lt, le, gt, ge = (
     _make_binary(n) for n in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
                               "eq", "ne", "lt", "le", "gt", "ge"))
+floor_divide, remainder = _make_binary("floordiv"), _make_binary("remainder")
 
 
 def where(cond, x, y) -> Tensor:

@@ -45,8 +45,8 @@ def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = Tru
         return contiguous(idx)
     a = np.asarray(idx)
     if a.dtype == np.bool_:
-        raise IndexError(f"{what}: boolean masks are not supported; use integer indices "
-                         f"(e.g. np.nonzero(mask)[0])")
+        raise IndexError(f"{what}: takes integer indices, not a boolean mask; select with "
+                         f"x[mask] (or integer indices np.nonzero(mask)[0])")
     if a.size == 0:
         a = a.astype(np.int64)
     if a.dtype.kind not in "iu":
@@ -81,19 +81,19 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
     axis = _norm_axis(axis, x.ndim)
     A = x.shape[axis]
     it = as_index(idx, x, A, _op, _negative)
-    if A == 0 and it.numel:
+    if A == 0 and it.numel():
         raise IndexError(f"index_select: axis {axis} of shape {x.shape} is empty")
     xc = contiguous(x)
     outer = math.prod(x.shape[:axis])
     inner = math.prod(x.shape[axis + 1:])
-    K = it.numel
+    K = it.numel()
     out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
-    if out.numel:
+    if out.numel():
         wide = inner >= 32  # wide rows (embeddings): one workgroup copies one row
         _dispatch_checked(x.device, _kernel("select_rows_fwd" if wide else "select_fwd", x.dtype),
                           [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
-                          [out.numel, A, K, inner, xc.offset, it.offset],
-                          groups_1d(outer * K, 1) if wide else groups_1d(out.numel),
+                          [out.numel(), A, K, inner, xc.offset, it.offset],
+                          groups_1d(outer * K, 1) if wide else groups_1d(out.numel()),
                           idx, _op, _negative)
 
     def bw(g):
@@ -128,7 +128,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     if it.ndim != x.ndim or any(it.shape[d] > x.shape[d] for d in range(x.ndim) if d != axis):
         raise ShapeError(f"gather: index shape {it.shape} must have {x.ndim} dims and be no "
                          f"larger than the input shape {x.shape} outside axis {axis}")
-    if A == 0 and it.numel:
+    if A == 0 and it.numel():
         raise IndexError(f"gather: axis {axis} of shape {x.shape} is empty")
     if any(it.shape[d] < x.shape[d] for d in range(x.ndim) if d != axis):
         x = getitem(x, tuple(slice(None) if d == axis else slice(0, it.shape[d])
@@ -137,21 +137,21 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     inner = math.prod(x.shape[axis + 1:])
     J = it.shape[axis]
     out = Tensor.empty(it.shape, x.device, x.dtype)
-    if out.numel:
+    if out.numel():
         _dispatch_checked(x.device, _kernel("gather_fwd", x.dtype),
                           [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
-                          [out.numel, A, J, inner, xc.offset, it.offset], groups_1d(out.numel),
+                          [out.numel(), A, J, inner, xc.offset, it.offset], groups_1d(out.numel()),
                           idx, "gather")
 
     def bw(g):
         g = contiguous(g)
         dx = Tensor.empty(xc.shape, g.device, float32)
         per = LOOP_BUDGET - 64  # index entries one pass adds (one loop iteration each)
-        for j0 in range(0, max(J, 1), per) if dx.numel else ():
+        for j0 in range(0, max(J, 1), per) if dx.numel() else ():
             g.device.dispatch_1d(_kernel("gather_bwd", float32),
                                  [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
-                                 [dx.numel, A, J, inner, g.offset, it.offset, j0,
-                                  min(J, j0 + per), int(j0 > 0)], dx.numel)
+                                 [dx.numel(), A, J, inner, g.offset, it.offset, j0,
+                                  min(J, j0 + per), int(j0 > 0)], dx.numel())
         return (dx,)
     record("gather", out, [xc], bw, saved=[it])
     return out

@@ -138,7 +138,7 @@ def _layout(shape, strides_list) -> tuple:
 def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape. Scalars are read in
     ``expr`` as pf(48u), pf(49u), ... (or pi/pu). Bumps out's storage version (a write)."""
-    n = out.numel
+    n = out.numel()
     if n == 0:
         return out
     dev = out.device

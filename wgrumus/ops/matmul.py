@@ -62,7 +62,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         be, sb = contiguous(be), K * N
     nbatch = math.prod(batch)
     out = Tensor.empty(batch + (M, N), a.device, ae.dtype)
-    if out.numel:
+    if out.numel():
         if K == 0:
             from .elementwise import fill_
             fill_(out, 0.0)
@@ -165,7 +165,7 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
     M, K = x.shape
     N = wt.shape[1]
     out = Tensor.empty((M, N), x.device, float32)
-    if not out.numel:
+    if not out.numel():
         return out
     if K == 0:  # a zero product: only the epilogue is left, in a map kernel
         from .elementwise import run_map

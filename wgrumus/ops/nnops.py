@@ -83,7 +83,7 @@ def _along_last(x: Tensor, axis: int, fn):
 def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False) -> Tensor:
     xc = contiguous(_f32(x))
     L = xc.shape[-1]
-    R = xc.numel // L if L else 0
+    R = xc.numel() // L if L else 0
     if causal and xc.ndim < 2:
         raise ShapeError(f"causal softmax needs [..., queries, keys], got shape {xc.shape}")
     tq = xc.shape[-2] if causal else 0
@@ -109,7 +109,7 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
     the forward's ``scale`` and causal query count ``tq`` (0: no mask). One kernel."""
     g = contiguous(g)
     L = out.shape[-1]
-    R = out.numel // L if L else 0
+    R = out.numel() // L if L else 0
     dev = out.device
     dx = Tensor.empty(out.shape, dev, float32)
     if R:
@@ -179,7 +179,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     wc = contiguous(_f32(weight)) if weight is not None else None
     bc = contiguous(_f32(bias)) if bias is not None else None
     L = math.prod(ns)
-    R = xc.numel // L if L else 0
+    R = xc.numel() // L if L else 0
     dev = xc.device
     plan = row_kernel(dev, "layernorm", "fwd", L, R, 3)
     if plan is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from collections import namedtuple
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float16, float32, int32
+from .dims import keep, pick
 from .elementwise import contiguous, map_op, saved_output
 from .nnops import row_mode
 from .shape import permute, reshape
@@ -147,22 +149,42 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     return out
 
 
-def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    """Sum over ``axis``; int32 tensors sum exactly in int32 (wrapping past 2^31, where
+def sum(x: Tensor, dim=None, keepdim: bool = False, *, axis=None,  # noqa: A001
+        keepdims=None) -> Tensor:
+    """Sum over ``dim``; int32 tensors sum exactly in int32 (wrapping past 2^31, where
     PyTorch would widen to int64)."""
-    return _reduce("sum", x, axis, keepdims)
+    return _reduce("sum", x, pick(dim, axis), keep(keepdim, keepdims))
 
 
-def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
-    return _reduce("sum", x, axis, keepdims, mean=True)
+def mean(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    return _reduce("sum", x, pick(dim, axis), keep(keepdim, keepdims), mean=True)
 
 
-def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _reduce("max", x, axis, keepdims)
+MaxMin = namedtuple("MaxMin", ["values", "indices"])  # torch.return_types.max / min
 
 
-def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
-    return _reduce("min", x, axis, keepdims)
+def _extreme(name, x: Tensor, dim, keepdim, axis, keepdims):
+    """PyTorch's max/min: no dim -> the value; an int ``dim`` -> (values, indices); numpy's
+    ``axis=`` (or a tuple of dims, like torch.amax) -> the values only; a tensor -> elementwise
+    maximum/minimum, as torch.max(a, b)."""
+    if isinstance(dim, Tensor):
+        from .elementwise import maximum, minimum
+        return (maximum if name == "max" else minimum)(x, dim)
+    kd = keep(keepdim, keepdims)
+    values = _reduce(name, x, pick(dim, axis), kd)
+    if isinstance(dim, (int, np.integer)):
+        return MaxMin(values, _arg(x, dim, kd, ">" if name == "max" else "<"))
+    return values
+
+
+def max(x: Tensor, dim=None, keepdim: bool = False, *, axis=None,  # noqa: A001
+        keepdims=None):
+    return _extreme("max", x, dim, keepdim, axis, keepdims)
+
+
+def min(x: Tensor, dim=None, keepdim: bool = False, *, axis=None,  # noqa: A001
+        keepdims=None):
+    return _extreme("min", x, dim, keepdim, axis, keepdims)
 
 
 def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
@@ -210,23 +232,27 @@ def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
     return out
 
 
-def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
-    return _arg(x, axis, keepdims, ">")
+def argmax(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    return _arg(x, pick(dim, axis), keep(keepdim, keepdims), ">")
 
 
-def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
-    return _arg(x, axis, keepdims, "<")
+def argmin(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    return _arg(x, pick(dim, axis), keep(keepdim, keepdims), "<")
 
 
-def var(x: Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
-    """numpy's var (ddof=0 by default; ddof=1 for the unbiased estimate torch uses)."""
+def var(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction=None,
+        axis=None, keepdims=None) -> Tensor:
+    """numpy's var: ddof=0 by default (PyTorch's default is correction=1, the unbiased
+    estimate; pass it as ``correction=1`` or ``ddof=1``)."""
     from .elementwise import mul, square, sub
-    axes = _axes(x, axis)
+    axes, keepdims = _axes(x, pick(dim, axis)), keep(keepdim, keepdims)
+    ddof = ddof if correction is None else correction
     denom = math.prod(x.shape[a] for a in axes) - ddof
-    s = sum(square(sub(x, mean(x, axes, keepdims=True))), axes, keepdims)
+    s = sum(square(sub(x, mean(x, axes, keepdim=True))), axes, keepdims)
     return mul(s, 1.0 / denom if denom > 0 else float("nan"))
 
 
-def std(x: Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> Tensor:
+def std(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction=None,
+        axis=None, keepdims=None) -> Tensor:
     from .elementwise import sqrt
-    return sqrt(var(x, axis, keepdims, ddof))
+    return sqrt(var(x, dim, keepdim, ddof, correction=correction, axis=axis, keepdims=keepdims))

@@ -10,6 +10,7 @@ import numpy as np
 from ..autograd.tape import record
 from ..runtime.errors import ShapeError, WgrumusError
 from ..tensor import Tensor, as_shape, check_same_device, contiguous_strides
+from .dims import pick
 from .elementwise import contiguous, copy_into, fill_
 from .launch import expand_strides
 
@@ -38,7 +39,7 @@ def _infer(shape, n) -> tuple:
 def reshape(x: Tensor, *shape) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    shape = _infer(shape, x.numel)
+    shape = _infer(shape, x.numel())
     src = contiguous(x)
     out = Tensor(src._storage, shape, contiguous_strides(shape), src.offset, src.dtype)
     in_shape = x.shape
@@ -85,12 +86,15 @@ def expand(x: Tensor, *shape) -> Tensor:
     return out
 
 
-def unsqueeze(x: Tensor, axis: int) -> Tensor:
-    axis = _norm_axis(axis, x.ndim + 1)
+def unsqueeze(x: Tensor, dim: int = None, *, axis=None) -> Tensor:
+    if dim is None and axis is None:
+        raise TypeError("unsqueeze needs the position of the new axis: unsqueeze(x, dim)")
+    axis = _norm_axis(pick(dim, axis), x.ndim + 1)
     return reshape(x, x.shape[:axis] + (1,) + x.shape[axis:])
 
 
-def squeeze(x: Tensor, axis=None) -> Tensor:
+def squeeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
+    axis = pick(dim, axis)
     if axis is None:
         return reshape(x, tuple(s for s in x.shape if s != 1))
     axis = _norm_axis(axis, x.ndim)
@@ -149,6 +153,9 @@ def _index_view(x: Tensor, idx):
 
 def getitem(x: Tensor, idx) -> Tensor:
     if isinstance(idx, (Tensor, list, np.ndarray)):
+        from . import masking
+        if masking.is_mask(idx):
+            return masking.select(x, idx)
         from .indexing import index_select
         return index_select(x, 0, idx)
     shape, strides, off = _index_view(x, idx)
@@ -169,6 +176,9 @@ def setitem(x: Tensor, idx, value) -> None:
     if x.requires_grad and is_grad_enabled():
         raise RuntimeError("in-place assignment into a tensor that requires grad; wrap it in "
                            "wr.no_grad() or build the value with wr.where / wr.cat")
+    from . import masking
+    if isinstance(idx, (Tensor, list, np.ndarray)) and masking.is_mask(idx):
+        return masking.assign(x, idx, value)
     shape, strides, off = _index_view(x, idx)
     view = x._view(shape, strides, off)
     if not isinstance(value, Tensor):
@@ -180,7 +190,8 @@ def setitem(x: Tensor, idx, value) -> None:
     copy_into(view, value)
 
 
-def cat(tensors, axis: int = 0) -> Tensor:
+def cat(tensors, dim: int = None, *, axis=None) -> Tensor:
+    axis = pick(dim, axis, 0)
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("cat needs at least one tensor")
@@ -211,7 +222,8 @@ def cat(tensors, axis: int = 0) -> Tensor:
     return out
 
 
-def stack(tensors, axis: int = 0) -> Tensor:
+def stack(tensors, dim: int = None, *, axis=None) -> Tensor:
+    axis = pick(dim, axis, 0)
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("stack needs at least one tensor")
@@ -222,8 +234,8 @@ def stack(tensors, axis: int = 0) -> Tensor:
     return cat([unsqueeze(t, axis) for t in tensors], axis)
 
 
-def split(x: Tensor, sizes, axis: int = 0) -> list:
-    axis = _norm_axis(axis, x.ndim)
+def split(x: Tensor, sizes, dim: int = None, *, axis=None) -> list:
+    axis = _norm_axis(pick(dim, axis, 0), x.ndim)
     n = x.shape[axis]
     if isinstance(sizes, (int, np.integer)):
         if sizes < 1:
@@ -238,26 +250,57 @@ def split(x: Tensor, sizes, axis: int = 0) -> list:
     return out
 
 
-def chunk(x: Tensor, chunks: int, axis: int = 0) -> list:
+def chunk(x: Tensor, chunks: int, dim: int = None, *, axis=None) -> list:
+    axis = pick(dim, axis, 0)
     n = x.shape[_norm_axis(axis, x.ndim)]
     size = max(1, -(-n // chunks))
     return split(x, size, axis)
 
 
-def to(x: Tensor, device) -> Tensor:
+def _to_args(args, device, dtype):
+    """PyTorch's to() forms: to(device), to(dtype), to(device, dtype), to(other_tensor)."""
+    from ..tensor import as_dtype
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif isinstance(a, (np.dtype, type)) or isinstance(a, str) and _is_dtype_name(a):
+            dtype = a
+        else:
+            device = a
+    return device, None if dtype is None else as_dtype(dtype)
+
+
+def _is_dtype_name(name: str) -> bool:
+    try:
+        np.dtype(name)
+        return True
+    except TypeError:
+        return False
+
+
+def to(x: Tensor, *args, device=None, dtype=None) -> Tensor:
+    """x on ``device`` and/or in ``dtype`` (x itself when nothing changes)."""
+    device, dtype = _to_args(args, device, dtype)
+    if dtype is not None and dtype != x.dtype:
+        from .elementwise import cast
+        x = cast(x, dtype)
+    return x if device is None else _to_device(x, device)
+
+
+def _to_device(x: Tensor, device) -> Tensor:
     from ..runtime import get_device
     dev = get_device(device)
     if dev is x.device:
         return x
     src = contiguous(x)
     out = Tensor.empty(x.shape, dev, x.dtype)
-    if x.numel:
+    if x.numel():
         # Across adapters the bytes go through the host (persistent staging both ways).
         arr = src.device.read_array(src._storage.buffer, src.offset * src.dtype.itemsize,
-                                    src.numel, src.dtype)
+                                    src.numel(), src.dtype)
         dev.write(out._storage.buffer, arr)
     src_dev = x.device
-    record("to", out, [x], lambda g: (to(g, src_dev),))
+    record("to", out, [x], lambda g: (_to_device(g, src_dev),))
     return out
 
 

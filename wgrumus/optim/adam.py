@@ -79,7 +79,7 @@ class Adam(Optimizer):
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            end += p.numel
+            end += p.numel()
             rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
 

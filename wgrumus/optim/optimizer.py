@@ -34,9 +34,9 @@ def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None) -> Non
     dev = p.device
     bufs = [p._storage.buffer, g._storage.buffer]
     bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
-    head = [p.numel, p.offset, g.offset, states[0].offset if states else 0]
+    head = [p.numel(), p.offset, g.offset, states[0].offset if states else 0]
     again = refresh or words
-    dev.dispatch_1d(Kernel.of("optim", entry), bufs, head + words(), p.numel,
+    dev.dispatch_1d(Kernel.of("optim", entry), bufs, head + words(), p.numel(),
                     refresh=lambda: head + again())
     p._storage.version += 1
     for s in states:

@@ -162,7 +162,7 @@ class _Worker:
 
 
 def _check_loss(loss):
-    if loss.numel != 1:
+    if loss.numel() != 1:
         raise ValueError(f"loss_fn must return one value (the mean over the shard), got shape "
                          f"{loss.shape}")
     return loss

@@ -248,7 +248,7 @@ class AllReduceSync:
                         g = g.to(dev)
                     _pack(flat, shape, int(off), g)
                 flats.append(flat)
-                downloads.append(dev.read_start(flat._storage.buffer, 0, flat.numel * 4))
+                downloads.append(dev.read_start(flat._storage.buffer, 0, flat.numel() * 4))
         arrays = [dl.array(np.float32) for dl in downloads]  # phase 3
         mean = arrays[0].copy()  # phase 4, in device order so every device gets the same bits
         for a in arrays[1:]:

@@ -466,7 +466,7 @@ class PipelineExecutor:
                     f"(or cut the model elsewhere)") from e
             if last:
                 loss = run.loss_fn(out, run.targets[a.mb])
-                if getattr(loss, "numel", None) != 1:
+                if not callable(getattr(loss, "numel", None)) or loss.numel() != 1:
                     raise ShapeError(
                         f"loss_fn must return a one-element tensor (the mean loss of the "
                         f"micro-batch), got {type(loss).__name__} of shape "

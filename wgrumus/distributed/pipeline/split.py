@@ -62,7 +62,7 @@ def _params(layer) -> list:
 
 
 def num_parameters(layer) -> int:
-    return sum(int(p.numel) for p in _params(layer))
+    return sum(int(p.numel()) for p in _params(layer))
 
 
 def balanced_partition(weights: Sequence[int], p: int) -> list[int]:

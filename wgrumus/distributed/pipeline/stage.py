@@ -47,7 +47,7 @@ class PipelineStage:
         return list(params())
 
     def num_parameters(self) -> int:
-        return sum(int(p.numel) for p in self.parameters())
+        return sum(int(p.numel()) for p in self.parameters())
 
     def _check_placement(self) -> None:
         for i, p in enumerate(self.parameters()):

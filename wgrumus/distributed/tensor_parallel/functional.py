@@ -98,9 +98,9 @@ def parallel_mlp(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, group, activatio
 def _one_hot_shard(ids: Tensor, start: int, size: int) -> Tensor:
     """[N, size] float one-hot of ids - start (rows whose id falls outside are all zero)."""
     ids = ids if ids.dtype == int32 else ids.astype(int32)
-    col = reshape(ids, (ids.numel, 1))
+    col = reshape(ids, (ids.numel(), 1))
     return map_op("select(0.0, 1.0, i32(i % pu(48u)) + pi(49u) == a)", [col],
-                  shape=(ids.numel, size), scalars=[size, start])
+                  shape=(ids.numel(), size), scalars=[size, start])
 
 
 def vocab_range(vocab: int, group) -> tuple[int, int]:
@@ -128,9 +128,9 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
     integer targets [...]. Only [N]-sized vectors cross ranks (max, sum of exp, target logit),
     never the logits. Backward: (softmax_shard - onehot_shard) / N on each rank."""
     vs = logits.shape[-1]
-    n = logits.numel // vs
-    if targets.numel != n:
-        raise ShapeError(f"vocab_parallel_cross_entropy: {n} rows of logits but {targets.numel} "
+    n = logits.numel() // vs
+    if targets.numel() != n:
+        raise ShapeError(f"vocab_parallel_cross_entropy: {n} rows of logits but {targets.numel()} "
                          f"targets; pass one target id per row of logits")
     start = _rank(group) * vs
     x2 = reshape(logits, (n, vs))
