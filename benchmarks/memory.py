@@ -110,7 +110,7 @@ def bench_zero1(a) -> list:
                 dp.train_step(data[:, :-1], data[:, 1:], lm_loss, opts)
             step()
             peaks = peak_of(devs, step)
-            state = [sum(v.numel * 4 for st in o.state.values() for v in st.values()
+            state = [sum(v.numel() * 4 for st in o.state.values() for v in st.values()
                          if isinstance(v, wr.Tensor)) for o in opts]
             return max(state), max(peaks)
         finally:
@@ -152,8 +152,8 @@ def bench_fsdp(a) -> list:
         return max(dist.spawn(fn, len(devs), devices=devs, timeout=600))
 
     model = gpt(a, devs[0])
-    full = sum(p.numel * 4 for p in model.parameters())
-    block = sum(p.numel * 4 for p in model.blocks[0].parameters())
+    full = sum(p.numel() * 4 for p in model.parameters())
+    block = sum(p.numel() * 4 for p in model.blocks[0].parameters())
     del model
     n = len(devs)
     return [("fsdp", f"x{n}: params (model)", "whole", "1 block+1/N",

@@ -38,7 +38,7 @@ def one_device(model, dev, batches) -> list:
 
 
 def state_bytes(opt) -> int:
-    return sum(v.numel * 4 for st in opt.state.values() for v in st.values()
+    return sum(v.numel() * 4 for st in opt.state.values() for v in st.values()
                if isinstance(v, wr.Tensor))
 
 
@@ -79,7 +79,7 @@ def test_ownership_is_balanced_and_covers_every_parameter(devs):
     ps = [wr.zeros(n, device=devs[0]) for n in (100, 7, 50, 50, 3, 90)]
     sh = OptimizerSharding(ps, 3)
     assert sorted(i for own in sh.owned for i in own) == list(range(len(ps)))
-    loads = [sum(ps[i].numel for i in own) for own in sh.owned]
+    loads = [sum(ps[i].numel() for i in own) for own in sh.owned]
     assert max(loads) - min(loads) <= 10, loads
 
 

@@ -55,7 +55,7 @@ def unscale_check(grads: list, inv_scale: float) -> tuple:
         us = [Tensor.empty(g.shape, dev, float32) for g in chunk]
         words, bufs, end = [float(inv_scale), flag.offset, 0, 0], [flag._storage.buffer], 0
         for g, u in zip(chunk, us):
-            end += g.numel
+            end += g.numel()
             words += [end, g.offset, u.offset]
             bufs += [g._storage.buffer, u._storage.buffer]
         if end:

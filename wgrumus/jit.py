@@ -151,8 +151,8 @@ class _Capture:
         self = cls()
         self.device = dev
         self.replay_obj = Replay(used[0] if used else capture.Recording(dev))
-        self._inputs = [(t._storage.buffer, t.offset * t.dtype.itemsize, t.numel * t.dtype.itemsize)
-                        for t in inputs]
+        self._inputs = [(t._storage.buffer, t.offset * t.dtype.itemsize,
+                         t.numel() * t.dtype.itemsize) for t in inputs]
         self._outputs = [(t._storage.buffer, t._storage.nbytes, t.shape, t.strides, t.offset,
                           t.dtype) for t in outs]
         self._spec = spec
@@ -196,7 +196,7 @@ def _own_copy(t: Tensor) -> Tensor:
     next call's data there never touches the caller's tensor."""
     src = contiguous(t)
     c = Tensor.empty(t.shape, t.device, t.dtype)
-    nbytes = (t.numel * t.dtype.itemsize + 3) & ~3
+    nbytes = (t.numel() * t.dtype.itemsize + 3) & ~3
     if src.offset * src.dtype.itemsize % 4:
         src = src.clone()
     if nbytes:

@@ -79,7 +79,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
     dp = -(-d // 4) * 4
     o = Tensor.empty((BH, Tq, dp), q.device, float32)
     lse = Tensor.empty((BH, Tq), q.device, float32)
-    if o.numel:
+    if o.numel():
         _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq)
     return _unpad(o, d), lse
 
@@ -96,7 +96,7 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     dsum = Tensor.empty((BH, Tq), dev, float32)
     dk = Tensor.empty((BH, Tk, dp), dev, float32)
     dv = Tensor.empty((BH, Tk, dp), dev, float32)
-    if dq.numel:
+    if dq.numel():
         q, k, v, o, do = (_pad(t, dp) for t in (q, k, v, o, do))
         _launch("bwd_q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse)
         _launch("bwd_kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum)

@@ -54,7 +54,7 @@ def low(x: Tensor) -> Tensor:
     from .elementwise import cast
     st = x._storage
     n = st.nbytes // 4
-    if 2 * x.numel < n:  # a small view of a large buffer: cast just the view
+    if 2 * x.numel() < n:  # a small view of a large buffer: cast just the view
         return cast(x, dt)
     with _copies_lock:
         hit = _copies.get(st)

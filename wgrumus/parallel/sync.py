@@ -276,10 +276,10 @@ class OptimizerSharding:
         self.world = world
         self.owner = [0] * len(params)
         load = [0] * world
-        for i in sorted(range(len(params)), key=lambda i: -params[i].numel):
+        for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
             r = min(range(world), key=lambda r: (load[r], r))
             self.owner[i] = r
-            load[r] += params[i].numel
+            load[r] += params[i].numel()
         self.owned = [[i for i in range(len(params)) if self.owner[i] == r]
                       for r in range(world)]
 
@@ -294,12 +294,12 @@ class OptimizerSharding:
 
     def _pack(self, rank: int, params) -> Tensor:
         ps = [params[i] for i in self.owned[rank]]
-        flat = Tensor.empty((sum(p.numel for p in ps),), params[0].device)
+        flat = Tensor.empty((sum(p.numel() for p in ps),), params[0].device)
         off = 0
         with no_grad():
             for p in ps:
                 copy_into(flat_view(flat, p.shape, off), p)
-                off += p.numel
+                off += p.numel()
         return flat
 
     def _unpack(self, rank: int, params, flat: Tensor) -> None:
@@ -307,7 +307,7 @@ class OptimizerSharding:
         with no_grad():
             for i in self.owned[rank]:
                 copy_into(params[i], flat_view(flat, params[i].shape, off))
-                off += params[i].numel
+                off += params[i].numel()
 
     def gather_threads(self, replica_params: list) -> None:
         """In-process replicas (``replica_params[k]``: replica k's parameter list)."""
@@ -327,6 +327,6 @@ class OptimizerSharding:
             if group.rank == r:
                 group.broadcast(self._pack(r, params), root=r)
             else:
-                n = sum(params[i].numel for i in self.owned[r])
+                n = sum(params[i].numel() for i in self.owned[r])
                 like = Tensor.empty((n,), params[0].device)
                 self._unpack(r, params, group.broadcast(like, root=r))
