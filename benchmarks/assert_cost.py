@@ -69,7 +69,8 @@ FULL = dict(CFG, batch=16, seq=128, layers=4, d=256, steps=50)  # train_step.py'
 
 
 def run(tree: str, blocks: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree), WGRUMUS_DEVICES="1")
+    path = [os.path.abspath(tree)] + [os.environ["PYTHONPATH"]] * bool(os.environ.get("PYTHONPATH"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), WGRUMUS_DEVICES="1")
     out = subprocess.run([sys.executable, "-c", STEP, json.dumps(dict(CFG, blocks=blocks))],
                          env=env, check=True, capture_output=True, text=True,
                          cwd=os.path.abspath(tree), timeout=1800)
