@@ -133,7 +133,7 @@ def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
                          f"supported with a causal mask; apply the mask to the scores instead")
     xs = mul(x, scale) if scale != 1.0 else x
     with no_grad():  # the shift cancels in the result
-        m = max_(xs, -1, keepdims=True)
+        m = max_(xs, axis=-1, keepdims=True)  # (positional dim: values and indices)
     z = sub(xs, m)
     e = exp(z)
     s = sum_(e, -1, keepdims=True)

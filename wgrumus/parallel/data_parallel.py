@@ -568,9 +568,9 @@ class DataParallel:
                 g = backward_with_grad(loss, full(loss.shape, scale, device=loss.device))
                 flats = []
                 with no_grad():
-                    for b in plan.buckets:
-                        flat = Tensor.empty((b.numel,), dev, b.dtype)
-                        for i, shape, off in zip(b.params, b.shapes, b.offsets):
+                    for bucket in plan.buckets:
+                        flat = Tensor.empty((bucket.numel,), dev, bucket.dtype)
+                        for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
                             pack(flat, shape, off, g.get(params[i]))
                         flats.append(flat)
                 return loss, flats
