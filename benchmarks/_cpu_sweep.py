@@ -12,7 +12,6 @@ import importlib
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
