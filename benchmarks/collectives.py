@@ -224,9 +224,11 @@ def one_way(dev, buf, nbytes, down: bool):
     sb.unmap()  # a writer comes mapped (ready to fill)
     copy = (buf, 0, sb.buffer, 0, nbytes) if down else (sb.buffer, 0, buf, 0, nbytes)
     st.submit([copy], [sb])
-    sb.wait(deadline)  # the map resolves once the copy is done
+    sb.wait(deadline)  # a reader's map resolves once the copy is done
     if down:
         sb.unmap()
+    else:
+        dev.synchronize()  # a writer's map does not wait for the copy out of it: wait here
     st.give_back(sb)
 
 
