@@ -24,7 +24,6 @@ from .tensor import Tensor, float16, float32, int32
 __all__ = ["GradScaler", "autocast"]
 
 
-
 @functools.cache
 def _unscale_kernel(k: int) -> Kernel:
     """shaders/unscale.wgsl for k gradients: their bindings and one branch each."""

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .runtime import get_device
+from .runtime.buffer_slice import BufferSlice
 from .runtime.capture import refuse
 from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 
@@ -214,7 +215,6 @@ class Tensor:
         """(device, buffer, byte offset, nbytes, dtype) of a contiguous tensor, for the comm layer."""
         if not self.is_contiguous():
             raise WgrumusError("buffer_slice() needs a contiguous tensor; call .contiguous() first")
-        from .distributed.comm import BufferSlice
         isz = self.dtype.itemsize
         return BufferSlice(self.device, self._storage.buffer, self.offset * isz,
                            self.numel() * isz, self.dtype)
