@@ -8,7 +8,8 @@ from .mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
                        reduce_scatter_to_sequence_parallel_region,
                        scatter_to_sequence_parallel_region, scatter_to_tp_region)
 from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear,
-                     VocabParallelEmbedding, gather_state_dict, shard_linear)
+                     VocabParallelEmbedding, dense_name, gather_state_dict, shard_gpt,
+                     shard_linear)
 from .shard import shard_state_dict, unshard_state_dicts
 
 __all__ = ["copy_to_tp_region", "reduce_from_tp_region", "scatter_to_tp_region",
@@ -18,4 +19,5 @@ __all__ = ["copy_to_tp_region", "reduce_from_tp_region", "scatter_to_tp_region",
            "parallel_self_attention", "attention_heads", "vocab_parallel_embedding",
            "vocab_parallel_cross_entropy", "vocab_range", "ColumnParallelLinear",
            "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention", "VocabParallelEmbedding",
-           "shard_linear", "gather_state_dict", "shard_state_dict", "unshard_state_dicts"]
+           "shard_linear", "shard_gpt", "dense_name", "gather_state_dict", "shard_state_dict",
+           "unshard_state_dicts"]

@@ -136,8 +136,9 @@ class ParallelMLP(nn.Module):
         return cls(ColumnParallelLinear.from_dense(fc1, group),
                    RowParallelLinear.from_dense(fc2, group), activation)
 
-    def forward(self, x):
-        return self.fc2(F.ACTIVATIONS[self.activation](self.fc1(x)))
+    def forward(self, x, residual=None):
+        y = self.fc2(F.ACTIVATIONS[self.activation](self.fc1(x)))
+        return y if residual is None else y + residual
 
 
 class ParallelSelfAttention(_TPModule):
@@ -168,9 +169,10 @@ class ParallelSelfAttention(_TPModule):
                    arr(mha.in_proj_bias), mha.out_proj.weight.numpy(), arr(mha.out_proj.bias),
                    causal)
 
-    def forward(self, x):
-        return F.parallel_self_attention(x, self.qkv_weight, self.qkv_bias, self.proj_weight,
-                                         self.proj_bias, self.num_heads, self.group, self.causal)
+    def forward(self, x, residual=None):
+        y = F.parallel_self_attention(x, self.qkv_weight, self.qkv_bias, self.proj_weight,
+                                      self.proj_bias, self.num_heads, self.group, self.causal)
+        return y if residual is None else y + residual
 
 
 class VocabParallelEmbedding(_TPModule):
@@ -204,6 +206,34 @@ def shard_linear(dense, group, mode: str, **kw):
     if mode == ROW:
         return RowParallelLinear.from_dense(dense, group, **kw)
     raise ValueError(f"shard_linear mode must be 'column' or 'row', got {mode!r}")
+
+
+def shard_gpt(model, group):
+    """An ``nn.GPT`` (or the pieces of it a pipeline rank kept: missing ones are None) turned,
+    in place, into this rank's TP shards: vocabulary-split embedding and LM head, attention
+    split by heads, MLP split by hidden columns. Its forward is unchanged; returns ``model``."""
+    if model.wte is not None:
+        model.wte = VocabParallelEmbedding.from_dense(model.wte, group)
+    for blk in model.blocks:
+        blk.attn = ParallelSelfAttention.from_dense(blk.attn, group, causal=blk.attn.causal)
+        blk.mlp = ParallelMLP.from_dense(blk.mlp, group)
+    if model.lm_head is not None:
+        model.lm_head = ColumnParallelLinear.from_dense(model.lm_head, group)
+    return model
+
+
+_NN_NAMES = {"attn.qkv_weight": "attn.in_proj_weight", "attn.qkv_bias": "attn.in_proj_bias",
+             "attn.proj_weight": "attn.out_proj.weight", "attn.proj_bias": "attn.out_proj.bias",
+             "mlp.fc1.": "mlp.fc.", "mlp.fc2.": "mlp.proj."}
+
+
+def dense_name(name: str) -> str:
+    """The dense ``nn.GPT`` name of a parameter of a ``shard_gpt`` model (checkpoints and the
+    shard plan use the dense names)."""
+    for tp, nn_ in _NN_NAMES.items():
+        if tp in name:
+            return name.replace(tp, nn_)
+    return name
 
 
 def gather_state_dict(module) -> dict:
