@@ -61,24 +61,15 @@ _VOCAB = ("wte.weight", "lm_head.weight")
 
 def gpt_shard_plan(names) -> dict:
     """``nn.GPT`` parameter name -> TP shard mode (anything not listed is replicated)."""
-    plan = {}
-    for n in names:
-        if n in _VOCAB:
-            plan[n] = VOCAB
-        else:
-            plan[n] = next((m for s, m in _SUFFIX_MODES.items() if n.endswith(s)), REPLICATE)
-    return plan
+    return {n: VOCAB if n in _VOCAB else next((m for s, m in _SUFFIX_MODES.items()
+                                               if n.endswith(s)), REPLICATE) for n in names}
 
 
 def stage_blocks(n_layers: int, pp: int) -> list[range]:
     """Contiguous, balanced ranges of block indices per pipeline stage."""
     base, extra = divmod(n_layers, pp)
-    out, a = [], 0
-    for s in range(pp):
-        n = base + (s < extra)
-        out.append(range(a, a + n))
-        a += n
-    return out
+    cuts = [s * base + min(s, extra) for s in range(pp + 1)]
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def validate_layout(cfg: GPTConfig, dp: int, tp: int, pp: int, n_devices: int,
