@@ -2,10 +2,10 @@
 
 Every rank holds the tensor-parallel shards of its pipeline chunks' layers, follows its stage's
 schedule (any of gpipe, 1f1b, interleaved, zb-h1) each step, averages gradients over its
-data-parallel group only, and steps its own optimizer on its shards. Ranks are long-lived: threads started once through
-dist.spawn that take one command at a time ("step", "state", "load", "stats"), or, under
-mpiexec, this process itself. Checkpoints are dense (shards gathered with the TP shard plan),
-so a run can be resumed in another layout.
+data-parallel group only, and steps its own optimizer on its shards. Ranks are long-lived:
+threads started once through dist.spawn that take one command at a time ("step", "state",
+"load", "stats"), or, under mpiexec, this process itself. Checkpoints are dense (shards
+gathered with the TP shard plan), so a run can be resumed in another layout.
 """
 from __future__ import annotations
 

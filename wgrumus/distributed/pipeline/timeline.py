@@ -420,8 +420,9 @@ def render(
     By default every action (F, B, BI, BW) takes exactly one slot, which gives the most compact
     chart; pass durations (as for :func:`simulate`) to draw proportions, e.g. ``b_time=2``.
     A pre-computed :class:`SimResult` is drawn as is; a schedule with communication actions
-    (:func:`add_send_recv`) is also listed action by action below the chart. Cells show the action (``F0``, ``B3``,
-    ``F2.1``); ``--`` continues a multi-slot action and ``.`` is idle time::
+    (:func:`add_send_recv`) is also listed action by action below the chart. Cells show the
+    action (``F0``, ``B3``, ``F2.1``); ``--`` continues a multi-slot action and ``.`` is idle
+    time::
 
         1f1b: p=2 m=3 (F=1 B=1): makespan 8, bubble 25.0%
         t   0  1  2  3  4  5  6  7
