@@ -1,6 +1,7 @@
 """Validate, simulate and draw pipeline schedules before anything runs.
 
-Dependency model (the same one the executor obeys). With ``p`` stages and ``v`` chunks there are
+Dependency model (the same one the interpreter obeys; the SEND/RECV actions of
+``add_send_recv`` follow from it and are left out here). With ``p`` stages and ``v`` chunks there are
 ``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual stage ``c * p + s``.
 
 * ``F(mb)`` on virtual stage ``k > 0`` needs ``F(mb)`` on virtual stage ``k - 1`` (its activation).
@@ -39,17 +40,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Union
 
-from .actions import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
-    Action,
-    Schedule,
-    ScheduleError,
-    StageActions,
-    make_schedule,
-)
+from .actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
+                      ScheduleError, StageActions, make_schedule)
 
 ScheduleLike = Union[Schedule, Iterable[StageActions]]
 

@@ -242,18 +242,10 @@ def gather_state_dict(module) -> dict:
     gathered over its group; other parameters are taken as they are (replicated).
     Every rank of the TP group must call it."""
     out = {}
-    for prefix, sub in _named_modules(module):
+    for name, sub in module.named_modules():
         if isinstance(sub, _TPModule):
-            for k, v in sub.dense_state_dict().items():
-                out[prefix + k] = v
+            prefix = name + "." if name else ""
+            out.update({prefix + k: v for k, v in sub.dense_state_dict().items()})
     for name, p in module.named_parameters():
         out.setdefault(name, p.numpy())
     return out
-
-
-def _named_modules(module, prefix=""):
-    if hasattr(module, "named_modules"):
-        for name, m in module.named_modules():
-            yield (name + "." if name else ""), m
-        return
-    yield prefix, module
