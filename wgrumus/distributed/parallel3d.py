@@ -168,8 +168,6 @@ class RankTrainer:
         self.chunks = [GPTChunk(model, mine[c], c * pp + s == 0, c * pp + s == nv - 1,
                                 self.pgm.tp_group, checkpoint) for c in range(v)]
         self.params = {dense_name(n): p for n, p in model.named_parameters()}
-        for p in self.params.values():
-            p.requires_grad_(True)
         self.names = list(self.params)
         self.mb_losses: list = []
 
