@@ -4,6 +4,7 @@ step of each group (DP, TP, PP) measured by the process groups, against the anal
     python benchmarks/parallel3d.py                 # the layouts of 8 devices, small GPT
     python benchmarks/parallel3d.py --quick         # fewer steps, tiny GPT
     python benchmarks/parallel3d.py --json          # one JSON object per layout
+    python benchmarks/parallel3d.py --schedule zb-h1   # any pipeline schedule (default 1f1b)
 
 Volumes are payload bytes as each rank's ProcessGroup records them (all-reduce: the array;
 all-gather / reduce-scatter: this rank's input; send and recv: the array), summed over all
@@ -29,9 +30,10 @@ LAYOUTS = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (4, 2, 1), (2,
            (1, 2, 4), (2, 1, 4)]
 
 
-def analytic(cfg, dp, tp, pp, batch, m) -> dict:
+def analytic(cfg, dp, tp, pp, batch, m, schedule="1f1b") -> dict:
     """Payload bytes per step, summed over all ranks, per group."""
-    from wgrumus.distributed.parallel3d import dense_gpt_state, gpt_shard_plan, stage_blocks
+    from wgrumus.distributed.parallel3d import (chunks_per_stage, dense_gpt_state,
+                                                gpt_shard_plan, stage_blocks)
     from wgrumus.distributed.tensor_parallel.shard import shard_array
     E, T = cfg.n_embd, cfg.block_size
     mb = batch // dp // m
@@ -49,9 +51,6 @@ def analytic(cfg, dp, tp, pp, batch, m) -> dict:
             if last:
                 per_mb += act + 4 * N + 8 * N
             out["tp"] += per_mb * m * tp * dp
-        if pp > 1:
-            hops = (not last) * 2 + (not first) * 2  # send + recv, forward and backward
-            out["pp"] += hops * act * m * tp * dp
         if dp > 1:
             names = ([n for n in dense if n.startswith(("wte", "wpe"))] if first else [])
             names += [n for n in dense if any(n.startswith(f"blocks.{i}.") for i in blocks[s])]
@@ -60,17 +59,19 @@ def analytic(cfg, dp, tp, pp, batch, m) -> dict:
             shard = sum(shard_array(dense[n], plan[n], tp, 0, is_bias=n.endswith("bias"),
                                     num_heads=cfg.n_head).size for n in names)
             out["dp"] += (4 * shard + (8 if last else 0)) * tp * dp
+    # every boundary between virtual stages (interleaved: 2 chunks per rank), each way,
+    # counted at the sender and at the receiver
+    out["pp"] = 4 * (pp * chunks_per_stage(schedule) - 1) * act * m * tp * dp
     return out
 
 
-def measure(cfg, layout, steps, batch, m, devices):
+def measure(cfg, layout, steps, batch, m, devices, schedule="1f1b"):
     from wgrumus.distributed.parallel3d import train_3d
     dp, tp, pp = layout
-    warm = train_3d(cfg, dp, tp, pp, steps=1, batch_size=batch, micro_batches=m,
-                    devices=devices[:dp * tp * pp], return_details=True, timeout=300)
-    del warm  # compiles kernels, fills the buffer pools
-    out = train_3d(cfg, dp, tp, pp, steps=steps, batch_size=batch, micro_batches=m,
-                   devices=devices[:dp * tp * pp], return_details=True, timeout=300)
+    kw = dict(batch_size=batch, micro_batches=m, devices=devices[:dp * tp * pp],
+              return_details=True, timeout=300, schedule=schedule)
+    train_3d(cfg, dp, tp, pp, steps=1, **kw)  # compiles kernels, fills the buffer pools
+    out = train_3d(cfg, dp, tp, pp, steps=steps, **kw)
     measured = {g: sum(r["stats"][g]["bytes"] for r in out["ranks"]) / steps
                 for g in ("dp", "tp", "pp")}
     comm_s = max(sum(r["stats"][g]["seconds"] for g in ("dp", "tp", "pp"))
@@ -78,7 +79,7 @@ def measure(cfg, layout, steps, batch, m, devices):
     return {"layout": out["layout"], "tokens_per_s": out["tokens_per_s"],
             "step_ms": 1e3 * out["seconds"] / steps, "comm_ms_per_step": 1e3 * comm_s,
             "measured_bytes_per_step": measured,
-            "analytic_bytes_per_step": analytic(cfg, dp, tp, pp, batch, m),
+            "analytic_bytes_per_step": analytic(cfg, dp, tp, pp, batch, m, schedule),
             "final_loss": out["losses"][-1]}
 
 
@@ -89,6 +90,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--micro-batches", type=int, default=None, help="default: pp")
     p.add_argument("--layouts", default=None, help="e.g. 2x2x2,1x2x4 (dp x tp x pp)")
+    p.add_argument("--schedule", default="1f1b", help="gpipe | 1f1b | interleaved | zb-h1")
     p.add_argument("--json", action="store_true")
     p.add_argument("--devices", type=int, default=8,
                    help="WGRUMUS_DEVICES when unset: logical devices on one adapter (default 8)")
@@ -112,18 +114,19 @@ def main(argv=None):
     rows = []
     for lay in layouts:
         m = args.micro_batches or lay[2]
-        row = measure(cfg, lay, steps, args.batch, m, devices)
+        row = measure(cfg, lay, steps, args.batch, m, devices, args.schedule)
         rows.append(row)
         if args.json:
             print(json.dumps(row), flush=True)
     if not args.json:
-        print_table(rows, cfg, devices[0])
+        print_table(rows, cfg, devices[0], args.schedule)
     return 0
 
 
-def print_table(rows, cfg, dev):
+def print_table(rows, cfg, dev, schedule):
     print(f"GPT vocab {cfg.vocab_size}, T {cfg.block_size}, {cfg.n_layer} layers, "
-          f"{cfg.n_head} heads, d {cfg.n_embd}; device: {dev.name}")
+          f"{cfg.n_head} heads, d {cfg.n_embd}; schedule {schedule}; "
+          f"device: {dev.name}")
     print("volumes: payload KiB per optimizer step summed over ranks; '!' marks a measured "
           "volume that differs from the analytic one")
     print(f"{'dp x tp x pp':>12} {'tokens/s':>10} {'step ms':>9} {'comm ms':>8} "

@@ -191,6 +191,17 @@ def test_gpt_3d_layout_agrees_with_one_device():
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("schedule", ["interleaved", "zb-h1"])
+def test_gpt_every_schedule_agrees_with_one_device(schedule):
+    tiny = [*GPT_TINY, "--n-layer", "4", "--steps", "2"]  # 4 layers: 2 chunks per pp rank
+    ref = train_json("gpt", *tiny)["losses"]
+    res = train_json("gpt", *tiny, "--dp", "2", "--tp", "2", "--pp", "2", "--devices", "8",
+                     "--schedule", schedule)
+    assert res["layout"]["schedule"] == schedule
+    assert res["losses"] == pytest.approx(ref, rel=1e-4)
+
+
+@pytest.mark.timeout(240)
 def test_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path):
     ck = tmp_path / "ck"
     full = train_json("mlp", "--steps", "8")["losses"]

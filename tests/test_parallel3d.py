@@ -15,15 +15,15 @@ CFG = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8)
 STEPS, BATCH, LR = 10, 4, 1.0
 
 
-def single_device_losses(dev):
+def single_device_losses(dev, cfg=CFG):
     """Plain nn.GPT on one device, same seed, same global batches, same SGD."""
-    model = CFG.build(seed=0, device=dev)
-    data = synthetic_tokens(CFG, max(4 * BATCH, 64), 0)
+    model = cfg.build(seed=0, device=dev)
+    data = synthetic_tokens(cfg, max(4 * BATCH, 64), 0)
     out = []
     for s in range(STEPS):
         rows = data[(np.arange(BATCH) + s * BATCH) % len(data)]
         logits = model(wr.tensor(rows[:, :-1], device=dev))
-        loss = nn.functional.cross_entropy(logits.reshape(-1, CFG.vocab_size),
+        loss = nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size),
                                            wr.tensor(rows[:, 1:].reshape(-1), device=dev))
         model.zero_grad()
         loss.backward()
@@ -57,9 +57,31 @@ def test_gpipe_schedule_and_more_micro_batches_give_the_same_curve(reference, de
     np.testing.assert_allclose(losses, reference, rtol=1e-5, atol=1e-5)
 
 
-def test_schedules_the_runner_cannot_follow_are_refused(devs):
-    with pytest.raises(Layout3DError, match="one-chunk F/B schedules"):
-        train_3d(CFG, 1, 1, 2, steps=1, batch_size=BATCH, devices=devs[:2], schedule="zb-h1")
+CFG4 = GPTConfig(vocab_size=8, block_size=4, n_layer=4, n_head=2, n_embd=8)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule, layout", [("interleaved", (1, 2, 2)), ("zb-h1", (1, 2, 2)),
+                                              ("interleaved", (2, 2, 2)), ("zb-h1", (2, 2, 2))])
+def test_interleaved_and_zero_bubble_schedules_match_single_device(schedule, layout, devs):
+    """Model chunks (v = 2 per rank, activations wrapping from the last stage to the first)
+    and split backwards (BI / BW) on 3D ranks: the single-device curve."""
+    dp, tp, pp = layout
+    steps = 4
+    ref = single_device_losses(devs[0], CFG4)[:steps]
+    losses = train_3d(CFG4, dp, tp, pp, steps=steps, batch_size=BATCH, micro_batches=2, lr=LR,
+                      devices=devs[:dp * tp * pp], schedule=schedule, timeout=30)
+    np.testing.assert_allclose(losses, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_layouts_a_schedule_cannot_fill_are_refused_with_the_fix(devs):
+    with pytest.raises(Layout3DError, match=r"2 transformer layers cannot fill pp=2 pipeline "
+                                            r"stages x 2 interleaved chunks; use pp <= 1"):
+        train_3d(CFG, 1, 1, 2, steps=1, batch_size=BATCH, devices=devs[:2],
+                 schedule="interleaved")
+    with pytest.raises(Layout3DError, match="must be a multiple of the number of stages"):
+        train_3d(CFG4, 1, 1, 2, steps=1, batch_size=6, micro_batches=3, devices=devs[:2],
+                 schedule="interleaved")
 
 
 @pytest.mark.timeout(60)

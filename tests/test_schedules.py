@@ -489,3 +489,50 @@ def test_render_interleaved_and_half_slots():
     chart = render(zb_h1(2, 2), f_time=1, b_time=1)  # BI = BW = 0.5: half-unit slots
     assert "1 slot = 0.5" in chart.splitlines()[0]
     assert chart.splitlines()[2].split()[:3] == ["s0", "F0", "---"]
+
+
+# ---------------------------------------------------------------------------------------------
+# communication in the schedule (add_send_recv)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_add_send_recv_puts_the_communication_in_the_printed_lists():
+    from wgrumus.distributed.pipeline import add_send_recv
+    s = add_send_recv(get_schedule("1f1b", 2, 2))
+    assert s.to_strings() == [["F0", "SF0", "F1", "SF1", "RB0", "B0", "RB1", "B1"],
+                              ["RF0", "F0", "B0", "SB0", "RF1", "F1", "B1", "SB1"]]
+    assert "stage 1: RF0 F0 B0 SB0" in s.format() and "RB0" in render(s)
+    assert validate(s) is s and s.compute() == get_schedule("1f1b", 2, 2)
+    assert simulate(s).makespan == simulate(s.compute()).makespan
+    assert Action.parse("SF2.1") == Action("SF", 2, 1) and repr(Action("RB", 3)) == "RB3"
+
+
+@pytest.mark.parametrize("name, p, m", [("gpipe", 3, 2), ("1f1b", 4, 6), ("zb-h1", 3, 5),
+                                        ("interleaved", 2, 4), ("interleaved", 3, 3)])
+def test_every_send_meets_one_receive_on_the_neighbour(name, p, m):
+    """Activations go k -> k + 1 (interleaved: the last stage's chunk c feeds stage 0's chunk
+    c + 1), gradients k -> k - 1; each message is sent once and received once."""
+    from wgrumus.distributed.pipeline import add_send_recv
+    s = add_send_recv(get_schedule(name, p, m))
+    sent, got = [], []
+    for stage, acts in enumerate(s):
+        for a in acts:
+            k = s.virtual_stage(stage, a.chunk)
+            if a.kind in ("SF", "SB"):
+                sent.append((a.mb, k + 1 if a.kind == "SF" else k - 1, a.kind[1]))
+            elif a.kind in ("RF", "RB"):
+                got.append((a.mb, k, a.kind[1]))
+    nv = s.num_virtual_stages
+    assert sorted(sent) == sorted(got) and len(sent) == len(set(sent)) == 2 * m * (nv - 1)
+
+
+def test_the_interpreter_refuses_a_list_without_its_communication():
+    from wgrumus.distributed.pipeline import parse_actions
+    from wgrumus.distributed.pipeline.runtime import ScheduleExecutionError, StageRunner
+    runner = StageRunner(work=None, num_stages=2, num_virtual_stages=2, stage=1)
+    with pytest.raises(ScheduleExecutionError, match="F0 on virtual stage 1 runs before its "
+                                                     "RF0; build the action list with "
+                                                     "add_send_recv"):
+        runner.run(parse_actions("F0 B0"))
+    with pytest.raises(ScheduleExecutionError, match="SB0 on virtual stage 1: nothing to send"):
+        runner.run([Action("SB", 0)])

@@ -1,11 +1,11 @@
-"""The gpt trainer: dp x tp x pp (1x1x1 included) on wgrumus.distributed.parallel3d's stages.
+"""The gpt trainer: dp x tp x pp (1x1x1 included) on wgrumus.distributed.parallel3d.RankTrainer.
 
-Every rank holds the tensor-parallel shards of its pipeline stage's layers, follows its stage's
-schedule (F/B actions) each step, averages gradients over its data-parallel group only, and
-steps its own optimizer on its shards. Ranks are long-lived: threads started once through
-dist.spawn that take one command at a time ("step", "state", "load", "stats"), or, under
-mpiexec, this process itself. Checkpoints are dense (shards gathered with the TP shard plan),
-so a run can be resumed in another layout.
+Every rank holds the tensor-parallel shards of its pipeline chunks' layers, follows its stage's
+schedule (any of gpipe, 1f1b, interleaved, zb-h1) each step, averages gradients over its
+data-parallel group only, and steps its own optimizer on its shards. Ranks are long-lived:
+threads started once through dist.spawn that take one command at a time ("step", "state",
+"load", "stats"), or, under mpiexec, this process itself. Checkpoints are dense (shards
+gathered with the TP shard plan), so a run can be resumed in another layout.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ STEP_TIMEOUT = 900.0        # the longest the driver waits for one command on al
 
 
 def gpt_config(cfg, task):
-    from ..distributed.parallel3d import GPTConfig
+    from ..nn import GPTConfig
     g = cfg.gpt
     vocab = task.config["vocab_size"]
     # Pad the vocabulary to a multiple of 8 so tp in {1, 2, 4, 8} can split it, and so every
@@ -35,23 +35,18 @@ def gpt_config(cfg, task):
 
 
 class _Rank:
-    """One rank's model shard, optimizer and schedule (used by thread ranks and MPI ranks)."""
+    """One rank's RankTrainer, optimizer and precision (used by thread ranks and MPI ranks)."""
 
-    def __init__(self, group, gcfg, lay, task, dense, precision="f32", jit: bool = False):
-        from ..distributed import ProcessGroupManager, ThreeDParallelismConfig
-        from ..distributed.parallel3d import _Stage, gpt_shard_plan
-        from ..distributed.pipeline import get_schedule
+    def __init__(self, group, gcfg, lay, task, seed, precision="f32", jit: bool = False):
+        from ..distributed.parallel3d import RankTrainer, gpt_shard_plan
         self.group, self.gcfg, self.lay = group, gcfg, lay
-        self.pgm = ProcessGroupManager(ThreeDParallelismConfig(lay.dp, lay.tp, lay.pp), group)
-        self.map = self.pgm.mapping
-        self.device = group.device
-        self.stage = _Stage(gcfg, dense, self.pgm, self.device,
-                            checkpoint=task.activation_checkpointing)
-        self.names = list(self.stage.params)
+        self.rank = RankTrainer(group, gcfg, lay.dp, lay.tp, lay.pp, lay.schedule,
+                                lay.micro_batches, seed, task.activation_checkpointing)
+        self.map, self.device = self.rank.mapping, group.device
+        self.names, self.params = self.rank.names, self.rank.params
         self.plan = gpt_shard_plan(self.names)
-        self.opt = task.make_optimizer([self.stage.params[n] for n in self.names],
+        self.opt = task.make_optimizer([self.params[n] for n in self.names],
                                        **self._clip_scope(task, group))
-        self.actions = get_schedule(lay.schedule, lay.pp, lay.micro_batches)[self.map.pp_rank]
         self.amp = Precision(precision, self.device)
         self._jit = None
         if jit and precision != "f32":
@@ -70,22 +65,22 @@ class _Rank:
         if task.clip is None or self.lay.tp * self.lay.pp == 1:
             return {}
         model = group.split(self.map.dp_rank, name=f"model-dp{self.map.dp_rank}")
-        dup = [self.stage.params[n] for n in self.names
+        dup = [self.params[n] for n in self.names
                if self.map.tp_rank > 0 and self.plan[n] == REPLICATE]
         return {"group": model, "counted_elsewhere": dup}
 
     def _one_rank_step(self, *mbs):
-        """The whole step of a 1 x 1 x 1 layout on device tensors (what _run_schedule, the
-        data-parallel mean and the optimizer do there, in the same order): micro-batch k is
+        """The whole step of a 1 x 1 x 1 layout on device tensors (what RankTrainer.gradients
+        and the optimizer do there, in the same order): micro-batch k is
         (mbs[2k], mbs[2k + 1]); returns the micro-batch losses. Captured by --jit."""
         from ..autograd import GradientStore, backward
         m, grads = len(mbs) // 2, {}
         losses = []
         for k in range(m):
-            out = self.stage.forward(mbs[2 * k], mbs[2 * k + 1])
+            out = self.rank.chunks[0](mbs[2 * k], mbs[2 * k + 1])
             losses.append(out)
             store = backward(out * (1.0 / m))
-            for n, p in self.stage.params.items():
+            for n, p in self.params.items():
                 gp = store.get(p)
                 if gp is not None:
                     grads[n] = gp if n not in grads else grads[n] + gp
@@ -94,39 +89,37 @@ class _Rank:
             if n not in grads:
                 raise ValueError(f"parameter {n} got no gradient; --jit needs every parameter "
                                  "to take part in the loss")
-            store.accumulate(self.stage.params[n], grads[n])
+            store.accumulate(self.params[n], grads[n])
         self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
         return losses
 
     @property
     def coords(self):
-        return (self.map.dp_rank, self.map.tp_rank, self.map.pp_rank)
+        return self.rank.coords
 
     def step(self, tokens: np.ndarray):
         """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
         on the rank (dp 0, tp 0, last stage), None elsewhere."""
         from ..autograd import GradientStore
-        from ..distributed.parallel3d import (_run_schedule, dp_mean_grads,
-                                              replica_micro_batches, stage_loss)
-        lay, m = self.lay, self.lay.micro_batches
-        mbs = replica_micro_batches(tokens, self.map.dp_rank, lay.dp, m)
+        from ..distributed.parallel3d import replica_micro_batches
+        rank, lay = self.rank, self.lay
         if self._jit is not None:
             from ..tensor import tensor
+            mbs = replica_micro_batches(tokens, 0, 1, lay.micro_batches)
             args = [tensor(t, device=self.device) for mb in mbs
                     for t in (mb[:, :-1], mb[:, 1:])]
             t = self.opt.begin_step()
-            self.stage.mb_losses = [v.item() for v in self._jit(*args)]
+            rank.mb_losses = [v.item() for v in self._jit(*args)]
             self.opt.end_step(t)
-            return stage_loss(self.stage, self.pgm)
-        self.stage.loss_scale = self.amp.scaler.get_scale()
+            return rank.loss()
+        rank.loss_scale = self.amp.scaler.get_scale()
         with self.amp.autocast():
-            grads = _run_schedule(self.stage, self.pgm, self.actions, mbs, m, self.device)
-        grads = dp_mean_grads(self.pgm, grads, self.names, self.device)
+            grads = rank.gradients(tokens)
         store = GradientStore()
         for n in self.names:
-            store.accumulate(self.stage.params[n], grads[n])
+            store.accumulate(self.params[n], grads[n])
         self.amp.step(self.opt, store)
-        loss = stage_loss(self.stage, self.pgm) if self.stage.last else None
+        loss = rank.loss()
         return loss if self.coords == (0, 0, lay.pp - 1) else None
 
     def state(self) -> dict:
@@ -137,7 +130,7 @@ class _Rank:
             st = osd["state"].get(i, {})
             opt[n] = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in st.items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in osd["param_groups"]]
-        return {"coords": self.coords, "params": {n: self.stage.params[n].numpy()
+        return {"coords": self.coords, "params": {n: self.params[n].numpy()
                                                   for n in self.names},
                 "opt": opt, "groups": groups}
 
@@ -153,7 +146,7 @@ class _Rank:
                                is_bias=n.endswith("bias"), num_heads=self.gcfg.n_head)
         with wr.no_grad():
             for n in self.names:
-                copy_into(self.stage.params[n], wr.tensor(shard(n, dense["params"][n]),
+                copy_into(self.params[n], wr.tensor(shard(n, dense["params"][n]),
                                                           device=self.device))
         state = {}
         for i, n in enumerate(self.names):
@@ -164,7 +157,7 @@ class _Rank:
         self.opt.load_state_dict({"state": state, "param_groups": groups})
 
     def stats(self) -> dict:
-        s = self.pgm.stats()
+        s = self.rank.pgm.stats()
         return {"coords": self.coords, "device": self.device.index,
                 "comm_seconds": sum(s[k]["seconds"] for k in ("dp", "tp", "pp")),
                 "dispatches": self.device.dispatches}
@@ -203,16 +196,10 @@ class ThreeDTrainer(TrainerBase):
         self.gcfg = gpt_config(cfg, task)
         try:
             validate_layout(self.gcfg, self.lay.dp, self.lay.tp, self.lay.pp, self.lay.world,
-                            cfg.batch_size, self.lay.micro_batches)
+                            cfg.batch_size, self.lay.micro_batches, self.lay.schedule)
         except Layout3DError as e:
             raise UsageError(str(e)) from None
-        if self.lay.schedule not in ("1f1b", "gpipe"):
-            raise UsageError(f"--schedule {self.lay.schedule}: the gpt trainer runs 1f1b or "
-                             f"gpipe (interleaved and zb-h1 run for mlp/cnn)")
-        self._dense_model = None
-        # The dense nn.GPT of --seed, sliced by every rank: all layouts start from these weights.
-        from ..distributed.parallel3d import dense_gpt_state
-        self._init = dense_gpt_state(self.gcfg, cfg.seed)
+        self._dense_model = None  # every rank builds the nn.GPT of --seed and keeps its shards
         if self.lay.backend == "mpi":
             from ..distributed import init_process_group
             group = init_process_group("mpi", timeout=COLLECTIVE_TIMEOUT)
@@ -220,8 +207,7 @@ class ThreeDTrainer(TrainerBase):
             group.device = devs[group.rank % len(devs)]
             self.group = group
             self.is_main = group.rank == 0
-            self.rank = _Rank(group, self.gcfg, self.lay, task, self._init, cfg.precision,
-                              cfg.jit)
+            self.rank = _Rank(group, self.gcfg, self.lay, task, cfg.seed, cfg.precision, cfg.jit)
             self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])
@@ -243,7 +229,7 @@ class ThreeDTrainer(TrainerBase):
         cfg_precision = self.cfg.precision
 
         def rank_main(group):
-            rank = _Rank(group, self.gcfg, self.lay, self.task, self._init, cfg_precision,
+            rank = _Rank(group, self.gcfg, self.lay, self.task, self.cfg.seed, cfg_precision,
                          self.cfg.jit)
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():

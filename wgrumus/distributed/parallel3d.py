@@ -1,57 +1,50 @@
 """3D-parallel GPT training: data x tensor x pipeline parallel in one run.
 
-Each rank (a thread from ``dist.spawn`` or an MPI process) holds the tensor-parallel shards of
-the layers of its pipeline stage. Per step, a rank follows its stage's action list of the 1F1B
-schedule (``pipeline.get_schedule``): F receives activations from the previous stage (or embeds
-tokens), runs its blocks with TP collectives inside, and sends to the next stage (or computes the
-vocab-parallel loss); B receives the output gradient (or starts from the loss), backpropagates and
-sends the input gradient back. Gradients are then averaged over the DP group only, and every
-rank updates its own shards.
+Each rank (a thread from ``dist.spawn`` or an MPI process) is a :class:`RankTrainer`: it builds
+``nn.GPT`` from the seed, keeps the blocks of its pipeline chunks (one chunk, or ``v = 2`` for the
+interleaved schedule), and shards them over its TP group (``tensor_parallel.shard_gpt``). Per
+step it runs its stage's action list -- the schedule with its SEND/RECV (``add_send_recv``) --
+through the one schedule interpreter (``pipeline.runtime.StageRunner``) over the pipeline
+group's send/recv; the last chunk computes the vocab-parallel loss. Gradients are then averaged
+over the DP group only, and every rank updates its own shards.
 
-Initial weights come from one dense GPT state made from the seed on every rank and sliced, so
-every layout (including 1x1x1, the single-device run) starts from the same model, and the same
-global batch is seen in the same order: the loss curves of all layouts agree.
+Every layout (including 1x1x1, the single-device run) starts from the same dense model and sees
+the same global batch in the same order: the loss curves of all layouts agree.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
-from ..autograd import backward, backward_with_grad
+from ..autograd import GradientStore
 from ..autograd.tape import no_grad
+from ..nn.gpt import GPTConfig
 from ..ops.creation import zeros
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, tensor
 from ..utils.checkpoint import checkpoint
 from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
-from .tensor_parallel import functional as TF
-from .tensor_parallel.shard import COLUMN, QKV, REPLICATE, ROW, VOCAB, shard_array
+from .pipeline.actions import RECV_F, SEND_F, ScheduleError, add_send_recv
+from .pipeline.runtime import StageRunner
+from .pipeline.schedules import get_schedule
+from .tensor_parallel.functional import vocab_parallel_cross_entropy
+from .tensor_parallel.layers import dense_name, shard_gpt
+from .tensor_parallel.shard import COLUMN, QKV, REPLICATE, ROW, VOCAB
 
 __all__ = ["GPTConfig", "dense_gpt_state", "gpt_shard_plan", "stage_blocks", "validate_layout",
-           "train_3d", "Layout3DError"]
+           "train_3d", "Layout3DError", "RankTrainer", "GPTChunk"]
 
 
 class Layout3DError(ValueError):
     """A dp x tp x pp layout that cannot run this model on these devices."""
 
 
-@dataclass(frozen=True)
-class GPTConfig:
-    """The sizes of ``nn.GPT`` (same names); sequences are ``block_size`` tokens long."""
-    vocab_size: int = 32
-    block_size: int = 8
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 16
-
-    def build(self, seed: int = 0, device=None):
-        """The dense single-device ``nn.GPT`` every layout starts from."""
-        from ..nn import GPT
-        return GPT(self.vocab_size, self.block_size, n_layer=self.n_layer, n_head=self.n_head,
-                   n_embd=self.n_embd, device=device, seed=seed)
+def chunks_per_stage(schedule: str) -> int:
+    """Model chunks per pipeline rank: 2 for the interleaved schedule (Megatron's v), else 1."""
+    return 2 if schedule.strip().lower().startswith("interleaved") else 1
 
 
 def dense_gpt_state(cfg: GPTConfig, seed: int = 0, device=None) -> dict:
@@ -68,28 +61,19 @@ _VOCAB = ("wte.weight", "lm_head.weight")
 
 def gpt_shard_plan(names) -> dict:
     """``nn.GPT`` parameter name -> TP shard mode (anything not listed is replicated)."""
-    plan = {}
-    for n in names:
-        if n in _VOCAB:
-            plan[n] = VOCAB
-        else:
-            plan[n] = next((m for s, m in _SUFFIX_MODES.items() if n.endswith(s)), REPLICATE)
-    return plan
+    return {n: VOCAB if n in _VOCAB else next((m for s, m in _SUFFIX_MODES.items()
+                                               if n.endswith(s)), REPLICATE) for n in names}
 
 
 def stage_blocks(n_layers: int, pp: int) -> list[range]:
     """Contiguous, balanced ranges of block indices per pipeline stage."""
     base, extra = divmod(n_layers, pp)
-    out, a = [], 0
-    for s in range(pp):
-        n = base + (s < extra)
-        out.append(range(a, a + n))
-        a += n
-    return out
+    cuts = [s * base + min(s, extra) for s in range(pp + 1)]
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def validate_layout(cfg: GPTConfig, dp: int, tp: int, pp: int, n_devices: int,
-                    batch_size: int, micro_batches: int) -> None:
+                    batch_size: int, micro_batches: int, schedule: str = "1f1b") -> None:
     """Every reason this layout cannot run, as one clear error, before any rank starts."""
     try:
         ThreeDParallelismConfig(dp, tp, pp).validate(n_devices)
@@ -103,14 +87,20 @@ def validate_layout(cfg: GPTConfig, dp: int, tp: int, pp: int, n_devices: int,
                         f"choose tp dividing {cfg.n_head}")
     if cfg.vocab_size % tp:
         problems.append(f"vocabulary {cfg.vocab_size} is not divisible by tp={tp}")
-    if cfg.n_layer < pp:
-        problems.append(f"{cfg.n_layer} transformer layers cannot fill pp={pp} pipeline "
-                        f"stages; use pp <= {cfg.n_layer}")
+    v = chunks_per_stage(schedule)
+    if cfg.n_layer < pp * v:
+        what = f"pp={pp} pipeline stages" + (f" x {v} interleaved chunks" if v > 1 else "")
+        problems.append(f"{cfg.n_layer} transformer layers cannot fill {what}; use "
+                        f"pp <= {cfg.n_layer // v}" + (" or another schedule" if v > 1 else ""))
     if micro_batches < 1:
         problems.append(f"micro_batches must be >= 1, got {micro_batches}")
     elif batch_size % (dp * micro_batches):
         problems.append(f"batch size {batch_size} is not divisible by dp * micro_batches = "
                         f"{dp} * {micro_batches}")
+    try:
+        get_schedule(schedule, pp, max(micro_batches, 1), **({"v": v} if v > 1 else {}))
+    except ScheduleError as e:
+        problems.append(f"--schedule {schedule}: {e}")
     if problems:
         raise Layout3DError(f"invalid 3D layout dp={dp} tp={tp} pp={pp}: " + "; ".join(problems))
 
@@ -123,98 +113,123 @@ def synthetic_tokens(cfg: GPTConfig, n: int, seed: int) -> np.ndarray:
     return ((start + stride * np.arange(cfg.block_size + 1)) % cfg.vocab_size).astype(np.int32)
 
 
-# ---------------------------------------------------------------------------- model pieces
-def _layer_norm(x, w, b):
-    from ..nn import functional as NF
-    return NF.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+# ---------------------------------------------------------------------------- one rank
+class GPTChunk:
+    """One virtual pipeline stage of an ``nn.GPT``: its blocks ``blocks``, with the embedding on
+    the first one and the final norm, LM head and (vocab-parallel) loss on the last one."""
 
-
-class _Stage:
-    """This rank's pipeline stage: its shards (leaf tensors) and its forward."""
-    loss_scale = 1.0  # a GradScaler's scale (mixed precision): multiplies the backward's seed
-
-    def __init__(self, cfg, dense: dict, pgm: ProcessGroupManager, device,
+    def __init__(self, model, blocks: range, first: bool, last: bool, tp_group,
                  checkpoint: bool = False):
-        m = pgm.mapping
-        self.checkpoint = checkpoint  # recompute each block's activations in backward
-        self.cfg, self.group, self.device = cfg, pgm.tp_group, device
-        self.first, self.last = m.is_first_stage, m.is_last_stage
-        self.blocks = stage_blocks(cfg.n_layer, pgm.config.pp)[m.pp_rank]
-        names = []
-        if self.first:
-            names += ["wte.weight", "wpe.weight"]
-        for i in self.blocks:
-            names += [n for n in dense if n.startswith(f"blocks.{i}.")]
-        if self.last:
-            names += ["ln_f.weight", "ln_f.bias", "lm_head.weight"]
-        plan = gpt_shard_plan(names)
-        tp, r = pgm.config.tp, m.tp_rank
-        self.params = {n: tensor(shard_array(dense[n], plan[n], tp, r,
-                                             is_bias=n.endswith("bias"), num_heads=cfg.n_head),
-                                 device=device, requires_grad=True) for n in names}
+        self.model, self.blocks, self.first, self.last = model, blocks, first, last
+        self.group, self.checkpoint = tp_group, checkpoint  # recompute blocks in backward
 
-    def forward(self, x, targets=None):
-        """nn.GPT's forward (pre-LN blocks, GELU-tanh MLP) on this stage's shards; the last
-        stage returns the micro-batch's mean cross-entropy."""
-        P, g, ln = self.params, self.group, _layer_norm
+    def __call__(self, x, targets=None):
+        m = self.model
         if self.first:
-            t = x.shape[-1]
-            x = TF.vocab_parallel_embedding(x, P["wte.weight"], g) + P["wpe.weight"][:t]
+            x = m.embed(x)
         for i in self.blocks:
-            x = checkpoint(self._block, x, i) if self.checkpoint else self._block(x, i)
+            blk = getattr(m.blocks, str(i))  # by name: the other blocks are gone
+            x = checkpoint(blk, x) if self.checkpoint else blk(x)
         if self.last:
-            h = ln(x, P["ln_f.weight"], P["ln_f.bias"])
-            logits = TF.column_parallel_linear(h, P["lm_head.weight"], None, g)
-            return TF.vocab_parallel_cross_entropy(logits, targets, g)
+            return vocab_parallel_cross_entropy(m.lm_head(m.ln_f(x)), targets, self.group)
         return x
 
 
-    def _block(self, x, i: int):
-        """Transformer block ``i`` (its TP collectives inside; a checkpointed block re-runs
-        them in backward, in the same order on every TP rank)."""
-        P, g, p = self.params, self.group, f"blocks.{i}."
-        h = _layer_norm(x, P[p + "ln1.weight"], P[p + "ln1.bias"])
-        x = x + TF.parallel_self_attention(
-            h, P[p + "attn.in_proj_weight"], P[p + "attn.in_proj_bias"],
-            P[p + "attn.out_proj.weight"], P[p + "attn.out_proj.bias"], self.cfg.n_head, g)
-        h = _layer_norm(x, P[p + "ln2.weight"], P[p + "ln2.bias"])
-        return x + TF.parallel_mlp(h, P[p + "mlp.fc.weight"], P[p + "mlp.fc.bias"],
-                                   P[p + "mlp.proj.weight"], P[p + "mlp.proj.bias"], g,
-                                   activation="gelu_tanh")
+class RankTrainer:
+    """One rank of a dp x tp x pp GPT run: its shards of the model (``params``: dense name ->
+    tensor), its action list, and :meth:`gradients` for one step (the caller steps its
+    optimizer on them). Every rank of ``group`` builds one."""
+    loss_scale = 1.0  # a GradScaler's scale (mixed precision): multiplies the backward's seed
+
+    def __init__(self, group, cfg: GPTConfig, dp: int, tp: int, pp: int,
+                 schedule: str = "1f1b", micro_batches: int | None = None, seed: int = 0,
+                 checkpoint: bool = False):
+        self.pgm = ProcessGroupManager(ThreeDParallelismConfig(dp, tp, pp), group)
+        self.mapping, self.device = self.pgm.mapping, group.device
+        s, v = self.mapping.pp_rank, chunks_per_stage(schedule)
+        self.m = pp if micro_batches is None else micro_batches
+        sched = get_schedule(schedule, pp, self.m, **({"v": v} if v > 1 else {}))
+        self.actions = add_send_recv(sched)[s]
+        self.nv = nv = pp * v
+        ranges = stage_blocks(cfg.n_layer, nv)
+        model = cfg.build(seed, self.device)  # then keep only this rank's pieces
+        mine = [ranges[c * pp + s] for c in range(v)]
+        owned = {i for r in mine for i in r}
+        for i in range(cfg.n_layer):
+            if i not in owned:
+                setattr(model.blocks, str(i), None)
+        self.first, self.last = s == 0, s == pp - 1  # holds virtual stage 0 / the loss
+        if not self.first:
+            model.wte = model.wpe = None
+        if not self.last:
+            model.ln_f = model.lm_head = None
+        if tp > 1:
+            shard_gpt(model, self.pgm.tp_group)
+        self.chunks = [GPTChunk(model, mine[c], c * pp + s == 0, c * pp + s == nv - 1,
+                                self.pgm.tp_group, checkpoint) for c in range(v)]
+        self.params = {dense_name(n): p for n, p in model.named_parameters()}
+        self.names = list(self.params)
+        self.mb_losses: list = []
+
+    @property
+    def coords(self) -> tuple:
+        return (self.mapping.dp_rank, self.mapping.tp_rank, self.mapping.pp_rank)
+
+    def gradients(self, tokens: np.ndarray) -> dict:
+        """One step's gradients of this rank's shards for the global batch ``tokens``
+        [B, T + 1]: the schedule's actions, then the mean over the data-parallel group."""
+        mbs = replica_micro_batches(tokens, self.mapping.dp_rank, self.pgm.config.dp, self.m)
+        self.mb_losses = [None] * self.m
+        runner = StageRunner(_RankWork(self, mbs), self.pgm.config.pp, self.nv,
+                             self.mapping.pp_rank)
+        try:
+            runner.run(self.actions)
+        finally:
+            runner.clear()
+        store = GradientStore()
+        for st in runner.stores.values():
+            store.merge_from(st)
+        grads = {}
+        with no_grad():
+            for n, p in self.params.items():  # unused ones: zeros keep the buckets aligned
+                g = store.get(p)
+                grads[n] = zeros(p.shape, device=self.device) if g is None else g
+        return dp_mean_grads(self.pgm, grads, self.names, self.device)
+
+    def loss(self) -> float | None:
+        """The step's loss (mean over micro-batches, then replicas) on last-stage ranks."""
+        return stage_loss(self, self.pgm) if self.last else None
 
 
-# ---------------------------------------------------------------------------- one rank
-def _rank_main(group, cfg, dense, dp, tp, pp, steps, batch_size, micro_batches, lr, data,
-               schedule, on_step, optimizer):
-    from .pipeline import get_schedule
-    pgm = ProcessGroupManager(ThreeDParallelismConfig(dp, tp, pp), group)
-    m_ = pgm.mapping
-    dev = group.device
-    stage = _Stage(cfg, dense, pgm, dev)
-    actions = get_schedule(schedule, pp, micro_batches)[m_.pp_rank]
-    names = list(stage.params)
-    params = [stage.params[n] for n in names]
-    if optimizer is None:
-        from ..optim import SGD
-        opt = SGD(params, lr=lr)
-    else:
-        opt = optimizer(params)
-    losses, t0 = [], time.perf_counter()
-    for step in range(steps):
-        if on_step is not None:
-            on_step(group.rank, step)
-        rows = (np.arange(batch_size) + step * batch_size) % len(data)
-        mbs = replica_micro_batches(data[rows], m_.dp_rank, dp, micro_batches)
-        grads = _run_schedule(stage, pgm, actions, mbs, micro_batches, dev)
-        grads = dp_mean_grads(pgm, grads, names, dev)
-        for n, p in zip(names, params):  # this rank's shards only
-            p.grad = grads[n]
-        opt.step()
-        if stage.last:
-            losses.append(stage_loss(stage, pgm))
-    seconds = time.perf_counter() - t0
-    return {"losses": losses, "seconds": seconds, "stats": pgm.stats(),
-            "coords": (m_.dp_rank, m_.tp_rank, m_.pp_rank)}
+class _RankWork:
+    """What the schedule interpreter asks of a 3D rank: chunk forwards on its micro-batches,
+    and sends/receives over the pipeline group (tags name micro-batch and virtual stage)."""
+
+    def __init__(self, trainer: RankTrainer, mbs: list):
+        self.t, self.mbs = trainer, mbs
+
+    def forward(self, a, k: int, x):
+        t, tokens = self.t, self.mbs[a.mb]
+        if k == 0:
+            x = tensor(tokens[:, :-1], device=t.device)
+        if k < t.nv - 1:
+            return t.chunks[a.chunk](x)
+        loss = t.chunks[a.chunk](x, tensor(tokens[:, 1:], device=t.device))
+        t.mb_losses[a.mb] = loss.item()
+        return loss * (t.loss_scale / t.m)  # the mean over micro-batches
+
+    def _tag(self, mb: int, k: int, grad: bool) -> int:
+        return 2 * (mb * self.t.nv + k) + grad
+
+    def send(self, a, k: int, value) -> None:
+        to = k + 1 if a.kind == SEND_F else k - 1
+        self.t.pgm.pp_group.send(value, to % self.t.pgm.config.pp,
+                                 self._tag(a.mb, to, a.kind != SEND_F))
+
+    def recv(self, a, k: int):
+        src = k - 1 if a.kind == RECV_F else k + 1
+        tag = self._tag(a.mb, k, a.kind != RECV_F)
+        return self.t.pgm.pp_group.recv(src % self.t.pgm.config.pp, tag, self.t.device)
 
 
 def replica_micro_batches(tokens: np.ndarray, dp_rank: int, dp: int, m: int) -> list:
@@ -254,52 +269,6 @@ def stage_loss(stage, pgm) -> float:
     return float(loss[0])
 
 
-def _run_schedule(stage, pgm, actions, mbs, m, dev):
-    """Follow this stage's action list for one step; returns the summed parameter gradients."""
-    live = {}  # mb -> (input leaf or None, output)
-    grads = {}
-    stage.mb_losses = []
-    for a in actions:
-        mb = a.mb
-        if a.kind == "F":
-            tokens = mbs[mb]
-            if stage.first:
-                x_in = None
-                x = tensor(tokens[:, :-1], device=dev)
-            else:
-                x_in = pgm.recv_from_prev_stage(tag=2 * mb, device=dev).requires_grad_(True)
-                x = x_in
-            targets = tensor(tokens[:, 1:], device=dev) if stage.last else None
-            out = stage.forward(x, targets)
-            if stage.last:
-                stage.mb_losses.append(out.item())
-                out = out * (stage.loss_scale / m)  # the mean over micro-batches
-            else:
-                pgm.send_to_next_stage(out, tag=2 * mb)
-            live[mb] = (x_in, out)
-        elif a.kind == "B":
-            x_in, out = live.pop(mb)
-            if stage.last:
-                store = backward(out)
-            else:
-                g = pgm.recv_from_next_stage(tag=2 * mb + 1, device=dev)
-                store = backward_with_grad(out, g)
-            for n, p in stage.params.items():
-                gp = store.get(p)
-                if gp is not None:
-                    grads[n] = gp if n not in grads else grads[n] + gp
-            if x_in is not None:
-                pgm.send_to_prev_stage(store.get(x_in), tag=2 * mb + 1)
-        else:
-            raise ValueError(f"the 3D runner follows F/B schedules; {a!r} is not supported "
-                             f"(use schedule '1f1b' or 'gpipe')")
-    with no_grad():
-        for n, p in stage.params.items():
-            if n not in grads:  # e.g. unused: keep the flat bucket aligned across ranks
-                grads[n] = zeros(p.shape, device=dev)
-    return grads
-
-
 # ---------------------------------------------------------------------------- entry point
 def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, pp: int = 1,
              steps: int = 10, batch_size: int = 8, micro_batches: int | None = None,
@@ -323,20 +292,30 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     if devices is None:
         devices = _default_devices(world, backend)
     micro_batches = pp if micro_batches is None else micro_batches
-    validate_layout(cfg, dp, tp, pp, len(devices), batch_size, micro_batches)
-    from .pipeline import get_schedule
-    sched = get_schedule(schedule, pp, micro_batches)
-    kinds = {a.kind for st in sched for a in st}
-    if not kinds <= {"F", "B"} or sched.num_chunks != 1:
-        raise Layout3DError(f"schedule {schedule!r} needs split backwards or model chunks; the "
-                            f"3D runner follows one-chunk F/B schedules ('1f1b' or 'gpipe')")
+    validate_layout(cfg, dp, tp, pp, len(devices), batch_size, micro_batches, schedule)
     data = _token_rows(cfg, data, batch_size, seed)
     from .launch import spawn
-    dense = dense_gpt_state(cfg, seed, devices[0])
 
     def fn(group):
-        return _rank_main(group, cfg, dense, dp, tp, pp, steps, batch_size, micro_batches, lr,
-                          data, schedule, on_step, optimizer)
+        rank = RankTrainer(group, cfg, dp, tp, pp, schedule, micro_batches, seed)
+        params = [rank.params[n] for n in rank.names]
+        if optimizer is None:
+            from ..optim import SGD
+            opt = SGD(params, lr=lr)
+        else:
+            opt = optimizer(params)
+        losses, t0 = [], time.perf_counter()
+        for step in range(steps):
+            if on_step is not None:
+                on_step(group.rank, step)
+            grads = rank.gradients(data[(np.arange(batch_size) + step * batch_size) % len(data)])
+            for n, p in zip(rank.names, params):  # this rank's shards only
+                p.grad = grads[n]
+            opt.step()
+            if rank.last:
+                losses.append(rank.loss())
+        return {"losses": losses, "seconds": time.perf_counter() - t0,
+                "stats": rank.pgm.stats(), "coords": rank.coords}
 
     results = spawn(fn, world, backend=backend, devices=list(devices), timeout=timeout)
     last = RankMapping.from_3d_coords(ThreeDParallelismConfig(dp, tp, pp), 0, 0, pp - 1)

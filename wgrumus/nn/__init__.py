@@ -1,7 +1,7 @@
 """Neural-network layers, containers, initialisers and functional forms (PyTorch's names)."""
 from . import functional, init
 from .attention import MLP, MultiheadAttention, TransformerBlock, causal_mask
-from .gpt import GPT
+from .gpt import GPT, GPTConfig
 from .layers import (GELU, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Identity,
                      LayerNorm, Linear, MaxPool2d, ModuleList, ReLU, Sequential, Sigmoid, Tanh)
 from .losses import CrossEntropyLoss, MSELoss
@@ -10,5 +10,5 @@ from .module import Module, Parameter, StateDictError
 __all__ = ["functional", "init", "Module", "Parameter", "StateDictError", "Sequential",
            "ModuleList", "Identity", "Linear", "Embedding", "LayerNorm", "BatchNorm2d", "ReLU",
            "GELU", "Tanh", "Sigmoid", "Dropout", "Flatten", "Conv2d", "MaxPool2d", "AvgPool2d",
-           "MultiheadAttention", "MLP", "TransformerBlock", "GPT", "causal_mask",
+           "MultiheadAttention", "MLP", "TransformerBlock", "GPT", "GPTConfig", "causal_mask",
            "CrossEntropyLoss", "MSELoss"]

@@ -82,42 +82,33 @@ class MultiheadAttention(Module):
         B, T, _ = x.shape
         return x.reshape(B, T, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
 
-    def forward(self, query, key=None, value=None, attn_mask=None, is_causal=None):
+    def forward(self, query, key=None, value=None, attn_mask=None, is_causal=None,
+                residual=None):
+        """``residual`` (extension): added to the output inside the output projection."""
         if query.ndim != 3 or query.shape[-1] != self.embed_dim:
             raise ShapeError(f"MultiheadAttention expects [B, T, {self.embed_dim}], "
                              f"got {query.shape}")
         B, T, E = query.shape
         causal = self.causal if is_causal is None else is_causal
-        if self._fast(key, value, attn_mask, T):
-            return self.out_proj(self._attend(query, causal))
-        if key is None and value is None:  # self-attention: one fused projection
+        op = self.out_proj
+        if (key is None and value is None and attn_mask is None
+                and (self.dropout == 0.0 or not self.training)):
+            # one packed projection and one fused attention node (ops/fused.py)
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
-            q, k, v = qkv.split(E, axis=-1)
-        else:
-            key = query if key is None else key
-            value = key if value is None else value
-            w = self.in_proj_weight.split(E, axis=0)
-            b = self.in_proj_bias.split(E, axis=0) if self.in_proj_bias is not None else [None] * 3
-            q, k, v = (F.linear(t, wi, bi) for t, wi, bi in zip((query, key, value), w, b))
+            y = causal_self_attention(qkv, self.num_heads, causal)
+            return F.linear(y, op.weight, op.bias, residual=residual)
+        key = query if key is None else key
+        value = key if value is None else value
+        w = self.in_proj_weight.split(E, axis=0)
+        b = self.in_proj_bias.split(E, axis=0) if self.in_proj_bias is not None else [None] * 3
+        q, k, v = (F.linear(t, wi, bi) for t, wi, bi in zip((query, key, value), w, b))
         q, k, v = self._heads(q), self._heads(k), self._heads(v)
         if causal and k.shape[2] != T:
             raise ShapeError("a causal mask needs key and query of the same length")
         y = scaled_dot_product_attention(q, k, v, attn_mask, self.dropout, self.training,
                                          is_causal=causal)
         y = y.permute(0, 2, 1, 3).reshape(B, T, E)
-        return self.out_proj(y)
-
-    def _fast(self, key=None, value=None, attn_mask=None, T: int = 0) -> bool:
-        """Self-attention without mask or active dropout: one packed attention node
-        (ops/fused.py picks the fused kernel or the unfused composition)."""
-        return (key is None and value is None and attn_mask is None
-                and (self.dropout == 0.0 or not self.training))
-
-    def _attend(self, query, causal):
-        """The heads' outputs, merged [B, T, E], before out_proj: one packed projection and
-        one fused attention node (ops/fused.py)."""
-        qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
-        return causal_self_attention(qkv, self.num_heads, causal)
+        return F.linear(y, op.weight, op.bias, residual=residual)
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, causal={self.causal}"
@@ -133,14 +124,15 @@ class MLP(Module):
         self.proj = Linear(4 * n_embd, n_embd, device=device, seed=_sub(seed, 1))
         self.drop = Dropout(dropout)
 
-    def forward(self, x):
-        return self.drop(self.proj(self._hidden(x)))
-
-    def _hidden(self, x):
-        if type(self.act) is GELU:  # fc, bias and activation in one fused op
-            return F.linear(x, self.fc.weight, self.fc.bias,
-                            "gelu" if self.act.approximate == "none" else "gelu_tanh")
-        return self.act(self.fc(x))
+    def forward(self, x, residual=None):
+        """``residual`` (extension): added inside proj's bias kernel (without active dropout)."""
+        act = self.act.approximate if type(self.act) is GELU else None
+        h = (F.linear(x, self.fc.weight, self.fc.bias, "gelu" if act == "none" else "gelu_tanh")
+             if act else self.act(self.fc(x)))  # fc, bias and GELU in one fused op
+        if self.drop.p == 0.0 or not self.training:
+            return F.linear(h, self.proj.weight, self.proj.bias, residual=residual)
+        y = self.drop(self.proj(h))
+        return y if residual is None else residual + y
 
 
 class TransformerBlock(Module):
@@ -157,17 +149,8 @@ class TransformerBlock(Module):
         self.drop = Dropout(dropout)
 
     def forward(self, x):
-        if self._identity(self.drop) and self.attn._fast(T=x.shape[-2] if x.ndim > 1 else 0):
-            # the residual adds ride in the projections' bias kernels (ops/fused.py)
-            a = self.attn._attend(self.ln1(x), self.attn.causal)
-            op = self.attn.out_proj
-            x = F.linear(a, op.weight, op.bias, residual=x)
-        else:
+        if self.drop.p and self.training:  # residual dropout sits between branch and add
             x = x + self.drop(self.attn(self.ln1(x)))
-        if self._identity(self.mlp.drop):
-            pr = self.mlp.proj
-            return F.linear(self.mlp._hidden(self.ln2(x)), pr.weight, pr.bias, residual=x)
-        return x + self.mlp(self.ln2(x))
-
-    def _identity(self, drop) -> bool:
-        return drop.p == 0.0 or not self.training
+        else:
+            x = self.attn(self.ln1(x), residual=x)  # the add rides in the projection's kernel
+        return self.mlp(self.ln2(x), residual=x)

@@ -4,6 +4,7 @@ projections scaled by 1/sqrt(2 * n_layer)), which trains much faster than N(0, 1
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +19,21 @@ from . import init
 from .attention import TransformerBlock
 from .layers import Dropout, Embedding, LayerNorm, Linear, ModuleList, _sub
 from .module import Module
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The sizes of a ``GPT`` (same names); sequences are ``block_size`` tokens long."""
+    vocab_size: int = 32
+    block_size: int = 8
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 16
+
+    def build(self, seed: int = 0, device=None) -> GPT:
+        """The GPT of these sizes with the weights drawn from ``seed``."""
+        return GPT(self.vocab_size, self.block_size, n_layer=self.n_layer, n_head=self.n_head,
+                   n_embd=self.n_embd, device=device, seed=seed)
 
 
 class GPT(Module):
@@ -52,6 +68,13 @@ class GPT(Module):
                 k += 1
 
     def forward(self, idx):
+        x = self.embed(idx)
+        for blk in self.blocks:
+            x = checkpoint(blk, x) if self.checkpoint else blk(x)
+        return self.lm_head(self.ln_f(x))
+
+    def embed(self, idx):
+        """Token ids [B, T] -> dropout(token + position embeddings) [B, T, n_embd]."""
         if not isinstance(idx, Tensor):
             idx = tensor(np.asarray(idx, np.int32), device=self.wte.weight.device)
         if idx.ndim != 2:
@@ -60,10 +83,7 @@ class GPT(Module):
         if T > self.block_size:
             raise ShapeError(f"sequence length {T} exceeds block_size {self.block_size}; crop "
                              f"the context to the last {self.block_size} tokens")
-        x = self.drop(self.wte(idx) + self.wpe(self._positions(T, idx.device)))
-        for blk in self.blocks:
-            x = checkpoint(blk, x) if self.checkpoint else blk(x)
-        return self.lm_head(self.ln_f(x))
+        return self.drop(self.wte(idx) + self.wpe(self._positions(T, idx.device)))
 
     def _positions(self, T: int, device) -> Tensor:
         """0..T-1 on ``device``, made once per (T, device): not rebuilt every step."""

@@ -13,6 +13,10 @@ Kinds of action:
 ``BI``  input-gradient half of a split backward (what the previous stage waits for);
 ``BW``  weight-gradient half of a split backward (nobody waits for it, so it can fill bubbles).
 
+Communication is part of the list too (:func:`add_send_recv`, one pass over the compute actions,
+as PyTorch's ``_add_send_recv``): ``SF``/``RF`` send/receive the activation of a micro-batch to/from
+the next/previous virtual stage, ``SB``/``RB`` its gradient to/from the previous/next one.
+
 Model chunks exist for the interleaved schedule: with ``v`` chunks per stage, chunk ``c`` on stage
 ``s`` is virtual stage ``c * p + s`` (Megatron-LM's layout), so a micro-batch visits stages
 0..p-1 with chunk 0, then 0..p-1 again with chunk 1, and so on.
@@ -28,7 +32,10 @@ FORWARD = "F"
 BACKWARD = "B"
 BACKWARD_INPUT = "BI"
 BACKWARD_WEIGHT = "BW"
-KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+SEND_F, RECV_F, SEND_B, RECV_B = "SF", "RF", "SB", "RB"
+COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+COMM_KINDS = (SEND_F, RECV_F, SEND_B, RECV_B)
+KINDS = COMPUTE_KINDS + COMM_KINDS
 
 
 class ScheduleError(ValueError):
@@ -70,7 +77,11 @@ class Action:
     @property
     def is_backward(self) -> bool:
         """True for every kind of backward work (B, BI, BW)."""
-        return self.kind != FORWARD
+        return self.kind in (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind in COMM_KINDS
 
     @property
     def sends_input_grad(self) -> bool:
@@ -93,7 +104,7 @@ class Action:
         return cls(m.group(1), int(m.group(2)), int(m.group(3) or 0))
 
 
-_ACTION_RE = re.compile(r"(BI|BW|F|B)(\d+)(?:\.(\d+))?")
+_ACTION_RE = re.compile(r"(BI|BW|SF|RF|SB|RB|F|B)(\d+)(?:\.(\d+))?")
 
 
 def F(mb: int, chunk: int = 0) -> Action:  # noqa: N802 - reads like the notation
@@ -177,6 +188,36 @@ class Schedule:
 
     def __str__(self) -> str:
         return self.format()
+
+    def compute(self) -> Schedule:
+        """This schedule without its communication actions."""
+        return Schedule(self.name, self.num_stages, self.num_microbatches, self.num_chunks,
+                        tuple(tuple(a for a in acts if not a.is_comm) for acts in self.stages))
+
+
+def add_send_recv(sched: Schedule) -> Schedule:
+    """The schedule with its communication: each forward of virtual stage k > 0 receives its
+    input right before it (``RF``) and each one of k < last sends its output right after (``SF``);
+    each input-gradient backward (B, BI) receives from k + 1 before and sends to k - 1 after.
+    Sends are buffered, so receiving just before use cannot deadlock a schedule that
+    ``validate`` accepts."""
+    last = sched.num_virtual_stages - 1
+    stages = []
+    for s, acts in enumerate(sched.compute()):
+        out = []
+        for a in acts:
+            k = sched.virtual_stage(s, a.chunk)
+            if a.kind == FORWARD:
+                out += ([Action(RECV_F, a.mb, a.chunk)] if k > 0 else []) + [a] + \
+                    ([Action(SEND_F, a.mb, a.chunk)] if k < last else [])
+            elif a.sends_input_grad:
+                out += ([Action(RECV_B, a.mb, a.chunk)] if k < last else []) + [a] + \
+                    ([Action(SEND_B, a.mb, a.chunk)] if k > 0 else [])
+            else:
+                out.append(a)
+        stages.append(tuple(out))
+    return Schedule(sched.name, sched.num_stages, sched.num_microbatches, sched.num_chunks,
+                    tuple(stages))
 
 
 def make_schedule(

@@ -4,21 +4,14 @@ Each stage thread walks its own list (``F``, ``B``, ``BI``, ``BW`` per micro-bat
 Activations travel forward and gradients backward through bounded ``queue.Queue`` channels, one
 per pair of neighbouring (virtual) stages, already copied to the receiving stage's device.
 
-Autograd per micro-batch: every forward runs on a fresh tape; the received activation is
-detached and marked as requiring grad, so the stage's backward (``backward_with_grad`` seeded
-with the gradient from downstream) yields exactly the gradient to send upstream plus this stage's
-weight gradients. The last stage computes ``loss_fn(out, target) / m``, so the summed gradients
-equal those of the mean loss over the whole batch (the original executor forgot the 1/m).
+Each stage thread runs its list with communication (``add_send_recv``) through the one schedule
+interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too; the last stage computes
+``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss over the batch.
 
 Faults: an exception in any stage sets a shared abort event; every thread polls it while waiting
 on a channel (short timeouts), so all of them stop, and ``run`` raises one
 :class:`PipelineError` naming the stage, the action and the micro-batch, chained to the original.
 Every wait has a timeout; no stage thread outlives ``run``.
-
-ZB-H1 note: the autograd engine computes an op's input and weight gradients in one call, so
-``BI`` runs the whole backward of the micro-batch and sends the input gradient upstream at once;
-``BW`` then adds the held weight gradients to the stage's store. The order (what upstream waits
-for, when) is ZB-H1's; the split of the work is not, so ZB-H1 has 1F1B's bubble here.
 """
 from __future__ import annotations
 
@@ -26,13 +19,12 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ...autograd import GradientStore, Tape, backward, backward_with_grad, install_tape, no_grad
-from ...autograd import take_tape
+from ...autograd import GradientStore, Tape, no_grad
 from ...runtime.errors import ShapeError, WgrumusError
-from .actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule
-from .actions import ScheduleError, make_schedule
+from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv, make_schedule
+from .runtime import StageRunner
 from .schedules import get_schedule
 from .stage import PipelineStage
 from .timeline import validate
@@ -132,17 +124,6 @@ class _Channel:
 
 
 @dataclass
-class _MicroBatch:
-    """What one stage keeps of one micro-batch between its forward and its backward."""
-
-    x: object  # the received activation (leaf requiring grad) or the stage-0 input
-    out: object  # stage output, or the 1/m-scaled loss on the last virtual stage
-    tape: Tape
-    nbytes: int
-    weight_grads: GradientStore | None = None  # held between BI and BW
-
-
-@dataclass
 class _Run:
     m: int
     timeout: float
@@ -203,7 +184,8 @@ class PipelineExecutor:
         self.num_micro_batches = m
         self.timeout = float(timeout)
         self.synchronize = bool(synchronize)
-        self.schedule = self._make_schedule(schedule, num_chunks)
+        self.schedule = self._make_schedule(schedule, num_chunks).compute()
+        self._program = add_send_recv(self.schedule)  # what the stage threads run
         self.num_stages = self.schedule.num_stages
         self.num_chunks = self.schedule.num_chunks
         self.channel_capacity = channel_capacity or m  # m messages per channel per run at most
@@ -409,130 +391,19 @@ class PipelineExecutor:
 
     # ------------------------------------------------------------------ one stage thread
     def _stage_main(self, s: int, run: _Run) -> None:
-        held: dict = {}  # (mb, chunk) -> _MicroBatch
-        live = [0]  # activation bytes held by this stage
-        a = None
+        work = _StageWork(self, run, s)
+        runner = StageRunner(work, self.num_stages, len(self.stages), s)
+        work.runner = runner
         try:
-            for a in self.schedule[s]:
-                if run.abort.is_set():
-                    return
-                start = time.perf_counter()
-                if a.kind == FORWARD:
-                    wait, got, sent = self._forward(s, a, run, held, live)
-                elif a.kind in (BACKWARD, BACKWARD_INPUT):
-                    wait, got, sent = self._backward(s, a, run, held, live)
-                else:
-                    wait, got, sent = self._weight_grad(s, a, run, held)
-                if self.synchronize:
-                    self.stages[self._virtual(s, a.chunk)].device.synchronize()
-                end = time.perf_counter()
-                t0 = run.t0
-                run.records[s].append(ActionRecord(
-                    s, a, start - t0, end - t0, wait, live[0],
-                    None if got is None else got - t0, None if sent is None else sent - t0))
+            runner.run(self._program[s], work.record, run.abort.is_set)
+            for k, store in runner.stores.items():
+                run.stores[k].merge_from(store)
         except _Aborted:
             return
         except BaseException as e:  # noqa: BLE001 - reported by run() with stage and action
-            run.fail(s, a, e)
+            run.fail(s, runner.action, e)
         finally:
-            held.clear()
-            install_tape(Tape())
-
-    def _forward(self, s: int, a: Action, run: _Run, held: dict, live: list) -> float:
-        k = self._virtual(s, a.chunk)
-        stage, last = self.stages[k], k == len(self.stages) - 1
-        wait = 0.0
-        who = f"{self._where(k)} ({a!r})"
-        got = sent = None
-        if k == 0:
-            x = run.inputs[a.mb]
-        else:
-            x, wait = run.fwd[k].get(a.mb, who)
-            got = time.perf_counter()
-            x = x.detach()
-            if x.dtype.kind == "f" and x.dtype.itemsize == 4:
-                x.requires_grad_(True)
-        install_tape(Tape())
-        try:
-            try:
-                out = stage.forward(x)
-            except ShapeError as e:
-                if k == 0:
-                    raise
-                raise PipelineShapeError(
-                    f"{self._where(k)} cannot take the output of {self._where(k - 1)}: it got "
-                    f"an activation of shape {tuple(x.shape)} and raised: {e}; make "
-                    f"{self._where(k - 1)} produce what {self._where(k)} expects "
-                    f"(or cut the model elsewhere)") from e
-            if last:
-                loss = run.loss_fn(out, run.targets[a.mb])
-                if not callable(getattr(loss, "numel", None)) or loss.numel() != 1:
-                    raise ShapeError(
-                        f"loss_fn must return a one-element tensor (the mean loss of the "
-                        f"micro-batch), got {type(loss).__name__} of shape "
-                        f"{getattr(loss, 'shape', None)}")
-                run.losses[a.mb] = loss.detach()
-                out = loss * (1.0 / run.m)
-        finally:
-            tape = take_tape()
-        nbytes = _activation_bytes(tape, x, out, stage)
-        held[(a.mb, a.chunk)] = _MicroBatch(x, out, tape, nbytes)
-        live[0] += nbytes
-        if not last:
-            with no_grad():
-                y = out.detach().to(self.stages[k + 1].device)
-            sent = time.perf_counter()
-            wait += run.fwd[k + 1].put(a.mb, y, who)
-        return wait, got, sent
-
-    def _backward(self, s: int, a: Action, run: _Run, held: dict, live: list) -> float:
-        k = self._virtual(s, a.chunk)
-        last = k == len(self.stages) - 1
-        mb = held.get((a.mb, a.chunk))
-        if mb is None:  # validate() forbids this; guards hand-made Schedule edits
-            raise PipelineError(f"{a!r} on {self._where(k)} has no matching forward", s, a)
-        who = f"{self._where(k)} ({a!r})"
-        wait = 0.0
-        got = sent = None
-        if last:
-            grad = None
-        else:
-            grad, wait = run.bwd[k].get(a.mb, who)
-            got = time.perf_counter()
-        if getattr(mb.out, "requires_grad", False):
-            install_tape(mb.tape)
-            try:
-                store = backward(mb.out) if last else backward_with_grad(mb.out, grad)
-            finally:
-                take_tape()
-        else:  # nothing on this stage (nor before it) requires grad
-            store = GradientStore()
-        if k > 0:
-            with no_grad():
-                gx = store.remove(mb.x) if getattr(mb.x, "requires_grad", False) else None
-                if gx is None:
-                    from ...ops import zeros
-                    gx = zeros(mb.x.shape, device=mb.x.device)
-                gx = gx.to(self.stages[k - 1].device)
-            sent = time.perf_counter()
-            wait += run.bwd[k - 1].put(a.mb, gx, who)
-        live[0] -= mb.nbytes  # the backward consumed the graph: its saved tensors are freed
-        mb.x = mb.out = mb.tape = None
-        if a.kind == BACKWARD:
-            run.stores[k].merge_from(store)
-            del held[(a.mb, a.chunk)]
-        else:
-            mb.weight_grads = store
-        return wait, got, sent
-
-    def _weight_grad(self, s: int, a: Action, run: _Run, held: dict) -> float:
-        assert a.kind == BACKWARD_WEIGHT
-        k = self._virtual(s, a.chunk)
-        mb = held.pop((a.mb, a.chunk), None)
-        if mb is None or mb.weight_grads is None:
-            raise PipelineError(f"{a!r} on {self._where(k)} before its BI", s, a)
-        run.stores[k].merge_from(mb.weight_grads)
-        return 0.0, None, None
+            runner.clear()
 
     def __repr__(self) -> str:
         return (f"PipelineExecutor({len(self.stages)} stages, m={self.num_micro_batches}, "
@@ -550,3 +421,77 @@ def _activation_bytes(tape: Tape, x, out, stage: PipelineStage) -> int:
         if st is not None and id(st) not in params:
             seen[id(st)] = st.nbytes
     return sum(seen.values())
+
+
+class _StageWork:
+    """What the runtime asks of one stage thread: its chunks' forwards (and the loss on the last
+    virtual stage), the queue channels to its neighbours, and its trace records."""
+
+    def __init__(self, ex: PipelineExecutor, run: _Run, s: int):
+        self.ex, self.run, self.s = ex, run, s
+        self.wait, self.got, self.start = 0.0, None, None
+        self.runner = None
+
+    def forward(self, a, k: int, x):
+        ex, run = self.ex, self.run
+        stage = ex.stages[k]
+        if k == 0:
+            x = self.input = run.inputs[a.mb]
+        try:
+            out = stage.forward(x)
+        except ShapeError as e:
+            if k == 0:
+                raise
+            raise PipelineShapeError(
+                f"{ex._where(k)} cannot take the output of {ex._where(k - 1)}: it got an "
+                f"activation of shape {tuple(x.shape)} and raised: {e}; make {ex._where(k - 1)} "
+                f"produce what {ex._where(k)} expects (or cut the model elsewhere)") from e
+        if k < len(ex.stages) - 1:
+            return out
+        loss = run.loss_fn(out, run.targets[a.mb])
+        if not callable(getattr(loss, "numel", None)) or loss.numel() != 1:
+            raise ShapeError(f"loss_fn must return a one-element tensor (the mean loss of the "
+                             f"micro-batch), got {type(loss).__name__} of shape "
+                             f"{getattr(loss, 'shape', None)}")
+        run.losses[a.mb] = loss.detach()
+        return loss * (1.0 / run.m)
+
+    def activation_bytes(self, tape, x, out, k: int) -> int:
+        return _activation_bytes(tape, self.input if x is None else x, out, self.ex.stages[k])
+
+    def _who(self, a, k: int) -> str:
+        return f"{self.ex._where(k)} ({a!r})"
+
+    def recv(self, a, k: int):
+        self.start = self.start or time.perf_counter()
+        ch = self.run.fwd[k] if a.kind == RECV_F else self.run.bwd[k]
+        value, wait = ch.get(a.mb, self._who(a, k))
+        self.wait += wait
+        self.got = time.perf_counter()
+        return value
+
+    def send(self, a, k: int, value) -> None:
+        to = k + 1 if a.kind == SEND_F else k - 1
+        with no_grad():
+            value = value.to(self.ex.stages[to].device)
+        sent = time.perf_counter()
+        ch = self.run.fwd[to] if a.kind == SEND_F else self.run.bwd[to]
+        wait = ch.put(a.mb, value, self._who(a, k))
+        recs, t0 = self.run.records[self.s], self.run.t0
+        last = recs[-1]
+        recs[-1] = replace(last, end=time.perf_counter() - t0, wait=last.wait + wait,
+                           sent=sent - t0)
+
+    def record(self, a, start: float, end: float) -> None:
+        """A trace record per compute action; its receive before and send after count in."""
+        if a.is_comm:
+            return
+        ex, t0 = self.ex, self.run.t0
+        if ex.synchronize:
+            ex.stages[ex._virtual(self.s, a.chunk)].device.synchronize()
+            end = time.perf_counter()
+        start = self.start or start
+        got = None if self.got is None else self.got - t0
+        self.run.records[self.s].append(ActionRecord(
+            self.s, a, start - t0, end - t0, self.wait, self.runner.live_bytes, got, None))
+        self.wait, self.got, self.start = 0.0, None, None

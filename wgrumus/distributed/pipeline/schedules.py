@@ -32,31 +32,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .actions import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
-    Action,
-    Schedule,
-    ScheduleError,
-)
+from .actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule
+from .actions import ScheduleError
 from .timeline import SimResult, format_timeline, peak_in_flight, render, simulate, validate
 
-__all__ = [
-    "gpipe",
-    "one_f_one_b",
-    "interleaved",
-    "zb_h1",
-    "get_schedule",
-    "SCHEDULES",
-    "validate",
-    "simulate",
-    "render",
-    "format_timeline",
-    "peak_in_flight",
-    "SimResult",
-]
+__all__ = ["gpipe", "one_f_one_b", "interleaved", "zb_h1", "get_schedule", "SCHEDULES", "validate",
+           "simulate", "render", "format_timeline", "peak_in_flight", "SimResult"]
 
 
 def _check_sizes(name: str, p: int, m: int) -> None:
@@ -198,12 +179,8 @@ def zb_h1(p: int, m: int) -> Schedule:
     return _build("zb-h1", p, m, 1, stages)
 
 
-SCHEDULES: dict[str, Callable[..., Schedule]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved": interleaved,
-    "zb-h1": zb_h1,
-}
+SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b,
+                                                  "interleaved": interleaved, "zb-h1": zb_h1}
 
 _ALIASES = {"one_f_one_b": "1f1b", "zb_h1": "zb-h1", "zbh1": "zb-h1",
             "interleaved_1f1b": "interleaved"}

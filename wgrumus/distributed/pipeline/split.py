@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ...runtime.errors import WgrumusError
 
 __all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", "num_parameters"]
 
@@ -153,92 +152,32 @@ def _place(stages: list, devices):
 # GPT
 # ---------------------------------------------------------------------------------------------
 
-_EMBED_NAMES = ("tok_emb", "wte", "token_embedding", "tok_embeddings", "embed_tokens", "embedding")
-_POS_NAMES = ("pos_emb", "wpe", "position_embedding", "pos_embedding")
-_DROP_NAMES = ("drop", "dropout", "emb_drop")
-_BLOCK_NAMES = ("blocks", "layers", "h")
-_NORM_NAMES = ("ln_f", "norm", "final_norm", "ln")
-_HEAD_NAMES = ("head", "lm_head", "output")
-
-
-def _attr(obj, names, what, required=True):
-    for n in names:
-        v = getattr(obj, n, None)
-        if v is not None:
-            return v
-    if required:
-        raise WgrumusError(
-            f"split_gpt: cannot find the {what} of {type(obj).__name__} (looked for attributes "
-            f"{list(names)}); give the model a pipeline_layers() method returning its layers in "
-            f"order")
-    return None
-
-
 class GPTEmbedding:
-    """First piece of a GPT, as ``GPT.forward`` computes it: dropout(token + position
-    embedding) of token ids [B, T]."""
+    """The first piece of an ``nn.GPT``: its ``embed`` (token + position embeddings, dropout),
+    with the two embeddings as its parameters (moved with it)."""
 
-    def __init__(self, tok, pos, drop=None):
-        self.tok, self.pos, self.drop = tok, pos, drop
+    def __init__(self, gpt):
+        self.layers, self.embed = [gpt.wte, gpt.wpe], gpt.embed
 
     def __call__(self, idx):
-        from ...ops import arange
-        x = self.tok(idx)
-        if self.pos is not None:
-            x = x + self.pos(arange(idx.shape[-1], device=idx.device))
-        if self.drop is not None:
-            x = self.drop(x)
-        return x
+        return self.embed(idx)
 
     def to(self, device):
-        for m in (self.tok, self.pos, self.drop):
-            if m is not None and callable(getattr(m, "to", None)):
-                m.to(device)
+        for m in self.layers:
+            m.to(device)
         return self
 
     def parameters(self):
-        for m in (self.tok, self.pos, self.drop):
-            if m is not None:
-                yield from _params(m)
-
-
-def gpt_layers(gpt) -> list:
-    """The GPT as a flat list of layers: embedding, each block, final norm, head."""
-    own = getattr(gpt, "pipeline_layers", None)
-    if callable(own):
-        return list(own())
-    tok = _attr(gpt, _EMBED_NAMES, "token embedding")
-    pos = _attr(gpt, _POS_NAMES, "position embedding", required=False)
-    drop = _attr(gpt, _DROP_NAMES, "dropout", required=False)
-    blocks = list(_attr(gpt, _BLOCK_NAMES, "transformer blocks"))
-    norm = _attr(gpt, _NORM_NAMES, "final layer norm", required=False)
-    head = _attr(gpt, _HEAD_NAMES, "LM head")
-    layers = [GPTEmbedding(tok, pos, drop)] + blocks
-    if norm is not None:
-        layers.append(norm)
-    return layers + [head]
+        return [p for m in self.layers for p in m.parameters()]
 
 
 def split_gpt(gpt, p: int, devices=None) -> list:
-    """Cut a GPT into ``p`` stages: embedding, blocks, final norm and head, balanced by
-    parameter count (the embedding and the head are often the heaviest pieces).
-
-    A head whose weight is tied to the token embedding cannot be split from it (the two would
-    live on different devices): such a model raises with the fix.
-    """
-    layers = gpt_layers(gpt)
+    """Cut an ``nn.GPT`` into ``p`` stages -- its embedding, each block, final norm and head --
+    balanced by parameter count (the embedding and the head are often the heaviest pieces)."""
+    layers = [GPTEmbedding(gpt), *gpt.blocks, gpt.ln_f, gpt.lm_head]
     if len(layers) < p:
         raise ValueError(
             f"split_gpt: the model has {len(layers)} layers (embedding, {len(layers) - 2} "
             f"blocks/norm, head) and cannot be cut into {p} stages; use at most {len(layers)} "
             f"stages or more blocks")
-    stages = split_sequential(layers, p)
-    if p > 1:
-        first = {id(x) for x in _params(stages[0])}
-        shared = [x for x in _params(stages[-1]) if id(x) in first]
-        if shared:
-            raise WgrumusError(
-                f"split_gpt: the LM head shares {len(shared)} parameter(s) with the embedding "
-                f"(tied weights), but they would land on different stages; build the GPT with "
-                f"untied head weights for pipeline parallelism")
-    return _place(stages, devices)
+    return split_sequential(layers, p, devices)

@@ -1,6 +1,7 @@
 """Validate, simulate and draw pipeline schedules before anything runs.
 
-Dependency model (the same one the executor obeys). With ``p`` stages and ``v`` chunks there are
+Dependency model (the same one the interpreter obeys; the SEND/RECV actions of
+``add_send_recv`` follow from it and are left out here). With ``p`` stages and ``v`` chunks there are
 ``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual stage ``c * p + s``.
 
 * ``F(mb)`` on virtual stage ``k > 0`` needs ``F(mb)`` on virtual stage ``k - 1`` (its activation).
@@ -39,17 +40,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Union
 
-from .actions import (
-    BACKWARD,
-    BACKWARD_INPUT,
-    BACKWARD_WEIGHT,
-    FORWARD,
-    Action,
-    Schedule,
-    ScheduleError,
-    StageActions,
-    make_schedule,
-)
+from .actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
+                      ScheduleError, StageActions, make_schedule)
 
 ScheduleLike = Union[Schedule, Iterable[StageActions]]
 
@@ -116,12 +108,13 @@ def validate(
     Raw lists are accepted (Actions or strings such as ``"F0"``); the number of micro-batches is
     then inferred unless ``num_microbatches`` is given.
     """
-    sched = make_schedule(schedule, num_microbatches, num_chunks)
+    full = make_schedule(schedule, num_microbatches, num_chunks)
+    sched = full.compute()  # communication (add_send_recv) follows from the compute actions
     problems = _static_problems(sched)
     if problems:
         raise ScheduleError(_format_problems(sched, problems))
     _execute(sched, {FORWARD: 1, BACKWARD: 1, BACKWARD_INPUT: 0.5, BACKWARD_WEIGHT: 0.5}, 0)
-    return sched
+    return full
 
 
 def _format_problems(sched: Schedule, problems: list[str]) -> str:
@@ -330,7 +323,7 @@ def _find_cycle(waits: dict[int, int]) -> list[int]:
 
 def peak_in_flight(schedule: ScheduleLike) -> tuple[int, ...]:
     """Per stage, the most (micro-batch, chunk) activations held at once (order only)."""
-    sched = make_schedule(schedule)
+    sched = make_schedule(schedule).compute()
     peaks = []
     for acts in sched:
         live = peak = 0
@@ -372,7 +365,7 @@ def simulate(
     (idle / makespan per stage, averaged over stages) and the peak in-flight micro-batches.
     ``bi_time``/``bw_time`` default to half of ``b_time`` each (or to ``b_time`` minus the other).
     """
-    sched = validate(schedule)
+    sched = validate(schedule).compute()
     if comm_time < 0:
         raise ScheduleError(f"comm_time must be >= 0, got {comm_time!r}")
     d = _durations(f_time, b_time, bi_time, bw_time)
@@ -418,8 +411,10 @@ def render(
 
     By default every action (F, B, BI, BW) takes exactly one slot, which gives the most compact
     chart; pass durations (as for :func:`simulate`) to draw proportions, e.g. ``b_time=2``.
-    A pre-computed :class:`SimResult` is drawn as is. Cells show the action (``F0``, ``B3``,
-    ``F2.1``); ``--`` continues a multi-slot action and ``.`` is idle time::
+    A pre-computed :class:`SimResult` is drawn as is; a schedule with communication actions
+    (:func:`add_send_recv`) is also listed action by action below the chart. Cells show the
+    action (``F0``, ``B3``, ``F2.1``); ``--`` continues a multi-slot action and ``.`` is idle
+    time::
 
         1f1b: p=2 m=3 (F=1 B=1): makespan 8, bubble 25.0%
         t   0  1  2  3  4  5  6  7
@@ -453,6 +448,9 @@ def render(
             for i in range(a + 1, b):
                 cells[i] = "-" * width
         rows.append(f"s{s}".ljust(label_w) + "  " + " ".join(cells).rstrip())
+    if not isinstance(schedule, SimResult) and any(a.is_comm for acts in
+                                                   make_schedule(schedule) for a in acts):
+        rows.append(make_schedule(schedule).format())  # with its SEND/RECV, as it runs
     return "\n".join(rows)
 
 

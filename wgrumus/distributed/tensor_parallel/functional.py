@@ -7,8 +7,10 @@ group of one rank = plain dense computation).
 from __future__ import annotations
 
 from ...autograd.tape import no_grad, record
+from ...nn.functional import linear
 from ...ops.elementwise import map_op
-from ...ops.shape import reshape, transpose
+from ...ops.fused import causal_self_attention
+from ...ops.shape import reshape
 from ...runtime.errors import ShapeError
 from ...tensor import Tensor, int32
 from .mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
@@ -25,22 +27,16 @@ def _rank(group) -> int:
     return 0 if group is None else group.rank
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias over the last dim of x (any leading dims)."""
-    y = x @ transpose(weight, 0, 1)
-    return y if bias is None else y + bias
-
-
 def column_parallel_linear(x, weight, bias, group, gather_output=False,
-                           sequence_parallel=False, seq_axis=1):
-    """Y_r = X @ W_r.T + b_r with W split by output features. The input enters the TP region
-    (copy, or all-gather of the sequence under sequence parallelism); ``gather_output``
-    all-gathers the output features so every rank holds the whole Y."""
+                           sequence_parallel=False, seq_axis=1, activation=None):
+    """Y_r = act(X @ W_r.T + b_r) with W split by output features (nn's fused ``F.linear``).
+    The input enters the TP region (copy, or all-gather of the sequence under sequence
+    parallelism); ``gather_output`` all-gathers the output features on every rank."""
     if sequence_parallel:
         x = gather_from_sequence_parallel_region(x, group, seq_axis)
     else:
         x = copy_to_tp_region(x, group)
-    y = linear(x, weight, bias)
+    y = linear(x, weight, bias, activation)
     return gather_from_tp_region(y, group) if gather_output else y
 
 
@@ -51,18 +47,12 @@ def row_parallel_linear(x, weight, bias, group, input_is_parallel=True,
     reduction, so it is identical on every rank and its gradient is the full one."""
     if not input_is_parallel:
         x = scatter_to_tp_region(x, group)
-    y = x @ transpose(weight, 0, 1)
+    y = linear(x, weight)
     if sequence_parallel:
         y = reduce_scatter_to_sequence_parallel_region(y, group, seq_axis)
     else:
         y = reduce_from_tp_region(y, group)
     return y if bias is None else y + bias
-
-
-def attention_heads(q, k, v, causal=True):
-    """Scaled dot-product attention on [B, H, T, D] tensors (nn's kernel and causal mask)."""
-    from ...nn.attention import scaled_dot_product_attention
-    return scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num_heads,
@@ -73,26 +63,16 @@ def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num
     (q of my heads, k of my heads, v of my heads) (``shard.shard_array(w, "qkv", ...)`` makes
     it from PyTorch's in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns [B, T, E] on every rank."""
     h = check_heads(num_heads, _world(group))
-    b, t, e = x.shape
-    d = e // num_heads
-    qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3*h*d]
-    qkv = reshape(qkv, (b, t, 3, h, d)).permute(2, 0, 3, 1, 4)  # [3, B, h, T, d] view
-    o = attention_heads(qkv[0], qkv[1], qkv[2], causal)          # [B, h, T, d]
-    o = reshape(o.permute(0, 2, 1, 3), (b, t, h * d))
+    qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3 * E / tp]
+    o = causal_self_attention(qkv, h, causal)  # nn's attention node, on my heads
     return row_parallel_linear(o, proj_weight, proj_bias, group)
 
 
-ACTIVATIONS = {"gelu": lambda h: h.gelu(), "gelu_tanh": lambda h: h.gelu("tanh"),
-               "relu": lambda h: h.relu()}
-
-
 def parallel_mlp(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, group, activation="gelu"):
-    """fc1 column-parallel (no gather) -> activation on the shard -> fc2 row-parallel.
+    """fc1 column-parallel (no gather) with the activation fused in -> fc2 row-parallel.
     activation: "gelu" (exact erf), "gelu_tanh" (GPT-2, nn.MLP's) or "relu"."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    h = column_parallel_linear(x, fc1_weight, fc1_bias, group)
-    return row_parallel_linear(ACTIVATIONS[activation](h), fc2_weight, fc2_bias, group)
+    h = column_parallel_linear(x, fc1_weight, fc1_bias, group, activation=activation)
+    return row_parallel_linear(h, fc2_weight, fc2_bias, group)
 
 
 def _one_hot_shard(ids: Tensor, start: int, size: int) -> Tensor:

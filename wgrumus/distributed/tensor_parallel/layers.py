@@ -95,9 +95,10 @@ class ColumnParallelLinear(_ParallelLinear):
                          bias_value, seed, device)
         self.gather_output = gather_output
 
-    def forward(self, x):
+    def forward(self, x, activation=None):
         return F.column_parallel_linear(x, self.weight, self.bias, self.group,
-                                        self.gather_output, self.sequence_parallel)
+                                        self.gather_output, self.sequence_parallel,
+                                        activation=activation)
 
 
 class RowParallelLinear(_ParallelLinear):
@@ -123,8 +124,8 @@ class ParallelMLP(nn.Module):
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear,
                  activation: str = "gelu_tanh"):
         super().__init__()
-        if activation not in F.ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(F.ACTIVATIONS)}, "
+        if activation not in ("gelu", "gelu_tanh", "relu"):
+            raise ValueError(f"activation must be 'gelu', 'gelu_tanh' or 'relu', "
                              f"got {activation!r}")
         self.fc1, self.fc2, self.activation = fc1, fc2, activation
 
@@ -136,8 +137,9 @@ class ParallelMLP(nn.Module):
         return cls(ColumnParallelLinear.from_dense(fc1, group),
                    RowParallelLinear.from_dense(fc2, group), activation)
 
-    def forward(self, x):
-        return self.fc2(F.ACTIVATIONS[self.activation](self.fc1(x)))
+    def forward(self, x, residual=None):
+        y = self.fc2(self.fc1(x, self.activation))
+        return y if residual is None else y + residual
 
 
 class ParallelSelfAttention(_TPModule):
@@ -168,9 +170,10 @@ class ParallelSelfAttention(_TPModule):
                    arr(mha.in_proj_bias), mha.out_proj.weight.numpy(), arr(mha.out_proj.bias),
                    causal)
 
-    def forward(self, x):
-        return F.parallel_self_attention(x, self.qkv_weight, self.qkv_bias, self.proj_weight,
-                                         self.proj_bias, self.num_heads, self.group, self.causal)
+    def forward(self, x, residual=None):
+        y = F.parallel_self_attention(x, self.qkv_weight, self.qkv_bias, self.proj_weight,
+                                      self.proj_bias, self.num_heads, self.group, self.causal)
+        return y if residual is None else y + residual
 
 
 class VocabParallelEmbedding(_TPModule):
@@ -206,23 +209,43 @@ def shard_linear(dense, group, mode: str, **kw):
     raise ValueError(f"shard_linear mode must be 'column' or 'row', got {mode!r}")
 
 
+def shard_gpt(model, group):
+    """An ``nn.GPT`` (or the pieces of it a pipeline rank kept: missing ones are None) turned,
+    in place, into this rank's TP shards: vocabulary-split embedding and LM head, attention
+    split by heads, MLP split by hidden columns. Its forward is unchanged; returns ``model``."""
+    if model.wte is not None:
+        model.wte = VocabParallelEmbedding.from_dense(model.wte, group)
+    for blk in model.blocks:
+        blk.attn = ParallelSelfAttention.from_dense(blk.attn, group, causal=blk.attn.causal)
+        blk.mlp = ParallelMLP.from_dense(blk.mlp, group)
+    if model.lm_head is not None:
+        model.lm_head = ColumnParallelLinear.from_dense(model.lm_head, group)
+    return model
+
+
+_NN_NAMES = {"attn.qkv_weight": "attn.in_proj_weight", "attn.qkv_bias": "attn.in_proj_bias",
+             "attn.proj_weight": "attn.out_proj.weight", "attn.proj_bias": "attn.out_proj.bias",
+             "mlp.fc1.": "mlp.fc.", "mlp.fc2.": "mlp.proj."}
+
+
+def dense_name(name: str) -> str:
+    """The dense ``nn.GPT`` name of a parameter of a ``shard_gpt`` model (checkpoints and the
+    shard plan use the dense names)."""
+    for tp, nn_ in _NN_NAMES.items():
+        if tp in name:
+            return name.replace(tp, nn_)
+    return name
+
+
 def gather_state_dict(module) -> dict:
     """Dense state dict (numpy) of a module containing TP layers: every TP layer's shards are
     gathered over its group; other parameters are taken as they are (replicated).
     Every rank of the TP group must call it."""
     out = {}
-    for prefix, sub in _named_modules(module):
+    for name, sub in module.named_modules():
         if isinstance(sub, _TPModule):
-            for k, v in sub.dense_state_dict().items():
-                out[prefix + k] = v
+            prefix = name + "." if name else ""
+            out.update({prefix + k: v for k, v in sub.dense_state_dict().items()})
     for name, p in module.named_parameters():
         out.setdefault(name, p.numpy())
     return out
-
-
-def _named_modules(module, prefix=""):
-    if hasattr(module, "named_modules"):
-        for name, m in module.named_modules():
-            yield (name + "." if name else ""), m
-        return
-    yield prefix, module
