@@ -4,7 +4,8 @@ trainers.py).
 DataParallelTrainer: wgrumus.parallel.DataParallel (one replica per device, bucketed all-reduce
 overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
 dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
-concurrently and their gradients averaged before every replica steps, so replicas stay identical.
+concurrently, each averaging its gradients over the replicas with the one GradientAverager (a
+group per stage piece) before every replica steps, so replicas stay identical.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 
 import numpy as np
 
+from ..distributed.errors import CollectiveError
 from .common import UsageError
 from .trainers import TrainerBase, eval_forward, to_tensor
 
@@ -118,6 +120,31 @@ class PipelineTrainer(TrainerBase):
             # clip=False: the stages clip together, with the norm over all of them
             self.opts.append([task.make_optimizer(st.parameters(), clip=False)
                               if st.parameters() else None for st in stages])
+        self.worlds, self.averagers = [], [[] for _ in range(lay.dp)]
+        if lay.dp > 1:
+            self._build_averagers()
+
+    def _build_averagers(self) -> None:
+        """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks); replica r
+        averages its pieces' gradients in piece order, like every other replica."""
+        from ..distributed import ProcessGroup, ThreadWorld
+        from ..distributed.averaging import GradientAverager
+        for k in range(len(self.stages[0])):
+            if not self.stages[0][k].parameters():
+                continue
+            world = ThreadWorld(self.lay.dp, 120.0, name=f"pipeline-piece{k}")
+            self.worlds.append(world)
+            for r in range(self.lay.dp):
+                st = self.stages[r][k]
+                group = ProcessGroup(world.transport(r), device=st.device)
+                self.averagers[r].append(GradientAverager(st.parameters(), group))
+
+    def _averaged(self, r, store):
+        from ..autograd import GradientStore
+        out = GradientStore()
+        for avg in self.averagers[r]:
+            out.merge_from(avg.average(store, timeout=120.0))
+        return out
 
     def _run(self, r, x, y):
         return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
@@ -135,9 +162,137 @@ class PipelineTrainer(TrainerBase):
 
         def go(r):
             try:
-                results[r] = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+                loss, store = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+                results[r] = (loss, self._averaged(r, store))
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors.append((r, e))
+                for w in self.worlds:  # the other replicas must not wait for this one
+                    w.abort(CollectiveError(f"replica {r} failed: {e}", rank=r))
+
+        threads = [threading.Thread(target=go, args=(r,), daemon=True,
+                                    name=f"wgrumus-replica-{r}") for r in range(dp)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300.0)  # each executor bounds its own waits; this is a last resort
+        if errors:
+            r, e = errors[0]
+            raise type(e)(f"replica {r}: {e}") from e
+        if any(t.is_alive() for t in threads):
+            raise TimeoutError("a pipeline replica did not finish its step within 300 s")
+        for r in range(dp):
+            _step_stages(self.opts[r], results[r][1], self.task.clip)
+        return float(np.mean([res[0] for res in results]))
+
+    def close(self) -> None:
+        for w in self.worlds:
+            w.close()
+
+    def predict(self, x) -> np.ndarray:
+        return eval_forward(self.model, x, self.dp.devices[0])
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opts[0].state_dict()}
+
+    def load_state_dict(self, sd) -> None:
+        self.model.load_state_dict(sd["model"])
+        self.dp.broadcast_weights()
+        for o in self.opts:
+            o.load_state_dict(sd["optimizer"])
+
+    def device_stats(self, seconds: float) -> list[dict]:
+        rows = [{"device": d.index, "role": f"replica {k}", "dispatches": d.dispatches,
+                 "submits": d.submits} for k, d in enumerate(self.dp.devices)]
+        if self.group is not None:
+            rows = [dict(r, role=f"rank {i}")
+                    for i, rr in enumerate(self.group.all_gather_object(rows)) for r in rr]
+        return rows
+
+    def close(self) -> None:
+        self.dp.close()
+
+
+class PipelineTrainer(TrainerBase):
+    """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
+
+    def __init__(self, cfg, task):
+        from ..distributed.pipeline import PipelineExecutor, split_sequential
+        lay = cfg.layout
+        self.task, self.lay = task, lay
+        devs = _devices(cfg)
+        self.devs = devs
+        self.master = task.make_model(devs[0])
+        n_layers = len(list(iter(self.master)))
+        chunks = 2 if lay.schedule == "interleaved" else 1
+        if lay.pp * chunks > n_layers:
+            raise UsageError(f"--pp {lay.pp}{' x 2 interleaved chunks' if chunks > 1 else ''} "
+                             f"needs at least {lay.pp * chunks} layers; {cfg.model} has "
+                             f"{n_layers}")
+        self.replicas, self.stages, self.execs, self.opts = [], [], [], []
+        for r in range(lay.dp):
+            model = self.master if r == 0 else task.make_model(devs[r * lay.pp])
+            if r:
+                _copy_weights(self.master, model)
+            mine = devs[r * lay.pp:(r + 1) * lay.pp]
+            # interleaved: 2 chunks per stage thread; chunk c of stage s is piece c * pp + s
+            stage_devs = [mine[k % lay.pp] for k in range(lay.pp * chunks)]
+            stages = split_sequential(model, lay.pp * chunks, devices=stage_devs)
+            self.replicas.append(model)
+            self.stages.append(stages)
+            self.execs.append(PipelineExecutor(stages, lay.micro_batches, schedule=lay.schedule,
+                                               timeout=120.0))
+            # a stage of parameter-free layers only (e.g. a lone ReLU) has no optimizer
+            # clip=False: the stages clip together, with the norm over all of them
+            self.opts.append([task.make_optimizer(st.parameters(), clip=False)
+                              if st.parameters() else None for st in stages])
+        self.worlds, self.averagers = [], [[] for _ in range(lay.dp)]
+        if lay.dp > 1:
+            self._build_averagers()
+
+    def _build_averagers(self) -> None:
+        """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks); replica r
+        averages its pieces' gradients in piece order, like every other replica."""
+        from ..distributed import ProcessGroup, ThreadWorld
+        from ..distributed.averaging import GradientAverager
+        for k in range(len(self.stages[0])):
+            if not self.stages[0][k].parameters():
+                continue
+            world = ThreadWorld(self.lay.dp, 120.0, name=f"pipeline-piece{k}")
+            self.worlds.append(world)
+            for r in range(self.lay.dp):
+                st = self.stages[r][k]
+                group = ProcessGroup(world.transport(r), device=st.device)
+                self.averagers[r].append(GradientAverager(st.parameters(), group))
+
+    def _averaged(self, r, store):
+        from ..autograd import GradientStore
+        out = GradientStore()
+        for avg in self.averagers[r]:
+            out.merge_from(avg.average(store, timeout=120.0))
+        return out
+
+    def _run(self, r, x, y):
+        return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
+                                 to_tensor(y, self.stages[r][-1].device), self.task.loss)
+
+    def step(self, x, y) -> float:
+        dp = self.lay.dp
+        if dp == 1:
+            loss, store = self._run(0, x, y)
+            _step_stages(self.opts[0], store, self.task.clip)
+            return float(loss)
+        n = len(x) // dp
+        results: list = [None] * dp
+        errors: list = []
+
+        def go(r):
+            try:
+                loss, store = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+                results[r] = (loss, self._averaged(r, store))
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append((r, e))
+                for w in self.worlds:  # the other replicas must not wait for this one
+                    w.abort(CollectiveError(f"replica {r} failed: {e}", rank=r))
 
         threads = [threading.Thread(target=go, args=(r,), daemon=True,
                                     name=f"wgrumus-replica-{r}") for r in range(dp)]

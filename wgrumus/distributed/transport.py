@@ -122,7 +122,9 @@ class _Mailbox:
 
 class ThreadWorld:
     """State shared by the ranks (threads) of one in-process group: mailboxes, the barrier the
-    native collectives use, liveness, and the subgroups split off it."""
+    native collectives use, liveness, the subgroups split off it, and for asynchronous device
+    collectives one CommThread per rank joined by a barrier of their own (so they never mix
+    with the synchronous collectives' rounds; ``close()`` stops those threads)."""
 
     def __init__(self, size: int, timeout: float = 60.0, depth: int = QUEUE_DEPTH,
                  name: str = "world"):
@@ -130,6 +132,8 @@ class ThreadWorld:
             raise ValueError(f"world size must be >= 1, got {size}")
         self.size, self.timeout, self.depth, self.name = size, float(timeout), depth, name
         self.barrier = CollectiveBarrier(size, timeout)
+        self.comm_barrier = CollectiveBarrier(size, timeout)
+        self._comm_threads: dict = {}
         self._mail = [_Mailbox(size) for _ in range(size)]
         self._lock = threading.Lock()
         self._children: dict = {}
@@ -139,6 +143,30 @@ class ThreadWorld:
 
     def transport(self, rank: int) -> "ThreadTransport":
         return ThreadTransport(self, rank)
+
+    def comm_thread(self, rank: int, device):
+        """Rank ``rank``'s CommThread (created on first use, on ``device``). Its requests run in
+        submission order, so every rank's asynchronous collectives meet in the same rounds."""
+        from .comm import CommThread
+        with self._lock:
+            c = self._comm_threads.get(rank)
+            if c is None:
+                c = self._comm_threads[rank] = CommThread(device, rank=rank)
+        if c.device is not device:
+            raise ValueError(f"all_reduce_async: rank {rank}'s device tensors must live on one "
+                             f"device ({c.device!r}), got one on {device!r}; move it there or "
+                             f"use all_reduce")
+        return c
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the CommThreads of this world and its subgroups (queued requests finish)."""
+        with self._lock:
+            comms = list(self._comm_threads.values())
+            children = [w for w, _ in self._children.values()]
+        for c in comms:
+            c.close(self.timeout if timeout is None else timeout)
+        for w in children:
+            w.close(timeout)
 
     def child(self, key, members: list[int]) -> "ThreadWorld":
         """The subgroup world for ``members`` (parent ranks); created once, shared by members."""
@@ -162,6 +190,7 @@ class ThreadWorld:
                 self.error = err
             children = [w for w, _ in self._children.values()]
         self.barrier.abort(err)
+        self.comm_barrier.abort(err)
         self._wake()
         for w in children:
             w.abort(err)
@@ -172,6 +201,7 @@ class ThreadWorld:
             self.exited.add(rank)
             children = list(self._children.values())
         self.barrier.mark_gone(rank)
+        self.comm_barrier.mark_gone(rank)
         self._wake()
         for w, members in children:
             if rank in members:

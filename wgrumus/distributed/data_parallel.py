@@ -8,6 +8,10 @@ shard of the global batch -> forward -> loss -> backward, during which finished 
 their all-reduce on the device's CommThread -> wait for the buckets -> optimizer step with the
 averaged gradients. Every replica steps with bit-identical gradients from bit-identical weights,
 so the replicas stay identical without re-broadcasting.
+
+The replicas always talk through ProcessGroups: with ``threads`` one per replica over a
+ThreadWorld of this DataParallel, with ``mpi`` the given one; GradientAverager (averaging.py)
+launches the buckets with ``group.all_reduce_async``.
 """
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ import numpy as np
 from ..autograd import (GradientStore, backward_with_grad, install_tape, is_grad_enabled,
                         no_grad)
 from ..autograd.tape import Tape
-from ..distributed import CollectiveError
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
 from ..ops.shape import cat
@@ -31,9 +34,13 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
+from .averaging import EventLog, GradientAverager, flat_view, pack_grad
 from .buckets import plan_buckets
-from .sync import EventLog, GradReducer, MPIComm, OptimizerSharding, ThreadComm, flat_view
-from .sync import _pack as pack
+from .collectives import CollectiveConfig
+from .errors import CollectiveError
+from .process_group import ProcessGroup
+from .transport import ThreadWorld
+from .zero import OptimizerSharding
 
 
 class ReplicaError(WgrumusError):
@@ -178,7 +185,7 @@ class DataParallel:
     (default ``dist.init_process_group("mpi")``) connects the replicas; every process passes the
     same global batch and takes its own rows. ``timeout`` bounds every wait on another replica.
 
-    ``shard_optimizer_state=True`` is ZeRO-1 (``sync.OptimizerSharding``): each replica's
+    ``shard_optimizer_state=True`` is ZeRO-1 (``zero.OptimizerSharding``): each replica's
     optimizer steps, and so keeps state for, only the parameters that replica owns (about 1/N of
     them), and the updated parameters are then copied from their owners to the other replicas.
     The losses are those of the unsharded run; ``optimizer_state_dict()`` gathers the state.
@@ -202,14 +209,13 @@ class DataParallel:
         all_devs = MultiGpuContext.get().devices
         if backend == "mpi":
             if group is None:
-                from ..distributed import init_process_group
+                from .launch import init_process_group
                 group = init_process_group("mpi", timeout=timeout)
-            self.group = group
             self.rank, self.world_size = group.rank, group.world_size
             devs = [get_device(devices[0])] if devices else [
                 group.device or all_devs[group.rank % len(all_devs)]]
         else:
-            self.group, self.rank = None, 0
+            self.rank = 0
             devs = [get_device(d) for d in (devices if devices is not None else all_devs)]
             if not devs:
                 raise ValueError("DataParallel needs at least one device; pass devices= or "
@@ -230,8 +236,9 @@ class DataParallel:
             if shard_optimizer_state else None
         self.events = EventLog()
         self.last_step_seconds = 0.0
-        self._comm = (MPIComm(group, self.timeout) if backend == "mpi"
-                      else ThreadComm(devs, self.timeout))
+        self._world = None
+        self.groups = [group] if backend == "mpi" else self._thread_groups()
+        self.group = self.groups[0]
         self._workers = [_Worker(k) for k in range(len(devs))]
         self._sync = True
         self._accum: list = [None] * len(devs)
@@ -251,13 +258,28 @@ class DataParallel:
                 f"{self.backend}, {len(self.plan)} buckets)")
 
     # ------------------------------------------------------------------ lifecycle
+    def _thread_groups(self) -> list:
+        """A fresh ThreadWorld of the local replicas and one ProcessGroup per replica (after a
+        failed step too: a broken group stays broken by design)."""
+        if self._world is not None:
+            self._world.close(0)
+        self._world = ThreadWorld(len(self.devices), self.timeout, name="data-parallel")
+        cfg = CollectiveConfig(num_devices=len(self.devices), timeout=self.timeout)
+        return [ProcessGroup(self._world.transport(k), cfg, d) for k, d in enumerate(self.devices)]
+
+    def _close_comm(self, timeout: float) -> None:
+        for g in self.groups:
+            g.close()
+        if self._world is not None:
+            self._world.close(timeout)
+
     def close(self) -> None:
         """Stop the replica and communication threads."""
         if not self._closed:
             self._closed = True
             for w in self._workers:
                 w.close(self.timeout)
-            self._comm.close()
+            self._close_comm(self.timeout)
             for pair in self._jits.values():
                 for j in pair:
                     j.free()
@@ -270,7 +292,7 @@ class DataParallel:
                 self._closed = True
                 for w in self._workers:
                     w.close(0)
-                self._comm.close(0)
+                self._close_comm(0)
         except Exception:  # interpreter shutdown, or a half-built object
             pass
 
@@ -345,17 +367,18 @@ class DataParallel:
                                    f"{self._workers[stuck[0]].phase}); check for a hang in the "
                                    f"model or raise timeout=", stuck[0],
                                    self._workers[stuck[0]].phase)
-                self._comm.abort(exc)
+                self.group.abort(exc)
                 raise exc from None
             if err is not None:
                 if not failures:
-                    self._comm.abort(err)  # wakes replicas blocked in a collective at once
+                    self.group.abort(err)  # wakes replicas blocked in a collective at once
                 failures.append((rank, phase, err))
             else:
                 out[rank] = value
         if failures:
-            if reset_on_failure:
-                self._comm.reset()
+            if reset_on_failure and self.backend == "threads":
+                self.groups = self._thread_groups()
+                self.group = self.groups[0]
             exc, cause = self._replica_error(failures)
             raise exc from cause
         return out
@@ -490,8 +513,8 @@ class DataParallel:
             acc = self._accum[k]
             reducer = None
             if sync and self.world_size > 1:  # one replica has nothing to average with
-                reducer = GradReducer(self.plan, self._params[k], k, self._comm, self.events,
-                                      acc)
+                reducer = GradientAverager(self._params[k], self.groups[k], plan=self.plan,
+                                           events=self.events, replica=k).start(acc)
             grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
                                        on_leaf_grad=reducer.on_leaf_grad if reducer else None)
             self.events.record(k, "backward_end")
@@ -553,9 +576,9 @@ class DataParallel:
 
     def _captured_step(self, k: int, x, y, loss_fn, scale: float, opt):
         """Replica ``k``'s step with ``jit=True``: capture 1 (forward, loss, backward, gradients
-        packed into the plan's flat buckets, exactly as GradReducer packs them), the buckets'
+        packed into the plan's flat buckets, exactly as GradientAverager packs them), the buckets'
         all-reduces (eager, in bucket order), capture 2 (the optimizer step on views of the
-        averaged buckets, as GradReducer.finish hands them). Returns the loss tensor."""
+        averaged buckets, as GradientAverager.finish hands them). Returns the loss tensor."""
         key = (k, loss_fn, id(opt))
         pair = self._jits.get(key)
         if pair is None:
@@ -571,7 +594,7 @@ class DataParallel:
                     for bucket in plan.buckets:
                         flat = Tensor.empty((bucket.numel,), dev, bucket.dtype)
                         for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
-                            pack(flat, shape, off, g.get(params[i]))
+                            pack_grad(flat, shape, off, g.get(params[i]))
                         flats.append(flat)
                 return loss, flats
 
@@ -586,8 +609,8 @@ class DataParallel:
         loss, flats = pair[0](x, y, float(scale))
         self.events.record(k, "backward_end")
         if self.world_size > 1:
-            handles = [self._comm.launch(k, f) for f in flats]
-            flats = [h.wait(self.timeout) for h in handles]
+            works = [self.groups[k].all_reduce_async(f, "mean") for f in flats]
+            flats = [w.wait(self.timeout) for w in works]
         self.events.record(k, "sync_end")
         pair[1](flats)
         return loss
