@@ -132,28 +132,46 @@ class GradientAverager:
             self._next += 1
 
     def _launch(self, b: int) -> None:
-        bucket = self.plan.buckets[b]
-        with no_grad():
-            flat = Tensor.empty((bucket.numel,), self.device, bucket.dtype)
-            for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
-                g = self._grads[i]
-                if g is None and self.accumulated is not None:
-                    g = self.accumulated.get(self.params[i])
-                pack_grad(flat, shape, off, g)  # unused in this backward: zero, as in DDP
+        def grad_of(i):  # unused in this backward: the earlier micro-steps' sum, or zero (DDP)
+            g = self._grads[i]
+            return g if g is not None or self.accumulated is None else \
+                self.accumulated.get(self.params[i])
+        flat = self.pack(b, grad_of)
         if self.events is not None:
             self.events.record(self.replica, "allreduce_start", b)
         self._works[b] = self.group.all_reduce_async(flat, "mean")
 
+    def pack(self, b: int, grad_of) -> Tensor:
+        """Bucket ``b``'s gradients (``grad_of(i)`` of parameter i; None: zero) in one flat
+        device buffer."""
+        bucket = self.plan.buckets[b]
+        with no_grad():
+            flat = Tensor.empty((bucket.numel,), self.device, bucket.dtype)
+            for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
+                pack_grad(flat, shape, off, grad_of(i))
+        return flat
+
+    def unpack(self, flats) -> list:
+        """Per parameter, its view of the bucket buffers ``flats`` (None: not in the plan)."""
+        views: list = [None] * len(self.params)
+        for bucket, flat in zip(self.plan.buckets, flats):
+            for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
+                views[i] = flat_view(flat, shape, off)
+        return views
+
+    def store(self, views) -> GradientStore:
+        """``views`` (aligned with ``params``) as a GradientStore keyed by ``params``."""
+        out = GradientStore()
+        for p, v in zip(self.params, views):
+            if v is not None:
+                out.accumulate(p, v)
+        return out
+
     def _finish_views(self, timeout: float | None) -> list:
         self._remaining = [0] * len(self._remaining)
         self._launch_ready()
-        views: list = [None] * len(self.params)
         try:
-            for b, work in enumerate(self._works):
-                flat = work.wait(timeout)
-                bucket = self.plan.buckets[b]
-                for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
-                    views[i] = flat_view(flat, shape, off)
+            views = self.unpack([w.wait(timeout) for w in self._works])
         finally:
             self.start()
         if self.events is not None:
@@ -163,11 +181,7 @@ class GradientAverager:
     def finish(self, timeout: float | None = None) -> GradientStore:
         """Backward is over: launch what is left (gradients never produced count as zero), wait
         for every bucket, and return the averaged gradients keyed by ``params``."""
-        store = GradientStore()
-        for p, v in zip(self.params, self._finish_views(timeout)):
-            if v is not None:
-                store.accumulate(p, v)
-        return store
+        return self.store(self._finish_views(timeout))
 
     def average(self, grads, timeout: float | None = None):
         """The mean over the group of finished gradients: a GradientStore keyed by ``params``

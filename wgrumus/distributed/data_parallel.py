@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import queue
 import threading
 import time
@@ -325,16 +326,11 @@ class DataParallel:
     def broadcast_weights(self) -> None:
         """Copy replica 0's (rank 0's, with mpi) parameters into every other replica: needed
         only when the master was changed outside the training step (loaded, edited)."""
-        with no_grad():
-            if self.backend == "mpi":
-                for p in _state_tensors(self.module):
-                    src = self.group.broadcast(p, root=0)
-                    copy_into(p, src)
-                return
-            for k in range(1, len(self.replicas)):
-                for src, dst in zip(_state_tensors(self.replicas[0]),
-                                    _state_tensors(self.replicas[k])):
-                    copy_into(dst, src.to(dst.device))
+        def job(w):
+            with no_grad():
+                for p in _state_tensors(self.replicas[w.rank]):
+                    copy_into(p, self.groups[w.rank].broadcast(p, root=0))
+        self._run(job)
 
     # ------------------------------------------------------------------ sharding
     def _shards(self, batch):
@@ -388,7 +384,7 @@ class DataParallel:
         replicas' "collective aborted" errors that it triggered."""
         own = [f for f in failures if not isinstance(f[2], CollectiveError)] or failures
         rank, phase, err = own[0]
-        r = self.rank if self.backend == "mpi" else rank
+        r = self.groups[rank].rank
         others = "; ".join(f"replica {q} in {ph}: {type(e).__name__}: {e}"
                            for q, ph, e in failures if q != rank)
         msg = (f"DataParallel: replica {r} (device {self.devices[rank].index}) failed in "
@@ -426,7 +422,7 @@ class DataParallel:
     __call__ = forward
 
     def _local_bounds(self, bounds, k):
-        r = self.rank if self.backend == "mpi" else k
+        r = self.groups[k].rank
         return int(bounds[r]), int(bounds[r + 1])
 
     # ------------------------------------------------------------------ training
@@ -529,9 +525,8 @@ class DataParallel:
                 avg = reducer.finish(self.timeout)
             if optimizers is not None:
                 w.phase = "optimizer step"
-                r = self.rank if self.backend == "mpi" else k
-                optimizers[k].step(avg if self.sharding is None else
-                                   self.sharding.owned_grads(r, self._params[k], avg))
+                optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
+                    self.groups[k].rank, self._params[k], avg))
                 self.events.record(k, "step_end")
             return loss.item() * (hi - lo), avg
 
@@ -541,20 +536,13 @@ class DataParallel:
             if sync:
                 self._accum = [None] * len(self.replicas)
         if sync and optimizers is not None and self.sharding is not None:
-            self._gather_owned()
+            self._run(lambda w: self.sharding.gather_group(self.groups[w.rank],
+                                                           self._params[w.rank]))
         local = float(np.sum([r[0] for r in res], dtype=np.float64))
         if self.backend == "mpi":
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
         self.last_step_seconds = time.perf_counter() - t0
         return local / n, [r[1] for r in res]
-
-    def _gather_owned(self) -> None:
-        """ZeRO-1: every replica gets the parameters their owners just updated."""
-        with no_grad():
-            if self.backend == "mpi":
-                self.sharding.gather_group(self.group, self._params[0])
-            else:
-                self.sharding.gather_threads(self._params)
 
     def optimizer_state_dict(self, optimizers) -> dict:
         """The state of the whole model's optimizer as one replica's ``state_dict()`` (indices
@@ -583,28 +571,19 @@ class DataParallel:
         pair = self._jits.get(key)
         if pair is None:
             from ..jit import jit
-            dev, params, plan, replica = self.devices[k], self._params[k], self.plan, \
-                self.replicas[k]
+            params, replica = self._params[k], self.replicas[k]
+            avg = GradientAverager(params, self.groups[k], plan=self.plan)
 
             def grads(x, y, scale):
                 loss = _check_loss(loss_fn(replica(x), y))
                 g = backward_with_grad(loss, full(loss.shape, scale, device=loss.device))
-                flats = []
-                with no_grad():
-                    for bucket in plan.buckets:
-                        flat = Tensor.empty((bucket.numel,), dev, bucket.dtype)
-                        for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
-                            pack_grad(flat, shape, off, g.get(params[i]))
-                        flats.append(flat)
-                return loss, flats
+                return loss, [avg.pack(b, lambda i: g.get(params[i]))
+                              for b in range(len(avg.plan))]
 
             def step(flats):
-                store = GradientStore()
-                for b, flat in zip(plan.buckets, flats):
-                    for i, shape, off in zip(b.params, b.shapes, b.offsets):
-                        store.accumulate(params[i], flat_view(flat, shape, off))
-                opt.step(store)
+                opt.step(avg.store(avg.unpack(flats)))
 
+            dev = self.devices[k]
             pair = self._jits[key] = (jit(grads, devices=[dev]), jit(step, devices=[dev]))
         loss, flats = pair[0](x, y, float(scale))
         self.events.record(k, "backward_end")
@@ -629,12 +608,9 @@ class DataParallel:
     def replicas_identical(self) -> bool:
         """True when every replica's parameters equal replica 0's bit for bit (threads), or
         every rank's equal rank 0's (mpi). Reads every parameter back: for tests."""
-        if self.backend == "mpi":
-            import hashlib
+        def digests(w):
             h = hashlib.sha256()
-            for p in self._params[0]:
+            for p in self._params[w.rank]:
                 h.update(np.ascontiguousarray(p.numpy()).tobytes())
-            return len(set(self.group.all_gather_object(h.hexdigest()))) == 1
-        ref = [p.numpy() for p in self._params[0]]
-        return all(np.array_equal(a, p.numpy()) for ps in self._params[1:]
-                   for a, p in zip(ref, ps))
+            return self.groups[w.rank].all_gather_object(h.hexdigest())
+        return all(len(set(d)) == 1 for d in self._run(digests))

@@ -30,7 +30,7 @@ class Work:
     ends at the group's deadline counted from the start of the operation. A failure or a
     timed-out wait breaks the group, like a failed blocking call."""
 
-    def __init__(self, group, finish, deadline, name: str = "send", nbytes: int = 0):
+    def __init__(self, group, finish, deadline, name: str | None = None, nbytes: int = 0):
         self._group, self._finish, self._deadline = group, finish, deadline
         self._name, self._nbytes, self._t0 = name, nbytes, time.perf_counter()
         self._done, self._result = False, None
@@ -44,9 +44,9 @@ class Work:
                 self._group._fail(e)
                 raise
             except BaseException as e:
-                raise self._group._failed_inside(self._name, e) from e
+                raise self._group._failed_inside(self._name or "a nonblocking call", e) from e
             self._done = True
-            if self._name != "send":
+            if self._name is not None:  # counted here, not by the call it started
                 self._group._record(self._name, self._nbytes, time.perf_counter() - self._t0)
         return self._result
 
@@ -203,15 +203,7 @@ class ProcessGroup:
         s = movable_slice(x) if is_tensor(x) and self.config.num_nodes is None else None
         world = getattr(self._t, "world", None)
         if s is None or world is None:
-            fut = self._background().submit(self.all_reduce, x, op)
-
-            def finish(dl):
-                try:
-                    return fut.result(max(0.0, dl - time.monotonic()))
-                except FutureTimeout:
-                    raise CollectiveError(f"rank {self.rank}: all_reduce_async not finished "
-                                          "within its timeout", timed_out=True) from None
-            return Work(self, finish, deadline, "all_reduce_async", 0)
+            return self.run_async(lambda: self.all_reduce(x, op))
         check_op(op, s.dtype)
         from ..tensor import Tensor
         out = Tensor.empty(tuple(x.shape), s.device, s.dtype)
@@ -226,11 +218,23 @@ class ProcessGroup:
             return handle.wait(max(0.0, dl - time.monotonic()))
         return Work(self, finish, deadline, "all_reduce_async", s.nbytes)
 
-    def _background(self) -> ThreadPoolExecutor:
+    def run_async(self, fn) -> Work:
+        """Run ``fn()`` (calls on this group) on the group's background thread, after what was
+        started there before; ``Work.wait(timeout)`` returns its result."""
+        self._check_usable()
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, f"wgrumus-{self.name}-rank{self.rank}")
-            return self._pool
+            fut = self._pool.submit(fn)
+
+        def finish(dl):
+            try:
+                return fut.result(max(0.0, dl - time.monotonic()))
+            except FutureTimeout:
+                raise CollectiveError(f"rank {self.rank}: a nonblocking call on group "
+                                      f"{self.name} did not finish in time",
+                                      timed_out=True) from None
+        return Work(self, finish, time.monotonic() + self.config.timeout)
 
     def close(self) -> None:
         """Stop the group's background thread (queued operations are cancelled). Threads

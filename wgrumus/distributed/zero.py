@@ -52,18 +52,9 @@ class OptimizerSharding:
                 copy_into(params[i], flat_view(flat, params[i].shape, off))
                 off += params[i].numel()
 
-    def gather_threads(self, replica_params: list) -> None:
-        """In-process replicas (``replica_params[k]``: replica k's parameter list)."""
-        for r in range(self.world):
-            if not self.owned[r]:
-                continue
-            flat = self._pack(r, replica_params[r])
-            for k, ps in enumerate(replica_params):
-                if k != r:
-                    self._unpack(r, ps, flat.to(ps[0].device))
-
     def gather_group(self, group, params) -> None:
-        """One replica per process: each owner broadcasts its packed parameters."""
+        """Each owner broadcasts its packed parameters to this replica's group (every replica
+        calls it with its own group and parameters)."""
         for r in range(self.world):
             if not self.owned[r]:
                 continue
