@@ -212,11 +212,10 @@ class DataParallel:
             if group is None:
                 from .launch import init_process_group
                 group = init_process_group("mpi", timeout=timeout)
-            self.rank, self.world_size = group.rank, group.world_size
+            self.world_size = group.world_size
             devs = [get_device(devices[0])] if devices else [
                 group.device or all_devs[group.rank % len(all_devs)]]
         else:
-            self.rank = 0
             devs = [get_device(d) for d in (devices if devices is not None else all_devs)]
             if not devs:
                 raise ValueError("DataParallel needs at least one device; pass devices= or "
