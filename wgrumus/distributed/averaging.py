@@ -7,7 +7,8 @@
   (a ready bucket waits for the ones before it), so all ranks issue the same collectives in the
   same order. ``average(grads)`` is the same for callers whose backward is over. Serves
   DataParallel, the 3D trainer's data-parallel group and pipelines with dp > 1.
-- ``AllReduceSync``: RUMUS-style averaging of whole GradientStores after backward (no overlap).
+- ``AllReduceSync``: RUMUS-style averaging of whole GradientStores after backward (no overlap),
+  one GradientAverager per device.
 - ``EventLog``: timestamped events (bucket launches, backward ends) that tests and benchmarks read.
 """
 from __future__ import annotations
@@ -16,12 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..autograd import GradientStore, no_grad
 from ..ops.elementwise import copy_into, fill_
 from ..tensor import Tensor, contiguous_strides
-from .barrier import reduce_into
 from .buckets import plan_buckets
 
 
@@ -197,17 +195,13 @@ class GradientAverager:
 
 # ---------------------------------------------------------------------------------- RUMUS style
 class AllReduceSync:
-    """Average whole GradientStores across devices after backward (RUMUS's AllReduceSync).
+    """Average whole GradientStores across devices after backward (RUMUS's AllReduceSync), on
+    the machinery everything else uses: one rank per device (``dist.spawn``), each averaging its
+    store with a GradientAverager over the group. No overlap with backward: ``DataParallel``
+    does that; this is the simple baseline."""
 
-    The four phases of the original, with one flat buffer per device instead of one staging
-    buffer per parameter: (1) pack each device's gradients into one flat buffer and submit its
-    copy to a mappable staging buffer, on every device before waiting on any; (2) start the maps;
-    (3) wait for them; (4) average on the host in device order (``reduce_into``, the thread
-    backend's reduction) and upload the result to every device. No overlap with backward: ``DataParallel`` does that; this is the simple baseline.
-    """
-
-    def __init__(self, devices):
-        self.devices = list(devices)
+    def __init__(self, devices, timeout: float = 60.0):
+        self.devices, self.timeout = list(devices), timeout
         if not self.devices:
             raise ValueError("AllReduceSync needs at least one device")
 
@@ -216,39 +210,24 @@ class AllReduceSync:
         device, the replicas, in the same order). Returns one GradientStore per device with the
         averaged gradients, keyed by that device's parameters. A gradient missing from a store
         (parameter unused there) counts as zero."""
+        from .launch import spawn
         k_dev = len(self.devices)
         if len(grad_stores) != k_dev or len(params) != k_dev:
             raise ValueError(f"AllReduceSync over {k_dev} devices got {len(grad_stores)} "
                              f"gradient stores and {len(params)} parameter lists")
         params = [list(ps) for ps in params]
-        n = len(params[0])
-        if any(len(ps) != n for ps in params):
-            raise ValueError("every device needs the same parameter list (its replica's)")
-        shapes = [tuple(p.shape) for p in params[0]]
-        offs = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
-        flats, downloads = [], []
-        with no_grad():
-            for d, (store, ps) in enumerate(zip(grad_stores, params)):  # phases 1 + 2
-                dev = self.devices[d]
-                flat = Tensor.empty((int(offs[-1]),), dev)
-                for p, shape, off in zip(ps, shapes, offs[:-1]):
-                    if tuple(p.shape) != shape:
-                        raise ValueError(f"device {d}: parameter shape {tuple(p.shape)} != "
-                                         f"device 0's {shape}")
-                    g = store.get(p)
-                    if g is not None and g.device is not dev:
-                        g = g.to(dev)
-                    pack_grad(flat, shape, int(off), g)
-                flats.append(flat)
-                downloads.append(dev.read_start(flat._storage.buffer, 0, flat.numel() * 4))
-        arrays = [dl.array(np.float32) for dl in downloads]  # phase 3
-        mean = np.empty_like(arrays[0])  # phase 4, in device order: every device, same bits
-        reduce_into(mean, arrays, "mean", k_dev)
-        out = []
-        for d, (flat, ps) in enumerate(zip(flats, params)):
-            self.devices[d].write(flat._storage.buffer, mean)
-            st = GradientStore()
-            for p, shape, off in zip(ps, shapes, offs[:-1]):
-                st.accumulate(p, flat_view(flat, shape, int(off)))
-            out.append(st)
-        return out
+        shapes = [[tuple(p.shape) for p in ps] for ps in params]
+        for d, sh in enumerate(shapes):
+            if sh != shapes[0]:
+                raise ValueError(f"device {d}: parameter shapes {sh} != device 0's {shapes[0]}; "
+                                 "every device needs the same parameter list (its replica's)")
+
+        def rank(group):
+            dev, ps, store = self.devices[group.rank], params[group.rank], \
+                grad_stores[group.rank]
+            grads = [store.get(p) for p in ps]
+            grads = [g if g is None or g.device is dev else g.to(dev) for g in grads]
+            avg = GradientAverager(ps, group, device=dev)
+            return avg.store(avg.average(grads))
+
+        return spawn(rank, k_dev, devices=self.devices, timeout=self.timeout)

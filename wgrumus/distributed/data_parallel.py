@@ -24,8 +24,7 @@ import time
 
 import numpy as np
 
-from ..autograd import (GradientStore, backward_with_grad, install_tape, is_grad_enabled,
-                        no_grad)
+from ..autograd import GradientStore, backward_with_grad, install_tape, is_grad_enabled, no_grad
 from ..autograd.tape import Tape
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
@@ -35,7 +34,7 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
-from .averaging import EventLog, GradientAverager, flat_view, pack_grad
+from .averaging import EventLog, GradientAverager
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
 from .errors import CollectiveError

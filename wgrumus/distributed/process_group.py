@@ -19,8 +19,8 @@ import numpy as np
 from . import collectives as C
 from .barrier import check_op
 from .collectives import CollectiveConfig
-from .errors import CollectiveError
 from .device_collectives import movable_slice, on_devices
+from .errors import CollectiveError
 from .interop import from_numpy, is_tensor, to_numpy
 
 
