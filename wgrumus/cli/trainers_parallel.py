@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 
+from ..autograd import GradientStore
 from ..distributed.errors import CollectiveError
 from .common import UsageError
 from .trainers import TrainerBase, eval_forward, to_tensor
@@ -139,13 +140,6 @@ class PipelineTrainer(TrainerBase):
                 group = ProcessGroup(world.transport(r), device=st.device)
                 self.averagers[r].append(GradientAverager(st.parameters(), group))
 
-    def _averaged(self, r, store):
-        from ..autograd import GradientStore
-        out = GradientStore()
-        for avg in self.averagers[r]:
-            out.merge_from(avg.average(store, timeout=120.0))
-        return out
-
     def _run(self, r, x, y):
         return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
                                  to_tensor(y, self.stages[r][-1].device), self.task.loss)
@@ -163,7 +157,9 @@ class PipelineTrainer(TrainerBase):
         def go(r):
             try:
                 loss, store = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
-                results[r] = (loss, self._averaged(r, store))
+                results[r] = (loss, GradientStore())
+                for avg in self.averagers[r]:  # the mean over the replicas, piece by piece
+                    results[r][1].merge_from(avg.average(store, timeout=120.0))
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors.append((r, e))
                 for w in self.worlds:  # the other replicas must not wait for this one

@@ -67,15 +67,6 @@ def flat_view(flat: Tensor, shape, offset: int) -> Tensor:
     return flat._view(tuple(shape), contiguous_strides(shape), flat.offset + offset)
 
 
-def pack_grad(flat: Tensor, shape, offset: int, g) -> None:
-    """Write gradient ``g`` (or zeros where it is None: an unused parameter) into ``flat``."""
-    dst = flat_view(flat, shape, offset)
-    if g is None:
-        fill_(dst, 0.0)
-    else:
-        copy_into(dst, g)
-
-
 class GradientAverager:
     """Bucketed, overlapped mean of one rank's gradients of ``params`` over ``group``.
 
@@ -146,7 +137,11 @@ class GradientAverager:
         with no_grad():
             flat = Tensor.empty((bucket.numel,), self.device, bucket.dtype)
             for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
-                pack_grad(flat, shape, off, grad_of(i))
+                g = grad_of(i)
+                if g is None:
+                    fill_(flat_view(flat, shape, off), 0.0)
+                else:
+                    copy_into(flat_view(flat, shape, off), g)
         return flat
 
     def unpack(self, flats) -> list:

@@ -337,7 +337,7 @@ class DataParallel:
         bounds = np.cumsum([0] + sizes)
         return int(n), sizes, bounds
 
-    def _run(self, job, reset_on_failure: bool = True) -> list:
+    def _run(self, job) -> list:
         """Run ``job(worker)`` on every local replica's thread; return the results in replica
         order. The first failure aborts communication at once (no replica is left waiting on
         it) and is raised, after every replica stopped, as a ReplicaError naming it."""
@@ -370,7 +370,7 @@ class DataParallel:
             else:
                 out[rank] = value
         if failures:
-            if reset_on_failure and self.backend == "threads":
+            if self.backend == "threads":
                 self.groups = self._thread_groups()
                 self.group = self.groups[0]
             exc, cause = self._replica_error(failures)

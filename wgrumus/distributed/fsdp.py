@@ -252,14 +252,6 @@ class FSDP:
         out = self._wait(self._collective(lambda: self.group.reduce_scatter(padded, "mean")))
         return tensor(out, device=self.device)
 
-    def gather_all(self) -> None:
-        for u in self.units:
-            u.gather()
-
-    def free_all(self) -> None:
-        for u in self.units:
-            u.free()
-
     # ------------------------------------------------------------------ unit order
     def _entered(self, unit: _Unit) -> None:
         if unit not in self._seen:
@@ -308,9 +300,6 @@ class FSDP:
                 if k not in out:
                     out[k] = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
         return out
-
-    def shard_bytes(self) -> int:
-        return sum(f.shard.numel() * 4 for f in self._flats)
 
     def close(self) -> None:
         """Nothing of its own to stop: the collectives run on the group's background thread

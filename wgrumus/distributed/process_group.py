@@ -40,6 +40,11 @@ class Work:
             deadline = self._deadline if timeout is None else time.monotonic() + timeout
             try:
                 self._result = self._finish(deadline)
+            except FutureTimeout:  # still queued or running on the group's background thread
+                err = CollectiveError(f"rank {self._group.rank}: a nonblocking call did not "
+                                      "finish in time", timed_out=True)
+                self._group._fail(err)
+                raise err from None
             except CollectiveError as e:
                 self._group._fail(e)
                 raise
@@ -213,10 +218,9 @@ class ProcessGroup:
         except CollectiveError as e:
             self._fail(e)
             raise
-
-        def finish(dl, source=x):  # holds x: its buffer must not return to the pool before
-            return handle.wait(max(0.0, dl - time.monotonic()))
-        return Work(self, finish, deadline, "all_reduce_async", s.nbytes)
+        # the closure holds x: its buffer must not return to the pool before the wait
+        return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce_async",
+                    s.nbytes)
 
     def run_async(self, fn) -> Work:
         """Run ``fn()`` (calls on this group) on the group's background thread, after what was
@@ -226,15 +230,7 @@ class ProcessGroup:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, f"wgrumus-{self.name}-rank{self.rank}")
             fut = self._pool.submit(fn)
-
-        def finish(dl):
-            try:
-                return fut.result(max(0.0, dl - time.monotonic()))
-            except FutureTimeout:
-                raise CollectiveError(f"rank {self.rank}: a nonblocking call on group "
-                                      f"{self.name} did not finish in time",
-                                      timed_out=True) from None
-        return Work(self, finish, time.monotonic() + self.config.timeout)
+        return Work(self, lambda dl: fut.result(_left(dl)), time.monotonic() + self.config.timeout)
 
     def close(self) -> None:
         """Stop the group's background thread (queued operations are cancelled). Threads
@@ -482,6 +478,10 @@ def _detail(arr, **fields) -> str:
     """What ranks must agree on for a collective over ``arr`` (compared before data moves)."""
     return " ".join([f"shape {arr.shape} dtype {arr.dtype}"]
                     + [f"{k} {v!r}" if k == "strategy" else f"{k} {v}" for k, v in fields.items()])
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 def _axis(axis: int, ndim: int) -> int:
