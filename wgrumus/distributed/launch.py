@@ -81,6 +81,8 @@ def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
             world.abort(err)
         else:
             world.mark_exited(rank)
+        finally:
+            group.close()
 
     threads = [threading.Thread(target=run, args=(r,), name=f"wgrumus-rank{r}", daemon=True)
                for r in range(world_size)]

@@ -75,6 +75,7 @@ class ProcessGroup:
         self._coll_span = transport.tag_ub - self._coll_base
         self._ops: dict[str, list] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._children: list[ProcessGroup] = []
 
     def __repr__(self):
         return (f"ProcessGroup({self.name}: rank {self.rank}/{self.world_size}, "
@@ -219,8 +220,7 @@ class ProcessGroup:
             self._fail(e)
             raise
         # the closure holds x: its buffer must not return to the pool before the wait
-        return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce_async",
-                    s.nbytes)
+        return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce", s.nbytes)
 
     def run_async(self, fn) -> Work:
         """Run ``fn()`` (calls on this group) on the group's background thread, after what was
@@ -233,12 +233,15 @@ class ProcessGroup:
         return Work(self, lambda dl: fut.result(_left(dl)), time.monotonic() + self.config.timeout)
 
     def close(self) -> None:
-        """Stop the group's background thread (queued operations are cancelled). Threads
-        backend: ``ThreadWorld.close()`` stops the ranks' CommThreads."""
+        """Stop the background threads of this group and the groups split off it (queued
+        operations are cancelled; a later call starts a new one). Threads backend:
+        ``ThreadWorld.close()`` stops the ranks' CommThreads."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        for child in self._children:
+            child.close()
 
     def reduce(self, x, root: int = 0, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks to ``root``; returns the result on root, None elsewhere."""
@@ -418,8 +421,10 @@ class ProcessGroup:
             return None
         cfg = self.config.with_(num_devices=len(members), num_nodes=None, global_all_reduce=None,
                                 global_reduce=None, global_broadcast=None)
-        return ProcessGroup(sub, cfg, self.device, name or f"{self.name}/{color}",
-                            [self.ranks[m] for m in members])
+        child = ProcessGroup(sub, cfg, self.device, name or f"{self.name}/{color}",
+                             [self.ranks[m] for m in members])
+        self._children.append(child)
+        return child
 
     def new_group(self, ranks, name: str | None = None):
         """A group of ``ranks`` (in that order); every rank of this group must call it. Returns
