@@ -1,7 +1,7 @@
 """Data-parallel and pipeline-parallel trainers for the mlp / cnn models (interface in
 trainers.py).
 
-DataParallelTrainer: wgrumus.parallel.DataParallel (one replica per device, bucketed all-reduce
+DataParallelTrainer: distributed.DataParallel (one replica per device, bucketed all-reduce
 overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
 dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
 concurrently, each averaging its gradients over the replicas with the one GradientAverager (a
@@ -36,7 +36,7 @@ class DataParallelTrainer(TrainerBase):
     device rank % devices); every process draws the same global batch and takes its rows."""
 
     def __init__(self, cfg, task):
-        from ..parallel import DataParallel
+        from ..distributed.data_parallel import DataParallel
         self.task = task
         self.group = None
         if cfg.layout.backend == "mpi":

@@ -234,7 +234,6 @@ class DataParallel:
         self.sharding = OptimizerSharding(self._params[0], self.world_size) \
             if shard_optimizer_state else None
         self.events = EventLog()
-        self.last_step_seconds = 0.0
         self._world = None
         self.groups = [group] if backend == "mpi" else self._thread_groups()
         self.group = self.groups[0]
@@ -482,7 +481,6 @@ class DataParallel:
                                  f"target row per input row")
         sync = self._sync
         self.events.clear()
-        t0 = time.perf_counter()
 
         def job(w):
             k = w.rank
@@ -539,7 +537,6 @@ class DataParallel:
         local = float(np.sum([r[0] for r in res], dtype=np.float64))
         if self.backend == "mpi":
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
-        self.last_step_seconds = time.perf_counter() - t0
         return local / n, [r[1] for r in res]
 
     def optimizer_state_dict(self, optimizers) -> dict:

@@ -219,8 +219,9 @@ class ProcessGroup:
         except CollectiveError as e:
             self._fail(e)
             raise
-        # the closure holds x: its buffer must not return to the pool before the wait
-        return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce", s.nbytes)
+        # counted as an all_reduce; the closure holds x (its buffer stays out of the pool)
+        return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce",
+                    s.nbytes)
 
     def run_async(self, fn) -> Work:
         """Run ``fn()`` (calls on this group) on the group's background thread, after what was
