@@ -86,7 +86,24 @@ PRIMS = {
     "reduce_scatter_native": lambda g: g.reduce_scatter(np.ones(12), strategy="native"),
     "barrier": lambda g: g.barrier(),
     "recv": lambda g: g.recv((g.rank + 1) % g.world_size),
+    "all_reduce_async": lambda g: g.all_reduce_async(np.ones(1000, np.float32)).wait(),
 }
+
+
+def async_collectives(g):
+    """all_reduce_async on the group's background thread: several in flight, device tensors
+    and arrays, the same bits as the blocking all_reduce."""
+    import wgrumus as wr
+    dev = wr.devices()[g.rank % len(wr.devices())]
+    xs = [data(g.rank, (n,)) for n in (7, 1 << 16)]
+    works = [g.all_reduce_async(wr.tensor(x, device=dev), "mean") for x in xs]
+    works.append(g.all_reduce_async(xs[0], "sum"))
+    got = [w.wait(20) for w in works]
+    assert got[0].device is dev and isinstance(got[2], np.ndarray)
+    for i, x in enumerate(xs):
+        assert np.array_equal(got[i].numpy(), g.all_reduce(x, "mean"))
+        check_same_everywhere(g, got[i].numpy(), f"async {i}")
+    assert np.array_equal(got[2], g.all_reduce(xs[0], "sum"))
 
 
 def zero_d(g):
@@ -161,6 +178,8 @@ def main():
         res = dist.spawn(lambda grp: grp.rank * 10, g.world_size, backend="mpi",
                          timeout=timeout)
         assert res == [q * 10 for q in range(g.world_size)], res
+    elif scenario == "async":
+        async_collectives(g)
     elif scenario == "zero_d":
         zero_d(g)
     elif scenario == "mismatch":

@@ -329,7 +329,7 @@ def test_a_failing_replica_raises_clearly_and_nobody_hangs(devs, where):
         assert dp.replicas_identical()
     # close() stopped every replica and comm thread: none is left waiting
     assert not any(w._thread.is_alive() for w in dp._workers)
-    assert not any(c._thread.is_alive() for c in dp._comm.comms)
+    assert not any(c._thread.is_alive() for c in dp._world._comm_threads.values())
 
 
 def test_all_reduce_sync_averages_stores(devs, rng):

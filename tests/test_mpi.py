@@ -53,6 +53,25 @@ def test_collectives_all_strategies(n):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_reduce_async(n):
+    rc, out, err = launch(n, "async", timeout=20)
+    assert rc == 0, out + err
+    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_rank_makes_all_reduce_async_raise_everywhere():
+    rc, out, err = launch(3, "fault", "raise", "all_reduce_async", timeout=T)
+    errs = errors_by_rank(out)
+    assert {0, 2} <= set(errs), (rc, out, err)
+    for rank in (0, 2):
+        seconds, msg = errs[rank]
+        assert seconds < T and "injected failure" in msg, msg
+    assert not re.search(r"RETURNED [02]", out), out
+
+
+@pytest.mark.timeout(120)
 def test_process_group_manager_and_spawn():
     rc, out, err = launch(4, "groups", timeout=20)
     assert rc == 0 and len(re.findall(r"OK \d", out)) == 4, out + err

@@ -1,10 +1,11 @@
 """Data-parallel and pipeline-parallel trainers for the mlp / cnn models (interface in
 trainers.py).
 
-DataParallelTrainer: wgrumus.parallel.DataParallel (one replica per device, bucketed all-reduce
+DataParallelTrainer: distributed.DataParallel (one replica per device, bucketed all-reduce
 overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
 dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
-concurrently and their gradients averaged before every replica steps, so replicas stay identical.
+concurrently, each averaging its gradients over the replicas with the one GradientAverager (a
+group per stage piece) before every replica steps, so replicas stay identical.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import threading
 
 import numpy as np
 
+from ..autograd import GradientStore
+from ..distributed.errors import CollectiveError
 from .common import UsageError
 from .trainers import TrainerBase, eval_forward, to_tensor
 
@@ -33,7 +36,7 @@ class DataParallelTrainer(TrainerBase):
     device rank % devices); every process draws the same global batch and takes its rows."""
 
     def __init__(self, cfg, task):
-        from ..parallel import DataParallel
+        from ..distributed.data_parallel import DataParallel
         self.task = task
         self.group = None
         if cfg.layout.backend == "mpi":
@@ -118,6 +121,24 @@ class PipelineTrainer(TrainerBase):
             # clip=False: the stages clip together, with the norm over all of them
             self.opts.append([task.make_optimizer(st.parameters(), clip=False)
                               if st.parameters() else None for st in stages])
+        self.worlds, self.averagers = [], [[] for _ in range(lay.dp)]
+        if lay.dp > 1:
+            self._build_averagers()
+
+    def _build_averagers(self) -> None:
+        """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks); replica r
+        averages its pieces' gradients in piece order, like every other replica."""
+        from ..distributed import ProcessGroup, ThreadWorld
+        from ..distributed.averaging import GradientAverager
+        for k in range(len(self.stages[0])):
+            if not self.stages[0][k].parameters():
+                continue
+            world = ThreadWorld(self.lay.dp, 120.0, name=f"pipeline-piece{k}")
+            self.worlds.append(world)
+            for r in range(self.lay.dp):
+                st = self.stages[r][k]
+                group = ProcessGroup(world.transport(r), device=st.device)
+                self.averagers[r].append(GradientAverager(st.parameters(), group))
 
     def _run(self, r, x, y):
         return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
@@ -135,9 +156,14 @@ class PipelineTrainer(TrainerBase):
 
         def go(r):
             try:
-                results[r] = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+                loss, store = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
+                results[r] = (loss, GradientStore())
+                for avg in self.averagers[r]:  # the mean over the replicas, piece by piece
+                    results[r][1].merge_from(avg.average(store, timeout=120.0))
             except BaseException as e:  # noqa: BLE001 - re-raised below
                 errors.append((r, e))
+                for w in self.worlds:  # the other replicas must not wait for this one
+                    w.abort(CollectiveError(f"replica {r} failed: {e}", rank=r))
 
         threads = [threading.Thread(target=go, args=(r,), daemon=True,
                                     name=f"wgrumus-replica-{r}") for r in range(dp)]
@@ -150,27 +176,13 @@ class PipelineTrainer(TrainerBase):
             raise type(e)(f"replica {r}: {e}") from e
         if any(t.is_alive() for t in threads):
             raise TimeoutError("a pipeline replica did not finish its step within 300 s")
-        self._average_and_step([res[1] for res in results])
+        for r in range(dp):
+            _step_stages(self.opts[r], results[r][1], self.task.clip)
         return float(np.mean([res[0] for res in results]))
 
-    def _average_and_step(self, stores) -> None:
-        """Mean of every gradient over the replicas (same order everywhere, so every replica
-        gets bit-identical gradients), then each replica's stage optimizers step."""
-        import wgrumus as wr
-        from ..autograd import GradientStore
-        per_replica = [[p for st in stages for p in st.parameters()] for stages in self.stages]
-        new = [GradientStore() for _ in range(self.lay.dp)]
-        for j, p0 in enumerate(per_replica[0]):
-            gs = [stores[r].get(per_replica[r][j]) for r in range(self.lay.dp)]
-            if any(g is None for g in gs):
-                continue
-            mean = np.mean(np.stack([g.numpy() for g in gs]), axis=0, dtype=np.float64)
-            mean = mean.astype(np.float32)
-            for r in range(self.lay.dp):
-                p = per_replica[r][j]
-                new[r].accumulate(p, wr.tensor(mean, device=p.device))
-        for r in range(self.lay.dp):
-            _step_stages(self.opts[r], new[r], self.task.clip)
+    def close(self) -> None:
+        for w in self.worlds:
+            w.close()
 
     def predict(self, x) -> np.ndarray:
         import wgrumus as wr

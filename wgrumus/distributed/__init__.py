@@ -1,8 +1,8 @@
 """wgrumus.distributed: collectives, process groups and launchers for training on several devices
 (threads of one process) and several processes (MPI).
 
-Pipeline, tensor-parallel and FSDP names are loaded on first use, so importing the collectives
-never pulls in the layers built on them (or modules still being written).
+Pipeline, tensor-parallel, FSDP and data-parallel names are loaded on first use, so importing the
+collectives never pulls in the layers built on them (or modules still being written).
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from .transport import MPITransport, ThreadTransport, ThreadWorld
 _LAZY = {
     "PipelineStage": ".pipeline", "PipelineExecutor": ".pipeline",
     "ColumnParallelLinear": ".tensor_parallel", "RowParallelLinear": ".tensor_parallel",
-    "FSDP": ".fsdp",
+    "FSDP": ".fsdp", "DataParallel": ".data_parallel", "AllReduceSync": ".averaging",
+    "GradientAverager": ".averaging",
 }
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
     "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
     "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
     "BufferSlice", "PipelineStage", "PipelineExecutor", "ColumnParallelLinear",
-    "RowParallelLinear", "FSDP",
+    "RowParallelLinear", "FSDP", "DataParallel", "AllReduceSync", "GradientAverager",
 ]
 
 

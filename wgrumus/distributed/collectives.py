@@ -399,11 +399,6 @@ def all_reduce(t, x, op, strategy: AllReduceStrategy, tag, deadline):
     raise CollectiveError(f"strategy {strategy!r} must be resolved before running")
 
 
-def ring_steps(world_size: int) -> int:
-    """Messages per rank of a ring all-reduce (for benchmarks and docs)."""
-    return 2 * (world_size - 1)
-
-
 def algbw(nbytes: int, seconds: float) -> float:
     """Algorithm bandwidth in GB/s: payload bytes over wall time (the NCCL-tests definition)."""
     return nbytes / seconds / 1e9 if seconds > 0 else math.inf

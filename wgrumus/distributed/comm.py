@@ -65,6 +65,7 @@ class _Request:
     barrier: CollectiveBarrier
     op: str
     handle: AllReduceHandle
+    dst: BufferSlice | None = None
 
 
 class CommThread:
@@ -95,19 +96,21 @@ class CommThread:
         self.close()
 
     def submit(self, storage: BufferSlice, barrier: CollectiveBarrier, op: str = "mean",
-               target=None) -> AllReduceHandle:
-        """Queue an all-reduce of ``storage`` (blocks only when ``depth`` requests wait)."""
+               target=None, dst: BufferSlice | None = None) -> AllReduceHandle:
+        """Queue an all-reduce of ``storage`` into ``dst`` (default: in place); blocks only when
+        ``depth`` requests wait."""
         if self._closed:
             raise CollectiveError(f"{self!r} is closed; start a new CommThread")
-        if storage.device is not self.device:
-            raise ValueError(f"buffer lives on {storage.device!r}, this comm thread serves "
-                             f"{self.device!r}; submit it to that device's CommThread")
+        for s in (storage, dst if dst is not None else storage):
+            if s.device is not self.device:
+                raise ValueError(f"buffer lives on {s.device!r}, this comm thread serves "
+                                 f"{self.device!r}; submit it to that device's CommThread")
         if not 0 <= self.rank < barrier.world_size:
             raise ValueError(f"rank {self.rank} outside the barrier's {barrier.world_size} "
                              "participants; pass CommThread(device, rank=...)")
         check_op(op, storage.dtype)
         handle = AllReduceHandle(storage if target is None else target)
-        self._requests.put(_Request(storage, barrier, op, handle))
+        self._requests.put(_Request(storage, barrier, op, handle, dst))
         return handle
 
     def close(self, timeout: float | None = None) -> None:
@@ -133,7 +136,7 @@ class CommThread:
                 req.handle._finish()
 
     def _all_reduce(self, req: _Request) -> None:
-        pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op,
+        pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
                              chunk_bytes=self.chunk_bytes, inflight=self.inflight)
 
 

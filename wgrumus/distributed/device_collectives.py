@@ -19,7 +19,7 @@ from .errors import CollectiveError
 from .transport import split_bounds
 
 
-def _slice_of(x):
+def movable_slice(x):
     """x's BufferSlice when the engine can move it (contiguous, aligned, runtime device)."""
     from ..runtime.device import Device
     if not (hasattr(x, "buffer_slice") and isinstance(getattr(x, "device", None), Device)):
@@ -36,7 +36,7 @@ def on_devices(group, name: str, x, **kw):
     barrier = getattr(getattr(group._t, "world", None), "barrier", None)
     if barrier is None or group.config.num_nodes is not None or group.world_size == 1:
         return None
-    s = _slice_of(x) if x is not None else None
+    s = movable_slice(x) if x is not None else None
     if s is not None and kw.get("op") is not None:
         check_op(kw["op"], s.dtype)  # bad input raises before any rank waits on this one
     mine = (name, s is not None, str(s.dtype) if s else None, tuple(x.shape) if s else None)

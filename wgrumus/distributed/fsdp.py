@@ -18,7 +18,7 @@ forward:
               frees the full buffer again.
 
 So at peak a rank holds one unit's full parameters (plus the root's) and 1/world of the rest.
-All of a rank's FSDP collectives run in order on one communication thread: while a unit
+All of a rank's FSDP collectives run in order on the group's background thread: while a unit
 computes, the gather of the next unit (in forward order, or in backward order the one before)
 is already under way (prefetch); every rank issues the same collectives in the same order.
 
@@ -27,8 +27,6 @@ goes, so the views saved for backward see the re-gathered data. Buffers (e.g. Ba
 running statistics) are not parameters and stay whole on every rank.
 """
 from __future__ import annotations
-
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -193,9 +191,6 @@ class FSDP:
             sub.forward = _unit_forward(unit, sub.forward)
         self._root = _Unit(self, "", [f for f in self._flats if id(f.param) not in taken])
         self.units.insert(0, self._root)
-        # one thread runs this rank's FSDP collectives in order, so gathers can run ahead
-        self._comm = ThreadPoolExecutor(1, thread_name_prefix=f"wgrumus-fsdp{self.rank}") \
-            if len(self.units) > 1 else None
         self.prefetch_hits = 0  # gathers that a prefetch had already started
         self._order: list = []  # units in the order the last forward entered them
         self._seen: list = []
@@ -228,11 +223,12 @@ class FSDP:
         return padded
 
     def _collective(self, fn):
-        """Run ``fn`` (collectives) after every one submitted before, on the comm thread."""
-        return self._comm.submit(fn) if self._comm is not None else _Done(fn())
+        """Run ``fn`` (collectives) after every one submitted before, on the group's background
+        thread, so gathers can run ahead."""
+        return self.group.run_async(fn)
 
-    def _wait(self, fut):
-        return fut.result(timeout=self.group.timeout * 2)
+    def _wait(self, work):
+        return work.wait(self.group.timeout * 2)
 
     def _submit_gather(self, flats) -> object:
         """All-gather ``flats``' shards (downloaded now) into dense arrays, padding dropped."""
@@ -255,14 +251,6 @@ class FSDP:
         padded = self._pad_rows(rows, f.shard.shape[0])
         out = self._wait(self._collective(lambda: self.group.reduce_scatter(padded, "mean")))
         return tensor(out, device=self.device)
-
-    def gather_all(self) -> None:
-        for u in self.units:
-            u.gather()
-
-    def free_all(self) -> None:
-        for u in self.units:
-            u.free()
 
     # ------------------------------------------------------------------ unit order
     def _entered(self, unit: _Unit) -> None:
@@ -313,25 +301,9 @@ class FSDP:
                     out[k] = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
         return out
 
-    def shard_bytes(self) -> int:
-        return sum(f.shard.numel() * 4 for f in self._flats)
-
     def close(self) -> None:
-        """Stop the communication thread (idle between steps; also stopped at exit)."""
-        if self._comm is not None:
-            self._comm.shutdown(wait=True)
-            self._comm = None
-
-
-class _Done:
-    """An already computed result with a future's ``result``."""
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self, timeout=None):
-        return self.value
+        """Nothing of its own to stop: the collectives run on the group's background thread
+        (``group.close()`` stops it)."""
 
 
 def _unit_forward(unit: _Unit, forward):

@@ -81,12 +81,15 @@ def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
             world.abort(err)
         else:
             world.mark_exited(rank)
+        finally:
+            group.close()
 
     threads = [threading.Thread(target=run, args=(r,), name=f"wgrumus-rank{r}", daemon=True)
                for r in range(world_size)]
     for t in threads:
         t.start()
     stuck = _join(threads, failures, cfg.timeout)
+    world.close(0)  # the ranks' CommThreads (asynchronous device collectives) end on their own
     if failures:
         first = min(failures, key=lambda f: f[0])[2]
         for _, rank, e in sorted(failures, key=lambda f: f[1]):

@@ -243,22 +243,17 @@ def replica_micro_batches(tokens: np.ndarray, dp_rank: int, dp: int, m: int) -> 
 
 def dp_mean_grads(pgm, grads: dict, names: list, dev) -> dict:
     """Gradients averaged over the data-parallel group only (TP and PP peers hold other
-    shards), packed on the device into one flat bucket (as ``parallel.sync`` does): one
-    download, one all-reduce and one upload per step instead of one per parameter."""
+    shards) by the one gradient averager: flat device buckets through the group's
+    ``all_reduce_async``."""
     if pgm.config.dp == 1:
         return grads
-    from ..ops.elementwise import copy_into
-    from ..parallel.sync import flat_view
-    offsets, off = [], 0
-    for n in names:
-        offsets.append(off)
-        off += grads[n].numel()
-    with no_grad():
-        flat = Tensor.empty((off,), dev)
-        for n, o in zip(names, offsets):
-            copy_into(flat_view(flat, grads[n].shape, o), grads[n])
-    flat = pgm.all_reduce_dp(flat, "mean")
-    return {n: flat_view(flat, grads[n].shape, o) for n, o in zip(names, offsets)}
+    from types import SimpleNamespace
+
+    from .averaging import GradientAverager
+    gs = [grads[n] for n in names]
+    specs = [SimpleNamespace(shape=g.shape, dtype=g.dtype) for g in gs]
+    return dict(zip(names, GradientAverager(specs, pgm.dp_group, names=names,
+                                            device=dev).average(gs)))
 
 
 def stage_loss(stage, pgm) -> float:

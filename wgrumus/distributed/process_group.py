@@ -11,32 +11,49 @@ from __future__ import annotations
 import pickle
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
 from . import collectives as C
 from .barrier import check_op
 from .collectives import CollectiveConfig
+from .device_collectives import movable_slice, on_devices
 from .errors import CollectiveError
-from .device_collectives import on_devices
 from .interop import from_numpy, is_tensor, to_numpy
 
 
 class Work:
-    """Handle of a nonblocking send: ``wait(timeout=None)`` returns once the buffer was taken."""
+    """Handle of a nonblocking operation (isend, all_reduce_async): ``wait(timeout=None)`` blocks
+    until it completed and returns its result (None for a send). Without ``timeout`` the wait
+    ends at the group's deadline counted from the start of the operation. A failure or a
+    timed-out wait breaks the group, like a failed blocking call."""
 
-    def __init__(self, group, reqs, deadline):
-        self._group, self._reqs, self._deadline = group, reqs, deadline
+    def __init__(self, group, finish, deadline, name: str | None = None, nbytes: int = 0):
+        self._group, self._finish, self._deadline = group, finish, deadline
+        self._name, self._nbytes, self._t0 = name, nbytes, time.perf_counter()
+        self._done, self._result = False, None
 
-    def wait(self, timeout: float | None = None) -> None:
-        deadline = self._deadline if timeout is None else time.monotonic() + timeout
-        if self._reqs:
+    def wait(self, timeout: float | None = None):
+        if not self._done:
+            deadline = self._deadline if timeout is None else time.monotonic() + timeout
             try:
-                self._group._t.wait_all(self._reqs, deadline)
+                self._result = self._finish(deadline)
+            except FutureTimeout:  # still queued or running on the group's background thread
+                err = CollectiveError(f"rank {self._group.rank}: a nonblocking call did not "
+                                      "finish in time", timed_out=True)
+                self._group._fail(err)
+                raise err from None
             except CollectiveError as e:
                 self._group._fail(e)
                 raise
-            self._reqs = None
+            except BaseException as e:
+                raise self._group._failed_inside(self._name or "a nonblocking call", e) from e
+            self._done = True
+            if self._name is not None:  # counted here, not by the call it started
+                self._group._record(self._name, self._nbytes, time.perf_counter() - self._t0)
+        return self._result
 
 
 class ProcessGroup:
@@ -57,6 +74,8 @@ class ProcessGroup:
         self._coll_base = transport.tag_ub // 2 + 1
         self._coll_span = transport.tag_ub - self._coll_base
         self._ops: dict[str, list] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._children: list[ProcessGroup] = []
 
     def __repr__(self):
         return (f"ProcessGroup({self.name}: rank {self.rank}/{self.world_size}, "
@@ -106,10 +125,7 @@ class ProcessGroup:
                 self._fail(e)
                 raise
             except BaseException as e:
-                err = CollectiveError(f"rank {self.rank} failed inside {name}: "
-                                      f"{type(e).__name__}: {e}", rank=self.rank)
-                err.__cause__ = e
-                self._fail(err)
+                self._failed_inside(name, e)
                 raise
             self._record(name, out.nbytes if nbytes is None else nbytes,
                          time.perf_counter() - t0)
@@ -132,6 +148,14 @@ class ProcessGroup:
             raise CollectiveError(f"process group {self.name} is broken by an earlier failure: "
                                   f"{b}", missing=b.missing, rank=b.rank,
                                   timed_out=b.timed_out) from b
+
+    def _failed_inside(self, name: str, e: BaseException) -> CollectiveError:
+        """Break the group over a non-collective error ``e`` raised inside ``name``."""
+        err = CollectiveError(f"rank {self.rank} failed inside {name}: {type(e).__name__}: {e}",
+                              rank=self.rank)
+        err.__cause__ = e
+        self._fail(err)
+        return err
 
     def _fail(self, err: CollectiveError) -> None:
         if self._broken is None:
@@ -171,6 +195,54 @@ class ProcessGroup:
                         lambda tag, dl: C.all_reduce(self._t, arr, op, strat, tag, dl),
                         detail=_detail(arr, op=op, strategy=strat))
         return from_numpy(out.reshape(arr.shape), dev)  # (some paths make 0-d arrays 1-d)
+
+    def all_reduce_async(self, x, op: str = "sum") -> Work:
+        """Start ``all_reduce(x, op)`` and return at once; ``Work.wait(timeout)`` returns the
+        result. Every rank's asynchronous collectives run in the order they were started, on a
+        communication thread, while the caller goes on; all ranks must pass Tensors, or all
+        arrays. Threads backend, device tensors: the rank's CommThread moves them through the
+        pipelined staging engine into a new tensor (no numpy round trip); otherwise (MPI, arrays)
+        ``all_reduce`` runs on the group's background thread. Do not change ``x`` before
+        ``wait()``, nor call other collectives of this group in between."""
+        self._check_usable()
+        deadline = time.monotonic() + self.config.timeout
+        s = movable_slice(x) if is_tensor(x) and self.config.num_nodes is None else None
+        world = getattr(self._t, "world", None)
+        if s is None or world is None:
+            return self.run_async(lambda: self.all_reduce(x, op))
+        check_op(op, s.dtype)
+        from ..tensor import Tensor
+        out = Tensor.empty(tuple(x.shape), s.device, s.dtype)
+        try:
+            handle = world.comm_thread(self.rank, s.device).submit(
+                s, world.comm_barrier, op, target=out, dst=out.buffer_slice())
+        except CollectiveError as e:
+            self._fail(e)
+            raise
+        # counted as an all_reduce; the closure holds x (its buffer stays out of the pool)
+        return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce",
+                    s.nbytes)
+
+    def run_async(self, fn) -> Work:
+        """Run ``fn()`` (calls on this group) on the group's background thread, after what was
+        started there before; ``Work.wait(timeout)`` returns its result."""
+        self._check_usable()
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, f"wgrumus-{self.name}-rank{self.rank}")
+            fut = self._pool.submit(fn)
+        return Work(self, lambda dl: fut.result(_left(dl)), time.monotonic() + self.config.timeout)
+
+    def close(self) -> None:
+        """Stop the background threads of this group and the groups split off it (queued
+        operations are cancelled; a later call starts a new one). Threads backend:
+        ``ThreadWorld.close()`` stops the ranks' CommThreads."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for child in self._children:
+            child.close()
 
     def reduce(self, x, root: int = 0, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks to ``root``; returns the result on root, None elsewhere."""
@@ -301,7 +373,7 @@ class ProcessGroup:
                 self._fail(e)
                 raise
             self._record("send", arr.nbytes, time.perf_counter() - t0)
-        return Work(self, reqs, deadline)
+        return Work(self, lambda dl: self._t.wait_all(reqs, dl), deadline)
 
     def send(self, x, dst: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dst``; returns once it is delivered or buffered."""
@@ -350,8 +422,10 @@ class ProcessGroup:
             return None
         cfg = self.config.with_(num_devices=len(members), num_nodes=None, global_all_reduce=None,
                                 global_reduce=None, global_broadcast=None)
-        return ProcessGroup(sub, cfg, self.device, name or f"{self.name}/{color}",
-                            [self.ranks[m] for m in members])
+        child = ProcessGroup(sub, cfg, self.device, name or f"{self.name}/{color}",
+                             [self.ranks[m] for m in members])
+        self._children.append(child)
+        return child
 
     def new_group(self, ranks, name: str | None = None):
         """A group of ``ranks`` (in that order); every rank of this group must call it. Returns
@@ -410,6 +484,10 @@ def _detail(arr, **fields) -> str:
     """What ranks must agree on for a collective over ``arr`` (compared before data moves)."""
     return " ".join([f"shape {arr.shape} dtype {arr.dtype}"]
                     + [f"{k} {v!r}" if k == "strategy" else f"{k} {v}" for k, v in fields.items()])
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 def _axis(axis: int, ndim: int) -> int:

@@ -1,9 +1,8 @@
-"""Data parallelism: replicas of a module on several devices (or processes) trained in lockstep
-with bucketed gradient all-reduce overlapped with backward (DataParallel), and the simple
-RUMUS-style averaging of whole gradient stores (AllReduceSync)."""
-from .buckets import Bucket, BucketPlan, plan_buckets
-from .data_parallel import DataParallel, ReplicaError, replicate, shard_sizes
-from .sync import AllReduceSync, Event, EventLog, GradReducer
+"""The old import path of data parallelism, which lives in ``wgrumus.distributed``
+(data_parallel.py, averaging.py, buckets.py): ``wr.parallel.DataParallel`` keeps working."""
+from ..distributed.averaging import AllReduceSync, Event, EventLog, GradientAverager
+from ..distributed.buckets import Bucket, BucketPlan, plan_buckets
+from ..distributed.data_parallel import DataParallel, ReplicaError, replicate, shard_sizes
 
 __all__ = ["DataParallel", "AllReduceSync", "ReplicaError", "Bucket", "BucketPlan",
-           "plan_buckets", "replicate", "shard_sizes", "GradReducer", "Event", "EventLog"]
+           "plan_buckets", "replicate", "shard_sizes", "GradientAverager", "Event", "EventLog"]

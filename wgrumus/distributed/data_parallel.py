@@ -8,21 +8,24 @@ shard of the global batch -> forward -> loss -> backward, during which finished 
 their all-reduce on the device's CommThread -> wait for the buckets -> optimizer step with the
 averaged gradients. Every replica steps with bit-identical gradients from bit-identical weights,
 so the replicas stay identical without re-broadcasting.
+
+The replicas always talk through ProcessGroups: with ``threads`` one per replica over a
+ThreadWorld of this DataParallel, with ``mpi`` the given one; GradientAverager (averaging.py)
+launches the buckets with ``group.all_reduce_async``.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import queue
 import threading
 import time
 
 import numpy as np
 
-from ..autograd import (GradientStore, backward_with_grad, install_tape, is_grad_enabled,
-                        no_grad)
+from ..autograd import GradientStore, backward_with_grad, install_tape, is_grad_enabled, no_grad
 from ..autograd.tape import Tape
-from ..distributed import CollectiveError
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
 from ..ops.shape import cat
@@ -31,9 +34,13 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
+from .averaging import EventLog, GradientAverager
 from .buckets import plan_buckets
-from .sync import EventLog, GradReducer, MPIComm, OptimizerSharding, ThreadComm, flat_view
-from .sync import _pack as pack
+from .collectives import CollectiveConfig
+from .errors import CollectiveError
+from .process_group import ProcessGroup
+from .transport import ThreadWorld
+from .zero import OptimizerSharding
 
 
 class ReplicaError(WgrumusError):
@@ -178,7 +185,7 @@ class DataParallel:
     (default ``dist.init_process_group("mpi")``) connects the replicas; every process passes the
     same global batch and takes its own rows. ``timeout`` bounds every wait on another replica.
 
-    ``shard_optimizer_state=True`` is ZeRO-1 (``sync.OptimizerSharding``): each replica's
+    ``shard_optimizer_state=True`` is ZeRO-1 (``zero.OptimizerSharding``): each replica's
     optimizer steps, and so keeps state for, only the parameters that replica owns (about 1/N of
     them), and the updated parameters are then copied from their owners to the other replicas.
     The losses are those of the unsharded run; ``optimizer_state_dict()`` gathers the state.
@@ -202,14 +209,12 @@ class DataParallel:
         all_devs = MultiGpuContext.get().devices
         if backend == "mpi":
             if group is None:
-                from ..distributed import init_process_group
+                from .launch import init_process_group
                 group = init_process_group("mpi", timeout=timeout)
-            self.group = group
-            self.rank, self.world_size = group.rank, group.world_size
+            self.world_size = group.world_size
             devs = [get_device(devices[0])] if devices else [
                 group.device or all_devs[group.rank % len(all_devs)]]
         else:
-            self.group, self.rank = None, 0
             devs = [get_device(d) for d in (devices if devices is not None else all_devs)]
             if not devs:
                 raise ValueError("DataParallel needs at least one device; pass devices= or "
@@ -229,9 +234,9 @@ class DataParallel:
         self.sharding = OptimizerSharding(self._params[0], self.world_size) \
             if shard_optimizer_state else None
         self.events = EventLog()
-        self.last_step_seconds = 0.0
-        self._comm = (MPIComm(group, self.timeout) if backend == "mpi"
-                      else ThreadComm(devs, self.timeout))
+        self._world = None
+        self.groups = [group] if backend == "mpi" else self._thread_groups()
+        self.group = self.groups[0]
         self._workers = [_Worker(k) for k in range(len(devs))]
         self._sync = True
         self._accum: list = [None] * len(devs)
@@ -251,13 +256,28 @@ class DataParallel:
                 f"{self.backend}, {len(self.plan)} buckets)")
 
     # ------------------------------------------------------------------ lifecycle
+    def _thread_groups(self) -> list:
+        """A fresh ThreadWorld of the local replicas and one ProcessGroup per replica (after a
+        failed step too: a broken group stays broken by design)."""
+        if self._world is not None:
+            self._world.close(0)
+        self._world = ThreadWorld(len(self.devices), self.timeout, name="data-parallel")
+        cfg = CollectiveConfig(num_devices=len(self.devices), timeout=self.timeout)
+        return [ProcessGroup(self._world.transport(k), cfg, d) for k, d in enumerate(self.devices)]
+
+    def _close_comm(self, timeout: float) -> None:
+        for g in self.groups:
+            g.close()
+        if self._world is not None:
+            self._world.close(timeout)
+
     def close(self) -> None:
         """Stop the replica and communication threads."""
         if not self._closed:
             self._closed = True
             for w in self._workers:
                 w.close(self.timeout)
-            self._comm.close()
+            self._close_comm(self.timeout)
             for pair in self._jits.values():
                 for j in pair:
                     j.free()
@@ -270,7 +290,7 @@ class DataParallel:
                 self._closed = True
                 for w in self._workers:
                     w.close(0)
-                self._comm.close(0)
+                self._close_comm(0)
         except Exception:  # interpreter shutdown, or a half-built object
             pass
 
@@ -303,16 +323,11 @@ class DataParallel:
     def broadcast_weights(self) -> None:
         """Copy replica 0's (rank 0's, with mpi) parameters into every other replica: needed
         only when the master was changed outside the training step (loaded, edited)."""
-        with no_grad():
-            if self.backend == "mpi":
-                for p in _state_tensors(self.module):
-                    src = self.group.broadcast(p, root=0)
-                    copy_into(p, src)
-                return
-            for k in range(1, len(self.replicas)):
-                for src, dst in zip(_state_tensors(self.replicas[0]),
-                                    _state_tensors(self.replicas[k])):
-                    copy_into(dst, src.to(dst.device))
+        def job(w):
+            with no_grad():
+                for p in _state_tensors(self.replicas[w.rank]):
+                    copy_into(p, self.groups[w.rank].broadcast(p, root=0))
+        self._run(job)
 
     # ------------------------------------------------------------------ sharding
     def _shards(self, batch):
@@ -321,7 +336,7 @@ class DataParallel:
         bounds = np.cumsum([0] + sizes)
         return int(n), sizes, bounds
 
-    def _run(self, job, reset_on_failure: bool = True) -> list:
+    def _run(self, job) -> list:
         """Run ``job(worker)`` on every local replica's thread; return the results in replica
         order. The first failure aborts communication at once (no replica is left waiting on
         it) and is raised, after every replica stopped, as a ReplicaError naming it."""
@@ -345,17 +360,18 @@ class DataParallel:
                                    f"{self._workers[stuck[0]].phase}); check for a hang in the "
                                    f"model or raise timeout=", stuck[0],
                                    self._workers[stuck[0]].phase)
-                self._comm.abort(exc)
+                self.group.abort(exc)
                 raise exc from None
             if err is not None:
                 if not failures:
-                    self._comm.abort(err)  # wakes replicas blocked in a collective at once
+                    self.group.abort(err)  # wakes replicas blocked in a collective at once
                 failures.append((rank, phase, err))
             else:
                 out[rank] = value
         if failures:
-            if reset_on_failure:
-                self._comm.reset()
+            if self.backend == "threads":
+                self.groups = self._thread_groups()
+                self.group = self.groups[0]
             exc, cause = self._replica_error(failures)
             raise exc from cause
         return out
@@ -365,7 +381,7 @@ class DataParallel:
         replicas' "collective aborted" errors that it triggered."""
         own = [f for f in failures if not isinstance(f[2], CollectiveError)] or failures
         rank, phase, err = own[0]
-        r = self.rank if self.backend == "mpi" else rank
+        r = self.groups[rank].rank
         others = "; ".join(f"replica {q} in {ph}: {type(e).__name__}: {e}"
                            for q, ph, e in failures if q != rank)
         msg = (f"DataParallel: replica {r} (device {self.devices[rank].index}) failed in "
@@ -403,7 +419,7 @@ class DataParallel:
     __call__ = forward
 
     def _local_bounds(self, bounds, k):
-        r = self.rank if self.backend == "mpi" else k
+        r = self.groups[k].rank
         return int(bounds[r]), int(bounds[r + 1])
 
     # ------------------------------------------------------------------ training
@@ -465,7 +481,6 @@ class DataParallel:
                                  f"target row per input row")
         sync = self._sync
         self.events.clear()
-        t0 = time.perf_counter()
 
         def job(w):
             k = w.rank
@@ -490,8 +505,8 @@ class DataParallel:
             acc = self._accum[k]
             reducer = None
             if sync and self.world_size > 1:  # one replica has nothing to average with
-                reducer = GradReducer(self.plan, self._params[k], k, self._comm, self.events,
-                                      acc)
+                reducer = GradientAverager(self._params[k], self.groups[k], plan=self.plan,
+                                           events=self.events, replica=k).start(acc)
             grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
                                        on_leaf_grad=reducer.on_leaf_grad if reducer else None)
             self.events.record(k, "backward_end")
@@ -506,9 +521,8 @@ class DataParallel:
                 avg = reducer.finish(self.timeout)
             if optimizers is not None:
                 w.phase = "optimizer step"
-                r = self.rank if self.backend == "mpi" else k
-                optimizers[k].step(avg if self.sharding is None else
-                                   self.sharding.owned_grads(r, self._params[k], avg))
+                optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
+                    self.groups[k].rank, self._params[k], avg))
                 self.events.record(k, "step_end")
             return loss.item() * (hi - lo), avg
 
@@ -518,20 +532,12 @@ class DataParallel:
             if sync:
                 self._accum = [None] * len(self.replicas)
         if sync and optimizers is not None and self.sharding is not None:
-            self._gather_owned()
+            self._run(lambda w: self.sharding.gather_group(self.groups[w.rank],
+                                                           self._params[w.rank]))
         local = float(np.sum([r[0] for r in res], dtype=np.float64))
         if self.backend == "mpi":
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
-        self.last_step_seconds = time.perf_counter() - t0
         return local / n, [r[1] for r in res]
-
-    def _gather_owned(self) -> None:
-        """ZeRO-1: every replica gets the parameters their owners just updated."""
-        with no_grad():
-            if self.backend == "mpi":
-                self.sharding.gather_group(self.group, self._params[0])
-            else:
-                self.sharding.gather_threads(self._params)
 
     def optimizer_state_dict(self, optimizers) -> dict:
         """The state of the whole model's optimizer as one replica's ``state_dict()`` (indices
@@ -553,41 +559,32 @@ class DataParallel:
 
     def _captured_step(self, k: int, x, y, loss_fn, scale: float, opt):
         """Replica ``k``'s step with ``jit=True``: capture 1 (forward, loss, backward, gradients
-        packed into the plan's flat buckets, exactly as GradReducer packs them), the buckets'
+        packed into the plan's flat buckets, exactly as GradientAverager packs them), the buckets'
         all-reduces (eager, in bucket order), capture 2 (the optimizer step on views of the
-        averaged buckets, as GradReducer.finish hands them). Returns the loss tensor."""
+        averaged buckets, as GradientAverager.finish hands them). Returns the loss tensor."""
         key = (k, loss_fn, id(opt))
         pair = self._jits.get(key)
         if pair is None:
             from ..jit import jit
-            dev, params, plan, replica = self.devices[k], self._params[k], self.plan, \
-                self.replicas[k]
+            params, replica = self._params[k], self.replicas[k]
+            avg = GradientAverager(params, self.groups[k], plan=self.plan)
 
             def grads(x, y, scale):
                 loss = _check_loss(loss_fn(replica(x), y))
                 g = backward_with_grad(loss, full(loss.shape, scale, device=loss.device))
-                flats = []
-                with no_grad():
-                    for bucket in plan.buckets:
-                        flat = Tensor.empty((bucket.numel,), dev, bucket.dtype)
-                        for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
-                            pack(flat, shape, off, g.get(params[i]))
-                        flats.append(flat)
-                return loss, flats
+                return loss, [avg.pack(b, lambda i: g.get(params[i]))
+                              for b in range(len(avg.plan))]
 
             def step(flats):
-                store = GradientStore()
-                for b, flat in zip(plan.buckets, flats):
-                    for i, shape, off in zip(b.params, b.shapes, b.offsets):
-                        store.accumulate(params[i], flat_view(flat, shape, off))
-                opt.step(store)
+                opt.step(avg.store(avg.unpack(flats)))
 
+            dev = self.devices[k]
             pair = self._jits[key] = (jit(grads, devices=[dev]), jit(step, devices=[dev]))
         loss, flats = pair[0](x, y, float(scale))
         self.events.record(k, "backward_end")
         if self.world_size > 1:
-            handles = [self._comm.launch(k, f) for f in flats]
-            flats = [h.wait(self.timeout) for h in handles]
+            works = [self.groups[k].all_reduce_async(f, "mean") for f in flats]
+            flats = [w.wait(self.timeout) for w in works]
         self.events.record(k, "sync_end")
         pair[1](flats)
         return loss
@@ -606,12 +603,9 @@ class DataParallel:
     def replicas_identical(self) -> bool:
         """True when every replica's parameters equal replica 0's bit for bit (threads), or
         every rank's equal rank 0's (mpi). Reads every parameter back: for tests."""
-        if self.backend == "mpi":
-            import hashlib
+        def digests(w):
             h = hashlib.sha256()
-            for p in self._params[0]:
+            for p in self._params[w.rank]:
                 h.update(np.ascontiguousarray(p.numpy()).tobytes())
-            return len(set(self.group.all_gather_object(h.hexdigest()))) == 1
-        ref = [p.numpy() for p in self._params[0]]
-        return all(np.array_equal(a, p.numpy()) for ps in self._params[1:]
-                   for a, p in zip(ref, ps))
+            return self.groups[w.rank].all_gather_object(h.hexdigest())
+        return all(len(set(d)) == 1 for d in self._run(digests))

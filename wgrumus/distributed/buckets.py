@@ -44,10 +44,6 @@ class BucketPlan:
     def __iter__(self):
         return iter(self.buckets)
 
-    @property
-    def num_params(self) -> int:
-        return len(self.bucket_of)
-
     def describe(self) -> str:
         rows = [f"{len(self.buckets)} bucket(s): first <= {self.first_bucket_bytes / MB:g} MB, "
                 f"then <= {self.bucket_cap_bytes / MB:g} MB (reverse parameter order)"]

@@ -1,0 +1,228 @@
+"""Gradient averaging over a ProcessGroup: the one averager every data-parallel path uses.
+
+- ``GradientAverager``: one rank's bucketed mean of its gradients (PyTorch DDP's reducer). As
+  each parameter's gradient becomes final (``on_leaf_grad``, the autograd hook) it joins its
+  bucket; a complete bucket is packed into one flat device buffer and launched with
+  ``group.all_reduce_async`` while backward goes on. Buckets launch in plan order on every rank
+  (a ready bucket waits for the ones before it), so all ranks issue the same collectives in the
+  same order. ``average(grads)`` is the same for callers whose backward is over. Serves
+  DataParallel, the 3D trainer's data-parallel group and pipelines with dp > 1.
+- ``AllReduceSync``: RUMUS-style averaging of whole GradientStores after backward (no overlap),
+  one GradientAverager per device.
+- ``EventLog``: timestamped events (bucket launches, backward ends) that tests and benchmarks read.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from ..autograd import GradientStore, no_grad
+from ..ops.elementwise import copy_into, fill_
+from ..tensor import Tensor, contiguous_strides
+from .buckets import plan_buckets
+
+
+# ---------------------------------------------------------------------------------- events
+@dataclass(frozen=True)
+class Event:
+    t: float        # time.perf_counter()
+    replica: int
+    kind: str       # forward_start, backward_start, allreduce_start, backward_end, sync_end, ...
+    bucket: int = -1
+
+
+class EventLog:
+    """Thread-safe, append-only list of Events in the order they happened."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._events: list[Event] = []
+
+    def record(self, replica: int, kind: str, bucket: int = -1) -> None:
+        e = Event(time.perf_counter(), replica, kind, bucket)
+        with self._lock:
+            self._events.append(e)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._events = []
+
+    def events(self, replica: int | None = None, kind: str | None = None) -> list[Event]:
+        with self._lock:
+            evs = list(self._events)
+        return [e for e in evs if (replica is None or e.replica == replica)
+                and (kind is None or e.kind == kind)]
+
+    def exposed_comm_seconds(self, replica: int) -> float:
+        """Time this replica waited for communication after its backward ended."""
+        end = self.events(replica, "backward_end")
+        done = self.events(replica, "sync_end")
+        return max(0.0, done[-1].t - end[-1].t) if end and done else 0.0
+
+
+# ---------------------------------------------------------------------------------- averager
+def flat_view(flat: Tensor, shape, offset: int) -> Tensor:
+    """A contiguous view of ``flat`` (1-D) holding ``shape`` at element ``offset``."""
+    return flat._view(tuple(shape), contiguous_strides(shape), flat.offset + offset)
+
+
+class GradientAverager:
+    """Bucketed, overlapped mean of one rank's gradients of ``params`` over ``group``.
+
+    ``params``: this rank's parameters in the same order on every rank (anything with ``shape``
+    and ``dtype`` when only ``average`` of a list is used); ``plan`` defaults to
+    ``plan_buckets(params, bucket_cap_mb, first_bucket_mb, names)``. One backward is
+    ``start(accumulated)`` -> ``on_leaf_grad`` per gradient -> ``finish(timeout)``. Buckets
+    live on ``device`` (default: the first parameter's). ``events``/``replica``: where bucket
+    launches are recorded (DataParallel's EventLog)."""
+
+    def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
+                 names=None, plan=None, device=None, events: EventLog | None = None,
+                 replica: int | None = None):
+        self.params, self.group = list(params), group
+        self.device = device if device is not None else self.params[0].device
+        self.plan = plan if plan is not None else plan_buckets(self.params, bucket_cap_mb,
+                                                                first_bucket_mb, names)
+        self.events = events
+        self.replica = group.rank if replica is None else replica
+        self._index = None
+        self.start()
+
+    def start(self, accumulated: GradientStore | None = None) -> GradientAverager:
+        """Begin one backward; ``accumulated``: earlier micro-steps' gradients (no_sync), added
+        to this backward's before they are averaged."""
+        self.accumulated = accumulated
+        self._grads: list = [None] * len(self.params)
+        self._remaining = [len(b.params) for b in self.plan.buckets]
+        self._works: list = [None] * len(self.plan.buckets)
+        self._next = 0
+        return self
+
+    def on_leaf_grad(self, grad_id, grad) -> None:
+        """Autograd callback: ``grad`` is final; launch every bucket that is now complete."""
+        if self._index is None:
+            self._index = {p.grad_id: i for i, p in enumerate(self.params)}
+        i = self._index.get(grad_id)
+        if i is None or i not in self.plan.bucket_of or self._grads[i] is not None:
+            return  # an input that requires grad, or a frozen parameter
+        if self.accumulated is not None and grad_id in self.accumulated:
+            grad = grad + self.accumulated.get(grad_id)
+        self._put(i, grad)
+
+    def _put(self, i: int, grad) -> None:
+        self._grads[i] = grad
+        self._remaining[self.plan.bucket_of[i]] -= 1
+        self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self._works) and self._remaining[self._next] == 0:
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, b: int) -> None:
+        def grad_of(i):  # unused in this backward: the earlier micro-steps' sum, or zero (DDP)
+            g = self._grads[i]
+            return g if g is not None or self.accumulated is None else \
+                self.accumulated.get(self.params[i])
+        flat = self.pack(b, grad_of)
+        if self.events is not None:
+            self.events.record(self.replica, "allreduce_start", b)
+        self._works[b] = self.group.all_reduce_async(flat, "mean")
+
+    def pack(self, b: int, grad_of) -> Tensor:
+        """Bucket ``b``'s gradients (``grad_of(i)`` of parameter i; None: zero) in one flat
+        device buffer."""
+        bucket = self.plan.buckets[b]
+        with no_grad():
+            flat = Tensor.empty((bucket.numel,), self.device, bucket.dtype)
+            for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
+                g = grad_of(i)
+                if g is None:
+                    fill_(flat_view(flat, shape, off), 0.0)
+                else:
+                    copy_into(flat_view(flat, shape, off), g)
+        return flat
+
+    def unpack(self, flats) -> list:
+        """Per parameter, its view of the bucket buffers ``flats`` (None: not in the plan)."""
+        views: list = [None] * len(self.params)
+        for bucket, flat in zip(self.plan.buckets, flats):
+            for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
+                views[i] = flat_view(flat, shape, off)
+        return views
+
+    def store(self, views) -> GradientStore:
+        """``views`` (aligned with ``params``) as a GradientStore keyed by ``params``."""
+        out = GradientStore()
+        for p, v in zip(self.params, views):
+            if v is not None:
+                out.accumulate(p, v)
+        return out
+
+    def _finish_views(self, timeout: float | None) -> list:
+        self._remaining = [0] * len(self._remaining)
+        self._launch_ready()
+        try:
+            views = self.unpack([w.wait(timeout) for w in self._works])
+        finally:
+            self.start()
+        if self.events is not None:
+            self.events.record(self.replica, "sync_end")
+        return views
+
+    def finish(self, timeout: float | None = None) -> GradientStore:
+        """Backward is over: launch what is left (gradients never produced count as zero), wait
+        for every bucket, and return the averaged gradients keyed by ``params``."""
+        return self.store(self._finish_views(timeout))
+
+    def average(self, grads, timeout: float | None = None):
+        """The mean over the group of finished gradients: a GradientStore keyed by ``params``
+        (returns one), or a list aligned with ``params`` (returns a list; None: zero)."""
+        self.start()
+        aligned = isinstance(grads, (list, tuple))
+        for i in self.plan.bucket_of:
+            g = grads[i] if aligned else grads.get(self.params[i])
+            if g is not None:
+                self._put(i, g)
+        return self._finish_views(timeout) if aligned else self.finish(timeout)
+
+
+# ---------------------------------------------------------------------------------- RUMUS style
+class AllReduceSync:
+    """Average whole GradientStores across devices after backward (RUMUS's AllReduceSync), on
+    the machinery everything else uses: one rank per device (``dist.spawn``), each averaging its
+    store with a GradientAverager over the group. No overlap with backward: ``DataParallel``
+    does that; this is the simple baseline."""
+
+    def __init__(self, devices, timeout: float = 60.0):
+        self.devices, self.timeout = list(devices), timeout
+        if not self.devices:
+            raise ValueError("AllReduceSync needs at least one device")
+
+    def all_reduce(self, grad_stores, params) -> list:
+        """``grad_stores[k]`` holds device k's gradients of ``params[k]`` (one parameter list per
+        device, the replicas, in the same order). Returns one GradientStore per device with the
+        averaged gradients, keyed by that device's parameters. A gradient missing from a store
+        (parameter unused there) counts as zero."""
+        from .launch import spawn
+        k_dev = len(self.devices)
+        if len(grad_stores) != k_dev or len(params) != k_dev:
+            raise ValueError(f"AllReduceSync over {k_dev} devices got {len(grad_stores)} "
+                             f"gradient stores and {len(params)} parameter lists")
+        params = [list(ps) for ps in params]
+        shapes = [[tuple(p.shape) for p in ps] for ps in params]
+        for d, sh in enumerate(shapes):
+            if sh != shapes[0]:
+                raise ValueError(f"device {d}: parameter shapes {sh} != device 0's {shapes[0]}; "
+                                 "every device needs the same parameter list (its replica's)")
+
+        def rank(group):
+            dev, ps, store = self.devices[group.rank], params[group.rank], \
+                grad_stores[group.rank]
+            grads = [store.get(p) for p in ps]
+            grads = [g if g is None or g.device is dev else g.to(dev) for g in grads]
+            avg = GradientAverager(ps, group, device=dev)
+            return avg.store(avg.average(grads))
+
+        return spawn(rank, k_dev, devices=self.devices, timeout=self.timeout)

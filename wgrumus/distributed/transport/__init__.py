@@ -1,0 +1,112 @@
+"""Point-to-point transports (and each backend's own collectives) under one small interface:
+threads.py (ranks are threads) and mpi.py (ranks are processes); here the helpers both share.
+
+``ThreadTransport``: ranks are threads of this process. Each destination has a mailbox of bounded
+per-source queues; a message is a numpy array (copied on send unless the sender hands over an
+array it will never touch again), matched by (source, tag). Liveness is known exactly: a rank whose
+thread ended or failed wakes every rank waiting on it.
+
+``MPITransport``: ranks are processes under ``mpiexec``. Sends and receives are nonblocking
+(Isend/Irecv/Iprobe) and polled against a deadline, because a blocking MPI call cannot time out;
+collectives of the "native" strategy use MPI's nonblocking collectives the same way. A failing
+rank sends an abort notice on a reserved tag that every waiting rank polls for.
+
+Interface used by ``collectives`` and ``process_group``::
+
+    isend(dst, tag, arr, deadline, owned=False) -> request     (arr unchanged until waited)
+    recv(src, tag, deadline, dtype, shape) -> ndarray           (shape[0] may be -1: any rows)
+    wait_all(requests, deadline); send_array / recv_array       (shape and dtype travel along)
+    native_* collectives; split(key, color, members) -> child transport or None;
+    check() / abort(err) / failed                               (liveness)
+
+Received arrays may be shared with other ranks (threads) and are then read-only: an algorithm that
+returns one must copy it (``owned_copy``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CollectiveError
+
+QUEUE_DEPTH = 64  # messages per (source, destination) pair before a sender waits
+_HEADER_WORDS = 16
+_MAGIC = 0x5747_524D  # "WGRM"
+_DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8",
+           "uint16", "uint32", "uint64", "bool", "complex64", "complex128")
+
+
+# ---------------------------------------------------------------------------- helpers
+def owned_copy(a: np.ndarray) -> np.ndarray:
+    """A private writeable copy of a *received* array when it may be shared with other ranks
+    (thread transports hand arrays over by reference and mark them read-only)."""
+    return a if a.flags.writeable else np.array(a, copy=True)
+
+
+def split_bounds(n: int, parts: int) -> list[int]:
+    """Boundaries of ``parts`` near-equal pieces of ``n`` items; the first n % parts pieces get one
+    more item (numpy.array_split's rule). Piece i is [b[i], b[i+1])."""
+    q, r = divmod(n, parts)
+    return [i * q + min(i, r) for i in range(parts + 1)]
+
+
+def encode_header(a: np.ndarray) -> np.ndarray:
+    name = a.dtype.name
+    if name not in _DTYPES:
+        raise TypeError(f"cannot send dtype {a.dtype}; supported: {', '.join(_DTYPES)}")
+    if a.ndim > _HEADER_WORDS - 3:
+        raise ValueError(f"cannot send arrays of more than {_HEADER_WORDS - 3} dimensions")
+    h = np.zeros(_HEADER_WORDS, dtype=np.int64)
+    h[0], h[1], h[2] = _MAGIC, _DTYPES.index(name), a.ndim
+    h[3:3 + a.ndim] = a.shape
+    return h
+
+
+def decode_header(h: np.ndarray) -> tuple[np.dtype, tuple]:
+    if int(h[0]) != _MAGIC:
+        raise CollectiveError("received a corrupt array header: ranks called different "
+                              "operations, or used the same tag for different messages")
+    ndim = int(h[2])
+    return np.dtype(_DTYPES[int(h[1])]), tuple(int(d) for d in h[3:3 + ndim])
+
+
+def check_received(a: np.ndarray, dtype, shape, src: int, what: str) -> None:
+    """Fail clearly when a peer sent something other than what this rank expects."""
+    bad = dtype is not None and a.dtype != np.dtype(dtype)
+    if shape is not None and not bad:
+        bad = len(shape) != a.ndim or any(s >= 0 and s != d for s, d in zip(shape, a.shape))
+    if bad:
+        want = f"{np.dtype(dtype) if dtype is not None else '?'} {tuple(shape or ())}"
+        raise CollectiveError(f"{what}: rank {src} sent {a.dtype} {a.shape}, expected {want} "
+                              "(ranks passed different shapes/dtypes or called different "
+                              "operations)", rank=src)
+
+
+_SIG_BYTES = 192  # bytes of a collective's description compared between MPI ranks
+
+
+def mismatch_error(seq: int, group: str, mine: tuple, first: tuple) -> CollectiveError:
+    """Ranks disagree on collective number ``seq``: (rank, name, detail) of the rank that
+    noticed and of the rank it is compared with."""
+    (r, name, detail), (r0, name0, detail0) = mine, first
+    if name != name0:
+        what = (f"ranks called different collectives (#{seq} of group {group}): rank {r} "
+                f"called {name}({detail}), others {name0}({detail0}) (rank {r0})")
+    else:
+        what = (f"{name}: ranks disagree (collective #{seq} of group {group}): rank {r} passed "
+                f"{detail}, others {detail0} (rank {r0})")
+    return CollectiveError(what + "; every rank must call the same collectives in the same "
+                           "order, with the same op, root, strategy, dtype and shape", rank=r)
+
+
+class _Done:
+    """A send that already completed (thread transport)."""
+    __slots__ = ()
+
+
+_DONE = _Done()
+
+
+from .mpi import MPITransport  # noqa: E402  (they import the helpers above)
+from .threads import ThreadTransport, ThreadWorld  # noqa: E402
+
+__all__ = ["ThreadWorld", "ThreadTransport", "MPITransport", "owned_copy", "split_bounds"]

@@ -1,0 +1,281 @@
+"""The thread backend's transport: ranks are threads of this process, exchanging numpy arrays
+through per-destination mailboxes; a ThreadWorld holds what the ranks share."""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import numpy as np
+
+from ..barrier import CollectiveBarrier, reduce_into
+from ..errors import CollectiveError
+from . import _DONE, QUEUE_DEPTH, check_received, mismatch_error, split_bounds
+
+
+class _Mailbox:
+    """Messages for one destination: a bounded deque per source, matched by tag."""
+
+    def __init__(self, size: int):
+        self.cond = threading.Condition()
+        self.queues = [collections.deque() for _ in range(size)]
+
+
+class ThreadWorld:
+    """State shared by the ranks (threads) of one in-process group: mailboxes, the barrier the
+    native collectives use, liveness, the subgroups split off it, and for asynchronous device
+    collectives one CommThread per rank joined by a barrier of their own (so they never mix
+    with the synchronous collectives' rounds; ``close()`` stops those threads)."""
+
+    def __init__(self, size: int, timeout: float = 60.0, depth: int = QUEUE_DEPTH,
+                 name: str = "world"):
+        if size < 1:
+            raise ValueError(f"world size must be >= 1, got {size}")
+        self.size, self.timeout, self.depth, self.name = size, float(timeout), depth, name
+        self.barrier = CollectiveBarrier(size, timeout)
+        self.comm_barrier = CollectiveBarrier(size, timeout)
+        self._comm_threads: dict = {}
+        self._mail = [_Mailbox(size) for _ in range(size)]
+        self._lock = threading.Lock()
+        self._children: dict = {}
+        self.error: CollectiveError | None = None
+        self.exited: set[int] = set()
+        self._calls: dict = {}  # collective number -> [first (rank, name, detail), ranks seen]
+
+    def transport(self, rank: int) -> ThreadTransport:
+        return ThreadTransport(self, rank)
+
+    def comm_thread(self, rank: int, device):
+        """Rank ``rank``'s CommThread (created on first use, on ``device``). Its requests run in
+        submission order, so every rank's asynchronous collectives meet in the same rounds."""
+        from ..comm import CommThread
+        with self._lock:
+            c = self._comm_threads.get(rank) or self._comm_threads.setdefault(
+                rank, CommThread(device, rank=rank))
+        if c.device is not device:
+            raise ValueError(f"rank {rank}'s asynchronous collectives run on {c.device!r}; move "
+                             f"the tensor there (got one on {device!r})")
+        return c
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the CommThreads of this world and its subgroups (queued requests finish)."""
+        with self._lock:
+            comms = list(self._comm_threads.values())
+            children = [w for w, _ in self._children.values()]
+        for c in comms:
+            c.close(self.timeout if timeout is None else timeout)
+        for w in children:
+            w.close(timeout)
+
+    def child(self, key, members: list[int]) -> ThreadWorld:
+        """The subgroup world for ``members`` (parent ranks); created once, shared by members."""
+        with self._lock:
+            entry = self._children.get(key)
+            if entry is None:
+                w = ThreadWorld(len(members), self.timeout, self.depth,
+                                f"{self.name}/{'-'.join(map(str, members))}")
+                entry = self._children[key] = (w, list(members))
+                if self.error is not None:
+                    w.abort(self.error)
+                for r in self.exited:
+                    if r in members:
+                        w.mark_exited(members.index(r))
+            return entry[0]
+
+    def abort(self, err: CollectiveError) -> None:
+        """Fail every rank of this world (and its subgroups) that waits now or later."""
+        with self._lock:
+            if self.error is None:
+                self.error = err
+            children = [w for w, _ in self._children.values()]
+        self.barrier.abort(err)
+        self.comm_barrier.abort(err)
+        self._wake()
+        for w in children:
+            w.abort(err)
+
+    def mark_exited(self, rank: int) -> None:
+        """Rank ``rank``'s thread ended: ranks waiting on it fail now instead of at the timeout."""
+        with self._lock:
+            self.exited.add(rank)
+            children = list(self._children.values())
+        self.barrier.mark_gone(rank)
+        self.comm_barrier.mark_gone(rank)
+        self._wake()
+        for w, members in children:
+            if rank in members:
+                w.mark_exited(members.index(rank))
+
+    def _wake(self):
+        for box in self._mail:
+            with box.cond:
+                box.cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        e = self.error
+        if e is not None:
+            raise CollectiveError(str(e), missing=e.missing, rank=e.rank,
+                                  timed_out=e.timed_out) from (e.__cause__ or e)
+
+
+class ThreadTransport:
+    """One rank's endpoint of a ThreadWorld."""
+
+    backend = "threads"
+    tag_ub = (1 << 30) - 1
+
+    def __init__(self, world: ThreadWorld, rank: int):
+        if not 0 <= rank < world.size:
+            raise ValueError(f"rank {rank} outside world of size {world.size}")
+        self.world, self.rank, self.size = world, rank, world.size
+        self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
+                      "bytes_received": 0}
+
+    # -- point to point
+    def isend(self, dst: int, tag: int, arr: np.ndarray, deadline: float, owned: bool = False):
+        """Queue ``arr`` for ``dst``. Unless ``owned`` (the caller never touches it again) the
+        array is copied, so the caller may reuse its buffer at once, as after an MPI send."""
+        w = self.world
+        if not owned:
+            arr = np.array(arr, copy=True, order="C")
+        arr.flags.writeable = False  # the receiver gets this very array: nobody may change it
+        box = w._mail[dst]
+        with box.cond:
+            q = box.queues[self.rank]
+            while len(q) >= w.depth:
+                self._check_peer(dst, "sending to", tag)
+                self._wait(box.cond, deadline, f"rank {dst} did not drain its mailbox", dst)
+            q.append((tag, arr))
+            box.cond.notify_all()
+        self.stats["messages_sent"] += 1
+        self.stats["bytes_sent"] += arr.nbytes
+        return _DONE
+
+    def recv(self, src: int, tag: int, deadline: float, dtype=None, shape=None) -> np.ndarray:
+        box = self.world._mail[self.rank]
+        with box.cond:
+            q = box.queues[src]
+            while (a := _take_tagged(q, tag)) is None:
+                self._check_peer(src, "receiving from", tag)
+                self._wait(box.cond, deadline, f"no message from rank {src} (tag {tag})", src)
+            box.cond.notify_all()  # a sender may wait for room
+        check_received(a, dtype, shape, src, f"rank {self.rank} receiving tag {tag}")
+        self.stats["messages_received"] += 1
+        self.stats["bytes_received"] += a.nbytes
+        return a
+
+    def wait_all(self, reqs, deadline: float) -> None:
+        """Thread sends complete when queued."""
+
+    def send_array(self, dst, tag, arr, deadline, owned=False):
+        return [self.isend(dst, tag, arr, deadline, owned)]
+
+    def recv_array(self, src, tag, deadline):
+        return self.recv(src, tag, deadline)
+
+    def _check_peer(self, peer: int, doing: str, tag) -> None:
+        w = self.world
+        w.raise_if_failed()
+        if peer in w.exited:
+            raise CollectiveError(f"rank {self.rank} {doing} rank {peer} (tag {tag}): rank "
+                                  f"{peer} has ended", missing=[peer], rank=peer)
+
+    def _wait(self, cond, deadline, what, peer):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CollectiveError(f"rank {self.rank}: {what} within {self.world.timeout} s "
+                                  f"timeout ({self.world.name})", missing=[peer], timed_out=True)
+        cond.wait(remaining)
+
+    def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
+        """Check this rank's collective number ``seq`` against the first rank's without
+        waiting: the rank that differs raises (and the group then fails everywhere)."""
+        w = self.world
+        with w._lock:
+            entry = w._calls.setdefault(seq, [(self.rank, name, detail), 0])
+            entry[1] += 1
+            if entry[1] == self.size:
+                del w._calls[seq]
+        first = entry[0]
+        if first[1:] != (name, detail):
+            raise mismatch_error(seq, w.name, (self.rank, name, detail), first)
+
+    # -- native collectives: the world's shared-memory barrier
+    def _left(self, deadline):
+        return max(deadline - time.monotonic(), 1e-6)
+
+    def native_all_reduce(self, arr, op, deadline):
+        # Each rank's private output is filled by whichever thread reduces a chunk.
+        out = np.empty_like(arr)
+        return self.world.barrier.reduce(arr, op, self.rank, self._left(deadline), out=out)
+
+    def native_reduce(self, arr, op, root, deadline):
+        res = self.world.barrier.reduce(arr, op, self.rank, self._left(deadline))
+        return np.array(res) if self.rank == root else None
+
+    def native_broadcast(self, arr, root, deadline):
+        items = self.world.barrier.gather(arr if self.rank == root else None, self.rank,
+                                          self._left(deadline))
+        out = np.array(items[root], copy=True)
+        self.world.barrier.wait(self.rank, self._left(deadline))  # root's buffer read by all
+        return out
+
+    def native_all_gather(self, arr, deadline):
+        items = self.world.barrier.gather(arr, self.rank, self._left(deadline))
+        _check_gather_items(items)
+        out = np.concatenate(items, axis=0)
+        self.world.barrier.wait(self.rank, self._left(deadline))
+        return out
+
+    def native_reduce_scatter(self, arr, op, deadline):
+        items = self.world.barrier.gather(arr, self.rank, self._left(deadline))
+        for r, a in enumerate(items):
+            if a.shape != arr.shape or a.dtype != arr.dtype:
+                raise CollectiveError(f"reduce_scatter: rank {r} passed {a.dtype} {a.shape}, "
+                                      f"rank {self.rank} {arr.dtype} {arr.shape}; all ranks "
+                                      f"must pass the same dtype and shape")
+        b = split_bounds(arr.shape[0], self.size)
+        lo, hi = b[self.rank], b[self.rank + 1]
+        out = np.empty((hi - lo,) + arr.shape[1:], dtype=arr.dtype)
+        reduce_into(out, [a[lo:hi] for a in items], op, self.size)
+        self.world.barrier.wait(self.rank, self._left(deadline))
+        return out
+
+    def native_barrier(self, deadline):
+        self.world.barrier.wait(self.rank, self._left(deadline))
+
+    # -- lifecycle
+    def split(self, key, color, members: list[int]):
+        if color is None:
+            return None
+        return self.world.child(key, members).transport(members.index(self.rank))
+
+    def check(self) -> None:
+        """Raise CollectiveError if the world failed."""
+        self.world.raise_if_failed()
+
+    def abort(self, err: CollectiveError) -> None:
+        self.world.abort(err)
+
+    @property
+    def failed(self) -> CollectiveError | None:
+        return self.world.error
+
+
+def _take_tagged(q, tag):
+    """Remove and return the first message with ``tag`` from the queue ``q`` (messages with
+    other tags stay, in order), or None when there is none yet."""
+    for i, (t, a) in enumerate(q):
+        if t == tag:
+            del q[i]
+            return a
+    return None
+
+
+def _check_gather_items(items) -> None:
+    first = items[0]
+    for r, a in enumerate(items):
+        if a.dtype != first.dtype or a.shape[1:] != first.shape[1:]:
+            raise CollectiveError(f"all_gather: rank {r} passed {a.dtype} {a.shape}, rank 0 "
+                                  f"{first.dtype} {first.shape}; all ranks need the same dtype "
+                                  "and the same shape after dim 0")
