@@ -19,25 +19,6 @@ from . import amp, data, nn, optim  # noqa: E402  (build on the core above)
 from .amp import autocast  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint
 from .jit import jit
-
-
-def _backward(self, grad=None):
-    """PyTorch habit: accumulate d(self) into ``.grad`` of every leaf that requires grad."""
-    store = autograd.backward(self) if grad is None else autograd.backward_with_grad(self, grad)
-    seen = set()
-    with no_grad():
-        for gid, g in store.items():
-            leaf = store.leaf(gid)
-            if leaf is not None:
-                if id(g) in seen:  # one tensor may be the gradient of two leaves (x + y)
-                    g = g.clone()
-                seen.add(id(g))
-                leaf.grad = g if leaf.grad is None else leaf.grad + g
-    return store
-
-
-Tensor.backward = _backward
-
 from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
 
 __version__ = "0.1.0"
