@@ -22,3 +22,14 @@ from .jit import jit
 from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
 
 __version__ = "0.1.0"
+__all__ = [
+    "AdapterLimitError", "CaptureError", "Device", "DeviceMismatchError", "GradientStore",
+    "MultiGpuContext", "NoAdapterError", "ShapeError", "Tensor", "WgrumusError", "amp", "arange",
+    "argmax", "argmin", "autocast", "autograd", "cat", "chunk", "data", "devices", "distributed",
+    "empty", "exp", "float16", "float32", "floor_divide", "full", "gather", "gelu",
+    "get_rng_state", "index_select", "int32", "io", "jit", "load", "load_checkpoint", "log",
+    "log_softmax", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum", "nn",
+    "no_grad", "ones", "ones_like", "ops", "optim", "parallel", "rand", "randn", "relu",
+    "remainder", "runtime", "save", "save_checkpoint", "set_rng_state", "sigmoid", "softmax",
+    "split", "sqrt", "stack", "std", "sum", "tanh", "tensor", "utils", "var", "where", "zeros",
+    "zeros_like"]

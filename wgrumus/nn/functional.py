@@ -5,15 +5,11 @@ signatures, plus the few compositions that need no kernel of their own (linear, 
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
+from ..ops import conv, indexing, nnops
 from ..ops import elementwise as _ew
 from ..ops.launch import run_map
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
-
-
-def _nn():
-    from ..ops import nnops
-    return nnops
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -43,52 +39,48 @@ def sigmoid(x: Tensor) -> Tensor:
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return _nn().softmax(x, dim)
+    return nnops.softmax(x, dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return _nn().log_softmax(x, dim)
+    return nnops.log_softmax(x, dim)
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tensor:
     if not training or p == 0.0:
         return x
-    return _nn().dropout(x, p, training=True, seed=seed)
+    return nnops.dropout(x, p, training=True, seed=seed)
 
 
 def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
-    return _nn().layer_norm(x, normalized_shape, weight, bias, eps)
+    return nnops.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
 def embedding(idx: Tensor, weight: Tensor) -> Tensor:
-    from ..ops import indexing
     return indexing.embedding(idx, weight)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:
-    from ..ops import conv
     return conv.conv2d(x, weight, bias, stride=stride, padding=padding)
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    from ..ops import conv
     return conv.max_pool2d(x, kernel_size, stride=stride, padding=padding)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    from ..ops import conv
     return conv.avg_pool2d(x, kernel_size, stride=stride, padding=padding)
 
 
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """Logits [N, C] (or [N, C, ...] flattened by the caller) and integer class targets [N]."""
-    return _nn().cross_entropy(logits, target, ignore_index=ignore_index,
-                               label_smoothing=label_smoothing, reduction=reduction)
+    return nnops.cross_entropy(logits, target, ignore_index=ignore_index,
+                             label_smoothing=label_smoothing, reduction=reduction)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return _nn().mse_loss(x, target, reduction=reduction)
+    return nnops.mse_loss(x, target, reduction=reduction)
 
 
 def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,

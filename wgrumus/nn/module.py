@@ -272,7 +272,3 @@ class Module:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
 
-
-def check_shape(x: Tensor, ndim, what: str) -> None:
-    if x.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
-        raise ShapeError(f"{what} expects a {ndim}-D input, got shape {x.shape}")
