@@ -31,11 +31,10 @@ def _unscale_kernel(k: int) -> Kernel:
     for j in range(k):
         decls += [f"@group(0) @binding({2 + 2 * j}) var<storage, read> G{j}: array<f32>;",
                   f"@group(0) @binding({3 + 2 * j}) var<storage, read_write> U{j}: array<f32>;"]
-        w = 4 + 3 * j
-        start = "0u" if j == 0 else f"pu({w - 3}u)"
-        body += [f"    if (i < pu({w}u)) {{",
+        start = "0u" if j == 0 else f"end_({j - 1}u)"
+        body += [f"    if (i < end_({j}u)) {{",
                  f"        let e = i - {start};",
-                 f"        U{j}[pu({w + 2}u) + e] = unscale_(G{j}[pu({w + 1}u) + e]);",
+                 f"        U{j}[u_({j}u) + e] = unscale_(G{j}[g_({j}u) + e]);",
                  "        return;",
                  "    }"]
     return Kernel.of("unscale", DECLS="\n".join(decls), BODY="\n".join(body))

@@ -96,11 +96,11 @@ def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,
         if running_mean is not None:
             n = x.numel() // x.shape[1]
             with no_grad():
-                run_map("(1.0 - pf(48u)) * a + pf(48u) * b", running_mean, [
-                    running_mean, mu.detach().reshape(running_mean.shape)], [float(momentum)])
-                run_map("(1.0 - pf(48u)) * a + pf(48u) * b * pf(49u)", running_var, [
+                run_map("(1.0 - m) * a + m * b", running_mean, [
+                    running_mean, mu.detach().reshape(running_mean.shape)], {"m": float(momentum)})
+                run_map("(1.0 - m) * a + m * b * unbias", running_var, [
                     running_var, var.detach().reshape(running_var.shape)],
-                    [float(momentum), n / max(n - 1, 1)])
+                    {"m": float(momentum), "unbias": n / max(n - 1, 1)})
         y = xc * _ew.rsqrt(var + eps)
     else:
         y = (x - running_mean.reshape(bshape)) * _ew.rsqrt(running_var.reshape(bshape) + eps)

@@ -148,15 +148,15 @@ def multi_kernel(k: int) -> Kernel:
                   f"@group(0) @binding({b + 1}) var<storage, read> G{j}: array<f32>;",
                   f"@group(0) @binding({b + 2}) var<storage, read_write> M{j}: array<f32>;",
                   f"@group(0) @binding({b + 3}) var<storage, read_write> V{j}: array<f32>;"]
-        w = 8 + 7 * j
-        start = "0u" if j == 0 else f"pu({w - 7}u)"
-        body += [f"    if (i < pu({w}u)) {{",
+        start = "0u" if j == 0 else f"end_({j - 1}u)"
+        body += [f"    if (i < end_({j}u)) {{",
                  f"        let e = i - {start};",
-                 f"        let ip = pu({w + 1}u) + e;",
-                 f"        let im = pu({w + 3}u) + e;",
-                 f"        let iv = pu({w + 4}u) + e;",
-                 f"        let r = adam_(P{j}[ip], G{j}[pu({w + 2}u) + e], M{j}[im], V{j}[iv], "
-                 f"pf({w + 5}u), pf({w + 6}u));",
+                 f"        let s = part_({j}u);",
+                 "        let ip = s.p + e;",
+                 "        let im = s.m + e;",
+                 "        let iv = s.v + e;",
+                 f"        let r = adam_(P{j}[ip], G{j}[s.g + e], M{j}[im], V{j}[iv], "
+                 "s.step_size, s.bc2_sqrt);",
                  f"        P{j}[ip] = r.x;",
                  f"        M{j}[im] = r.y;",
                  f"        V{j}[iv] = r.z;",
