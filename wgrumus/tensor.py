@@ -249,7 +249,8 @@ class Tensor:
         return a if dtype is None else a.astype(dtype)
 
     def buffer_slice(self):
-        """(device, buffer, byte offset, nbytes, dtype) of a contiguous tensor, for the comm layer."""
+        """(device, buffer, byte offset, nbytes, dtype) of a contiguous tensor (a BufferSlice,
+        what the comm layer moves)."""
         if not self.is_contiguous():
             raise WgrumusError("buffer_slice() needs a contiguous tensor; call .contiguous() first")
         isz = self.dtype.itemsize

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..autograd.tape import no_grad
 from ..runtime import get_device
-from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, float32, tensor
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..autograd.engine import tensor_backward
 from ..tensor import register
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
-from .elementwise import (abs_, add, cast, clamp, clone, contiguous, cos, div, eq, exp,
+from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, cos, div, eq, exp,
                           fill_, floor_divide, ge, gelu, gt, le, leaky_relu, log, lt, maximum,
                           minimum, mul, ne, neg, pow_, reciprocal, relu, remainder, rsqrt,
                           sigmoid, sin, sqrt, square, sub, tanh, where)
@@ -43,7 +43,7 @@ def _inplace(fn):
             raise RuntimeError("in-place update of a tensor that requires grad; wrap it in "
                                "wr.no_grad() (as optimizers do) or use the out-of-place op")
         r = fn(self, other)
-        elementwise.copy_into(self, r)
+        copy_into(self, r)
         return self
     return op
 

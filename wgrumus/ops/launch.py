@@ -90,7 +90,8 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
         seen.add(b)
         access = "read_write" if k == 0 else "read"
         decls.append(f"@group(0) @binding({b}) var<storage, {access}> B{b}: array<{ty}>;")
-    body = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);" for k, (name, kind) in enumerate(named)]
+    body = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
+            for k, (name, kind) in enumerate(named)]
     names = ["o", "a", "b", "c"]
     for k, m in enumerate(modes):
         base = 10 + 9 * k
