@@ -1,15 +1,23 @@
 """Stateless layer functions with PyTorch's names and signatures.
 
-The kernels live in ``wgrumus.ops`` (nnops, indexing, conv); this module only adapts the
-signatures, plus the few compositions that need no kernel of their own (linear, batch_norm)."""
+The kernels live in ``wgrumus.ops`` (nnops, indexing, conv); this module re-exports the ops
+whose signatures already are PyTorch's, adapts the others, and adds the few compositions that
+need no kernel of their own (linear, batch_norm)."""
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops import conv, indexing, nnops
+from ..ops import conv, nnops
 from ..ops import elementwise as _ew
+from ..ops.elementwise import gelu, relu, sigmoid, tanh
+from ..ops.indexing import embedding
 from ..ops.launch import run_map
+from ..ops.nnops import dropout, layer_norm
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
+
+__all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
+           "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
+           "softmax", "tanh"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -22,42 +30,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     return _linear(x, weight, bias, activation, residual)
 
 
-def relu(x: Tensor) -> Tensor:
-    return _ew.relu(x)
-
-
-def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    return _ew.gelu(x, approximate=approximate)
-
-
-def tanh(x: Tensor) -> Tensor:
-    return _ew.tanh(x)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return _ew.sigmoid(x)
-
-
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
     return nnops.softmax(x, dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     return nnops.log_softmax(x, dim)
-
-
-def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tensor:
-    if not training or p == 0.0:
-        return x
-    return nnops.dropout(x, p, training=True, seed=seed)
-
-
-def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
-    return nnops.layer_norm(x, normalized_shape, weight, bias, eps)
-
-
-def embedding(idx: Tensor, weight: Tensor) -> Tensor:
-    return indexing.embedding(idx, weight)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:
@@ -76,7 +54,7 @@ def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """Logits [N, C] (or [N, C, ...] flattened by the caller) and integer class targets [N]."""
     return nnops.cross_entropy(logits, target, ignore_index=ignore_index,
-                             label_smoothing=label_smoothing, reduction=reduction)
+                               label_smoothing=label_smoothing, reduction=reduction)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
