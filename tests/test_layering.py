@@ -110,3 +110,14 @@ def test_imports_are_resolved(monkeypatch, source, expected):
     path = ROOT / "nn" / "functional.py"
     monkeypatch.setattr(pathlib.Path, "read_text", lambda self: source)
     assert set(imports(path)) == expected
+
+
+def test_tensor_methods_are_the_declared_table():
+    """Every method tensor.py declares is on Tensor, and registering any other set is refused."""
+    import wgrumus  # noqa: F401  (ops registers the methods)
+    from wgrumus.tensor import METHODS, Tensor, register
+    assert all(callable(getattr(Tensor, name, None)) or name == "T" for name in METHODS)
+    with pytest.raises(TypeError, match="missing.*backward"):
+        register({k: getattr(Tensor, k) for k in METHODS if k != "backward"})
+    with pytest.raises(TypeError, match="not in METHODS.*frobnicate"):
+        register({**{k: Tensor.__dict__[k] for k in METHODS}, "frobnicate": len})
