@@ -82,9 +82,9 @@ def mapped_range(buffer, size: int) -> memoryview:
 
 
 def map_read_async(buffer, size: int):
-    """wgpu-py's promise of mapping ``buffer`` for reading, without the device-wide poll that
-    its public "READ" mode does first (the copy into it was submitted just before)."""
-    return buffer.map_async("READ_NOSYNC", 0, size)
+    """wgpu-py's promise of mapping ``buffer`` for reading, without the empty submit that its
+    public "READ" mode makes first to sync on (the copy into it was submitted just before)."""
+    return buffer.map_async("READ_NOSYNC" if c_api() else "READ", 0, size)
 
 
 def timestamp_period_ns(queue) -> float:
