@@ -45,10 +45,10 @@ class HostTransfers:
     lock, batch, memory guard, asserts and recorder)."""
 
     def _init_staging(self) -> None:
-        self._staging: dict[int, list] = {}  # MAP_READ buffers, idle, by size
-        self._upload: dict[int, list] = {}  # MAP_WRITE buffers, (buffer, map promise), by size
+        self._idle_read: dict[int, list] = {}  # MAP_READ buffers, idle, by size
+        self._idle_write: dict[int, list] = {}  # MAP_WRITE buffers, (buffer, map promise), by size
         self._upload_used: list = []  # MAP_WRITE buffers copied from in the open batch
-        self._staging_bytes = [0, 0]  # idle bytes cached: [read, write]
+        self._idle_bytes = [0, 0]  # idle bytes cached: [read, write]
 
     def write(self, buf, data: np.ndarray, offset: int = 0) -> None:
         """Host -> device. Large data is copied (by several threads) into a persistently mapped
@@ -92,7 +92,7 @@ class HostTransfers:
         if nbytes <= 0 or nbytes % 4:
             raise ValueError(f"write_start: {nbytes} bytes; staged uploads move a positive "
                              "multiple of 4 bytes (pad the data, or use write())")
-        return Upload(self, self._upload_buffer(nbytes), nbytes)
+        return Upload(self, self._write_buffer(nbytes), nbytes)
 
     def _commit_upload(self, st, buf, offset: int, nbytes: int) -> None:
         with self.lock:
@@ -103,16 +103,16 @@ class HostTransfers:
             if nbytes >= (1 << 20) or len(self._upload_used) >= 64:
                 self._flush_locked()
 
-    def _upload_buffer(self, nbytes: int):
+    def _write_buffer(self, nbytes: int):
         """A MAP_WRITE staging buffer of at least nbytes, mapped and ready to fill."""
         size = staging_size(nbytes)
         with self.lock:
             # Two buffers rotate per size: the older one's copy has had a whole chunk's time
             # to finish, so filling it does not wait on the copy just submitted.
-            free = self._upload.get(size)
+            free = self._idle_write.get(size)
             item = free.pop(0) if free and len(free) >= 2 else None
             if item is not None:
-                self._staging_bytes[1] -= size
+                self._idle_bytes[1] -= size
         if item is None:
             return self.memory.create(self.wgpu, size, mapped_at_creation=True,
                                       usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
@@ -121,17 +121,17 @@ class HostTransfers:
         return st
 
     def _return_upload(self, st, promise) -> None:
-        if self._staging_bytes[1] + st.size > STAGING_CACHE:
+        if self._idle_bytes[1] + st.size > STAGING_CACHE:
             return  # dropped: wgpu frees it once the pending copy is done
-        self._staging_bytes[1] += st.size
-        self._upload.setdefault(st.size, []).append((st, promise))
+        self._idle_bytes[1] += st.size
+        self._idle_write.setdefault(st.size, []).append((st, promise))
 
-    def _staging_buffer(self, size: int):
+    def _read_buffer(self, size: int):
         size = staging_size(size)
         with self.lock:
-            free = self._staging.setdefault(size, [])
+            free = self._idle_read.setdefault(size, [])
             if free:
-                self._staging_bytes[0] -= size
+                self._idle_bytes[0] -= size
                 return free.pop()
         return self.memory.create(self.wgpu, size,
                                   usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
@@ -150,7 +150,7 @@ class HostTransfers:
         with self.lock:
             check = self.asserts.take_armed()  # the device-side assert flag rides along
             mapped = (size + 7) // 8 * 8 + FLAG_BYTES if check else size  # (8-aligned ranges)
-            staging = self._staging_buffer(mapped)
+            staging = self._read_buffer(mapped)
             enc = self._close_pass()
             enc.copy_buffer_to_buffer(buf, start, staging, 0, size)
             if check:
@@ -193,10 +193,10 @@ class HostTransfers:
 
     def _return_staging(self, staging) -> None:
         with self.lock:
-            if self._staging_bytes[0] + staging.size > STAGING_CACHE:
+            if self._idle_bytes[0] + staging.size > STAGING_CACHE:
                 return
-            self._staging_bytes[0] += staging.size
-            self._staging.setdefault(staging.size, []).append(staging)
+            self._idle_bytes[0] += staging.size
+            self._idle_read.setdefault(staging.size, []).append(staging)
 
 
 class Download:
