@@ -6,12 +6,11 @@ from ._deps import check_wgpu
 check_wgpu()  # a clear ImportError on an untested wgpu-py, before anything uses it
 from . import autograd, ops  # noqa: E402
 from .autograd import GradientStore, no_grad
-from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, get_rng_state, log,
-                  manual_seed, matmul, maximum, mean, minimum, ones, ones_like, rand, randn, relu,
-                  set_rng_state, sigmoid, split, sqrt, stack, tanh, where, zeros, zeros_like)
-from .ops import max, min, sum  # noqa: A004  (numpy-style names)
-from .ops import gather, index_select, log_softmax, softmax
-from .ops import floor_divide, remainder, std, var
+from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, floor_divide, full, gather, gelu,
+                  get_rng_state, index_select, log, log_softmax, manual_seed, matmul, max, maximum,
+                  mean, min, minimum, ones, ones_like, rand, randn, relu, remainder, set_rng_state,
+                  sigmoid, softmax, split, sqrt, stack, std, sum, tanh, var, where, zeros,
+                  zeros_like)
 from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError,
                       MultiGpuContext, NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
