@@ -138,5 +138,3 @@ def record(name: str, out, inputs, backward, saved=()) -> None:
     out._node = node
     node.out_id = out.grad_id
     current_tape()._record(node)
-
-

@@ -66,4 +66,3 @@ class GpuTimer:
         self.passes += 1
         return {"query_set": self._queries, "beginning_of_pass_write_index": 2 * k,
                 "end_of_pass_write_index": 2 * k + 1}
-
