@@ -194,7 +194,7 @@ def sweep_read_params(mb):
     """Download/upload through the Device paths for several chunk sizes, chunks in flight and
     copy thread counts."""
     import wgrumus as wr
-    from wgrumus.runtime import device as dmod
+    from wgrumus.runtime import staging as dmod
     dev = wr.devices()[0]
     n = (mb << 20) // 4
     host = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -222,7 +222,7 @@ def sweep_write_params(mb):
     """Uploads through Device.write for several chunk sizes and copy thread counts, each
     repeated to show the run-to-run spread; downloads into a given array likewise."""
     import wgrumus as wr
-    from wgrumus.runtime import device as dmod
+    from wgrumus.runtime import staging as dmod
     dev = wr.devices()[0]
     n = (mb << 20) // 4
     host = np.random.default_rng(0).standard_normal(n).astype(np.float32)

@@ -5,8 +5,16 @@
 // Words: 0 lr, 1 beta1, 2 beta2, 3 eps, 4 weight_decay, 5 decoupled (0 Adam L2, 1 AdamW);
 // parameter k at 8 + 7k: end of its range (cumulative element count), param offset,
 // grad offset, exp_avg offset, exp_avg_sq offset, step_size = lr / (1 - beta1^t),
-// sqrt(1 - beta2^t). Python generates the declarations and the per-parameter branches.
+// sqrt(1 - beta2^t). Python generates the declarations and the per-parameter branches, which
+// read parameter k's words through part_(k) and end_(k).
 {{DECLS}}
+
+struct Part { p: u32, g: u32, m: u32, v: u32, step_size: f32, bc2_sqrt: f32 }
+fn end_(k: u32) -> u32 { return pu(8u + 7u * k); }
+fn part_(k: u32) -> Part {
+    let w = 8u + 7u * k;
+    return Part(pu(w + 1u), pu(w + 2u), pu(w + 3u), pu(w + 4u), pf(w + 5u), pf(w + 6u));
+}
 
 // (p, exp_avg, exp_avg_sq) after one step.
 fn adam_(p0: f32, g0: f32, m0: f32, v0: f32, step_size: f32, bc2_sqrt: f32) -> vec3<f32> {

@@ -3,9 +3,13 @@
 // is inf or NaN (all exponent bits set: exact, whatever the compiler assumes about NaN).
 // Words: 0 inv_scale, 1 flag offset; gradient k at 4 + 3k: end of its range (cumulative
 // element count), G offset, U offset. Python generates the declarations and the branches
-// (G_k at binding 2 + 2k, U_k at 3 + 2k).
+// (G_k at binding 2 + 2k, U_k at 3 + 2k), which read gradient k's words through end_, g_, u_.
 @group(0) @binding(1) var<storage, read_write> FLAG: array<atomic<u32>>;
 {{DECLS}}
+
+fn end_(k: u32) -> u32 { return pu(4u + 3u * k); }
+fn g_(k: u32) -> u32 { return pu(5u + 3u * k); }
+fn u_(k: u32) -> u32 { return pu(6u + 3u * k); }
 
 fn unscale_(g: f32) -> f32 {
     if ((bitcast<u32>(g) & 0x7f800000u) == 0x7f800000u) { atomicOr(&FLAG[pu(1u)], 1u); }

@@ -7,6 +7,12 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Every hypothesis test draws the same examples on every run (CI failures reproduce locally);
+# a test's own @settings only overrides what it names.
+settings.register_profile("wgrumus", derandomize=True, database=None, deadline=None)
+settings.load_profile("wgrumus")
 
 
 @pytest.fixture(scope="session")

@@ -138,7 +138,7 @@ def test_replay_through_wgpu_py_calls(dev, rng, monkeypatch):
     batches = _batches("mlp", 4, 5, rng)
     eager = _train("mlp", dev, batches, False)
     jitted = _train("mlp", dev, batches, True)
-    assert jitted[2]._captures[next(iter(jitted[2]._captures))].replay_obj._lib is None
+    assert jitted[2]._captures[next(iter(jitted[2]._captures))].replay_obj._raw is None
     _same(eager, jitted)
 
 

@@ -7,14 +7,15 @@ import pytest
 
 import wgrumus as wr
 from wgrumus.runtime import device as dm
+from wgrumus.runtime import staging as sm
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(dm, "WRITE_CHUNK", 1 << 16)
-    monkeypatch.setattr(dm, "READ_CHUNK", 1 << 16)
-    monkeypatch.setattr(dm, "ZERO_COPY_MIN", 1 << 12)
-    monkeypatch.setattr(dm, "PAR_COPY_MIN", 1 << 12)
+    monkeypatch.setattr(sm, "WRITE_CHUNK", 1 << 16)
+    monkeypatch.setattr(sm, "READ_CHUNK", 1 << 16)
+    monkeypatch.setattr(sm, "ZERO_COPY_MIN", 1 << 12)
+    monkeypatch.setattr(sm, "PAR_COPY_MIN", 1 << 12)
 
 
 @pytest.mark.timeout(60)

@@ -6,12 +6,11 @@ from ._deps import check_wgpu
 check_wgpu()  # a clear ImportError on an untested wgpu-py, before anything uses it
 from . import autograd, ops  # noqa: E402
 from .autograd import GradientStore, no_grad
-from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, full, gelu, get_rng_state, log,
-                  manual_seed, matmul, maximum, mean, minimum, ones, ones_like, rand, randn, relu,
-                  set_rng_state, sigmoid, split, sqrt, stack, tanh, where, zeros, zeros_like)
-from .ops import max, min, sum  # noqa: A004  (numpy-style names)
-from .ops import gather, index_select, log_softmax, softmax
-from .ops import floor_divide, remainder, std, var
+from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, floor_divide, full, gather, gelu,
+                  get_rng_state, index_select, log, log_softmax, manual_seed, matmul, max, maximum,
+                  mean, min, minimum, ones, ones_like, rand, randn, relu, remainder, set_rng_state,
+                  sigmoid, softmax, split, sqrt, stack, std, sum, tanh, var, where, zeros,
+                  zeros_like)
 from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError,
                       MultiGpuContext, NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
@@ -19,25 +18,17 @@ from . import amp, data, nn, optim  # noqa: E402  (build on the core above)
 from .amp import autocast  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint
 from .jit import jit
-
-
-def _backward(self, grad=None):
-    """PyTorch habit: accumulate d(self) into ``.grad`` of every leaf that requires grad."""
-    store = autograd.backward(self) if grad is None else autograd.backward_with_grad(self, grad)
-    seen = set()
-    with no_grad():
-        for gid, g in store.items():
-            leaf = store.leaf(gid)
-            if leaf is not None:
-                if id(g) in seen:  # one tensor may be the gradient of two leaves (x + y)
-                    g = g.clone()
-                seen.add(id(g))
-                leaf.grad = g if leaf.grad is None else leaf.grad + g
-    return store
-
-
-Tensor.backward = _backward
-
 from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
 
 __version__ = "0.1.0"
+__all__ = [
+    "AdapterLimitError", "CaptureError", "Device", "DeviceMismatchError", "GradientStore",
+    "MultiGpuContext", "NoAdapterError", "ShapeError", "Tensor", "WgrumusError", "amp", "arange",
+    "argmax", "argmin", "autocast", "autograd", "cat", "chunk", "data", "devices", "distributed",
+    "empty", "exp", "float16", "float32", "floor_divide", "full", "gather", "gelu",
+    "get_rng_state", "index_select", "int32", "io", "jit", "load", "load_checkpoint", "log",
+    "log_softmax", "manual_seed", "matmul", "max", "maximum", "mean", "min", "minimum", "nn",
+    "no_grad", "ones", "ones_like", "ops", "optim", "parallel", "rand", "randn", "relu",
+    "remainder", "runtime", "save", "save_checkpoint", "set_rng_state", "sigmoid", "softmax",
+    "split", "sqrt", "stack", "std", "sum", "tanh", "tensor", "utils", "var", "where", "zeros",
+    "zeros_like"]

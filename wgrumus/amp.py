@@ -18,27 +18,12 @@ from .ops.elementwise import contiguous, fill_
 from .ops.precision import autocast_as, autocast_dtype, forget_copies
 from .runtime import get_device
 from .runtime.errors import AdapterLimitError, WgrumusError
-from .runtime.kernels import Kernel
+from .runtime.kernels import multi_tensor_kernel
 from .tensor import Tensor, float16, float32, int32
 
 __all__ = ["GradScaler", "autocast"]
 
-
-@functools.cache
-def _unscale_kernel(k: int) -> Kernel:
-    """shaders/unscale.wgsl for k gradients: their bindings and one branch each."""
-    decls, body = [], []
-    for j in range(k):
-        decls += [f"@group(0) @binding({2 + 2 * j}) var<storage, read> G{j}: array<f32>;",
-                  f"@group(0) @binding({3 + 2 * j}) var<storage, read_write> U{j}: array<f32>;"]
-        w = 4 + 3 * j
-        start = "0u" if j == 0 else f"pu({w - 3}u)"
-        body += [f"    if (i < pu({w}u)) {{",
-                 f"        let e = i - {start};",
-                 f"        U{j}[pu({w + 2}u) + e] = unscale_(G{j}[pu({w + 1}u) + e]);",
-                 "        return;",
-                 "    }"]
-    return Kernel.of("unscale", DECLS="\n".join(decls), BODY="\n".join(body))
+_UNSCALE_BRANCH = "        U{j}[u_({j}u) + e] = unscale_(G{j}[g_({j}u) + e]);"
 
 
 def unscale_check(grads: list, inv_scale: float) -> tuple:
@@ -58,7 +43,8 @@ def unscale_check(grads: list, inv_scale: float) -> tuple:
             words += [end, g.offset, u.offset]
             bufs += [g._storage.buffer, u._storage.buffer]
         if end:
-            dev.dispatch_1d(_unscale_kernel(len(chunk)), bufs, words, end)
+            dev.dispatch_1d(multi_tensor_kernel("unscale", len(chunk), 2, "G:read U:read_write",
+                                                _UNSCALE_BRANCH), bufs, words, end)
         out += us
     return out, flag
 

@@ -143,7 +143,7 @@ class _Capture:
                                "under its own wr.jit)")
         dev = used[0].device if used else (inputs[0].device if inputs else devices[0])
         outs = []
-        spec = _out_spec(out, outs)
+        spec = _flatten(out, outs)
         for t in inputs + outs:
             if t.device is not dev:
                 raise CaptureError(f"wr.jit: a tensor argument or result lives on {t.device}, "
@@ -162,7 +162,7 @@ class _Capture:
         results, copies = self._fresh_outputs()
         for c in copies:
             dev.copy(*c)
-        return self, _unflatten(spec, iter(results))
+        return self, _rebuild(spec, iter(results))
 
     def _fresh_outputs(self):
         results, copies = [], []
@@ -182,7 +182,7 @@ class _Capture:
                            (nbytes + 3) & ~3))
         results, after = self._fresh_outputs()
         self.replay_obj.run(before, after)
-        return _unflatten(self._spec, iter(results))
+        return _rebuild(self._spec, iter(results))
 
     def free(self) -> None:
         bufs, self._buffers = self._buffers, []
@@ -225,9 +225,22 @@ def _signature(obj, tensors: list):
     return (type(obj), obj)
 
 
-def _rebuild(obj, it):
-    """``obj`` with its tensors replaced, in order, by those of ``it``."""
+def _flatten(obj, tensors: list):
+    """``obj`` (nested lists, tuples, dicts) with each tensor moved to ``tensors`` and a
+    placeholder left in its place."""
     if isinstance(obj, Tensor):
+        tensors.append(obj)
+        return _TENSOR
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_flatten(o, tensors) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _flatten(v, tensors) for k, v in obj.items()}
+    return obj
+
+
+def _rebuild(obj, it):
+    """``obj`` with its tensors (or placeholders), in order, replaced by those of ``it``."""
+    if isinstance(obj, Tensor) or obj is _TENSOR:
         return next(it)
     if isinstance(obj, (list, tuple)):
         return type(obj)(_rebuild(o, it) for o in obj)
@@ -236,27 +249,4 @@ def _rebuild(obj, it):
     return obj
 
 
-def _out_spec(obj, outs: list):
-    """The result's structure with tensors as placeholders (collected into ``outs``)."""
-    if isinstance(obj, Tensor):
-        outs.append(obj)
-        return _TENSOR
-    if isinstance(obj, (list, tuple)):
-        return (type(obj), [_out_spec(o, outs) for o in obj])
-    if isinstance(obj, dict):
-        return (dict, {k: _out_spec(v, outs) for k, v in obj.items()})
-    return ("const", obj)
-
-
 _TENSOR = object()
-
-
-def _unflatten(spec, it):
-    if spec is _TENSOR:
-        return next(it)
-    kind, body = spec
-    if kind == "const":
-        return body
-    if kind is dict:
-        return {k: _unflatten(v, it) for k, v in body.items()}
-    return kind(_unflatten(v, it) for v in body)

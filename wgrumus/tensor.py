@@ -1,6 +1,7 @@
 """Tensor: a view (shape, strides, offset) of a Storage that lives on one Device.
 
-Operators and methods are attached by ``wgrumus.ops`` (the ops room builds on this one).
+The methods that run ops are listed in ``METHODS`` below; ``wgrumus.ops`` (the room above this
+one) implements them and attaches them with ``register``, which checks it gave exactly these.
 """
 from __future__ import annotations
 
@@ -15,6 +16,42 @@ from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
 float32, int32, float16 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16)
+
+
+# Tensor methods implemented by wgrumus.ops: names -> what they do (PyTorch's meaning throughout).
+METHODS = {name: doc for names, doc in {
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __pow__ "
+    "__rpow__ __matmul__ __rmatmul__ __floordiv__ __rfloordiv__ __mod__ __rmod__":
+        "arithmetic with a tensor or a number on either side (broadcasting)",
+    "__iadd__ __isub__ __imul__ __itruediv__": "in-place arithmetic (refused on a tensor "
+                                               "that requires grad, outside no_grad)",
+    "__neg__ __abs__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__": "unary ops and comparisons "
+                                                                  "(comparisons give 1.0/0.0)",
+    "__getitem__ __setitem__": "indexing by ints, slices, None, Ellipsis, index or bool tensors",
+    "add sub mul div pow matmul floor_divide remainder maximum minimum eq ne lt le gt ge":
+        "the binary operators by name",
+    "neg exp log sqrt rsqrt abs tanh sigmoid relu gelu leaky_relu sin cos square reciprocal "
+    "clamp": "elementwise functions",
+    "sum mean max min argmax argmin var std": "reductions over dim (None: all elements)",
+    "softmax log_softmax": "(log-)softmax along dim",
+    "reshape view permute transpose expand unsqueeze squeeze flatten split chunk T":
+        "views and reshapes (T: all dims reversed, a property)",
+    "contiguous clone detach to": "copies: packed, fresh, cut from the graph, on a device/dtype",
+    "astype float half int long double bool": "dtype casts (no float64 or int64 on WebGPU; "
+                                              "bool gives a 1.0/0.0 mask)",
+    "fill_ zero_": "in-place fill",
+    "backward": "accumulate d(self) into .grad of every leaf that requires grad",
+}.items() for name in names.split()}
+
+
+def register(impls: dict) -> None:
+    """Attach the implementations of ``METHODS`` to Tensor (called once, by wgrumus.ops)."""
+    missing, unknown = METHODS.keys() - impls.keys(), impls.keys() - METHODS.keys()
+    if missing or unknown:
+        raise TypeError(f"Tensor methods: missing {sorted(missing)}, not in METHODS "
+                        f"{sorted(unknown)}")
+    for name, fn in impls.items():
+        setattr(Tensor, name, fn)
 
 
 class Storage:
@@ -212,7 +249,8 @@ class Tensor:
         return a if dtype is None else a.astype(dtype)
 
     def buffer_slice(self):
-        """(device, buffer, byte offset, nbytes, dtype) of a contiguous tensor, for the comm layer."""
+        """(device, buffer, byte offset, nbytes, dtype) of a contiguous tensor (a BufferSlice,
+        what the comm layer moves)."""
         if not self.is_contiguous():
             raise WgrumusError("buffer_slice() needs a contiguous tensor; call .contiguous() first")
         isz = self.dtype.itemsize

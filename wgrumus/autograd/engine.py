@@ -115,3 +115,18 @@ def _leaves_done(n, pending: dict, store: GradientStore, on_leaf_grad) -> None:
             g = store.get(gid)
             if g is not None:
                 on_leaf_grad(gid, g)
+
+
+def tensor_backward(self, grad=None) -> GradientStore:
+    """``Tensor.backward``: accumulate d(self) into ``.grad`` of every leaf that requires grad."""
+    store = backward(self) if grad is None else backward_with_grad(self, grad)
+    seen = set()
+    with no_grad():
+        for gid, g in store.items():
+            leaf = store.leaf(gid)
+            if leaf is not None:
+                if id(g) in seen:  # one tensor may be the gradient of two leaves (x + y)
+                    g = g.clone()
+                seen.add(id(g))
+                leaf.grad = g if leaf.grad is None else leaf.grad + g
+    return store

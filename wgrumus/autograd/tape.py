@@ -18,7 +18,7 @@ _local = threading.local()
 
 
 def new_grad_id() -> int:
-    """Unique across threads (the RUMUS original counted per thread, so ids collided)."""
+    """Unique across threads: a per-thread count would give two threads' tensors the same id."""
     with _counter_lock:
         return next(_counter)
 
@@ -138,5 +138,3 @@ def record(name: str, out, inputs, backward, saved=()) -> None:
     out._node = node
     node.out_id = out.grad_id
     current_tape()._record(node)
-
-

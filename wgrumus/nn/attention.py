@@ -20,7 +20,7 @@ _NEG_INF = "bitcast<f32>(0xff800000u)"
 def causal_mask(T: int, device) -> Tensor:
     """[T, T] additive mask: 0 on and below the diagonal, -inf above (built on the device)."""
     m = Tensor.empty((T, T), device)
-    return run_map(f"select(0.0, {_NEG_INF}, (i % pu(48u)) > (i / pu(48u)))", m, [], [T])
+    return run_map(f"select(0.0, {_NEG_INF}, (i % u32(T)) > (i / u32(T)))", m, [], {"T": T})
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,

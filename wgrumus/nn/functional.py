@@ -1,19 +1,23 @@
 """Stateless layer functions with PyTorch's names and signatures.
 
-The kernels live in ``wgrumus.ops`` (nnops, indexing, conv); this module only adapts the
-signatures, plus the few compositions that need no kernel of their own (linear, batch_norm)."""
+The kernels live in ``wgrumus.ops`` (nnops, indexing, conv); this module re-exports the ops
+whose signatures already are PyTorch's, adapts the others, and adds the few compositions that
+need no kernel of their own (linear, batch_norm)."""
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
+from ..ops import conv, nnops
 from ..ops import elementwise as _ew
+from ..ops.elementwise import gelu, relu, sigmoid, tanh
+from ..ops.indexing import embedding
 from ..ops.launch import run_map
+from ..ops.nnops import dropout, layer_norm
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
 
-
-def _nn():
-    from ..ops import nnops
-    return nnops
+__all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
+           "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
+           "softmax", "tanh"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -26,69 +30,35 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     return _linear(x, weight, bias, activation, residual)
 
 
-def relu(x: Tensor) -> Tensor:
-    return _ew.relu(x)
-
-
-def gelu(x: Tensor, approximate: str = "none") -> Tensor:
-    return _ew.gelu(x, approximate=approximate)
-
-
-def tanh(x: Tensor) -> Tensor:
-    return _ew.tanh(x)
-
-
-def sigmoid(x: Tensor) -> Tensor:
-    return _ew.sigmoid(x)
-
-
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return _nn().softmax(x, dim)
+    return nnops.softmax(x, dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return _nn().log_softmax(x, dim)
-
-
-def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tensor:
-    if not training or p == 0.0:
-        return x
-    return _nn().dropout(x, p, training=True, seed=seed)
-
-
-def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
-    return _nn().layer_norm(x, normalized_shape, weight, bias, eps)
-
-
-def embedding(idx: Tensor, weight: Tensor) -> Tensor:
-    from ..ops import indexing
-    return indexing.embedding(idx, weight)
+    return nnops.log_softmax(x, dim)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:
-    from ..ops import conv
     return conv.conv2d(x, weight, bias, stride=stride, padding=padding)
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    from ..ops import conv
     return conv.max_pool2d(x, kernel_size, stride=stride, padding=padding)
 
 
 def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    from ..ops import conv
     return conv.avg_pool2d(x, kernel_size, stride=stride, padding=padding)
 
 
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """Logits [N, C] (or [N, C, ...] flattened by the caller) and integer class targets [N]."""
-    return _nn().cross_entropy(logits, target, ignore_index=ignore_index,
+    return nnops.cross_entropy(logits, target, ignore_index=ignore_index,
                                label_smoothing=label_smoothing, reduction=reduction)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return _nn().mse_loss(x, target, reduction=reduction)
+    return nnops.mse_loss(x, target, reduction=reduction)
 
 
 def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,
@@ -104,11 +74,11 @@ def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,
         if running_mean is not None:
             n = x.numel() // x.shape[1]
             with no_grad():
-                run_map("(1.0 - pf(48u)) * a + pf(48u) * b", running_mean, [
-                    running_mean, mu.detach().reshape(running_mean.shape)], [float(momentum)])
-                run_map("(1.0 - pf(48u)) * a + pf(48u) * b * pf(49u)", running_var, [
+                run_map("(1.0 - m) * a + m * b", running_mean, [
+                    running_mean, mu.detach().reshape(running_mean.shape)], {"m": float(momentum)})
+                run_map("(1.0 - m) * a + m * b * unbias", running_var, [
                     running_var, var.detach().reshape(running_var.shape)],
-                    [float(momentum), n / max(n - 1, 1)])
+                    {"m": float(momentum), "unbias": n / max(n - 1, 1)})
         y = xc * _ew.rsqrt(var + eps)
     else:
         y = (x - running_mean.reshape(bshape)) * _ew.rsqrt(running_var.reshape(bshape) + eps)

@@ -7,30 +7,24 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import no_grad
-from ..ops.launch import run_map
-from ..ops.random import next_seed
+from ..ops.creation import normal_into, uniform_into
+from ..ops.elementwise import fill_
 from ..tensor import Tensor
 
 
-def _fill(t: Tensor, expr: str, scalars) -> Tensor:
-    with no_grad():
-        run_map(expr, t, [], scalars)
-    return t
-
-
 def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0, seed=None) -> Tensor:
-    return _fill(t, "pf(49u) + (pf(50u) - pf(49u)) * uniform_(pu(48u), i, 0u)",
-                 [next_seed(seed), float(a), float(b)])
+    with no_grad():
+        return uniform_into(t, a, b, seed)
 
 
 def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0, seed=None) -> Tensor:
-    return _fill(t, "pf(49u) + pf(50u) * sqrt(-2.0 * log(uniform_(pu(48u), i, 0u)))"
-                    " * cos(6.283185307179586 * uniform_(pu(48u), i, 1u))",
-                 [next_seed(seed), float(mean), float(std)])
+    with no_grad():
+        return normal_into(t, mean, std, seed)
 
 
 def constant_(t: Tensor, value: float) -> Tensor:
-    return _fill(t, "pf(48u)", [float(value)])
+    with no_grad():
+        return fill_(t, float(value))
 
 
 def zeros_(t: Tensor) -> Tensor:

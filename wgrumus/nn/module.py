@@ -8,7 +8,7 @@ import numpy as np
 
 from ..autograd.tape import no_grad
 from ..runtime import get_device
-from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, float32, tensor
 
 
@@ -271,8 +271,3 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
-
-
-def check_shape(x: Tensor, ndim, what: str) -> None:
-    if x.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
-        raise ShapeError(f"{what} expects a {ndim}-D input, got shape {x.shape}")

@@ -1,11 +1,11 @@
 """Every op: kernel launch, shape rule and backward rule side by side, one module per family.
-This module also gives Tensor its operators and methods."""
+This module also implements Tensor's methods (the table ``tensor.METHODS``) and registers them."""
 from __future__ import annotations
 
-from ..tensor import Tensor
-from . import creation, elementwise, matmul as _mm, reduce, shape
+from ..autograd.engine import tensor_backward
+from ..tensor import register
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
-from .elementwise import (abs_, add, binary, cast, clamp, clone, contiguous, cos, div, eq, exp,
+from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, cos, div, eq, exp,
                           fill_, floor_divide, ge, gelu, gt, le, leaky_relu, log, lt, maximum,
                           minimum, mul, ne, neg, pow_, reciprocal, relu, remainder, rsqrt,
                           sigmoid, sin, sqrt, square, sub, tanh, where)
@@ -19,6 +19,19 @@ from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, resha
                     split, squeeze, stack, to, transpose, unsqueeze)
 
 
+__all__ = [  # the functional forms (the Tensor methods are registered below)
+    "abs_", "add", "arange", "argmax", "argmin", "avg_pool2d", "cast", "cat", "chunk", "clamp",
+    "clone", "contiguous", "conv2d", "cos", "cross_entropy", "detach", "div", "dropout",
+    "embedding", "empty", "eq", "exp", "expand", "fill_", "flatten", "floor_divide", "full",
+    "gather", "ge", "gelu", "get_rng_state", "getitem", "gt", "im2col", "index_select",
+    "layer_norm", "le", "leaky_relu", "log", "log_softmax", "lt", "manual_seed", "matmul", "max",
+    "max_pool2d", "maximum", "mean", "min", "minimum", "mse_loss", "mul", "ne", "neg", "ones",
+    "ones_like", "permute", "pow_", "rand", "randn", "reciprocal", "relu", "remainder",
+    "reshape", "rsqrt", "set_rng_state", "setitem", "sigmoid", "sin", "softmax", "split",
+    "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "to", "transpose",
+    "unsqueeze", "var", "where", "zeros", "zeros_like"]
+
+
 def _rev(fn):
     return lambda self, other: fn(other, self)
 
@@ -30,12 +43,16 @@ def _inplace(fn):
             raise RuntimeError("in-place update of a tensor that requires grad; wrap it in "
                                "wr.no_grad() (as optimizers do) or use the out-of-place op")
         r = fn(self, other)
-        elementwise.copy_into(self, r)
+        copy_into(self, r)
         return self
     return op
 
 
-_METHODS = {
+def _double(self):
+    raise TypeError("float64 does not exist on WebGPU; float32 (.float()) is the widest float")
+
+
+register({
     "__add__": add, "__radd__": _rev(add), "__sub__": sub, "__rsub__": _rev(sub),
     "__mul__": mul, "__rmul__": _rev(mul), "__truediv__": div, "__rtruediv__": _rev(div),
     "__pow__": pow_, "__rpow__": _rev(pow_), "__matmul__": matmul, "__rmatmul__": _rev(matmul),
@@ -56,27 +73,13 @@ _METHODS = {
     "reshape": reshape, "view": reshape, "permute": permute, "transpose": transpose,
     "expand": expand, "unsqueeze": unsqueeze, "squeeze": squeeze, "flatten": flatten,
     "contiguous": contiguous, "clone": clone, "to": to, "detach": detach, "split": split,
-    "chunk": chunk, "fill_": fill_, "astype": cast, "eq": eq, "ne": ne, "lt": lt, "le": le,
-    "gt": gt, "ge": ge,
+    "chunk": chunk, "fill_": fill_, "zero_": lambda self: fill_(self, 0),
+    "astype": cast, "float": lambda self: cast(self, "float32"),
+    "half": lambda self: cast(self, "float16"), "int": lambda self: cast(self, "int32"),
+    "long": lambda self: cast(self, "int32"),  # no int64 on WebGPU: int32 is the widest
+    "double": _double, "bool": lambda self: ne(self, 0),  # no bool dtype: a 1.0/0.0 mask
+    "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge,
     "softmax": softmax, "log_softmax": log_softmax,
-}
-for _name, _fn in _METHODS.items():
-    setattr(Tensor, _name, _fn)
-Tensor.T = property(lambda self: permute(self, tuple(reversed(range(self.ndim)))))
-Tensor.float = lambda self: cast(self, "float32")
-Tensor.half = lambda self: cast(self, "float16")
-Tensor.int = lambda self: cast(self, "int32")
-Tensor.long = Tensor.int  # no int64 on WebGPU: int32 is the widest integer
-
-
-def _double(self):
-    raise TypeError("float64 does not exist on WebGPU; float32 (.float()) is the widest float")
-
-
-def _bool(self):
-    """A mask: 1.0 where x != 0 (there is no bool dtype; comparisons return these too)."""
-    return ne(self, 0)
-
-
-Tensor.double, Tensor.bool = _double, _bool
-Tensor.zero_ = lambda self: fill_(self, 0)
+    "T": property(lambda self: permute(self, tuple(reversed(range(self.ndim))))),
+    "backward": tensor_backward,
+})

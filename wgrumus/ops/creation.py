@@ -1,6 +1,8 @@
 """Constructors: filled, ranged and random tensors, all written by device kernels."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..tensor import Tensor, as_dtype, float32, int32
 from .elementwise import fill_
 from .launch import run_map
@@ -51,22 +53,30 @@ def arange(start, stop=None, step=1, device=None, dtype=None) -> Tensor:
     dtype = as_dtype(dtype)
     t = Tensor.empty((n,), device, dtype)
     if dtype == int32:
-        return run_map("pi(48u) + i32(i) * pi(49u)", t, [], [int(start), int(step)])
-    return run_map("pf(48u) + f32(i) * pf(49u)", t, [], [float(start), float(step)])
+        return run_map("start + i32(i) * step", t, [], {"start": int(start), "step": int(step)})
+    return run_map("start + f32(i) * step", t, [], {"start": float(start), "step": float(step)})
 
 
 def rand(*shape, device=None, seed=None, low=0.0, high=1.0, requires_grad=False) -> Tensor:
     """Uniform in (low, high); identical for the same seed on every device."""
-    t = Tensor.empty(_shape(shape), device, float32)
-    run_map("pf(49u) + (pf(50u) - pf(49u)) * uniform_(pu(48u), i, 0u)", t, [],
-            [next_seed(seed), float(low), float(high)])
+    t = uniform_into(Tensor.empty(_shape(shape), device, float32), low, high, seed)
     return t.requires_grad_(True) if requires_grad else t
 
 
 def randn(*shape, device=None, seed=None, mean=0.0, std=1.0, requires_grad=False) -> Tensor:
     """Normal(mean, std) by Box-Muller on two independent uniform streams."""
-    t = Tensor.empty(_shape(shape), device, float32)
-    run_map("pf(49u) + pf(50u) * sqrt(-2.0 * log(uniform_(pu(48u), i, 0u)))"
-            " * cos(6.283185307179586 * uniform_(pu(48u), i, 1u))", t, [],
-            [next_seed(seed), float(mean), float(std)])
+    t = normal_into(Tensor.empty(_shape(shape), device, float32), mean, std, seed)
     return t.requires_grad_(True) if requires_grad else t
+
+
+def uniform_into(t: Tensor, low: float, high: float, seed=None) -> Tensor:
+    """Overwrite float32 ``t`` with U(low, high) draws of the seeded generator."""
+    return run_map("lo + (hi - lo) * uniform_(seed, i, 0u)", t, [],
+                   {"seed": np.uint32(next_seed(seed)), "lo": float(low), "hi": float(high)})
+
+
+def normal_into(t: Tensor, mean: float, std: float, seed=None) -> Tensor:
+    """Overwrite float32 ``t`` with Normal(mean, std) (Box-Muller on two uniform streams)."""
+    return run_map("mu + sigma * sqrt(-2.0 * log(uniform_(seed, i, 0u)))"
+                   " * cos(6.283185307179586 * uniform_(seed, i, 1u))", t, [],
+                   {"seed": np.uint32(next_seed(seed)), "mu": float(mean), "sigma": float(std)})

@@ -116,10 +116,11 @@ def _f32(x: Tensor) -> Tensor:
 
 def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     x = _f32(x)
-    out = map_op("select(a * pf(48u), a, a > 0.0)", [x], scalars=[float(negative_slope)])
+    slope = {"slope": float(negative_slope)}
+    out = map_op("select(a * slope, a, a > 0.0)", [x], scalars=slope)
     record("leaky_relu", out, [x],
-           lambda g: (map_op("select(a * pf(48u), a, b > 0.0)", [g, x],
-                             scalars=[float(negative_slope)]),), saved=[x])
+           lambda g: (map_op("select(a * slope, a, b > 0.0)", [g, x], scalars=slope),),
+           saved=[x])
     return out
 
 
@@ -226,27 +227,27 @@ def _scalar_as_tensor(x, like):
 
 # scalar variants: the scalar is a kernel parameter, so changing it never recompiles
 _SCALAR = {
-    "add": ("a + pf(48u)", "a + pf(48u)"), "sub": ("a - pf(48u)", "pf(48u) - a"),
-    "mul": ("a * pf(48u)", "a * pf(48u)"), "div": ("a / pf(48u)", "pf(48u) / a"),
-    "pow": ("pow_(a, pf(48u))", "pow_(pf(48u), a)"),
-    "maximum": ("select(max(a, pf(48u)), a, isnan_(a))",) * 2,
-    "minimum": ("select(min(a, pf(48u)), a, isnan_(a))",) * 2,
-    "eq": ("select(0.0, 1.0, a == pf(48u))",) * 2, "ne": ("select(0.0, 1.0, a != pf(48u))",) * 2,
-    "lt": ("select(0.0, 1.0, a < pf(48u))", "select(0.0, 1.0, pf(48u) < a)"),
-    "le": ("select(0.0, 1.0, a <= pf(48u))", "select(0.0, 1.0, pf(48u) <= a)"),
-    "gt": ("select(0.0, 1.0, a > pf(48u))", "select(0.0, 1.0, pf(48u) > a)"),
-    "ge": ("select(0.0, 1.0, a >= pf(48u))", "select(0.0, 1.0, pf(48u) >= a)"),
+    "add": ("a + s", "a + s"), "sub": ("a - s", "s - a"),
+    "mul": ("a * s", "a * s"), "div": ("a / s", "s / a"),
+    "pow": ("pow_(a, s)", "pow_(s, a)"),
+    "maximum": ("select(max(a, s), a, isnan_(a))",) * 2,
+    "minimum": ("select(min(a, s), a, isnan_(a))",) * 2,
+    "eq": ("select(0.0, 1.0, a == s)",) * 2, "ne": ("select(0.0, 1.0, a != s)",) * 2,
+    "lt": ("select(0.0, 1.0, a < s)", "select(0.0, 1.0, s < a)"),
+    "le": ("select(0.0, 1.0, a <= s)", "select(0.0, 1.0, s <= a)"),
+    "gt": ("select(0.0, 1.0, a > s)", "select(0.0, 1.0, s > a)"),
+    "ge": ("select(0.0, 1.0, a >= s)", "select(0.0, 1.0, s >= a)"),
 }
-_SCALAR_GRAD = {  # d out / d a, as an expression of g=a, x=b, out=c, s=pf(48u)
+_SCALAR_GRAD = {  # d out / d a, as an expression of g=a, x=b, out=c and s
     ("add", False): "a", ("add", True): "a", ("sub", False): "a", ("sub", True): "-a",
-    ("mul", False): "a * pf(48u)", ("mul", True): "a * pf(48u)",
-    ("div", False): "a / pf(48u)", ("div", True): "-a * c / b",
-    ("pow", False): "a * pf(48u) * pow_(b, pf(48u) - 1.0)",
-    ("pow", True): "a * c * log(pf(48u))",
-    ("maximum", False): "select(0.0, a, b >= pf(48u) || isnan_(b))",
-    ("maximum", True): "select(0.0, a, b >= pf(48u) || isnan_(b))",
-    ("minimum", False): "select(0.0, a, b <= pf(48u) || isnan_(b))",
-    ("minimum", True): "select(0.0, a, b <= pf(48u) || isnan_(b))",
+    ("mul", False): "a * s", ("mul", True): "a * s",
+    ("div", False): "a / s", ("div", True): "-a * c / b",
+    ("pow", False): "a * s * pow_(b, s - 1.0)",
+    ("pow", True): "a * c * log(s)",
+    ("maximum", False): "select(0.0, a, b >= s || isnan_(b))",
+    ("maximum", True): "select(0.0, a, b >= s || isnan_(b))",
+    ("minimum", False): "select(0.0, a, b <= s || isnan_(b))",
+    ("minimum", True): "select(0.0, a, b <= s || isnan_(b))",
 }
 
 
@@ -261,17 +262,17 @@ def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
             name in ("add", "sub", "mul", "maximum", "minimum") or name in _COMPARE):
         e = _SCALAR[name][1 if reverse else 0]
         if name in ("maximum", "minimum"):
-            e = f"{name[:3]}(a, pf(48u))"
-        return map_op(e.replace("pf(", "pi("), [x], dtype=float32 if name in _COMPARE else int32,
-                      scalars=[int32_scalar(s, name)])
+            e = f"{name[:3]}(a, s)"
+        return map_op(e, [x], dtype=float32 if name in _COMPARE else int32,
+                      scalars={"s": int32_scalar(s, name)})
     if x.dtype == int32 and name in _COMPARE:
         return map_op(_SCALAR[name][1 if reverse else 0].replace("a ", "f32(a) ")
-                      .replace(" a)", " f32(a))"), [x], scalars=[float(s)])
+                      .replace(" a)", " f32(a))"), [x], scalars={"s": float(s)})
     x = _f32(x)
-    out = map_op(_SCALAR[name][1 if reverse else 0], [x], scalars=[float(s)])
+    out = map_op(_SCALAR[name][1 if reverse else 0], [x], scalars={"s": float(s)})
     if name not in _COMPARE and needs_grad(x):
         ge, o = _SCALAR_GRAD[(name, reverse)], saved_output(out)
-        record(name, out, [x], lambda g: (map_op(ge, [g, x, o], scalars=[float(s)]),),
+        record(name, out, [x], lambda g: (map_op(ge, [g, x, o], scalars={"s": float(s)}),),
                saved=[x, o])
     return out
 
@@ -322,14 +323,15 @@ def clamp(x: Tensor, min=None, max=None) -> Tensor:
     if x.dtype == int32 and all(v is None or isinstance(v, (int, np.integer)) for v in (min, max)):
         lo = -2 ** 31 if min is None else int32_scalar(min, "clamp min")
         hi = 2 ** 31 - 1 if max is None else int32_scalar(max, "clamp max")
-        return map_op("min(max(a, pi(48u)), pi(49u))", [x], dtype=int32, scalars=[lo, hi])
+        return map_op("min(max(a, lo), hi)", [x], dtype=int32, scalars={"lo": lo, "hi": hi})
     x = _f32(x)
     lo = -np.inf if min is None else float(min)
     hi = np.inf if max is None else float(max)
-    out = map_op("select(min(max(a, pf(48u)), pf(49u)), a, isnan_(a))", [x], scalars=[lo, hi])
+    bounds = {"lo": lo, "hi": hi}
+    out = map_op("select(min(max(a, lo), hi), a, isnan_(a))", [x], scalars=bounds)
     record("clamp", out, [x], lambda g: (map_op(
-        "select(0.0, a, b >= pf(48u) && b <= pf(49u) && !isnan_(b))", [g, x],
-        scalars=[lo, hi]),), saved=[x])
+        "select(0.0, a, b >= lo && b <= hi && !isnan_(b))", [g, x], scalars=bounds),),
+        saved=[x])
     return out
 
 
@@ -369,5 +371,5 @@ def clone(x: Tensor) -> Tensor:
 
 def fill_(x: Tensor, value) -> Tensor:
     if x.dtype == int32:
-        return run_map("pi(48u)", x, [], scalars=[int32_scalar(value, "fill_")])
-    return run_map("pf(48u)", x, [], scalars=[float(value)])
+        return run_map("v", x, [], scalars={"v": int32_scalar(value, "fill_")})
+    return run_map("v", x, [], scalars={"v": float(value)})

@@ -201,8 +201,8 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
         dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
-        run_map("select(select(c, b, (i / pu(48u)) % 3u == 1u), a, (i / pu(48u)) % 3u == 0u)",
-                dqkv, views, [E])
+        run_map("select(select(c, b, (i / u32(E)) % 3u == 1u), a, (i / u32(E)) % 3u == 0u)",
+                dqkv, views, {"E": E})
         return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
            saved=[heads, o, lse] if fused else [heads, p])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, check_same_device
@@ -76,10 +78,11 @@ def coalesce(shape, strides_list):
 
 
 @functools.lru_cache(maxsize=4096)
-def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple) -> Kernel:
+def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = ()) -> Kernel:
     """The map kernel for one specialisation (cached: building it costs more than a launch).
     types: WGSL storage type per operand (0 = output); modes: 'c' contiguous, 's' strided,
-    'b' broadcast scalar; binds: binding slot per operand (operands sharing a buffer share one)."""
+    'b' broadcast scalar; binds: binding slot per operand (operands sharing a buffer share one);
+    named: (name, "f" | "i" | "u") of each named scalar, in word order from SCALAR_BASE."""
     decls, seen = [], set()
     for k, (ty, b) in enumerate(zip(types, binds)):
         if b in seen:
@@ -87,7 +90,8 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple) -> Kernel:
         seen.add(b)
         access = "read_write" if k == 0 else "read"
         decls.append(f"@group(0) @binding({b}) var<storage, {access}> B{b}: array<{ty}>;")
-    body = []
+    body = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
+            for k, (name, kind) in enumerate(named)]
     names = ["o", "a", "b", "c"]
     for k, m in enumerate(modes):
         base = 10 + 9 * k
@@ -135,9 +139,18 @@ def _layout(shape, strides_list) -> tuple:
     return hit
 
 
+def scalar_kind(value) -> str:
+    """'f' (f32), 'u' (u32: numpy unsigned ints, e.g. seeds) or 'i' (i32) for a map scalar."""
+    if isinstance(value, (float, np.floating)):
+        return "f"
+    return "u" if isinstance(value, np.unsignedinteger) else "i"
+
+
 def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
-    """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape. Scalars are read in
-    ``expr`` as pf(48u), pf(49u), ... (or pi/pu). Bumps out's storage version (a write)."""
+    """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape; ``i`` is the
+    element's linear index. ``scalars`` {name: value} are read by name in ``expr`` (Python
+    floats as f32, ints as i32, np.uint32 as u32); a list instead is raw words from
+    SCALAR_BASE (pf(48u), ...). Bumps out's storage version (a write)."""
     n = out.numel()
     if n == 0:
         return out
@@ -163,7 +176,11 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
             buffers.append(b)
             binds.append(len(buffers))
         types.append(DTYPES[t.dtype])
+    names = ()
+    if isinstance(scalars, dict):
+        names = tuple((name, scalar_kind(v)) for name, v in scalars.items())
+        scalars = scalars.values()
     params.extend(scalars)
-    dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds)), buffers, params, n)
+    dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names), buffers, params, n)
     out._storage.version += 1
     return out

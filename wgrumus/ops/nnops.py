@@ -267,8 +267,8 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tens
         record("dropout", out, [x], lambda g: (map_op("0.0", [g], shape=x.shape),))
         return out
     s = next_seed(seed)
-    expr = f"select(0.0, a * pf(49u), uniform_(pu(48u), i, {DROPOUT_STREAM}u) >= pf(50u))"
-    scalars = [s, 1.0 / (1.0 - p), p]
+    expr = f"select(0.0, a * scale, uniform_(seed, i, {DROPOUT_STREAM}u) >= p)"
+    scalars = {"seed": np.uint32(s), "scale": 1.0 / (1.0 - p), "p": float(p)}
     out = map_op(expr, [x], scalars=scalars)
     record("dropout", out, [x], lambda g: (map_op(expr, [g], shape=x.shape, scalars=scalars),))
     return out
@@ -386,11 +386,11 @@ def _cross_entropy_long(lg: Tensor, tt: Tensor, ignore: int, eps: float, reducti
     from .reduce import mean as mean_, sum as sum_
     N = lg.shape[0]
     lsm = _softmax_long(lg, True, 1.0, False)
-    safe = map_op("select(a, 0, a == pi(48u))", [tt], dtype=int32, scalars=[ignore])
+    safe = map_op("select(a, 0, a == ignore)", [tt], dtype=int32, scalars={"ignore": ignore})
     loss = neg(reshape(gather(lsm, 1, reshape(safe, (N, 1))), (N,)))
     if eps:
         loss = add(mul(loss, 1.0 - eps), mul(reshape(mean_(lsm, 1), (N,)), -eps))
-    keep = map_op("select(1.0, 0.0, a == pi(48u))", [tt], scalars=[ignore])
+    keep = map_op("select(1.0, 0.0, a == ignore)", [tt], scalars={"ignore": ignore})
     rows = mul(loss, keep)
     if reduction == "none":
         return rows

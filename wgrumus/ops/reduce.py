@@ -133,7 +133,7 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     if name == "sum":
         def bw(g):
             gk = reshape(g, kd)
-            return (map_op("a * pf(48u)", [gk], shape=in_shape, scalars=[scale]),)
+            return (map_op("a * scale", [gk], shape=in_shape, scalars={"scale": scale}),)
         record("mean" if mean else "sum", out, [with_grad], bw)
     else:
         o = saved_output(out)

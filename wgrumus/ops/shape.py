@@ -178,7 +178,8 @@ def setitem(x: Tensor, idx, value) -> None:
                            "wr.no_grad() or build the value with wr.where / wr.cat")
     from . import masking
     if isinstance(idx, (Tensor, list, np.ndarray)) and masking.is_mask(idx):
-        return masking.assign(x, idx, value)
+        masking.assign(x, idx, value)
+        return
     shape, strides, off = _index_view(x, idx)
     view = x._view(shape, strides, off)
     if not isinstance(value, Tensor):

@@ -12,13 +12,12 @@ capture calls instead of reusing the captured words.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
 from ..runtime.capture import refuse
-from ..runtime.kernels import Kernel
+from ..runtime.kernels import Kernel, multi_tensor_kernel
 from .optimizer import Optimizer, launch
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
@@ -138,28 +137,15 @@ def multi_width(dev) -> int:
     return max(1, min(MULTI_MAX, lim // 4))
 
 
-@functools.lru_cache(maxsize=None)
 def multi_kernel(k: int) -> Kernel:
     """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each."""
-    decls, body = [], []
-    for j in range(k):
-        b = 1 + 4 * j
-        decls += [f"@group(0) @binding({b}) var<storage, read_write> P{j}: array<f32>;",
-                  f"@group(0) @binding({b + 1}) var<storage, read> G{j}: array<f32>;",
-                  f"@group(0) @binding({b + 2}) var<storage, read_write> M{j}: array<f32>;",
-                  f"@group(0) @binding({b + 3}) var<storage, read_write> V{j}: array<f32>;"]
-        w = 8 + 7 * j
-        start = "0u" if j == 0 else f"pu({w - 7}u)"
-        body += [f"    if (i < pu({w}u)) {{",
-                 f"        let e = i - {start};",
-                 f"        let ip = pu({w + 1}u) + e;",
-                 f"        let im = pu({w + 3}u) + e;",
-                 f"        let iv = pu({w + 4}u) + e;",
-                 f"        let r = adam_(P{j}[ip], G{j}[pu({w + 2}u) + e], M{j}[im], V{j}[iv], "
-                 f"pf({w + 5}u), pf({w + 6}u));",
-                 f"        P{j}[ip] = r.x;",
-                 f"        M{j}[im] = r.y;",
-                 f"        V{j}[iv] = r.z;",
-                 "        return;",
-                 "    }"]
-    return Kernel.of("adam_multi", DECLS="\n".join(decls), BODY="\n".join(body))
+    return multi_tensor_kernel("adam_multi", k, 1, "P:read_write G:read M:read_write V:read_write",
+                               _ADAM_BRANCH)
+
+
+_ADAM_BRANCH = """        let s = part_({j}u);
+        let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e], s.step_size,
+                      s.bc2_sqrt);
+        P{j}[s.p + e] = r.x;
+        M{j}[s.m + e] = r.y;
+        V{j}[s.v + e] = r.z;"""

@@ -45,12 +45,13 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=N
             part = group.all_reduce(part, "max" if inf else "sum")
             if part.device is not dev:
                 part = part.to(dev)
-        total = part if inf else map_op("pow_(a, 1.0 / pf(48u))", [part], scalars=[norm_type])
+        total = part if inf else map_op("pow_(a, 1.0 / p)", [part], scalars={"p": norm_type})
         if error_if_nonfinite and not bool(abs(total.item()) < float("inf")):
             raise WgrumusError(f"clip_grad_norm_: the total gradient norm is {total.item()} "
                                f"(a gradient holds NaN or inf); check the inputs and loss for "
                                f"NaN, lower the learning rate, or pass error_if_nonfinite=False")
-        coef = map_op("min(pf(48u) / (a + 1e-6), 1.0)", [total], scalars=[float(max_norm)])
+        coef = map_op("min(max_norm / (a + 1e-6), 1.0)", [total],
+                      scalars={"max_norm": float(max_norm)})
         coefs = {dev: coef}
         # New tensors rather than in-place writes: autograd may hand the same gradient tensor
         # (or views of one) to several leaves, which an in-place scale would scale twice.
@@ -74,8 +75,8 @@ def _partial(gs, norm_type: float, dev) -> Tensor:
     if norm_type == float("inf"):
         parts = [reshape(_max(abs_(g)), (1,)) for g in gs]
     else:
-        expr = "a * a" if norm_type == 2.0 else "pow_(abs(a), pf(48u))"
-        parts = [reshape(_sum(map_op(expr, [g], scalars=[norm_type])), (1,)) for g in gs]
+        expr = "a * a" if norm_type == 2.0 else "pow_(abs(a), p)"
+        parts = [reshape(_sum(map_op(expr, [g], scalars={"p": norm_type})), (1,)) for g in gs]
     red = _max if norm_type == float("inf") else _sum
     by_dev: dict = {}
     for t in parts:

@@ -5,3 +5,7 @@ from .errors import (AdapterLimitError, CaptureError, DeviceMismatchError, Kerne
                      NoAdapterError, ShapeError, WgrumusError)
 from .gpu_timer import GpuTimer
 from .kernels import Kernel
+
+__all__ = ["AdapterLimitError", "CaptureError", "Device", "DeviceMismatchError", "GpuTimer",
+           "Kernel", "KernelError", "MultiGpuContext", "NoAdapterError", "ShapeError",
+           "WgrumusError", "default_device", "devices", "get_device"]

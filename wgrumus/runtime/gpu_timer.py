@@ -13,6 +13,7 @@ import numpy as np
 import wgpu
 
 from .errors import AdapterLimitError
+from .native import timestamp_period_ns
 
 MAX_PASSES = 2048  # WebGPU allows 4096 queries per query set: two per pass
 
@@ -53,7 +54,8 @@ class GpuTimer:
         if n:
             ticks = np.frombuffer(dev.read(self._resolved, 0, 16 * n), np.uint64).reshape(n, 2)
             spans = ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64)
-            self.seconds = float(np.clip(spans, 0, None).sum()) * _period_ns(dev) * 1e-9
+            ns = float(np.clip(spans, 0, None).sum()) * timestamp_period_ns(dev.queue)
+            self.seconds = ns * 1e-9
 
     def _pass_writes(self):
         """timestamp_writes for the pass being opened (called under the device lock)."""
@@ -64,12 +66,3 @@ class GpuTimer:
         self.passes += 1
         return {"query_set": self._queries, "beginning_of_pass_write_index": 2 * k,
                 "end_of_pass_write_index": 2 * k + 1}
-
-
-def _period_ns(device) -> float:
-    """Nanoseconds per timestamp tick (wgpu resolves raw ticks)."""
-    try:
-        from wgpu.backends.wgpu_native import _api
-        return float(_api.lib.wgpuQueueGetTimestampPeriod(device.queue._internal)) or 1.0
-    except (ImportError, AttributeError):
-        return 1.0

@@ -69,3 +69,22 @@ def _render_cached(family: str, defines: tuple) -> str:
 
 def render(family: str, defines: dict) -> str:
     return _render_cached(family, tuple(sorted(defines.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def multi_tensor_kernel(family: str, k: int, binding: int, arrays: str, branch: str) -> Kernel:
+    """``family`` for k tensors updated by one dispatch over their concatenated element range:
+    tensor j's f32 arrays (``arrays``: "NAME:access ...", bound in order from ``binding``) and
+    one branch for its elements, ``branch`` with j for {j} and e its element index. The shader
+    defines ``end_(j)``: the cumulative element count up to and including tensor j."""
+    decls, body = [], []
+    for j in range(k):
+        for spec in arrays.split():
+            name, access = spec.split(":")
+            decls.append(f"@group(0) @binding({binding}) var<storage, {access}> {name}{j}: "
+                         "array<f32>;")
+            binding += 1
+        start = "0u" if j == 0 else f"end_({j - 1}u)"
+        body.append(f"    if (i < end_({j}u)) {{\n        let e = i - {start};\n"
+                    f"{branch.format(j=j)}\n        return;\n    }}")
+    return Kernel.of(family, DECLS="\n".join(decls), BODY="\n".join(body))

@@ -1,45 +1,62 @@
-"""wgpu-native's C API for staging buffers, where wgpu-py's wrapper cannot do what we need.
+"""The one place that touches wgpu-py internals: its private attributes and wgpu-native's C API
+through wgpu-py's cffi handles. Everything else in wgrumus uses wgpu-py's public API and these
+functions.
 
-wgpu-py resolves a ``map_async`` promise on its per-device poll thread, which blocks in
-``wgpuDevicePoll(wait=True)`` until *all* submitted work is done (and holds the device's fence
-lock meanwhile, so other threads' submits wait too). A pipeline that keeps several copies in
-flight then sees each map resolve only when the pipeline drains. Here each map request carries
-its own callback, and the waiter polls for exactly the submission its copy went in
-(``wgpuQueueSubmitForIndex`` + ``wgpuDevicePoll(wait, &index)``), so chunk k's map resolves while
-chunk k+1's copy is still running.
-
-Everything here is behind a check of wgpu-py's version (the tested range) and of the C symbols;
-outside it ``api()`` returns the same interface over wgpu-py's own promises (correct, but maps
-resolve only when the device is idle, so transfers do not overlap).
+Each use is behind ``c_api()``, which is None outside the wgpu-py range that _deps.py pins (only
+reachable with WGRUMUS_ANY_WGPU=1) or where the C symbols are missing; then each feature falls
+back to wgpu-py's public API (slower, same results). The features:
+- staging maps (``api()``): wgpu-py resolves a ``map_async`` promise on its per-device poll
+  thread, which blocks in ``wgpuDevicePoll(wait=True)`` until *all* submitted work is done (and
+  holds the device's fence lock meanwhile). Here each map request carries its own callback and
+  the waiter polls for exactly the submission its copy went in (``wgpuQueueSubmitForIndex`` +
+  ``wgpuDevicePoll(wait, &index)``), so chunk k's map resolves while chunk k+1's copy runs;
+- ``RawPass`` / ``RawReplay``: recording dispatches with three C calls each (wgpu-py's wrapper
+  costs about a fifth of a small dispatch's host time);
+- ``trusted_module``: shaders compiled without wgpu's injected bounds checks;
+- ``timestamp_period_ns``, ``mapped_range`` and ``map_read_async``.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import threading
 import time
 
 import numpy as np
 
-TESTED = ((0, 27), (0, 32))  # wgpu-py versions (major, minor), inclusive
+from .._deps import WGPU_TESTED, _minor as _version
+
+TESTED = (WGPU_TESTED[0], (WGPU_TESTED[1][0], WGPU_TESTED[1][1] - 1))  # (major, minor), inclusive
 _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
-            "wgpuBufferGetMappedRange", "wgpuBufferUnmap")
+            "wgpuBufferGetMappedRange", "wgpuBufferUnmap", "wgpuComputePassEncoderSetPipeline",
+            "wgpuComputePassEncoderSetBindGroup", "wgpuComputePassEncoderDispatchWorkgroups",
+            "wgpuCommandEncoderCopyBufferToBuffer", "wgpuQueueGetTimestampPeriod")
 MAP_READ, MAP_WRITE = 1, 2  # WGPUMapMode bits
 _api_obj = None
 _api_lock = threading.Lock()
 
 
-def _version(v: str) -> tuple:
-    parts = []
-    for p in v.split(".")[:2]:
-        digits = "".join(itertools.takewhile(str.isdigit, p))
-        parts.append(int(digits or 0))
-    return tuple(parts)
+@functools.cache
+def c_api():
+    """wgpu-py's cffi module of wgpu-native (``lib``, ``libf``, ``ffi``) where this wgpu-py is
+    in the tested range and has every symbol used here; else None."""
+    try:
+        import wgpu
+        from wgpu.backends.wgpu_native import _api
+    except ImportError:
+        return None
+    if not TESTED[0] <= _version(wgpu.__version__) <= TESTED[1]:
+        return None
+    try:
+        return _api if all(hasattr(_api.lib, s) for s in _SYMBOLS) else None
+    except Exception:  # noqa: BLE001 - another layout of wgpu-py's internals: public API
+        return None
 
 
 def api():
-    """The staging API: wgpu-native's C functions (``.native`` True) where this wgpu-py is in
-    the tested range and has every symbol, else wgpu-py's promises (WGRUMUS_NO_NATIVE=1 forces
-    that)."""
+    """The staging API: wgpu-native's C functions (``.native`` True) where ``c_api()`` is
+    available, else wgpu-py's promises (WGRUMUS_NO_NATIVE=1 forces that)."""
     global _api_obj
     if _api_obj is not None:
         return _api_obj
@@ -50,22 +67,132 @@ def api():
 
 
 def _load():
-    import os
-    if os.environ.get("WGRUMUS_NO_NATIVE"):
+    capi = c_api()
+    if os.environ.get("WGRUMUS_NO_NATIVE") or capi is None:
         return None
     try:
-        import wgpu
-        from wgpu.backends.wgpu_native import _api
-    except ImportError:
-        return None
-    if not TESTED[0] <= _version(wgpu.__version__) <= TESTED[1]:
-        return None
-    try:
-        if not all(hasattr(_api.lib, s) for s in _SYMBOLS):
-            return None
-        return _Native(_api)
+        return _Native(capi)
     except Exception:  # noqa: BLE001 - a header of another shape: use wgpu-py's API
         return None
+
+
+def mapped_range(buffer, size: int) -> memoryview:
+    """A writable memoryview of the first ``size`` bytes of a mapped buffer (no copy)."""
+    return buffer._experimental_get_mapped_range(0, size)
+
+
+def map_read_async(buffer, size: int):
+    """wgpu-py's promise of mapping ``buffer`` for reading, without the empty submit that its
+    public "READ" mode makes first to sync on (the copy into it was submitted just before)."""
+    return buffer.map_async("READ_NOSYNC" if c_api() else "READ", 0, size)
+
+
+def timestamp_period_ns(queue) -> float:
+    """Nanoseconds per timestamp tick (1.0 where wgpu-py already resolves raw ticks)."""
+    capi = c_api()
+    return float(capi.lib.wgpuQueueGetTimestampPeriod(queue._internal)) or 1.0 if capi else 1.0
+
+
+def trusted_module(device, code: str, label: str):
+    """wgpuDeviceCreateShaderModuleTrusted with no runtime checks; None where this wgpu-native
+    lacks it (then the caller compiles through the checked path)."""
+    capi = c_api()
+    fn = getattr(capi.libf, "wgpuDeviceCreateShaderModuleTrusted", None) if capi else None
+    if fn is None:
+        return None
+    ffi = capi.ffi
+    src = capi.new_struct_p("WGPUShaderSourceWGSL *", code=capi.to_c_string_view(code))
+    src[0].chain.next = ffi.NULL
+    src[0].chain.sType = capi.lib.WGPUSType_ShaderSourceWGSL
+    desc = capi.new_struct_p("WGPUShaderModuleDescriptor *",
+                             nextInChain=ffi.cast("WGPUChainedStruct *", src),
+                             label=capi.to_c_string_view(label))
+    mid = fn(device._internal, desc, 0)
+    return None if mid == ffi.NULL else capi.GPUShaderModule(label, mid, device)
+
+
+class RawPass:
+    """Records into the open compute pass through wgpu-native's C functions directly. Pass
+    commands report no errors of their own (WebGPU defers them to ``finish()``, which still goes
+    through wgpu-py), so nothing is lost. A pipeline already set in this pass is not set again."""
+
+    @classmethod
+    def create(cls):
+        """A RawPass, or None under WGRUMUS_CHECKED_PASS=1 or without ``c_api()``."""
+        capi = c_api()
+        return None if capi is None or os.environ.get("WGRUMUS_CHECKED_PASS") else cls(capi)
+
+    def __init__(self, capi):
+        self._set_pipeline = capi.lib.wgpuComputePassEncoderSetPipeline
+        self._set_bind_group = capi.lib.wgpuComputePassEncoderSetBindGroup
+        self._dispatch = capi.lib.wgpuComputePassEncoderDispatchWorkgroups
+        self._offset = capi.ffi.new("uint32_t[1]")
+        self._pass = self._pipe = None
+
+    def begin(self, compute_pass) -> None:
+        self._pass, self._pipe = compute_pass._internal, None
+
+    def dispatch(self, pipe, bind_group, offset: int, gx: int, gy: int, gz: int) -> None:
+        cp = self._pass
+        if pipe is not self._pipe:
+            self._set_pipeline(cp, pipe._internal)
+            self._pipe = pipe
+        self._offset[0] = offset
+        self._set_bind_group(cp, 0, bind_group._internal, 1, self._offset)
+        self._dispatch(cp, gx, gy, gz)
+
+
+class RawReplay:
+    """A replay's segments ((PASS, dispatches) or (COPY, copy)) lowered once to wgpu-native
+    handles, and encoded with the C calls at every replay."""
+    PASS, COPY = 0, 1
+
+    def __init__(self, capi, segs, ndispatch: int):
+        self.lib, ffi = capi.lib, capi.ffi
+        self._offsets = ffi.new("uint32_t[]", max(ndispatch, 1))
+        self.segs, k = [], 0
+        for kind, body in segs:
+            if kind == self.COPY:
+                src, so, dst, do, nb = body
+                self.segs.append((kind, (src._internal, so, dst._internal, do, nb)))
+                continue
+            lowered, last = [], None
+            for pipe, bg, offs, gx, gy, gz in body:
+                p = None if pipe is last else pipe._internal  # set only where it changes
+                last = pipe
+                if offs:
+                    self._offsets[k] = offs[0]
+                    lowered.append((p, bg._internal, 1, self._offsets + k, gx, gy, gz))
+                else:
+                    lowered.append((p, bg._internal, 0, ffi.NULL, gx, gy, gz))
+                k += 1
+            self.segs.append((kind, lowered))
+
+    def encode(self, enc, open_pass, before, after) -> None:
+        """Into encoder ``enc``: the ``before`` copies, the segments (passes opened by
+        ``open_pass(enc)``), the ``after`` copies."""
+        lib = self.lib
+        copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        set_pipe = lib.wgpuComputePassEncoderSetPipeline
+        set_bg = lib.wgpuComputePassEncoderSetBindGroup
+        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+        e = enc._internal
+        for src, so, dst, do, nb in before:
+            copy(e, src._internal, so, dst._internal, do, nb)
+        for kind, body in self.segs:
+            if kind == self.COPY:
+                copy(e, *body)
+                continue
+            cp = open_pass(enc)
+            h = cp._internal
+            for pipe, bg, n, offs, gx, gy, gz in body:
+                if pipe is not None:
+                    set_pipe(h, pipe)
+                set_bg(h, 0, bg, n, offs)
+                dispatch(h, gx, gy, gz)
+            cp.end()
+        for src, so, dst, do, nb in after:
+            copy(e, src._internal, so, dst._internal, do, nb)
 
 
 class MapRequest:
@@ -82,14 +209,14 @@ class MapRequest:
 class _Native:
     native = True
 
-    def __init__(self, _api):
-        ffi, lib = _api.ffi, _api.lib
+    def __init__(self, capi):
+        ffi, lib = capi.ffi, capi.lib
         self.ffi, self.lib = ffi, lib
-        self._submit = _api.libf.wgpuQueueSubmitForIndex  # raises wgpu's validation errors
+        self._submit = capi.libf.wgpuQueueSubmitForIndex  # raises wgpu's validation errors
         self._poll = lib.wgpuDevicePoll
         self._map = lib.wgpuBufferMapAsync
         self._range = lib.wgpuBufferGetMappedRange
-        self._unmap = _api.libf.wgpuBufferUnmap
+        self._unmap = capi.libf.wgpuBufferUnmap
         self._pending: dict[int, MapRequest] = {}
         self._keys = itertools.count(1)  # next() is atomic under the GIL
         # One C callback for every map request; userdata1 carries the request's key.
@@ -184,7 +311,8 @@ class _WgpuPy:
 
     def map_async(self, buffer, mode: int, size: int, index=None) -> MapRequest:
         req = MapRequest(buffer, mode, size, index)
-        req.status = buffer.map_async("READ_NOSYNC" if mode == MAP_READ else "WRITE", 0, size)
+        req.status = (map_read_async(buffer, size) if mode == MAP_READ
+                      else buffer.map_async("WRITE", 0, size))
         return req
 
     def wait(self, device, req: MapRequest, deadline: float) -> None:
@@ -199,7 +327,7 @@ class _WgpuPy:
         return req.status is True or req.status._thread_event.is_set()
 
     def mapped_array(self, buffer, size: int, dtype=np.uint8) -> np.ndarray:
-        return np.frombuffer(buffer._experimental_get_mapped_range(0, size), dtype)
+        return np.frombuffer(mapped_range(buffer, size), dtype)
 
     def unmap(self, buffer) -> None:
         buffer.unmap()

@@ -34,7 +34,8 @@ class BufferPool:
     the same buffers at the same points every time, whatever order its tensors died in: the
     device's bind groups, cached by buffers, then hit instead of being rebuilt each step (with a
     LIFO list the assignment drifts from step to step: ~130 of ~190 bind groups of a small
-    GPT-mini step were new every step). Release may run in any thread (GC); the lock guards the heaps.
+    GPT-mini step were new every step). Release may run in any thread (GC); a lock guards the
+    heaps.
 
     Every buffer handed out stays referenced by the pool (``_live``) until it is released. That
     keeps a buffer out of the garbage when its Storage dies inside a reference cycle: otherwise

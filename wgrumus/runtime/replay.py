@@ -16,16 +16,9 @@ import numpy as np
 import wgpu
 
 from .device import SLOT, _pack
+from .native import RawReplay, c_api
 
-_PASS, _COPY = 0, 1
-
-
-def _c_api():
-    try:
-        from wgpu.backends.wgpu_native import _api
-        return _api.lib, _api.ffi
-    except (ImportError, AttributeError):  # another wgpu-py layout: its public API is used
-        return None, None
+_PASS, _COPY = RawReplay.PASS, RawReplay.COPY
 
 
 class Replay:
@@ -72,8 +65,8 @@ class Replay:
         self._keep += [bind_groups, segs]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._lib, self._ffi = _c_api() if dev._raw is not None else (None, None)
-        self._segs = self._lower(segs) if self._lib is not None else segs
+        self._raw = RawReplay(c_api(), segs, n) if dev._raw is not None else None
+        self._segs = segs
 
     def _bind_group(self, layout, bufs, offset):
         entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
@@ -81,31 +74,6 @@ class Replay:
         entries += [{"binding": i + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
                     for i, b in enumerate(bufs)]
         return self.device.wgpu.create_bind_group(layout=layout, entries=entries)
-
-    def _lower(self, segs):
-        """The segments with wgpu-native handles in place of wgpu-py objects, the pipeline
-        left out (None) where the pass already has it, and offsets as C arrays."""
-        ffi, out = self._ffi, []
-        offsets = ffi.new("uint32_t[]", max(self.dispatches, 1))
-        self._keep.append(offsets)
-        k = 0
-        for kind, body in segs:
-            if kind == _COPY:
-                src, so, dst, do, nb = body
-                out.append((_COPY, (src._internal, so, dst._internal, do, nb)))
-                continue
-            lowered, last = [], None
-            for pipe, bg, offs, gx, gy, gz in body:
-                p = None if pipe is last else pipe._internal
-                last = pipe
-                if offs:
-                    offsets[k] = offs[0]
-                    lowered.append((p, bg._internal, 1, offsets + k, gx, gy, gz))
-                else:
-                    lowered.append((p, bg._internal, 0, ffi.NULL, gx, gy, gz))
-                k += 1
-            out.append((_PASS, lowered))
-        return out
 
     def run(self, before=(), after=()) -> None:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
@@ -120,8 +88,8 @@ class Replay:
                 lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
                 dev.queue.write_buffer(self._arena, lo * SLOT, self._words[lo:hi])
             enc = dev.wgpu.create_command_encoder()
-            if self._lib is not None:
-                self._encode_raw(enc, before, after)
+            if self._raw is not None:
+                self._raw.encode(enc, self._pass, before, after)
             else:
                 self._encode_api(enc, before, after)
             dev._submit(enc.finish())
@@ -132,30 +100,6 @@ class Replay:
         writes = timer._pass_writes() if timer is not None else None
         return enc.begin_compute_pass(timestamp_writes=writes) if writes else \
             enc.begin_compute_pass()
-
-    def _encode_raw(self, enc, before, after) -> None:
-        lib = self._lib
-        copy = lib.wgpuCommandEncoderCopyBufferToBuffer
-        set_pipe = lib.wgpuComputePassEncoderSetPipeline
-        set_bg = lib.wgpuComputePassEncoderSetBindGroup
-        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
-        e = enc._internal
-        for src, so, dst, do, nb in before:
-            copy(e, src._internal, so, dst._internal, do, nb)
-        for kind, body in self._segs:
-            if kind == _COPY:
-                copy(e, *body)
-                continue
-            cp = self._pass(enc)
-            h = cp._internal
-            for pipe, bg, n, offs, gx, gy, gz in body:
-                if pipe is not None:
-                    set_pipe(h, pipe)
-                set_bg(h, 0, bg, n, offs)
-                dispatch(h, gx, gy, gz)
-            cp.end()
-        for src, so, dst, do, nb in after:
-            copy(e, src._internal, so, dst._internal, do, nb)
 
     def _encode_api(self, enc, before, after) -> None:
         for c in before:
