@@ -21,6 +21,7 @@ from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
 from .bounds import LOOP_BUDGET, chunk_rows
 from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
+from . import rowops
 from .random import next_seed
 from .shape import permute, reshape
 
@@ -94,8 +95,11 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         return _softmax_long(xc, log, scale, causal)
     out = Tensor.empty(xc.shape, xc.device, float32)
     if R:
-        dev.dispatch(plan[0], [xc._storage.buffer, out._storage.buffer],
-                     [R, L, xc.offset, out.offset, scale, tq], plan[1])
+        xb, ob = xc._storage.buffer, out._storage.buffer
+        fast = rowops.plan(dev, "sm_fwd", L, R, (xc.offset, out.offset), log)
+        k, groups = fast or plan
+        dev.dispatch(k, [xb, xb, xb, ob] if fast else [xb, ob],
+                     [R, L, xc.offset, out.offset, scale, tq], groups)
 
     o = saved_output(out)  # no cycle out -> node -> closure -> out
     record("log_softmax" if log else "softmax", out, [xc],
@@ -113,12 +117,17 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
     dev = out.device
     dx = Tensor.empty(out.shape, dev, float32)
     if R:
+        words = [R, L, out.offset, g.offset, dx.offset, float(scale), tq]
+        yb, gb, db = out._storage.buffer, g._storage.buffer, dx._storage.buffer
+        fast = rowops.plan(dev, "sm_bwd", L, R, (out.offset, g.offset, dx.offset), log)
+        if fast:
+            dev.dispatch(fast[0], [yb, gb, gb, db], words, fast[1])
+            return dx
         plan = row_kernel(dev, "softmax", "bwd", L, R, 2, LOG=str(log).lower())
         if plan is None:
             raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
                              f"workgroup can reduce; use softmax() (it splits such rows)")
-        dev.dispatch(plan[0], [out._storage.buffer, dx._storage.buffer, g._storage.buffer],
-                     [R, L, out.offset, g.offset, dx.offset, float(scale), tq], plan[1])
+        dev.dispatch(plan[0], [yb, db, gb], words, plan[1])
     return dx
 
 
@@ -187,9 +196,10 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     out = Tensor.empty(xc.shape, dev, float32)
     mean = Tensor.empty((R,), dev, float32)
     rstd = Tensor.empty((R,), dev, float32)
+    offs = [xc.offset, wc.offset if wc is not None else 0, bc.offset if bc is not None else 0]
     if R and L:
         xb = xc._storage.buffer
-        k, groups = plan
+        k, groups = rowops.plan(dev, "ln_fwd", L, R, offs + [out.offset]) or plan
         dev.dispatch(k,
                      [xb, wc._storage.buffer if wc is not None else xb,
                       bc._storage.buffer if bc is not None else xb, out._storage.buffer,
@@ -204,7 +214,8 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         dx = Tensor.empty(xc.shape, dev, float32) if xc.requires_grad else None
         gw = gbias = None
         if R and L and dx is not None:
-            k, groups = row_kernel(dev, "layernorm", "bwd", L, R, 2)
+            k, groups = (rowops.plan(dev, "ln_bwd", L, R, offs + [g.offset, dx.offset])
+                         or row_kernel(dev, "layernorm", "bwd", L, R, 2))
             dev.dispatch(k,
                          [xb, gb, wc._storage.buffer if wc is not None else xb,
                           dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
