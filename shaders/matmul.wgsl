@@ -33,7 +33,8 @@ const TILEM: u32 = {{TILEM}}u;  // 16 * TM
 const TILEN: u32 = {{TILEN}}u;  // 16 * TN
 const TQA: u32 = {{TQA}}u;  // TILEM / 4: vec4 quads per row of the A tile
 const TQB: u32 = {{TQB}}u;  // TILEN / 4
-const TQPA: u32 = {{TQPA}}u;  // row pitch of the workgroup tiles in quads (TQA + padding)
+const TQPA: u32 = {{TQPA}}u;  // row pitch of the workgroup tiles in quads (TQA + padding;
+                              // with AK: BK / 4, A's tile is [TILEM m][BK / 4 k-quads])
 const TQPB: u32 = {{TQPB}}u;
 const BK: u32 = {{BK}}u;
 const AM: u32 = {{AM}}u;
@@ -42,6 +43,8 @@ const SWZ: u32 = {{SWZ}}u;
 const SPLIT: u32 = {{SPLIT}}u;
 const EXACT: bool = {{EXACT}};
 
+const ABUF: u32 = {{ABUF}}u;  // quads per buffer of As (BK * TQPA, or TILEM * TQPA with AK)
+const AK: bool = {{AK}};  // A (k-contiguous) staged as it is read, no transposing stores
 var<workgroup> As: array<vec4<{{S}}>, {{SMEMA}}>;  // [2 buffers][BK k][TQPA m-quads]
 var<workgroup> Bs: array<vec4<{{S}}>, {{SMEMB}}>;  // [2 buffers][BK k][TQPB n-quads]
 
@@ -72,7 +75,9 @@ fn fetch_a(q: u32, row0: u32, k0: u32, M: u32, K: u32, a0: u32, ars: u32, acs: u
 }
 
 fn stage_a(q: u32, base: u32, v: vec4<{{S}}>) {
-    if (AM == 0u) {
+    if (AK) {
+        As[base + q] = v;  // quad q is row q / (BK / 4), k-quad q % (BK / 4)
+    } else if (AM == 0u) {
         let mm = q / (BK / 4u);
         let kk = (q % (BK / 4u)) * 4u;
         for (var e = 0u; e < 4u; e++) { As[base + (kk + e) * TQPA + mm / 4u][mm % 4u] = v[e]; }
@@ -163,16 +168,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         if (more) {  // fetch the next step while this one computes
 {{PREFETCH}}
         }
-        let ba = cur * BK * TQPA;
+        let ba = cur * ABUF;
         let bb = cur * BK * TQPB;
-        for (var kk = 0u; kk < BK; kk++) {
-            let ka = ba + kk * TQPA;
-            let kb = bb + kk * TQPB;
 {{FMA}}
-        }
 {{FLUSH}}
         if (more) {
-            let na = (cur ^ 1u) * BK * TQPA;
+            let na = (cur ^ 1u) * ABUF;
             let nb = (cur ^ 1u) * BK * TQPB;
 {{STAGE}}
         }

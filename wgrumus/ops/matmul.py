@@ -89,22 +89,39 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False) -> dict:
+def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
+              ak: bool = False) -> dict:
     """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
     such arrays in registers, while a loop index can push them to (slow) local memory. With
-    ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators per k step."""
+    ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators per k step;
+    with ``ak`` A's tile is [m][k] and each row's vec4 covers 4 k (4 k per loop pass)."""
     tn = tm if tn is None else tn
     qa, qb = tm // 4, tn // 4
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     ind = " " * 12
-    fma = [f"let a{i} = As[ka + ty + {16 * i}u];" for i in range(qa)]
-    fma += [f"let b{j} = Bs[kb + tx + {16 * j}u];" for j in range(qb)]
     acc, vt = ("acch", "vec4<f16>") if half else ("acc", "vec4<f32>")
-    for i in range(qa):
-        for r, c in enumerate("xyzw"):
-            for j in range(qb):
-                k = (i * 4 + r) * qb + j
-                fma.append(f"{acc}[{k}] = fma({vt}(a{i}.{c}), b{j}, {acc}[{k}]);")
+    if ak:  # 4 k per pass: a{row} = 4 k of one row, b{c}_{j} = quad j of k + c
+        fma = ["let ka = ba + kk / 4u + ty * 4u * TQPA;", "let kb = bb + kk * TQPB;"]
+        fma += [f"let a{i}{r} = As[ka + {64 * i + r}u * TQPA];" for i in range(qa) for r in range(4)]
+        fma += [f"let b{c}_{j} = Bs[kb + {c}u * TQPB + tx + {16 * j}u];" for c in range(4)
+                for j in range(qb)]
+        for c, cc in enumerate("xyzw"):
+            for i in range(qa):
+                for r in range(4):
+                    for j in range(qb):
+                        k = (i * 4 + r) * qb + j
+                        fma.append(f"{acc}[{k}] = fma({vt}(a{i}{r}.{cc}), b{c}_{j}, {acc}[{k}]);")
+        head = "for (var kk = 0u; kk < BK; kk += 4u) {"
+    else:
+        fma = ["let ka = ba + kk * TQPA;", "let kb = bb + kk * TQPB;"]
+        fma += [f"let a{i} = As[ka + ty + {16 * i}u];" for i in range(qa)]
+        fma += [f"let b{j} = Bs[kb + tx + {16 * j}u];" for j in range(qb)]
+        for i in range(qa):
+            for r, c in enumerate("xyzw"):
+                for j in range(qb):
+                    k = (i * 4 + r) * qb + j
+                    fma.append(f"{acc}[{k}] = fma({vt}(a{i}.{c}), b{j}, {acc}[{k}]);")
+        head = "for (var kk = 0u; kk < BK; kk++) {"
     n = tm * tn // 4
     flush = [f"acc[{k}] += vec4<f32>(acch[{k}]); acch[{k}] = vec4<f16>(0.0);" for k in range(n)]
     stage0, pre, stage = [], [], []
@@ -128,7 +145,7 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False) -> di
                 store.append(f"    store_quad(c0 + m{i}{r} * N, col0 + (tx + {16 * j}u) * 4u, N, "
                              f"full, acc[{k}]);")
             store.append("}")
-    return {"FMA": "\n".join(ind + x for x in fma),
+    return {"FMA": "\n".join([" " * 8 + head] + [ind + x for x in fma] + [" " * 8 + "}"]),
             "FLUSH": "\n".join(" " * 8 + x for x in flush) if half else "",
             "ACCH": f"    var acch: array<vec4<f16>, {n}>;" if half else "",
             "STAGE0": "\n".join("    " + x for x in stage0),
@@ -140,12 +157,14 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False) -> di
 @functools.lru_cache(maxsize=256)
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
-               split: int = 1, exact: bool = False, half: bool = False) -> Kernel:
+               split: int = 1, exact: bool = False, half: bool = False,
+               ak: bool = False) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
-    packed f16 FMAs (``half``, f16 storage only). ``epilogue``: (activation template of {z}
+    packed f16 FMAs (``half``, f16 storage only), A's tile staged k-contiguous (``ak``, A in
+    load mode 0 only). ``epilogue``: (activation template of {z}
     or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
@@ -154,14 +173,18 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                          f"without loads")
     if half and not f16:
         raise ValueError("packed f16 matmul math needs f16 operands")
+    if ak and am != 0:
+        raise ValueError("a k-contiguous A tile needs A in load mode 0 (K contiguous)")
     t = "f16" if f16 else "f32"
+    tqpa = bk // 4 if ak else 4 * tm + pad
+    abuf = 16 * tm * tqpa if ak else bk * tqpa
     return Kernel.of("matmul", TILEM=16 * tm, TILEN=16 * tn, TQA=4 * tm, TQB=4 * tn,
-                     TQPA=4 * tm + pad, TQPB=4 * tn + pad, BK=bk, LOADA=la, LOADB=lb,
-                     SMEMA=2 * bk * (4 * tm + pad), SMEMB=2 * bk * (4 * tn + pad), T=t,
+                     TQPA=tqpa, TQPB=4 * tn + pad, BK=bk, LOADA=la, LOADB=lb, ABUF=abuf,
+                     AK=str(bool(ak)).lower(), SMEMA=2 * abuf, SMEMB=2 * bk * (4 * tn + pad), T=t,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32", F16=int(f16),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(),
-                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk, tn, half))
+                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk, tn, half, ak))
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
@@ -229,7 +252,8 @@ SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 
 # GPU kernel variants, by name: keyword arguments of kernel_for (tm, bk, swz; tn: columns per
 # invocation, default tm; split: split-K slices (2-4, plain products only); exact: no range
-# checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only).
+# checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only; ak:
+# A's tile kept k-contiguous where A is (no transposing stores: A @ B and A @ B.T layouts)).
 # benchmarks/_matmul_sweep.py times each against torch on a GPU.
 VARIANTS = {
     "t64": dict(tm=4, bk=16, swz=8),
@@ -238,6 +262,12 @@ VARIANTS = {
     "t128": dict(tm=8, bk=8, swz=8),
     "t128e": dict(tm=8, bk=8, swz=8, exact=True),
     "t128k16": dict(tm=8, bk=16, swz=8, exact=True),
+    "t128ak": dict(tm=8, bk=8, swz=8, exact=True, ak=True),
+    "t128k16ak": dict(tm=8, bk=16, swz=8, exact=True, ak=True),
+    "t64ak": dict(tm=4, bk=16, swz=8, exact=True, ak=True),
+    "t128x256ak": dict(tm=8, tn=16, bk=8, swz=8, exact=True, ak=True),
+    "t128s2ak": dict(tm=8, bk=8, swz=8, split=2, exact=True, ak=True),
+    "t64s4ak": dict(tm=4, bk=16, swz=8, split=4, exact=True, ak=True),
     "t128x256": dict(tm=8, tn=16, bk=8, swz=8, exact=True),
     "t256x128": dict(tm=16, tn=8, bk=8, swz=8, exact=True),
     "t64x128": dict(tm=4, tn=8, bk=16, swz=8, exact=True),
@@ -250,6 +280,8 @@ VARIANTS = {
     "h64": dict(tm=4, bk=16, swz=8, exact=True, half=True),
     "h128": dict(tm=8, bk=8, swz=8, exact=True, half=True),
     "h128k16": dict(tm=8, bk=16, swz=8, exact=True, half=True),
+    "h128ak": dict(tm=8, bk=8, swz=8, exact=True, half=True, ak=True),
+    "h128k16ak": dict(tm=8, bk=16, swz=8, exact=True, half=True, ak=True),
     "h128x256": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True),
     "h128s2": dict(tm=8, bk=8, swz=8, split=2, exact=True, half=True),
     "h64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True, half=True),
@@ -454,6 +486,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     v["exact"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0 \
         and kw % bk == 0 and K % bk == 0
     v["half"] = v.get("half", False) and f16
+    v["ak"] = v.get("ak", False) and am == 0
     k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, **v)
     dst = out if split == 1 else Tensor.empty((split,) + (nbatch * M * N,), a.device, float32)
     if split > 1:

@@ -196,10 +196,11 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     out = Tensor.empty(xc.shape, dev, float32)
     mean = Tensor.empty((R,), dev, float32)
     rstd = Tensor.empty((R,), dev, float32)
-    offs = [xc.offset, wc.offset if wc is not None else 0, bc.offset if bc is not None else 0]
     if R and L:
         xb = xc._storage.buffer
-        k, groups = rowops.plan(dev, "ln_fwd", L, R, offs + [out.offset]) or plan
+        offs = (xc.offset, wc.offset if wc is not None else 0,
+                bc.offset if bc is not None else 0, out.offset)
+        k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
         dev.dispatch(k,
                      [xb, wc._storage.buffer if wc is not None else xb,
                       bc._storage.buffer if bc is not None else xb, out._storage.buffer,
@@ -210,17 +211,8 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
 
     def bw(g):
         g = contiguous(g)
-        xb, gb = xc._storage.buffer, g._storage.buffer
-        dx = Tensor.empty(xc.shape, dev, float32) if xc.requires_grad else None
+        dx = layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
         gw = gbias = None
-        if R and L and dx is not None:
-            k, groups = (rowops.plan(dev, "ln_bwd", L, R, offs + [g.offset, dx.offset])
-                         or row_kernel(dev, "layernorm", "bwd", L, R, 2))
-            dev.dispatch(k,
-                         [xb, gb, wc._storage.buffer if wc is not None else xb,
-                          dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
-                         [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0,
-                          int(wc is not None), dx.offset], groups)
         if (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad):
             both = _weight_bias_grads(xc, g, mean, rstd, R, L)
             gw = reshape(both[0], ns) if wc is not None else None
@@ -228,6 +220,24 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         return dx, gw, gbias
     record("layer_norm", out, [xc, wc, bc], bw, saved=[xc] + ([wc] if wc is not None else []))
     return out
+
+
+def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -> Tensor:
+    """d(input) of layer_norm over the R = mean.numel() rows of contiguous ``xc``, from the
+    contiguous d(output) ``g``, the weight (or None) and the forward's row statistics."""
+    dev = xc.device
+    R = mean.numel()
+    L = xc.numel() // R if R else 0
+    dx = Tensor.empty(xc.shape, dev, float32)
+    if R and L:
+        xb = xc._storage.buffer
+        woff = wc.offset if wc is not None else 0
+        k, groups = (rowops.plan(dev, "ln_bwd", L, R, (xc.offset, g.offset, woff, dx.offset))
+                     or row_kernel(dev, "layernorm", "bwd", L, R, 2))
+        dev.dispatch(k, [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
+                         dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
+                     [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset], groups)
+    return dx
 
 
 def _layer_norm_long(xc, wc, bc, R, L, eps):

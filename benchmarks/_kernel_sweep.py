@@ -1,0 +1,328 @@
+"""Variant sweep for one GPU session (issue 22, items 3 and 4): every matmul variant of
+ops/matmul.py VARIANTS and every row-op variant of ops/rowops.py ROW_VARIANTS, timed next to
+torch (CUDA, TF32 off) in the same run, each checked against numpy first. Prints compact tables,
+the best variant per case and MATMUL_TABLE / ROW_TABLE rows to paste; stops starting new
+measurements after --budget seconds.
+
+    python3 benchmarks/_kernel_sweep.py [--sizes 512,1024,2048,4096] [--budget 400]
+        [--rows 16384x1024,...] [--only matmul,rows] [--out FILE]
+
+Times are GPU time from timestamp queries where the adapter has them (host dispatch cost left
+out, as torch's CUDA-event times leave it out), else host time around queued calls.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+os.environ.setdefault("WGRUMUS_DEVICES", "1")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+LINES: list = []
+T0 = time.perf_counter()
+
+
+def say(*parts):
+    line = " ".join(str(p) for p in parts)
+    LINES.append(line)
+    print(line, flush=True)
+
+
+def left(budget) -> bool:
+    return time.perf_counter() - T0 < budget
+
+
+def gpu_seconds(dev, fn, min_s):
+    """Seconds per call of fn (wgrumus): warm-up, probe, then n calls inside a GpuTimer."""
+    from wgrumus.runtime.gpu_timer import GpuTimer
+    fn(); dev.synchronize()
+    t0 = time.perf_counter(); fn(); dev.synchronize()
+    n = int(min(200, max(3, min_s / max(time.perf_counter() - t0, 1e-6))))
+    if "timestamp-query" in dev.features:
+        with GpuTimer(dev) as t:
+            for _ in range(n):
+                fn()
+        if t.seconds > 0 and not t.untimed:
+            return t.seconds / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dev.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def torch_seconds(torch, fn, min_s):
+    fn(); torch.cuda.synchronize()
+    t0 = time.perf_counter(); fn(); torch.cuda.synchronize()
+    n = int(min(200, max(3, min_s / max(time.perf_counter() - t0, 1e-6))))
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e-3 / n
+
+
+def get_torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+# ------------------------------------------------------------------------------ matmul
+
+def mm_cases(sizes):
+    """(dtype, layout, n, A shape, B shape): FLOPs of every case are 2 n^3."""
+    cases = []
+    for dt, layouts in (("f32", ("nn", "nt", "batched")), ("f16", ("nn", "nt"))):
+        for lay in layouts:
+            for n in sizes:
+                if lay == "batched":  # 8 products of n/2: the FLOPs of one n^3 product
+                    if n < 1024:
+                        continue
+                    h = n // 2
+                    cases.append((dt, lay, n, (8, h, h), (8, h, h)))
+                else:
+                    cases.append((dt, lay, n, (n, n), (n, n)))
+    return cases
+
+
+def sweep_matmul(dev, torch, sizes, budget, min_s):
+    import wgrumus as wr
+    mm = importlib.import_module("wgrumus.ops.matmul")
+    say(f"# matmul: TFLOP/s (2 n^3 / time); torch fp32 TF32 off, fp16 tensor cores; "
+        f"adapter class {mm.adapter_class(dev)}")
+    names = ["default"] + list(mm.VARIANTS)
+    keep = mm._pick_variant
+    if mm.use_cpu_kernel(dev):  # the variants are of the GPU kernel: run it here too
+        say("# CPU adapter: 'default' is the CPU kernel, the variants run the GPU kernel")
+    res: dict = {}  # (dt, lay, n) -> {name: tflops}
+    bad: dict = {}  # name -> error text
+    rng = np.random.default_rng(0)
+    for dt, lay, n, sa, sb in mm_cases(sizes):
+        if not left(budget):
+            say(f"budget spent: skipped matmul {dt} {lay} {n} and later cases")
+            break
+        npdt = np.float16 if dt == "f16" else np.float32
+        an = rng.standard_normal(sa).astype(npdt)
+        bn = rng.standard_normal(sb[:-2] + sb[-2:][::-1] if lay == "nt" else sb).astype(npdt)
+        a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
+        if lay == "nt":
+            b = b.transpose(-1, -2)
+        check = n == min(sizes) or (lay == "batched" and n == min(s for s in sizes if s >= 1024))
+        ref = None
+        if check:
+            ref = an.astype(np.float32) @ np.swapaxes(bn, -1, -2).astype(np.float32) \
+                if lay == "nt" else an.astype(np.float32) @ bn.astype(np.float32)
+        row = res.setdefault((dt, lay, n), {})
+        for name in names:
+            if not left(budget):
+                say(f"budget spent: matmul {dt} {lay} {n} stopped before {name}")
+                break
+            if name in bad:
+                continue
+            v = None if name == "default" else mm.VARIANTS[name]
+            if dt == "f32" and v and v.get("half"):
+                continue
+            mm._pick_variant = lambda *x, v=v: v
+            mm.CPU_KERNEL = None if v is None else False
+            try:
+                if ref is not None:
+                    got = (a @ b).numpy().astype(np.float32)
+                    err = float(np.abs(got - ref).max() / np.abs(ref).max())
+                    if not err < (3e-2 if dt == "f16" else 1e-4):
+                        bad[name] = f"max relative error {err:.2e} at {dt} {lay} {n}"
+                        continue
+                s = gpu_seconds(dev, lambda: a @ b, min_s)
+                row[name] = 2 * n ** 3 / s / 1e12
+            except Exception as e:  # a variant that does not build here: say so, go on
+                bad[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            finally:
+                mm._pick_variant, mm.CPU_KERNEL = keep, None
+        if torch is not None:
+            tdt = torch.float16 if dt == "f16" else torch.float32
+            x = torch.randn(*sa, device="cuda", dtype=tdt)
+            y = torch.randn(*sb, device="cuda", dtype=tdt)
+            if lay == "nt":
+                y = y.transpose(-1, -2)
+            row["torch"] = 2 * n ** 3 / torch_seconds(torch, lambda: x @ y, min_s) / 1e12
+            del x, y
+    for name, why in bad.items():
+        say(f"matmul variant {name} left out: {why}")
+    _mm_table(res, names)
+
+
+def _mm_table(res, names):
+    cols = sorted(res, key=lambda c: (c[0], c[1], c[2]))
+    say("variant".ljust(11) + " ".join(f"{d}{l[:2]}{n}".rjust(10) for d, l, n in cols))
+    for name in names + ["torch"]:
+        vals = [res[c].get(name) for c in cols]
+        if any(v is not None for v in vals):
+            say(name.ljust(11) + " ".join((f"{v:10.2f}" if v is not None else " " * 10)
+                                          for v in vals))
+    say("# best per case (x torch same dtype; f16 also x our best f32 nn rate at that n)")
+    table: dict = {}
+    for c in cols:
+        ours = {k: v for k, v in res[c].items() if k != "torch"}
+        if not ours:
+            continue
+        best = max(ours, key=ours.get)
+        t = res[c].get("torch")
+        f32 = {k: v for k, v in res.get(("f32", "nn", c[2]), {}).items() if k != "torch"}
+        extra = f" {ours[best] / max(f32.values()):.2f}x f32" if c[0] == "f16" and f32 else ""
+        say(f"best {c[0]} {c[1]} {c[2]}: {best} {ours[best]:.2f} TFLOP/s "
+            f"(default {ours.get('default', float('nan')):.2f})"
+            + (f" {ours[best] / t:.2f}x torch" if t else "") + extra)
+        if c[1] == "nn":
+            table.setdefault(c[0], []).append((c[2], best))
+    for dt, rows in table.items():
+        rows = sorted(rows)
+        lines = [(n * n if i < len(rows) - 1 else "1 << 62", b) for i, (n, b) in enumerate(rows)]
+        say(f"suggested MATMUL_TABLE[(class, {dt!r})] = ("
+            + ", ".join(f"({m}, {b!r})" for m, b in lines) + ")")
+
+
+# ------------------------------------------------------------------------------ row ops
+
+ROW_SHAPES = "16384x1024,65536x256,8192x768,4096x4096"
+ROW_BYTES = {"sm_fwd": 2, "sm_bwd": 3, "ln_fwd": 2, "ln_bwd": 3}  # f32 passes over R x L
+
+
+def sweep_rows(dev, torch, shapes, budget, min_s):
+    import wgrumus as wr
+    from wgrumus.ops import nnops, rowops
+    say("# row ops: GB/s (bytes of f32 reads + writes of R x L / time); the default is "
+        "softmax.wgsl / layernorm.wgsl")
+    names = ["default"] + list(rowops.ROW_VARIANTS)
+    res: dict = {}
+    bad: dict = {}
+    rng = np.random.default_rng(1)
+    for R, L in shapes:
+        if not left(budget):
+            say(f"budget spent: skipped rows {R}x{L} and later shapes")
+            break
+        xn = rng.standard_normal((R, L)).astype(np.float32)
+        gn = rng.standard_normal((R, L)).astype(np.float32)
+        x, g = wr.tensor(xn, device=dev), wr.tensor(gn, device=dev)
+        e = np.exp(xn - xn.max(1, keepdims=True))
+        y_ref = e / e.sum(1, keepdims=True)
+        y = wr.tensor(y_ref, device=dev)
+        mu, var = xn.mean(1, keepdims=True), xn.var(1, keepdims=True)
+        rs = 1 / np.sqrt(var + 1e-5)
+        xh = (xn - mu) * rs
+        mean, rstd = wr.tensor(mu.ravel(), device=dev), wr.tensor(rs.ravel(), device=dev)
+        cases = {
+            "sm_fwd": (lambda: nnops.softmax(x, -1), y_ref),
+            "sm_bwd": (lambda: nnops.softmax_backward(y, g),
+                       y_ref * (gn - (gn * y_ref).sum(1, keepdims=True))),
+            "ln_fwd": (lambda: nnops.layer_norm(x, (L,)), xh),
+            "ln_bwd": (lambda: nnops.layer_norm_backward(x, g, None, mean, rstd),
+                       rs * (gn - gn.mean(1, keepdims=True) - xh * (gn * xh).mean(1, keepdims=True))),
+        }
+        for op, (fn, want) in cases.items():
+            row = res.setdefault((op, R, L), {})
+            for name in names:
+                if not left(budget):
+                    say(f"budget spent: {op} {R}x{L} stopped before {name}")
+                    break
+                if name in bad:
+                    continue
+                rowops.FORCE = None if name == "default" else name
+                try:
+                    err = float(np.abs(fn().numpy() - want).max() / np.abs(want).max())
+                    if not err < 1e-4:
+                        bad[name] = f"max relative error {err:.2e} at {op} {R}x{L}"
+                        continue
+                    row[name] = ROW_BYTES[op] * 4 * R * L / gpu_seconds(dev, fn, min_s) / 1e9
+                except Exception as ex:
+                    bad[name] = f"{type(ex).__name__}: {str(ex).splitlines()[0][:200]}"
+                finally:
+                    rowops.FORCE = None
+        if torch is not None:
+            tx = torch.randn(R, L, device="cuda")
+            tg = torch.randn(R, L, device="cuda")
+            ty = torch.softmax(tx, -1)
+            tm, tr = torch.ops.aten.native_layer_norm(tx, [L], None, None, 1e-5)[1:]
+            tfn = {
+                "sm_fwd": lambda: torch.softmax(tx, -1),
+                "sm_bwd": lambda: torch._softmax_backward_data(tg, ty, -1, torch.float32),
+                "ln_fwd": lambda: torch.nn.functional.layer_norm(tx, (L,)),
+                "ln_bwd": lambda: torch.ops.aten.native_layer_norm_backward(
+                    tg, tx, [L], tm, tr, None, None, [True, False, False]),
+            }
+            for op, fn in tfn.items():
+                try:
+                    res[(op, R, L)]["torch"] = (ROW_BYTES[op] * 4 * R * L
+                                                / torch_seconds(torch, fn, min_s) / 1e9)
+                except Exception as ex:
+                    say(f"torch {op} failed: {str(ex)[:200]}")
+    for name, why in bad.items():
+        say(f"row variant {name} left out: {why}")
+    cols = sorted(res)
+    say("variant".ljust(9) + " ".join(f"{op}:{R}x{L}".rjust(18) for op, R, L in cols))
+    for name in names + ["torch"]:
+        vals = [res[c].get(name) for c in cols]
+        if any(v is not None for v in vals):
+            say(name.ljust(9) + " ".join((f"{v:18.0f}" if v is not None else " " * 18)
+                                         for v in vals))
+    best_by_op: dict = {}
+    for c in cols:
+        ours = {k: v for k, v in res[c].items() if k != "torch"}
+        if not ours:
+            continue
+        best = max(ours, key=ours.get)
+        t = res[c].get("torch")
+        say(f"best {c[0]} {c[1]}x{c[2]}: {best} {ours[best]:.0f} GB/s "
+            f"(default {ours.get('default', float('nan')):.0f})"
+            + (f" {ours[best] / t:.2f}x torch" if t else ""))
+        best_by_op.setdefault(c[0], []).append((c[2], best))
+    for op, rows in best_by_op.items():
+        rows = sorted(rows)
+        say(f"suggested ROW_TABLE[(class, {op!r})] = ("
+            + ", ".join(f"({L}, {b!r})" for L, b in rows) + ")")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", default="512,1024,2048,4096")
+    p.add_argument("--budget", type=float, default=400.0, help="seconds; no new case after")
+    p.add_argument("--min-s", type=float, default=0.1, help="timed seconds per measurement")
+    p.add_argument("--rows", default=ROW_SHAPES, help="row-op shapes RxL,...")
+    p.add_argument("--only", default="matmul,rows")
+    p.add_argument("--out", default=None, help="also write the output to this file")
+    a = p.parse_args()
+    import wgrumus as wr
+    dev = wr.devices()[0]
+    torch = get_torch()
+    say(f"# {dev.name}; features {sorted(dev.features)}; torch "
+        f"{'CUDA ' + torch.__version__ if torch else 'absent (no ratios)'}")
+    try:
+        only = a.only.split(",")
+        if "matmul" in only:
+            sweep_matmul(dev, torch, [int(s) for s in a.sizes.split(",")],
+                         a.budget * (0.75 if "rows" in only else 1.0), a.min_s)
+        if "rows" in only:
+            shapes = [tuple(int(v) for v in s.split("x")) for s in a.rows.split(",")]
+            sweep_rows(dev, torch, shapes, a.budget, a.min_s)
+        say(f"# done in {time.perf_counter() - T0:.0f} s")
+    finally:
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write("\n".join(LINES) + "\n")
+
+
+if __name__ == "__main__":
+    main()
