@@ -4,7 +4,7 @@ torch (CUDA, TF32 off) in the same run, each checked against numpy first. Prints
 the best variant per case and MATMUL_TABLE / ROW_TABLE rows to paste; stops starting new
 measurements after --budget seconds.
 
-    python3 benchmarks/_kernel_sweep.py [--sizes 512,1024,2048,4096] [--budget 400]
+    python3 benchmarks/_kernel_sweep.py [--sizes 512,1024,2048,4096] [--budget 380]
         [--rows 16384x1024,...] [--only matmul,rows] [--out FILE]
 
 Times are GPU time from timestamp queries where the adapter has them (host dispatch cost left
@@ -24,14 +24,16 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 os.environ.setdefault("WGRUMUS_DEVICES", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-LINES: list = []
 T0 = time.perf_counter()
+OUT = []  # the --out file, written line by line (a run killed at its limit keeps its lines)
 
 
 def say(*parts):
     line = " ".join(str(p) for p in parts)
-    LINES.append(line)
     print(line, flush=True)
+    for f in OUT:
+        f.write(line + "\n")
+        f.flush()
 
 
 def left(budget) -> bool:
@@ -86,17 +88,17 @@ def get_torch():
 
 def mm_cases(sizes):
     """(dtype, layout, n, A shape, B shape): FLOPs of every case are 2 n^3."""
-    cases = []
-    for dt, layouts in (("f32", ("nn", "nt", "batched")), ("f16", ("nn", "nt"))):
-        for lay in layouts:
-            for n in sizes:
-                if lay == "batched":  # 8 products of n/2: the FLOPs of one n^3 product
-                    if n < 1024:
-                        continue
-                    h = n // 2
-                    cases.append((dt, lay, n, (8, h, h), (8, h, h)))
-                else:
-                    cases.append((dt, lay, n, (n, n), (n, n)))
+    cases = []  # most wanted first, in case the budget runs out
+    for dt, lay in (("f32", "nn"), ("f16", "nn"), ("f32", "nt"), ("f32", "batched"),
+                    ("f16", "nt")):
+        for n in sizes:
+            if lay == "batched":  # 8 products of n/2: the FLOPs of one n^3 product
+                if n < 1024:
+                    continue
+                h = n // 2
+                cases.append((dt, lay, n, (8, h, h), (8, h, h)))
+            else:
+                cases.append((dt, lay, n, (n, n), (n, n)))
     return cases
 
 
@@ -122,9 +124,9 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
         a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
         if lay == "nt":
             b = b.transpose(-1, -2)
-        check = n == min(sizes) or (lay == "batched" and n == min(s for s in sizes if s >= 1024))
+        # checked against numpy at the smallest size, against the default kernel above it
         ref = None
-        if check:
+        if n == min(sizes) or (lay == "batched" and n == min(s for s in sizes if s >= 1024)):
             ref = an.astype(np.float32) @ np.swapaxes(bn, -1, -2).astype(np.float32) \
                 if lay == "nt" else an.astype(np.float32) @ bn.astype(np.float32)
         row = res.setdefault((dt, lay, n), {})
@@ -140,8 +142,10 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
             mm._pick_variant = lambda *x, v=v: v
             mm.CPU_KERNEL = None if v is None else False
             try:
-                if ref is not None:
-                    got = (a @ b).numpy().astype(np.float32)
+                got = (a @ b).numpy().astype(np.float32)
+                if ref is None:
+                    ref = got  # the default kernel's product
+                else:
                     err = float(np.abs(got - ref).max() / np.abs(ref).max())
                     if not err < (3e-2 if dt == "f16" else 1e-4):
                         bad[name] = f"max relative error {err:.2e} at {dt} {lay} {n}"
@@ -298,17 +302,22 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", default="512,1024,2048,4096")
-    p.add_argument("--budget", type=float, default=400.0, help="seconds; no new case after")
-    p.add_argument("--min-s", type=float, default=0.1, help="timed seconds per measurement")
+    p.add_argument("--budget", type=float, default=380.0, help="seconds; no new case after")
+    p.add_argument("--min-s", type=float, default=0.08, help="timed seconds per measurement")
     p.add_argument("--rows", default=ROW_SHAPES, help="row-op shapes RxL,...")
     p.add_argument("--only", default="matmul,rows")
     p.add_argument("--out", default=None, help="also write the output to this file")
     a = p.parse_args()
     import wgrumus as wr
+    from wgrumus.ops import rowops
     dev = wr.devices()[0]
     torch = get_torch()
     say(f"# {dev.name}; features {sorted(dev.features)}; torch "
         f"{'CUDA ' + torch.__version__ if torch else 'absent (no ratios)'}")
+    if a.out:
+        OUT.append(open(a.out, "w"))
+    say(f"# subgroup size bound for row ops: {rowops._subgroup_max(dev)}; adapter info "
+        f"{ {k: v for k, v in dev.adapter_info.items() if k != 'description'} }")
     try:
         only = a.only.split(",")
         if "matmul" in only:
@@ -319,9 +328,8 @@ def main():
             sweep_rows(dev, torch, shapes, a.budget, a.min_s)
         say(f"# done in {time.perf_counter() - T0:.0f} s")
     finally:
-        if a.out:
-            with open(a.out, "w") as f:
-                f.write("\n".join(LINES) + "\n")
+        for f in OUT:
+            f.close()
 
 
 if __name__ == "__main__":

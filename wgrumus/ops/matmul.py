@@ -283,6 +283,8 @@ VARIANTS = {
     "h128ak": dict(tm=8, bk=8, swz=8, exact=True, half=True, ak=True),
     "h128k16ak": dict(tm=8, bk=16, swz=8, exact=True, half=True, ak=True),
     "h128x256": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True),
+    "h128x256ak": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True, ak=True),
+    "h64k32": dict(tm=4, bk=32, swz=8, exact=True, half=True),
     "h128s2": dict(tm=8, bk=8, swz=8, split=2, exact=True, half=True),
     "h64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True, half=True),
 }
