@@ -23,6 +23,8 @@ import numpy as np
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 os.environ.setdefault("WGRUMUS_DEVICES", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ops import _torch as get_torch  # noqa: E402  (benchmarks/ops.py: torch+CUDA, TF32 off)
 
 T0 = time.perf_counter()
 OUT = []  # the --out file, written line by line (a run killed at its limit keeps its lines)
@@ -38,6 +40,16 @@ def say(*parts):
 
 def left(budget) -> bool:
     return time.perf_counter() - T0 < budget
+
+
+def each_variant(names, bad, budget, case):
+    """The variant names to measure in a case: those not failed yet, while budget is left."""
+    for name in names:
+        if not left(budget):
+            say(f"budget spent: {case} stopped before {name}")
+            return
+        if name not in bad:
+            yield name
 
 
 def gpu_seconds(dev, fn, min_s):
@@ -72,16 +84,20 @@ def torch_seconds(torch, fn, min_s):
     return a.elapsed_time(b) * 1e-3 / n
 
 
-def get_torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    return torch
+def print_table(res, names, label, width, digits):
+    """Print res {case: {variant: rate}} as a table (a row per variant, a column per case),
+    then yield (case, best variant, our rates, torch's rate or None) for every case."""
+    cols = sorted(res)
+    say("variant".ljust(11) + " ".join(label(c).rjust(width) for c in cols))
+    for name in names + ["torch"]:
+        vals = [res[c].get(name) for c in cols]
+        if any(v is not None for v in vals):
+            say(name.ljust(11) + " ".join((f"{v:{width}.{digits}f}" if v is not None
+                                           else " " * width) for v in vals))
+    for c in cols:
+        ours = {k: v for k, v in res[c].items() if k != "torch"}
+        if ours:
+            yield c, max(ours, key=ours.get), ours, res[c].get("torch")
 
 
 # ------------------------------------------------------------------------------ matmul
@@ -130,12 +146,7 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
             ref = an.astype(np.float32) @ np.swapaxes(bn, -1, -2).astype(np.float32) \
                 if lay == "nt" else an.astype(np.float32) @ bn.astype(np.float32)
         row = res.setdefault((dt, lay, n), {})
-        for name in names:
-            if not left(budget):
-                say(f"budget spent: matmul {dt} {lay} {n} stopped before {name}")
-                break
-            if name in bad:
-                continue
+        for name in each_variant(names, bad, budget, f"matmul {dt} {lay} {n}"):
             v = None if name == "default" else mm.VARIANTS[name]
             if dt == "f32" and v and v.get("half"):
                 continue
@@ -170,21 +181,9 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
 
 
 def _mm_table(res, names):
-    cols = sorted(res, key=lambda c: (c[0], c[1], c[2]))
-    say("variant".ljust(11) + " ".join(f"{d}{l[:2]}{n}".rjust(10) for d, l, n in cols))
-    for name in names + ["torch"]:
-        vals = [res[c].get(name) for c in cols]
-        if any(v is not None for v in vals):
-            say(name.ljust(11) + " ".join((f"{v:10.2f}" if v is not None else " " * 10)
-                                          for v in vals))
     say("# best per case (x torch same dtype; f16 also x our best f32 nn rate at that n)")
     table: dict = {}
-    for c in cols:
-        ours = {k: v for k, v in res[c].items() if k != "torch"}
-        if not ours:
-            continue
-        best = max(ours, key=ours.get)
-        t = res[c].get("torch")
+    for c, best, ours, t in print_table(res, names, lambda c: f"{c[0]}{c[1][:2]}{c[2]}", 10, 2):
         f32 = {k: v for k, v in res.get(("f32", "nn", c[2]), {}).items() if k != "torch"}
         extra = f" {ours[best] / max(f32.values()):.2f}x f32" if c[0] == "f16" and f32 else ""
         say(f"best {c[0]} {c[1]} {c[2]}: {best} {ours[best]:.2f} TFLOP/s "
@@ -196,7 +195,7 @@ def _mm_table(res, names):
         rows = sorted(rows)
         lines = [(n * n if i < len(rows) - 1 else "1 << 62", b) for i, (n, b) in enumerate(rows)]
         say(f"suggested MATMUL_TABLE[(class, {dt!r})] = ("
-            + ", ".join(f"({m}, {b!r})" for m, b in lines) + ")")
+            + ", ".join(f"({m}, {b!r})" for m, b in lines) + ",)")
 
 
 # ------------------------------------------------------------------------------ row ops
@@ -238,12 +237,7 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
         }
         for op, (fn, want) in cases.items():
             row = res.setdefault((op, R, L), {})
-            for name in names:
-                if not left(budget):
-                    say(f"budget spent: {op} {R}x{L} stopped before {name}")
-                    break
-                if name in bad:
-                    continue
+            for name in each_variant(names, bad, budget, f"{op} {R}x{L}"):
                 rowops.FORCE = None if name == "default" else name
                 try:
                     err = float(np.abs(fn().numpy() - want).max() / np.abs(want).max())
@@ -275,20 +269,8 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
                     say(f"torch {op} failed: {str(ex)[:200]}")
     for name, why in bad.items():
         say(f"row variant {name} left out: {why}")
-    cols = sorted(res)
-    say("variant".ljust(9) + " ".join(f"{op}:{R}x{L}".rjust(18) for op, R, L in cols))
-    for name in names + ["torch"]:
-        vals = [res[c].get(name) for c in cols]
-        if any(v is not None for v in vals):
-            say(name.ljust(9) + " ".join((f"{v:18.0f}" if v is not None else " " * 18)
-                                         for v in vals))
     best_by_op: dict = {}
-    for c in cols:
-        ours = {k: v for k, v in res[c].items() if k != "torch"}
-        if not ours:
-            continue
-        best = max(ours, key=ours.get)
-        t = res[c].get("torch")
+    for c, best, ours, t in print_table(res, names, lambda c: f"{c[0]}:{c[1]}x{c[2]}", 18, 0):
         say(f"best {c[0]} {c[1]}x{c[2]}: {best} {ours[best]:.0f} GB/s "
             f"(default {ours.get('default', float('nan')):.0f})"
             + (f" {ours[best] / t:.2f}x torch" if t else ""))
@@ -296,7 +278,7 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
     for op, rows in best_by_op.items():
         rows = sorted(rows)
         say(f"suggested ROW_TABLE[(class, {op!r})] = ("
-            + ", ".join(f"({L}, {b!r})" for L, b in rows) + ")")
+            + ", ".join(f"({L}, {b!r})" for L, b in rows) + ",)")
 
 
 def main():

@@ -110,7 +110,7 @@ def test_variant_table_picks_per_adapter_class(monkeypatch):
     assert mm._pick_variant(nv, 512, 512, 1, True) is None  # no f16 row: the default kernel
     assert mm._pick_variant(amd, 512, 512, 1, False) is None
     for rows in mm.MATMUL_TABLE.values():
-        assert all(name in mm.VARIANTS for _, name in rows)
+        assert all(name in mm.VARIANTS or name == "default" for _, name in rows)
 
 
 # --------------------------------------------------------------------------- row ops
@@ -225,3 +225,15 @@ def test_split_k_past_65535_workgroups(variant, rng):
     """33,000 batches x 2 slices: 66,000 workgroups along z, in two dispatches."""
     a, b, ref = _pair(rng, (33_000, 4, 64), (33_000, 64, 4), np.float32)
     _close(a @ b, ref)
+
+
+def test_row_table_picks_per_adapter_class(monkeypatch):
+    nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
+    cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"})
+    table = ((1024, "v4sg"), (1 << 30, "default"))
+    monkeypatch.setattr(rowops, "ROW_TABLE", {("nvidia", "sm_fwd"): table,
+                                              ("cpu", "sm_fwd"): table})
+    assert rowops._variant(nv, "sm_fwd", 512) == rowops.ROW_VARIANTS["v4sg"]
+    assert rowops._variant(nv, "sm_fwd", 4096) is None
+    assert rowops._variant(nv, "ln_fwd", 512) is None
+    assert rowops._variant(cpu, "sm_fwd", 512) is None  # CPU adapters keep their kernels

@@ -290,30 +290,33 @@ VARIANTS = {
 }
 
 # Which variant runs, per (adapter class, operand dtype): rows of (largest nbatch * M * N,
-# variant name), the first row the product fits wins; no row (or no entry): _pick_tile's
-# choice, the kernel measured in BENCHMARKS.md. Filled from the sweep's "best" lines.
+# variant name), the first row the product fits wins; no row, no entry or the name "default":
+# _pick_tile's choice, the kernel measured in BENCHMARKS.md. Filled from the sweep's "best" lines.
 MATMUL_TABLE: dict = {}
 
 
 def adapter_class(dev) -> str:
     """'cpu', 'nvidia', 'amd', 'intel', 'apple' or 'gpu': the key of MATMUL_TABLE."""
-    if _is_cpu(dev):
-        return "cpu"
-    info = dev.adapter_info
-    vid = info.get("vendor_id", 0)
-    name = f"{info.get('vendor', '')} {info.get('device', '')}".lower()
-    for cls, ids in (("nvidia", (0x10DE,)), ("amd", (0x1002, 0x1022)), ("intel", (0x8086,)),
-                     ("apple", (0x106B,))):
-        if vid in ids or cls in name:
-            return cls
-    return "gpu"
+    cls = getattr(dev, "_adapter_class", None)
+    if cls is None:
+        cls = "cpu" if _is_cpu(dev) else "gpu"
+        info = dev.adapter_info
+        name = f"{info.get('vendor', '')} {info.get('device', '')}".lower()
+        for c, ids in (("nvidia", (0x10DE,)), ("amd", (0x1002, 0x1022)), ("intel", (0x8086,)),
+                       ("apple", (0x106B,))):
+            if cls == "gpu" and (info.get("vendor_id", 0) in ids or c in name):
+                cls = c
+        dev._adapter_class = cls
+    return cls
 
 
 def _pick_variant(dev, M, N, nbatch, f16: bool) -> dict | None:
+    if not MATMUL_TABLE:
+        return None
     rows = MATMUL_TABLE.get((adapter_class(dev), "f16" if f16 else "f32"), ())
     for most, name in rows:
         if nbatch * M * N <= most:
-            return VARIANTS[name]
+            return VARIANTS.get(name)  # "default": _pick_tile's kernel
     return None
 
 

@@ -21,8 +21,8 @@ ROW_VARIANTS = {
     "v4r8": (True, False, True, 8),
 }
 # {(adapter class, op): ((largest row length L, variant name), ...)}: the first row L fits
-# wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd". Empty: the kernels measured in
-# BENCHMARKS.md; filled from the sweep's "best" lines.
+# wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd". Empty (or "default"): the kernels measured
+# in BENCHMARKS.md; filled from the sweep's "best" lines.
 ROW_TABLE: dict = {}
 FORCE = None  # a variant name run wherever it applies (tests, the sweep)
 MAX_NR = 8  # quads held in registers per invocation, at most
@@ -42,11 +42,11 @@ def _subgroup_max(dev) -> int | None:
 def _variant(dev, op: str, L: int):
     if FORCE is not None:
         return ROW_VARIANTS[FORCE]
-    if adapter_class(dev) == "cpu":
+    if not ROW_TABLE or adapter_class(dev) == "cpu":
         return None
     for most, name in ROW_TABLE.get((adapter_class(dev), op), ()):
         if L <= most:
-            return ROW_VARIANTS[name]
+            return ROW_VARIANTS.get(name)  # "default": the caller's own kernel
     return None
 
 
