@@ -233,7 +233,8 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
                        y_ref * (gn - (gn * y_ref).sum(1, keepdims=True))),
             "ln_fwd": (lambda: nnops.layer_norm(x, (L,)), xh),
             "ln_bwd": (lambda: nnops.layer_norm_backward(x, g, None, mean, rstd),
-                       rs * (gn - gn.mean(1, keepdims=True) - xh * (gn * xh).mean(1, keepdims=True))),
+                       rs * (gn - gn.mean(1, keepdims=True)
+                             - xh * (gn * xh).mean(1, keepdims=True))),
         }
         for op, (fn, want) in cases.items():
             row = res.setdefault((op, R, L), {})

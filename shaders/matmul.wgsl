@@ -9,7 +9,8 @@
 //   BM 0: B's N is contiguous (row-major)   1: B's K is contiguous (a transposed view)
 //   2 (either): any strides, element-wise gathers (the fallback for odd strides/sizes).
 // Words: 0 M, 1 N, 2 K, 3..6 A (offset, batch, row, col stride), 7..10 B (same), 11 C offset,
-// 12 batch offset (for batches split over several dispatches), 15 K per slice (split-K), 16 batches.
+// 12 batch offset (for batches split over several dispatches), 15 K per slice (split-K),
+// 16 batches in all.
 // Variants (ops/matmul.py's table picks them per adapter and shape):
 //   SPLIT > 1: split-K, workgroup z = batch * SPLIT + slice; slice s covers K [s * w15, ...) and
 //     stores its partial product at C + (s * w16 + batch) * M * N (f32; the host adds them up).
@@ -45,7 +46,7 @@ const EXACT: bool = {{EXACT}};
 
 const ABUF: u32 = {{ABUF}}u;  // quads per buffer of As (BK * TQPA, or TILEM * TQPA with AK)
 const AK: bool = {{AK}};  // A (k-contiguous) staged as it is read, no transposing stores
-var<workgroup> As: array<vec4<{{S}}>, {{SMEMA}}>;  // [2 buffers][BK k][TQPA m-quads]
+var<workgroup> As: array<vec4<{{S}}>, {{SMEMA}}>;  // [2 buffers][BK k][TQPA m-quads] (AK: [m][k])
 var<workgroup> Bs: array<vec4<{{S}}>, {{SMEMB}}>;  // [2 buffers][BK k][TQPB n-quads]
 
 fn elem_a(i: u32) -> {{S}} { return {{S}}(A[i >> 2u][i & 3u]); }

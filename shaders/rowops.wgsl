@@ -137,7 +137,9 @@ fn sm_bwd(ids: Launch, sub: Sub) {
     var acc = 0.0;
     for (var q = at.j0; q < KQ; q += G) {
         let keep = select(VT(1.0), VT(0.0), {{MASK}});
-        if (LOG) { acc += hsum(P2[gb + q] * keep); } else { acc += hsum(P2[gb + q] * X[yb + q] * keep); }
+        var w = P2[gb + q] * keep;  // log_softmax: sum g; softmax: sum g * y
+        if (!LOG) { w *= X[yb + q]; }
+        acc += hsum(w);
     }
     let dot = row_reduce(vec2<f32>(acc, 0.0), ids.lid, sub, false).x;
     if (!at.ok) { return; }

@@ -10,7 +10,7 @@ from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, unbroadcast
-from .launch import broadcast_shapes
+from .launch import broadcast_shapes, run_map
 from .precision import in_forward_precision, low
 from .shape import expand, reshape, transpose
 
@@ -102,7 +102,8 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
     acc, vt = ("acch", "vec4<f16>") if half else ("acc", "vec4<f32>")
     if ak:  # 4 k per pass: a{row} = 4 k of one row, b{c}_{j} = quad j of k + c
         fma = ["let ka = ba + kk / 4u + ty * 4u * TQPA;", "let kb = bb + kk * TQPB;"]
-        fma += [f"let a{i}{r} = As[ka + {64 * i + r}u * TQPA];" for i in range(qa) for r in range(4)]
+        fma += [f"let a{i}{r} = As[ka + {64 * i + r}u * TQPA];" for i in range(qa)
+                for r in range(4)]
         fma += [f"let b{c}_{j} = Bs[kb + {c}u * TQPB + tx + {16 * j}u];" for c in range(4)
                 for j in range(qb)]
         for c, cc in enumerate("xyzw"):
@@ -164,8 +165,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
     packed f16 FMAs (``half``, f16 storage only), A's tile staged k-contiguous (``ak``, A in
-    load mode 0 only). ``epilogue``: (activation template of {z}
-    or None, bias?, residual?)."""
+    load mode 0 only). ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     if la < 1 or lb < 1 or bk % 4 or tm % 4 or tn % 4:
@@ -209,7 +209,6 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
     if not out.numel():
         return out
     if K == 0:  # a zero product: only the epilogue is left, in a map kernel
-        from .elementwise import run_map
         ins = [t for t in (bias, residual) if t is not None]
         z = " + ".join("ab"[:len(ins)]) or "0.0"
         return run_map(activation.format(z=z) if activation else z, out, ins)
@@ -254,7 +253,7 @@ SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 # invocation, default tm; split: split-K slices (2-4, plain products only); exact: no range
 # checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only; ak:
 # A's tile kept k-contiguous where A is (no transposing stores: A @ B and A @ B.T layouts)).
-# benchmarks/_matmul_sweep.py times each against torch on a GPU.
+# benchmarks/_kernel_sweep.py times each against torch on a GPU.
 VARIANTS = {
     "t64": dict(tm=4, bk=16, swz=8),
     "t64e": dict(tm=4, bk=16, swz=8, exact=True),
@@ -486,8 +485,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         split = max(1, min(split, K // (2 * bk)))
     else:
         split = 1
-    kw = -(-K // split // bk) * bk if split > 1 else K
-    split = -(-K // kw)
+    kw = -(-K // split // bk) * bk if split > 1 else K  # K per slice, a multiple of BK
+    split = -(-K // kw)  # no empty slice (the last one may be shorter)
     v["exact"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0 \
         and kw % bk == 0 and K % bk == 0
     v["half"] = v.get("half", False) and f16
@@ -503,10 +502,9 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     for z0 in range(0, nbatch, per):
         gz = min(per, nbatch - z0)
         a.device.dispatch(k, bufs, [M, N, K, a.offset, sa, ar, ac, b.offset, sb, br, bc,
-                                    dst.offset if split == 1 else 0, z0, *extra, kw, nbatch],
+                                    dst.offset, z0, *extra, kw, nbatch],
                           (gx, gy, gz * split))
     if split > 1:  # add the slices' partial products (one elementwise pass)
-        from .launch import run_map
         n = nbatch * M * N
         parts = [Tensor(dst._storage, (n,), offset=s * n) for s in range(split)]
         while len(parts) > 3:  # a map kernel reads at most 3 inputs
