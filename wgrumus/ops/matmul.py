@@ -253,12 +253,11 @@ SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 # invocation, default tm; split: split-K slices (2-4, plain products only); exact: no range
 # checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only; ak:
 # A's tile kept k-contiguous where A is (no transposing stores: A @ B and A @ B.T layouts)).
-# benchmarks/_kernel_sweep.py times each against torch on a GPU.
+# benchmarks/_kernel_sweep.py times each against torch on a GPU ("default" there: _pick_tile's
+# 64x64 tiles (t64e without exact) or 128x128 tiles (t128e without exact)).
 VARIANTS = {
-    "t64": dict(tm=4, bk=16, swz=8),
     "t64e": dict(tm=4, bk=16, swz=8, exact=True),
     "t64k32": dict(tm=4, bk=32, swz=8, exact=True),
-    "t128": dict(tm=8, bk=8, swz=8),
     "t128e": dict(tm=8, bk=8, swz=8, exact=True),
     "t128k16": dict(tm=8, bk=16, swz=8, exact=True),
     "t128ak": dict(tm=8, bk=8, swz=8, exact=True, ak=True),

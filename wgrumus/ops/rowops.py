@@ -10,15 +10,20 @@ from ..runtime.device import groups_1d
 from .bounds import LOOP_BUDGET
 from .matmul import adapter_class
 
-# name -> (vec4 loads, subgroup reductions, row in registers, most rows per workgroup)
+# name -> vec: vec4 loads (where L and the offsets allow); sg: subgroup reductions (where the
+# adapter has them); reg: the row held in registers (up to MAX_NR quads per invocation); rpw:
+# most rows per workgroup (short rows); qpi: quads per invocation the row is spread for.
 ROW_VARIANTS = {
-    "s1": (False, False, False, 1),
-    "v4": (True, False, False, 1),
-    "v4r": (True, False, True, 1),
-    "v4sg": (True, True, False, 1),
-    "v4sgr": (True, True, True, 1),
-    "v4sgr8": (True, True, True, 8),
-    "v4r8": (True, False, True, 8),
+    "s1": dict(vec=False, sg=False, reg=False, rpw=1, qpi=4),
+    "v4": dict(vec=True, sg=False, reg=False, rpw=1, qpi=4),
+    "v4r": dict(vec=True, sg=False, reg=True, rpw=1, qpi=4),
+    "v4sg": dict(vec=True, sg=True, reg=False, rpw=1, qpi=4),
+    "v4sgr": dict(vec=True, sg=True, reg=True, rpw=1, qpi=4),
+    "v4sgr_q1": dict(vec=True, sg=True, reg=True, rpw=1, qpi=1),
+    "v4sgr_q2": dict(vec=True, sg=True, reg=True, rpw=1, qpi=2),
+    "v4sgr8": dict(vec=True, sg=True, reg=True, rpw=8, qpi=4),
+    "v4sgr4_q2": dict(vec=True, sg=True, reg=True, rpw=4, qpi=2),
+    "v4r8": dict(vec=True, sg=False, reg=True, rpw=8, qpi=4),
 }
 # {(adapter class, op): ((largest row length L, variant name), ...)}: the first row L fits
 # wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd". Empty (or "default"): the kernels measured
@@ -57,18 +62,18 @@ def plan(dev, op: str, L: int, R: int, offsets=(), log: bool = False):
     v = _variant(dev, op, L)
     if v is None or not L or not R:
         return None
-    vec, sg, reg, rpw = v
-    V = 4 if vec and L % 4 == 0 and all(o % 4 == 0 for o in offsets) else 1
+    aligned = L % 4 == 0 and all(o % 4 == 0 for o in offsets)
+    V = 4 if v["vec"] and aligned else 1
     lq = L // V
     g = 32
-    while g < 256 and g * 4 < lq:  # about 4 quads per invocation
+    while g < 256 and g * v["qpi"] < lq:  # G: invocations per row
         g *= 2
     if _PASSES[op] * -(-lq // g) > LOOP_BUDGET - 64:
         return None
-    smax = _subgroup_max(dev) if sg else None
+    smax = _subgroup_max(dev) if v["sg"] else None
     sg = smax is not None and smax <= g
-    nr = -(-lq // g) if reg and -(-lq // g) <= MAX_NR else 0
-    rpw = max(1, min(rpw, 256 // g, R))
+    nr = -(-lq // g) if v["reg"] and -(-lq // g) <= MAX_NR else 0
+    rpw = max(1, min(v["rpw"], 256 // g, R))
     vt = "vec4<f32>" if V == 4 else "f32"
     k = Kernel.of("rowops", op, WG=g * rpw, G=g, VEC=V, VT=vt, NR=nr, NRA=max(nr, 1),
                   LOG=str(bool(log)).lower(), SUBGROUP=_SUBGROUP if sg else _TREE,
