@@ -16,7 +16,7 @@
 //     stores its partial product at C + (s * w16 + batch) * M * N (f32; the host adds them up).
 //   EXACT: the host guarantees M % TILEM, N % TILEN and K % BK (per slice) are 0: no range checks.
 //   HALF (f16 storage only): packed f16 math: workgroup tiles and FMAs in vec4<f16>, the f16
-//     partial sums added into the f32 accumulators after every BK k (short f16 runs).
+//     partial sums added into the f32 accumulators every few BK k steps (short f16 runs).
 // T: storage type (f32, or f16 with F16=1: f16 operands and result, f32 accumulation); TC: C's
 // type (T, or f32 for split-K partials); S: type of the workgroup tiles (f16 with HALF).
 // Epilogue (2-D f32 only): EPI is the stored value as an expression of x (the product), n (its

@@ -90,10 +90,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
-              ak: bool = False) -> dict:
+              ak: bool = False, fe: int = 1) -> dict:
     """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
     such arrays in registers, while a loop index can push them to (slow) local memory. With
-    ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators per k step;
+    ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators every
+    ``fe`` k steps (f16 runs of fe * BK products);
     with ``ak`` A's tile is [m][k] and each row's vec4 covers 4 k (4 k per loop pass)."""
     tn = tm if tn is None else tn
     qa, qb = tm // 4, tn // 4
@@ -124,7 +125,9 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
                     fma.append(f"{acc}[{k}] = fma({vt}(a{i}.{c}), b{j}, {acc}[{k}]);")
         head = "for (var kk = 0u; kk < BK; kk++) {"
     n = tm * tn // 4
-    flush = [f"acc[{k}] += vec4<f32>(acch[{k}]); acch[{k}] = vec4<f16>(0.0);" for k in range(n)]
+    flush = [f"if (((k0 - kbeg) / BK) % {fe}u == {fe - 1}u || !more) {{"]
+    flush += [f"    acc[{k}] += vec4<f32>(acch[{k}]); acch[{k}] = vec4<f16>(0.0);"
+              for k in range(n)] + ["}"]
     stage0, pre, stage = [], [], []
     for l in range(max(la, lb)):
         qv = f"{256 * l}u + t"
@@ -159,12 +162,12 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
                split: int = 1, exact: bool = False, half: bool = False,
-               ak: bool = False) -> Kernel:
+               ak: bool = False, fe: int = 1) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
-    packed f16 FMAs (``half``, f16 storage only), A's tile staged k-contiguous (``ak``, A in
+    packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile staged k-contiguous (``ak``, A in
     load mode 0 only). ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
@@ -184,7 +187,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32", F16=int(f16),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(),
-                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk, tn, half, ak))
+                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
@@ -251,7 +254,8 @@ SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 
 # GPU kernel variants, by name: keyword arguments of kernel_for (tm, bk, swz; tn: columns per
 # invocation, default tm; split: split-K slices (2-4, plain products only); exact: no range
-# checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only; ak:
+# checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only (fe:
+# k steps of f16 sums between adds into the f32 accumulators, default 1); ak:
 # A's tile kept k-contiguous where A is (no transposing stores: A @ B and A @ B.T layouts)).
 # benchmarks/_kernel_sweep.py times each against torch on a GPU ("default" there: _pick_tile's
 # 64x64 tiles (t64e without exact) or 128x128 tiles (t128e without exact)).
@@ -285,6 +289,10 @@ VARIANTS = {
     "h64k32": dict(tm=4, bk=32, swz=8, exact=True, half=True),
     "h128s2": dict(tm=8, bk=8, swz=8, split=2, exact=True, half=True),
     "h64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True, half=True),
+    "h128f4": dict(tm=8, bk=8, swz=8, exact=True, half=True, fe=4),
+    "h128akf4": dict(tm=8, bk=8, swz=8, exact=True, half=True, ak=True, fe=4),
+    "h128k16f2": dict(tm=8, bk=16, swz=8, exact=True, half=True, fe=2),
+    "h128x256akf4": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True, ak=True, fe=4),
 }
 
 # Which variant runs, per (adapter class, operand dtype): rows of (largest nbatch * M * N,
