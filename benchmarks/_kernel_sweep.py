@@ -100,6 +100,15 @@ def print_table(res, names, label, width, digits):
             yield c, max(ours, key=ours.get), ours, res[c].get("torch")
 
 
+def suggest(table, key, rows):
+    """A table entry of (bound, best variant) rows; the largest case measured stands for
+    everything above it."""
+    rows = sorted(rows)
+    bounds = [str(b) for b, _ in rows[:-1]] + ["1 << 62"]
+    say(f"suggested {table}[(class, {key!r})] = ("
+        + " ".join(f"({m}, {name!r})," for m, (_, name) in zip(bounds, rows)) + ")")
+
+
 # ------------------------------------------------------------------------------ matmul
 
 def mm_cases(sizes):
@@ -192,10 +201,7 @@ def _mm_table(res, names):
         if c[1] == "nn":
             table.setdefault(c[0], []).append((c[2], best))
     for dt, rows in table.items():
-        rows = sorted(rows)
-        lines = [(n * n if i < len(rows) - 1 else "1 << 62", b) for i, (n, b) in enumerate(rows)]
-        say(f"suggested MATMUL_TABLE[(class, {dt!r})] = ("
-            + ", ".join(f"({m}, {b!r})" for m, b in lines) + ",)")
+        suggest("MATMUL_TABLE", dt, [(n * n, b) for n, b in rows])
 
 
 # ------------------------------------------------------------------------------ row ops
@@ -277,9 +283,7 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
             + (f" {ours[best] / t:.2f}x torch" if t else ""))
         best_by_op.setdefault(c[0], []).append((c[2], best))
     for op, rows in best_by_op.items():
-        rows = sorted(rows)
-        say(f"suggested ROW_TABLE[(class, {op!r})] = ("
-            + ", ".join(f"({L}, {b!r})" for L, b in rows) + ",)")
+        suggest("ROW_TABLE", op, rows)
 
 
 def main():
