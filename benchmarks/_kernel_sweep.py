@@ -207,14 +207,14 @@ def _mm_table(res, names):
 # ------------------------------------------------------------------------------ row ops
 
 ROW_SHAPES = "16384x1024,65536x256,8192x768,4096x4096"
-ROW_BYTES = {"sm_fwd": 2, "sm_bwd": 3, "ln_fwd": 2, "ln_bwd": 3}  # f32 passes over R x L
+ROW_BYTES = {"sm_fwd": 2, "sm_bwd": 3, "ln_fwd": 2, "ln_bwd": 3, "xe_stats": 1}  # passes over R x L
 
 
 def sweep_rows(dev, torch, shapes, budget, min_s):
     import wgrumus as wr
     from wgrumus.ops import nnops, rowops
-    say("# row ops: GB/s (bytes of f32 reads + writes of R x L / time); the default is "
-        "softmax.wgsl / layernorm.wgsl")
+    say("# row ops: GB/s (bytes of f32 reads + writes of R x L / time; cross-entropy: the read); "
+        "the default is softmax.wgsl / layernorm.wgsl / xent.wgsl")
     names = ["default"] + list(rowops.ROW_VARIANTS)
     res: dict = {}
     bad: dict = {}
@@ -233,6 +233,9 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
         rs = 1 / np.sqrt(var + 1e-5)
         xh = (xn - mu) * rs
         mean, rstd = wr.tensor(mu.ravel(), device=dev), wr.tensor(rs.ravel(), device=dev)
+        tn = rng.integers(0, L, R)
+        td = wr.tensor(tn.astype(np.int32), device=dev)  # device targets: no upload per call
+        lse = xn.max(1) + np.log(e.sum(1))
         cases = {
             "sm_fwd": (lambda: nnops.softmax(x, -1), y_ref),
             "sm_bwd": (lambda: nnops.softmax_backward(y, g),
@@ -241,6 +244,8 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
             "ln_bwd": (lambda: nnops.layer_norm_backward(x, g, None, mean, rstd),
                        rs * (gn - gn.mean(1, keepdims=True)
                              - xh * (gn * xh).mean(1, keepdims=True))),
+            "xe_stats": (lambda: nnops.cross_entropy(x, td, reduction="none"),
+                       lse - xn[np.arange(R), tn]),
         }
         for op, (fn, want) in cases.items():
             row = res.setdefault((op, R, L), {})
@@ -261,12 +266,14 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
             tg = torch.randn(R, L, device="cuda")
             ty = torch.softmax(tx, -1)
             tm, tr = torch.ops.aten.native_layer_norm(tx, [L], None, None, 1e-5)[1:]
+            tt = torch.randint(0, L, (R,), device="cuda")
             tfn = {
                 "sm_fwd": lambda: torch.softmax(tx, -1),
                 "sm_bwd": lambda: torch._softmax_backward_data(tg, ty, -1, torch.float32),
                 "ln_fwd": lambda: torch.nn.functional.layer_norm(tx, (L,)),
                 "ln_bwd": lambda: torch.ops.aten.native_layer_norm_backward(
                     tg, tx, [L], tm, tr, None, None, [True, False, False]),
+                "xe_stats": lambda: torch.nn.functional.cross_entropy(tx, tt, reduction="none"),
             }
             for op, fn in tfn.items():
                 try:

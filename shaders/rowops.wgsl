@@ -9,6 +9,8 @@
 // sm_bwd words: 0 R, 1 L, 2 y off, 3 g off, 4 dx off, 5 scale, 6 Tq
 // ln_fwd words: 0 R, 1 L, 2 x off, 3 w off, 4 b off, 5 y off, 6 eps, 7 has w, 8 has b
 // ln_bwd words: 0 R, 1 L, 2 x off, 3 g off, 4 w off, 5 has w, 6 dx off
+// xe_stats (cross-entropy's row pass): MEAN[r] = logsumexp, RSTD[r] = sum of row r of X; words
+//   0 R, 1 L, 2 x off (xent.wgsl's loss_rows then makes the losses of them)
 // Offsets and L are in elements; with VEC = 4 they are divided by 4 here.
 // Bindings (one access mode per number in every entry): 1 X / saved softmax output, 2 W / G,
 // 3 B / weight of ln_bwd, 4 Y / DX, 5 MEAN, 6 RSTD (unused ones bound to another buffer).
@@ -236,5 +238,27 @@ fn ln_bwd(ids: Launch, sub: Sub) {
     for (var q = at.j0; q < LQ; q += G) {
         let xh = (X[xb + q] - VT(mean)) * rstd;
         Y[db + q] = rstd * (gw_at(gb, q) - VT(t.x) - xh * t.y);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn xe_stats(ids: Launch, sub: Sub) {
+    let at = row_at(ids);
+    let L = pu(1u);
+    var LQ = 0u;
+    if (at.ok) { LQ = L / V; }
+    let xb = pu(2u) / V + at.r * (L / V);
+    var ms = vec2<f32>(LOWEST_F32, 0.0);
+    var sx = 0.0;
+    for (var q = at.j0; q < LQ; q += G) {
+        let x = X[xb + q];
+        ms = push(ms, x);
+        sx += hsum(x);
+    }
+    ms = row_reduce(ms, ids.lid, sub, true);
+    sx = row_reduce(vec2<f32>(sx, 0.0), ids.lid, sub, false).x;
+    if (at.ok && at.j0 == 0u) {
+        MEAN[at.r] = ms.x + log(ms.y);
+        RSTD[at.r] = sx;
     }
 }

@@ -237,3 +237,38 @@ def test_row_table_picks_per_adapter_class(monkeypatch):
     assert rowops._variant(nv, "sm_fwd", 4096) is None
     assert rowops._variant(nv, "ln_fwd", 512) is None
     assert rowops._variant(cpu, "sm_fwd", 512) is None  # CPU adapters keep their kernels
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("N,C", [(6, 64), (5, 37), (70_000, 4)])
+def test_row_variants_cross_entropy(row_variant, N, C, rng):
+    """Row statistics by the variant, losses by xent.wgsl's loss_rows: ignore_index, label
+    smoothing and the gradient as with the fused kernel; 70,000 rows pass 65,535 workgroups."""
+    from wgrumus.ops import cross_entropy
+    x = rng.standard_normal((N, C)).astype(np.float32)
+    t = rng.integers(0, C, N)
+    t[1] = -100
+    lsm = _softmax_ref(x.astype(np.float64), True)
+    nll = -lsm[np.arange(N), np.where(t < 0, 0, t)]
+    rows = (0.9 * nll - 0.1 * lsm.mean(1)) * (t >= 0)
+    xt = wr.tensor(x, requires_grad=True)
+    loss = cross_entropy(xt, t, label_smoothing=0.1)
+    np.testing.assert_allclose(loss.numpy(), rows.sum() / (t >= 0).sum(), rtol=1e-5)
+    np.testing.assert_allclose(cross_entropy(wr.tensor(x), t, label_smoothing=0.1,
+                                             reduction="none").numpy(), rows, atol=1e-5)
+    loss.backward()
+    p = np.exp(lsm)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(N), np.where(t < 0, 0, t)] = 1
+    want = (p - 0.9 * onehot - 0.1 / C) * (t >= 0)[:, None] / (t >= 0).sum()
+    np.testing.assert_allclose(xt.grad.numpy(), want, atol=1e-6)
+
+
+def test_row_variant_cross_entropy_device_target_check(rng, monkeypatch):
+    """A device-held target out of range still raises at the next host read."""
+    from wgrumus.ops import cross_entropy
+    monkeypatch.setattr(rowops, "FORCE", "v4sg")
+    x = wr.tensor(rng.standard_normal((5, 40)).astype(np.float32))
+    t = wr.tensor(np.array([0, 1, 2, 3, 40], np.int32))
+    with pytest.raises(IndexError, match="index 40 is out of range for size 40"):
+        cross_entropy(x, t).numpy()

@@ -167,8 +167,9 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
-    packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile staged k-contiguous (``ak``, A in
-    load mode 0 only). ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
+    packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile
+    staged k-contiguous (``ak``, A in load mode 0 only). ``epilogue``: (activation template of
+    {z} or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     if la < 1 or lb < 1 or bk % 4 or tm % 4 or tn % 4:
@@ -187,7 +188,8 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32", F16=int(f16),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(),
-                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
+                     **_epilogue_defines(*epilogue),
+                     **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:

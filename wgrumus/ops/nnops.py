@@ -368,8 +368,13 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
     tb = tt._storage.buffer
     if N:
         k, groups = plan
-        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer,
-                         dev.asserts.buffer],
+        lb, rb, sb = lg._storage.buffer, rows._storage.buffer, lse._storage.buffer
+        fast = rowops.plan(dev, "xe_stats", C, N, (lg.offset,))
+        if fast:  # row statistics by a GPU row variant, then the losses per row
+            dev.dispatch(fast[0], [lb, lb, lb, dev.asserts.buffer, sb, rb],
+                         [N, C, lg.offset], fast[1])
+            k, groups = Kernel.of("xent", "loss_rows", WG=32), groups_1d(N, 64)
+        dev.dispatch(k, [lb, tb, rb, sb, dev.asserts.buffer],
                      [N, C, lg.offset, tt.offset, int(ignore_index), eps,
                       CODES["cross_entropy target"]], groups)
         if host is None:  # targets held on the device: the kernel checks them

@@ -1,7 +1,8 @@
 """GPU variants of the row ops (shaders/rowops.wgsl): vec4 loads, subgroup reductions, several
 short rows per workgroup, the row held in registers. ROW_TABLE picks one per adapter class, op
-and row length; where it names none, ops/nnops.py runs the kernels of softmax.wgsl and
-layernorm.wgsl (CPU adapters always do). benchmarks/_rowops_sweep.py times the variants.
+and row length; where it names none, ops/nnops.py runs the kernels of softmax.wgsl,
+layernorm.wgsl and xent.wgsl (CPU adapters always do). benchmarks/_kernel_sweep.py times the
+variants against torch.
 """
 from __future__ import annotations
 
@@ -26,13 +27,14 @@ ROW_VARIANTS = {
     "v4r8": dict(vec=True, sg=False, reg=True, rpw=8, qpi=4),
 }
 # {(adapter class, op): ((largest row length L, variant name), ...)}: the first row L fits
-# wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd". Empty (or "default"): the kernels measured
-# in BENCHMARKS.md; filled from the sweep's "best" lines.
+# wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd", "xe_stats" (cross-entropy's row pass).
+# Empty (or "default"): the kernels measured in BENCHMARKS.md; filled from the sweep's "best"
+# lines.
 ROW_TABLE: dict = {}
 FORCE = None  # a variant name run wherever it applies (tests, the sweep)
 MAX_NR = 8  # quads held in registers per invocation, at most
 SUBGROUP_MAX = None  # the adapter's largest subgroup size (None: from adapter info; tests set it)
-_PASSES = {"sm_fwd": 2, "sm_bwd": 2, "ln_fwd": 3, "ln_bwd": 2}
+_PASSES = {"sm_fwd": 2, "sm_bwd": 2, "ln_fwd": 3, "ln_bwd": 2, "xe_stats": 1}
 
 
 def _subgroup_max(dev) -> int | None:
