@@ -58,12 +58,17 @@ fn tree_reduce(v: vec2<f32>, lid: u32, lse: bool) -> vec2<f32> {
 // over the G invocations of this invocation's row; call in uniform control flow.
 {{SUBGROUP}}
 
-struct RowAt { r: u32, ok: bool, j0: u32 }
+// This invocation's row r (ok: r < R), first quad j0, row length L and quads lq (0 past R).
+struct RowAt { r: u32, ok: bool, j0: u32, L: u32, lq: u32 }
 
 fn row_at(ids: Launch) -> RowAt {
     let r = group_idx(ids) * (WG / G) + ids.lid / G;
-    return RowAt(r, r < pu(0u), ids.lid % G);
+    let ok = r < pu(0u);
+    return RowAt(r, ok, ids.lid % G, pu(1u), select(0u, pu(1u) / V, ok));
 }
+
+// Quad index of the row's start in the operand whose element offset is word w.
+fn row_base(at: RowAt, w: u32) -> u32 { return pu(w) / V + at.r * (at.L / V); }
 
 fn keys(r: u32, L: u32, tq: u32) -> u32 {
     if (tq == 0u) { return L; }
@@ -86,12 +91,12 @@ fn sm_out(s: VT, q: u32, K: u32, m: f32, lse: f32, inv: f32) -> VT {
 @compute @workgroup_size(WG)
 fn sm_fwd(ids: Launch, sub: Sub) {
     let at = row_at(ids);
-    let L = pu(1u);
+    let L = at.L;
     let LQ = L / V;
     var K = 0u;  // rows past R (in a shared last workgroup) reduce nothing and write nothing
     if (at.ok) { K = keys(at.r, L, pu(5u)); }
     let KQ = (K + V - 1u) / V;
-    let xb = pu(2u) / V + at.r * LQ;
+    let xb = row_base(at, 2u);
     let sc = pf(4u);
     var xs: array<VT, NRA>;
     var ms = vec2<f32>(LOWEST_F32, 0.0);
@@ -110,7 +115,7 @@ fn sm_fwd(ids: Launch, sub: Sub) {
     }
     ms = row_reduce(ms, ids.lid, sub, true);
     if (!at.ok) { return; }
-    let yb = pu(3u) / V + at.r * LQ;
+    let yb = row_base(at, 3u);
     let lse = ms.x + log(ms.y);
     let inv = 1.0 / ms.y;
     if (NR > 0u) {
@@ -129,13 +134,13 @@ fn sm_fwd(ids: Launch, sub: Sub) {
 fn sm_bwd(ids: Launch, sub: Sub) {
     // X: the saved output y, P2: the upstream gradient g, Y: dx
     let at = row_at(ids);
-    let L = pu(1u);
+    let L = at.L;
     let LQ = L / V;
     var K = 0u;
     if (at.ok) { K = keys(at.r, L, pu(6u)); }
     let KQ = (K + V - 1u) / V;
-    let yb = pu(2u) / V + at.r * LQ;
-    let gb = pu(3u) / V + at.r * LQ;
+    let yb = row_base(at, 2u);
+    let gb = row_base(at, 3u);
     var acc = 0.0;
     for (var q = at.j0; q < KQ; q += G) {
         let keep = select(VT(1.0), VT(0.0), {{MASK}});
@@ -145,7 +150,7 @@ fn sm_bwd(ids: Launch, sub: Sub) {
     }
     let dot = row_reduce(vec2<f32>(acc, 0.0), ids.lid, sub, false).x;
     if (!at.ok) { return; }
-    let db = pu(4u) / V + at.r * LQ;
+    let db = row_base(at, 4u);
     let sc = pf(5u);
     for (var q = at.j0; q < LQ; q += G) {
         let y = X[yb + q];
@@ -158,10 +163,9 @@ fn sm_bwd(ids: Launch, sub: Sub) {
 @compute @workgroup_size(WG)
 fn ln_fwd(ids: Launch, sub: Sub) {
     let at = row_at(ids);
-    let L = pu(1u);
-    var LQ = 0u;
-    if (at.ok) { LQ = L / V; }
-    let xb = pu(2u) / V + at.r * (L / V);
+    let L = at.L;
+    let LQ = at.lq;
+    let xb = row_base(at, 2u);
     var xs: array<VT, NRA>;
     var s = 0.0;
     if (NR > 0u) {
@@ -184,7 +188,7 @@ fn ln_fwd(ids: Launch, sub: Sub) {
     let q2 = row_reduce(vec2<f32>(d2, 0.0), ids.lid, sub, false).x;
     let rstd = inverseSqrt(q2 / f32(L) + pf(6u));
     if (!at.ok) { return; }
-    let yb = pu(5u) / V + at.r * LQ;
+    let yb = row_base(at, 5u);
     if (NR > 0u) {
         for (var c = 0u; c < NR; c++) {
             let q = at.j0 + c * G;
@@ -216,17 +220,16 @@ fn gw_at(gb: u32, q: u32) -> VT {
 fn ln_bwd(ids: Launch, sub: Sub) {
     // X: x, P2: g, P3: weight, Y: dx
     let at = row_at(ids);
-    let L = pu(1u);
-    var LQ = 0u;
+    let L = at.L;
+    let LQ = at.lq;
     var mean = 0.0;
     var rstd = 0.0;
     if (at.ok) {
-        LQ = L / V;
         mean = MEAN[at.r];
         rstd = RSTD[at.r];
     }
-    let xb = pu(2u) / V + at.r * (L / V);
-    let gb = pu(3u) / V + at.r * (L / V);
+    let xb = row_base(at, 2u);
+    let gb = row_base(at, 3u);
     var t = vec2<f32>(0.0);
     for (var q = at.j0; q < LQ; q += G) {
         let gw = gw_at(gb, q);
@@ -234,7 +237,7 @@ fn ln_bwd(ids: Launch, sub: Sub) {
     }
     t = row_reduce(t, ids.lid, sub, false) / f32(L);
     if (!at.ok) { return; }
-    let db = pu(6u) / V + at.r * LQ;
+    let db = row_base(at, 6u);
     for (var q = at.j0; q < LQ; q += G) {
         let xh = (X[xb + q] - VT(mean)) * rstd;
         Y[db + q] = rstd * (gw_at(gb, q) - VT(t.x) - xh * t.y);
@@ -244,13 +247,10 @@ fn ln_bwd(ids: Launch, sub: Sub) {
 @compute @workgroup_size(WG)
 fn xe_stats(ids: Launch, sub: Sub) {
     let at = row_at(ids);
-    let L = pu(1u);
-    var LQ = 0u;
-    if (at.ok) { LQ = L / V; }
-    let xb = pu(2u) / V + at.r * (L / V);
+    let xb = row_base(at, 2u);
     var ms = vec2<f32>(LOWEST_F32, 0.0);
     var sx = 0.0;
-    for (var q = at.j0; q < LQ; q += G) {
+    for (var q = at.j0; q < at.lq; q += G) {
         let x = X[xb + q];
         ms = push(ms, x);
         sx += hsum(x);
