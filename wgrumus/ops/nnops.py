@@ -5,7 +5,8 @@ kernel) recorded with its backward rule, itself a fused kernel. Row ops work on 
 [R, L] block (another axis is moved last with a permute and at most one copy): one workgroup per
 row on GPUs, one invocation per row on CPU adapters (see ``row_mode``) while the row fits one
 invocation's loop budget (ops/bounds.py); rows too long for a workgroup are composed of chunked
-reductions. Nothing here reads device data back to the host.
+reductions. On GPUs, ops/rowops.py's variants (vec4 loads, subgroup reductions) take the row
+passes where its table names one. Nothing here reads device data back to the host.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
+from . import rowops
 from .bounds import LOOP_BUDGET, chunk_rows
 from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
-from . import rowops
 from .random import next_seed
 from .shape import permute, reshape
 
