@@ -85,8 +85,8 @@ def torch_seconds(torch, fn, min_s):
 
 
 def print_table(res, names, label, width, digits):
-    """Print res {case: {variant: rate}} as a table (a row per variant, a column per case),
-    then yield (case, best variant, our rates, torch's rate or None) for every case."""
+    """Print res {case: {variant: rate}} as a table (a row per variant, a column per case);
+    return (case, best variant, our rates, torch's rate or None) for every case."""
     cols = sorted(res)
     say("variant".ljust(11) + " ".join(label(c).rjust(width) for c in cols))
     for name in names + ["torch"]:
@@ -94,10 +94,12 @@ def print_table(res, names, label, width, digits):
         if any(v is not None for v in vals):
             say(name.ljust(11) + " ".join((f"{v:{width}.{digits}f}" if v is not None
                                            else " " * width) for v in vals))
+    best = []
     for c in cols:
         ours = {k: v for k, v in res[c].items() if k != "torch"}
         if ours:
-            yield c, max(ours, key=ours.get), ours, res[c].get("torch")
+            best.append((c, max(ours, key=ours.get), ours, res[c].get("torch")))
+    return best
 
 
 def suggest(table, key, rows):
@@ -190,9 +192,10 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
 
 
 def _mm_table(res, names):
+    cases = print_table(res, names, lambda c: f"{c[0]}{c[1][:2]}{c[2]}", 10, 2)
     say("# best per case (x torch same dtype; f16 also x our best f32 nn rate at that n)")
     table: dict = {}
-    for c, best, ours, t in print_table(res, names, lambda c: f"{c[0]}{c[1][:2]}{c[2]}", 10, 2):
+    for c, best, ours, t in cases:
         f32 = {k: v for k, v in res.get(("f32", "nn", c[2]), {}).items() if k != "torch"}
         extra = f" {ours[best] / max(f32.values()):.2f}x f32" if c[0] == "f16" and f32 else ""
         say(f"best {c[0]} {c[1]} {c[2]}: {best} {ours[best]:.2f} TFLOP/s "
