@@ -6,6 +6,8 @@
 // fwd (one workgroup per row): LOSS[r], LSE[r] = logsumexp of row r.
 //   words: 0 N, 1 C, 2 x off, 3 t off, 4 ignore_index (i32), 5 eps, 6 op code of the flag
 // fwd_rows: the same with one invocation per row and no barriers (CPU adapters).
+// loss_rows (one invocation per row): the same from row statistics already computed (GPU row
+//   variants, ops/rowops.py): LSE[r] holds the logsumexp and LOSS[r] the row sum on entry.
 // finish (one workgroup): OUT[0] = sum or mean of LOSS over counted rows, OUT[1] = count.
 //   words: 0 N, 1 t off, 2 ignore_index, 3 mean (1) or sum (0)
 // bwd (one invocation per logit): dx = scale * (softmax - (1 - eps) onehot - eps / C).
@@ -136,4 +138,12 @@ fn fwd_rows(ids: Launch) {
     let C = pu(1u);
     let xb = pu(2u) + r * C;
     row_loss(r, C, xb, row_stats(xb, C, 0u, 1u));
+}
+
+@compute @workgroup_size(64)
+fn loss_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
+    if (r >= pu(0u)) { return; }
+    let C = pu(1u);
+    row_loss(r, C, pu(2u) + r * C, vec3<f32>(LSE[r], 1.0, LOSS[r]));  // lse = LSE[r] + log(1)
 }

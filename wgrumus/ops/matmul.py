@@ -10,7 +10,7 @@ from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, unbroadcast
-from .launch import broadcast_shapes
+from .launch import broadcast_shapes, run_map
 from .precision import in_forward_precision, low
 from .shape import expand, reshape, transpose
 
@@ -89,40 +89,69 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def _unrolled(tm: int, bk: int) -> dict:
+def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
+              ak: bool = False, fe: int = 1) -> dict:
     """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
-    such arrays in registers, while a loop index can push them to (slow) local memory."""
-    q, loads = tm // 4, 16 * tm * bk // 1024
+    such arrays in registers, while a loop index can push them to (slow) local memory. With
+    ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators every
+    ``fe`` k steps (f16 runs of fe * BK products);
+    with ``ak`` A's tile is [m][k] and each row's vec4 covers 4 k (4 k per loop pass)."""
+    tn = tm if tn is None else tn
+    qa, qb = tm // 4, tn // 4
+    la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     ind = " " * 12
-    fma = []
-    for i in range(q):
-        fma.append(f"let a{i} = As[ab + ty + {16 * i}u];")
-        fma.append(f"let b{i} = Bs[ab + tx + {16 * i}u];")
-    for i in range(q):
-        for r, c in enumerate("xyzw"):
-            for j in range(q):
-                k = (i * 4 + r) * q + j
-                fma.append(f"acc[{k}] = fma(vec4<f32>(a{i}.{c}), b{j}, acc[{k}]);")
+    acc, vt = ("acch", "vec4<f16>") if half else ("acc", "vec4<f32>")
+    if ak:  # 4 k per pass: a{row} = 4 k of one row, b{c}_{j} = quad j of k + c
+        fma = ["let ka = ba + kk / 4u + ty * 4u * TQPA;", "let kb = bb + kk * TQPB;"]
+        fma += [f"let a{i}{r} = As[ka + {64 * i + r}u * TQPA];" for i in range(qa)
+                for r in range(4)]
+        fma += [f"let b{c}_{j} = Bs[kb + {c}u * TQPB + tx + {16 * j}u];" for c in range(4)
+                for j in range(qb)]
+        for c, cc in enumerate("xyzw"):
+            for i in range(qa):
+                for r in range(4):
+                    for j in range(qb):
+                        k = (i * 4 + r) * qb + j
+                        fma.append(f"{acc}[{k}] = fma({vt}(a{i}{r}.{cc}), b{c}_{j}, {acc}[{k}]);")
+        head = "for (var kk = 0u; kk < BK; kk += 4u) {"
+    else:
+        fma = ["let ka = ba + kk * TQPA;", "let kb = bb + kk * TQPB;"]
+        fma += [f"let a{i} = As[ka + ty + {16 * i}u];" for i in range(qa)]
+        fma += [f"let b{j} = Bs[kb + tx + {16 * j}u];" for j in range(qb)]
+        for i in range(qa):
+            for r, c in enumerate("xyzw"):
+                for j in range(qb):
+                    k = (i * 4 + r) * qb + j
+                    fma.append(f"{acc}[{k}] = fma({vt}(a{i}.{c}), b{j}, {acc}[{k}]);")
+        head = "for (var kk = 0u; kk < BK; kk++) {"
+    n = tm * tn // 4
+    flush = [f"if (((k0 - kbeg) / BK) % {fe}u == {fe - 1}u || !more) {{"]
+    flush += [f"    acc[{k}] += vec4<f32>(acch[{k}]); acch[{k}] = vec4<f16>(0.0);"
+              for k in range(n)] + ["}"]
     stage0, pre, stage = [], [], []
-    for l in range(loads):
+    for l in range(max(la, lb)):
         qv = f"{256 * l}u + t"
-        stage0.append(f"stage_a({qv}, 0u, fetch_a({qv}, row0, 0u, M, K, a0, ars, acs));")
-        stage0.append(f"stage_b({qv}, 0u, fetch_b({qv}, col0, 0u, N, K, b0, brs, bcs));")
-        pre.append(f"ra[{l}] = fetch_a({qv}, row0, k1, M, K, a0, ars, acs);")
-        pre.append(f"rb[{l}] = fetch_b({qv}, col0, k1, N, K, b0, brs, bcs);")
-        stage.append(f"stage_a({qv}, nb, ra[{l}]);")
-        stage.append(f"stage_b({qv}, nb, rb[{l}]);")
+        if l < la:
+            stage0.append(f"stage_a({qv}, 0u, fetch_a({qv}, row0, kbeg, M, K, a0, ars, acs));")
+            pre.append(f"ra[{l}] = fetch_a({qv}, row0, k1, M, K, a0, ars, acs);")
+            stage.append(f"stage_a({qv}, na, ra[{l}]);")
+        if l < lb:
+            stage0.append(f"stage_b({qv}, 0u, fetch_b({qv}, col0, kbeg, N, K, b0, brs, bcs));")
+            pre.append(f"rb[{l}] = fetch_b({qv}, col0, k1, N, K, b0, brs, bcs);")
+            stage.append(f"stage_b({qv}, nb, rb[{l}]);")
     store = []
-    for i in range(q):
+    for i in range(qa):
         for r, c in enumerate("xyzw"):
             store.append(f"let m{i}{r} = row0 + (ty + {16 * i}u) * 4u + {r}u;")
             store.append(f"if (m{i}{r} < M) {{")
-            for j in range(q):
-                k = (i * 4 + r) * q + j
+            for j in range(qb):
+                k = (i * 4 + r) * qb + j
                 store.append(f"    store_quad(c0 + m{i}{r} * N, col0 + (tx + {16 * j}u) * 4u, N, "
                              f"full, acc[{k}]);")
             store.append("}")
-    return {"FMA": "\n".join(ind + x for x in fma),
+    return {"FMA": "\n".join([" " * 8 + head] + [ind + x for x in fma] + [" " * 8 + "}"]),
+            "FLUSH": "\n".join(" " * 8 + x for x in flush) if half else "",
+            "ACCH": f"    var acch: array<vec4<f16>, {n}>;" if half else "",
             "STAGE0": "\n".join("    " + x for x in stage0),
             "PREFETCH": "\n".join(ind + x for x in pre),
             "STAGE": "\n".join(ind + x for x in stage),
@@ -131,19 +160,36 @@ def _unrolled(tm: int, bk: int) -> dict:
 
 @functools.lru_cache(maxsize=256)
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
-               f16: bool = False, epilogue: tuple = (None, False, False)) -> Kernel:
-    """The matmul specialisation: TM x TM outputs per invocation (tile 16*TM), k step BK, load
-    modes of A and B, launch-order swizzle and workgroup-tile row padding (see
-    shaders/matmul.wgsl; one quad of padding keeps transposing stores free of bank conflicts).
-    ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
-    tile = 16 * tm
-    loads = tile * bk // 1024
-    if loads < 1 or bk % 4 or tm % 4:
-        raise ValueError(f"matmul tile {tile} with k step {bk} leaves invocations without loads")
-    return Kernel.of("matmul", TM=tm, TILE=tile, TQ=tile // 4, TQP=tile // 4 + pad, BK=bk,
-                     LOADS=loads, SMEM=2 * bk * (tile // 4 + pad), T="f16" if f16 else "f32",
-                     F16=int(f16), ACC=tm * tm // 4, AM=am, BM=bm, SWZ=swz,
-                     **_epilogue_defines(*epilogue), **_unrolled(tm, bk))
+               f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
+               split: int = 1, exact: bool = False, half: bool = False,
+               ak: bool = False, fe: int = 1) -> Kernel:
+    """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
+    defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
+    row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
+    bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
+    packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile
+    staged k-contiguous (``ak``, A in load mode 0 only). ``epilogue``: (activation template of
+    {z} or None, bias?, residual?)."""
+    tn = tm if tn is None else tn
+    la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
+    if la < 1 or lb < 1 or bk % 4 or tm % 4 or tn % 4:
+        raise ValueError(f"matmul tile {16 * tm}x{16 * tn} with k step {bk} leaves invocations "
+                         f"without loads")
+    if half and not f16:
+        raise ValueError("packed f16 matmul math needs f16 operands")
+    if ak and am != 0:
+        raise ValueError("a k-contiguous A tile needs A in load mode 0 (K contiguous)")
+    t = "f16" if f16 else "f32"
+    tqpa = bk // 4 if ak else 4 * tm + pad
+    abuf = 16 * tm * tqpa if ak else bk * tqpa
+    return Kernel.of("matmul", TILEM=16 * tm, TILEN=16 * tn, TQA=4 * tm, TQB=4 * tn,
+                     TQPA=tqpa, TQPB=4 * tn + pad, BK=bk, LOADA=la, LOADB=lb, ABUF=abuf,
+                     AK=str(bool(ak)).lower(), SMEMA=2 * abuf, SMEMB=2 * bk * (4 * tn + pad), T=t,
+                     TC="f32" if split > 1 else t, S="f16" if half else "f32", F16=int(f16),
+                     ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
+                     EXACT=str(bool(exact)).lower(),
+                     **_epilogue_defines(*epilogue),
+                     **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
@@ -168,7 +214,6 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
     if not out.numel():
         return out
     if K == 0:  # a zero product: only the epilogue is left, in a map kernel
-        from .elementwise import run_map
         ins = [t for t in (bias, residual) if t is not None]
         z = " + ".join("ab"[:len(ins)]) or "0.0"
         return run_map(activation.format(z=z) if activation else z, out, ins)
@@ -207,6 +252,80 @@ def _pick_tile(dev, M, N, nbatch) -> tuple:
 BIG_TILE_MIN = 256  # 128x128 tiles needed before the 8x8 kernel is used (132 SMs, 2 per SM)
 BK_BIG = 8
 SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
+
+
+# GPU kernel variants, by name: keyword arguments of kernel_for (tm, bk, swz; tn: columns per
+# invocation, default tm; split: split-K slices (2-4, plain products only); exact: no range
+# checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only (fe:
+# k steps of f16 sums between adds into the f32 accumulators, default 1); ak:
+# A's tile kept k-contiguous where A is (no transposing stores: A @ B and A @ B.T layouts)).
+# benchmarks/_kernel_sweep.py times each against torch on a GPU ("default" there: _pick_tile's
+# 64x64 tiles (t64e without exact) or 128x128 tiles (t128e without exact)).
+VARIANTS = {
+    "t64e": dict(tm=4, bk=16, swz=8, exact=True),
+    "t64k32": dict(tm=4, bk=32, swz=8, exact=True),
+    "t128e": dict(tm=8, bk=8, swz=8, exact=True),
+    "t128k16": dict(tm=8, bk=16, swz=8, exact=True),
+    "t128ak": dict(tm=8, bk=8, swz=8, exact=True, ak=True),
+    "t128k16ak": dict(tm=8, bk=16, swz=8, exact=True, ak=True),
+    "t64ak": dict(tm=4, bk=16, swz=8, exact=True, ak=True),
+    "t128x256ak": dict(tm=8, tn=16, bk=8, swz=8, exact=True, ak=True),
+    "t128s2ak": dict(tm=8, bk=8, swz=8, split=2, exact=True, ak=True),
+    "t64s4ak": dict(tm=4, bk=16, swz=8, split=4, exact=True, ak=True),
+    "t128x256": dict(tm=8, tn=16, bk=8, swz=8, exact=True),
+    "t256x128": dict(tm=16, tn=8, bk=8, swz=8, exact=True),
+    "t64x128": dict(tm=4, tn=8, bk=16, swz=8, exact=True),
+    "t128x64": dict(tm=8, tn=4, bk=16, swz=8, exact=True),
+    "t64s2": dict(tm=4, bk=16, swz=8, split=2, exact=True),
+    "t64s3": dict(tm=4, bk=16, swz=8, split=3, exact=True),
+    "t64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True),
+    "t128s2": dict(tm=8, bk=8, swz=8, split=2, exact=True),
+    "t128s4": dict(tm=8, bk=8, swz=8, split=4, exact=True),
+    "h64": dict(tm=4, bk=16, swz=8, exact=True, half=True),
+    "h128": dict(tm=8, bk=8, swz=8, exact=True, half=True),
+    "h128k16": dict(tm=8, bk=16, swz=8, exact=True, half=True),
+    "h128ak": dict(tm=8, bk=8, swz=8, exact=True, half=True, ak=True),
+    "h128k16ak": dict(tm=8, bk=16, swz=8, exact=True, half=True, ak=True),
+    "h128x256": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True),
+    "h128x256ak": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True, ak=True),
+    "h64k32": dict(tm=4, bk=32, swz=8, exact=True, half=True),
+    "h128s2": dict(tm=8, bk=8, swz=8, split=2, exact=True, half=True),
+    "h64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True, half=True),
+    "h128f4": dict(tm=8, bk=8, swz=8, exact=True, half=True, fe=4),
+    "h128akf4": dict(tm=8, bk=8, swz=8, exact=True, half=True, ak=True, fe=4),
+    "h128k16f2": dict(tm=8, bk=16, swz=8, exact=True, half=True, fe=2),
+    "h128x256akf4": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True, ak=True, fe=4),
+}
+
+# Which variant runs, per (adapter class, operand dtype): rows of (largest nbatch * M * N,
+# variant name), the first row the product fits wins; no row, no entry or the name "default":
+# _pick_tile's choice, the kernel measured in BENCHMARKS.md. Filled from the sweep's "best" lines.
+MATMUL_TABLE: dict = {}
+
+
+def adapter_class(dev) -> str:
+    """'cpu', 'nvidia', 'amd', 'intel', 'apple' or 'gpu': the key of MATMUL_TABLE."""
+    cls = getattr(dev, "_adapter_class", None)
+    if cls is None:
+        cls = "cpu" if _is_cpu(dev) else "gpu"
+        info = dev.adapter_info
+        name = f"{info.get('vendor', '')} {info.get('device', '')}".lower()
+        for c, ids in (("nvidia", (0x10DE,)), ("amd", (0x1002, 0x1022)), ("intel", (0x8086,)),
+                       ("apple", (0x106B,))):
+            if cls == "gpu" and (info.get("vendor_id", 0) in ids or c in name):
+                cls = c
+        dev._adapter_class = cls
+    return cls
+
+
+def _pick_variant(dev, M, N, nbatch, f16: bool) -> dict | None:
+    if not MATMUL_TABLE:
+        return None
+    rows = MATMUL_TABLE.get((adapter_class(dev), "f16" if f16 else "f32"), ())
+    for most, name in rows:
+        if nbatch * M * N <= most:
+            return VARIANTS.get(name)  # "default": _pick_tile's kernel
+    return None
 
 
 def _is_cpu(dev) -> bool:
@@ -361,13 +480,43 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         tile = _cpu_tile(M, N, nbatch)
     if tile is not None and len(tile) == 5:
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
-    tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
-    k = kernel_for(tm, bk, am, bm, *rest, f16=a.dtype == float16, epilogue=epi)
-    t = 16 * tm
-    gx, gy = -(-N // t), -(-M // t)
+    f16 = a.dtype == float16
+    v = tile if isinstance(tile, dict) else None
+    if tile is None:
+        v = _pick_variant(a.device, M, N, nbatch, f16)
+    if v is None:
+        tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
+        v = dict(tm=tm, bk=bk, swz=rest[0] if rest else 0, pad=rest[1] if len(rest) > 1 else 1)
+    v = dict(v)
+    tm, tn, bk = v["tm"], v.get("tn") or v["tm"], v["bk"]
+    split = v.pop("split", 1)
+    if split > 1 and epi == (None, False, False):  # slices of >= 2 k steps each
+        split = max(1, min(split, K // (2 * bk)))
+    else:
+        split = 1
+    kw = -(-K // split // bk) * bk if split > 1 else K  # K per slice, a multiple of BK
+    split = -(-K // kw)  # no empty slice (the last one may be shorter)
+    v["exact"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0 \
+        and kw % bk == 0 and K % bk == 0
+    v["half"] = v.get("half", False) and f16
+    v["ak"] = v.get("ak", False) and am == 0
+    k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, **v)
+    dst = out if split == 1 else Tensor.empty((split,) + (nbatch * M * N,), a.device, float32)
+    if split > 1:
+        bufs[2] = dst._storage.buffer
+    gx, gy = -(-N // (16 * tn)), -(-M // (16 * tm))
     if gx > MAX_WG_PER_DIM or gy > MAX_WG_PER_DIM:
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
-    for z0 in range(0, nbatch, MAX_WG_PER_DIM):
-        gz = min(MAX_WG_PER_DIM, nbatch - z0)
+    per = MAX_WG_PER_DIM // split
+    for z0 in range(0, nbatch, per):
+        gz = min(per, nbatch - z0)
         a.device.dispatch(k, bufs, [M, N, K, a.offset, sa, ar, ac, b.offset, sb, br, bc,
-                                    out.offset, z0, *extra], (gx, gy, gz))
+                                    dst.offset, z0, *extra, kw, nbatch],
+                          (gx, gy, gz * split))
+    if split > 1:  # add the slices' partial products (one elementwise pass)
+        n = nbatch * M * N
+        parts = [Tensor(dst._storage, (n,), offset=s * n) for s in range(split)]
+        while len(parts) > 3:  # a map kernel reads at most 3 inputs
+            run_map("a + b", parts[-2], [parts[-2], parts.pop()])
+        flat = Tensor(out._storage, (n,), None, out.offset, out.dtype)
+        run_map(" + ".join("abc"[:len(parts)]), flat, parts)

@@ -5,7 +5,8 @@ kernel) recorded with its backward rule, itself a fused kernel. Row ops work on 
 [R, L] block (another axis is moved last with a permute and at most one copy): one workgroup per
 row on GPUs, one invocation per row on CPU adapters (see ``row_mode``) while the row fits one
 invocation's loop budget (ops/bounds.py); rows too long for a workgroup are composed of chunked
-reductions. Nothing here reads device data back to the host.
+reductions. On GPUs, ops/rowops.py's variants (vec4 loads, subgroup reductions) take the row
+passes where its table names one. Nothing here reads device data back to the host.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
+from . import rowops
 from .bounds import LOOP_BUDGET, chunk_rows
 from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
 from .random import next_seed
@@ -94,8 +96,11 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         return _softmax_long(xc, log, scale, causal)
     out = Tensor.empty(xc.shape, xc.device, float32)
     if R:
-        dev.dispatch(plan[0], [xc._storage.buffer, out._storage.buffer],
-                     [R, L, xc.offset, out.offset, scale, tq], plan[1])
+        xb, ob = xc._storage.buffer, out._storage.buffer
+        fast = rowops.plan(dev, "sm_fwd", L, R, (xc.offset, out.offset), log)
+        k, groups = fast or plan
+        dev.dispatch(k, [xb, xb, xb, ob] if fast else [xb, ob],
+                     [R, L, xc.offset, out.offset, scale, tq], groups)
 
     o = saved_output(out)  # no cycle out -> node -> closure -> out
     record("log_softmax" if log else "softmax", out, [xc],
@@ -113,12 +118,17 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
     dev = out.device
     dx = Tensor.empty(out.shape, dev, float32)
     if R:
+        words = [R, L, out.offset, g.offset, dx.offset, float(scale), tq]
+        yb, gb, db = out._storage.buffer, g._storage.buffer, dx._storage.buffer
+        fast = rowops.plan(dev, "sm_bwd", L, R, (out.offset, g.offset, dx.offset), log)
+        if fast:
+            dev.dispatch(fast[0], [yb, gb, gb, db], words, fast[1])
+            return dx
         plan = row_kernel(dev, "softmax", "bwd", L, R, 2, LOG=str(log).lower())
         if plan is None:
             raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
                              f"workgroup can reduce; use softmax() (it splits such rows)")
-        dev.dispatch(plan[0], [out._storage.buffer, dx._storage.buffer, g._storage.buffer],
-                     [R, L, out.offset, g.offset, dx.offset, float(scale), tq], plan[1])
+        dev.dispatch(plan[0], [yb, db, gb], words, plan[1])
     return dx
 
 
@@ -189,7 +199,9 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     rstd = Tensor.empty((R,), dev, float32)
     if R and L:
         xb = xc._storage.buffer
-        k, groups = plan
+        offs = (xc.offset, wc.offset if wc is not None else 0,
+                bc.offset if bc is not None else 0, out.offset)
+        k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
         dev.dispatch(k,
                      [xb, wc._storage.buffer if wc is not None else xb,
                       bc._storage.buffer if bc is not None else xb, out._storage.buffer,
@@ -200,16 +212,8 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
 
     def bw(g):
         g = contiguous(g)
-        xb, gb = xc._storage.buffer, g._storage.buffer
-        dx = Tensor.empty(xc.shape, dev, float32) if xc.requires_grad else None
+        dx = layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
         gw = gbias = None
-        if R and L and dx is not None:
-            k, groups = row_kernel(dev, "layernorm", "bwd", L, R, 2)
-            dev.dispatch(k,
-                         [xb, gb, wc._storage.buffer if wc is not None else xb,
-                          dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
-                         [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0,
-                          int(wc is not None), dx.offset], groups)
         if (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad):
             both = _weight_bias_grads(xc, g, mean, rstd, R, L)
             gw = reshape(both[0], ns) if wc is not None else None
@@ -217,6 +221,24 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         return dx, gw, gbias
     record("layer_norm", out, [xc, wc, bc], bw, saved=[xc] + ([wc] if wc is not None else []))
     return out
+
+
+def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -> Tensor:
+    """d(input) of layer_norm over the R = mean.numel() rows of contiguous ``xc``, from the
+    contiguous d(output) ``g``, the weight (or None) and the forward's row statistics."""
+    dev = xc.device
+    R = mean.numel()
+    L = xc.numel() // R if R else 0
+    dx = Tensor.empty(xc.shape, dev, float32)
+    if R and L:
+        xb = xc._storage.buffer
+        woff = wc.offset if wc is not None else 0
+        k, groups = (rowops.plan(dev, "ln_bwd", L, R, (xc.offset, g.offset, woff, dx.offset))
+                     or row_kernel(dev, "layernorm", "bwd", L, R, 2))
+        dev.dispatch(k, [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
+                         dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
+                     [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset], groups)
+    return dx
 
 
 def _layer_norm_long(xc, wc, bc, R, L, eps):
@@ -347,8 +369,13 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
     tb = tt._storage.buffer
     if N:
         k, groups = plan
-        dev.dispatch(k, [lg._storage.buffer, tb, rows._storage.buffer, lse._storage.buffer,
-                         dev.asserts.buffer],
+        lb, rb, sb = lg._storage.buffer, rows._storage.buffer, lse._storage.buffer
+        fast = rowops.plan(dev, "xe_stats", C, N, (lg.offset,))
+        if fast:  # row statistics by a GPU row variant, then the losses per row
+            dev.dispatch(fast[0], [lb, lb, lb, dev.asserts.buffer, sb, rb],
+                         [N, C, lg.offset], fast[1])
+            k, groups = Kernel.of("xent", "loss_rows", WG=32), groups_1d(N, 64)
+        dev.dispatch(k, [lb, tb, rb, sb, dev.asserts.buffer],
                      [N, C, lg.offset, tt.offset, int(ignore_index), eps,
                       CODES["cross_entropy target"]], groups)
         if host is None:  # targets held on the device: the kernel checks them

@@ -1,0 +1,274 @@
+"""The GPU kernel variants of issue 22 (ops/matmul.py VARIANTS, ops/rowops.py ROW_VARIANTS)
+against numpy on this adapter: each forced in turn (lavapipe runs the GPU matmul kernel when
+told to), aligned and ragged shapes, every load layout, f16, split-K over several dispatches,
+more than 65,535 workgroups, and the tables that pick them per adapter class."""
+import importlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gradcheck import check_grad
+
+import wgrumus as wr
+from wgrumus.ops import layer_norm, log_softmax, rowops, softmax
+from wgrumus.ops.nnops import layer_norm_backward
+
+mm = importlib.import_module("wgrumus.ops.matmul")
+F32_VARIANTS = [k for k, v in mm.VARIANTS.items() if not v.get("half")]
+HALF_VARIANTS = [k for k, v in mm.VARIANTS.items() if v.get("half")]
+
+
+@pytest.fixture
+def variant(request, monkeypatch):
+    """Force one GPU matmul variant (on every adapter, CPU ones included)."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", False)
+    monkeypatch.setattr(mm, "_pick_variant", lambda *a: mm.VARIANTS[request.param])
+    return request.param
+
+
+def _pair(rng, sa, sb, dt, bt=False, at=False):
+    """Operands of shapes sa @ sb; at / bt: stored transposed (a transposed view)."""
+    an = rng.standard_normal(sa[:-2] + (sa[-1], sa[-2]) if at else sa).astype(dt)
+    bn = rng.standard_normal(sb[:-2] + (sb[-1], sb[-2]) if bt else sb).astype(dt)
+    a, b = wr.tensor(an), wr.tensor(bn)
+    if at:
+        a, an = a.transpose(-1, -2), np.swapaxes(an, -1, -2)
+    if bt:
+        b, bn = b.transpose(-1, -2), np.swapaxes(bn, -1, -2)
+    return a, b, an.astype(np.float32) @ bn.astype(np.float32)
+
+
+def _close(out, ref, f16=False):
+    tol = 4e-2 if f16 else 2e-4
+    got = out.numpy().astype(np.float32)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=tol * max(1.0, float(np.abs(ref).max())), rtol=tol)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", F32_VARIANTS, indirect=True)
+def test_matmul_variants_f32(variant, rng):
+    # aligned (exact tiles where the variant allows them), A @ B.T, ragged, A.T @ B, batched
+    a, b, ref = _pair(rng, (256, 64), (64, 256), np.float32, bt=True)
+    _close(a @ b, ref)
+    a, b, ref = _pair(rng, (130, 68), (68, 36), np.float32)
+    _close(a @ b, ref)
+    a, b, ref = _pair(rng, (68, 96), (96, 20), np.float32, at=True)
+    _close(a @ b, ref)
+    a, b, ref = _pair(rng, (3, 64, 128), (3, 128, 64), np.float32)
+    _close(a @ b, ref)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", HALF_VARIANTS + ["t128ak", "t64s4ak"], indirect=True)
+def test_matmul_variants_f16(dev, variant, rng):
+    if "shader-f16" not in dev.features:
+        pytest.skip("adapter has no shader-f16")
+    for sa, sb, bt in (((256, 128), (128, 256), True), ((70, 36), (36, 20), False)):
+        a, b, ref = _pair(rng, sa, sb, np.float16, bt=bt)
+        out = a @ b
+        assert out.dtype == np.float16
+        _close(out, ref, f16=True)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", ["t128ak", "t64s4"], indirect=True)
+def test_matmul_variant_gradients_and_epilogue(variant, rng):
+    """Backward runs the same variants (A.T @ G and G @ B.T); split-K leaves the fused
+    Linear epilogue to the one-slice kernel."""
+    an = rng.standard_normal((64, 96)).astype(np.float32)
+    bn = rng.standard_normal((96, 64)).astype(np.float32)
+    a, b = wr.tensor(an, requires_grad=True), wr.tensor(bn, requires_grad=True)
+    g = rng.standard_normal((64, 64)).astype(np.float32)
+    ((a @ b) * wr.tensor(g)).sum().backward()
+    np.testing.assert_allclose(a.grad.numpy(), g @ bn.T, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(b.grad.numpy(), an.T @ g, rtol=1e-4, atol=1e-3)
+    bias = rng.standard_normal(64).astype(np.float32)
+    got = mm.linear_2d(wr.tensor(an), wr.tensor(bn), wr.tensor(bias), None, "max({z}, 0.0)")
+    np.testing.assert_allclose(got.numpy(), np.maximum(an @ bn + bias, 0), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("variant", ["t64s3"], indirect=True)
+def test_split_k_batches_over_several_dispatches(variant, rng, monkeypatch):
+    """Batches past the per-dispatch workgroup limit (here made 7, so 2 batches of 3 slices
+    per dispatch) keep their slices and offsets apart."""
+    monkeypatch.setattr(mm, "MAX_WG_PER_DIM", 7)
+    a, b, ref = _pair(rng, (5, 16, 192), (5, 192, 12), np.float32)
+    _close(a @ b, ref)
+
+
+def test_variant_table_picks_per_adapter_class(monkeypatch):
+    nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
+    amd = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor": "AMD"})
+    cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"})
+    assert [mm.adapter_class(d) for d in (nv, amd, cpu)] == ["nvidia", "amd", "cpu"]
+    monkeypatch.setattr(mm, "MATMUL_TABLE", {("nvidia", "f32"): ((1024 * 1024, "t64s4"),
+                                                                  (1 << 62, "t128ak"))})
+    assert mm._pick_variant(nv, 512, 512, 1, False) is mm.VARIANTS["t64s4"]
+    assert mm._pick_variant(nv, 4096, 4096, 1, False) is mm.VARIANTS["t128ak"]
+    assert mm._pick_variant(nv, 512, 512, 1, True) is None  # no f16 row: the default kernel
+    assert mm._pick_variant(amd, 512, 512, 1, False) is None
+    for rows in mm.MATMUL_TABLE.values():
+        assert all(name in mm.VARIANTS or name == "default" for _, name in rows)
+
+
+# --------------------------------------------------------------------------- row ops
+
+@pytest.fixture(params=list(rowops.ROW_VARIANTS))
+def row_variant(request, monkeypatch):
+    monkeypatch.setattr(rowops, "FORCE", request.param)
+    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)  # lavapipe's subgroups are 8 wide
+    return request.param
+
+
+def _softmax_ref(z, log=False):
+    m = z.max(-1, keepdims=True)
+    e = np.exp(z - m)
+    return z - m - np.log(e.sum(-1, keepdims=True)) if log else e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", [(6, 64), (3, 37), (5, 1024), (33, 8)])
+def test_row_variants_softmax(row_variant, shape, rng):
+    x = rng.standard_normal(shape)
+    check_grad(lambda a: softmax(a * 1.0), _softmax_ref, [x[:2, :12]])
+    g = rng.standard_normal(shape).astype(np.float32)
+    for log in (False, True):
+        t = wr.tensor(x.astype(np.float32), requires_grad=True)
+        y = (log_softmax if log else softmax)(t, scale=0.5)
+        (y * wr.tensor(g)).sum().backward()
+        s = _softmax_ref(0.5 * x)
+        np.testing.assert_allclose(y.numpy(), _softmax_ref(0.5 * x, log), rtol=1e-5, atol=1e-5)
+        want = 0.5 * (g - s * g.sum(-1, keepdims=True)) if log \
+            else 0.5 * s * (g - (g * s).sum(-1, keepdims=True))
+        np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", [(2, 5, 8), (3, 7, 12), (2, 4, 9)])
+def test_row_variants_causal(row_variant, shape, rng):
+    x = rng.standard_normal(shape)
+    tq, tk = shape[-2:]
+    mask = np.arange(tk)[None, :] > np.arange(tq)[:, None] + (tk - tq)
+    z = np.where(mask, -np.inf, 2.0 * x)
+    np.testing.assert_allclose(softmax(wr.tensor(x.astype(np.float32)), scale=2.0,
+                                       causal=True).numpy(), _softmax_ref(z), atol=1e-6)
+    with np.errstate(invalid="ignore"):
+        lref = _softmax_ref(z, True)
+    got = log_softmax(wr.tensor(x.astype(np.float32)), scale=2.0, causal=True).numpy()
+    np.testing.assert_allclose(got, lref, rtol=1e-5, atol=1e-5)
+    check_grad(lambda a: softmax(a, scale=2.0, causal=True),
+               lambda a: _softmax_ref(np.where(mask, -np.inf, 2.0 * a)), [x[:1]])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("L", [64, 37, 1024])
+def test_row_variants_layer_norm(row_variant, L, rng):
+    x = rng.normal(2.0, 3.0, size=(5, L))
+    wb = rng.standard_normal(2 * L + 4).astype(np.float32)
+    for off in (0, 1):  # weight and bias views at offsets (1: element loads)
+        w, b = wr.tensor(wb)[off:off + L], wr.tensor(wb)[L + 4:]
+        t = wr.tensor(x.astype(np.float32), requires_grad=True)
+        y = layer_norm(t, (L,), w, b)
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        xh = (x - mu) / np.sqrt(var + 1e-5)
+        wn, bn = wb[off:off + L], wb[L + 4:]
+        np.testing.assert_allclose(y.numpy(), xh * wn + bn, rtol=1e-4, atol=1e-4)
+        g = rng.standard_normal((5, L))
+        (y * wr.tensor(g.astype(np.float32))).sum().backward()
+        gw = g * wn
+        dx = (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True)) \
+            / np.sqrt(var + 1e-5)
+        np.testing.assert_allclose(t.grad.numpy(), dx, rtol=1e-3, atol=1e-4)
+    check_grad(lambda a: layer_norm(a, (9,)), lambda a: (a - a.mean(-1, keepdims=True))
+               / np.sqrt(a.var(-1, keepdims=True) + 1e-5), [x[:1, :9]])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["v4sg", "s1"])
+def test_row_variants_past_65535_workgroups(name, rng, monkeypatch):
+    """70,000 rows, one workgroup each: the launch folds over (x, y) workgroups."""
+    monkeypatch.setattr(rowops, "FORCE", name)
+    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)
+    x = rng.standard_normal((70_000, 8)).astype(np.float32)
+    y = softmax(wr.tensor(x))
+    np.testing.assert_allclose(y.numpy(), _softmax_ref(x), rtol=1e-5, atol=1e-6)
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    from wgrumus.ops.nnops import softmax_backward
+    s = _softmax_ref(x)
+    np.testing.assert_allclose(softmax_backward(y, wr.tensor(g)).numpy(),
+                               s * (g - (g * s).sum(-1, keepdims=True)), rtol=1e-4, atol=1e-5)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(layer_norm(wr.tensor(x), 8).numpy(),
+                               (x - mu) / np.sqrt(var + 1e-5), rtol=1e-3, atol=1e-3)
+    dx = layer_norm_backward(wr.tensor(x), wr.tensor(g), None, wr.tensor(mu.ravel()),
+                             wr.tensor((1 / np.sqrt(var + 1e-5)).ravel()))
+    assert np.isfinite(dx.numpy()).all()
+
+
+def test_row_plan_bounds_and_defaults(dev, monkeypatch):
+    """No forced variant and an empty table: CPU adapters (and GPUs) keep the kernels of
+    softmax.wgsl / layernorm.wgsl; rows past one workgroup's loop budget get no plan."""
+    assert rowops.plan(dev, "sm_fwd", 1024, 16) is None
+    monkeypatch.setattr(rowops, "FORCE", "v4sgr8")
+    k, groups = rowops.plan(dev, "sm_fwd", 64, 20, (0, 0))
+    d = dict(k.defines)
+    assert (d["G"], d["WG"], d["VEC"], groups) == ("32", "256", "4", (3, 1, 1))
+    assert dict(rowops.plan(dev, "sm_fwd", 64, 20, (0, 2))[0].defines)["VEC"] == "1"
+    assert rowops.plan(dev, "ln_fwd", 1 << 27, 1) is None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", ["t64s2"], indirect=True)
+def test_split_k_past_65535_workgroups(variant, rng):
+    """33,000 batches x 2 slices: 66,000 workgroups along z, in two dispatches."""
+    a, b, ref = _pair(rng, (33_000, 4, 64), (33_000, 64, 4), np.float32)
+    _close(a @ b, ref)
+
+
+def test_row_table_picks_per_adapter_class(monkeypatch):
+    nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
+    cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"})
+    table = ((1024, "v4sg"), (1 << 30, "default"))
+    monkeypatch.setattr(rowops, "ROW_TABLE", {("nvidia", "sm_fwd"): table,
+                                              ("cpu", "sm_fwd"): table})
+    assert rowops._variant(nv, "sm_fwd", 512) == rowops.ROW_VARIANTS["v4sg"]
+    assert rowops._variant(nv, "sm_fwd", 4096) is None
+    assert rowops._variant(nv, "ln_fwd", 512) is None
+    assert rowops._variant(cpu, "sm_fwd", 512) is None  # CPU adapters keep their kernels
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("N,C", [(6, 64), (5, 37), (70_000, 4)])
+def test_row_variants_cross_entropy(row_variant, N, C, rng):
+    """Row statistics by the variant, losses by xent.wgsl's loss_rows: ignore_index, label
+    smoothing and the gradient as with the fused kernel; 70,000 rows pass 65,535 workgroups."""
+    from wgrumus.ops import cross_entropy
+    x = rng.standard_normal((N, C)).astype(np.float32)
+    t = rng.integers(0, C, N)
+    t[1] = -100
+    lsm = _softmax_ref(x.astype(np.float64), True)
+    nll = -lsm[np.arange(N), np.where(t < 0, 0, t)]
+    rows = (0.9 * nll - 0.1 * lsm.mean(1)) * (t >= 0)
+    xt = wr.tensor(x, requires_grad=True)
+    loss = cross_entropy(xt, t, label_smoothing=0.1)
+    np.testing.assert_allclose(loss.numpy(), rows.sum() / (t >= 0).sum(), rtol=1e-5)
+    np.testing.assert_allclose(cross_entropy(wr.tensor(x), t, label_smoothing=0.1,
+                                             reduction="none").numpy(), rows, atol=1e-5)
+    loss.backward()
+    p = np.exp(lsm)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(N), np.where(t < 0, 0, t)] = 1
+    want = (p - 0.9 * onehot - 0.1 / C) * (t >= 0)[:, None] / (t >= 0).sum()
+    np.testing.assert_allclose(xt.grad.numpy(), want, atol=1e-6)
+
+
+def test_row_variant_cross_entropy_device_target_check(rng, monkeypatch):
+    """A device-held target out of range still raises at the next host read."""
+    from wgrumus.ops import cross_entropy
+    monkeypatch.setattr(rowops, "FORCE", "v4sg")
+    x = wr.tensor(rng.standard_normal((5, 40)).astype(np.float32))
+    t = wr.tensor(np.array([0, 1, 2, 3, 40], np.int32))
+    with pytest.raises(IndexError, match="index 40 is out of range for size 40"):
+        cross_entropy(x, t).numpy()
