@@ -299,8 +299,12 @@ VARIANTS = {
 
 # Which variant runs, per (adapter class, operand dtype): rows of (largest nbatch * M * N,
 # variant name), the first row the product fits wins; no row, no entry or the name "default":
-# _pick_tile's choice, the kernel measured in BENCHMARKS.md. Filled from the sweep's "best" lines.
-MATMUL_TABLE: dict = {}
+# _pick_tile's choice. Filled from the sweep's "best" lines (H100, 2026-11-23,
+# benchmarks/results/h100_kernel_sweep_20261123.txt); other GPUs keep the default until measured.
+MATMUL_TABLE: dict = {
+    ("nvidia", "f32"): ((262144, "t64s2"), (1048576, "t128x64"), (1 << 62, "t128k16ak")),
+    ("nvidia", "f16"): ((262144, "t64s2"), (1048576, "h64k32"), (1 << 62, "h64")),
+}
 
 
 def adapter_class(dev) -> str:

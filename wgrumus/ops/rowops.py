@@ -28,9 +28,16 @@ ROW_VARIANTS = {
 }
 # {(adapter class, op): ((largest row length L, variant name), ...)}: the first row L fits
 # wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd", "xe_stats" (cross-entropy's row pass).
-# Empty (or "default"): the kernels measured in BENCHMARKS.md; filled from the sweep's "best"
-# lines.
-ROW_TABLE: dict = {}
+# No row (or "default"): the caller's own kernel. Filled from the sweep's "best" lines (H100,
+# 2026-11-23, benchmarks/results/h100_kernel_sweep_20261123.txt); rows longer than the longest
+# measured (4096) keep the default kernels.
+ROW_TABLE: dict = {
+    ("nvidia", "sm_fwd"): ((256, "v4sgr4_q2"), (768, "v4"), (1024, "v4sgr_q2"), (4096, "v4r")),
+    ("nvidia", "sm_bwd"): ((256, "v4sgr_q1"), (1024, "v4sgr_q1"), (4096, "v4sgr_q2")),
+    ("nvidia", "ln_fwd"): ((256, "v4sgr4_q2"), (768, "v4sg"), (1024, "v4sgr_q2"), (4096, "v4sgr8")),
+    ("nvidia", "ln_bwd"): ((256, "v4sgr_q1"), (768, "v4sgr_q2"), (1024, "v4sgr_q1"), (4096, "v4r8")),
+    ("nvidia", "xe_stats"): ((256, "v4sgr4_q2"), (768, "v4sgr8"), (4096, "v4r")),
+}
 FORCE = None  # a variant name run wherever it applies (tests, the sweep)
 MAX_NR = 8  # quads held in registers per invocation, at most
 SUBGROUP_MAX = None  # the adapter's largest subgroup size (None: from adapter info; tests set it)
@@ -61,10 +68,27 @@ def plan(dev, op: str, L: int, R: int, offsets=(), log: bool = False):
     """(kernel, workgroups) of rowops.wgsl's entry ``op`` over R rows of L elements, or None
     (no variant picked, or the row too long for one workgroup): the caller runs its own
     kernel. ``offsets``: element offsets of every operand (vec4 loads need multiples of 4)."""
+    aligned = L % 4 == 0 and all(o % 4 == 0 for o in offsets)
+    global _plans_for
+    if _plans_for != (ROW_TABLE, FORCE, SUBGROUP_MAX):  # a table changed (tests, the sweep)
+        _plans.clear()
+        _plans_for = (dict(ROW_TABLE), FORCE, SUBGROUP_MAX)
+    key = (dev, op, L, R, aligned, log)
+    if key not in _plans:
+        if len(_plans) > 4096:
+            _plans.clear()
+        _plans[key] = _plan(dev, op, L, R, aligned, log)
+    return _plans[key]
+
+
+_plans: dict = {}  # a plan costs ~14 us of Python; an eager step asks for the same few again
+_plans_for = None
+
+
+def _plan(dev, op: str, L: int, R: int, aligned: bool, log: bool):
     v = _variant(dev, op, L)
     if v is None or not L or not R:
         return None
-    aligned = L % 4 == 0 and all(o % 4 == 0 for o in offsets)
     V = 4 if v["vec"] and aligned else 1
     lq = L // V
     g = 32
