@@ -22,14 +22,6 @@ LAYERS = {
     "wgrumus": 6,  # the package face (import wgrumus as wr) re-exports layers 0-5 for the cli
 }
 
-# Upward imports in code other engineers are rewriting in parallel (issue 16, items 1-4):
-# (importing module, imported module). The lead shrinks this set after the merge; it must end
-# empty.
-KNOWN_UPWARD = {
-    ("wgrumus.distributed.interop", "wgrumus"),  # from_numpy: wgrumus.tensor via the face
-}
-
-
 def layer(module: str) -> int:
     parts = module.split(".")
     for k in range(len(parts), 0, -1):
@@ -87,15 +79,10 @@ def test_every_module_has_a_layer():
 
 def test_no_module_imports_a_higher_layer():
     found = upward_imports()
-    new = sorted(found - KNOWN_UPWARD)
+    new = sorted(found)
     assert not new, "modules importing a higher layer (move the code down, or pass the " \
                     "higher-layer object in from the caller):\n" + "\n".join(
                         f"  {a} (layer {layer(a)}) imports {b} (layer {layer(b)})" for a, b in new)
-
-
-def test_known_exceptions_are_still_real():
-    stale = sorted(KNOWN_UPWARD - upward_imports())
-    assert not stale, f"fixed, remove from KNOWN_UPWARD: {stale}"
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tensor import tensor
+
 
 def is_tensor(x) -> bool:
     # Duck-typed so this room does not import the tensor module at import time.
@@ -21,5 +23,4 @@ def from_numpy(arr, device):
     """Wrap ``arr`` as a Tensor on ``device``, or return it unchanged when device is None."""
     if device is None or arr is None:
         return arr
-    import wgrumus
-    return wgrumus.tensor(arr, device=device)
+    return tensor(arr, device=device)

@@ -79,8 +79,8 @@ def _one_hot_shard(ids: Tensor, start: int, size: int) -> Tensor:
     """[N, size] float one-hot of ids - start (rows whose id falls outside are all zero)."""
     ids = ids if ids.dtype == int32 else ids.astype(int32)
     col = reshape(ids, (ids.numel(), 1))
-    return map_op("select(0.0, 1.0, i32(i % pu(48u)) + pi(49u) == a)", [col],
-                  shape=(ids.numel(), size), scalars=[size, start])
+    return map_op("select(0.0, 1.0, i32(i % u32(size)) + start == a)", [col],
+                  shape=(ids.numel(), size), scalars={"size": size, "start": start})
 
 
 def vocab_range(vocab: int, group) -> tuple[int, int]:
@@ -129,7 +129,8 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
 
     def bw(g):
         p = e / s
-        gl = map_op("(a - b) * c * pf(48u)", [p, oh, reshape(g, (1, 1))], scalars=[1.0 / n])
+        gl = map_op("(a - b) * c * inv_n", [p, oh, reshape(g, (1, 1))],
+                    scalars={"inv_n": 1.0 / n})
         return (reshape(gl, logits.shape),)
     record("vocab_parallel_cross_entropy", loss, [logits], bw, saved=[e, s, oh])
     return loss
