@@ -15,8 +15,8 @@ the step is host-bound. us/disp: host microseconds per dispatch (host ms / dispa
 
 Sizes: MLP 784-512-512-10 batch 256; GPT-mini 4 layers, d=256, 4 heads, seq 128, batch 16,
 vocab 65; gpt2s (only when named): GPT-2-small width, 12 layers, d=768, 12 heads, seq 512,
-batch 8 (no numpy reference). --quick (the default on a CPU adapter such as lavapipe) keeps GPT small
-(2 layers, d=64, seq 32, batch 4).
+batch 8 (no numpy reference). --quick (the default on a CPU adapter such as lavapipe) keeps
+GPT small (2 layers, d=64, seq 32, batch 4).
 """
 from __future__ import annotations
 
