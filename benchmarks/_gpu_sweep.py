@@ -91,6 +91,7 @@ def sweep_matmul(sizes, variants):
 
 def sweep_staging(mb):
     import wgpu
+
     import wgrumus as wr
     dev = wr.devices()[0]
     nbytes = mb << 20

@@ -42,6 +42,7 @@ def main(argv=None) -> int:
         print(f"tinygrad peer skipped ({args.device}): {tdev}")
         return 0
     from tinygrad import Tensor
+
     import wgrumus as wr
     dev = wr.devices()[0]
     tsync = tdev.synchronize
@@ -63,7 +64,8 @@ def main(argv=None) -> int:
               f"{peer / ours:>12.2f}{ref / ours:>9.3f}   GFLOP/s")
     if not args.no_mlp:
         import train_step as ts
-        from tinygrad import Context, nn as tnn
+        from tinygrad import Context
+        from tinygrad import nn as tnn
         batch, dims = args.mlp.split(":")
         cfg = {"batch": int(batch), "dims": tuple(int(d) for d in dims.split(","))}
         step, _, _ = ts.wgrumus_step("mlp", cfg, dev)

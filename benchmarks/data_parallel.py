@@ -95,7 +95,7 @@ class Task:
             return wr.nn.GPT(a.vocab, a.block, n_layer=a.n_layer, n_head=a.n_head,
                              n_embd=a.n_embd, device=device, seed=0)
         layers = []
-        for i in range(a.n_layer):
+        for _ in range(a.n_layer):
             layers += [wr.nn.Linear(a.n_embd, a.n_embd, device=device), wr.nn.GELU()]
         layers.append(wr.nn.Linear(a.n_embd, a.vocab, device=device))
         return wr.nn.Sequential(*layers)

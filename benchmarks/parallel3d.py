@@ -32,8 +32,12 @@ LAYOUTS = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (4, 2, 1), (2,
 
 def analytic(cfg, dp, tp, pp, batch, m, schedule="1f1b") -> dict:
     """Payload bytes per step, summed over all ranks, per group."""
-    from wgrumus.distributed.parallel3d import (chunks_per_stage, dense_gpt_state,
-                                                gpt_shard_plan, stage_blocks)
+    from wgrumus.distributed.parallel3d import (
+        chunks_per_stage,
+        dense_gpt_state,
+        gpt_shard_plan,
+        stage_blocks,
+    )
     from wgrumus.distributed.tensor_parallel.shard import shard_array
     E, T = cfg.n_embd, cfg.block_size
     mb = batch // dp // m

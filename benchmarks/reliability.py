@@ -772,6 +772,7 @@ class Reference:
 def kill_once(folder: Path, rng, ref: Reference, max_delay: float = 1.5) -> dict:
     """Start a checkpointing child, SIGKILL it after a random delay, check what is left."""
     import signal
+
     import wgrumus.io as wio
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "train.safetensors"
@@ -865,6 +866,7 @@ def kill_cli_once(folder: Path, rng, max_delay: float = 2.0) -> dict:
     --checkpoint-every 1`` is SIGKILLed at a random moment, then ``--resume`` must continue."""
     import shutil
     import signal
+
     import wgrumus.io as wio
     shutil.rmtree(folder, ignore_errors=True)
     env = _child_env(WGRUMUS_DEVICES="2")
@@ -1016,7 +1018,7 @@ def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> 
 
 
 # ============================================================================= command line
-# ----------------------------------------------------------------------------- host guards (issue 15)
+# --------------------------------------------------------------------------- host guards (issue 15)
 def _raises(fn, cls, pattern: str) -> str | None:
     """None when ``fn()`` raises ``cls`` whose message matches ``pattern``, else the problem."""
     import re
@@ -1108,8 +1110,9 @@ def guard_rng(rng) -> dict:
 
 def guard_loading(rng, folder: Path) -> dict:
     """A corrupt wgrumus metadata string, or a float64 value float32 cannot hold."""
-    import wgrumus as wr
     from safetensors.numpy import save_file
+
+    import wgrumus as wr
     from wgrumus import nn
     from wgrumus.io import CheckpointError, load_checkpoint
     folder.mkdir(parents=True, exist_ok=True)

@@ -77,7 +77,8 @@ def main() -> int:
     print(f"{'part':22} {'us/dispatch':>12}")
     for k, v in rows.items():
         print(f"{k:22} {statistics.median(v):12.2f}")
-    print(f"{'one bare C call':22} {call:12.2f}   (through a lambda; x3 per dispatch: the loop's floor)")
+    print(f"{'one bare C call':22} {call:12.2f}   (through a lambda; x3 per dispatch: "
+          "the loop's floor)")
     return 0
 
 

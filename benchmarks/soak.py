@@ -98,6 +98,7 @@ MODELS = ("dp", "linear", "mlp", "cnn", "gpt")
 def _cli_task(model: str, seed: int, gpt_size):
     """The ``wgrumus train`` task (model builder, data, loss, optimizer) of ``model``."""
     from types import SimpleNamespace
+
     from wgrumus.cli.models import build
     n_layer, n_embd, n_head, block = gpt_size
     return build(SimpleNamespace(model=model, lr=None, optimizer="adamw", seed=seed,

@@ -9,7 +9,8 @@ Needs `pip install -e ".[mpi]"` (mpi4py and the mpich wheel, which provides `mpi
 import argparse
 
 import wgrumus as wr
-from wgrumus import distributed as dist, nn
+from wgrumus import distributed as dist
+from wgrumus import nn
 from wgrumus.data import load_digits
 from wgrumus.parallel import DataParallel
 

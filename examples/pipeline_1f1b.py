@@ -11,8 +11,7 @@ os.environ.setdefault("WGRUMUS_DEVICES", "4")
 import wgrumus as wr  # noqa: E402
 from wgrumus import nn  # noqa: E402
 from wgrumus.data import load_digits  # noqa: E402
-from wgrumus.distributed.pipeline import (PipelineExecutor, PipelineStage,  # noqa: E402
-                                          get_schedule, render)
+from wgrumus.distributed.pipeline import PipelineExecutor, PipelineStage, get_schedule, render  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--steps", type=int, default=50)

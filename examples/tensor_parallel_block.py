@@ -11,7 +11,8 @@ os.environ.setdefault("WGRUMUS_DEVICES", "2")
 import numpy as np  # noqa: E402
 
 import wgrumus as wr  # noqa: E402
-from wgrumus import distributed as dist, nn  # noqa: E402
+from wgrumus import distributed as dist  # noqa: E402
+from wgrumus import nn
 from wgrumus.distributed.tensor_parallel import ParallelMLP, ParallelSelfAttention  # noqa: E402
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

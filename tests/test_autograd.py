@@ -5,13 +5,20 @@ import threading
 
 import numpy as np
 import pytest
+from gradcheck import check_grad
 
 import wgrumus as wr
-from wgrumus.autograd import (AutogradError, GradientStore, Tape, backward_with_grad,
-                              install_tape, new_grad_id, no_grad, take_tape)
+from wgrumus.autograd import (
+    AutogradError,
+    GradientStore,
+    Tape,
+    backward_with_grad,
+    install_tape,
+    new_grad_id,
+    no_grad,
+    take_tape,
+)
 from wgrumus.autograd.tape import current_tape, enable_grad, is_grad_enabled
-
-from gradcheck import check_grad
 
 R = np.random.default_rng(0)
 

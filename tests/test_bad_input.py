@@ -11,10 +11,13 @@ import wgrumus.io as wio
 from wgrumus import distributed as dist
 from wgrumus import nn
 from wgrumus.distributed import CollectiveError
-from wgrumus.distributed.pipeline import (PipelineConfigError, PipelineExecutor, PipelineStage,
-                                          get_schedule)
-from wgrumus.runtime.errors import (AdapterLimitError, DeviceMismatchError, ShapeError,
-                                    WgrumusError)
+from wgrumus.distributed.pipeline import (
+    PipelineConfigError,
+    PipelineExecutor,
+    PipelineStage,
+    get_schedule,
+)
+from wgrumus.runtime.errors import AdapterLimitError, DeviceMismatchError, ShapeError, WgrumusError
 
 pytestmark = pytest.mark.timeout(60)
 

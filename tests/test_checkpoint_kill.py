@@ -9,12 +9,11 @@ import sys
 
 import numpy as np
 import pytest
+from _util import ROOT, load_benchmark
 
 import wgrumus as wr
 import wgrumus.io as wio
 from wgrumus import nn
-
-from _util import ROOT, load_benchmark
 
 rel = load_benchmark("reliability")
 

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _util import ROOT, mpiexec, run_process, subprocess_env
 
 

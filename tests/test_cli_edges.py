@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-
 from _util import ROOT, run_process, subprocess_env
 
 

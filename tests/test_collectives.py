@@ -9,8 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wgrumus import distributed as dist
-from wgrumus.distributed import (AllReduceStrategy, BroadcastStrategy, CollectiveConfig,
-                                 CollectiveError, ReduceStrategy)
+from wgrumus.distributed import (
+    AllReduceStrategy,
+    BroadcastStrategy,
+    CollectiveConfig,
+    CollectiveError,
+    ReduceStrategy,
+)
 from wgrumus.distributed.collectives import child_ranks, compute_role, parent_rank
 
 STRATEGIES = ["ring", "tree", "tree:3", "centralized", "native"]

@@ -98,6 +98,7 @@ def _launch(n, *args, timeout=10.0):
     import os
     import sys
     from pathlib import Path
+
     from _util import run_process
     worker = Path(__file__).resolve().parent / "_mpi_worker.py"
     p = run_process([MPIEXEC, "-n", n, sys.executable, worker, *args], 60,

@@ -8,11 +8,10 @@ import time
 
 import numpy as np
 import pytest
+from _util import load_benchmark
 
 import wgrumus as wr
 from wgrumus import distributed as dist
-
-from _util import load_benchmark
 
 rel = load_benchmark("reliability")
 

@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
-from wgrumus.data import (CharCorpus, DataLoader, DataLoaderError, Dataset, TensorDataset,
-                          digits_dataset, load_digits, load_text)
+from wgrumus.data import (
+    CharCorpus,
+    DataLoader,
+    DataLoaderError,
+    Dataset,
+    TensorDataset,
+    digits_dataset,
+    load_digits,
+    load_text,
+)
 
 
 def _loader_threads():

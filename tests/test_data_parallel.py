@@ -17,8 +17,8 @@ import wgrumus as wr
 from wgrumus.autograd import backward
 from wgrumus.autograd.tape import record
 from wgrumus.ops.launch import run_map
-from wgrumus.parallel import (AllReduceSync, DataParallel, ReplicaError, plan_buckets,
-                              shard_sizes)
+from wgrumus.parallel import AllReduceSync, DataParallel, ReplicaError, plan_buckets, shard_sizes
+
 
 # ---------------------------------------------------------------------------------- stand-ins
 class TinyMLP:

@@ -64,7 +64,7 @@ def test_per_block_fsdp_trains_like_one_device_with_a_lower_peak(devs):
     blocks = train_fsdp(devs, UNITS)
     whole = train_fsdp(devs, None)
     n_params = len(list(model.parameters()))
-    for losses, sd, peak, ops in blocks:
+    for losses, sd, _peak, ops in blocks:
         assert losses == pytest.approx(ref, rel=1e-5)
         for k, v in model.state_dict().items():
             # atol: the attention key bias has a zero gradient up to rounding, which AdamW

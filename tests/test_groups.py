@@ -3,8 +3,12 @@ import numpy as np
 import pytest
 
 from wgrumus import distributed as dist
-from wgrumus.distributed import (CollectiveError, ProcessGroupManager, RankMapping,
-                                 ThreeDParallelismConfig)
+from wgrumus.distributed import (
+    CollectiveError,
+    ProcessGroupManager,
+    RankMapping,
+    ThreeDParallelismConfig,
+)
 
 CFG = ThreeDParallelismConfig(dp=2, tp=2, pp=2)
 

@@ -170,6 +170,7 @@ def test_corrupt_checkpoint_metadata_is_a_checkpoint_error(tmp_path, meta, what)
 @pytest.mark.parametrize("value", [1e39, -3e300, 1e-50])
 def test_float64_outside_float32_range_is_an_error(tmp_path, value):
     from safetensors.numpy import save_file
+
     from wgrumus.io import CheckpointError
     path = str(tmp_path / "w.safetensors")
     save_file({"w": np.array([0.0, 1.5, value, 0.0], np.float64)}, path)

@@ -90,8 +90,8 @@ def test_softmax_layer_norm_long_rows(rng):
     x = wr.tensor(a, requires_grad=True)
     y = np.exp(lsm(a))
     np.testing.assert_allclose(F.softmax(x).numpy(), y, rtol=1e-4, atol=1e-9)
-    np.testing.assert_allclose(grad_of(F.softmax(x), x, g), y * (g - (g * y).sum(-1, keepdims=True)),
-                               rtol=1e-3, atol=1e-8)
+    want = y * (g - (g * y).sum(-1, keepdims=True))
+    np.testing.assert_allclose(grad_of(F.softmax(x), x, g), want, rtol=1e-3, atol=1e-8)
     np.testing.assert_allclose(F.log_softmax(x).numpy(), lsm(a), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(grad_of(F.log_softmax(x), x, g),
                                g - y * g.sum(-1, keepdims=True), rtol=1e-3, atol=1e-4)

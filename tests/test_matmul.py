@@ -212,8 +212,8 @@ def test_cpu_kernel_load_modes(dev, rng, monkeypatch):
 @pytest.mark.parametrize("tile", CPU_TILES[:1] + CPU_TILES[2:3], indirect=True)
 @pytest.mark.parametrize("K,aligned", [(270_000, True), (70_001, False)])
 def test_cpu_kernel_k_past_loop_cap(dev, rng, tile, K, aligned):
-    """K past llvmpipe's 65,535 loop back-edges per invocation (vec4 steps: 4 K a trip; element-wise:
-    1): split into passes that add up in C."""
+    """K past llvmpipe's 65,535 loop back-edges per invocation (vec4 steps: 4 K a trip;
+    element-wise: 1): split into passes that add up in C."""
     an = rng.standard_normal((3, K)).astype(np.float32)
     bn = rng.standard_normal((K, 4 if aligned else 6)).astype(np.float32)
     a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _util import mpiexec, run_process
 
 WORKER = Path(__file__).resolve().parent / "_mpi_worker.py"

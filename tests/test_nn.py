@@ -5,12 +5,11 @@ import math
 
 import numpy as np
 import pytest
+from gradcheck import check_grad
 
 import wgrumus as wr
 from wgrumus import nn
 from wgrumus.nn import functional as F
-
-from gradcheck import check_grad
 
 
 # ----------------------------------------------------------------------------- numpy references

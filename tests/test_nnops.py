@@ -7,8 +7,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wgrumus as wr
-from wgrumus.ops import (avg_pool2d, conv2d, cross_entropy, dropout, embedding, gather,
-                         index_select, layer_norm, log_softmax, max_pool2d, mse_loss, softmax)
+from wgrumus.ops import (
+    avg_pool2d,
+    conv2d,
+    cross_entropy,
+    dropout,
+    embedding,
+    gather,
+    index_select,
+    layer_norm,
+    log_softmax,
+    max_pool2d,
+    mse_loss,
+    softmax,
+)
 
 # --------------------------------------------------------------------------- numpy references
 

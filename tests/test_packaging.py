@@ -2,11 +2,10 @@
 license texts the metadata declares, `python -m wgrumus`, and what a wheel install holds."""
 import subprocess
 import sys
-import tomllib
 import zipfile
 
 import pytest
-
+import tomllib
 from _util import ROOT, run_process
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

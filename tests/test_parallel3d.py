@@ -8,8 +8,13 @@ import pytest
 import wgrumus as wr
 from wgrumus import nn
 from wgrumus.distributed import CollectiveError
-from wgrumus.distributed.parallel3d import (GPTConfig, Layout3DError, dense_gpt_state,
-                                            synthetic_tokens, train_3d)
+from wgrumus.distributed.parallel3d import (
+    GPTConfig,
+    Layout3DError,
+    dense_gpt_state,
+    synthetic_tokens,
+    train_3d,
+)
 
 CFG = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8)
 STEPS, BATCH, LR = 10, 4, 1.0

@@ -11,7 +11,6 @@ import importlib.util
 
 import numpy as np
 import pytest
-
 from _util import load_benchmark
 
 rel = load_benchmark("reliability")

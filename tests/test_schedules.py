@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wgrumus.distributed.pipeline import (
-    B,
     BI,
     BW,
-    F,
     Action,
+    B,
+    F,
     Schedule,
     ScheduleError,
     get_schedule,
@@ -190,16 +190,17 @@ def test_print_and_check_grid(p, m, capsys):
         print(f"\n--- p={p} m={m} ---")
         for name, sched in built.items():
             print(f"[{name}]\n{sched}")
-    for name, sched in built.items():
+    for sched in built.values():
         assert validate(sched) is sched
         assert not has_cycle(sched)
         assert (sched.num_stages, sched.num_microbatches) == (p, m)
         v = sched.num_chunks
         for acts in sched:
             fwd = [a for a in acts if a.kind == "F"]
-            assert sorted((a.chunk, a.mb) for a in fwd) == [(c, i) for c in range(v) for i in range(m)]
+            assert sorted((a.chunk, a.mb) for a in fwd) == [(c, i) for c in range(v)
+                                                            for i in range(m)]
 
-    for s, acts in enumerate(built["gpipe"]):
+    for acts in built["gpipe"]:
         assert list(acts) == [F(i) for i in range(m)] + [B(i) for i in range(m)]
 
     for s, acts in enumerate(built["1f1b"]):
@@ -333,7 +334,8 @@ def test_validate_accepts_raw_lists_and_strings():
 
 
 def test_validate_rejects_backward_before_forward():
-    with pytest.raises(ScheduleError, match=r"stage 0: B0 \(position 0\) comes before its forward F0 \(position 1\)"):
+    with pytest.raises(ScheduleError, match=r"stage 0: B0 \(position 0\) comes before its "
+                                             r"forward F0 \(position 1\)"):
         validate([["B0", "F0"], ["F0", "B0"]])
     with pytest.raises(ValueError, match=r"stage 1: BW0 \(position 1\) comes before BI0"):
         validate([["F0", "BI0", "BW0"], ["F0", "BW0", "BI0"]])
@@ -342,7 +344,8 @@ def test_validate_rejects_backward_before_forward():
 def test_validate_rejects_missing_and_duplicate_microbatches():
     with pytest.raises(ScheduleError, match="stage 1: missing micro-batch 1"):
         validate([["F0", "F1", "B0", "B1"], ["F0", "B0"]])
-    with pytest.raises(ScheduleError, match=r"stage 0: missing backward for F1 \(need B1, or BI1 and BW1\)"):
+    with pytest.raises(ScheduleError,
+                       match=r"stage 0: missing backward for F1 \(need B1, or BI1 and BW1\)"):
         validate([["F0", "F1", "B0"], ["F0", "B0", "F1", "B1"]])
     # a micro-batch missing on every stage is only visible when m is known
     with pytest.raises(ScheduleError, match="stage 0: missing micro-batch 2"):
@@ -353,7 +356,8 @@ def test_validate_rejects_missing_and_duplicate_microbatches():
         validate([["F0", "B0", "BI0"], ["F0", "B0"]])
     with pytest.raises(ScheduleError, match="stage 0: BI0 without BW0"):
         validate([["F0", "BI0"], ["F0", "B0"]])
-    with pytest.raises(ScheduleError, match=r"F5 \(position 1\) refers to micro-batch 5, but there are only m=2"):
+    with pytest.raises(ScheduleError,
+                       match=r"F5 \(position 1\) refers to micro-batch 5, but there are only m=2"):
         validate([["F0", "F5", "B0"], ["F0", "B0"]], num_microbatches=2)
 
 
@@ -382,13 +386,15 @@ def test_validate_detects_three_stage_and_chunk_deadlocks():
     # interleaved: stage 1 runs chunk 1 of mb 0 (virtual stage 3) before chunk 0 (virtual stage 1)
     good = [["F0", "F0.1", "B0.1", "B0"], ["F0", "F0.1", "B0.1", "B0"]]
     validate(good)
-    with pytest.raises(ScheduleError, match=r"stage 1 is blocked at F0\.1 \(position 0\) waiting for F0\.1 on stage 0 chunk 1"):
+    with pytest.raises(ScheduleError, match=r"stage 1 is blocked at F0\.1 \(position 0\) "
+                                             r"waiting for F0\.1 on stage 0 chunk 1"):
         validate([good[0], ["F0.1", "F0", "B0.1", "B0"]])
 
 
 @pytest.mark.timeout(60)
 @settings(max_examples=60, deadline=None)
-@given(p=st.integers(1, 4), m=st.integers(1, 5), seed=st.integers(0, 2**31), kind=st.sampled_from(["1f1b", "zb-h1"]))
+@given(p=st.integers(1, 4), m=st.integers(1, 5), seed=st.integers(0, 2**31),
+       kind=st.sampled_from(["1f1b", "zb-h1"]))
 def test_validate_agrees_with_independent_cycle_check(p, m, seed, kind):
     """Shuffle a valid schedule's stages at random: validate() accepts exactly the lists that
     satisfy the local order rules and have an acyclic dependency graph, and the simulated
@@ -435,12 +441,15 @@ def test_get_schedule_names():
 @pytest.mark.parametrize(
     "args,kwargs,message",
     [
-        (("pipedream", 2, 4), {}, r"unknown pipeline schedule 'pipedream'; choose one of \['1f1b', 'gpipe', 'interleaved', 'zb-h1'\]"),
+        (("pipedream", 2, 4), {}, r"unknown pipeline schedule 'pipedream'; choose one of "
+                                  r"\['1f1b', 'gpipe', 'interleaved', 'zb-h1'\]"),
         (("1f1b", 0, 4), {}, "1f1b: number of stages p must be >= 1, got 0"),
         (("gpipe", 2, 0), {}, "gpipe: number of micro-batches m must be >= 1, got 0"),
         (("gpipe", 2, 4.0), {}, "gpipe: number of micro-batches m must be an int, got 4.0"),
-        (("interleaved", 4, 6), {}, "m=6 must be a multiple of the number of stages p=4.*use e.g. m=4 or m=8"),
-        (("interleaved", 4, 2), {}, "m=2 must be a multiple of the number of stages p=4.*use e.g. m=4"),
+        (("interleaved", 4, 6), {},
+         "m=6 must be a multiple of the number of stages p=4.*use e.g. m=4 or m=8"),
+        (("interleaved", 4, 2), {},
+         "m=2 must be a multiple of the number of stages p=4.*use e.g. m=4"),
         (("interleaved", 2, 4), {"v": 1}, "needs v >= 2 model chunks per stage, got v=1"),
         (("1f1b", 2, 4), {"v": 2}, r"schedule '1f1b' takes no argument\(s\) \['v'\]"),
     ],
@@ -481,7 +490,8 @@ def test_render_proportional_and_split():
     assert len(rows) == 4 and all(r.startswith(f"s{s} ") for s, r in enumerate(rows))
     # every action appears exactly once in its row
     for s, row in enumerate(rows):
-        assert sorted(row.split()[1:]) == sorted([repr(a) for a in zb_h1(4, 8)[s]] + ["."] * row.split().count("."))
+        expected = [repr(a) for a in zb_h1(4, 8)[s]] + ["."] * row.split().count(".")
+        assert sorted(row.split()[1:]) == sorted(expected)
 
 
 def test_render_interleaved_and_half_slots():

@@ -7,9 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+from _util import load_benchmark, run_process
 
 import wgrumus as wr
-from _util import load_benchmark, run_process
 
 soak = load_benchmark("soak")
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gradcheck import check_grad
 
 import wgrumus as wr
 from wgrumus import nn
-from gradcheck import check_grad
 
 ROOT = Path(__file__).resolve().parents[1]
 

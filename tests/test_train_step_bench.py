@@ -4,7 +4,6 @@ the rows and per-step counters the lead's GPU run reads."""
 import json
 
 import pytest
-
 from _util import load_benchmark
 
 

@@ -124,14 +124,14 @@ class Tensor:
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def empty(shape, device=None, dtype=float32) -> "Tensor":
+    def empty(shape, device=None, dtype=float32) -> Tensor:
         dev = get_device(device)
         dtype = dtype if dtype in DTYPES else as_dtype(dtype)
         shape = as_shape(shape, "tensor shape")
         return Tensor(Storage(dev, math.prod(shape) * dtype.itemsize), shape, dtype=dtype)
 
     @staticmethod
-    def from_numpy(arr, device=None, requires_grad=False, dtype=None) -> "Tensor":
+    def from_numpy(arr, device=None, requires_grad=False, dtype=None) -> Tensor:
         a = np.asarray(arr)
         if dtype is None:
             if a.dtype.kind == "f" and a.dtype != float16:
@@ -173,7 +173,7 @@ class Tensor:
     def size(self, dim=None):
         return self.shape if dim is None else self.shape[dim]
 
-    def t(self) -> "Tensor":
+    def t(self) -> Tensor:
         """PyTorch's t(): the transpose of a 2-D tensor; 0-D and 1-D tensors unchanged."""
         if self.ndim > 2:
             raise ShapeError(f"t() expects a tensor with <= 2 dimensions, got {self.ndim}; use "
@@ -197,7 +197,7 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self._node is None
 
-    def requires_grad_(self, flag: bool = True) -> "Tensor":
+    def requires_grad_(self, flag: bool = True) -> Tensor:
         if flag and self.dtype != float32:
             raise WgrumusError(f"only float32 tensors can require grad (this one is {self.dtype})")
         if flag and self._node is not None:
@@ -219,7 +219,7 @@ class Tensor:
             exp *= s
         return True
 
-    def _view(self, shape, strides, offset) -> "Tensor":
+    def _view(self, shape, strides, offset) -> Tensor:
         return Tensor(self._storage, shape, strides, offset, self.dtype)
 
     # ------------------------------------------------------------------ host transfer

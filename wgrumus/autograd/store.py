@@ -54,7 +54,7 @@ class GradientStore:
             with no_grad():
                 self._grads[k] = cur + g
 
-    def merge_from(self, other: "GradientStore") -> None:
+    def merge_from(self, other: GradientStore) -> None:
         """Add every gradient of ``other``; a shape mismatch raises (the original dropped it)."""
         for k, g in other._grads.items():
             leaf = other._leaves.get(k)

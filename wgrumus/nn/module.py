@@ -174,7 +174,7 @@ class Module:
         return self
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> "OrderedDict[str, Tensor]":
+    def state_dict(self) -> OrderedDict[str, Tensor]:
         """name -> tensor (sharing storage with the module: copy before mutating)."""
         out = OrderedDict()
         for mp, m in self.named_modules():
@@ -236,7 +236,7 @@ class Module:
         with no_grad():
             for m in self.modules():
                 for d in (m._parameters, m._buffers):
-                    for n, t in d.items():
+                    for t in d.values():
                         if t is None or t.device is dev:
                             continue
                         moved = t.to(dev)

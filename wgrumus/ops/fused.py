@@ -35,7 +35,7 @@ ACTIVATIONS = {
     "gelu_tanh": ("gelu_tanh_({z})", "g * gelu_tanh_grad_(z)"),
 }
 
-_dummies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _dummy(dev, k: int):

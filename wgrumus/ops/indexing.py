@@ -19,8 +19,8 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float32, int32
-from .elementwise import contiguous
 from .bounds import LOOP_BUDGET
+from .elementwise import contiguous
 from .nnops import row_mode
 from .shape import _norm_axis, getitem
 

@@ -136,8 +136,10 @@ def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
     """(log_)softmax of rows too long for one workgroup, composed of chunked reductions and
     elementwise ops (autograd differentiates the composition)."""
     from ..autograd.tape import no_grad
-    from .elementwise import div, exp, log as log_, mul, sub
-    from .reduce import max as max_, sum as sum_
+    from .elementwise import div, exp, mul, sub
+    from .elementwise import log as log_
+    from .reduce import max as max_
+    from .reduce import sum as sum_
     if causal:
         raise ShapeError(f"causal softmax over {x.shape[-1]} keys: rows this long are not "
                          f"supported with a causal mask; apply the mask to the scores instead")
@@ -410,7 +412,8 @@ def _cross_entropy_long(lg: Tensor, tt: Tensor, ignore: int, eps: float, reducti
     of log_softmax, gather and chunked sums (autograd differentiates the composition)."""
     from .elementwise import add, div, mul, neg
     from .indexing import gather
-    from .reduce import mean as mean_, sum as sum_
+    from .reduce import mean as mean_
+    from .reduce import sum as sum_
     N = lg.shape[0]
     lsm = _softmax_long(lg, True, 1.0, False)
     safe = map_op("select(a, 0, a == ignore)", [tt], dtype=int32, scalars={"ignore": ignore})
@@ -440,5 +443,6 @@ def mse_loss(a: Tensor, b: Tensor, reduction: str = "mean") -> Tensor:
     record("mse", sq, [a, b], bw, saved=[a, b])
     if reduction == "none":
         return sq
-    from .reduce import mean, sum as _sum
+    from .reduce import mean
+    from .reduce import sum as _sum
     return mean(sq) if reduction == "mean" else _sum(sq)

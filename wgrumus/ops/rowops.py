@@ -6,8 +6,8 @@ variants against torch.
 """
 from __future__ import annotations
 
-from ..runtime.kernels import Kernel
 from ..runtime.device import groups_1d
+from ..runtime.kernels import Kernel
 from .bounds import LOOP_BUDGET
 from .matmul import adapter_class
 
@@ -34,8 +34,10 @@ ROW_VARIANTS = {
 ROW_TABLE: dict = {
     ("nvidia", "sm_fwd"): ((256, "v4sgr4_q2"), (768, "v4"), (1024, "v4sgr_q2"), (4096, "v4r")),
     ("nvidia", "sm_bwd"): ((256, "v4sgr_q1"), (1024, "v4sgr_q1"), (4096, "v4sgr_q2")),
-    ("nvidia", "ln_fwd"): ((256, "v4sgr4_q2"), (768, "v4sg"), (1024, "v4sgr_q2"), (4096, "v4sgr8")),
-    ("nvidia", "ln_bwd"): ((256, "v4sgr_q1"), (768, "v4sgr_q2"), (1024, "v4sgr_q1"), (4096, "v4r8")),
+    ("nvidia", "ln_fwd"): ((256, "v4sgr4_q2"), (768, "v4sg"), (1024, "v4sgr_q2"),
+                           (4096, "v4sgr8")),
+    ("nvidia", "ln_bwd"): ((256, "v4sgr_q1"), (768, "v4sgr_q2"), (1024, "v4sgr_q1"),
+                           (4096, "v4r8")),
     ("nvidia", "xe_stats"): ((256, "v4sgr4_q2"), (768, "v4sgr8"), (4096, "v4r")),
 }
 FORCE = None  # a variant name run wherever it applies (tests, the sweep)

@@ -16,7 +16,7 @@ from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
 
-_dummies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def dummy_buffer(device):
