@@ -4,6 +4,11 @@ per measurement; the winners go into ops/matmul.py (_cpu_tile).
 
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
         [--tiles 16x16x4x4,8x32x4x4,...]
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
+
+--adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
+invocation chunk of shaders/adam_cpu.wgsl (chunk 1: the GPU kernel adam_multi.wgsl), the
+variants interleaved round by round in one process; medians.
 """
 from __future__ import annotations
 
@@ -30,12 +35,17 @@ def main(argv=None) -> int:
     p.add_argument("--layouts", default="nn")
     p.add_argument("--tiles", default=TILES, help="TMxTNxWGXxWGY list, comma separated")
     p.add_argument("--no-gpu-kernel", action="store_true", help="skip the tiled GPU kernel")
+    p.add_argument("--adam", action="store_true", help="sweep the AdamW update instead")
+    p.add_argument("--chunks", default="1,4,8,16,32")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     import wgrumus as wr
-    mm = importlib.import_module("wgrumus.ops.matmul")
     dev = wr.devices()[0]
     print(json.dumps({"what": "adapter", "device": dev.adapter_info.get("device"),
                       "load": os.getloadavg()}), flush=True)
+    if args.adam:
+        return _adam(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
+    mm = importlib.import_module("wgrumus.ops.matmul")
     tiles = [tuple(int(x) for x in t.split("x")) + (0,) for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
@@ -63,6 +73,49 @@ def main(argv=None) -> int:
                     mm._launch = orig
                 print(json.dumps({"what": "matmul", "n": n, "layout": layout,
                                   "tile": "x".join(map(str, tile[:4])), **row}), flush=True)
+    return 0
+
+
+def _adam(wr, dev, chunks, rounds) -> int:
+    """One AdamW step per chunk size and round, interleaved; the result of every variant is
+    checked against chunk 1's (same start, same gradients)."""
+    import statistics
+    import time
+    adam = importlib.import_module("wgrumus.optim.adam")
+    dims = (784, 512, 512, 10)
+    shapes = [s for i, o in zip(dims, dims[1:]) for s in ((o, i), (o,))]
+    rng = np.random.default_rng(0)
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [wr.tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    runs = {}
+    for c in chunks:
+        ps = [wr.tensor(x) for x in init]
+        opt = wr.optim.AdamW(ps, lr=1e-3)
+        adam.CPU_CHUNK = c
+        gd = dict(zip(ps, grads))
+        opt.step(gd)  # creates the state, compiles
+        dev.synchronize()
+        runs[c] = (ps, opt, [], gd)
+    n = sum(x.size for x in init)
+    try:
+        for _ in range(rounds):
+            for c, (ps, opt, ts, gd) in runs.items():
+                adam.CPU_CHUNK = c
+                t0 = time.perf_counter()
+                opt.step(gd)
+                dev.synchronize()
+                ts.append(time.perf_counter() - t0)
+    finally:
+        adam.CPU_CHUNK = None
+    base = runs[chunks[0]][0]
+    t_base = statistics.median(runs[chunks[0]][2])
+    for c, (ps, _, ts, _) in runs.items():
+        err = max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(ps, base))
+        t = statistics.median(ts)
+        print(json.dumps({"what": "adamw", "params": n, "chunk": c, "ms": round(t * 1e3, 2),
+                          "Mparams_per_s": round(n / t / 1e6, 2),
+                          f"speedup_vs_chunk_{chunks[0]}": round(t_base / t, 3),
+                          "max_diff": err, "load": os.getloadavg()[0]}), flush=True)
     return 0
 
 

@@ -22,6 +22,11 @@ from ..runtime.kernels import Kernel
 from .optimizer import Optimizer, launch
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
+# CPU adapters (shaders/adam_cpu.wgsl): elements per invocation (None: per adapter type, 1 on
+# GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam on lavapipe.
+CPU_CHUNK = None
+CPU_CHUNK_DEFAULT = 32
+CPU_WG = 64
 
 
 class Adam(Optimizer):
@@ -76,10 +81,12 @@ class Adam(Optimizer):
 
     def _multi(self, batch, group) -> None:
         """One dispatch for the (param, grad, state) triples of ``batch``."""
+        dev = batch[0][0].device
+        chunk = cpu_chunk(dev)
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            end += p.numel()
+            end = -(-end // chunk) * chunk + p.numel()  # a parameter starts a chunk
             rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
 
@@ -100,8 +107,11 @@ class Adam(Optimizer):
                 st["step"] += 1
             return words()
 
-        dev = batch[0][0].device
-        dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
+        if chunk > 1:
+            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG), bufs, words(), -(-end // chunk),
+                            CPU_WG, refresh=refresh)
+        else:
+            dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
             for t in (p, st["exp_avg"], st["exp_avg_sq"]):
                 t._storage.version += 1
@@ -136,6 +146,56 @@ def multi_width(dev) -> int:
     """Parameters per multi-tensor dispatch on ``dev`` (1: one dispatch per parameter)."""
     lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
     return max(1, min(MULTI_MAX, lim // 4))
+
+
+def cpu_chunk(dev) -> int:
+    """Elements per invocation of the multi-tensor update on ``dev`` (1: adam_multi.wgsl)."""
+    if CPU_CHUNK is not None:
+        return CPU_CHUNK
+    from ..ops.matmul import _is_cpu
+    return CPU_CHUNK_DEFAULT if _is_cpu(dev) else 1
+
+
+def _decls(k: int) -> str:
+    decls = []
+    for j in range(k):
+        b = 1 + 4 * j
+        decls += [f"@group(0) @binding({b}) var<storage, read_write> P{j}: array<f32>;",
+                  f"@group(0) @binding({b + 1}) var<storage, read> G{j}: array<f32>;",
+                  f"@group(0) @binding({b + 2}) var<storage, read_write> M{j}: array<f32>;",
+                  f"@group(0) @binding({b + 3}) var<storage, read_write> V{j}: array<f32>;"]
+    return "\n".join(decls)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_kernel(k: int, chunk: int, wg: int) -> Kernel:
+    """shaders/adam_cpu.wgsl for k parameters, ``chunk`` elements per invocation, ``wg``
+    invocations per workgroup: a branch per
+    parameter whose loop updates the chunk (at most ``chunk`` iterations, far below llvmpipe's
+    65,535 loop cap)."""
+    body = []
+    for j in range(k):
+        w = 8 + 7 * j
+        start = "0u" if j == 0 else f"start_(pu({w - 7}u))"
+        body += [f"    if (c0 < pu({w}u)) {{",
+                 f"        let e0 = c0 - {start};",
+                 f"        let n = min(CHUNK, pu({w}u) - c0);",
+                 f"        let ip = pu({w + 1}u) + e0;",
+                 f"        let ig = pu({w + 2}u) + e0;",
+                 f"        let im = pu({w + 3}u) + e0;",
+                 f"        let iv = pu({w + 4}u) + e0;",
+                 f"        let ss = pf({w + 5}u);",
+                 f"        let bc = pf({w + 6}u);",
+                 "        for (var t = 0u; t < n; t++) {",
+                 f"            let r = adam_(P{j}[ip + t], G{j}[ig + t], M{j}[im + t], "
+                 f"V{j}[iv + t], ss, bc);",
+                 f"            P{j}[ip + t] = r.x;",
+                 f"            M{j}[im + t] = r.y;",
+                 f"            V{j}[iv + t] = r.z;",
+                 "        }",
+                 "        return;",
+                 "    }"]
+    return Kernel.of("adam_cpu", DECLS=_decls(k), BODY="\n".join(body), CHUNK=chunk, WG=wg)
 
 
 @functools.lru_cache(maxsize=None)
