@@ -5,10 +5,14 @@ per measurement; the winners go into ops/matmul.py (_cpu_tile).
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
         [--tiles 16x16x4x4,8x32x4x4,...]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --map [--chunks 1,4,8,16,32] [--rounds 5]
 
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of shaders/adam_cpu.wgsl (chunk 1: the GPU kernel adam_multi.wgsl), the
 variants interleaved round by round in one process; medians.
+--map: the elementwise ops of a GPT step at its shapes (copies, a transpose, a broadcast add,
+GELU, a 3-way cat) with each outputs-per-invocation chunk of shaders/map_cpu.wgsl (chunk 1:
+map.wgsl), interleaved the same way.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", default=TILES, help="TMxTNxWGXxWGY list, comma separated")
     p.add_argument("--no-gpu-kernel", action="store_true", help="skip the tiled GPU kernel")
     p.add_argument("--adam", action="store_true", help="sweep the AdamW update instead")
+    p.add_argument("--map", action="store_true", help="sweep the elementwise map instead")
     p.add_argument("--chunks", default="1,4,8,16,32")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
@@ -45,6 +50,8 @@ def main(argv=None) -> int:
                       "load": os.getloadavg()}), flush=True)
     if args.adam:
         return _adam(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
+    if args.map:
+        return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     mm = importlib.import_module("wgrumus.ops.matmul")
     tiles = [tuple(int(x) for x in t.split("x")) + (0,) for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
@@ -116,6 +123,59 @@ def _adam(wr, dev, chunks, rounds) -> int:
                           "Mparams_per_s": round(n / t / 1e6, 2),
                           f"speedup_vs_chunk_{chunks[0]}": round(t_base / t, 3),
                           "max_diff": err, "load": os.getloadavg()[0]}), flush=True)
+    return 0
+
+
+def _interleaved(fns: dict, set_variant, variants, rounds, sync) -> dict:
+    """Median seconds of each (name, variant): every round runs every variant of every fn."""
+    import statistics
+    import time
+    times = {(n, v): [] for n in fns for v in variants}
+    for v in variants:  # compile and warm up
+        set_variant(v)
+        for fn in fns.values():
+            fn()
+        sync()
+    for _ in range(rounds):
+        for v in variants:
+            set_variant(v)
+            for n, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times[n, v].append(time.perf_counter() - t0)
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def _map(wr, dev, chunks, rounds) -> int:
+    """GPT-step elementwise ops (batch 32 x 32 tokens, width 64, MLP 256) per map chunk."""
+    launch = importlib.import_module("wgrumus.ops.launch")
+    from wgrumus.nn import functional as F
+    x, h = wr.randn((1024, 64), seed=1), wr.randn((1024, 256), seed=2)
+    bias, y = wr.randn((256,), seed=3), wr.randn((1024, 64), seed=4)
+    q = wr.randn((32, 4, 32, 16), seed=5)
+    fns = {"add 1024x64": lambda: x + y,
+           "add bias 1024x256": lambda: h + bias,
+           "gelu 1024x256": lambda: F.gelu(h, approximate="tanh"),
+           "transpose copy 32x4x32x16": lambda: q.transpose(1, 2).contiguous(),
+           "cat 3 x 1024x64": lambda: wr.cat([x, y, x], dim=1)}
+    want = {n: fn().numpy() for n, fn in fns.items()}
+    got = {}
+    for c in chunks:
+        launch.CPU_CHUNK = c
+        got[c] = {n: float(np.abs(fn().numpy() - want[n]).max()) for n, fn in fns.items()}
+
+    def set_chunk(c):
+        launch.CPU_CHUNK = c
+    try:
+        t = _interleaved(fns, set_chunk, chunks, rounds, dev.synchronize)
+    finally:
+        launch.CPU_CHUNK = None
+    for n in fns:
+        for c in chunks:
+            print(json.dumps({"what": "map", "op": n, "chunk": c, "ms": round(t[n, c] * 1e3, 3),
+                              f"speedup_vs_chunk_{chunks[0]}": round(t[n, chunks[0]] / t[n, c], 3),
+                              "max_diff": got[c][n], "load": os.getloadavg()[0]}), flush=True)
     return 0
 
 

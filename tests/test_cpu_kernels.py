@@ -1,11 +1,13 @@
 """The CPU-adapter kernel variants (issue 20) against numpy and against their GPU-shaped
 counterparts, each forced on whatever adapter runs the tests: the chunked multi-tensor AdamW
-(shaders/adam_cpu.wgsl), including a launch past 65,535 workgroups."""
+(shaders/adam_cpu.wgsl) and the chunked elementwise map (shaders/map_cpu.wgsl), each with a
+launch past 65,535 workgroups."""
 import numpy as np
 import pytest
 
 import wgrumus as wr
 from wgrumus import nn, optim
+from wgrumus.ops import launch
 from wgrumus.optim import adam
 
 from test_optim import ref_adam
@@ -58,3 +60,32 @@ def test_chunked_adam_past_65535_workgroups(monkeypatch, rng):
 def test_cpu_chunk_is_per_adapter_type(dev):
     cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
     assert adam.cpu_chunk(dev) == (adam.CPU_CHUNK_DEFAULT if cpu else 1)
+
+
+MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-chunk
+    "transpose": (lambda a, b: a.transpose(0, 2).contiguous(), lambda a, b: a.swapaxes(0, 2)),
+    "broadcast": (lambda a, b: a * b[:, :1, :] + 1.0, lambda a, b: a * b[:, :1, :] + 1.0),
+    "slice": (lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2], lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2]),
+    "cat": (lambda a, b: wr.cat([a, b, a], dim=2), lambda a, b: np.concatenate([a, b, a], 2)),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("chunk", [1, 3, 16])
+@pytest.mark.parametrize("case", list(MAP_CASES))
+def test_chunked_map_matches_numpy(monkeypatch, rng, chunk, case):
+    monkeypatch.setattr(launch, "CPU_CHUNK", chunk)
+    a, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((2, 5, 7))
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    ours, ref = MAP_CASES[case]
+    np.testing.assert_allclose(ours(wr.tensor(a), wr.tensor(b)).numpy(), ref(a, b), rtol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_chunked_map_past_65535_workgroups(monkeypatch, rng):
+    """One invocation per workgroup, 2 outputs each: a transposing copy over 70,200
+    workgroups (folded into (x, y)) whose chunks straddle rows."""
+    monkeypatch.setattr(launch, "CPU_CHUNK", 2)
+    monkeypatch.setattr(launch, "CPU_WG", 1)
+    a = rng.standard_normal((117, 1200)).astype(np.float32)
+    np.testing.assert_array_equal(wr.tensor(a).transpose(0, 1).contiguous().numpy(), a.T)
