@@ -6,6 +6,7 @@ per measurement; the winners go into ops/matmul.py (_cpu_tile).
         [--tiles 16x16x4x4,8x32x4x4,...]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --map [--chunks 1,4,8,16,32] [--rounds 5]
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]
 
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of shaders/adam_cpu.wgsl (chunk 1: the GPU kernel adam_multi.wgsl), the
@@ -13,6 +14,9 @@ variants interleaved round by round in one process; medians.
 --map: the elementwise ops of a GPT step at its shapes (copies, a transpose, a broadcast add,
 GELU, a 3-way cat) with each outputs-per-invocation chunk of shaders/map_cpu.wgsl (chunk 1:
 map.wgsl), interleaved the same way.
+--step: an AdamW training step of the MLP 784-512-512-10 (batch 256) and of `wgrumus train
+gpt`'s default model (2 layers, width 64, 32 x 32 tokens) with the CPU map and Adam kernels
+against the GPU-shaped ones (chunk 1), step by step interleaved.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-gpu-kernel", action="store_true", help="skip the tiled GPU kernel")
     p.add_argument("--adam", action="store_true", help="sweep the AdamW update instead")
     p.add_argument("--map", action="store_true", help="sweep the elementwise map instead")
+    p.add_argument("--step", action="store_true", help="time whole training steps instead")
     p.add_argument("--chunks", default="1,4,8,16,32")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
@@ -50,6 +55,8 @@ def main(argv=None) -> int:
                       "load": os.getloadavg()}), flush=True)
     if args.adam:
         return _adam(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
+    if args.step:
+        return _step(wr, dev, args.rounds)
     if args.map:
         return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     mm = importlib.import_module("wgrumus.ops.matmul")
@@ -176,6 +183,46 @@ def _map(wr, dev, chunks, rounds) -> int:
             print(json.dumps({"what": "map", "op": n, "chunk": c, "ms": round(t[n, c] * 1e3, 3),
                               f"speedup_vs_chunk_{chunks[0]}": round(t[n, chunks[0]] / t[n, c], 3),
                               "max_diff": got[c][n], "load": os.getloadavg()[0]}), flush=True)
+    return 0
+
+
+def _step(wr, dev, rounds) -> int:
+    from wgrumus import nn
+    launch = importlib.import_module("wgrumus.ops.launch")
+    adam = importlib.import_module("wgrumus.optim.adam")
+    rng = np.random.default_rng(0)
+    mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                        nn.Linear(512, 10))
+    gpt = nn.GPT(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    data = {"mlp": (mlp, wr.tensor(rng.standard_normal((256, 784)).astype(np.float32)),
+                    wr.tensor(rng.integers(0, 10, 256).astype(np.int32))),
+            "gpt": (gpt, wr.tensor(rng.integers(0, 65, (32, 32)).astype(np.int32)),
+                    wr.tensor(rng.integers(0, 65, 32 * 32).astype(np.int32)))}
+
+    def stepper(model, x, y):
+        opt = wr.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad()
+            out = model(x)
+            nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y).backward()
+            opt.step()
+        return step
+
+    fns = {n: stepper(*d) for n, d in data.items()}
+
+    def set_variant(v):
+        launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "cpu" else 1
+    try:
+        t = _interleaved(fns, set_variant, ["gpu-shaped", "cpu"], rounds, dev.synchronize)
+    finally:
+        launch.CPU_CHUNK = adam.CPU_CHUNK = None
+    for n in fns:
+        print(json.dumps({"what": "train step", "model": n,
+                          "ms_gpu_shaped_map_adam": round(t[n, "gpu-shaped"] * 1e3, 1),
+                          "ms_cpu_map_adam": round(t[n, "cpu"] * 1e3, 1),
+                          "speedup": round(t[n, "gpu-shaped"] / t[n, "cpu"], 3),
+                          "load": os.getloadavg()[0]}), flush=True)
     return 0
 
 
