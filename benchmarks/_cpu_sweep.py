@@ -16,7 +16,8 @@ GELU, a 3-way cat) with each outputs-per-invocation chunk of shaders/map_cpu.wgs
 map.wgsl), interleaved the same way.
 --step: an AdamW training step of the MLP 784-512-512-10 (batch 256) and of `wgrumus train
 gpt`'s default model (2 layers, width 64, 32 x 32 tokens) with the CPU map and Adam kernels
-against the GPU-shaped ones (chunk 1), step by step interleaved.
+against the GPU-shaped ones (chunk 1) and matmul's 16-wide blocks from 64-long sides against
+from 128 (ops/matmul.py CPU_SIDE16, before), step by step interleaved.
 """
 from __future__ import annotations
 
@@ -190,6 +191,8 @@ def _step(wr, dev, rounds) -> int:
     from wgrumus import nn
     launch = importlib.import_module("wgrumus.ops.launch")
     adam = importlib.import_module("wgrumus.optim.adam")
+    mm = importlib.import_module("wgrumus.ops.matmul")
+    side16 = mm.CPU_SIDE16
     rng = np.random.default_rng(0)
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                         nn.Linear(512, 10))
@@ -212,16 +215,18 @@ def _step(wr, dev, rounds) -> int:
     fns = {n: stepper(*d) for n, d in data.items()}
 
     def set_variant(v):
-        launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "cpu" else 1
+        launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "now" else 1
+        mm.CPU_SIDE16 = side16 if v == "now" else 128
     try:
-        t = _interleaved(fns, set_variant, ["gpu-shaped", "cpu"], rounds, dev.synchronize)
+        t = _interleaved(fns, set_variant, ["before", "now"], rounds, dev.synchronize)
     finally:
         launch.CPU_CHUNK = adam.CPU_CHUNK = None
+        mm.CPU_SIDE16 = side16
     for n in fns:
         print(json.dumps({"what": "train step", "model": n,
-                          "ms_gpu_shaped_map_adam": round(t[n, "gpu-shaped"] * 1e3, 1),
-                          "ms_cpu_map_adam": round(t[n, "cpu"] * 1e3, 1),
-                          "speedup": round(t[n, "gpu-shaped"] / t[n, "cpu"], 3),
+                          "ms_before": round(t[n, "before"] * 1e3, 1),
+                          "ms_now": round(t[n, "now"] * 1e3, 1),
+                          "speedup": round(t[n, "before"] / t[n, "now"], 3),
                           "load": os.getloadavg()[0]}), flush=True)
     return 0
 

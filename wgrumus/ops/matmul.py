@@ -221,6 +221,10 @@ CPU_KPASS = (65_000, 260_000)
 CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
 CPU_WG = (4, 4)  # WGX, WGY
+# Output sides from this long get 16-wide blocks: at 64 (1024x256 @ 256x64, 64x1024 @ 1024x64,
+# ...: the GPT-default shapes) they ran 1.3-2.8x the 8-wide ones (fewer lanes busy, twice the
+# FMAs per load); BENCHMARKS.md, lavapipe section.
+CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
 
 
@@ -235,7 +239,7 @@ def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
     batches' rows). benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
         return CPU_FLAT
-    side = lambda d: 16 if d >= 128 else 8 if d >= 32 else 4
+    side = lambda d: 16 if d >= CPU_SIDE16 else 8 if d >= 32 else 4
     return (side(M), side(N)) + CPU_WG + (0,)
 
 
