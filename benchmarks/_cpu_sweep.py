@@ -2,12 +2,13 @@
 layouts next to the GPU tiled kernel and numpy, measured in the same run. Prints one JSON line
 per measurement; the winners go into ops/matmul.py (_cpu_tile).
 
-    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512] [--layouts nn,tn,nt]
-        [--tiles 16x16x4x4,8x32x4x4,...]
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64] [--layouts nn,tn,nt]
+        [--tiles 16x16x4x4,8x32x4x4,...] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --map [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]
 
+Sizes: N (square) or MxKxN. Each tile runs once a round (rounds interleaved); medians.
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of shaders/adam_cpu.wgsl (chunk 1: the GPU kernel adam_multi.wgsl), the
 variants interleaved round by round in one process; medians.
@@ -40,7 +41,7 @@ TILES = "8x8x4x4,8x8x8x8,4x8x8x8,8x4x8x8,4x4x8x8,8x16x4x4,16x8x4x4,8x8x2x2,8x8x1
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="256,512")
+    p.add_argument("--sizes", default="256,512", help="N or MxKxN list, comma separated")
     p.add_argument("--layouts", default="nn")
     p.add_argument("--tiles", default=TILES, help="TMxTNxWGXxWGY list, comma separated")
     p.add_argument("--no-gpu-kernel", action="store_true", help="skip the tiled GPU kernel")
@@ -65,71 +66,74 @@ def main(argv=None) -> int:
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
     orig = mm._launch
-    for n in [int(s) for s in args.sizes.split(",")]:
-        a, b = wr.randn((n, n), seed=1), wr.randn((n, n), seed=2)
-        an, bn = a.numpy(), b.numpy()
+    rng = np.random.default_rng(0)
+    for size in args.sizes.split(","):
+        m, k, n = [int(x) for x in size.split("x")] if "x" in size else [int(size)] * 3
+        an = rng.standard_normal((m, k)).astype(np.float32)
+        bn = rng.standard_normal((k, n)).astype(np.float32)
         t_np = timeit(lambda: an @ bn)
-        print(json.dumps({"what": "numpy", "n": n, "gflops": 2 * n ** 3 / t_np / 1e9}),
-              flush=True)
-        for layout in args.layouts.split(","):
-            ta = a.transpose(0, 1) if layout[0] == "t" else a
-            tb = b.transpose(0, 1) if layout[1] == "t" else b
-            want = (ta.numpy() @ tb.numpy())
+        flop = 2 * m * k * n
+        print(json.dumps({"what": "numpy", "n": size, "gflops": flop / t_np / 1e9}), flush=True)
+        for layout in args.layouts.split(","):  # t: the operand is stored transposed
+            ta = wr.tensor(an.T.copy()).transpose(0, 1) if layout[0] == "t" else wr.tensor(an)
+            tb = wr.tensor(bn.T.copy()).transpose(0, 1) if layout[1] == "t" else wr.tensor(bn)
+            want = an @ bn
+            times, rows = {t: [] for t in tiles}, {}
+            for _ in range(args.rounds):  # every tile once a round; medians
+                for tile in tiles:
+                    if tile in rows and "error" in rows[tile]:
+                        continue
+                    mm._launch = lambda *x, tile=tile, **kw: orig(*x, tile=tile, **kw)
+                    try:
+                        rows.setdefault(tile, {"max_err": float(np.abs(
+                            (ta @ tb).numpy() - want).max())})
+                        times[tile].append(timeit(lambda: ta @ tb, dev.synchronize))
+                    except Exception as e:  # a variant that does not build: report, go on
+                        rows[tile] = {"error": str(e)[:300]}
+                    finally:
+                        mm._launch = orig
             for tile in tiles:
-                mm._launch = lambda *x, tile=tile, **kw: orig(*x, tile=tile, **kw)
-                try:
-                    err = float(np.abs((ta @ tb).numpy() - want).max())
-                    dt = timeit(lambda: ta @ tb, dev.synchronize)
-                    row = {"ms": round(dt * 1e3, 2), "gflops": round(2 * n ** 3 / dt / 1e9, 3),
-                           "vs_numpy": round(t_np / dt, 4), "max_err": err}
-                except Exception as e:  # a variant that does not build: report, go on
-                    row = {"error": str(e)[:300]}
-                finally:
-                    mm._launch = orig
-                print(json.dumps({"what": "matmul", "n": n, "layout": layout,
-                                  "tile": "x".join(map(str, tile[:4])), **row}), flush=True)
+                row = rows[tile]
+                if times[tile]:
+                    dt = float(np.median(times[tile]))
+                    row = {"ms": round(dt * 1e3, 2), "gflops": round(flop / dt / 1e9, 3),
+                           "vs_numpy": round(t_np / dt, 4), **row}
+                print(json.dumps({"what": "matmul", "n": size, "layout": layout,
+                                  "tile": "x".join(map(str, tile[:4])), **row,
+                                  "load": os.getloadavg()[0]}), flush=True)
     return 0
 
 
 def _adam(wr, dev, chunks, rounds) -> int:
-    """One AdamW step per chunk size and round, interleaved; the result of every variant is
-    checked against chunk 1's (same start, same gradients)."""
-    import statistics
-    import time
+    """AdamW steps per chunk size, interleaved; every variant's parameters are checked against
+    chunk ``chunks[0]``'s after the same steps (same start, same gradients)."""
     adam = importlib.import_module("wgrumus.optim.adam")
     dims = (784, 512, 512, 10)
     shapes = [s for i, o in zip(dims, dims[1:]) for s in ((o, i), (o,))]
     rng = np.random.default_rng(0)
     init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     grads = [wr.tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes]
-    runs = {}
+    runs, cur = {}, {}
     for c in chunks:
         ps = [wr.tensor(x) for x in init]
-        opt = wr.optim.AdamW(ps, lr=1e-3)
+        runs[c] = (ps, wr.optim.AdamW(ps, lr=1e-3), dict(zip(ps, grads)))
+
+    def set_chunk(c):
         adam.CPU_CHUNK = c
-        gd = dict(zip(ps, grads))
-        opt.step(gd)  # creates the state, compiles
-        dev.synchronize()
-        runs[c] = (ps, opt, [], gd)
-    n = sum(x.size for x in init)
+        cur["run"] = runs[c]
     try:
-        for _ in range(rounds):
-            for c, (ps, opt, ts, gd) in runs.items():
-                adam.CPU_CHUNK = c
-                t0 = time.perf_counter()
-                opt.step(gd)
-                dev.synchronize()
-                ts.append(time.perf_counter() - t0)
+        t = _interleaved({"adamw": lambda: cur["run"][1].step(cur["run"][2])}, set_chunk,
+                         chunks, rounds, dev.synchronize)
     finally:
         adam.CPU_CHUNK = None
+    n = sum(x.size for x in init)
     base = runs[chunks[0]][0]
-    t_base = statistics.median(runs[chunks[0]][2])
-    for c, (ps, _, ts, _) in runs.items():
+    for c, (ps, _, _) in runs.items():
         err = max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(ps, base))
-        t = statistics.median(ts)
-        print(json.dumps({"what": "adamw", "params": n, "chunk": c, "ms": round(t * 1e3, 2),
-                          "Mparams_per_s": round(n / t / 1e6, 2),
-                          f"speedup_vs_chunk_{chunks[0]}": round(t_base / t, 3),
+        dt = t["adamw", c]
+        print(json.dumps({"what": "adamw", "params": n, "chunk": c, "ms": round(dt * 1e3, 2),
+                          "Mparams_per_s": round(n / dt / 1e6, 2),
+                          f"speedup_vs_chunk_{chunks[0]}": round(t["adamw", chunks[0]] / dt, 3),
                           "max_diff": err, "load": os.getloadavg()[0]}), flush=True)
     return 0
 
