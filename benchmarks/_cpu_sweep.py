@@ -10,7 +10,7 @@ per measurement; the winners go into ops/matmul.py (_cpu_tile).
 
 Sizes: N (square) or MxKxN. Each tile runs once a round (rounds interleaved); medians.
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
-invocation chunk of shaders/adam_cpu.wgsl (chunk 1: the GPU kernel adam_multi.wgsl), the
+invocation chunk of entry `cpu` of shaders/adam_multi.wgsl (chunk 1: its GPU entry `main`), the
 variants interleaved round by round in one process; medians.
 --map: the elementwise ops of a GPT step at its shapes (copies, a transpose, a broadcast add,
 GELU, a 3-way cat) with each outputs-per-invocation chunk of shaders/map_cpu.wgsl (chunk 1:

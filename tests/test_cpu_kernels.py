@@ -1,7 +1,7 @@
 """The CPU-adapter kernel variants (issue 20) against numpy and against their GPU-shaped
 counterparts, each forced on whatever adapter runs the tests: the chunked multi-tensor AdamW
-(shaders/adam_cpu.wgsl) and the chunked elementwise map (shaders/map_cpu.wgsl), each with a
-launch past 65,535 workgroups."""
+(entry `cpu` of shaders/adam_multi.wgsl) and the chunked elementwise map
+(shaders/map_cpu.wgsl), each with a launch past 65,535 workgroups."""
 import numpy as np
 import pytest
 

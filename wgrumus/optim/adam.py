@@ -22,7 +22,7 @@ from ..runtime.kernels import Kernel
 from .optimizer import Optimizer, launch
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
-# CPU adapters (shaders/adam_cpu.wgsl): elements per invocation (None: per adapter type, 1 on
+# CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per adapter type, 1 on
 # GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam on lavapipe.
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
@@ -108,8 +108,8 @@ class Adam(Optimizer):
             return words()
 
         if chunk > 1:
-            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG), bufs, words(), -(-end // chunk),
-                            CPU_WG, refresh=refresh)
+            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG), bufs, words(),
+                            -(-end // chunk), CPU_WG, refresh=refresh)
         else:
             dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
@@ -157,22 +157,18 @@ def cpu_chunk(dev) -> int:
 
 
 def _decls(k: int) -> str:
-    decls = []
-    for j in range(k):
-        b = 1 + 4 * j
-        decls += [f"@group(0) @binding({b}) var<storage, read_write> P{j}: array<f32>;",
-                  f"@group(0) @binding({b + 1}) var<storage, read> G{j}: array<f32>;",
-                  f"@group(0) @binding({b + 2}) var<storage, read_write> M{j}: array<f32>;",
-                  f"@group(0) @binding({b + 3}) var<storage, read_write> V{j}: array<f32>;"]
-    return "\n".join(decls)
+    """Bindings of k parameters: P, G (gradient), M (exp_avg), V (exp_avg_sq) at 1 + 4j.."""
+    return "\n".join(
+        f"@group(0) @binding({1 + 4 * j + i}) var<storage, {acc}> {x}{j}: array<f32>;"
+        for j in range(k) for i, (x, acc) in enumerate(
+            (("P", "read_write"), ("G", "read"), ("M", "read_write"), ("V", "read_write"))))
 
 
 @functools.lru_cache(maxsize=None)
 def cpu_kernel(k: int, chunk: int, wg: int) -> Kernel:
-    """shaders/adam_cpu.wgsl for k parameters, ``chunk`` elements per invocation, ``wg``
-    invocations per workgroup: a branch per
-    parameter whose loop updates the chunk (at most ``chunk`` iterations, far below llvmpipe's
-    65,535 loop cap)."""
+    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements per
+    invocation, ``wg`` invocations per workgroup: a branch per parameter whose loop updates the
+    chunk (at most ``chunk`` iterations, far below llvmpipe's 65,535 loop cap)."""
     body = []
     for j in range(k):
         w = 8 + 7 * j
@@ -195,19 +191,15 @@ def cpu_kernel(k: int, chunk: int, wg: int) -> Kernel:
                  "        }",
                  "        return;",
                  "    }"]
-    return Kernel.of("adam_cpu", DECLS=_decls(k), BODY="\n".join(body), CHUNK=chunk, WG=wg)
+    return Kernel.of("adam_multi", "cpu", DECLS=_decls(k), BODY="", CPU_BODY="\n".join(body),
+                     CHUNK=chunk, CPU_WG=wg)
 
 
 @functools.lru_cache(maxsize=None)
 def multi_kernel(k: int) -> Kernel:
     """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each."""
-    decls, body = [], []
+    body = []
     for j in range(k):
-        b = 1 + 4 * j
-        decls += [f"@group(0) @binding({b}) var<storage, read_write> P{j}: array<f32>;",
-                  f"@group(0) @binding({b + 1}) var<storage, read> G{j}: array<f32>;",
-                  f"@group(0) @binding({b + 2}) var<storage, read_write> M{j}: array<f32>;",
-                  f"@group(0) @binding({b + 3}) var<storage, read_write> V{j}: array<f32>;"]
         w = 8 + 7 * j
         start = "0u" if j == 0 else f"pu({w - 7}u)"
         body += [f"    if (i < pu({w}u)) {{",
@@ -222,4 +214,5 @@ def multi_kernel(k: int) -> Kernel:
                  f"        V{j}[iv] = r.z;",
                  "        return;",
                  "    }"]
-    return Kernel.of("adam_multi", DECLS="\n".join(decls), BODY="\n".join(body))
+    return Kernel.of("adam_multi", DECLS=_decls(k), BODY="\n".join(body), CPU_BODY="",
+                     CHUNK=1, CPU_WG=1)
