@@ -57,9 +57,10 @@ def test_chunked_adam_past_65535_workgroups(monkeypatch, rng):
         np.testing.assert_allclose(p.numpy(), want, rtol=2e-5, atol=2e-6)
 
 
-def test_cpu_chunk_is_per_adapter_type(dev):
+def test_cpu_chunks_are_per_adapter_type(dev):
     cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
     assert adam.cpu_chunk(dev) == (adam.CPU_CHUNK_DEFAULT if cpu else 1)
+    assert launch.cpu_chunk(dev) == (launch.CPU_CHUNK_DEFAULT if cpu else 1)
 
 
 MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-chunk

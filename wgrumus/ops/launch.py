@@ -148,10 +148,10 @@ def cpu_chunk(dev) -> int:
     """Outputs per invocation of the map on ``dev`` (1: map.wgsl)."""
     if CPU_CHUNK is not None:
         return CPU_CHUNK
-    chunk = getattr(dev, "_map_cpu_chunk", None)
+    chunk = getattr(dev, "_map_cpu_chunk", None)  # cached: every elementwise op asks
     if chunk is None:
-        cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
-        chunk = dev._map_cpu_chunk = CPU_CHUNK_DEFAULT if cpu else 1
+        from .matmul import _is_cpu
+        chunk = dev._map_cpu_chunk = CPU_CHUNK_DEFAULT if _is_cpu(dev) else 1
     return chunk
 
 
