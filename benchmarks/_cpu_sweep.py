@@ -2,8 +2,8 @@
 layouts next to the GPU tiled kernel and numpy, measured in the same run. Prints one JSON line
 per measurement; the winners go into ops/matmul.py (_cpu_tile).
 
-    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64] [--layouts nn,tn,nt]
-        [--tiles 16x16x4x4,8x32x4x4,...] [--rounds 5]
+    PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64]
+        [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x32x4x4,...] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --map [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]

@@ -66,7 +66,8 @@ def test_cpu_chunks_are_per_adapter_type(dev):
 MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-chunk
     "transpose": (lambda a, b: a.transpose(0, 2).contiguous(), lambda a, b: a.swapaxes(0, 2)),
     "broadcast": (lambda a, b: a * b[:, :1, :] + 1.0, lambda a, b: a * b[:, :1, :] + 1.0),
-    "slice": (lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2], lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2]),
+    "slice": (lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2],
+              lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2]),
     "cat": (lambda a, b: wr.cat([a, b, a], dim=2), lambda a, b: np.concatenate([a, b, a], 2)),
 }
 

@@ -22,8 +22,8 @@ from ..runtime.kernels import Kernel
 from .optimizer import Optimizer, launch
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
-# CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per adapter type, 1 on
-# GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam on lavapipe.
+# CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per
+# adapter type, 1 on GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam.
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
 CPU_WG = 64
@@ -149,7 +149,7 @@ def multi_width(dev) -> int:
 
 
 def cpu_chunk(dev) -> int:
-    """Elements per invocation of the multi-tensor update on ``dev`` (1: adam_multi.wgsl)."""
+    """Elements per invocation of the multi-tensor update on ``dev`` (1: the GPU entry)."""
     if CPU_CHUNK is not None:
         return CPU_CHUNK
     from ..ops.matmul import _is_cpu
@@ -183,8 +183,8 @@ def cpu_kernel(k: int, chunk: int, wg: int) -> Kernel:
                  f"        let ss = pf({w + 5}u);",
                  f"        let bc = pf({w + 6}u);",
                  "        for (var t = 0u; t < n; t++) {",
-                 f"            let r = adam_(P{j}[ip + t], G{j}[ig + t], M{j}[im + t], "
-                 f"V{j}[iv + t], ss, bc);",
+                 (f"            let r = adam_(P{j}[ip + t], G{j}[ig + t], M{j}[im + t], "
+                  f"V{j}[iv + t], ss, bc);"),
                  f"            P{j}[ip + t] = r.x;",
                  f"            M{j}[im + t] = r.y;",
                  f"            V{j}[iv + t] = r.z;",
