@@ -1,6 +1,8 @@
 """Tuning sweep for CPU adapters (lavapipe): matmul_cpu.wgsl block shapes and workgroup
-layouts next to the GPU tiled kernel and numpy, measured in the same run. Prints one JSON line
-per measurement; the winners go into ops/matmul.py (_cpu_tile).
+layouts next to the GPU tiled kernel and numpy, the CPU map and AdamW chunks next to their GPU
+kernels, and whole training steps, measured in the same run. Prints one JSON line per
+measurement; the winners go into ops/matmul.py (_cpu_tile), ops/launch.py and optim/adam.py
+(CPU_CHUNK_DEFAULT).
 
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64]
         [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x32x4x4,...] [--rounds 5]
