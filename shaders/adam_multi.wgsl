@@ -36,3 +36,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i = linear_id(wid, nwg, lid, 256u);
 {{BODY}}
 }
+
+// Entry `cpu`, for CPU adapters (lavapipe/llvmpipe, whose workgroup invocations are the SIMD
+// lanes of one thread): each invocation updates CHUNK consecutive elements of one parameter, so
+// the per-parameter branch and its words are read once per chunk instead of once per element.
+// Parameter k occupies [start_k, end_k) of the launch's index space, start_0 = 0 and start_k =
+// end_{k-1} rounded up to CHUNK, so no chunk spans two parameters (the ends in the words are
+// in that space). Python generates CPU_BODY (empty in the `main` kernel, as BODY is in `cpu`).
+const CHUNK: u32 = {{CHUNK}}u;
+
+fn start_(end_prev: u32) -> u32 { return (end_prev + CHUNK - 1u) / CHUNK * CHUNK; }
+
+@compute @workgroup_size({{CPU_WG}})
+fn cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let c0 = linear_id(wid, nwg, lid, {{CPU_WG}}u) * CHUNK;
+{{CPU_BODY}}
+}

@@ -16,6 +16,11 @@ from ..tensor import DTYPES, Tensor, check_same_device
 
 MAXD = 8
 SCALAR_BASE = 48
+# CPU adapters (shaders/map_cpu.wgsl): output elements per invocation (None: per adapter type,
+# 1 on GPUs: map.wgsl) and invocations per workgroup, from benchmarks/_cpu_sweep.py --map.
+CPU_CHUNK = None
+CPU_CHUNK_DEFAULT = 16
+CPU_WG = 64
 
 
 def broadcast_shapes(*shapes) -> tuple:
@@ -111,6 +116,51 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
     return Kernel.of("map", **defines)
 
 
+@functools.lru_cache(maxsize=4096)
+def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
+                wg: int, named: tuple = ()) -> Kernel:
+    """map_cpu.wgsl for one specialisation (as ``_kernel``), ``chunk`` outputs per invocation:
+    strided operands keep a running offset ``s<name>``, stepped along the innermost dimension
+    and recomputed where it wraps."""
+    base = _kernel(expr, types, modes, binds)
+    setup = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
+             for k, (name, kind) in enumerate(named)]
+    wrap, body, step = [], [], []
+    names = ["o", "a", "b", "c"]
+    for k, m in enumerate(modes):
+        x, w = names[k], 10 + 9 * k
+        if m == "s":
+            full = f"i32(strided_offset({{i}}, nd, 2u, {w}u, pi({w + 8}u)))"
+            setup += [f"    var s{x} = {full.format(i='i0')};",
+                      f"    let st_{x} = pi({w}u + nd - 1u);"]
+            wrap.append(f"            s{x} = {full.format(i='i')};")
+            step.append(f"        s{x} += st_{x};")
+            idx = f"u32(s{x})"
+        else:
+            idx = f"i + pu({w + 8}u)" if m == "c" else f"pu({w + 8}u)"
+        body.append(f"        let i{x} = {idx};")
+        if k:
+            body.append(f"        let {x} = B{binds[k]}[i{x}];")
+    body.append(f"        B{binds[0]}[io] = {types[0]}({expr});")
+    d = dict(base.defines)
+    defines = {"DECLS": d["DECLS"], "SETUP": "\n".join(setup), "WRAP": "\n".join(wrap),
+               "BODY": "\n".join(body), "STEP": "\n".join(step), "CHUNK": chunk, "WG": wg}
+    if "F16" in d:
+        defines["F16"] = "1"
+    return Kernel.of("map_cpu", **defines)
+
+
+def cpu_chunk(dev) -> int:
+    """Outputs per invocation of the map on ``dev`` (1: map.wgsl)."""
+    if CPU_CHUNK is not None:
+        return CPU_CHUNK
+    chunk = getattr(dev, "_map_cpu_chunk", None)  # cached: every elementwise op asks
+    if chunk is None:
+        from .matmul import _is_cpu
+        chunk = dev._map_cpu_chunk = CPU_CHUNK_DEFAULT if _is_cpu(dev) else 1
+    return chunk
+
+
 _LAYOUTS: dict = {}  # (out shape, strides of every operand) -> (modes, parameter head)
 
 
@@ -181,6 +231,12 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
         names = tuple((name, scalar_kind(v)) for name, v in scalars.items())
         scalars = scalars.values()
     params.extend(scalars)
-    dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names), buffers, params, n)
+    chunk = cpu_chunk(dev)
+    if chunk > 1:
+        k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names)
+        dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)
+    else:
+        dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names), buffers, params,
+                        n)
     out._storage.version += 1
     return out

@@ -14,12 +14,13 @@ from .launch import broadcast_shapes, run_map
 from .precision import in_forward_precision, low
 from .shape import expand, reshape, transpose
 
+
 def _batch_stride(t: Tensor, nb: int):
     """One stride that walks the first ``nb`` dims of ``t`` in order, or None."""
     dims = [(s, st) for s, st in zip(t.shape[:nb], t.strides[:nb]) if s != 1]
     if not dims:
         return 0
-    for (s0, st0), (s1, st1) in zip(dims, dims[1:]):
+    for (_, st0), (s1, st1) in zip(dims, dims[1:]):
         if st0 != st1 * s1:
             return None
     return dims[-1][1]
@@ -141,7 +142,7 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
             stage.append(f"stage_b({qv}, nb, rb[{l}]);")
     store = []
     for i in range(qa):
-        for r, c in enumerate("xyzw"):
+        for r in range(4):
             store.append(f"let m{i}{r} = row0 + (ty + {16 * i}u) * 4u + {r}u;")
             store.append(f"if (m{i}{r} < M) {{")
             for j in range(qb):
@@ -344,6 +345,10 @@ CPU_KPASS = (65_000, 260_000)
 CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
 CPU_WG = (4, 4)  # WGX, WGY
+# Output sides from this long get 16-wide blocks: at 64 (1024x256 @ 256x64, 64x1024 @ 1024x64,
+# ...: the GPT-default shapes) they ran 1.3-2.8x the 8-wide ones (fewer lanes busy, twice the
+# FMAs per load); BENCHMARKS.md, lavapipe section.
+CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
 
 
@@ -358,7 +363,7 @@ def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
     batches' rows). benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
         return CPU_FLAT
-    side = lambda d: 16 if d >= 128 else 8 if d >= 32 else 4
+    side = lambda d: 16 if d >= CPU_SIDE16 else 8 if d >= 32 else 4
     return (side(M), side(N)) + CPU_WG + (0,)
 
 

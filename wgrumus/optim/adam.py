@@ -12,15 +12,21 @@ capture calls instead of reusing the captured words.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
 from ..runtime.capture import refuse
-from ..runtime.kernels import Kernel, multi_tensor_kernel
+from ..runtime.kernels import Kernel, multi_tensor_decls, multi_tensor_kernel
 from .optimizer import Optimizer, launch
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
+# CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per
+# adapter type, 1 on GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam.
+CPU_CHUNK = None
+CPU_CHUNK_DEFAULT = 32
+CPU_WG = 64
 
 
 class Adam(Optimizer):
@@ -75,10 +81,12 @@ class Adam(Optimizer):
 
     def _multi(self, batch, group) -> None:
         """One dispatch for the (param, grad, state) triples of ``batch``."""
+        dev = batch[0][0].device
+        chunk = cpu_chunk(dev)
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            end += p.numel()
+            end = -(-end // chunk) * chunk + p.numel()  # a parameter starts a chunk
             rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
 
@@ -99,8 +107,11 @@ class Adam(Optimizer):
                 st["step"] += 1
             return words()
 
-        dev = batch[0][0].device
-        dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
+        if chunk > 1:
+            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG), bufs, words(),
+                            -(-end // chunk), CPU_WG, refresh=refresh)
+        else:
+            dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
             for t in (p, st["exp_avg"], st["exp_avg_sq"]):
                 t._storage.version += 1
@@ -137,10 +148,21 @@ def multi_width(dev) -> int:
     return max(1, min(MULTI_MAX, lim // 4))
 
 
+def cpu_chunk(dev) -> int:
+    """Elements per invocation of the multi-tensor update on ``dev`` (1: the GPU entry)."""
+    if CPU_CHUNK is not None:
+        return CPU_CHUNK
+    from ..ops.matmul import _is_cpu
+    return CPU_CHUNK_DEFAULT if _is_cpu(dev) else 1
+
+
+_ARRAYS = "P:read_write G:read M:read_write V:read_write"
+
+
 def multi_kernel(k: int) -> Kernel:
     """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each."""
-    return multi_tensor_kernel("adam_multi", k, 1, "P:read_write G:read M:read_write V:read_write",
-                               _ADAM_BRANCH)
+    return multi_tensor_kernel("adam_multi", k, 1, _ARRAYS, _ADAM_BRANCH, CPU_BODY="", CHUNK=1,
+                               CPU_WG=1)
 
 
 _ADAM_BRANCH = """        let s = part_({j}u);
@@ -149,3 +171,30 @@ _ADAM_BRANCH = """        let s = part_({j}u);
         P{j}[s.p + e] = r.x;
         M{j}[s.m + e] = r.y;
         V{j}[s.v + e] = r.z;"""
+
+
+@functools.cache
+def cpu_kernel(k: int, chunk: int, wg: int) -> Kernel:
+    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements per
+    invocation, ``wg`` invocations per workgroup: a branch per parameter whose loop updates the
+    chunk (at most ``chunk`` iterations, far below llvmpipe's 65,535 loop cap)."""
+    body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))")
+            for j in range(k)]
+    return Kernel.of("adam_multi", "cpu", DECLS=multi_tensor_decls(k, 1, _ARRAYS), BODY="",
+                     CPU_BODY="\n".join(body), CHUNK=chunk, CPU_WG=wg)
+
+
+_CPU_BRANCH = """    if (c0 < end_({j}u)) {{
+        let e0 = c0 - {start};
+        let n = min(CHUNK, end_({j}u) - c0);
+        let s = part_({j}u);
+        for (var t = 0u; t < n; t++) {{
+            let e = e0 + t;
+            let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e],
+                          s.step_size, s.bc2_sqrt);
+            P{j}[s.p + e] = r.x;
+            M{j}[s.m + e] = r.y;
+            V{j}[s.v + e] = r.z;
+        }}
+        return;
+    }}"""

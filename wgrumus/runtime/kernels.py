@@ -72,19 +72,25 @@ def render(family: str, defines: dict) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def multi_tensor_kernel(family: str, k: int, binding: int, arrays: str, branch: str) -> Kernel:
+def multi_tensor_decls(k: int, binding: int, arrays: str) -> str:
+    """The bindings of k tensors' f32 arrays (``arrays``: "NAME:access ...", bound in order
+    from ``binding``; tensor j's array NAME is NAMEj)."""
+    return "\n".join(f"@group(0) @binding({binding + i}) var<storage, {access}> {name}{j}: "
+                     "array<f32>;" for i, (j, (name, access)) in enumerate(
+                         (j, spec.split(":")) for j in range(k) for spec in arrays.split()))
+
+
+@functools.lru_cache(maxsize=None)
+def multi_tensor_kernel(family: str, k: int, binding: int, arrays: str, branch: str,
+                        **defines) -> Kernel:
     """``family`` for k tensors updated by one dispatch over their concatenated element range:
-    tensor j's f32 arrays (``arrays``: "NAME:access ...", bound in order from ``binding``) and
-    one branch for its elements, ``branch`` with j for {j} and e its element index. The shader
-    defines ``end_(j)``: the cumulative element count up to and including tensor j."""
-    decls, body = [], []
+    tensor j's arrays (see multi_tensor_decls) and one branch for its elements, ``branch`` with
+    j for {j} and e its element index. The shader defines ``end_(j)``: the cumulative element
+    count up to and including tensor j. ``defines``: the family's other template values."""
+    body = []
     for j in range(k):
-        for spec in arrays.split():
-            name, access = spec.split(":")
-            decls.append(f"@group(0) @binding({binding}) var<storage, {access}> {name}{j}: "
-                         "array<f32>;")
-            binding += 1
         start = "0u" if j == 0 else f"end_({j - 1}u)"
         body.append(f"    if (i < end_({j}u)) {{\n        let e = i - {start};\n"
                     f"{branch.format(j=j)}\n        return;\n    }}")
-    return Kernel.of(family, DECLS="\n".join(decls), BODY="\n".join(body))
+    return Kernel.of(family, DECLS=multi_tensor_decls(k, binding, arrays), BODY="\n".join(body),
+                     **defines)

@@ -1,0 +1,92 @@
+"""The CPU-adapter kernel variants (issue 20) against numpy and against their GPU-shaped
+counterparts, each forced on whatever adapter runs the tests: the chunked multi-tensor AdamW
+(entry `cpu` of shaders/adam_multi.wgsl) and the chunked elementwise map
+(shaders/map_cpu.wgsl), each with a launch past 65,535 workgroups."""
+import numpy as np
+import pytest
+from test_optim import ref_adam
+
+import wgrumus as wr
+from wgrumus import nn, optim
+from wgrumus.ops import launch
+from wgrumus.optim import adam
+
+# sizes that end mid-chunk, one longer than several chunks, a scalar-sized one
+SHAPES = [(3, 5), (7,), (33, 9), (1,), (64,), (5, 13)]
+
+
+def _run(monkeypatch, chunk, wg, shapes, cls, kw, steps, rng, views=False):
+    monkeypatch.setattr(adam, "CPU_CHUNK", chunk)
+    monkeypatch.setattr(adam, "CPU_WG", wg)
+    p0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    gs = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(steps)]
+    ps = [nn.Parameter(wr.tensor(x)) for x in p0]
+    opt = cls(ps, **kw)
+    for step in gs:
+        for p, g in zip(ps, step):
+            if views:  # gradients at odd offsets inside one larger buffer
+                flat = wr.tensor(np.concatenate([[0.0] * 3, g.ravel()]).astype(np.float32))
+                p.grad = flat[3:].reshape(g.shape)
+            else:
+                p.grad = wr.tensor(g)
+        opt.step()
+    return p0, gs, ps
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("chunk", [1, 4, 16])
+@pytest.mark.parametrize("cls,kw,refkw", [
+    (optim.AdamW, dict(lr=0.02, weight_decay=0.1), dict(weight_decay=0.1, decoupled=True)),
+    (optim.Adam, dict(lr=0.01, weight_decay=0.05), dict(weight_decay=0.05))])
+def test_chunked_adam_matches_reference(monkeypatch, rng, chunk, cls, kw, refkw):
+    p0, gs, ps = _run(monkeypatch, chunk, 64, SHAPES, cls, kw, 3, rng, views=chunk == 16)
+    for j, p in enumerate(ps):
+        want = ref_adam(p0[j], [g[j].astype(np.float64) for g in gs], lr=kw["lr"], **refkw)
+        np.testing.assert_allclose(p.numpy(), want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.timeout(300)
+def test_chunked_adam_past_65535_workgroups(monkeypatch, rng):
+    """One invocation per workgroup, 2 elements each: 70,001 workgroups fold into (x, y)."""
+    n = 140_002
+    p0, gs, ps = _run(monkeypatch, 2, 1, [(n,), (3,)], optim.AdamW, dict(lr=0.01), 1, rng)
+    for j, p in enumerate(ps):
+        want = ref_adam(p0[j], [gs[0][j].astype(np.float64)], lr=0.01, weight_decay=0.01,
+                        decoupled=True)
+        np.testing.assert_allclose(p.numpy(), want, rtol=2e-5, atol=2e-6)
+
+
+def test_cpu_chunks_are_per_adapter_type(dev):
+    cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
+    assert adam.cpu_chunk(dev) == (adam.CPU_CHUNK_DEFAULT if cpu else 1)
+    assert launch.cpu_chunk(dev) == (launch.CPU_CHUNK_DEFAULT if cpu else 1)
+
+
+MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-chunk
+    "transpose": (lambda a, b: a.transpose(0, 2).contiguous(), lambda a, b: a.swapaxes(0, 2)),
+    "broadcast": (lambda a, b: a * b[:, :1, :] + 1.0, lambda a, b: a * b[:, :1, :] + 1.0),
+    "slice": (lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2],
+              lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2]),
+    "cat": (lambda a, b: wr.cat([a, b, a], dim=2), lambda a, b: np.concatenate([a, b, a], 2)),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("chunk", [1, 3, 16])
+@pytest.mark.parametrize("case", list(MAP_CASES))
+def test_chunked_map_matches_numpy(monkeypatch, rng, chunk, case):
+    monkeypatch.setattr(launch, "CPU_CHUNK", chunk)
+    a, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((2, 5, 7))
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    ours, ref = MAP_CASES[case]
+    np.testing.assert_allclose(ours(wr.tensor(a), wr.tensor(b)).numpy(), ref(a, b), rtol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_chunked_map_past_65535_workgroups(monkeypatch, rng):
+    """One invocation per workgroup, 2 outputs each: a transposing copy over 70,200
+    workgroups (folded into (x, y)) whose chunks straddle rows."""
+    monkeypatch.setattr(launch, "CPU_CHUNK", 2)
+    monkeypatch.setattr(launch, "CPU_WG", 1)
+    a = rng.standard_normal((117, 1200)).astype(np.float32)
+    np.testing.assert_array_equal(wr.tensor(a).transpose(0, 1).contiguous().numpy(), a.T)
