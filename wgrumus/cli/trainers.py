@@ -56,6 +56,16 @@ def eval_forward(model, x, device) -> np.ndarray:
     return out
 
 
+def with_bookkeeping(opts, run):
+    """``run()`` between the optimizers' host bookkeeping (the schedule's rate and step count),
+    which a replayed wr.jit capture skips (idempotent with the captured call's)."""
+    ts = [o.begin_step() for o in opts]
+    out = run()
+    for o, t in zip(opts, ts):
+        o.end_step(t)
+    return out
+
+
 class TrainerBase:
     """Defaults shared by the trainers: rank 0 prints; under MPI (``group`` set, one process
     per rank) every process must stop after the same step, or the others would wait in the
@@ -119,12 +129,7 @@ class SingleTrainer(TrainerBase):
     def step(self, x, y) -> float:
         self.model.train()
         x, y = to_tensor(x, self.device), to_tensor(y, self.device)
-        if self.jit:
-            t = self.opt.begin_step()
-            loss = self._step(x, y)
-            self.opt.end_step(t)
-        else:
-            loss = self._step(x, y)
+        loss = with_bookkeeping([self.opt] if self.jit else [], lambda: self._step(x, y))
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:

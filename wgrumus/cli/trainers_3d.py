@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from .common import UsageError
-from .trainers import Precision, TrainerBase
+from .trainers import Precision, TrainerBase, with_bookkeeping
 
 _POLL = 0.2                 # seconds between checks for "stop" while a rank waits for a command
 COLLECTIVE_TIMEOUT = 120.0  # a rank waiting longer on a peer gives up: that peer failed or hung
@@ -93,6 +93,12 @@ class _Rank:
         self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
         return losses
 
+    def command(self, cmd: str, arg=None):
+        """Run one driver command ("step", "state", "load" or "stats")."""
+        if cmd in ("state", "stats"):
+            return getattr(self, cmd)()
+        return getattr(self, cmd)(arg)
+
     @property
     def coords(self):
         return self.rank.coords
@@ -108,9 +114,8 @@ class _Rank:
             mbs = replica_micro_batches(tokens, 0, 1, lay.micro_batches)
             args = [tensor(t, device=self.device) for mb in mbs
                     for t in (mb[:, :-1], mb[:, 1:])]
-            t = self.opt.begin_step()
-            rank.mb_losses = [v.item() for v in self._jit(*args)]
-            self.opt.end_step(t)
+            rank.mb_losses = with_bookkeeping([self.opt],
+                                              lambda: [v.item() for v in self._jit(*args)])
             return rank.loss()
         rank.loss_scale = self.amp.scaler.get_scale()
         with self.amp.autocast():
@@ -226,10 +231,8 @@ class ThreeDTrainer(TrainerBase):
         self._stop = threading.Event()
         self._error: list = []
 
-        cfg_precision = self.cfg.precision
-
         def rank_main(group):
-            rank = _Rank(group, self.gcfg, self.lay, self.task, self.cfg.seed, cfg_precision,
+            rank = _Rank(group, self.gcfg, self.lay, self.task, self.cfg.seed, self.cfg.precision,
                          self.cfg.jit)
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():
@@ -240,8 +243,7 @@ class ThreeDTrainer(TrainerBase):
                 if cmd == "close":
                     return None
                 try:
-                    out = {"step": rank.step, "state": lambda _: rank.state(),
-                           "load": rank.load, "stats": lambda _: rank.stats()}[cmd](arg)
+                    out = rank.command(cmd, arg)
                 except BaseException:
                     self._stop.set()  # ranks idle between commands stop too; spawn reports it
                     raise
@@ -278,10 +280,8 @@ class ThreeDTrainer(TrainerBase):
 
     def _all(self, cmd, arg=None) -> list:
         if self.lay.backend == "mpi":
-            fn = {"step": self.rank.step, "state": lambda _: self.rank.state(),
-                  "load": self.rank.load, "stats": lambda _: self.rank.stats()}[cmd]
-            return self.group.all_gather_object(fn(arg)) if cmd in ("state", "stats") \
-                else [fn(arg)]
+            out = self.rank.command(cmd, arg)
+            return self.group.all_gather_object(out) if cmd in ("state", "stats") else [out]
         for q in self._inbox:
             q.put((cmd, arg))
         return self._collect(cmd)

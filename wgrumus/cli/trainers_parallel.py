@@ -9,14 +9,12 @@ group per stage piece) before every replica steps, so replicas stay identical.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ..autograd import GradientStore
 from ..distributed.errors import CollectiveError
 from .common import UsageError
-from .trainers import TrainerBase, eval_forward, to_tensor
+from .trainers import TrainerBase, eval_forward, to_tensor, with_bookkeeping
 
 
 def _devices(cfg):
@@ -54,15 +52,8 @@ class DataParallelTrainer(TrainerBase):
         self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
 
     def step(self, x, y) -> float:
-        if not self.dp.jit:
-            return float(self.dp.train_step(x, y, self.task.loss, self.opts))
-        # a replayed capture skips TrainOptimizer's host bookkeeping (the schedule's rate and
-        # step count): it runs here, around the replay (idempotent with the captured call's)
-        ts = [o.begin_step() for o in self.opts]
-        loss = float(self.dp.train_step(x, y, self.task.loss, self.opts))
-        for o, t in zip(self.opts, ts):
-            o.end_step(t)
-        return loss
+        return with_bookkeeping(self.opts if self.dp.jit else [], lambda: float(
+            self.dp.train_step(x, y, self.task.loss, self.opts)))
 
     def predict(self, x) -> np.ndarray:
         return eval_forward(self.model, x, self.dp.devices[0])
@@ -150,32 +141,23 @@ class PipelineTrainer(TrainerBase):
             loss, store = self._run(0, x, y)
             _step_stages(self.opts[0], store, self.task.clip)
             return float(loss)
+        from ..distributed import spawn
         n = len(x) // dp
-        results: list = [None] * dp
-        errors: list = []
 
-        def go(r):
+        def go(group):
+            r = group.rank
             try:
                 loss, store = self._run(r, x[r * n:(r + 1) * n], y[r * n:(r + 1) * n])
-                results[r] = (loss, GradientStore())
-                for avg in self.averagers[r]:  # the mean over the replicas, piece by piece
-                    results[r][1].merge_from(avg.average(store, timeout=120.0))
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errors.append((r, e))
+                avg = GradientStore()
+                for a in self.averagers[r]:  # the mean over the replicas, piece by piece
+                    avg.merge_from(a.average(store, timeout=120.0))
+                return loss, avg
+            except BaseException as e:
                 for w in self.worlds:  # the other replicas must not wait for this one
                     w.abort(CollectiveError(f"replica {r} failed: {e}", rank=r))
+                raise
 
-        threads = [threading.Thread(target=go, args=(r,), daemon=True,
-                                    name=f"wgrumus-replica-{r}") for r in range(dp)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300.0)  # each executor bounds its own waits; this is a last resort
-        if errors:
-            r, e = errors[0]
-            raise type(e)(f"replica {r}: {e}") from e
-        if any(t.is_alive() for t in threads):
-            raise TimeoutError("a pipeline replica did not finish its step within 300 s")
+        results = spawn(go, dp, timeout=120.0)
         for r in range(dp):
             _step_stages(self.opts[r], results[r][1], self.task.clip)
         return float(np.mean([res[0] for res in results]))

@@ -263,14 +263,10 @@ class CollectiveBarrier:
         elif ranked and rank in rnd.arrived:
             problem = f"rank {rank} joined twice"
         if problem is None and self._gone:
-            err = self._gone_error(rnd)
-            self._break(err)
-            raise err
+            raise self._break(self._gone_error(rnd))
         if problem is not None:
-            err = CollectiveError(f"CollectiveBarrier round {rnd.gen}: {problem}",
-                                  rank=rank if ranked else None)
-            self._break(err)
-            raise err
+            raise self._break(CollectiveError(f"CollectiveBarrier round {rnd.gen}: {problem}",
+                                              rank=rank if ranked else None))
         slot = rank if ranked else len(rnd.arrived)
         if kind == "exchange":
             item, rnd.item_at[slot], out, rnd.out_at[slot] = item
@@ -286,9 +282,7 @@ class CollectiveBarrier:
             self._raise_if_broken()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                err = self._missing_error(rnd, timeout)
-                self._break(err)
-                raise err
+                raise self._break(self._missing_error(rnd, timeout))
             self._cond.wait(remaining)
 
     def _fill(self, rnd: _Round) -> None:
@@ -339,16 +333,12 @@ class CollectiveBarrier:
                     break
                 at += n
             if at != length or sum(n for _, n in spans) != length:
-                err = CollectiveError(
+                raise self._break(CollectiveError(
                     f"CollectiveBarrier round {rnd.gen}: the pieces (at, size) {spans} do not "
-                    f"cover the {length}-element space exactly once")
-                self._break(err)
-                raise err
+                    f"cover the {length}-element space exactly once"))
         elif length and any(a is None for a in rnd.items):
-            err = CollectiveError(f"CollectiveBarrier round {rnd.gen}: a {rnd.op} exchange "
-                                  "needs an item from every participant")
-            self._break(err)
-            raise err
+            raise self._break(CollectiveError(f"CollectiveBarrier round {rnd.gen}: a {rnd.op} "
+                                              "exchange needs an item from every participant"))
         rnd.shared = False
         self._split(rnd, length, length * rnd.dtype.itemsize)
 
@@ -417,11 +407,9 @@ class CollectiveBarrier:
                         return
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        err = CollectiveError(
+                        raise self._break(CollectiveError(
                             f"CollectiveBarrier round {rnd.gen}: reduction of {rnd.nbytes:,} "
-                            f"bytes did not finish within {timeout} s", timed_out=True)
-                        self._break(err)
-                        raise err
+                            f"bytes did not finish within {timeout} s", timed_out=True))
                     self._cond.wait(remaining)
             lo = i * rnd.chunk
             hi = min(lo + rnd.chunk, rnd.length)
@@ -455,10 +443,12 @@ class CollectiveBarrier:
         rnd.items = rnd.outs = rnd.flats = rnd.out = rnd.copies = None  # let the arrays go
 
     # ------------------------------------------------------------------ failures
-    def _break(self, err: CollectiveError) -> None:
+    def _break(self, err: CollectiveError) -> CollectiveError:
+        """Break the barrier with ``err`` (the first one sticks); returns ``err`` to raise."""
         if self._broken is None:
             self._broken = err
         self._cond.notify_all()
+        return err
 
     def _raise_if_broken(self) -> None:
         b = self._broken

@@ -23,10 +23,6 @@ _local = threading.local()  # .open: captures open in this thread (DataParallel 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def active() -> bool:
-    return getattr(_local, "open", 0) > 0
-
-
 def refuse(call: str, why: str) -> None:
     """Raise a CaptureError for ``call`` if this thread has a capture open (a no-op
     otherwise)."""

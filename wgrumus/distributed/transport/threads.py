@@ -143,8 +143,8 @@ class ThreadTransport:
         with box.cond:
             q = box.queues[self.rank]
             while len(q) >= w.depth:
-                self._check_peer(dst, "sending to", tag)
-                self._wait(box.cond, deadline, f"rank {dst} did not drain its mailbox", dst)
+                self._wait(box.cond, deadline, dst, "sending to", tag,
+                           f"rank {dst} did not drain its mailbox")
             q.append((tag, arr))
             box.cond.notify_all()
         self.stats["messages_sent"] += 1
@@ -156,8 +156,8 @@ class ThreadTransport:
         with box.cond:
             q = box.queues[src]
             while (a := _take_tagged(q, tag)) is None:
-                self._check_peer(src, "receiving from", tag)
-                self._wait(box.cond, deadline, f"no message from rank {src} (tag {tag})", src)
+                self._wait(box.cond, deadline, src, "receiving from", tag,
+                           f"no message from rank {src} (tag {tag})")
             box.cond.notify_all()  # a sender may wait for room
         check_received(a, dtype, shape, src, f"rank {self.rank} receiving tag {tag}")
         self.stats["messages_received"] += 1
@@ -173,14 +173,14 @@ class ThreadTransport:
     def recv_array(self, src, tag, deadline):
         return self.recv(src, tag, deadline)
 
-    def _check_peer(self, peer: int, doing: str, tag) -> None:
+    def _wait(self, cond, deadline, peer: int, doing: str, tag, what: str) -> None:
+        """One wait on ``cond`` for ``peer``: raises at once if the world failed or the peer
+        ended, and past ``deadline`` with ``what`` did not happen."""
         w = self.world
         w.raise_if_failed()
         if peer in w.exited:
             raise CollectiveError(f"rank {self.rank} {doing} rank {peer} (tag {tag}): rank "
                                   f"{peer} has ended", missing=[peer], rank=peer)
-
-    def _wait(self, cond, deadline, what, peer):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise CollectiveError(f"rank {self.rank}: {what} within {self.world.timeout} s "
