@@ -302,9 +302,8 @@ class FakeTensor:
 
 @pytest.mark.timeout(30)
 def test_tensor_in_tensor_out(monkeypatch):
-    import wgrumus
-    monkeypatch.setattr(wgrumus, "tensor", lambda a, device=None: FakeTensor(a, device),
-                        raising=False)
+    from wgrumus.distributed import interop
+    monkeypatch.setattr(interop, "tensor", lambda a, device=None: FakeTensor(a, device))
 
     def fn(g):
         t = FakeTensor(np.full(4, g.rank + 1.0), f"dev{g.rank}")
