@@ -42,6 +42,7 @@ def run(args) -> int:
 def _intro(cfg) -> None:
     """What is about to run, and the schedule each replica's pipeline follows."""
     import wgrumus as wr
+
     from ..distributed.pipeline import get_schedule, render
     from .common import console
     con = console()

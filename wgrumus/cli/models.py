@@ -6,8 +6,8 @@ layout and a resumed run see the same weights and the same batches.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

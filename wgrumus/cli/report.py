@@ -21,8 +21,14 @@ class Progress:
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                       TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as RichProgress
             self._bar = RichProgress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("loss [cyan]{task.fields[loss]}"),

@@ -142,6 +142,7 @@ class _Rank:
     def load(self, dense: dict) -> None:
         """Take this rank's shards of a dense checkpoint (any layout wrote it)."""
         import wgrumus as wr
+
         from ..distributed.tensor_parallel.shard import shard_array
         from ..ops.elementwise import copy_into
         tp, r = self.lay.tp, self.map.tp_rank
@@ -196,6 +197,7 @@ class ThreeDTrainer(TrainerBase):
 
     def __init__(self, cfg, task):
         import wgrumus as wr
+
         from ..distributed.parallel3d import Layout3DError, validate_layout
         self.cfg, self.task, self.lay = cfg, task, cfg.layout
         self.gcfg = gpt_config(cfg, task)

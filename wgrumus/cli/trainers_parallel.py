@@ -39,6 +39,7 @@ class DataParallelTrainer(TrainerBase):
         self.group = None
         if cfg.layout.backend == "mpi":
             import wgrumus as wr
+
             from ..distributed import init_process_group
             self.group = init_process_group("mpi", timeout=120.0)
             all_devs = wr.devices()

@@ -1,4 +1,5 @@
-"""Collective strategies (the pmetal design) and their algorithms over a point-to-point transport.
+"""Collective strategies and their algorithms over a point-to-point transport (ported from
+pmetal, a Rust framework whose CollectiveConfig picks a strategy per message size and world).
 
 Strategies: ``AllReduceStrategy.Ring`` (reduce-scatter + all-gather, bandwidth-optimal),
 ``Tree(arity)`` (k-ary reduce then broadcast, latency-optimal), ``Centralized`` (everyone to rank
@@ -59,26 +60,26 @@ class _Strategy:
 class AllReduceStrategy(_Strategy):
     """How an all-reduce moves data: Ring, Tree(arity), Centralized, Native or Auto."""
     _kinds: ClassVar = ("ring", "centralized", "native", "auto")
-    Ring: ClassVar["AllReduceStrategy"]
-    Centralized: ClassVar["AllReduceStrategy"]
-    Native: ClassVar["AllReduceStrategy"]
-    Auto: ClassVar["AllReduceStrategy"]
+    Ring: ClassVar[AllReduceStrategy]
+    Centralized: ClassVar[AllReduceStrategy]
+    Native: ClassVar[AllReduceStrategy]
+    Auto: ClassVar[AllReduceStrategy]
 
 
 class ReduceStrategy(_Strategy):
     """How a reduce to one root moves data: Tree(arity), Direct, Native or Auto."""
     _kinds: ClassVar = ("direct", "native", "auto")
-    Direct: ClassVar["ReduceStrategy"]
-    Native: ClassVar["ReduceStrategy"]
-    Auto: ClassVar["ReduceStrategy"]
+    Direct: ClassVar[ReduceStrategy]
+    Native: ClassVar[ReduceStrategy]
+    Auto: ClassVar[ReduceStrategy]
 
 
 class BroadcastStrategy(_Strategy):
     """How a broadcast from one root moves data: Tree(arity), Direct, Native or Auto."""
     _kinds: ClassVar = ("direct", "native", "auto")
-    Direct: ClassVar["BroadcastStrategy"]
-    Native: ClassVar["BroadcastStrategy"]
-    Auto: ClassVar["BroadcastStrategy"]
+    Direct: ClassVar[BroadcastStrategy]
+    Native: ClassVar[BroadcastStrategy]
+    Auto: ClassVar[BroadcastStrategy]
 
 
 for _cls in (AllReduceStrategy, ReduceStrategy, BroadcastStrategy):
@@ -117,21 +118,21 @@ class CollectiveConfig:
             self.global_broadcast = BroadcastStrategy.parse(self.global_broadcast)
 
     @classmethod
-    def single_node(cls, num_devices: int, **kw) -> "CollectiveConfig":
+    def single_node(cls, num_devices: int, **kw) -> CollectiveConfig:
         return cls(num_devices=num_devices, local_all_reduce=AllReduceStrategy.Ring, **kw)
 
     @classmethod
-    def multi_node(cls, num_devices: int, num_nodes: int, **kw) -> "CollectiveConfig":
+    def multi_node(cls, num_devices: int, num_nodes: int, **kw) -> CollectiveConfig:
         return cls(num_devices=num_devices, num_nodes=num_nodes,
                    local_all_reduce=AllReduceStrategy.Tree(2),
                    global_all_reduce=AllReduceStrategy.Ring,
                    global_reduce=ReduceStrategy.Tree(2),
                    global_broadcast=BroadcastStrategy.Tree(2), **kw)
 
-    def with_(self, **changes) -> "CollectiveConfig":
+    def with_(self, **changes) -> CollectiveConfig:
         return replace(self, **changes)
 
-    def validate(self) -> "CollectiveConfig":
+    def validate(self) -> CollectiveConfig:
         """Raise ValueError naming the first inconsistent setting; return self when valid."""
         if not isinstance(self.num_devices, int) or self.num_devices <= 0:
             raise ValueError(f"num_devices must be > 0, got {self.num_devices!r}")

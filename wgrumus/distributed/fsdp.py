@@ -36,7 +36,7 @@ from ..tensor import Tensor, tensor
 __all__ = ["FSDP"]
 
 
-class _Flat:
+class _ShardedParam:
     """One managed parameter: its shard (leaf) and the full parameter it is gathered into."""
     __slots__ = ("name", "param", "shard", "rows", "shape")
 
@@ -162,7 +162,7 @@ class FSDP:
             raise ValueError("FSDP needs a device: pass device= or give the group one "
                              "(dist.spawn(..., devices=...))")
         self.world, self.rank = group.world_size, group.rank
-        self._flats: list[_Flat] = []
+        self._flats: list[_ShardedParam] = []
         by_param = {}
         for name, p in module.named_parameters():
             full = np.asarray(p.numpy(), np.float32)
@@ -177,7 +177,7 @@ class FSDP:
             if p.device is not self.device:
                 raise ValueError(f"FSDP: parameter {name} is on {p.device}, the rank's device is "
                                  f"{self.device}; build the module on the rank's device")
-            f = _Flat(name, p, shard, n, shape)
+            f = _ShardedParam(name, p, shard, n, shape)
             self._flats.append(f)
             by_param[id(p)] = f
             _free(p)
@@ -242,10 +242,10 @@ class FSDP:
             return out
         return self._collective(go)
 
-    def _full_array(self, f: _Flat) -> np.ndarray:
+    def _full_array(self, f: _ShardedParam) -> np.ndarray:
         return self._wait(self._submit_gather([f]))[0]
 
-    def _reduce_scatter(self, f: _Flat, g: Tensor) -> Tensor:
+    def _reduce_scatter(self, f: _ShardedParam, g: Tensor) -> Tensor:
         """Mean of the full gradient over the ranks, this rank's rows only."""
         rows = np.asarray(g.numpy(), np.float32).reshape((f.rows,) + f.shard.shape[1:])
         padded = self._pad_rows(rows, f.shard.shape[0])
@@ -281,7 +281,7 @@ class FSDP:
         finally:
             self._order = list(self._seen)
 
-    def _param_backward(self, f: _Flat):
+    def _param_backward(self, f: _ShardedParam):
         def bw(g):
             gs = self._reduce_scatter(f, g)
             _free(f.param)  # its last user in this backward has run

@@ -1,4 +1,5 @@
-"""3D parallelism (the torsh design, with real communication): data x tensor x pipeline groups.
+"""3D parallelism: data x tensor x pipeline groups (the layout of torsh, a Rust framework that
+described these groups; here they carry real communication).
 
 Rank layout follows Megatron: tensor-parallel ranks are adjacent (fastest varying), then data
 parallel, then pipeline stages: ``rank = pp * (dp_size * tp_size) + dp * tp_size + tp``. TP
@@ -28,7 +29,7 @@ class ThreeDParallelismConfig:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
-    def validate(self, world_size: int | None = None) -> "ThreeDParallelismConfig":
+    def validate(self, world_size: int | None = None) -> ThreeDParallelismConfig:
         """Raise ValueError unless every size is a positive int and, when ``world_size`` is
         given, dp * tp * pp equals it. Returns self."""
         for name in ("dp", "tp", "pp"):

@@ -6,8 +6,7 @@ import sys
 import threading
 import time
 
-from .collectives import (AllReduceStrategy, BroadcastStrategy, CollectiveConfig,
-                          ReduceStrategy)
+from .collectives import AllReduceStrategy, BroadcastStrategy, CollectiveConfig, ReduceStrategy
 from .errors import CollectiveError
 from .process_group import ProcessGroup
 from .transport import ThreadWorld
@@ -17,7 +16,8 @@ _mpi_group: ProcessGroup | None = None
 
 def _config(config, world_size, timeout, backend):
     """The caller's config, or the backend's best default: threads share memory, so their own
-    (native) collectives beat message passing; across processes pmetal's Auto rule applies."""
+    (native) collectives beat message passing; across processes the size-based Auto rule
+    (CollectiveConfig.select_all_reduce) applies."""
     if config is not None:
         cfg = config
     elif backend == "threads":

@@ -24,7 +24,7 @@ from ..autograd.tape import no_grad
 from ..nn.gpt import GPTConfig
 from ..ops.creation import zeros
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor, tensor
+from ..tensor import tensor
 from ..utils.checkpoint import checkpoint
 from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
 from .pipeline.actions import RECV_F, SEND_F, ScheduleError, add_send_recv

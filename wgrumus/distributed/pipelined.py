@@ -152,7 +152,7 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
             refill(copies, maps, depth)
             if copies:
                 st.submit(copies, maps)
-        for k, c in enumerate(chunks):
+        for c in chunks:
             deadline = time.monotonic() + barrier.timeout
             r = None
             if c.down is not None:

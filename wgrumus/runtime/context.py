@@ -22,7 +22,7 @@ def parse_device_count(text: str) -> int | None:
 
 
 class MultiGpuContext:
-    _instance: "MultiGpuContext | None" = None
+    _instance: MultiGpuContext | None = None
     _lock = threading.Lock()
 
     def __init__(self, adapters, count: int | None = None):
@@ -37,7 +37,7 @@ class MultiGpuContext:
             self.devices.append(Device(i, a, logical=i // len(adapters)))
 
     @classmethod
-    def get(cls) -> "MultiGpuContext":
+    def get(cls) -> MultiGpuContext:
         with cls._lock:
             if cls._instance is None:
                 count = parse_device_count(os.environ.get("WGRUMUS_DEVICES", ""))
@@ -45,7 +45,7 @@ class MultiGpuContext:
             return cls._instance
 
     @classmethod
-    def reset(cls, count: int | None = None, adapter: str | None = None) -> "MultiGpuContext":
+    def reset(cls, count: int | None = None, adapter: str | None = None) -> MultiGpuContext:
         """Replace the process context (tests and the CLI's --devices). Old tensors stay valid
         on their old devices but cannot be mixed with the new ones."""
         with cls._lock:

@@ -33,7 +33,7 @@ class GpuTimer:
         self._resolved = device.wgpu.create_buffer(
             size=16 * MAX_PASSES, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
 
-    def __enter__(self) -> "GpuTimer":
+    def __enter__(self) -> GpuTimer:
         dev = self.device
         with dev.lock:
             if dev._timer is not None:

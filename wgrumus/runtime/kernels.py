@@ -14,7 +14,7 @@ from pathlib import Path
 _PKG = Path(__file__).resolve().parent.parent
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shader_dir() -> Path:
     # Installed wheel: wgrumus/shaders; editable / source checkout: <repo>/shaders.
     for cand in (_PKG / "shaders", _PKG.parent / "shaders"):
@@ -24,7 +24,7 @@ def shader_dir() -> Path:
         f"wgrumus shaders not found next to {_PKG}; reinstall with `pip install -e .` or the wheel")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(name: str) -> str:
     return (shader_dir() / name).read_text()
 
@@ -39,7 +39,7 @@ class Kernel:
     defines: tuple = ()  # sorted (name, value) pairs
 
     @staticmethod
-    def of(family: str, entry: str = "main", **defines) -> "Kernel":
+    def of(family: str, entry: str = "main", **defines) -> Kernel:
         return Kernel(family, entry, tuple(sorted((k, str(v)) for k, v in defines.items())))
 
     @property
@@ -71,7 +71,7 @@ def render(family: str, defines: dict) -> str:
     return _render_cached(family, tuple(sorted(defines.items())))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def multi_tensor_decls(k: int, binding: int, arrays: str) -> str:
     """The bindings of k tensors' f32 arrays (``arrays``: "NAME:access ...", bound in order
     from ``binding``; tensor j's array NAME is NAMEj)."""
@@ -80,7 +80,7 @@ def multi_tensor_decls(k: int, binding: int, arrays: str) -> str:
                          (j, spec.split(":")) for j in range(k) for spec in arrays.split()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def multi_tensor_kernel(family: str, k: int, binding: int, arrays: str, branch: str,
                         **defines) -> Kernel:
     """``family`` for k tensors updated by one dispatch over their concatenated element range:

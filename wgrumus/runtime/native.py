@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from .._deps import WGPU_TESTED, _minor as _version
+from .._deps import WGPU_TESTED
+from .._deps import _minor as _version
 
 TESTED = (WGPU_TESTED[0], (WGPU_TESTED[1][0], WGPU_TESTED[1][1] - 1))  # (major, minor), inclusive
 _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",

@@ -86,7 +86,7 @@ class HostTransfers:
             raise
         up.commit(buf, offset)
 
-    def write_start(self, nbytes: int) -> "Upload":
+    def write_start(self, nbytes: int) -> Upload:
         """Host -> device in two steps: fill ``.view(dtype)`` (mapped staging memory; write it,
         do not read it back), then ``.commit(buf, offset)`` records the copy into ``buf``."""
         if nbytes <= 0 or nbytes % 4:
@@ -112,7 +112,7 @@ class HostTransfers:
             st.give_back(sb)
         self._upload_used = []
 
-    def read_start(self, buf, offset: int, nbytes: int) -> "Download":
+    def read_start(self, buf, offset: int, nbytes: int) -> Download:
         """Device -> host, asynchronous: records the copy, submits, and starts mapping.
         Call ``.result()`` on the returned object (from any thread) to get the bytes."""
         if self.recorder is not None:

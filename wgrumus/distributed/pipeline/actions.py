@@ -25,8 +25,8 @@ Model chunks exist for the interleaved schedule: with ``v`` chunks per stage, ch
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence, Union
 
 FORWARD = "F"
 BACKWARD = "B"
@@ -94,7 +94,7 @@ class Action:
         return self.kind in (BACKWARD, BACKWARD_WEIGHT)
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         """Inverse of ``repr``: ``"F0"``, ``"B3"``, ``"BI2"``, ``"BW2.1"``, ``"F2.1"``."""
         m = _ACTION_RE.fullmatch(text.strip())
         if not m:
@@ -123,7 +123,7 @@ def BW(mb: int, chunk: int = 0) -> Action:  # noqa: N802
     return Action(BACKWARD_WEIGHT, mb, chunk)
 
 
-ActionLike = Union[Action, str]
+ActionLike = Action | str
 StageActions = Sequence[ActionLike]
 
 
@@ -221,7 +221,7 @@ def add_send_recv(sched: Schedule) -> Schedule:
 
 
 def make_schedule(
-    stages: Union[Schedule, Iterable[StageActions]],
+    stages: Schedule | Iterable[StageActions],
     num_microbatches: int | None = None,
     num_chunks: int | None = None,
     name: str = "custom",

@@ -19,10 +19,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ...autograd import GradientStore, Tape, backward, backward_with_grad, install_tape, no_grad
-from ...autograd import take_tape
-from .actions import (BACKWARD, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F,
-                      Action)
+from ...autograd import (
+    GradientStore,
+    Tape,
+    backward,
+    backward_with_grad,
+    install_tape,
+    no_grad,
+    take_tape,
+)
+from .actions import BACKWARD, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, Action
 
 __all__ = ["StageRunner", "ScheduleExecutionError"]
 

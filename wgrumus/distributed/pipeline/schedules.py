@@ -30,10 +30,17 @@ For interleaved, "in flight" counts (micro-batch, chunk) pairs, each holding the
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from .actions import BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule
-from .actions import ScheduleError
+from .actions import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    Schedule,
+    ScheduleError,
+)
 from .timeline import SimResult, format_timeline, peak_in_flight, render, simulate, validate
 
 __all__ = ["gpipe", "one_f_one_b", "interleaved", "zb_h1", "get_schedule", "SCHEDULES", "validate",
@@ -162,7 +169,7 @@ def zb_h1(p: int, m: int) -> Schedule:
         acts = [Action(FORWARD, i) for i in range(w)]
         next_w = 0  # next micro-batch whose BW is still owed
 
-        def backward(i: int) -> None:
+        def backward(i: int, acts=acts, s=s) -> None:  # this stage's list and index
             nonlocal next_w
             acts.append(Action(BACKWARD_INPUT, i))
             if i - s >= next_w:

@@ -6,8 +6,7 @@ count is a good proxy for work, so the cut minimises the largest stage's paramet
 """
 from __future__ import annotations
 
-from typing import Sequence
-
+from collections.abc import Sequence
 
 __all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", "num_parameters"]
 

@@ -1,8 +1,8 @@
 """Validate, simulate and draw pipeline schedules before anything runs.
 
 Dependency model (the same one the interpreter obeys; the SEND/RECV actions of
-``add_send_recv`` follow from it and are left out here). With ``p`` stages and ``v`` chunks there are
-``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual stage ``c * p + s``.
+``add_send_recv`` follow from it and are left out here). With ``p`` stages and ``v`` chunks
+there are ``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual stage ``c * p + s``.
 
 * ``F(mb)`` on virtual stage ``k > 0`` needs ``F(mb)`` on virtual stage ``k - 1`` (its activation).
 * ``B(mb)`` / ``BI(mb)`` on virtual stage ``k`` needs its own ``F(mb)`` (the saved activations) and,
@@ -36,14 +36,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable, Union
 
-from .actions import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, Action, Schedule,
-                      ScheduleError, StageActions, make_schedule)
+from .actions import (
+    BACKWARD,
+    BACKWARD_INPUT,
+    BACKWARD_WEIGHT,
+    FORWARD,
+    Action,
+    Schedule,
+    ScheduleError,
+    StageActions,
+    make_schedule,
+)
 
-ScheduleLike = Union[Schedule, Iterable[StageActions]]
+ScheduleLike = Schedule | Iterable[StageActions]
 
 # Keys of completed work: ("F", mb, vstage) activation ready, ("G", mb, vstage) input grad ready,
 # ("W", mb, vstage) weight grad done.
@@ -399,7 +408,7 @@ def _as_fraction(x: float) -> Fraction:
 
 
 def render(
-    schedule: Union[ScheduleLike, SimResult],
+    schedule: ScheduleLike | SimResult,
     f_time: float | None = None,
     b_time: float | None = None,
     bi_time: float | None = None,

@@ -13,9 +13,14 @@ from ...ops.fused import causal_self_attention
 from ...ops.shape import reshape
 from ...runtime.errors import ShapeError
 from ...tensor import Tensor, int32
-from .mappings import (copy_to_tp_region, gather_from_sequence_parallel_region,
-                       gather_from_tp_region, reduce_from_tp_region,
-                       reduce_scatter_to_sequence_parallel_region, scatter_to_tp_region)
+from .mappings import (
+    copy_to_tp_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tp_region,
+    reduce_from_tp_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tp_region,
+)
 from .shard import check_heads
 
 
@@ -61,7 +66,8 @@ def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num
 
     x: [B, T, E] replicated. qkv_weight: this rank's [3 * E / tp, E] rows laid out as
     (q of my heads, k of my heads, v of my heads) (``shard.shard_array(w, "qkv", ...)`` makes
-    it from PyTorch's in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns [B, T, E] on every rank."""
+    it from PyTorch's in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns
+    [B, T, E] on every rank."""
     h = check_heads(num_heads, _world(group))
     qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3 * E / tp]
     o = causal_self_attention(qkv, h, causal)  # nn's attention node, on my heads

@@ -132,8 +132,8 @@ class ParallelMLP(nn.Module):
     @classmethod
     def from_dense(cls, mlp, group, activation="gelu_tanh"):
         """From an ``nn.MLP`` (fc, proj; GELU tanh) or any module with fc1/fc2 Linears."""
-        fc1 = getattr(mlp, "fc", None) or getattr(mlp, "fc1")
-        fc2 = getattr(mlp, "proj", None) or getattr(mlp, "fc2")
+        fc1 = getattr(mlp, "fc", None) or mlp.fc1
+        fc2 = getattr(mlp, "proj", None) or mlp.fc2
         return cls(ColumnParallelLinear.from_dense(fc1, group),
                    RowParallelLinear.from_dense(fc2, group), activation)
 

@@ -37,9 +37,9 @@ def _take(x: Tensor, axis: int, group) -> Tensor:
     axis %= x.ndim
     a, b = _split_bounds(x.shape[axis], group.world_size, group.rank,
                          f"splitting axis {axis} of shape {x.shape}")
+    from ...autograd.tape import no_grad
     from ...ops.elementwise import contiguous
     from ...ops.shape import getitem
-    from ...autograd.tape import no_grad
     with no_grad():
         return contiguous(getitem(x, (slice(None),) * axis + (slice(a, b),)))
 
