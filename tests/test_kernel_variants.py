@@ -210,6 +210,7 @@ def test_row_variants_past_65535_workgroups(name, rng, monkeypatch):
 def test_row_plan_bounds_and_defaults(dev, monkeypatch):
     """No forced variant and an empty table: CPU adapters (and GPUs) keep the kernels of
     softmax.wgsl / layernorm.wgsl; rows past one workgroup's loop budget get no plan."""
+    monkeypatch.setattr(rowops, "ROW_TABLE", {})
     assert rowops.plan(dev, "sm_fwd", 1024, 16) is None
     monkeypatch.setattr(rowops, "FORCE", "v4sgr8")
     k, groups = rowops.plan(dev, "sm_fwd", 64, 20, (0, 0))
