@@ -259,7 +259,10 @@ class Device(HostTransfers):
         cb = self._encoder.finish()
         self._encoder = None
         self._submit(cb)
-        self._return_uploads()
+        # The mapping resolves once this batch's copies out of the buffer have run.
+        for st in self._upload_used:
+            self._return_upload(st, st.map_async("WRITE"))
+        self._upload_used = []
 
     def _submit(self, command_buffer) -> None:
         """Every submit of this device's work (batches and wr.jit replays) goes through here."""

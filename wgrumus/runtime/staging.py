@@ -3,7 +3,7 @@ chunk staging of pipelined transfers (``Staging``).
 
 Device: uploads are copied (by several threads) into persistently mapped MAP_WRITE buffers and
 recorded as buffer copies in the device's batch; large downloads return a view of the mapped
-MAP_READ buffer itself (zero host copies). Both take their buffers from a ``Staging``.
+MAP_READ buffer itself (zero host copies).
 
 ``Staging(device)`` keeps MAP_READ and MAP_WRITE buffers per power-of-two size. ``submit`` records
 buffer copies into the device's batch (after the work recorded before it), submits, and starts
@@ -26,7 +26,7 @@ import wgpu
 
 from .asserts import FLAG_BYTES, raise_if_set
 from .capture import refuse
-from .native import MAP_READ, MAP_WRITE, api
+from .native import MAP_READ, MAP_WRITE, api, map_read_async, mapped_range
 
 MAPPED_WRITE_MIN = 1 << 16  # uploads from this size go through mapped staging buffers
 READ_CHUNK = 64 << 20  # downloads into a given array are split so copy-out overlaps the DMA
@@ -35,20 +35,20 @@ ZERO_COPY_MIN = 1 << 20  # fresh arrays from this size are views of their stagin
 WRITE_CHUNK = 1 << 30  # uploads above twice this are split (bounds one staging buffer)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
-STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per Staging and direction
+STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
+
 MAX_IDLE = 8  # idle buffers kept per (direction, size) by Staging
-MAP_TIMEOUT = 600.0  # seconds a host transfer waits for its staging buffer's map
 
 
 class HostTransfers:
     """Device's host <-> device methods (a mixin of runtime.device.Device: it uses the device's
-    lock, batch, memory guard, asserts and recorder). Its staging buffers come from a Staging of
-    its own (the one mechanism; separate from ``staging_of(device)``'s, so the two never take
-    each other's buffers)."""
+    lock, batch, memory guard, asserts and recorder)."""
 
     def _init_staging(self) -> None:
-        self._host_staging = Staging(self)
-        self._upload_used: list = []  # WRITE StagingBuffers copied from in the open batch
+        self._idle_read: dict[int, list] = {}  # MAP_READ buffers, idle, by size
+        self._idle_write: dict[int, list] = {}  # MAP_WRITE buffers, (buffer, map promise), by size
+        self._upload_used: list = []  # MAP_WRITE buffers copied from in the open batch
+        self._idle_bytes = [0, 0]  # idle bytes cached: [read, write]
 
     def write(self, buf, data: np.ndarray, offset: int = 0) -> None:
         """Host -> device. Large data is copied (by several threads) into a persistently mapped
@@ -92,25 +92,49 @@ class HostTransfers:
         if nbytes <= 0 or nbytes % 4:
             raise ValueError(f"write_start: {nbytes} bytes; staged uploads move a positive "
                              "multiple of 4 bytes (pad the data, or use write())")
-        sb = self._host_staging.writer(nbytes, time.monotonic() + MAP_TIMEOUT)
-        return Upload(self, sb, nbytes)
+        return Upload(self, self._write_buffer(nbytes), nbytes)
 
-    def _commit_upload(self, sb, buf, offset: int, nbytes: int) -> None:
+    def _commit_upload(self, st, buf, offset: int, nbytes: int) -> None:
         with self.lock:
-            self._close_pass().copy_buffer_to_buffer(sb.buffer, 0, buf, offset, nbytes)
-            self._upload_used.append(sb)
+            self._close_pass().copy_buffer_to_buffer(st, 0, buf, offset, nbytes)
+            self._upload_used.append(st)
             # Submit at once from 1 MiB: the staging buffer goes back to the pool (re-mapping
             # behind the copy) instead of the batch holding one new buffer per upload.
             if nbytes >= (1 << 20) or len(self._upload_used) >= 64:
                 self._flush_locked()
 
-    def _return_uploads(self) -> None:
-        """After a submit (lock held): re-map the batch's upload buffers behind its copies."""
-        st = self._host_staging
-        for sb in self._upload_used:
-            sb.req = st.api.map_async(sb.buffer, MAP_WRITE, sb.size, self.last_submission)
-            st.give_back(sb)
-        self._upload_used = []
+    def _write_buffer(self, nbytes: int):
+        """A MAP_WRITE staging buffer of at least nbytes, mapped and ready to fill."""
+        size = staging_size(nbytes)
+        with self.lock:
+            # Two buffers rotate per size: the older one's copy has had a whole chunk's time
+            # to finish, so filling it does not wait on the copy just submitted.
+            free = self._idle_write.get(size)
+            item = free.pop(0) if free and len(free) >= 2 else None
+            if item is not None:
+                self._idle_bytes[1] -= size
+        if item is None:
+            return self.memory.create(self.wgpu, size, mapped_at_creation=True,
+                                      usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
+        st, promise = item
+        promise.sync_wait()
+        return st
+
+    def _return_upload(self, st, promise) -> None:
+        if self._idle_bytes[1] + st.size > STAGING_CACHE:
+            return  # dropped: wgpu frees it once the pending copy is done
+        self._idle_bytes[1] += st.size
+        self._idle_write.setdefault(st.size, []).append((st, promise))
+
+    def _read_buffer(self, size: int):
+        size = staging_size(size)
+        with self.lock:
+            free = self._idle_read.setdefault(size, [])
+            if free:
+                self._idle_bytes[0] -= size
+                return free.pop()
+        return self.memory.create(self.wgpu, size,
+                                  usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def read_start(self, buf, offset: int, nbytes: int) -> Download:
         """Device -> host, asynchronous: records the copy, submits, and starts mapping.
@@ -123,18 +147,17 @@ class HostTransfers:
         start = offset & ~3
         end = (offset + nbytes + 3) & ~3
         size = max(end - start, 4)
-        st = self._host_staging
         with self.lock:
             check = self.asserts.take_armed()  # the device-side assert flag rides along
             mapped = (size + 7) // 8 * 8 + FLAG_BYTES if check else size  # (8-aligned ranges)
-            sb = st.reader(mapped)
+            staging = self._read_buffer(mapped)
             enc = self._close_pass()
-            enc.copy_buffer_to_buffer(buf, start, sb.buffer, 0, size)
+            enc.copy_buffer_to_buffer(buf, start, staging, 0, size)
             if check:
-                self.asserts.record_copy(enc, sb.buffer, mapped - FLAG_BYTES)
+                self.asserts.record_copy(enc, staging, mapped - FLAG_BYTES)
             self._flush_locked()
-            sb.req = st.api.map_async(sb.buffer, MAP_READ, sb.size, self.last_submission)
-        return Download(st, sb, offset - start, nbytes, size, check)
+        promise = map_read_async(staging, mapped)
+        return Download(self, staging, promise, offset - start, nbytes, size, check)
 
     def read(self, buf, offset: int, nbytes: int) -> bytes:
         if nbytes == 0:
@@ -168,40 +191,37 @@ class HostTransfers:
             d.into(flat[lo:lo + d.nbytes])
         return out
 
+    def _return_staging(self, staging) -> None:
+        with self.lock:
+            if self._idle_bytes[0] + staging.size > STAGING_CACHE:
+                return
+            self._idle_bytes[0] += staging.size
+            self._idle_read.setdefault(staging.size, []).append(staging)
+
 
 class Download:
     """A device -> host copy in flight; take its bytes once (from any thread)."""
 
-    def __init__(self, staging, sb, skip, nbytes, size, check=False):
-        self._st, self._sb = staging, sb
+    def __init__(self, device, staging, promise, skip, nbytes, size, check=False):
+        self._d, self._s, self._p = device, staging, promise
         self._skip, self.nbytes, self._size = skip, nbytes, size
         self._check = check  # the device-side assert flag follows the data (runtime/asserts.py)
         self._flag_at = (size + 7) // 8 * 8
 
-    def _mapped(self) -> np.ndarray:
-        """Wait for the map; the copied bytes (raises a device-side assert that rode along,
-        with the buffer given back)."""
-        self._sb.wait(time.monotonic() + MAP_TIMEOUT)
-        if self._check:
-            try:
-                raise_if_set(self._sb.array(np.uint8, self._flag_at + FLAG_BYTES)[
-                    self._flag_at:].tobytes())
-            except Exception:
-                self._release()
-                raise
-        return self._sb.array(np.uint8, self._size)[self._skip:self._skip + self.nbytes]
-
-    def _release(self) -> None:
-        self._sb.unmap()
-        self._st.give_back(self._sb)
-
     def _take(self, convert):
-        view = self._mapped()
+        self._p.sync_wait()
+        flag = self._s.read_mapped(self._flag_at, FLAG_BYTES) if self._check else None
+        mv = self._s.read_mapped(0, self._size, copy=False)
         try:
-            return convert(view)
+            view = np.frombuffer(mv, dtype=np.uint8)[self._skip:self._skip + self.nbytes]
+            out = convert(view)
         finally:
-            del view
-            self._release()
+            del mv
+            self._s.unmap()
+            self._d._return_staging(self._s)
+        if flag is not None:
+            raise_if_set(flag)
+        return out
 
     def result(self) -> bytes:
         return self._take(lambda v: v.tobytes())
@@ -215,7 +235,16 @@ class Download:
     def mapped_array(self, dtype) -> np.ndarray:
         """A writable array over the mapped staging memory itself; the buffer is unmapped and
         pooled again when the array and every view of it are garbage."""
-        return np.asarray(_MappedHost(self, self._mapped(), dtype))
+        self._p.sync_wait()
+        if self._check:
+            try:
+                raise_if_set(self._s.read_mapped(self._flag_at, FLAG_BYTES))
+            except Exception:
+                self._s.unmap()
+                self._d._return_staging(self._s)
+                raise
+        return np.asarray(_MappedHost(self._d, self._s, self._size, self._skip, self.nbytes,
+                                      dtype))
 
     def into(self, out: np.ndarray) -> None:
         """Copy the bytes into a contiguous uint8 array of exactly nbytes."""
@@ -225,25 +254,25 @@ class Download:
 class Upload:
     """A mapped MAP_WRITE staging buffer being filled; ``commit`` or ``cancel`` it once."""
 
-    def __init__(self, device, sb, nbytes: int):
-        self._d, self._sb, self.nbytes = device, sb, nbytes
-        self._mv = sb.array(np.uint8, nbytes)
+    def __init__(self, device, staging, nbytes: int):
+        self._d, self._s, self.nbytes = device, staging, nbytes
+        self._mv = mapped_range(staging, nbytes)
 
     def view(self, dtype) -> np.ndarray:
-        return self._mv.view(dtype)
+        return np.frombuffer(self._mv, dtype)
 
     def _unmap(self) -> None:
         if self._mv is None:
             raise RuntimeError("this upload was already committed or cancelled")
         self._mv = None
-        self._sb.unmap()
+        self._s.unmap()
 
     def commit(self, buf, offset: int = 0) -> None:
         """Record the copy of the filled bytes into ``buf`` at ``offset``; views die here."""
         if self._d.recorder is not None and self._mv is not None:
-            self._d.recorder.write(buf, offset, self._mv)
+            self._d.recorder.write(buf, offset, self._mv[:self.nbytes])
         self._unmap()
-        self._d._commit_upload(self._sb, buf, offset, self.nbytes)
+        self._d._commit_upload(self._s, buf, offset, self.nbytes)
 
     def cancel(self) -> None:
         """Give the staging buffer up without copying (after a failure)."""
@@ -254,16 +283,19 @@ class _MappedHost:
     """Owns a mapped staging range. numpy views collapse their base to this object (not to an
     intermediate array), so it lives exactly as long as some view of the data."""
 
-    def __init__(self, download: Download, view: np.ndarray, dtype):
-        self._release = download._release
+    def __init__(self, device, staging, size: int, skip: int, nbytes: int, dtype):
+        self._d, self._s = device, staging
+        self._mv = mapped_range(staging, size)
+        ptr = np.frombuffer(self._mv, np.uint8).ctypes.data + skip
         dtype = np.dtype(dtype)
-        self.__array_interface__ = {"shape": (view.nbytes // dtype.itemsize,),
-                                    "typestr": dtype.str, "data": (view.ctypes.data, False),
-                                    "version": 3}
+        self.__array_interface__ = {"shape": (nbytes // dtype.itemsize,), "typestr": dtype.str,
+                                    "data": (ptr, False), "version": 3}
 
     def __del__(self):
         try:
-            self._release()
+            self._mv = None
+            self._s.unmap()
+            self._d._return_staging(self._s)
         except Exception:  # interpreter shutdown: the device may be gone already
             pass
 
@@ -303,8 +335,7 @@ class StagingBuffer:
         usage = (wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST if mode == MAP_READ
                  else wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
         self.staging, self.mode, self.size = staging, mode, size
-        dev = staging.device
-        self.buffer = dev.memory.create(dev.wgpu, size, usage=usage)
+        self.buffer = staging.device.wgpu.create_buffer(size=size, usage=usage)
         self.req = None
         self.mapped = False
 
@@ -342,7 +373,6 @@ class Staging:
         self.api = api()
         self._lock = threading.Lock()
         self._idle: dict[tuple, list] = {}
-        self._idle_bytes = {MAP_READ: 0, MAP_WRITE: 0}
         self._made: list = []  # weakrefs to every buffer made (tests check none stays mapped)
 
     def _new(self, mode: int, size: int) -> StagingBuffer:
@@ -359,7 +389,6 @@ class Staging:
         with self._lock:
             free = self._idle.get((MAP_READ, size))
             if free:
-                self._idle_bytes[MAP_READ] -= size
                 return free.pop()
         return self._new(MAP_READ, size)
 
@@ -372,7 +401,6 @@ class Staging:
             free = self._idle.get((MAP_WRITE, size))
             if free and (free[0].ready() or len(free) >= 2):
                 sb = free.pop(0)
-                self._idle_bytes[MAP_WRITE] -= size
         if sb is None:
             sb = self._new(MAP_WRITE, size)
             sb.req = self.api.map_async(sb.buffer, MAP_WRITE, size)
@@ -393,13 +421,11 @@ class Staging:
                 sb.req = self.api.map_async(sb.buffer, sb.mode, sb.size, index)
 
     def give_back(self, sb: StagingBuffer) -> None:
-        """Return a buffer: a READ one unmapped, a WRITE one mapped or with its map requested.
-        Past the caches' bounds it is dropped (wgpu frees it once its pending work is done)."""
+        """Return a buffer: a READ one unmapped, a WRITE one mapped or with its map requested."""
         with self._lock:
             free = self._idle.setdefault((sb.mode, sb.size), [])
-            if len(free) < MAX_IDLE and self._idle_bytes[sb.mode] + sb.size <= STAGING_CACHE:
+            if len(free) < MAX_IDLE:
                 free.append(sb)
-                self._idle_bytes[sb.mode] += sb.size
 
     def discard(self, held=(), timeout: float = 10.0) -> None:
         """After a failure: finish the map requests of ``held`` (buffers taken and not given
@@ -408,7 +434,6 @@ class Staging:
         with self._lock:
             bufs = [sb for free in self._idle.values() for sb in free]
             self._idle.clear()
-            self._idle_bytes = {MAP_READ: 0, MAP_WRITE: 0}
         for sb in [*held, *bufs]:
             if sb is None:
                 continue
