@@ -13,7 +13,7 @@ back to wgpu-py's public API (slower, same results). The features:
 - ``RawPass`` / ``RawReplay``: recording dispatches with three C calls each (wgpu-py's wrapper
   costs about a fifth of a small dispatch's host time);
 - ``trusted_module``: shaders compiled without wgpu's injected bounds checks;
-- ``timestamp_period_ns``; the staging API's wgpu-py fallback (``_WgpuPy``).
+- ``timestamp_period_ns``, ``mapped_range`` and ``map_read_async``.
 """
 from __future__ import annotations
 
@@ -75,6 +75,17 @@ def _load():
         return _Native(capi)
     except Exception:  # noqa: BLE001 - a header of another shape: use wgpu-py's API
         return None
+
+
+def mapped_range(buffer, size: int) -> memoryview:
+    """A writable memoryview of the first ``size`` bytes of a mapped buffer (no copy)."""
+    return buffer._experimental_get_mapped_range(0, size)
+
+
+def map_read_async(buffer, size: int):
+    """wgpu-py's promise of mapping ``buffer`` for reading, without the empty submit that its
+    public "READ" mode makes first to sync on (the copy into it was submitted just before)."""
+    return buffer.map_async("READ_NOSYNC" if c_api() else "READ", 0, size)
 
 
 def timestamp_period_ns(queue) -> float:
@@ -301,10 +312,8 @@ class _WgpuPy:
 
     def map_async(self, buffer, mode: int, size: int, index=None) -> MapRequest:
         req = MapRequest(buffer, mode, size, index)
-        # READ_NOSYNC: without the empty submit that the public "READ" mode makes first to
-        # sync on (the copy into the buffer was submitted just before)
-        read = "READ_NOSYNC" if c_api() else "READ"
-        req.status = buffer.map_async(read if mode == MAP_READ else "WRITE", 0, size)
+        req.status = (map_read_async(buffer, size) if mode == MAP_READ
+                      else buffer.map_async("WRITE", 0, size))
         return req
 
     def wait(self, device, req: MapRequest, deadline: float) -> None:
@@ -319,7 +328,7 @@ class _WgpuPy:
         return req.status is True or req.status._thread_event.is_set()
 
     def mapped_array(self, buffer, size: int, dtype=np.uint8) -> np.ndarray:
-        return np.frombuffer(buffer._experimental_get_mapped_range(0, size), dtype)
+        return np.frombuffer(mapped_range(buffer, size), dtype)
 
     def unmap(self, buffer) -> None:
         buffer.unmap()
