@@ -10,7 +10,7 @@ from gradcheck import check_grad
 import wgrumus as wr
 from wgrumus.nn.attention import scaled_dot_product_attention, unfused_attention
 from wgrumus.ops.attention import CPU_MAX_ROWS, flash_attention, fused_fits
-from wgrumus.ops.matmul import _is_cpu
+from wgrumus.runtime.adapters import is_cpu_adapter
 from wgrumus.runtime.errors import AdapterLimitError, ShapeError
 
 
@@ -155,7 +155,7 @@ def test_long_key_loop(dev, mode):
     got = flash_attention(wr.tensor(q), wr.tensor(k), wr.tensor(v)).numpy()
     np.testing.assert_allclose(got, ref(q.astype(np.float64), k, v, False), rtol=1e-4,
                                atol=1e-5)
-    if _is_cpu(dev):
+    if is_cpu_adapter(dev):
         long = wr.zeros((1, 70_000, d))
         with pytest.raises(AdapterLimitError, match="65,535 iterations"):
             flash_attention(wr.tensor(q), long, long)

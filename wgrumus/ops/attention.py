@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import no_grad, record
+from ..runtime.adapters import is_cpu_adapter
 from ..runtime.device import groups_1d
 from ..runtime.errors import AdapterLimitError, ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, copy_into, fill_
-from .matmul import _is_cpu
 from .nnops import row_mode
 from .precision import autocast_dtype
 from .shape import reshape
@@ -120,7 +120,7 @@ def prefer_fused(dev, n: int, d: int, Tq: int, Tk: int) -> bool:
 def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
     """Whether the fused kernel takes this head size and these lengths on ``dev`` (callers
     with another way, the unfused composition, pick it when not)."""
-    if _is_cpu(dev):
+    if is_cpu_adapter(dev):
         return d <= CPU_MAX_HEAD_DIM and max(Tq, Tk) <= CPU_MAX_ROWS
     return d <= MAX_HEAD_DIM
 

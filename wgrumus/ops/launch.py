@@ -10,6 +10,7 @@ import functools
 
 import numpy as np
 
+from ..runtime.adapters import is_cpu_adapter
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, check_same_device
@@ -156,8 +157,7 @@ def cpu_chunk(dev) -> int:
         return CPU_CHUNK
     chunk = getattr(dev, "_map_cpu_chunk", None)  # cached: every elementwise op asks
     if chunk is None:
-        from .matmul import _is_cpu
-        chunk = dev._map_cpu_chunk = CPU_CHUNK_DEFAULT if _is_cpu(dev) else 1
+        chunk = dev._map_cpu_chunk = CPU_CHUNK_DEFAULT if is_cpu_adapter(dev) else 1
     return chunk
 
 

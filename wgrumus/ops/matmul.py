@@ -5,6 +5,7 @@ import functools
 import math
 
 from ..autograd.tape import record
+from ..runtime.adapters import is_cpu_adapter
 from ..runtime.device import MAX_WG_PER_DIM, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
@@ -240,7 +241,7 @@ def _pick_tile(dev, M, N, nbatch) -> tuple:
     to fill the GPU, 4x4 (64x64 tiles) for small products so that they still spread over all
     cores. On CPU adapters this kernel runs only where forced (CPU_KERNEL False): 64x64
     tiles, fewer live registers per SIMD lane; _cpu_tile picks the CPU kernel's blocks."""
-    if _is_cpu(dev):
+    if is_cpu_adapter(dev):
         return 4, 16, 0
     big = nbatch * (-(-M // 128)) * (-(-N // 128))
     if M >= 128 and N >= 128 and big >= BIG_TILE_MIN:
@@ -312,7 +313,7 @@ def adapter_class(dev) -> str:
     """'cpu', 'nvidia', 'amd', 'intel', 'apple' or 'gpu': the key of MATMUL_TABLE."""
     cls = getattr(dev, "_adapter_class", None)
     if cls is None:
-        cls = "cpu" if _is_cpu(dev) else "gpu"
+        cls = "cpu" if is_cpu_adapter(dev) else "gpu"
         info = dev.adapter_info
         name = f"{info.get('vendor', '')} {info.get('device', '')}".lower()
         for c, ids in (("nvidia", (0x10DE,)), ("amd", (0x1002, 0x1022)), ("intel", (0x8086,)),
@@ -333,10 +334,6 @@ def _pick_variant(dev, M, N, nbatch, f16: bool) -> dict | None:
     return None
 
 
-def _is_cpu(dev) -> bool:
-    return str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
-
-
 # CPU adapters (shaders/matmul_cpu.wgsl): outputs per invocation (TM x TN) and invocations per
 # workgroup (WGX along n, WGY along m), from benchmarks/_cpu_sweep.py on lavapipe (AVX2).
 # K per pass of the CPU kernel (element-wise, vec4): llvmpipe ends an invocation's loops after
@@ -353,7 +350,7 @@ CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 
 
 
 def use_cpu_kernel(dev) -> bool:
-    return _is_cpu(dev) if CPU_KERNEL is None else CPU_KERNEL
+    return is_cpu_adapter(dev) if CPU_KERNEL is None else CPU_KERNEL
 
 
 def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:

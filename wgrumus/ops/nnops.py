@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..runtime.adapters import is_cpu_adapter
 from ..runtime.asserts import CODES
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
@@ -48,8 +49,7 @@ def row_mode(dev) -> str:
         return ROW_MODE
     mode = getattr(dev, "_nn_row_mode", None)
     if mode is None:
-        cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
-        mode = dev._nn_row_mode = "thread" if cpu else "wg"
+        mode = dev._nn_row_mode = "thread" if is_cpu_adapter(dev) else "wg"
     return mode
 
 

@@ -17,6 +17,7 @@ import math
 
 from ..autograd.tape import no_grad
 from ..ops.creation import zeros
+from ..runtime.adapters import is_cpu_adapter
 from ..runtime.capture import refuse
 from ..runtime.kernels import Kernel, multi_tensor_decls, multi_tensor_kernel
 from .optimizer import Optimizer, launch
@@ -152,8 +153,7 @@ def cpu_chunk(dev) -> int:
     """Elements per invocation of the multi-tensor update on ``dev`` (1: the GPU entry)."""
     if CPU_CHUNK is not None:
         return CPU_CHUNK
-    from ..ops.matmul import _is_cpu
-    return CPU_CHUNK_DEFAULT if _is_cpu(dev) else 1
+    return CPU_CHUNK_DEFAULT if is_cpu_adapter(dev) else 1
 
 
 _ARRAYS = "P:read_write G:read M:read_write V:read_write"

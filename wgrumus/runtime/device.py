@@ -18,6 +18,7 @@ import threading
 import numpy as np
 import wgpu
 
+from .adapters import is_cpu_adapter
 from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
@@ -61,7 +62,7 @@ class Device(HostTransfers):
         if logical:
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
-        cpu = str(info.get("adapter_type", "")).lower() == "cpu"  # memory is host memory
+        cpu = is_cpu_adapter(self)  # memory is host memory
         feats = [f for f in _OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
