@@ -1,6 +1,7 @@
 """Device staging paths: mapped uploads (chunked), zero-copy and chunked downloads, the
 bind-group cache and parameter packing. Chunk sizes are shrunk so small arrays take every path."""
 import gc
+import struct
 
 import numpy as np
 import pytest
@@ -88,9 +89,10 @@ def test_bind_groups_are_cached(dev):
 
 
 def test_pack_params():
-    fmt, vals = dm._pack([1, -1, 2.5, np.float32(0.5), np.int64(7)])
-    assert fmt == "<IIffI" and vals == [1, 0xFFFFFFFF, 2.5, 0.5, 7]
-    fmt, vals = dm._pack([3, 4])
-    assert fmt == "<II" and vals == [3, 4]
+    buf = bytearray(dm.SLOT)
+    dm.pack_words(buf, 0, [1, -1, 2.5, np.float32(0.5), np.int64(7)])
+    assert struct.unpack_from("<IIffI", buf) == (1, 0xFFFFFFFF, 2.5, 0.5, 7)
+    dm.pack_words(buf, 0, [3, 4])
+    assert struct.unpack_from("<II", buf) == (3, 4)
     with pytest.raises(wr.runtime.errors.KernelError):
-        dm._pack(list(range(65)))
+        dm.pack_words(buf, 0, list(range(65)))

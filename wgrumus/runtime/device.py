@@ -203,14 +203,13 @@ class Device(HostTransfers):
         if max(gx, gy, gz) > MAX_WG_PER_DIM:
             raise KernelError(f"dispatch {groups} exceeds {MAX_WG_PER_DIM} workgroups per "
                               "dimension")
-        fmt, vals = _pack(params)
         with self.lock:
             pipe, layout, dynamic = self.pipeline(kernel, len(buffers))
             if self._slots == ARENA_SLOTS:
                 self._flush_locked()
             slot = self._slots
             self._slots += 1
-            struct.pack_into(fmt, self._params_bytes, slot * SLOT, *vals)
+            pack_words(self._params_bytes, slot * SLOT, params)
             if self.recorder is not None:
                 self.recorder.dispatch(pipe, layout, dynamic, buffers,
                                        bytes(self._params_bytes[slot * SLOT:(slot + 1) * SLOT]),
@@ -304,24 +303,22 @@ def groups_1d(n: int, wg: int = 256) -> tuple:
     return (gx, gy, 1)
 
 
-_FMT_CACHE: dict = {}
+_FORMATS: dict = {}  # the value types of a parameter list -> its struct format
 
 
-def _pack(params):
-    """(struct format, values) that write the parameter words: floats as f32 bits, ints
-    (also negative ones) as their low 32 bits."""
-    n = len(params)
-    if n > SLOT // 4:
-        raise KernelError(f"{n} parameter words exceed the {SLOT // 4}-word slot")
-    try:  # all ints: the common case, one pass
-        return _FMT_CACHE[n], [v & 0xFFFFFFFF for v in params]
-    except TypeError:
-        pass
-    except KeyError:
-        _FMT_CACHE[n] = "<" + "I" * n
-        return _pack(params)
-    kinds = tuple(isinstance(v, (float, np.floating)) for v in params)
-    fmt = _FMT_CACHE.get(kinds)
+def pack_words(buf, offset: int, params) -> None:
+    """Write the parameter words into ``buf`` at ``offset``: floats as f32 bits, ints (negative
+    ones too) as their low 32 bits. The format is found once per list of value types (a
+    kernel's words keep their types from call to call)."""
+    types = tuple(map(type, params))
+    fmt = _FORMATS.get(types)
     if fmt is None:
-        fmt = _FMT_CACHE[kinds] = "<" + "".join("f" if k else "I" for k in kinds)
-    return fmt, [float(v) if k else int(v) & 0xFFFFFFFF for v, k in zip(params, kinds)]
+        if len(params) > SLOT // 4:
+            raise KernelError(f"{len(params)} parameter words exceed the {SLOT // 4}-word slot")
+        fmt = _FORMATS[types] = "<" + "".join(
+            "f" if issubclass(t, (float, np.floating)) else "I" for t in types)
+    try:
+        struct.pack_into(fmt, buf, offset, *params)
+    except struct.error:  # a negative (or wider) int: its low 32 bits
+        struct.pack_into(fmt, buf, offset, *[
+            v if isinstance(v, (float, np.floating)) else int(v) & 0xFFFFFFFF for v in params])

@@ -10,12 +10,10 @@ single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch
 """
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import wgpu
 
-from .device import SLOT, _pack
+from .device import SLOT, pack_words
 from .native import RawReplay, c_api
 
 _PASS, _COPY = RawReplay.PASS, RawReplay.COPY
@@ -32,7 +30,7 @@ class Replay:
             | (wgpu.BufferUsage.STORAGE if dev.params_in_storage else 0))
         self._words = np.zeros((max(n, 1), SLOT // 4), np.uint32)
         self._bytes = memoryview(self._words).cast("B")
-        self._refresh = []  # [slot, callable, struct format of its words (known after one call)]
+        self._refresh = []  # (slot, callable)
         self._keep = []  # wgpu objects the encoded commands use
         bind_groups, segs, cur, slot = {}, [], None, 0
         for op in ops:
@@ -40,7 +38,7 @@ class Replay:
                 _, pipe, layout, dynamic, bufs, words, groups, refresh = op
                 self._words[slot] = np.frombuffer(words, np.uint32)
                 if refresh is not None:
-                    self._refresh.append([slot, refresh, None])
+                    self._refresh.append((slot, refresh))
                 if dynamic:
                     bg = bind_groups.get((layout, *bufs))
                     if bg is None:
@@ -82,8 +80,8 @@ class Replay:
         with dev.lock:
             dev._flush_locked()  # eager work recorded so far runs first
             if self._refresh:
-                for r in self._refresh:
-                    self._write_words(r)
+                for slot, fn in self._refresh:
+                    pack_words(self._bytes, slot * SLOT, fn())
                 lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
                 dev.queue.write_buffer(self._arena, lo * SLOT, self._words[lo:hi])
             enc = dev.wgpu.create_command_encoder()
@@ -93,20 +91,6 @@ class Replay:
                 self._encode_api(enc, before, after)
             dev._submit(enc.finish())
             dev.dispatches += self.dispatches
-
-    def _write_words(self, r) -> None:
-        """A refreshed slot's words: the words keep their types from replay to replay, so the
-        format found once packs them directly (the general _pack costs ~1 us per word)."""
-        slot, fn, fmt = r
-        vals = fn()
-        if fmt is not None:
-            try:
-                struct.pack_into(fmt, self._bytes, slot * SLOT, *vals)
-                return
-            except struct.error:  # a negative int or a type change: the general path
-                pass
-        r[2], vals = _pack(vals)
-        struct.pack_into(r[2], self._bytes, slot * SLOT, *vals)
 
     def _pass(self, enc):
         timer = self.device._timer
