@@ -4,7 +4,7 @@ validation and resource tracking of the recorded commands), the queue submit, an
 ``step()`` call (input copies, parameter refresh, outputs). Also the cost of one bare C call,
 the floor a Python loop over C calls cannot go below.
 
-    python benchmarks/replay_cost.py [--model gpt|mlp] [--quick] [--reps 200]
+    python benchmarks/replay_cost.py [--model gpt|mlp] [--quick] [--reps 200] [--warmup 3]
 
 On a CPU adapter (lavapipe) the GPU work runs on the same cores, so only the encode and finish
 columns mean what they say there.
@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--model", default="gpt", choices=("gpt", "mlp"))
     ap.add_argument("--quick", action="store_true", help="the small shapes of train_step --quick")
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds of replays before timing")
     args = ap.parse_args()
     import wgrumus as wr
     from wgrumus.runtime.replay import Replay
@@ -36,9 +37,11 @@ def main() -> int:
     quick = args.quick or dev.adapter_info.get("adapter_type", "").lower() == "cpu"
     cfg = (ts.QUICK if quick else ts.FULL)[args.model]
     step, loss, _ = ts.wgrumus_step(args.model, cfg, dev, jit=True)
-    for _ in range(4):
+    t0, k = time.perf_counter(), 0  # seconds of replays first: the host's clocks ramp up too
+    while k < 4 or time.perf_counter() - t0 < args.warmup:
         step()
-    loss()
+        loss()
+        k += 1
     import gc
     rep = next(o for o in gc.get_objects() if isinstance(o, Replay))
     n = rep.dispatches
