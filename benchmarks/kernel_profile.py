@@ -1,0 +1,117 @@
+"""Where a training step's GPU time goes, per kernel: the step is captured with ``wr.jit``, then its
+recording is replayed with one compute pass per dispatch, each pass timestamped at its start
+and end. Prints, per kernel family and specialisation, the calls per step, GPU ms per step and
+share of the step, largest first; and the whole step's GPU time in one pass per segment (as a
+replay runs it), so the per-dispatch passes' own overhead is visible.
+
+    python benchmarks/kernel_profile.py [--model gpt|gpt2s|mlp] [--quick] [--reps 5] [--top 25]
+
+Needs the adapter's 'timestamp-query' feature (the H100 has it; lavapipe too).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("WGRUMUS_DEVICES", "1")
+
+import train_step as ts  # noqa: E402
+
+KEEP = ("TILEM", "TILEN", "BK", "SPLIT", "MODE", "BR", "BC", "WG", "VEC")  # defines worth a column
+
+
+def kernel_names(dev) -> dict:
+    """id(pipeline) -> 'family:entry' plus the few defines that tell specialisations apart."""
+    names = {}
+    for (key, _nbuf), (pipe, _layout, _dyn) in dev._pipelines.items():
+        family, entry, defines = key
+        extra = " ".join(f"{k}={v}" for k, v in defines if k in KEEP)
+        names[id(pipe)] = f"{family}:{entry}" + (f" [{extra}]" if extra else "")
+    return names
+
+
+def per_dispatch_seconds(dev, rep) -> list[tuple[object, float]]:
+    """(pipeline, GPU seconds) for every dispatch of one replay, each in its own timed pass."""
+    import wgpu
+
+    from wgrumus.runtime.native import RawReplay, timestamp_period_ns
+    items = [d for kind, body in rep._segs if kind == RawReplay.PASS for d in body]
+    chunk = 2048  # passes per query set (4096 queries)
+    out = []
+    for lo in range(0, len(items), chunk):
+        part = items[lo:lo + chunk]
+        qs = dev.wgpu.create_query_set(type=wgpu.QueryType.timestamp, count=2 * len(part))
+        res = dev.wgpu.create_buffer(size=16 * len(part), usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                     | wgpu.BufferUsage.COPY_SRC)
+        enc = dev.wgpu.create_command_encoder()
+        for k, (pipe, bg, offs, gx, gy, gz) in enumerate(part):
+            cp = enc.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": 2 * k,
+                "end_of_pass_write_index": 2 * k + 1})
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, bg, offs)
+            cp.dispatch_workgroups(gx, gy, gz)
+            cp.end()
+        enc.resolve_query_set(qs, 0, 2 * len(part), res, 0)
+        with dev.lock:
+            dev._flush_locked()
+            dev._submit(enc.finish())
+        ticks = np.frombuffer(dev.read(res, 0, 16 * len(part)), np.uint64).reshape(-1, 2)
+        ns = np.clip(ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64), 0, None)
+        out += [(p[0], float(t) * timestamp_period_ns(dev.queue) * 1e-9)
+                for p, t in zip(part, ns)]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="gpt", choices=("gpt", "gpt2s", "mlp"))
+    ap.add_argument("--quick", action="store_true", help="train_step --quick's small shapes")
+    ap.add_argument("--reps", type=int, default=5, help="profiled replays (median per dispatch)")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    import gc
+
+    import wgrumus as wr
+    from wgrumus.runtime.gpu_timer import GpuTimer
+    from wgrumus.runtime.replay import Replay
+    dev = wr.devices()[0]
+    if "timestamp-query" not in dev.features:
+        print(f"{dev.name} has no 'timestamp-query': no per-kernel GPU times here")
+        return 1
+    cfg = (ts.QUICK if args.quick else ts.FULL)[args.model]
+    step, loss, _ = ts.wgrumus_step(args.model, cfg, dev, jit=True)
+    for _ in range(4):
+        step()
+    loss()
+    rep = next(o for o in gc.get_objects() if isinstance(o, Replay) and o.device is dev)
+    names = kernel_names(dev)
+    runs = [per_dispatch_seconds(dev, rep) for _ in range(args.reps)]
+    with GpuTimer(dev) as t:  # the step as replays run it, for comparison
+        for _ in range(args.reps):
+            step()
+    loss()
+    per = [statistics.median(r[k][1] for r in runs) for k in range(len(runs[0]))]
+    rows = collections.defaultdict(lambda: [0, 0.0])
+    for (pipe, _), s in zip(runs[0], per):
+        row = rows[names.get(id(pipe), "?")]
+        row[0] += 1
+        row[1] += s
+    total = sum(per)
+    print(f"kernel profile on {dev.name}: {args.model} ({'quick' if args.quick else 'full'}), "
+          f"{len(per)} dispatches; sum of per-dispatch passes {1e3 * total:.2f} ms, "
+          f"the replayed step {1e3 * t.seconds / args.reps:.2f} ms GPU")
+    print(f"{'kernel':58} {'calls':>5} {'ms':>8} {'share':>6}")
+    for name, (calls, s) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:args.top]:
+        print(f"{name[:58]:58} {calls:5d} {1e3 * s:8.3f} {100 * s / total:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
