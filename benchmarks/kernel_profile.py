@@ -5,6 +5,9 @@ share of the step, largest first; and the whole step's GPU time in one pass per 
 replay runs it), so the per-dispatch passes' own overhead is visible.
 
     python benchmarks/kernel_profile.py [--model gpt|gpt2s|mlp] [--quick] [--reps 5] [--top 25]
+                                        [--shapes]
+
+With --shapes, matmul rows are split by product (M x N x K, grid), the rest by grid.
 
 Needs the adapter's 'timestamp-query' feature (the H100 has it; lavapipe too).
 """
@@ -23,7 +26,7 @@ os.environ.setdefault("WGRUMUS_DEVICES", "1")
 
 import train_step as ts  # noqa: E402
 
-KEEP = ("TILEM", "TILEN", "BK", "SPLIT", "MODE", "BR", "BC", "WG", "VEC")  # defines worth a column
+KEEP = ("TILEM", "TILEN", "BK", "SPLIT", "AM", "BM", "AK", "BR", "BC", "WG", "VEC")  # shown
 
 
 def kernel_names(dev) -> dict:
@@ -37,7 +40,8 @@ def kernel_names(dev) -> dict:
 
 
 def per_dispatch_seconds(dev, rep) -> list[tuple[object, float]]:
-    """(pipeline, GPU seconds) for every dispatch of one replay, each in its own timed pass."""
+    """((pipeline, grid), GPU seconds) for every dispatch of one replay, each in its own
+    timed pass."""
     import wgpu
 
     from wgrumus.runtime.native import RawReplay, timestamp_period_ns
@@ -64,7 +68,7 @@ def per_dispatch_seconds(dev, rep) -> list[tuple[object, float]]:
             dev._submit(enc.finish())
         ticks = np.frombuffer(dev.read(res, 0, 16 * len(part)), np.uint64).reshape(-1, 2)
         ns = np.clip(ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64), 0, None)
-        out += [(p[0], float(t) * timestamp_period_ns(dev.queue) * 1e-9)
+        out += [((p[0], p[3:]), float(t) * timestamp_period_ns(dev.queue) * 1e-9)
                 for p, t in zip(part, ns)]
     return out
 
@@ -75,6 +79,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="train_step --quick's small shapes")
     ap.add_argument("--reps", type=int, default=5, help="profiled replays (median per dispatch)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--shapes", action="store_true", help="a row per matmul shape / grid")
     args = ap.parse_args()
     import gc
 
@@ -99,17 +104,22 @@ def main() -> int:
     loss()
     per = [statistics.median(r[k][1] for r in runs) for k in range(len(runs[0]))]
     rows = collections.defaultdict(lambda: [0, 0.0])
-    for (pipe, _), s in zip(runs[0], per):
-        row = rows[names.get(id(pipe), "?")]
+    for k, (((pipe, grid), _), s) in enumerate(zip(runs[0], per)):
+        name = names.get(id(pipe), "?")
+        if args.shapes:
+            m, n, kk = (int(w) for w in rep._words[k][:3])
+            name += f" {m}x{n}x{kk} {grid}" if name.startswith("matmul") else f" {grid}"
+        row = rows[name]
         row[0] += 1
         row[1] += s
     total = sum(per)
     print(f"kernel profile on {dev.name}: {args.model} ({'quick' if args.quick else 'full'}), "
           f"{len(per)} dispatches; sum of per-dispatch passes {1e3 * total:.2f} ms, "
           f"the replayed step {1e3 * t.seconds / args.reps:.2f} ms GPU")
-    print(f"{'kernel':58} {'calls':>5} {'ms':>8} {'share':>6}")
+    w = 90 if args.shapes else 58
+    print(f"{'kernel':{w}} {'calls':>5} {'ms':>8} {'share':>6}")
     for name, (calls, s) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:args.top]:
-        print(f"{name[:58]:58} {calls:5d} {1e3 * s:8.3f} {100 * s / total:5.1f}%")
+        print(f"{name[:w]:{w}} {calls:5d} {1e3 * s:8.3f} {100 * s / total:5.1f}%")
     return 0
 
 
