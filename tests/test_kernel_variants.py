@@ -113,6 +113,27 @@ def test_variant_table_picks_per_adapter_class(monkeypatch):
         assert all(name in mm.VARIANTS or name == "default" for _, name in rows)
 
 
+
+def test_shipped_matmul_rules_follow_the_measured_shapes():
+    """The NVIDIA f32 rules pick what the H100 measured best for the GPT-2-width products:
+    split-K for few output tiles over a long K, 128x64 tiles for 64-wide or two-wave outputs,
+    128x128 only with enough of them; every rule names a variant."""
+    nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
+    pick = lambda M, N, K, nb=1: next(k for k, v in mm.VARIANTS.items()
+                                      if v is mm._pick_variant(nv, M, N, nb, False, K))
+    assert pick(768, 3072, 4096) == "t64s2"  # weight gradient: 576 64x64 tiles, K 4096
+    assert pick(768, 768, 4096) == "t64s4"  # 144 tiles: as many slices as there are names
+    assert pick(4096, 768, 3072) == "t128x64"  # 192 128x128 tiles: under two waves
+    assert pick(4096, 3072, 768) == pick(2048, 2048, 2048) == "t128k16ak"
+    assert pick(512, 64, 512, nb=96) == "t128x64"  # a 128-wide tile would be half padding
+    assert pick(4096, 65, 768) == "t64e"  # too little to fill either big tile
+    assert pick(512, 512, 512) == "t64s2"
+    for rows in mm.MATMUL_TABLE.values():
+        for row in rows:
+            names = row[-1] if isinstance(row[-1], tuple) else (row[-1],)
+            assert all(n in mm.VARIANTS for n in names), row
+
+
 # --------------------------------------------------------------------------- row ops
 
 @pytest.fixture(params=list(rowops.ROW_VARIANTS))

@@ -299,12 +299,21 @@ VARIANTS = {
     "h128x256akf4": dict(tm=8, tn=16, bk=8, swz=8, exact=True, half=True, ak=True, fe=4),
 }
 
-# Which variant runs, per (adapter class, operand dtype): rows of (largest nbatch * M * N,
-# variant name), the first row the product fits wins; no row, no entry or the name "default":
-# _pick_tile's choice. Filled from the sweep's "best" lines (H100, 2026-11-23,
-# benchmarks/results/h100_kernel_sweep_20261123.txt); other GPUs keep the default until measured.
+# Which variant runs, per (adapter class, operand dtype): rules tried in order, the first that
+# matches names the variant ("default": _pick_tile's kernel; no entry or no match: the default):
+#   (bound, name)                       nbatch * M * N <= bound
+#   ("split", min_k, below, want, names) K >= min_k and fewer than ``below`` 64x64 output tiles:
+#                                       split-K, s = ceil(want / tiles) slices (capped by the
+#                                       names, which are for s = 2, 3, ...)
+#   ("tile", tm, tn, min_groups, name)  a tm x tn tile leaves >= min_groups workgroups and fills
+#                                       >= 3/4 of its padded output
+# NVIDIA f32 from the H100 sweep (square sizes) and the GPT-2-width step's own products
+# (BENCHMARKS.md): few output tiles over a long K (weight gradients) want split-K, 128x128 tiles
+# pay only with >= ~2 waves of them, 64-wide outputs (attention heads) want 128x64 tiles.
 MATMUL_TABLE: dict = {
-    ("nvidia", "f32"): ((262144, "t64s2"), (1048576, "t128x64"), (1 << 62, "t128k16ak")),
+    ("nvidia", "f32"): ((262144, "t64s2"), ("split", 2048, 600, 800, ("t64s2", "t64s3", "t64s4")),
+                        ("tile", 128, 128, 240, "t128k16ak"), ("tile", 128, 64, 128, "t128x64"),
+                        (1 << 62, "t64e")),
     ("nvidia", "f16"): ((262144, "t64s2"), (1048576, "h64k32"), (1 << 62, "h64")),
 }
 
@@ -324,13 +333,21 @@ def adapter_class(dev) -> str:
     return cls
 
 
-def _pick_variant(dev, M, N, nbatch, f16: bool) -> dict | None:
-    if not MATMUL_TABLE:
-        return None
+def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
     rows = MATMUL_TABLE.get((adapter_class(dev), "f16" if f16 else "f32"), ())
-    for most, name in rows:
-        if nbatch * M * N <= most:
-            return VARIANTS.get(name)  # "default": _pick_tile's kernel
+    groups = lambda tm, tn: nbatch * -(-M // tm) * -(-N // tn)
+    for row in rows:
+        if row[0] == "split":
+            _, min_k, below, want, names = row
+            t64 = groups(64, 64)
+            if K >= min_k and t64 < below:
+                return VARIANTS[names[min(len(names) + 1, -(-want // t64)) - 2]]
+        elif row[0] == "tile":
+            _, tm, tn, min_groups, name = row
+            if groups(tm, tn) >= min_groups and 4 * M * N >= 3 * groups(tm, tn) * tm * tn // nbatch:
+                return VARIANTS.get(name)
+        elif nbatch * M * N <= row[0]:
+            return VARIANTS.get(row[1])
     return None
 
 
@@ -489,7 +506,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
     if tile is None:
-        v = _pick_variant(a.device, M, N, nbatch, f16)
+        v = _pick_variant(a.device, M, N, nbatch, f16, K)
     if v is None:
         tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
         v = dict(tm=tm, bk=bk, swz=rest[0] if rest else 0, pad=rest[1] if len(rest) > 1 else 1)
