@@ -127,12 +127,41 @@ def bench_rows(rows, dev, r, L, th):
     for name, ours_fn, np_fn, t_fn in (
             ("softmax", lambda: nnops.softmax(x, -1), np_softmax,
              lambda: th.softmax(xt, -1)),
+            ("log_softmax", lambda: nnops.log_softmax(x, -1), lambda: np.log(np_softmax()),
+             lambda: th.log_softmax(xt, -1)),
             ("layer_norm", lambda: nnops.layer_norm(x, (L,), w, bias), np_ln,
              lambda: th.nn.functional.layer_norm(xt, (L,)))):
         ours = nbytes / timeit(ours_fn, dev.synchronize) / 1e9
         ref_np = nbytes / timeit(np_fn) / 1e9
         ref_t = nbytes / timeit(t_fn, th.cuda.synchronize) / 1e9 if th is not None else None
         rows.add(name, f"{r}x{L}", "GB/s", ours, ref_np, ref_t)
+
+
+def bench_adam(rows, dev, n, th):
+    """One AdamW step over n parameters: GB/s counting its traffic (read parameter, gradient
+    and both moments, write parameter and moments: 7 x 4 bytes per parameter); torch's fused
+    AdamW on the same data. numpy: the same update in whole-array operations."""
+    import wgrumus as wr
+    p = wr.nn.Parameter(wr.randn((n,), device=dev, seed=4))
+    p.grad = wr.randn((n,), device=dev, seed=5)
+    opt = wr.optim.AdamW([p], lr=1e-3)
+    nbytes = 7 * 4 * n
+    ours = nbytes / timeit(opt.step, dev.synchronize) / 1e9
+    pn, gn = p.numpy(), p.grad.numpy()
+    m, v = np.zeros_like(pn), np.zeros_like(pn)
+
+    def np_step():
+        m[:] = 0.9 * m + 0.1 * gn
+        v[:] = 0.999 * v + 0.001 * gn * gn
+        pn[:] -= 1e-3 * (m / (np.sqrt(v) + 1e-8) + 0.01 * pn)
+    ref_np = nbytes / timeit(np_step) / 1e9
+    ref_t = None
+    if th is not None:
+        pt = th.nn.Parameter(th.from_numpy(pn.copy()).cuda())
+        pt.grad = th.from_numpy(gn).cuda()
+        topt = th.optim.AdamW([pt], lr=1e-3, fused=True)
+        ref_t = nbytes / timeit(topt.step, th.cuda.synchronize) / 1e9
+    rows.add("adamw", f"{n}", "GB/s", ours, ref_np, ref_t)
 
 
 def bench_staging(rows, dev, mb, th):
@@ -300,8 +329,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--sizes", help="matmul sizes, comma separated (default 256..4096)")
     p.add_argument("--mb", type=int, help="staging transfer size in MiB (default 256)")
-    p.add_argument("--only", default="matmul,add,rows,attention,staging,submit",
-                   help="comma separated subset of: matmul,add,rows,attention,staging,submit")
+    p.add_argument("--only", default="matmul,add,rows,adam,attention,staging,submit",
+                   help="comma separated subset of: matmul,add,rows,adam,attention,staging,"
+                        "submit")
     a = p.parse_args(argv)
     import wgrumus as wr
     dev = wr.devices()[0]
@@ -326,6 +356,8 @@ def main(argv=None) -> int:
         bench_elementwise(rows, dev, (1 << 20) if quick else (1 << 26), th)
     if "rows" in only:
         bench_rows(rows, dev, 1024 if quick else 16384, 1024, th)
+    if "adam" in only:
+        bench_adam(rows, dev, (1 << 20) if quick else (1 << 26), th)
     if "attention" in only:
         bench_attention(rows, dev, quick, th)
     if "staging" in only:
