@@ -100,9 +100,6 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
     jit = bool(getattr(args, "jit", False))
-    if jit and model != "gpt" and layout.pp > 1:
-        raise UsageError(f"captured steps (--jit) do not compose with the {model} pipeline "
-                         f"(--pp {layout.pp}) yet; drop --jit or use --pp 1")
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)

@@ -108,7 +108,7 @@ class PipelineTrainer(TrainerBase):
             self.replicas.append(model)
             self.stages.append(stages)
             self.execs.append(PipelineExecutor(stages, lay.micro_batches, schedule=lay.schedule,
-                                               timeout=120.0))
+                                               timeout=120.0, jit=cfg.jit))
             # a stage of parameter-free layers only (e.g. a lone ReLU) has no optimizer
             # clip=False: the stages clip together, with the norm over all of them
             self.opts.append([task.make_optimizer(st.parameters(), clip=False)

@@ -70,8 +70,8 @@ class Replay:
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._raw = [RawReplay(c_api(), p, n) if dev._raw is not None else None
-                     for p in self._parts[::2]]
+        self._raw = None if dev._raw is None else [RawReplay(c_api(), p, n)
+                                                    for p in self._parts[::2]]
 
     def _bind_group(self, layout, bufs, offset):
         entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
@@ -99,9 +99,8 @@ class Replay:
                 if not (self._parts[i] or pre or post):
                     continue
                 enc = dev.wgpu.create_command_encoder()
-                raw = self._raw[i // 2]
-                if raw is not None:
-                    raw.encode(enc, self._pass, pre, post)
+                if self._raw is not None:
+                    self._raw[i // 2].encode(enc, self._pass, pre, post)
                 else:
                     self._encode_api(enc, self._parts[i], pre, post)
                 dev._submit(enc.finish())
