@@ -464,6 +464,7 @@ class PipelineExecutor:
         grads = {k: [st.get(p) for p in self.stages[k].parameters()]
                  for k, st in runner.stores.items()}
         return grads, feed.losses
+
     def __repr__(self) -> str:
         return (f"PipelineExecutor({len(self.stages)} stages, m={self.num_micro_batches}, "
                 f"schedule={self.schedule.name!r})")
