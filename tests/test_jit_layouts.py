@@ -15,7 +15,7 @@ STEPS = 4  # warm-up, capture, two replays
 LAYOUTS = [  # (arguments, ranks or stage threads that replay)
     (GPT + ["--dp", "2", "--clip", "0.5"], 2),
     (GPT + ["--tp", "2", "--clip", "0.5", "--lr-schedule", "cosine", "--warmup", "2"], 2),
-    (GPT + ["--pp", "2", "--schedule", "gpipe"], 2),
+    (GPT + ["--pp", "2", "--schedule", "gpipe", "--activation-checkpointing"], 2),
     (GPT + ["--pp", "2", "--schedule", "1f1b", "--clip", "0.5"], 2),
     (GPT + ["--pp", "2", "--schedule", "interleaved", "--n-layer", "4"], 2),
     (GPT + ["--pp", "2", "--schedule", "zb-h1", "--optimizer", "sgd"], 2),

@@ -28,7 +28,7 @@ from ...autograd import (
     no_grad,
     take_tape,
 )
-from ...runtime.capture import paused
+from ...tensor import activation_leaf
 from .actions import BACKWARD, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, Action
 
 __all__ = ["StageRunner", "ScheduleExecutionError"]
@@ -88,8 +88,7 @@ class StageRunner:
         if k > 0:
             x = self._take(a, RECV_F, k).detach()
             if x.dtype.kind == "f" and x.dtype.itemsize == 4:
-                with paused():  # an activation, not a parameter: fine inside a wr.jit capture
-                    x.requires_grad_(True)
+                activation_leaf(x)
         install_tape(Tape())
         try:
             out = self.work.forward(a, k, x)
