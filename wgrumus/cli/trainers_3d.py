@@ -5,7 +5,9 @@ schedule (any of gpipe, 1f1b, interleaved, zb-h1) each step, averages gradients 
 data-parallel group only, and steps its own optimizer on its shards. Ranks are long-lived:
 threads started once through dist.spawn that take one command at a time ("step", "state",
 "load", "stats"), or, under mpiexec, this process itself. Checkpoints are dense (shards
-gathered with the TP shard plan), so a run can be resumed in another layout.
+gathered with the TP shard plan), so a run can be resumed in another layout. With --jit each
+rank replays its whole step from a wr.jit capture of its device; the pipeline sends and
+receives and the TP / DP all-reduces run between the replayed segments (capture.host_op).
 """
 from __future__ import annotations
 

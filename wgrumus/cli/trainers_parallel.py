@@ -5,7 +5,8 @@ DataParallelTrainer: distributed.DataParallel (one replica per device, bucketed 
 overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
 dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
 concurrently, each averaging its gradients over the replicas with the one GradientAverager (a
-group per stage piece) before every replica steps, so replicas stay identical.
+group per stage piece) before every replica steps, so replicas stay identical. --jit: DataParallel's
+replicas, and each pipeline stage thread, replay their device work from wr.jit captures.
 """
 from __future__ import annotations
 

@@ -277,6 +277,9 @@ class ProcessGroup:
         the data) or an array/Tensor of the expected shape and dtype (checked)."""
         if _captured(x):
             return capture.host_op(x.device, lambda t: self.broadcast(t, root, strategy), x)
+        if x is None and capture.recording(self.device):
+            capture.refuse("broadcast(None) on a non-root rank", "its result would be a "
+                           "constant of the capture; pass a tensor of the expected shape")
         root = self._check_rank(root, "root")
         if strategy is None and (out := on_devices(self, "broadcast", x, root=root)) is not None:
             return out
