@@ -34,8 +34,10 @@ def _losses(capsys, args, jit):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("args,replaying", LAYOUTS, ids=[
     " ".join(a[:1] + a[len(GPT):]) if a[0] == "gpt" else " ".join(a) for a, _ in LAYOUTS])
-def test_jit_gives_the_eager_losses_in_every_layout(capsys, monkeypatch, args, replaying):
+def test_jit_gives_the_eager_losses_in_every_layout(capsys, monkeypatch, devs, args,
+                                                    replaying):
     eager = _losses(capsys, args, False)
+    pinned = [d.pool.stats()["pinned"] for d in devs]
     runs = []
     real = Replay.run
 
@@ -45,6 +47,7 @@ def test_jit_gives_the_eager_losses_in_every_layout(capsys, monkeypatch, args, r
     monkeypatch.setattr(Replay, "run", counted)
     jitted = _losses(capsys, args, True)
     assert len(runs) == replaying * (STEPS - 2) and len(set(runs)) == replaying
+    assert [d.pool.stats()["pinned"] for d in devs] == pinned  # closing freed the captures
     np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=0)
 
 

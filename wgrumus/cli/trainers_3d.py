@@ -83,6 +83,11 @@ class _Rank:
         self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
         return self.rank.mb_losses
 
+    def close(self) -> None:
+        """Give the captured step's buffers back to the pool (--jit)."""
+        if self._jit is not None:
+            self._jit.free()
+
     def command(self, cmd: str, arg=None):
         """Run one driver command ("step", "state", "load" or "stats")."""
         if cmd in ("state", "stats"):
@@ -231,7 +236,7 @@ class ThreeDTrainer(TrainerBase):
                 except queue.Empty:
                     continue
                 if cmd == "close":
-                    return None
+                    return rank.close()
                 try:
                     out = rank.command(cmd, arg)
                 except BaseException:
@@ -317,7 +322,7 @@ class ThreeDTrainer(TrainerBase):
 
     def close(self) -> None:
         if self.lay.backend == "mpi":
-            return
+            return self.rank.close()
         for q in self._inbox:
             q.put(("close", None))
         self._driver.join(30.0)

@@ -167,6 +167,8 @@ class PipelineTrainer(TrainerBase):
     def close(self) -> None:
         for w in self.worlds:
             w.close()
+        for ex in self.execs:
+            ex.close()
 
     def predict(self, x) -> np.ndarray:
         import wgrumus as wr

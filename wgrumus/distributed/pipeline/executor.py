@@ -465,6 +465,11 @@ class PipelineExecutor:
                  for k, st in runner.stores.items()}
         return grads, feed.losses
 
+    def close(self) -> None:
+        """Give the stage threads' captures (``jit=True``) back to the buffer pools now."""
+        while self._jits:
+            self._jits.popitem()[1].free()
+
     def __repr__(self) -> str:
         return (f"PipelineExecutor({len(self.stages)} stages, m={self.num_micro_batches}, "
                 f"schedule={self.schedule.name!r})")
