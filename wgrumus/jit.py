@@ -19,14 +19,17 @@ the values the eager call would return (without autograd history).
 
 What a replay reproduces: device work on tensors, including in-place updates of parameters and
 optimizer state; optimizer step counts, bias corrections and learning rates (re-read from the
-param groups each replay). What it does not, and therefore refuses with a ``CaptureError``
-naming the call at capture time (no silent fallback): reading a value to the host (``.item()``,
-``.numpy()``, ``bool(t)``, so Python control flow on tensor values), random ops drawing from the
-global generator (pass ``seed=``), a learning-rate scheduler step (call it outside the jitted
-function), creating parameters or optimizer state. Other Python side effects of ``fn`` (prints,
-counters, tensors built from host data, which become constants of the capture) run only at
-capture. Tensor arguments are inputs: their data is copied in at each call; state the step
-updates in place (model, optimizer) must be reached through closures or non-tensor arguments.
+param groups each replay); communication through a ProcessGroup on the captured device's
+tensors (``capture.host_op``: run again, eagerly, between the replayed segments, so each rank of
+a parallel run captures its own step). What it does not, and therefore refuses with a
+``CaptureError`` naming the call at capture time (no silent fallback): reading a value to the
+host (``.item()``, ``.numpy()``, ``bool(t)``, so Python control flow on tensor values), random
+ops drawing from the global generator (pass ``seed=``), a learning-rate scheduler step (call it
+outside the jitted function), creating parameters or optimizer state. Other Python side effects
+of ``fn`` (prints, counters, tensors built from host data, which become constants of the
+capture) run only at capture. Tensor arguments are inputs: their data is copied in at each call;
+state the step updates in place (model, optimizer) must be reached through closures or
+non-tensor arguments.
 """
 from __future__ import annotations
 

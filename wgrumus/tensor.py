@@ -11,7 +11,7 @@ import numpy as np
 
 from .runtime import get_device
 from .runtime.buffer_slice import BufferSlice
-from .runtime.capture import refuse
+from .runtime.capture import paused, refuse
 from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
@@ -279,6 +279,14 @@ class Tensor:
 
     __hash__ = object.__hash__
     __array_ufunc__ = None  # `ndarray + tensor` defers to Tensor.__radd__ (a tensor, on device)
+
+
+def activation_leaf(t: Tensor) -> Tensor:
+    """``t`` (a fresh detached tensor) marked as requiring grad: the leaf where a received or
+    recomputed graph starts. Unlike a new parameter this is fine inside a ``wr.jit`` capture
+    (a replay runs no autograd, and nothing trains the leaf)."""
+    with paused():
+        return t.requires_grad_(True)
 
 
 def check_same_device(*ts: Tensor, op: str = "op") -> None:

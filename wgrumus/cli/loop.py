@@ -60,7 +60,7 @@ class TrainConfig:
     warmup: int = 0
     activation_checkpointing: bool = False
     precision: str = "f32"
-    jit: bool = False
+    jit: bool = True
 
 
 def config_from_args(args) -> TrainConfig:
@@ -99,18 +99,14 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
-    jit = bool(getattr(args, "jit", False))
-    if jit and (layout.tp > 1 or layout.pp > 1 or (model == "gpt" and layout.dp > 1)):
-        raise UsageError(f"--jit captures one device's steps, and --dp replicas of mlp/cnn, only "
-                         f"so far ({layout.product()}); captured steps do not compose with "
-                         f"tensor or pipeline parallelism or the gpt's 3D engine yet: drop --jit "
-                         f"or use --tp 1 --pp 1 (and --dp 1 for gpt)")
+    precision = getattr(args, "precision", "f32")
+    jit = getattr(args, "jit", None)
+    jit = precision == "f32" if jit is None else bool(jit)  # default: on where it captures
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
         if not args.resume and not overwrite:
             _refuse_existing(args.checkpoint)
-    precision = getattr(args, "precision", "f32")
     if precision == "f16":
         if jit:
             raise UsageError("--jit does not capture --precision f16 steps yet (the loss "

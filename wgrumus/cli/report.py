@@ -68,7 +68,7 @@ def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupt
         "throughput": units / seconds if seconds > 0 else 0.0,
         "throughput_unit": f"{task.unit}/s",
         "batch_size": cfg.batch_size, "optimizer": cfg.optimizer, "lr": task.lr,
-        "seed": cfg.seed,
+        "seed": cfg.seed, "jit": cfg.jit,
         "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "schedule": lay.schedule,
                    "micro_batches": lay.micro_batches, "devices": lay.world,
                    "backend": lay.backend},

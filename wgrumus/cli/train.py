@@ -46,10 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=("f32", "f16"), default="f32",
                    help="f16: mixed precision (autocast matmul/linear/conv/attention to f16, "
                    "dynamic loss scaling, f32 master weights; needs shader-f16). Default f32")
-    g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=False,
-                   help="replay each step from a wr.jit capture (no Python per op; same "
-                   "losses). One device, or --dp replicas of mlp/cnn; --tp/--pp do not "
-                   "compose yet (default off)")
+    g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay each step from wr.jit captures: no Python per op, the same "
+                   "losses, in every --dp/--tp/--pp layout (each rank or stage replays its "
+                   "device's work; communication runs between the replayed segments). Default "
+                   "on, except under --precision f16, which is not captured yet; --no-jit runs "
+                   "every step eagerly")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

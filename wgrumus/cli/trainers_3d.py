@@ -5,7 +5,9 @@ schedule (any of gpipe, 1f1b, interleaved, zb-h1) each step, averages gradients 
 data-parallel group only, and steps its own optimizer on its shards. Ranks are long-lived:
 threads started once through dist.spawn that take one command at a time ("step", "state",
 "load", "stats"), or, under mpiexec, this process itself. Checkpoints are dense (shards
-gathered with the TP shard plan), so a run can be resumed in another layout.
+gathered with the TP shard plan), so a run can be resumed in another layout. With --jit each
+rank replays its whole step from a wr.jit capture of its device; the pipeline sends and
+receives and the TP / DP all-reduces run between the replayed segments (capture.host_op).
 """
 from __future__ import annotations
 
@@ -53,9 +55,7 @@ class _Rank:
             raise ValueError("captured gpt steps run in f32 only")
         if jit:
             import wgrumus as wr
-            if lay.world != 1:
-                raise ValueError("captured gpt steps run on one rank only (dp = tp = pp = 1)")
-            self._jit = wr.jit(self._one_rank_step)
+            self._jit = wr.jit(self._captured_step, devices=[self.device])
 
     def _clip_scope(self, task, group) -> dict:
         """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
@@ -69,29 +69,24 @@ class _Rank:
                if self.map.tp_rank > 0 and self.plan[n] == REPLICATE]
         return {"group": model, "counted_elsewhere": dup}
 
-    def _one_rank_step(self, *mbs):
-        """The whole step of a 1 x 1 x 1 layout on device tensors (what RankTrainer.gradients
-        and the optimizer do there, in the same order): micro-batch k is
-        (mbs[2k], mbs[2k + 1]); returns the micro-batch losses. Captured by --jit."""
-        from ..autograd import GradientStore, backward
-        m, grads = len(mbs) // 2, {}
-        losses = []
-        for k in range(m):
-            out = self.rank.chunks[0](mbs[2 * k], mbs[2 * k + 1])
-            losses.append(out)
-            store = backward(out * (1.0 / m))
-            for n, p in self.params.items():
-                gp = store.get(p)
-                if gp is not None:
-                    grads[n] = gp if n not in grads else grads[n] + gp
+    def _captured_step(self, *mbs):
+        """The rank's step on device micro-batches (inputs, targets alternating): the schedule's
+        actions, the data-parallel mean, clipping and the optimizer step, with no read back to
+        the host. Captured per rank by --jit: pipeline sends and receives, tensor-parallel and
+        data-parallel all-reduces run between the replayed segments. Returns the micro-batch
+        losses (device tensors on last-stage ranks, None elsewhere)."""
+        from ..autograd import GradientStore
+        grads = self.rank.step_gradients(list(zip(mbs[::2], mbs[1::2])))
         store = GradientStore()
         for n in self.names:
-            if n not in grads:
-                raise ValueError(f"parameter {n} got no gradient; --jit needs every parameter "
-                                 "to take part in the loss")
             store.accumulate(self.params[n], grads[n])
         self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
-        return losses
+        return self.rank.mb_losses
+
+    def close(self) -> None:
+        """Give the captured step's buffers back to the pool (--jit)."""
+        if self._jit is not None:
+            self._jit.free()
 
     def command(self, cmd: str, arg=None):
         """Run one driver command ("step", "state", "load" or "stats")."""
@@ -107,16 +102,11 @@ class _Rank:
         """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
         on the rank (dp 0, tp 0, last stage), None elsewhere."""
         from ..autograd import GradientStore
-        from ..distributed.parallel3d import replica_micro_batches
-        rank, lay = self.rank, self.lay
+        rank = self.rank
         if self._jit is not None:
-            from ..tensor import tensor
-            mbs = replica_micro_batches(tokens, 0, 1, lay.micro_batches)
-            args = [tensor(t, device=self.device) for mb in mbs
-                    for t in (mb[:, :-1], mb[:, 1:])]
-            rank.mb_losses = with_bookkeeping([self.opt],
-                                              lambda: [v.item() for v in self._jit(*args)])
-            return rank.loss()
+            mbs = [t for mb in rank.micro_batches(tokens) for t in mb]
+            rank.mb_losses = with_bookkeeping([self.opt], lambda: self._jit(*mbs))
+            return self._loss()
         rank.loss_scale = self.amp.scaler.get_scale()
         with self.amp.autocast():
             grads = rank.gradients(tokens)
@@ -124,8 +114,11 @@ class _Rank:
         for n in self.names:
             store.accumulate(self.params[n], grads[n])
         self.amp.step(self.opt, store)
-        loss = rank.loss()
-        return loss if self.coords == (0, 0, lay.pp - 1) else None
+        return self._loss()
+
+    def _loss(self):
+        loss = self.rank.loss()
+        return loss if self.coords == (0, 0, self.lay.pp - 1) else None
 
     def state(self) -> dict:
         """This rank's shards (numpy) of parameters and optimizer state, keyed by name."""
@@ -243,7 +236,7 @@ class ThreeDTrainer(TrainerBase):
                 except queue.Empty:
                     continue
                 if cmd == "close":
-                    return None
+                    return rank.close()
                 try:
                     out = rank.command(cmd, arg)
                 except BaseException:
@@ -329,7 +322,7 @@ class ThreeDTrainer(TrainerBase):
 
     def close(self) -> None:
         if self.lay.backend == "mpi":
-            return
+            return self.rank.close()
         for q in self._inbox:
             q.put(("close", None))
         self._driver.join(30.0)

@@ -5,7 +5,8 @@ DataParallelTrainer: distributed.DataParallel (one replica per device, bucketed 
 overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
 dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
 concurrently, each averaging its gradients over the replicas with the one GradientAverager (a
-group per stage piece) before every replica steps, so replicas stay identical.
+group per stage piece) before every replica steps, so replicas stay identical. --jit: DataParallel's
+replicas, and each pipeline stage thread, replay their device work from wr.jit captures.
 """
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ class PipelineTrainer(TrainerBase):
             self.replicas.append(model)
             self.stages.append(stages)
             self.execs.append(PipelineExecutor(stages, lay.micro_batches, schedule=lay.schedule,
-                                               timeout=120.0))
+                                               timeout=120.0, jit=cfg.jit))
             # a stage of parameter-free layers only (e.g. a lone ReLU) has no optimizer
             # clip=False: the stages clip together, with the norm over all of them
             self.opts.append([task.make_optimizer(st.parameters(), clip=False)
@@ -166,6 +167,8 @@ class PipelineTrainer(TrainerBase):
     def close(self) -> None:
         for w in self.worlds:
             w.close()
+        for ex in self.execs:
+            ex.close()
 
     def predict(self, x) -> np.ndarray:
         import wgrumus as wr

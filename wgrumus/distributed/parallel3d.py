@@ -178,7 +178,18 @@ class RankTrainer:
     def gradients(self, tokens: np.ndarray) -> dict:
         """One step's gradients of this rank's shards for the global batch ``tokens``
         [B, T + 1]: the schedule's actions, then the mean over the data-parallel group."""
+        return self.step_gradients(self.micro_batches(tokens))
+
+    def micro_batches(self, tokens: np.ndarray) -> list:
+        """This replica's micro-batches of ``tokens`` as (inputs, targets) device tensors."""
         mbs = replica_micro_batches(tokens, self.mapping.dp_rank, self.pgm.config.dp, self.m)
+        return [(tensor(mb[:, :-1], device=self.device), tensor(mb[:, 1:], device=self.device))
+                for mb in mbs]
+
+    def step_gradients(self, mbs: list) -> dict:
+        """:meth:`gradients` from device micro-batches, with no read back to the host (what a
+        ``wr.jit`` capture of a rank's step replays; the communication runs between the
+        replayed segments). ``mb_losses`` holds the micro-batch losses as device tensors."""
         self.mb_losses = [None] * self.m
         runner = StageRunner(_RankWork(self, mbs), self.pgm.config.pp, self.nv,
                              self.mapping.pp_rank)
@@ -209,13 +220,13 @@ class _RankWork:
         self.t, self.mbs = trainer, mbs
 
     def forward(self, a, k: int, x):
-        t, tokens = self.t, self.mbs[a.mb]
+        t, (inputs, targets) = self.t, self.mbs[a.mb]
         if k == 0:
-            x = tensor(tokens[:, :-1], device=t.device)
+            x = inputs
         if k < t.nv - 1:
             return t.chunks[a.chunk](x)
-        loss = t.chunks[a.chunk](x, tensor(tokens[:, 1:], device=t.device))
-        t.mb_losses[a.mb] = loss.item()
+        loss = t.chunks[a.chunk](x, targets)
+        t.mb_losses[a.mb] = loss.detach()
         return loss * (t.loss_scale / t.m)  # the mean over micro-batches
 
     def _tag(self, mb: int, k: int, grad: bool) -> int:
@@ -258,7 +269,7 @@ def dp_mean_grads(pgm, grads: dict, names: list, dev) -> dict:
 
 def stage_loss(stage, pgm) -> float:
     """The step's loss on a last-stage rank: the mean over micro-batches, then over replicas."""
-    loss = np.array([np.mean(stage.mb_losses)], np.float64)
+    loss = np.array([np.mean([float(v.item()) for v in stage.mb_losses])], np.float64)
     if pgm.config.dp > 1:
         loss = pgm.all_reduce_dp(loss, "mean")
     return float(loss[0])

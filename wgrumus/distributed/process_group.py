@@ -5,6 +5,9 @@ out on the same device); inputs are never modified. Like MPI communicators and N
 a group must call the same collectives in the same order. Each call has a deadline
 (``config.timeout``): if any rank fails, exits or never arrives, every other rank raises
 CollectiveError instead of hanging, and the group is broken from then on.
+
+Inside a ``wr.jit`` capture of the tensor's device, a call on tensors is a ``capture.host_op``:
+every replay runs it again between the replayed segments (nonblocking calls complete at once).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
+from ..runtime import capture
 from . import collectives as C
 from .barrier import check_op
 from .collectives import CollectiveConfig
@@ -183,6 +187,8 @@ class ProcessGroup:
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, x, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks (op: sum, mean, max, min); every rank gets the result."""
+        if _captured(x):
+            return capture.host_op(x.device, lambda t: self.all_reduce(t, op, strategy), x)
         if strategy is None and is_tensor(x) and \
                 (out := on_devices(self, "all_reduce", x, op=op)) is not None:
             return out
@@ -206,6 +212,9 @@ class ProcessGroup:
         ``wait()``, nor call other collectives of this group in between."""
         self._check_usable()
         deadline = time.monotonic() + self.config.timeout
+        if _captured(x):
+            out = capture.host_op(x.device, lambda t: self.all_reduce_async(t, op).wait(), x)
+            return Work(self, lambda dl: out, deadline)
         s = movable_slice(x) if is_tensor(x) and self.config.num_nodes is None else None
         world = getattr(self._t, "world", None)
         if s is None or world is None:
@@ -266,6 +275,11 @@ class ProcessGroup:
     def broadcast(self, x=None, root: int = 0, strategy=None):
         """Return root's ``x`` on every rank. Other ranks may pass None (shape and dtype come with
         the data) or an array/Tensor of the expected shape and dtype (checked)."""
+        if _captured(x):
+            return capture.host_op(x.device, lambda t: self.broadcast(t, root, strategy), x)
+        if x is None and capture.recording(self.device):
+            capture.refuse("broadcast(None) on a non-root rank", "its result would be a "
+                           "constant of the capture; pass a tensor of the expected shape")
         root = self._check_rank(root, "root")
         if strategy is None and (out := on_devices(self, "broadcast", x, root=root)) is not None:
             return out
@@ -293,6 +307,8 @@ class ProcessGroup:
     def all_gather(self, x, axis: int = 0, strategy=None):
         """Concatenate every rank's ``x`` along ``axis`` (dim 0 by default) in rank order.
         Sizes along ``axis`` may differ between ranks; everything else must match."""
+        if _captured(x):
+            return capture.host_op(x.device, lambda t: self.all_gather(t, axis, strategy), x)
         if strategy is None and is_tensor(x) and \
                 (out := on_devices(self, "all_gather", x, axis=axis)) is not None:
             return out
@@ -313,6 +329,9 @@ class ProcessGroup:
         The axis is split into world_size parts by numpy.array_split's rule: with n = size % world,
         ranks 0..n-1 get one more row than the rest (so uneven sizes are allowed, and all_gather
         of the parts restores the full array)."""
+        if _captured(x):
+            return capture.host_op(x.device,
+                                   lambda t: self.reduce_scatter(t, op, axis, strategy), x)
         if strategy is None and is_tensor(x) and \
                 (out := on_devices(self, "reduce_scatter", x, op=op, axis=axis)) is not None:
             return out
@@ -359,6 +378,9 @@ class ProcessGroup:
         """Start sending ``x`` (shape and dtype travel along) to ``dst``; returns a Work handle.
         The data is taken at once (copied or in flight), so ``x`` may be reused immediately only
         under threads; under MPI keep it unchanged until ``wait()``."""
+        if _captured(x):
+            capture.host_op(x.device, lambda t: self.isend(t, dst, tag).wait(), x)
+            return Work(self, lambda dl: None, time.monotonic() + self.config.timeout)
         arr, _ = to_numpy(x)
         dst = self._check_rank(dst, "dst")
         tag = self._check_tag(tag)
@@ -381,6 +403,8 @@ class ProcessGroup:
 
     def recv(self, src: int, tag: int = 0, device=None):
         """Receive the array rank ``src`` sent with ``tag``; a Tensor on ``device`` if given."""
+        if device is not None and capture.recording(device):
+            return capture.host_op(device, lambda: self.recv(src, tag, device))
         src = self._check_rank(src, "src")
         tag = self._check_tag(tag)
         out = self._run("recv", None, lambda _t, dl: self._t.recv_array(src, tag, dl),
@@ -478,6 +502,11 @@ class ProcessGroup:
                "by_op": ops}
         out.update(self._t.stats)
         return out
+
+
+def _captured(x) -> bool:
+    """``x`` is a tensor on a device this thread is capturing (wr.jit)."""
+    return x is not None and is_tensor(x) and capture.recording(x.device)
 
 
 def _detail(arr, **fields) -> str:

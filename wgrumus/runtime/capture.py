@@ -7,9 +7,16 @@ buffers without Python per op. Operations whose result a replay cannot reproduce
 value back to the host, drawing a seed from the global generator, a learning-rate scheduler
 step, creating parameters or optimizer state) call ``refuse`` and fail with a ``CaptureError``
 that names the call.
+
+Communication with other ranks (a collective, a send or a receive) is a ``host_op``: it runs
+eagerly with the recording paused, and the recording keeps the call itself, so a replay submits
+the device work before it, runs the call again on the same buffers, copies its result into the
+buffer the captured work reads, and goes on: captured segments with host-side communication
+between them.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -49,7 +56,8 @@ class Recording:
     ops: ("d", pipeline, layout, dynamic, buffers, words, groups, refresh) dispatches (words: the
     256-byte parameter slot; refresh: None, or a callable giving the slot's parameter list anew
     at every replay, e.g. an optimizer's bias corrections), ("c", src, src_off, dst, dst_off,
-    nbytes) copies and ("w", dst, offset, data) host writes."""
+    nbytes) copies, ("w", dst, offset, data) host writes and ("h", fn, args, out) host
+    operations (``host_op``)."""
 
     def __init__(self, device):
         self.device = device
@@ -65,6 +73,9 @@ class Recording:
     def write(self, dst, offset: int, data: bytes) -> None:
         self.ops.append(("w", dst, offset, bytes(data)))
 
+    def host(self, fn, args: tuple, out) -> None:
+        self.ops.append(("h", fn, args, out))
+
     @property
     def dispatches(self) -> int:
         return sum(op[0] == "d" for op in self.ops)
@@ -79,6 +90,10 @@ class Recording:
             elif op[0] == "c":
                 seen[id(op[1])] = op[1]
                 seen[id(op[3])] = op[3]
+            elif op[0] == "h":
+                for t in (*op[2], op[3]):
+                    if t is not None:
+                        seen[id(t._storage.buffer)] = t._storage.buffer
             else:
                 seen[id(op[1])] = op[1]
         return list(seen.values())
@@ -105,3 +120,42 @@ def stop(devices) -> None:
         for d in devices:
             d.recorder = None
     _local.open -= 1
+
+
+def recording(device) -> bool:
+    """True when this thread has a capture open on ``device``."""
+    return getattr(device, "recorder", None) is not None and getattr(_local, "open", 0) > 0
+
+
+@contextlib.contextmanager
+def paused(device=None):
+    """Eager work in this thread without refusals (and, on ``device``, without recording)."""
+    n, _local.open = getattr(_local, "open", 0), 0
+    rec = None
+    if device is not None:
+        rec, device.recorder = device.recorder, None
+    try:
+        yield
+    finally:
+        if device is not None:
+            device.recorder = rec
+        _local.open = n
+
+
+def host_op(device, fn, *args):
+    """``fn(*args)``: communication whose tensor arguments and result (a Tensor or None) live
+    on ``device``. Inside a capture of ``device`` it runs eagerly with the recording paused and
+    is recorded, so every replay runs ``fn`` again on the same argument buffers (written by the
+    replayed work before it) and copies its result into this call's result buffer (read by the
+    replayed work after it). The arguments and the result are kept alive by the recording."""
+    if not recording(device):
+        return fn(*args)
+    rec = device.recorder
+    device.flush()  # what the capture ran so far reaches the device before fn reads it
+    with paused(device):
+        out = fn(*args)
+    if out is not None and (out.device is not device or not out.is_contiguous()):
+        raise CaptureError(f"a communication result on {out.device} (contiguous: "
+                           f"{out.is_contiguous()}) cannot be replayed into {device}")
+    rec.host(fn, tuple(a.detach() for a in args), None if out is None else out.detach())
+    return out

@@ -6,7 +6,9 @@ per dispatch), and its bind groups are built once against that buffer; only the 
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
 constant buffers filled once, so they run in order with the dispatches. Command buffers are
 single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch set pipeline
-(when it changes), set bind group, dispatch.
+(when it changes), set bind group, dispatch. A recording with host operations (communication,
+``capture.host_op``) replays as parts: the device work up to a host operation is submitted, the
+operation runs and its result is copied into the captured buffer, then the next part follows.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import wgpu
 
 from .device import SLOT, pack_words
+from .errors import CaptureError
 from .native import RawReplay, c_api
 
 _PASS, _COPY = RawReplay.PASS, RawReplay.COPY
@@ -33,6 +36,7 @@ class Replay:
         self._refresh = []  # (slot, callable)
         self._keep = []  # wgpu objects the encoded commands use
         bind_groups, segs, cur, slot = {}, [], None, 0
+        self._parts = [segs]  # lists of segments, with host operations between them
         for op in ops:
             if op[0] == "d":
                 _, pipe, layout, dynamic, bufs, words, groups, refresh = op
@@ -55,16 +59,19 @@ class Replay:
             cur = None
             if op[0] == "c":
                 segs.append((_COPY, op[1:]))
+            elif op[0] == "h":
+                segs = []
+                self._parts += [op[1:], segs]
             else:
                 _, dst, offset, data = op
                 src = dev.wgpu.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.COPY_SRC)
                 self._keep.append(src)
                 segs.append((_COPY, (src, 0, dst, offset, len(data))))
-        self._keep += [bind_groups, segs]
+        self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._raw = RawReplay(c_api(), segs, n) if dev._raw is not None else None
-        self._segs = segs
+        self._raw = None if dev._raw is None else [RawReplay(c_api(), p, n)
+                                                    for p in self._parts[::2]]
 
     def _bind_group(self, layout, bufs, offset):
         entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
@@ -77,20 +84,41 @@ class Replay:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
         copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
         dev = self.device
-        with dev.lock:
-            dev._flush_locked()  # eager work recorded so far runs first
-            if self._refresh:
-                for slot, fn in self._refresh:
-                    pack_words(self._bytes, slot * SLOT, fn())
-                lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
-                dev.queue.write_buffer(self._arena, lo * SLOT, self._words[lo:hi])
-            enc = dev.wgpu.create_command_encoder()
-            if self._raw is not None:
-                self._raw.encode(enc, self._pass, before, after)
-            else:
-                self._encode_api(enc, before, after)
-            dev._submit(enc.finish())
-            dev.dispatches += self.dispatches
+        last = len(self._parts) - 1
+        for i in range(0, last + 1, 2):
+            if i:
+                self._host(*self._parts[i - 1])
+            with dev.lock:
+                dev._flush_locked()  # eager work recorded so far runs first
+                if i == 0 and self._refresh:
+                    for slot, fn in self._refresh:
+                        pack_words(self._bytes, slot * SLOT, fn())
+                    lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
+                    dev.queue.write_buffer(self._arena, lo * SLOT, self._words[lo:hi])
+                pre, post = before if i == 0 else (), after if i == last else ()
+                if not (self._parts[i] or pre or post):
+                    continue
+                enc = dev.wgpu.create_command_encoder()
+                if self._raw is not None:
+                    self._raw[i // 2].encode(enc, self._pass, pre, post)
+                else:
+                    self._encode_api(enc, self._parts[i], pre, post)
+                dev._submit(enc.finish())
+        dev.dispatches += self.dispatches
+
+    def _host(self, fn, args, out) -> None:
+        """A recorded host operation, again: its result goes into the captured result buffer
+        (the copy runs before the next part, in the device's batch)."""
+        res = fn(*args)
+        if out is None:
+            return
+        if res is None or res.shape != out.shape or res.dtype != out.dtype:
+            raise CaptureError(f"a replayed communication returned {res!r}, the capture "
+                               f"{out.dtype} {out.shape}")
+        nbytes = (out.numel() * out.dtype.itemsize + 3) & ~3
+        if nbytes:
+            self.device.copy(res._storage.buffer, res.offset * res.dtype.itemsize,
+                             out._storage.buffer, out.offset * out.dtype.itemsize, nbytes)
 
     def _pass(self, enc):
         timer = self.device._timer
@@ -98,10 +126,10 @@ class Replay:
         return enc.begin_compute_pass(timestamp_writes=writes) if writes else \
             enc.begin_compute_pass()
 
-    def _encode_api(self, enc, before, after) -> None:
+    def _encode_api(self, enc, segs, before, after) -> None:
         for c in before:
             enc.copy_buffer_to_buffer(*c)
-        for kind, body in self._segs:
+        for kind, body in segs:
             if kind == _COPY:
                 enc.copy_buffer_to_buffer(*body)
                 continue

@@ -24,7 +24,7 @@ from ..autograd.tape import (
 from ..ops.random import get_rng_state, set_rng_state
 from ..ops.shape import detach
 from ..runtime.errors import WgrumusError
-from ..tensor import Tensor
+from ..tensor import Tensor, activation_leaf
 
 
 def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, **kwargs):
@@ -78,7 +78,7 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
 def _leaf_copy(a: Tensor) -> Tensor:
     """``a``'s data as a new leaf with its own GradId: the recomputed graph ends there."""
     with no_grad():
-        return detach(a).requires_grad_(True)
+        return activation_leaf(detach(a))
 
 
 def _leaves(root, args) -> list:

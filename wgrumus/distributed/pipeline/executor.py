@@ -8,6 +8,13 @@ Each stage thread runs its list with communication (``add_send_recv``) through t
 interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too; the last stage computes
 ``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss over the batch.
 
+``jit=True``: each stage thread replays its whole action list from a ``wr.jit`` capture of its
+device's work (one per stage thread and loss function); its sends and receives are host
+operations between the replayed segments (activations and gradients travel as host arrays,
+uploaded by the receiving stage on its own device). The gradients and losses come back as
+tensors; merging them and the optimizer steps run eagerly, as without jit. Replayed steps leave
+no per-action trace (``last_trace`` is None).
+
 Faults: an exception in any stage sets a shared abort event; every thread polls it while waiting
 on a channel (short timeouts), so all of them stop, and ``run`` raises one
 :class:`PipelineError` naming the stage, the action and the micro-batch, chained to the original.
@@ -22,7 +29,9 @@ import traceback
 from dataclasses import dataclass, field, replace
 
 from ...autograd import GradientStore, Tape, no_grad
+from ...runtime.capture import host_op
 from ...runtime.errors import ShapeError, WgrumusError
+from ...tensor import tensor
 from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv, make_schedule
 from .runtime import StageRunner
 from .schedules import get_schedule
@@ -167,7 +176,7 @@ class PipelineExecutor:
 
     def __init__(self, stages, num_micro_batches: int, schedule="1f1b", timeout: float = 60.0,
                  num_chunks: int | None = None, synchronize: bool = True,
-                 channel_capacity: int | None = None):
+                 channel_capacity: int | None = None, jit: bool = False):
         self.stages = list(stages)
         if not self.stages:
             raise PipelineConfigError("PipelineExecutor needs at least one PipelineStage")
@@ -191,6 +200,9 @@ class PipelineExecutor:
         self.channel_capacity = channel_capacity or m  # m messages per channel per run at most
         self.last_trace: PipelineTrace | None = None
         self._busy = threading.Lock()
+        self.jit = bool(jit)
+        self._jits: dict = {}  # (stage thread, loss_fn) -> wr.jit of its actions
+        self._live: list = [None] * self.num_stages  # each stage thread's _StageWork this run
 
     # ------------------------------------------------------------------ configuration
     def _make_schedule(self, schedule, num_chunks) -> Schedule:
@@ -334,8 +346,8 @@ class PipelineExecutor:
             self._join(threads, run)
             raise
         finally:
-            self.last_trace = PipelineTrace(self.schedule,
-                                            tuple(tuple(r) for r in run.records))
+            self.last_trace = None if self.jit else PipelineTrace(
+                self.schedule, tuple(tuple(r) for r in run.records))
         if run.error is not None:
             # Drop the stage frames' locals (tensors) held by the traceback: the exception is
             # kept by the caller, and frame <-> run cycles would leave device buffers to the GC.
@@ -392,6 +404,8 @@ class PipelineExecutor:
     # ------------------------------------------------------------------ one stage thread
     def _stage_main(self, s: int, run: _Run) -> None:
         work = _StageWork(self, run, s)
+        if self.jit:
+            return self._captured_stage_main(s, run, work)
         runner = StageRunner(work, self.num_stages, len(self.stages), s)
         work.runner = runner
         try:
@@ -404,6 +418,57 @@ class PipelineExecutor:
             run.fail(s, runner.action, e)
         finally:
             runner.clear()
+
+    def _captured_stage_main(self, s: int, run: _Run, work) -> None:
+        """Stage thread ``s`` with ``jit=True``: its actions from its capture, then its pieces'
+        gradients into the run's stores and its losses into the run's."""
+        from ...jit import jit
+        loss_fn = run.loss_fn
+        jf = self._jits.get((s, loss_fn))
+        if jf is None:
+            jf = self._jits[(s, loss_fn)] = jit(
+                lambda ins, tgts: self._stage_actions(s, loss_fn, ins, tgts),
+                devices=[self.stages[s].device])
+        self._live[s] = work
+        last = len(self.stages) - 1
+        try:
+            grads, losses = jf(run.inputs if s == 0 else [],
+                               run.targets if last % self.num_stages == s else [])
+        except _Aborted:
+            return
+        except BaseException as e:  # noqa: BLE001 - reported by run() with the stage
+            run.fail(s, None, e)
+            return
+        finally:
+            self._live[s] = None
+        for k, gs in grads.items():
+            for p, g in zip(self.stages[k].parameters(), gs):
+                if g is not None:
+                    run.stores[k].accumulate(p, g)
+        for mb, loss in enumerate(losses):
+            if loss is not None:
+                run.losses[mb] = loss
+
+    def _stage_actions(self, s: int, loss_fn, inputs, targets):
+        """What stage thread ``s`` does in a step, on device micro-batches (captured by
+        ``jit=True``): its actions, the communication through the live run's channels. Returns
+        ({virtual stage: gradients aligned with its parameters}, micro-batch losses)."""
+        m = self.num_micro_batches
+        feed = _Feed(m, inputs or [None] * m, targets or [None] * m, loss_fn)
+        runner = StageRunner(_CapturedStageWork(self, feed, s), self.num_stages,
+                             len(self.stages), s)
+        try:
+            runner.run(self._program[s])
+        finally:
+            runner.clear()
+        grads = {k: [st.get(p) for p in self.stages[k].parameters()]
+                 for k, st in runner.stores.items()}
+        return grads, feed.losses
+
+    def close(self) -> None:
+        """Give the stage threads' captures (``jit=True``) back to the buffer pools now."""
+        while self._jits:
+            self._jits.popitem()[1].free()
 
     def __repr__(self) -> str:
         return (f"PipelineExecutor({len(self.stages)} stages, m={self.num_micro_batches}, "
@@ -464,19 +529,20 @@ class _StageWork:
 
     def recv(self, a, k: int):
         self.start = self.start or time.perf_counter()
-        ch = self.run.fwd[k] if a.kind == RECV_F else self.run.bwd[k]
-        value, wait = ch.get(a.mb, self._who(a, k))
+        value, wait = self._channel(a, k).get(a.mb, self._who(a, k))
         self.wait += wait
         self.got = time.perf_counter()
         return value
+
+    def _channel(self, a, to: int) -> _Channel:
+        return self.run.fwd[to] if a.kind in (SEND_F, RECV_F) else self.run.bwd[to]
 
     def send(self, a, k: int, value) -> None:
         to = k + 1 if a.kind == SEND_F else k - 1
         with no_grad():
             value = value.to(self.ex.stages[to].device)
         sent = time.perf_counter()
-        ch = self.run.fwd[to] if a.kind == SEND_F else self.run.bwd[to]
-        wait = ch.put(a.mb, value, self._who(a, k))
+        wait = self._channel(a, to).put(a.mb, value, self._who(a, k))
         recs, t0 = self.run.records[self.s], self.run.t0
         last = recs[-1]
         recs[-1] = replace(last, end=time.perf_counter() - t0, wait=last.wait + wait,
@@ -495,3 +561,41 @@ class _StageWork:
         self.run.records[self.s].append(ActionRecord(
             self.s, a, start - t0, end - t0, self.wait, self.runner.live_bytes, got, None))
         self.wait, self.got, self.start = 0.0, None, None
+
+
+@dataclass
+class _Feed:
+    """A captured stage's micro-batches and loss (what ``_StageWork.forward`` reads of a run)."""
+    m: int
+    inputs: list
+    targets: list
+    loss_fn: object
+    losses: list = None
+
+    def __post_init__(self):
+        self.losses = [None] * self.m
+
+
+class _CapturedStageWork(_StageWork):
+    """A stage's work inside its ``wr.jit`` capture: forwards on the capture's micro-batches;
+    each send and receive a host operation on the live run's channels, moving host arrays (the
+    sender reads its device, the receiver uploads to its own)."""
+
+    def _now(self) -> _StageWork:
+        return self.ex._live[self.s]
+
+    def send(self, a, k: int, value) -> None:
+        to = k + 1 if a.kind == SEND_F else k - 1
+
+        def put(t):
+            live = self._now()
+            live._channel(a, to).put(a.mb, t.numpy(), live._who(a, k))
+        host_op(value.device, put, value)
+
+    def recv(self, a, k: int):
+        dev = self.ex.stages[k].device
+
+        def get():
+            live = self._now()
+            return tensor(live._channel(a, k).get(a.mb, live._who(a, k))[0], device=dev)
+        return host_op(dev, get)

@@ -28,6 +28,7 @@ from ...autograd import (
     no_grad,
     take_tape,
 )
+from ...tensor import activation_leaf
 from .actions import BACKWARD, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, Action
 
 __all__ = ["StageRunner", "ScheduleExecutionError"]
@@ -87,7 +88,7 @@ class StageRunner:
         if k > 0:
             x = self._take(a, RECV_F, k).detach()
             if x.dtype.kind == "f" and x.dtype.itemsize == 4:
-                x.requires_grad_(True)
+                activation_leaf(x)
         install_tape(Tape())
         try:
             out = self.work.forward(a, k, x)

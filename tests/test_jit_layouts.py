@@ -1,0 +1,77 @@
+"""`wgrumus train --jit` in every parallel layout the CLI accepts: the same losses as eager,
+steps really replayed, and a rank failing inside a replayed step stops every rank at once."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from wgrumus.cli import main
+from wgrumus.runtime.replay import Replay
+
+GPT = ["gpt", "--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+       "--batch-size", "8"]
+STEPS = 4  # warm-up, capture, two replays
+LAYOUTS = [  # (arguments, ranks or stage threads that replay)
+    (GPT + ["--dp", "2", "--clip", "0.5"], 2),
+    (GPT + ["--tp", "2", "--clip", "0.5", "--lr-schedule", "cosine", "--warmup", "2"], 2),
+    (GPT + ["--pp", "2", "--schedule", "gpipe", "--activation-checkpointing"], 2),
+    (GPT + ["--pp", "2", "--schedule", "1f1b", "--clip", "0.5"], 2),
+    (GPT + ["--pp", "2", "--schedule", "interleaved", "--n-layer", "4"], 2),
+    (GPT + ["--pp", "2", "--schedule", "zb-h1", "--optimizer", "sgd"], 2),
+    (GPT + ["--dp", "2", "--tp", "2", "--pp", "2", "--clip", "0.5"], 8),
+    (["mlp", "--pp", "2", "--clip", "0.5", "--batch-size", "16"], 2),
+    (["cnn", "--dp", "2", "--pp", "2", "--schedule", "interleaved", "--batch-size", "16"], 4),
+]
+
+
+def _losses(capsys, args, jit):
+    assert main(["train", *args, "--steps", str(STEPS), "--json",
+                 "--jit" if jit else "--no-jit"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["losses"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("args,replaying", LAYOUTS, ids=[
+    " ".join(a[:1] + a[len(GPT):]) if a[0] == "gpt" else " ".join(a) for a, _ in LAYOUTS])
+def test_jit_gives_the_eager_losses_in_every_layout(capsys, monkeypatch, devs, args,
+                                                    replaying):
+    eager = _losses(capsys, args, False)
+    pinned = [d.pool.stats()["pinned"] for d in devs]
+    runs = []
+    real = Replay.run
+
+    def counted(self, *a, **k):
+        runs.append(self.device.index)
+        return real(self, *a, **k)
+    monkeypatch.setattr(Replay, "run", counted)
+    jitted = _losses(capsys, args, True)
+    assert len(runs) == replaying * (STEPS - 2) and len(set(runs)) == replaying
+    assert [d.pool.stats()["pinned"] for d in devs] == pinned  # closing freed the captures
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args", [GPT + ["--dp", "2", "--tp", "2", "--pp", "2"],
+                                  ["mlp", "--dp", "2", "--pp", "2", "--batch-size", "16"]],
+                         ids=["gpt 2x2x2", "mlp dp2 pp2"])
+def test_a_rank_failing_in_a_replayed_step_stops_them_all(capsys, monkeypatch, args):
+    """Device 1's rank (stage) raises between two replayed segments of its third step; the
+    ranks waiting on it raise too, at once rather than at the 120 s collective timeout."""
+    real = Replay._host
+
+    def failing(self, *a):
+        if self.device.index == 1:
+            raise RuntimeError("injected fault in a replayed step")
+        return real(self, *a)
+    monkeypatch.setattr(Replay, "_host", failing)
+    t0 = time.monotonic()
+    try:  # a WgrumusError is one line on stderr and exit 1; others propagate
+        assert main(["train", *args, "--steps", str(STEPS), "--json", "--jit"]) == 1
+        text = capsys.readouterr().err
+    except Exception as e:  # noqa: BLE001 - the rank's error, as the trainer raises it
+        text, err = "", e
+        while err is not None:
+            text, err = text + str(err), err.__cause__
+    assert time.monotonic() - t0 < 60
+    assert "injected fault in a replayed step" in text
