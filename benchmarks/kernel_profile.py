@@ -45,7 +45,8 @@ def per_dispatch_seconds(dev, rep) -> list[tuple[object, float]]:
     import wgpu
 
     from wgrumus.runtime.native import RawReplay, timestamp_period_ns
-    items = [d for kind, body in rep._segs if kind == RawReplay.PASS for d in body]
+    items = [d for part in rep._parts[::2] for kind, body in part if kind == RawReplay.PASS
+             for d in body]  # every captured part (host operations between them are skipped)
     chunk = 2048  # passes per query set (4096 queries)
     out = []
     for lo in range(0, len(items), chunk):

@@ -45,13 +45,14 @@ def main() -> int:
     import gc
     rep = next(o for o in gc.get_objects() if isinstance(o, Replay))
     n = rep.dispatches
-    if rep._raw is None:
-        print("wgpu-native C API unavailable: replays go through wgpu-py's API")
+    if rep._raw is None or len(rep._raw) != 1:
+        print("wgpu-native C API unavailable (replays go through wgpu-py's API), or the step "
+              "has communication between captured parts: nothing to split here")
         return 1
 
     def encode():
         enc = dev.wgpu.create_command_encoder()
-        rep._raw.encode(enc, rep._pass, (), ())
+        rep._raw[0].encode(enc, rep._pass, (), ())
         return enc
 
     rows = {"encode (ours)": [], "finish (wgpu-native)": [], "submit": [], "whole step()": []}
@@ -73,7 +74,7 @@ def main() -> int:
         for k, dt in zip(rows, (t1 - t0, t2 - t1, t3 - t2, t5 - t4)):
             rows[k].append(1e6 * dt / args.reps / n)
     h = dev.wgpu.create_command_encoder().begin_compute_pass()._internal
-    f = rep._raw.lib.wgpuComputePassEncoderDispatchWorkgroups
+    f = rep._raw[0].lib.wgpuComputePassEncoderDispatchWorkgroups
     call = min(timeit.repeat(lambda: f(h, 0, 1, 1), number=20000, repeat=5)) / 20000 * 1e6
     print(f"replay cost on {dev.name}: {args.model} ({'quick' if quick else 'full'}), "
           f"{n} dispatches per step, medians of 5 x {args.reps} replays")
