@@ -15,6 +15,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import AdapterLimitError, ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
+from . import attention_tiles
 from .elementwise import cast, contiguous, copy_into, fill_
 from .nnops import row_mode
 from .precision import autocast_dtype
@@ -30,37 +31,49 @@ CPU_MAX_ROWS = 60_000
 
 
 def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
-    """The kernel of one entry point in the device's mode: tiles staged in workgroup memory
-    on GPUs; on CPU adapters (row_mode 'thread') one row per invocation, no barriers."""
+    """The one-row-per-invocation kernel (shaders/flash_attention.wgsl): CPU adapters (row_mode
+    'thread': no barriers) and GPUs whose workgroup memory holds no FlashAttention-2 tile."""
     t = "f16" if dtype == float16 else "f32"
-    d4 = d // 4
-    common = {"T": t, "F16": int(t == "f16"), "WG": WG, "D": d}
-    if row_mode(dev) == "thread":
-        return Kernel.of("flash_attention", entry, BK=32, TILED="false", SMEM=1, SROW=1,
-                         **common)
-    limit = dev.limits.get("max-compute-workgroup-storage-size", 16384)
-    bk = max(1, min(64, limit // (16 * (2 * d4 + 1))))  # SA, SB: bk x d4 vec4s; SL, SD: bk
-    return Kernel.of("flash_attention", entry, BK=bk, TILED="true", SMEM=bk * d4, SROW=bk,
-                     **common)
+    return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32,
+                     TILED="false", SMEM=1, SROW=1)
 
 
-def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None):
+def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None,
+            tiles=None):
+    """One dispatch: the FlashAttention-2 kernel of role ``entry`` ('fwd', 'q', 'kv') with
+    ``tiles``, or the row kernel's entry (fwd, bwd_q, bwd_kv) without."""
     BH, Tq, d = q.shape
     Tk = k.shape[1]
-    tiles = -(-rows // WG)
     dev = q.device
+    if tiles is None:
+        block = WG
+        kern = _kernel(dev, {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[entry], d, q.dtype)
+    else:
+        block = tiles[entry][0]
+        kern = attention_tiles.kernel(entry, tiles[entry], d, q.dtype == float16)
+    blocks = -(-rows // block)
     off = lambda t: t.offset if t is not None else 0
     bufs = [q._storage.buffer, k._storage.buffer, v._storage.buffer, w1._storage.buffer,
             w2._storage.buffer]
     bufs += [t._storage.buffer for t in (o, do, lse, dsum) if t is not None]
-    dev.dispatch(_kernel(dev, entry, d, q.dtype), bufs,
+    dev.dispatch(kern, bufs,
                  [BH, Tq, Tk, q.offset, k.offset, v.offset, w1.offset, w2.offset, float(scale),
-                  int(causal), tiles, off(o), off(do), off(lse), off(dsum)],
-                 groups_1d(BH * tiles, 1))
+                  int(causal), blocks, off(o), off(do), off(lse), off(dsum)],
+                 groups_1d(BH * blocks, 1))
+
+
+def _tiles(dev, d: int):
+    """FlashAttention-2 tiles per role on this GPU (ops/attention_tiles.py), or None: CPU
+    adapters (row_mode 'thread') and adapters whose workgroup memory is too small take the
+    row kernel."""
+    if row_mode(dev) == "thread":
+        return None
+    tiles = {r: attention_tiles.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
+    return None if None in tiles.values() else tiles
 
 
 def _pad(x: Tensor, dp: int) -> Tensor:
-    """[BH, T, d] -> [BH, T, dp] with zero columns (the kernel reads rows as vec4s)."""
+    """[BH, T, d] -> [BH, T, dp] with zero columns (the row kernel reads rows as vec4s)."""
     if x.shape[-1] == dp:
         return x
     out = fill_(Tensor.empty(x.shape[:-1] + (dp,), x.device, x.dtype), 0.0)
@@ -76,30 +89,34 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
     """(O [BH, Tq, d] f32, logsumexp [BH, Tq] f32) of contiguous q [BH, Tq, d], k, v
     [BH, Tk, d] (f32 or f16). No autograd."""
     BH, Tq, d = q.shape
-    dp = -(-d // 4) * 4
+    tiles = _tiles(q.device, d)
+    dp = d if tiles else -(-d // 4) * 4
     o = Tensor.empty((BH, Tq, dp), q.device, float32)
     lse = Tensor.empty((BH, Tq), q.device, float32)
     if o.numel():
-        _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq)
+        _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq,
+                tiles=tiles)
     return _unpad(o, d), lse
 
 
 def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     """(dq, dk, dv), f32 and shaped like q, k, v, of attention_forward's output given its
-    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels: dq (and the row sums
-    dO . O), then dk and dv; both recompute the scores from ``lse``."""
+    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels, both recomputing the scores
+    from ``lse``: dq per query block (and the row sums dO . O), then dk and dv per key block
+    (FlashAttention-2's split: no atomics, deterministic)."""
     BH, Tq, d = q.shape
     Tk = k.shape[1]
     dev = q.device
-    dp = -(-d // 4) * 4
+    tiles = _tiles(dev, d)
+    dp = d if tiles else -(-d // 4) * 4
     dq = Tensor.empty((BH, Tq, dp), dev, float32)
     dsum = Tensor.empty((BH, Tq), dev, float32)
     dk = Tensor.empty((BH, Tk, dp), dev, float32)
     dv = Tensor.empty((BH, Tk, dp), dev, float32)
     if dq.numel():
         q, k, v, o, do = (_pad(t, dp) for t in (q, k, v, o, do))
-        _launch("bwd_q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse)
-        _launch("bwd_kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum)
+        _launch("q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse, tiles=tiles)
+        _launch("kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum, tiles=tiles)
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
