@@ -27,7 +27,7 @@
 
 const D: u32 = {{D}}u;    // head size
 const D4: u32 = {{D4}}u;  // quads per row holding data (ceil(D / 4))
-const RP: u32 = {{RP}}u;  // row pitch of the row tiles in quads (zero padded past D4)
+const RP: u32 = {{RP}}u;  // row pitch of the row tiles in quads (zero padded past D4, odd)
 const PQ: u32 = {{PQ}}u;  // row pitch of the score tiles in quads (S / 4 + 1)
 const NX: u32 = {{NX}}u;
 const LOG2E: f32 = 1.4426950408889634;

@@ -17,6 +17,7 @@ from ..runtime.kernels import Kernel
 # into the adapter's workgroup memory takes the first of FALLBACK[role] that does.
 VARIANTS = {
     "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
     "a64t8": {"fwd": (64, 32, 8, 4), "q": (32, 32, 8, 4), "kv": (32, 32, 8, 4)},
     "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
     "a32": {"fwd": (32, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 16, 4, 4)},
@@ -26,8 +27,10 @@ VARIANTS = {
 FALLBACK = {
     "fwd": [(64, 32, 4, 4), (32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4),
             (16, 16, 2, 2)],
-    "q": [(32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2)],
-    "kv": [(32, 32, 4, 4), (32, 16, 4, 4), (16, 32, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2)],
+    "q": [(32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
+          (8, 16, 2, 2)],
+    "kv": [(32, 32, 4, 4), (32, 16, 4, 4), (16, 32, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
+           (8, 16, 2, 2)],
 }
 # Which variant runs per adapter class ("default": FALLBACK's order); benchmarks/_attn_sweep.py
 # sets VARIANT to time each.
@@ -42,8 +45,8 @@ def _shape(role: str, tiles, d: int) -> dict:
     d4 = -(-d // 4)
     ku = -(-d4 // 4)  # quads of the head per pass of the score loop (<= 4 passes)
     d4p = -(-d4 // ku) * ku
-    dq = -(-d4 // nx)  # output quads per invocation
-    rp = max(d4p + 1, nx * dq)
+    dq = -(-d4 // nx)  # output quads per invocation (quads past D4 are computed on whatever
+    rp = d4p + 1  # the next row holds and never stored); odd pitch: no bank conflicts
     pq = S // 4 + 1
     rows = {"fwd": (R, 0, S, 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
     smem = {"SRA": rows[0] * rp, "SRB": rows[1] * rp, "STA": rows[2] * rp,
@@ -56,7 +59,7 @@ def _shape(role: str, tiles, d: int) -> dict:
 
 def _valid(tiles) -> bool:
     R, S, TM, TN = tiles
-    return R % TM == 0 and S % TN == 0 and S % 16 == 0 and R % 4 == 0
+    return R % TM == 0 and S % TN == 0 and S % 16 == 0
 
 
 def pick_tiles(dev, role: str, d: int):
@@ -231,6 +234,7 @@ def _bwd_q(sh) -> str:
     L += ["    let ob = pu(11u) + bh * Tq * D;", "    let db = pu(12u) + bh * Tq * D;"]
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += ["    " + x for x in _stage(sh, "RB", "ld_do", "db", "r0", "Tq", R)]
+    L.append("    workgroupBarrier();")
     for i in range(TM):  # DSUM = dO . O of own rows (dO from the tile, O from storage)
         L += [f"    let row{i} = r0 + rr{i};",
               f"    let lse{i} = LS[pu(13u) + bh * Tq + min(row{i}, Tq - 1u)] * LOG2E;",
