@@ -15,9 +15,8 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import AdapterLimitError, ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
-from . import attention_tiles
+from . import attention_tiles, nnops
 from .elementwise import cast, contiguous, copy_into, fill_
-from .nnops import row_mode
 from .precision import autocast_dtype
 from .shape import reshape
 
@@ -31,8 +30,8 @@ CPU_MAX_ROWS = 60_000
 
 
 def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
-    """The one-row-per-invocation kernel (shaders/flash_attention.wgsl): CPU adapters (row_mode
-    'thread': no barriers) and GPUs whose workgroup memory holds no FlashAttention-2 tile."""
+    """The one-row-per-invocation kernel (shaders/flash_attention.wgsl, no workgroup memory,
+    no barriers): adapters whose workgroup memory holds no FlashAttention-2 tile."""
     t = "f16" if dtype == float16 else "f32"
     return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32,
                      TILED="false", SMEM=1, SROW=1)
@@ -62,14 +61,27 @@ def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=No
                  groups_1d(BH * blocks, 1))
 
 
-def _tiles(dev, d: int):
-    """FlashAttention-2 tiles per role on this GPU (ops/attention_tiles.py), or None: CPU
-    adapters (row_mode 'thread') and adapters whose workgroup memory is too small take the
-    row kernel."""
-    if row_mode(dev) == "thread":
+# CPU adapters take the tiles from this head size and one query block of rows up; below, the
+# row kernel (lavapipe, causal f+b: d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's
+# rate; 70,000 (batch, head) pairs of 2 rows 7x its time; benchmarks/_attn_sweep.py's rows).
+CPU_TILES_MIN_D = 32
+
+
+def _tiles(dev, d: int, T: int):
+    """FlashAttention-2 tiles per role (ops/attention_tiles.py), or None for the row kernel:
+    where the workgroup memory holds no tile, and on CPU adapters below CPU_TILES_MIN_D or
+    below one query block (T: the longer side). nnops.ROW_MODE forces the choice ('wg':
+    tiles, 'thread': rows; tests, sweeps)."""
+    forced = nnops.ROW_MODE
+    if forced == "thread":
         return None
     tiles = {r: attention_tiles.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
-    return None if None in tiles.values() else tiles
+    if None in tiles.values():
+        return None
+    if forced is None and is_cpu_adapter(dev) and (d < CPU_TILES_MIN_D
+                                                   or T < tiles["fwd"][0]):
+        return None
+    return tiles
 
 
 def _pad(x: Tensor, dp: int) -> Tensor:
@@ -89,7 +101,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
     """(O [BH, Tq, d] f32, logsumexp [BH, Tq] f32) of contiguous q [BH, Tq, d], k, v
     [BH, Tk, d] (f32 or f16). No autograd."""
     BH, Tq, d = q.shape
-    tiles = _tiles(q.device, d)
+    tiles = _tiles(q.device, d, max(Tq, k.shape[1]))
     dp = d if tiles else -(-d // 4) * 4
     o = Tensor.empty((BH, Tq, dp), q.device, float32)
     lse = Tensor.empty((BH, Tq), q.device, float32)
@@ -107,7 +119,7 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     BH, Tq, d = q.shape
     Tk = k.shape[1]
     dev = q.device
-    tiles = _tiles(dev, d)
+    tiles = _tiles(dev, d, max(Tq, Tk))
     dp = d if tiles else -(-d // 4) * 4
     dq = Tensor.empty((BH, Tq, dp), dev, float32)
     dsum = Tensor.empty((BH, Tq), dev, float32)
