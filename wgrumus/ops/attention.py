@@ -1,7 +1,9 @@
-"""Fused attention (FlashAttention, shaders/flash_attention.wgsl): softmax(scale q k^T) v in one
-kernel that streams K/V tiles with an online softmax, so memory is O(T) (the output and one
-logsumexp per query) instead of the [Tq, Tk] score matrix; the backward recomputes the scores
-from the saved logsumexp. ``attention_forward`` / ``attention_backward`` are the kernel
+"""Fused attention (FlashAttention): softmax(scale q k^T) v in one kernel that streams K/V tiles
+with an online softmax, so memory is O(T) (the output and one logsumexp per query) instead of
+the [Tq, Tk] score matrix; the backward recomputes the scores from the saved logsumexp. Two
+kernel families: FlashAttention-2 tiles (ops/attention_tiles.py, shaders/flash_attention2.wgsl)
+and the row kernel (shaders/flash_attention.wgsl, one row per invocation, no workgroup memory),
+chosen per adapter, head size and length (``_tiles``). ``attention_forward`` / ``attention_backward`` are the kernel
 launches without autograd (ops/fused.py builds its packed-qkv node on them);
 ``flash_attention`` is the autograd op on [..., T, d] tensors.
 """
@@ -20,11 +22,12 @@ from .elementwise import cast, contiguous, copy_into, fill_
 from .precision import autocast_dtype
 from .shape import reshape
 
-WG = 64  # rows (queries, or keys in bwd_kv) per workgroup, one per invocation
+WG = 64  # row kernel: rows (queries, or keys in bwd_kv) per workgroup, one per invocation
 MAX_HEAD_DIM = 128
 # llvmpipe stops a shader loop after 65,535 iterations per invocation, counting the loops it
-# does not unroll: the per-vec4 loops unroll up to 16 vec4s, the tile loops count about one
-# iteration per streamed row. CPU adapters therefore take head sizes <= 64 and <= 60,000 rows.
+# does not unroll: the row kernel's per-vec4 loops unroll up to 16 vec4s, its block loops count
+# about one iteration per streamed row (the tiles' loops <= 9 per tile of >= 16 rows). CPU
+# adapters therefore take head sizes <= 64 and <= 60,000 rows.
 CPU_MAX_HEAD_DIM = 64
 CPU_MAX_ROWS = 60_000
 
@@ -33,8 +36,7 @@ def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
     """The one-row-per-invocation kernel (shaders/flash_attention.wgsl, no workgroup memory,
     no barriers): adapters whose workgroup memory holds no FlashAttention-2 tile."""
     t = "f16" if dtype == float16 else "f32"
-    return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32,
-                     TILED="false", SMEM=1, SROW=1)
+    return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32)
 
 
 def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None,
@@ -133,9 +135,11 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
 
 
 # Where the [Tq, Tk] scores fit, the unfused composition (two matmuls around the fused
-# softmax) is the faster one: forward + backward at 8x8x1024x64 ran at 3.6 TFLOP/s unfused vs
-# 1.0 fused on the H100, 0.074 vs 0.054 GFLOP/s at 1x2x256x64 on lavapipe (benchmarks/ops.py
-# --only attention). The fused kernel takes over where the scores would be large.
+# softmax) has been the faster one: forward + backward at 8x8x1024x64 ran at 3.6 TFLOP/s
+# unfused vs 1.0 fused on the H100 (the row-per-invocation tiled kernel before
+# FlashAttention-2; benchmarks/_attn_sweep.py's unfused row times it against the tiles), 0.96
+# vs 0.36 GFLOP/s at 1x2x256x64 on lavapipe with the tiles (benchmarks/ops.py --only
+# attention). The fused kernel takes over where the scores would be large.
 FUSED_SCORE_BYTES = 128 << 20
 
 
