@@ -1,6 +1,6 @@
 """Fused attention tile sweep (issue 22, item 2): every variant of ops/attention_tiles.py
 VARIANTS, forward, backward and forward + backward through autograd, causal and not, at
-B x H x T x d (default 8 x 8 x 1024 x 64, f32), in TFLOP/s next to the unfused composition and
+B x H x T x d (default 8 x 8 x 1024 x 64, f32), in GFLOP/s next to the unfused composition and
 torch's scaled_dot_product_attention (CUDA, fp32, TF32 off) in the same run; each variant's
 output and gradients checked against the reference first. Then the peak live device bytes of
 one fused and one unfused step at a long T (default 8192; torch's next to them).
@@ -143,13 +143,13 @@ def main(argv=None) -> int:
             rows.append((tag, causal, sec, err))
     at.VARIANT = None
     print(f"{'kernel':34} {'causal':>6} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
-          f"{'fwd TF/s':>8} {'bwd TF/s':>8} {'f+b TF/s':>8} {'vs torch':>8} {'max err':>8}")
+          f"{'fwd GF/s':>8} {'bwd GF/s':>8} {'f+b GF/s':>8} {'vs torch':>8} {'max err':>8}")
     for name, causal, sec, err in rows:
         cells = []
         for part in ("fwd", "bwd", "f+b"):
             cells.append(f"{sec[part] * 1e3:8.3f}" if part in sec else " " * 8)
         for part in ("fwd", "bwd", "f+b"):
-            cells.append(f"{flops(B, H, T, d, causal, part) / sec[part] / 1e12:8.2f}"
+            cells.append(f"{flops(B, H, T, d, causal, part) / sec[part] / 1e9:8.1f}"
                          if part in sec else " " * 8)
         tr = ref_rate.get(causal, {}).get("f+b")
         cells.append(f"{tr / sec['f+b']:7.2f}x" if tr and "f+b" in sec else " " * 8)
