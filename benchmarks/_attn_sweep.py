@@ -27,7 +27,7 @@ os.environ.setdefault("WGRUMUS_DEVICES", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _kernel_sweep import gpu_seconds, torch_seconds  # noqa: E402
-from ops import _attention_step, _torch, peak_bytes, timeit  # noqa: E402
+from ops import _attention_step, _torch, peak_bytes, timeit, torch_attention_peak  # noqa: E402
 
 T0 = time.perf_counter()
 
@@ -175,14 +175,7 @@ def main(argv=None) -> int:
     except Exception as e:  # a [T, T] score matrix past the binding limit
         print(f"unfused at T={TL}: {str(e).splitlines()[0][:120]}")
     if th is not None:
-        qt, kt, vt = (th.from_numpy(x.numpy()).cuda().requires_grad_(True) for x in (ql, kl, vl))
-        gt = th.from_numpy(gl.numpy()).cuda()
-        th.cuda.synchronize()
-        base = th.cuda.memory_allocated()
-        th.cuda.reset_peak_memory_stats()
-        th.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(gt)
-        th.cuda.synchronize()
-        mb["torch SDPA"] = (th.cuda.max_memory_allocated() - base) / 2 ** 20
+        mb["torch SDPA"] = torch_attention_peak(th, ql, kl, vl, gl) / 2 ** 20
     print(f"peak live device MiB above the inputs, causal f+b at 1x1x{TL}x{d}: "
           + ", ".join(f"{k} {v:.2f}" for k, v in mb.items()))
     print(f"done in {time.perf_counter() - T0:.1f} s")

@@ -3,9 +3,9 @@ with an online softmax, so memory is O(T) (the output and one logsumexp per quer
 the [Tq, Tk] score matrix; the backward recomputes the scores from the saved logsumexp. Two
 kernel families: FlashAttention-2 tiles (ops/attention_tiles.py, shaders/flash_attention2.wgsl)
 and the row kernel (shaders/flash_attention.wgsl, one row per invocation, no workgroup memory),
-chosen per adapter, head size and length (``_tiles``). ``attention_forward`` / ``attention_backward`` are the kernel
-launches without autograd (ops/fused.py builds its packed-qkv node on them);
-``flash_attention`` is the autograd op on [..., T, d] tensors.
+chosen per adapter, head size and length (``_tiles``). ``attention_forward`` /
+``attention_backward`` are the kernel launches without autograd (ops/fused.py builds its
+packed-qkv node on them); ``flash_attention`` is the autograd op on [..., T, d] tensors.
 """
 from __future__ import annotations
 

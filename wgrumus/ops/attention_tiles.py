@@ -115,7 +115,7 @@ def _head(sh) -> list:
             f"    let r0 = (g % pu(10u)) * {sh['R']}u;",
             "    let lid = ids.lid;",
             "    let tx = lid % NX;",
-            f"    let ty = lid / NX;",
+            "    let ty = lid / NX;",
             "    let Tq = pu(1u);",
             "    let Tk = pu(2u);",
             "    let causal = pu(9u) != 0u;",
@@ -140,8 +140,9 @@ def _scores(sh, pairs, ind="        ") -> list:
     out.append(f"{ind}for (var kq = 0u; kq < {sh['D4P']}u; kq += {KU}u) {{")
     for ku in range(KU):
         for n, ra, ta in pairs:
-            out += [f"{ind}    let {n}a{i}_{ku} = {ra}[rr{i} * RP + kq + {ku}u];" for i in range(TM)]
-            out += [f"{ind}    let {n}b{j}_{ku} = {ta}[cc{j} * RP + kq + {ku}u];" for j in range(TN)]
+            a, b, k = f"{ind}    let {n}a", f"{ind}    let {n}b", f"kq + {ku}u"
+            out += [f"{a}{i}_{ku} = {ra}[rr{i} * RP + {k}];" for i in range(TM)]
+            out += [f"{b}{j}_{ku} = {ta}[cc{j} * RP + {k}];" for j in range(TN)]
             out += [f"{ind}    {n}{i}_{j} += dot({n}a{i}_{ku}, {n}b{j}_{ku});" for i in range(TM)
                     for j in range(TN)]
     out.append(f"{ind}}}")
@@ -154,11 +155,12 @@ def _accumulate(sh, terms, ind="        ") -> list:
     TM, DQ, JU, S = sh["TM"], sh["DQ"], sh["JU"], sh["S"]
     out = [f"{ind}for (var jq = 0u; jq < {S // 4}u; jq += {JU}u) {{"]
     for ju in range(JU):
-        for acc, pt, rt in terms:
-            out += [f"{ind}    let {acc}p{i}_{ju} = {pt}[rr{i} * PQ + jq + {ju}u];" for i in range(TM)]
+        for acc, pt, _ in terms:
+            out += [f"{ind}    let {acc}p{i}_{ju} = {pt}[rr{i} * PQ + jq + {ju}u];"
+                    for i in range(TM)]
         for e, c in enumerate("xyzw"):
             row = f"(4u * (jq + {ju}u) + {e}u) * RP + tx"
-            for acc, pt, rt in terms:
+            for acc, _, rt in terms:
                 for u in range(DQ):
                     out.append(f"{ind}    let {acc}v{u}_{ju}{c} = {rt}[{row} + {sh['NX'] * u}u];")
                     out += [f"{ind}    {acc}{i}_{u} = fma(vec4<f32>({acc}p{i}_{ju}.{c}), "
@@ -222,7 +224,7 @@ def _fwd(sh) -> str:
               f"        let lsum = {tot};"]
         L += [f"        st_w1(pu(6u) + row * D, tx + {NX * u}u, o{i}_{u} / lsum);"
               for u in range(DQ)]
-        L += ["        if (tx == 0u) { W2[pu(7u) + row] = (m%d + log2(lsum)) * LN2; }" % i,
+        L += [f"        if (tx == 0u) {{ W2[pu(7u) + row] = (m{i} + log2(lsum)) * LN2; }}",
               "    }"]
     L.append("}")
     return "\n".join(L).replace("{entry}", "fwd")
