@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from ..runtime.kernels import Kernel
+from .matmul import adapter_class
 
 # name -> tiles per role. "fwd": (queries, keys per tile, TM, TN); "q" (bwd_q) likewise;
 # "kv" (bwd_kv): (keys, queries per tile, TM, TN). A role whose tiles do not fit the head size
@@ -32,10 +33,20 @@ FALLBACK = {
     "kv": [(32, 32, 4, 4), (32, 16, 4, 4), (16, 32, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
            (8, 16, 2, 2)],
 }
-# Which variant runs per adapter class ("default": FALLBACK's order); benchmarks/_attn_sweep.py
-# sets VARIANT to time each.
-ATTN_TABLE = {"gpu": "a64"}
+# Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
+# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}.
+# benchmarks/_attn_sweep.py times every variant and prints the entry to paste.
+ATTN_TABLE: dict = {"gpu": "a64"}
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
+
+
+def _variant_name(dev, role: str):
+    if VARIANT is not None:
+        return VARIANT
+    entry = ATTN_TABLE.get(adapter_class(dev), ATTN_TABLE.get("gpu"))
+    if isinstance(entry, dict):
+        return entry.get("fwd" if role == "fwd" else "bwd")
+    return entry
 
 
 def _shape(role: str, tiles, d: int) -> dict:
@@ -67,7 +78,7 @@ def pick_tiles(dev, role: str, d: int):
     memory (the caller then runs the one-row-per-invocation kernel)."""
     limit = dev.limits.get("max-compute-workgroup-storage-size", 16384)
     inv = dev.limits.get("max-compute-invocations-per-workgroup", 256)
-    name = VARIANT or ATTN_TABLE.get("gpu", "default")
+    name = _variant_name(dev, role)
     first = [VARIANTS[name][role]] if name in VARIANTS else []
     for tiles in first + FALLBACK[role]:
         sh = _shape(role, tiles, d)
