@@ -118,3 +118,21 @@ def test_flash_attention_op_uses_the_tiles(rng):
     want = attn64(q, k, v, True, g)
     for got, w in zip([out] + [t.grad for t in ts], want):
         np.testing.assert_allclose(got.numpy(), w, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_qkv_views(rng, monkeypatch, causal):
+    """MultiheadAttention / GPT's packed path (ops/fused.causal_self_attention): q, k, v are
+    views at offsets into one buffer; the tiles give the unfused path's outputs and gradients."""
+    from wgrumus.ops import attention, fused
+    qkv = rng.standard_normal((2, 37, 3 * 18)).astype(np.float32)  # 2 heads of 9
+    g = rng.standard_normal((2, 37, 18)).astype(np.float32)
+    res = []
+    for limit in (0, 1 << 40):
+        monkeypatch.setattr(attention, "FUSED_SCORE_BYTES", limit)
+        t = wr.tensor(qkv, requires_grad=True)
+        y = fused.causal_self_attention(t, 2, causal)
+        (y * wr.tensor(g)).sum().backward()
+        res.append((y.numpy(), t.grad.numpy()))
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
