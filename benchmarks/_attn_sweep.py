@@ -118,7 +118,8 @@ def main(argv=None) -> int:
             break
         at.VARIANT = name
         picked = {r: at.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
-        fallback = [r for r in picked if picked[r] != at.VARIANTS[name][r]]
+        fallback = [r if picked[r][:4] != at.VARIANTS[name][r][:4] else r + " without sg"
+                    for r in picked if picked[r] != at.VARIANTS[name][r]]
         if None in picked.values():
             print(f"{name}: no tiles fit ({picked}); skipped", flush=True)
             continue

@@ -13,13 +13,18 @@ import functools
 from ..runtime.kernels import Kernel
 from .matmul import adapter_class
 
-# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN); "q" (bwd_q) likewise;
-# "kv" (bwd_kv): (keys, queries per tile, TM, TN). A role whose tiles do not fit the head size
-# into the adapter's workgroup memory takes the first of FALLBACK[role] that does.
+# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise;
+# "kv" (bwd_kv): (keys, queries per tile, TM, TN). SG 1 (forward only): the row max and row
+# sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX invocations
+# (K and V then staged side by side: 3 barriers per tile instead of 4), else ignored. A role
+# whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
+# FALLBACK[role] that does.
 VARIANTS = {
     "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
     "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
     "a64t24": {"fwd": (64, 32, 2, 4), "q": (32, 32, 2, 4), "kv": (32, 32, 2, 4)},
+    "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
     "a64t8": {"fwd": (64, 32, 8, 4), "q": (32, 32, 8, 4), "kv": (32, 32, 8, 4)},
     "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
     "a32": {"fwd": (32, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 16, 4, 4)},
@@ -39,6 +44,7 @@ FALLBACK = {
 # benchmarks/_attn_sweep.py times every variant and prints the entry to paste.
 ATTN_TABLE: dict = {"gpu": "a64"}
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
+SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
 
 
 def _variant_name(dev, role: str):
@@ -50,9 +56,17 @@ def _variant_name(dev, role: str):
     return entry
 
 
+def _subgroups_hold(dev, nx: int) -> bool:
+    """Whether every subgroup holds whole rows of nx consecutive invocations."""
+    info = dev.adapter_info  # wgpu-py 0.32 spells the keys "stackgroup_..."
+    least = SUBGROUP_MIN or info.get("subgroup_min_size") or info.get("stackgroup_min_size")
+    return "subgroup" in dev.features and bool(least) and least >= nx and nx & (nx - 1) == 0
+
+
 def _shape(role: str, tiles, d: int) -> dict:
     """Derived sizes of a role's tiles at head size d (see the shader's constants)."""
-    R, S, TM, TN = tiles
+    R, S, TM, TN = tiles[:4]
+    sg = len(tiles) > 4 and bool(tiles[4])
     nx, ny = S // TN, R // TM
     d4 = -(-d // 4)
     ku = -(-d4 // 4)  # quads of the head per pass of the score loop (<= 4 passes)
@@ -60,17 +74,18 @@ def _shape(role: str, tiles, d: int) -> dict:
     dq = -(-d4 // nx)  # output quads per invocation (quads past D4 are computed on whatever
     rp = d4p + 1  # the next row holds and never stored); odd pitch: no bank conflicts
     pq = S // 4 + 1
-    rows = {"fwd": (R, 0, S, 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
+    rows = {"fwd": (R, 0, S, S if sg else 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
     smem = {"SRA": rows[0] * rp, "SRB": rows[1] * rp, "STA": rows[2] * rp,
             "STB": rows[3] * rp, "SPA": R * pq, "SPB": R * pq if role == "kv" else 0,
-            "SRED": {"fwd": R * nx, "kv": 2 * S, "q": 0}[role]}
+            "SRED": {"fwd": 0 if sg else R * nx, "kv": 2 * S, "q": 0}[role]}
     nbytes = 16 * sum(v for k, v in smem.items() if k != "SRED") + 4 * smem["SRED"]
     return dict(R=R, S=S, TM=TM, TN=TN, NX=nx, NY=ny, NT=nx * ny, D4=d4, KU=ku, D4P=d4p,
-                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), smem=smem, nbytes=nbytes)
+                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, smem=smem,
+                nbytes=nbytes)
 
 
 def _valid(tiles) -> bool:
-    R, S, TM, TN = tiles
+    R, S, TM, TN = tiles[:4]
     return R % TM == 0 and S % TN == 0 and S % 16 == 0
 
 
@@ -82,14 +97,12 @@ def pick_tiles(dev, role: str, d: int):
     name = _variant_name(dev, role)
     first = [VARIANTS[name][role]] if name in VARIANTS else []
     for tiles in first + FALLBACK[role]:
+        if len(tiles) > 4 and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3])):
+            tiles = tiles[:4]
         sh = _shape(role, tiles, d)
         if _valid(tiles) and sh["nbytes"] <= limit and sh["NT"] <= inv:
             return tiles
     return None
-
-
-def workgroup_bytes(role: str, tiles, d: int) -> int:
-    return _shape(role, tiles, d)["nbytes"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,7 +200,8 @@ def _acc_decl(sh, names, ind="    ") -> list:
 
 
 def _fwd(sh) -> str:
-    TM, TN, NX, DQ, R, S = sh["TM"], sh["TN"], sh["NX"], sh["DQ"], sh["R"], sh["S"]
+    TM, TN, NX, DQ, R, S, SG = (sh[k] for k in ("TM", "TN", "NX", "DQ", "R", "S", "SG"))
+    vt = "TB" if SG else "TA"  # V's tile: beside K's (SG), or K's once the scores are done
     L = _head(sh) + _rows(sh)
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += [f"    var m{i} = LOWEST_F32;\n    var l{i} = 0.0;" for i in range(TM)]
@@ -196,6 +210,8 @@ def _fwd(sh) -> str:
           f"    for (var t = 0u; t < kend; t += {S}u) {{",
           "        workgroupBarrier();"]
     L += ["        " + x for x in _stage(sh, "TA", "ld_k", "kb", "t", "Tk", S)]
+    if SG:
+        L += ["        " + x for x in _stage(sh, "TB", "ld_v", "vb", "t", "Tk", S)]
     L += ["        workgroupBarrier();"]
     L += _scores(sh, [("s", "RA", "TA")])
     for j in range(TN):
@@ -208,14 +224,23 @@ def _fwd(sh) -> str:
         mx = f"s{i}_0"
         for j in range(1, TN):
             mx = f"max({mx}, s{i}_{j})"
-        L.append(f"        RED[rr{i} * NX + tx] = {mx};")
-    L.append("        workgroupBarrier();")
+        if SG:
+            L.append(f"        var mx{i} = max(m{i}, {mx});")
+            L += [f"        mx{i} = max(mx{i}, subgroupShuffleXor(mx{i}, {b}u));"
+                  for b in _xor_steps(NX)]
+        else:
+            L.append(f"        RED[rr{i} * NX + tx] = {mx};")
+    if not SG:
+        L.append("        workgroupBarrier();")
     for i in range(TM):
-        mx = f"m{i}"
-        for x in range(NX):
-            mx = f"max({mx}, RED[rr{i} * NX + {x}u])"
-        L += [f"        let mn{i} = {mx};",
-              f"        let al{i} = exp2(m{i} - mn{i});",
+        if SG:
+            L.append(f"        let mn{i} = mx{i};")
+        else:
+            mx = f"m{i}"
+            for x in range(NX):
+                mx = f"max({mx}, RED[rr{i} * NX + {x}u])"
+            L.append(f"        let mn{i} = {mx};")
+        L += [f"        let al{i} = exp2(m{i} - mn{i});",
               f"        m{i} = mn{i};",
               f"        l{i} *= al{i};"]
         L += [f"        o{i}_{u} *= al{i};" for u in range(DQ)]
@@ -223,14 +248,20 @@ def _fwd(sh) -> str:
             L += [f"        let p{i}_{j} = exp2(s{i}_{j} - mn{i});",
                   f"        l{i} += p{i}_{j};",
                   f"        put_pa(rr{i}, cc{j}, p{i}_{j});"]
-    L += ["        " + x for x in _stage(sh, "TA", "ld_v", "vb", "t", "Tk", S)]
+    if not SG:
+        L += ["        " + x for x in _stage(sh, "TA", "ld_v", "vb", "t", "Tk", S)]
     L.append("        workgroupBarrier();")
-    L += _accumulate(sh, [("o", "PA", "TA")])
-    L += ["    }", "    workgroupBarrier();"]
-    L += [f"    RED[rr{i} * NX + tx] = l{i};" for i in range(TM)]
-    L.append("    workgroupBarrier();")
+    L += _accumulate(sh, [("o", "PA", vt)])
+    L.append("    }")
+    if SG:
+        for i in range(TM):
+            L += [f"    l{i} += subgroupShuffleXor(l{i}, {b}u);" for b in _xor_steps(NX)]
+    else:
+        L.append("    workgroupBarrier();")
+        L += [f"    RED[rr{i} * NX + tx] = l{i};" for i in range(TM)]
+        L.append("    workgroupBarrier();")
     for i in range(TM):
-        tot = " + ".join(f"RED[rr{i} * NX + {x}u]" for x in range(NX))
+        tot = f"l{i}" if SG else " + ".join(f"RED[rr{i} * NX + {x}u]" for x in range(NX))
         L += [f"    if (r0 + rr{i} < Tq) {{",
               f"        let row = bh * Tq + r0 + rr{i};",
               f"        let lsum = {tot};"]
@@ -240,6 +271,11 @@ def _fwd(sh) -> str:
               "    }"]
     L.append("}")
     return "\n".join(L).replace("{entry}", "fwd")
+
+
+def _xor_steps(nx: int) -> list:
+    """Shuffle distances that combine the nx invocations of a row (tx = lane % nx)."""
+    return [1 << b for b in range(nx.bit_length() - 1)]
 
 
 def _bwd_q(sh) -> str:
