@@ -343,13 +343,15 @@ def _bwd_kv(sh) -> str:
     L += ["        workgroupBarrier();"]
     L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
     for j in range(TN):
-        L.append(f"        let qr{j} = t + cc{j};")
+        L += [f"        let qr{j} = t + cc{j};",
+              f"        let lse{j} = RED[cc{j}];",
+              f"        let dsum{j} = RED[{S}u + cc{j}];"]
     for i in range(TM):
         for j in range(TN):
-            L += [f"        let p{i}_{j} = select(0.0, exp2(s{i}_{j} - RED[cc{j}]), qr{j} < Tq && "
+            L += [f"        let p{i}_{j} = select(0.0, exp2(s{i}_{j} - lse{j}), qr{j} < Tq && "
                   f"(!causal || key{i} <= qr{j}));",
                   f"        put_pa(rr{i}, cc{j}, p{i}_{j});",
-                  f"        put_pb(rr{i}, cc{j}, p{i}_{j} * (dp{i}_{j} - RED[{S}u + cc{j}]));"]
+                  f"        put_pb(rr{i}, cc{j}, p{i}_{j} * (dp{i}_{j} - dsum{j}));"]
     L.append("        workgroupBarrier();")
     L += _accumulate(sh, [("dv", "PA", "TB"), ("dk", "PB", "TA")])
     L.append("    }")
