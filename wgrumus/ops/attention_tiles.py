@@ -49,6 +49,9 @@ SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter 
 
 def _variant_name(dev, role: str):
     if VARIANT is not None:
+        if VARIANT not in VARIANTS:
+            raise ValueError(f"attention tile variant {VARIANT!r} is not one of "
+                             f"{sorted(VARIANTS)}")
         return VARIANT
     entry = ATTN_TABLE.get(adapter_class(dev), ATTN_TABLE.get("gpu"))
     if isinstance(entry, dict):
@@ -107,6 +110,7 @@ def pick_tiles(dev, role: str, d: int):
 
 @functools.lru_cache(maxsize=256)
 def kernel(role: str, tiles: tuple, d: int, f16: bool) -> Kernel:
+    """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v)."""
     sh = _shape(role, tiles, d)
     gen = {"fwd": _fwd, "q": _bwd_q, "kv": _bwd_kv}[role]
     return Kernel.of("flash_attention2", {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[role],
