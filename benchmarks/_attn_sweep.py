@@ -48,6 +48,8 @@ def main(argv=None) -> int:
                    help="seconds after which no new variant starts")
     p.add_argument("--variants", default=None, help="comma separated VARIANTS names (all)")
     p.add_argument("--min-s", type=float, default=0.2, help="seconds per timing")
+    p.add_argument("--warm", type=float, default=None, help="seconds of unfused steps first, "
+                   "so that an idle GPU reaches its clocks (default 2; 0 on a CPU adapter)")
     a = p.parse_args(argv)
     import wgrumus as wr
     from wgrumus.nn.attention import unfused_attention
@@ -76,6 +78,10 @@ def main(argv=None) -> int:
     def wall(fn):
         return timeit(fn, sync, min_s=a.min_s)
 
+    warm_until = time.perf_counter() + (a.warm if a.warm is not None else 0 if cpu else 2.0)
+    while time.perf_counter() < warm_until:
+        _attention_step(lambda x, y, z: unfused_attention(x, y, z, is_causal=True), q, k, v, g)
+        sync()
     # references: torch where present, else the unfused composition (outputs and dq)
     refs, ref_rate = {}, {}
     for causal in (True, False):
