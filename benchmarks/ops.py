@@ -247,6 +247,19 @@ def peak_bytes(dev, fn) -> int:
     return peak[0] - base
 
 
+def torch_attention_peak(th, q, k, v, g) -> int:
+    """Peak CUDA bytes above those allocated before, of one causal SDPA forward + backward on
+    copies of the wgrumus tensors q, k, v with output gradient g."""
+    qt, kt, vt = (th.from_numpy(t.numpy()).cuda().requires_grad_(True) for t in (q, k, v))
+    gt = th.from_numpy(g.numpy()).cuda()
+    th.cuda.synchronize()
+    base = th.cuda.memory_allocated()
+    th.cuda.reset_peak_memory_stats()
+    th.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(gt)
+    th.cuda.synchronize()
+    return th.cuda.max_memory_allocated() - base
+
+
 def bench_attention(rows, dev, quick, th):
     """Causal attention forward + backward: the fused kernel, the unfused composition
     (q k^T, softmax, @ v) and torch's scaled_dot_product_attention (fp32), in GFLOP/s of the
@@ -284,17 +297,7 @@ def bench_attention(rows, dev, quick, th):
         t.requires_grad_(True)
     mb_f = peak_bytes(dev, lambda: _attention_step(fused, ql, kl, vl, gl)) / 2 ** 20
     mb_u = peak_bytes(dev, lambda: _attention_step(unfused, ql, kl, vl, gl)) / 2 ** 20
-    ref_mb = None
-    if th is not None:
-        qt, kt, vt = (th.from_numpy(t.numpy()).cuda().requires_grad_(True)
-                      for t in (ql, kl, vl))
-        gt = th.from_numpy(gl.numpy()).cuda()
-        th.cuda.synchronize()
-        base = th.cuda.memory_allocated()
-        th.cuda.reset_peak_memory_stats()
-        th.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True).backward(gt)
-        th.cuda.synchronize()
-        ref_mb = (th.cuda.max_memory_allocated() - base) / 2 ** 20
+    ref_mb = torch_attention_peak(th, ql, kl, vl, gl) / 2 ** 20 if th is not None else None
     note = "live device bytes above the inputs, fwd + bwd (lower is better)"
     rows.add("attention fused peak", f"1x1x{TL}x{d}", "MiB", mb_f, None, ref_mb, note=note)
     rows.add("attention unfused peak", f"1x1x{TL}x{d}", "MiB", mb_u, None, ref_mb,

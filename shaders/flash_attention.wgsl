@@ -1,14 +1,14 @@
-// Fused attention (FlashAttention): softmax(scale * q k^T [causal]) v without the [Tq, Tk]
-// score matrix. Q, K, V: contiguous [BH, T, D] blocks of storage type T (f32 or f16); all math
-// in f32. A workgroup owns WG consecutive rows of one (batch, head): every invocation one row.
-// The other side (keys in fwd / bwd_q, queries in bwd_kv) is streamed in tiles of BK rows,
-// with an online softmax in fwd. TILED: tiles are staged in workgroup memory by the whole
-// workgroup (GPUs); otherwise each invocation reads them from storage itself and no barrier
-// is used (CPU adapters, see ops/nnops.row_mode). The tile loop nests a loop of BK rows inside
-// one of ceil(T / BK) tiles. llvmpipe stops a shader loop after 65,535 iterations per
+// Fused attention, one row per invocation (the row kernel): softmax(scale * q k^T [causal]) v
+// without the [Tq, Tk] score matrix, no workgroup memory and no barriers (CPU adapters at small
+// head sizes, adapters whose workgroup memory holds no flash_attention2.wgsl tile; see
+// ops/attention.py). Q, K, V: contiguous [BH, T, D] blocks of storage type T (f32 or f16); all
+// math in f32. A workgroup owns WG consecutive rows of one (batch, head): every invocation one
+// row, reading the other side (keys in fwd / bwd_q, queries in bwd_kv) from storage in blocks
+// of BK rows, with an online softmax in fwd. The block loop nests a loop of BK rows inside one
+// of ceil(T / BK) blocks. llvmpipe stops a shader loop after 65,535 iterations per
 // invocation, counting every loop it does not unroll: rows are held as D4 = ceil(D / 4) vec4s
 // (D4 <= 32: the loops over them unroll) and the BK loop has a constant trip count and no
-// break, so only the tile loop counts.
+// break, so only the block loop counts.
 // Causal (Tq == Tk): key j is visible to query i iff j <= i.
 // Entries:
 //   fwd:    O = softmax(s) v and LSE = logsumexp(s) per query row (f32).
@@ -16,7 +16,7 @@
 //           P_ij = exp(s_ij - LSE_i) recomputed from the saved LSE.
 //   bwd_kv: dV_j = sum_i P_ij dO_i, dK_j = scale * sum_i P_ij (dO_i . V_j - DSUM_i) Q_i.
 // Words: 0 BH, 1 Tq, 2 Tk, 3 q off, 4 k off, 5 v off, 6 W1 off, 7 W2 off, 8 scale,
-//        9 causal, 10 row tiles per (batch, head), 11 O off, 12 dO off, 13 LSE off, 14 DSUM off.
+//        9 causal, 10 row blocks per (batch, head), 11 O off, 12 dO off, 13 LSE off, 14 DSUM off.
 @group(0) @binding(1) var<storage, read> Q: array<{{T}}>;
 @group(0) @binding(2) var<storage, read> K: array<{{T}}>;
 @group(0) @binding(3) var<storage, read> V: array<{{T}}>;
@@ -32,12 +32,6 @@ const WG: u32 = {{WG}}u;
 const BK: u32 = {{BK}}u;
 const D: u32 = {{D}}u;  // head size, a multiple of 4
 const D4: u32 = D / 4u;
-const TILED: bool = {{TILED}};
-
-var<workgroup> SA: array<vec4<f32>, {{SMEM}}>;
-var<workgroup> SB: array<vec4<f32>, {{SMEM}}>;
-var<workgroup> SL: array<f32, {{SROW}}>;
-var<workgroup> SD: array<f32, {{SROW}}>;
 
 struct Rows { bh: u32, i: u32, i0: u32, ok: bool }
 
@@ -87,52 +81,6 @@ fn st2(b: u32, c4: u32, v: vec4<f32>) {
     W2[x + 3u] = v.w;
 }
 
-// Streamed row j (tile-local jj) of K / V (fwd, bwd_q) or Q / dO (bwd_kv): from workgroup
-// memory when TILED, else from storage (base: element offset of the batch-head's row 0).
-fn ka(base: u32, j: u32, jj: u32, c4: u32) -> vec4<f32> {
-    if (TILED) { return SA[jj * D4 + c4]; }
-    return ldk(base + j * D, c4);
-}
-fn va(base: u32, j: u32, jj: u32, c4: u32) -> vec4<f32> {
-    if (TILED) { return SB[jj * D4 + c4]; }
-    return ldv(base + j * D, c4);
-}
-fn qa(base: u32, i: u32, ii: u32, c4: u32) -> vec4<f32> {
-    if (TILED) { return SA[ii * D4 + c4]; }
-    return ldq(base + i * D, c4);
-}
-fn doa(base: u32, i: u32, ii: u32, c4: u32) -> vec4<f32> {
-    if (TILED) { return SB[ii * D4 + c4]; }
-    return lddo(base + i * D, c4);
-}
-
-// K and V rows [t, t + BK) into SA, SB.
-fn stage_kv(kb: u32, vb: u32, t: u32, n: u32, lid: u32) {
-    for (var e = lid; e < BK * D4; e += WG) {
-        let j = t + e / D4;
-        let ok = j < n;
-        let x = select(0u, j * D, ok);
-        SA[e] = select(vec4<f32>(0.0), ldk(kb + x, e % D4), ok);
-        SB[e] = select(vec4<f32>(0.0), ldv(vb + x, e % D4), ok);
-    }
-}
-
-// Q and dO rows [t, t + BK) into SA, SB, and their LSE, DSUM into SL, SD.
-fn stage_qdo(qb: u32, dob: u32, lb: u32, t: u32, n: u32, lid: u32) {
-    for (var e = lid; e < BK * D4; e += WG) {
-        let i = t + e / D4;
-        let ok = i < n;
-        let x = select(0u, i * D, ok);
-        SA[e] = select(vec4<f32>(0.0), ldq(qb + x, e % D4), ok);
-        SB[e] = select(vec4<f32>(0.0), lddo(dob + x, e % D4), ok);
-    }
-    for (var e = lid; e < BK; e += WG) {
-        let ok = t + e < n;
-        SL[e] = select(0.0, LS[pu(13u) + lb + select(0u, t + e, ok)], ok);
-        SD[e] = select(0.0, DS[pu(14u) + lb + select(0u, t + e, ok)], ok);
-    }
-}
-
 // Keys of query tile [i0, i0 + WG) (causal: up to the tile's last row).
 fn key_end(i0: u32) -> u32 {
     if (pu(9u) != 0u) { return min(pu(2u), i0 + WG); }
@@ -142,15 +90,6 @@ fn key_end(i0: u32) -> u32 {
 // This row's keys: up to the tile's (uniform) end, or up to its own position when causal.
 fn my_key_end(r: Rows, kend: u32) -> u32 {
     return select(min(kend, r.i + 1u), kend, pu(9u) == 0u);
-}
-
-// Key tile t into workgroup memory when TILED (call in uniform control flow).
-fn kv_tile(r: Rows, kb: u32, vb: u32, t: u32, Tk: u32, lid: u32) {
-    if (TILED) {
-        workgroupBarrier();
-        if (r.bh < pu(0u)) { stage_kv(kb, vb, t, Tk, lid); }
-        workgroupBarrier();
-    }
 }
 
 @compute @workgroup_size({{WG}})
@@ -174,17 +113,16 @@ fn fwd(ids: Launch) {
     let kend = key_end(r.i0);
     let mine = my_key_end(r, kend);
     for (var t = 0u; t < kend; t += BK) {
-        kv_tile(r, kb, vb, t, Tk, ids.lid);
         for (var jj = 0u; jj < BK; jj++) {
             let j = t + jj;
             if (r.ok && j < mine) {
                 var s = 0.0;
-                for (var c = 0u; c < D4; c++) { s += dot(q[c], ka(kb, j, jj, c)); }
+                for (var c = 0u; c < D4; c++) { s += dot(q[c], ldk(kb + j * D, c)); }
                 let mn = max(m, s);
                 let f = exp(m - mn);
                 let p = exp(s - mn);
                 l = l * f + p;
-                for (var c = 0u; c < D4; c++) { acc[c] = acc[c] * f + p * va(vb, j, jj, c); }
+                for (var c = 0u; c < D4; c++) { acc[c] = acc[c] * f + p * ldv(vb + j * D, c); }
                 m = mn;
             }
         }
@@ -219,18 +157,17 @@ fn bwd_q(ids: Launch) {
     let kend = key_end(r.i0);
     let mine = my_key_end(r, kend);
     for (var t = 0u; t < kend; t += BK) {
-        kv_tile(r, kb, vb, t, Tk, ids.lid);
         for (var jj = 0u; jj < BK; jj++) {
             let j = t + jj;
             if (r.ok && j < mine) {
                 var s = 0.0;
                 var dp = 0.0;
                 for (var c = 0u; c < D4; c++) {
-                    s += dot(q[c], ka(kb, j, jj, c));
-                    dp += dot(go[c], va(vb, j, jj, c));
+                    s += dot(q[c], ldk(kb + j * D, c));
+                    dp += dot(go[c], ldv(vb + j * D, c));
                 }
                 let ds = exp(s - lse) * (dp - dsum);
-                for (var c = 0u; c < D4; c++) { dq[c] += ds * ka(kb, j, jj, c); }
+                for (var c = 0u; c < D4; c++) { dq[c] += ds * ldk(kb + j * D, c); }
             }
         }
     }
@@ -265,34 +202,22 @@ fn bwd_kv(ids: Launch) {
     let first = select(0u, (r.i0 / BK) * BK, causal);
     let mine = select(0u, r.i, causal);
     for (var t = first; t < Tq; t += BK) {
-        if (TILED) {
-            workgroupBarrier();
-            if (r.bh < pu(0u)) { stage_qdo(qb, dob, lb, t, Tq, ids.lid); }
-            workgroupBarrier();
-        }
         for (var ii = 0u; ii < BK; ii++) {
             let i = t + ii;
             if (r.ok && i < Tq && i >= mine) {
                 var s = 0.0;
                 var dp = 0.0;
                 for (var c = 0u; c < D4; c++) {
-                    s += dot(qa(qb, i, ii, c), k[c]);
-                    dp += dot(doa(dob, i, ii, c), v[c]);
+                    s += dot(ldq(qb + i * D, c), k[c]);
+                    dp += dot(lddo(dob + i * D, c), v[c]);
                 }
-                var lse: f32;
-                var dsum: f32;
-                if (TILED) {
-                    lse = SL[ii];
-                    dsum = SD[ii];
-                } else {
-                    lse = LS[pu(13u) + lb + i];
-                    dsum = DS[pu(14u) + lb + i];
-                }
+                let lse = LS[pu(13u) + lb + i];
+                let dsum = DS[pu(14u) + lb + i];
                 let p = exp(s - lse);
                 let ds = p * (dp - dsum);
                 for (var c = 0u; c < D4; c++) {
-                    dv[c] += p * doa(dob, i, ii, c);
-                    dk[c] += ds * qa(qb, i, ii, c);
+                    dv[c] += p * lddo(dob + i * D, c);
+                    dk[c] += ds * ldq(qb + i * D, c);
                 }
             }
         }

@@ -1,9 +1,11 @@
-"""Fused attention (FlashAttention, shaders/flash_attention.wgsl): softmax(scale q k^T) v in one
-kernel that streams K/V tiles with an online softmax, so memory is O(T) (the output and one
-logsumexp per query) instead of the [Tq, Tk] score matrix; the backward recomputes the scores
-from the saved logsumexp. ``attention_forward`` / ``attention_backward`` are the kernel
-launches without autograd (ops/fused.py builds its packed-qkv node on them);
-``flash_attention`` is the autograd op on [..., T, d] tensors.
+"""Fused attention (FlashAttention): softmax(scale q k^T) v in one kernel that streams K/V tiles
+with an online softmax, so memory is O(T) (the output and one logsumexp per query) instead of
+the [Tq, Tk] score matrix; the backward recomputes the scores from the saved logsumexp. Two
+kernel families: FlashAttention-2 tiles (ops/attention_tiles.py, shaders/flash_attention2.wgsl)
+and the row kernel (shaders/flash_attention.wgsl, one row per invocation, no workgroup memory),
+chosen per adapter, head size and length (``_tiles``). ``attention_forward`` /
+``attention_backward`` are the kernel launches without autograd (ops/fused.py builds its
+packed-qkv node on them); ``flash_attention`` is the autograd op on [..., T, d] tensors.
 """
 from __future__ import annotations
 
@@ -15,52 +17,77 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import AdapterLimitError, ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
+from . import attention_tiles, nnops
 from .elementwise import cast, contiguous, copy_into, fill_
-from .nnops import row_mode
 from .precision import autocast_dtype
 from .shape import reshape
 
-WG = 64  # rows (queries, or keys in bwd_kv) per workgroup, one per invocation
+WG = 64  # row kernel: rows (queries, or keys in bwd_kv) per workgroup, one per invocation
 MAX_HEAD_DIM = 128
 # llvmpipe stops a shader loop after 65,535 iterations per invocation, counting the loops it
-# does not unroll: the per-vec4 loops unroll up to 16 vec4s, the tile loops count about one
-# iteration per streamed row. CPU adapters therefore take head sizes <= 64 and <= 60,000 rows.
+# does not unroll: the row kernel's per-vec4 loops unroll up to 16 vec4s, its block loops count
+# about one iteration per streamed row (the tiles' loops <= 9 per tile of >= 16 rows). CPU
+# adapters therefore take head sizes <= 64 and <= 60,000 rows.
 CPU_MAX_HEAD_DIM = 64
 CPU_MAX_ROWS = 60_000
 
 
 def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
-    """The kernel of one entry point in the device's mode: tiles staged in workgroup memory
-    on GPUs; on CPU adapters (row_mode 'thread') one row per invocation, no barriers."""
+    """The one-row-per-invocation kernel (shaders/flash_attention.wgsl, no workgroup memory,
+    no barriers): adapters whose workgroup memory holds no FlashAttention-2 tile."""
     t = "f16" if dtype == float16 else "f32"
-    d4 = d // 4
-    common = {"T": t, "F16": int(t == "f16"), "WG": WG, "D": d}
-    if row_mode(dev) == "thread":
-        return Kernel.of("flash_attention", entry, BK=32, TILED="false", SMEM=1, SROW=1,
-                         **common)
-    limit = dev.limits.get("max-compute-workgroup-storage-size", 16384)
-    bk = max(1, min(64, limit // (16 * (2 * d4 + 1))))  # SA, SB: bk x d4 vec4s; SL, SD: bk
-    return Kernel.of("flash_attention", entry, BK=bk, TILED="true", SMEM=bk * d4, SROW=bk,
-                     **common)
+    return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32)
 
 
-def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None):
+def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None,
+            tiles=None):
+    """One dispatch: the FlashAttention-2 kernel of role ``entry`` ('fwd', 'q', 'kv') with
+    ``tiles``, or the row kernel's entry (fwd, bwd_q, bwd_kv) without."""
     BH, Tq, d = q.shape
     Tk = k.shape[1]
-    tiles = -(-rows // WG)
     dev = q.device
+    if tiles is None:
+        block = WG
+        kern = _kernel(dev, {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[entry], d, q.dtype)
+    else:
+        block = tiles[entry][0]
+        kern = attention_tiles.kernel(entry, tiles[entry], d, q.dtype == float16)
+    blocks = -(-rows // block)
     off = lambda t: t.offset if t is not None else 0
     bufs = [q._storage.buffer, k._storage.buffer, v._storage.buffer, w1._storage.buffer,
             w2._storage.buffer]
     bufs += [t._storage.buffer for t in (o, do, lse, dsum) if t is not None]
-    dev.dispatch(_kernel(dev, entry, d, q.dtype), bufs,
+    dev.dispatch(kern, bufs,
                  [BH, Tq, Tk, q.offset, k.offset, v.offset, w1.offset, w2.offset, float(scale),
-                  int(causal), tiles, off(o), off(do), off(lse), off(dsum)],
-                 groups_1d(BH * tiles, 1))
+                  int(causal), blocks, off(o), off(do), off(lse), off(dsum)],
+                 groups_1d(BH * blocks, 1))
+
+
+# CPU adapters take the tiles from this head size and one query block of rows up; below, the
+# row kernel (lavapipe, causal f+b: d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's
+# rate; 70,000 (batch, head) pairs of 2 rows 7x its time; benchmarks/_attn_sweep.py's rows).
+CPU_TILES_MIN_D = 32
+
+
+def _tiles(dev, d: int, T: int):
+    """FlashAttention-2 tiles per role (ops/attention_tiles.py), or None for the row kernel:
+    where the workgroup memory holds no tile, and on CPU adapters below CPU_TILES_MIN_D or
+    below one query block (T: the longer side). nnops.ROW_MODE forces the choice ('wg':
+    tiles, 'thread': rows; tests, sweeps)."""
+    forced = nnops.ROW_MODE
+    if forced == "thread":
+        return None
+    tiles = {r: attention_tiles.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
+    if None in tiles.values():
+        return None
+    if forced is None and is_cpu_adapter(dev) and (d < CPU_TILES_MIN_D
+                                                   or T < tiles["fwd"][0]):
+        return None
+    return tiles
 
 
 def _pad(x: Tensor, dp: int) -> Tensor:
-    """[BH, T, d] -> [BH, T, dp] with zero columns (the kernel reads rows as vec4s)."""
+    """[BH, T, d] -> [BH, T, dp] with zero columns (the row kernel reads rows as vec4s)."""
     if x.shape[-1] == dp:
         return x
     out = fill_(Tensor.empty(x.shape[:-1] + (dp,), x.device, x.dtype), 0.0)
@@ -76,37 +103,43 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
     """(O [BH, Tq, d] f32, logsumexp [BH, Tq] f32) of contiguous q [BH, Tq, d], k, v
     [BH, Tk, d] (f32 or f16). No autograd."""
     BH, Tq, d = q.shape
-    dp = -(-d // 4) * 4
+    tiles = _tiles(q.device, d, max(Tq, k.shape[1]))
+    dp = d if tiles else -(-d // 4) * 4
     o = Tensor.empty((BH, Tq, dp), q.device, float32)
     lse = Tensor.empty((BH, Tq), q.device, float32)
     if o.numel():
-        _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq)
+        _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq,
+                tiles=tiles)
     return _unpad(o, d), lse
 
 
 def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     """(dq, dk, dv), f32 and shaped like q, k, v, of attention_forward's output given its
-    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels: dq (and the row sums
-    dO . O), then dk and dv; both recompute the scores from ``lse``."""
+    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels, both recomputing the scores
+    from ``lse``: dq per query block (and the row sums dO . O), then dk and dv per key block
+    (FlashAttention-2's split: no atomics, deterministic)."""
     BH, Tq, d = q.shape
     Tk = k.shape[1]
     dev = q.device
-    dp = -(-d // 4) * 4
+    tiles = _tiles(dev, d, max(Tq, Tk))
+    dp = d if tiles else -(-d // 4) * 4
     dq = Tensor.empty((BH, Tq, dp), dev, float32)
     dsum = Tensor.empty((BH, Tq), dev, float32)
     dk = Tensor.empty((BH, Tk, dp), dev, float32)
     dv = Tensor.empty((BH, Tk, dp), dev, float32)
     if dq.numel():
         q, k, v, o, do = (_pad(t, dp) for t in (q, k, v, o, do))
-        _launch("bwd_q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse)
-        _launch("bwd_kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum)
+        _launch("q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse, tiles=tiles)
+        _launch("kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum, tiles=tiles)
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
 # Where the [Tq, Tk] scores fit, the unfused composition (two matmuls around the fused
-# softmax) is the faster one: forward + backward at 8x8x1024x64 ran at 3.6 TFLOP/s unfused vs
-# 1.0 fused on the H100, 0.074 vs 0.054 GFLOP/s at 1x2x256x64 on lavapipe (benchmarks/ops.py
-# --only attention). The fused kernel takes over where the scores would be large.
+# softmax) has been the faster one: forward + backward at 8x8x1024x64 ran at 3.6 TFLOP/s
+# unfused vs 1.0 fused on the H100 (the row-per-invocation tiled kernel before
+# FlashAttention-2; benchmarks/_attn_sweep.py's unfused row times it against the tiles), 0.96
+# vs 0.36 GFLOP/s at 1x2x256x64 on lavapipe with the tiles (benchmarks/ops.py --only
+# attention). The fused kernel takes over where the scores would be large.
 FUSED_SCORE_BYTES = 128 << 20
 
 

@@ -1,0 +1,369 @@
+"""FlashAttention-2 kernels for GPUs (shaders/flash_attention2.wgsl): tile variants, the
+generated register code of each entry point, and the choice of tiles per adapter.
+
+A role's tiles are (R, S, TM, TN): R resident rows per workgroup (queries in fwd and bwd_q,
+keys in bwd_kv), S streamed rows per tile, TM x TN scores per invocation (NY = R / TM by
+NX = S / TN invocations). The register code is unrolled here with literal indices (shader
+compilers keep such values in registers; ops/matmul.py does the same).
+"""
+from __future__ import annotations
+
+import functools
+
+from ..runtime.kernels import Kernel
+from .matmul import adapter_class
+
+# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise;
+# "kv" (bwd_kv): (keys, queries per tile, TM, TN). SG 1 (forward only): the row max and row
+# sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX invocations
+# (K and V then staged side by side: 3 barriers per tile instead of 4), else ignored. A role
+# whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
+# FALLBACK[role] that does.
+VARIANTS = {
+    "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
+    "a64t24": {"fwd": (64, 32, 2, 4), "q": (32, 32, 2, 4), "kv": (32, 32, 2, 4)},
+    "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
+    "a64t8": {"fwd": (64, 32, 8, 4), "q": (32, 32, 8, 4), "kv": (32, 32, 8, 4)},
+    "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
+    "a32": {"fwd": (32, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 16, 4, 4)},
+    "a32t2": {"fwd": (32, 32, 2, 2), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
+    "a16": {"fwd": (32, 16, 4, 4), "q": (16, 16, 4, 4), "kv": (16, 16, 4, 4)},
+}
+FALLBACK = {
+    "fwd": [(64, 32, 4, 4), (32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4),
+            (16, 16, 2, 2)],
+    "q": [(32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
+          (8, 16, 2, 2)],
+    "kv": [(32, 32, 4, 4), (32, 16, 4, 4), (16, 32, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
+           (8, 16, 2, 2)],
+}
+# Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
+# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}.
+# benchmarks/_attn_sweep.py times every variant and prints the entry to paste.
+ATTN_TABLE: dict = {"gpu": "a64"}
+VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
+SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
+
+
+def _variant_name(dev, role: str):
+    if VARIANT is not None:
+        if VARIANT not in VARIANTS:
+            raise ValueError(f"attention tile variant {VARIANT!r} is not one of "
+                             f"{sorted(VARIANTS)}")
+        return VARIANT
+    entry = ATTN_TABLE.get(adapter_class(dev), ATTN_TABLE.get("gpu"))
+    if isinstance(entry, dict):
+        return entry.get("fwd" if role == "fwd" else "bwd")
+    return entry
+
+
+def _subgroups_hold(dev, nx: int) -> bool:
+    """Whether every subgroup holds whole rows of nx consecutive invocations."""
+    info = dev.adapter_info  # wgpu-py 0.32 spells the keys "stackgroup_..."
+    least = SUBGROUP_MIN or info.get("subgroup_min_size") or info.get("stackgroup_min_size")
+    return "subgroup" in dev.features and bool(least) and least >= nx and nx & (nx - 1) == 0
+
+
+def _shape(role: str, tiles, d: int) -> dict:
+    """Derived sizes of a role's tiles at head size d (see the shader's constants)."""
+    R, S, TM, TN = tiles[:4]
+    sg = len(tiles) > 4 and bool(tiles[4])
+    nx, ny = S // TN, R // TM
+    d4 = -(-d // 4)
+    ku = -(-d4 // 4)  # quads of the head per pass of the score loop (<= 4 passes)
+    d4p = -(-d4 // ku) * ku
+    dq = -(-d4 // nx)  # output quads per invocation (quads past D4 are computed on whatever
+    rp = d4p + 1  # the next row holds and never stored); odd pitch: no bank conflicts
+    pq = S // 4 + 1
+    rows = {"fwd": (R, 0, S, S if sg else 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
+    smem = {"SRA": rows[0] * rp, "SRB": rows[1] * rp, "STA": rows[2] * rp,
+            "STB": rows[3] * rp, "SPA": R * pq, "SPB": R * pq if role == "kv" else 0,
+            "SRED": {"fwd": 0 if sg else R * nx, "kv": 2 * S, "q": 0}[role]}
+    nbytes = 16 * sum(v for k, v in smem.items() if k != "SRED") + 4 * smem["SRED"]
+    return dict(R=R, S=S, TM=TM, TN=TN, NX=nx, NY=ny, NT=nx * ny, D4=d4, KU=ku, D4P=d4p,
+                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, smem=smem,
+                nbytes=nbytes)
+
+
+def _valid(tiles) -> bool:
+    R, S, TM, TN = tiles[:4]
+    return R % TM == 0 and S % TN == 0 and S % 16 == 0
+
+
+def pick_tiles(dev, role: str, d: int):
+    """The tiles of ``role`` at head size d on ``dev``, or None when none fits its workgroup
+    memory (the caller then runs the one-row-per-invocation kernel)."""
+    limit = dev.limits.get("max-compute-workgroup-storage-size", 16384)
+    inv = dev.limits.get("max-compute-invocations-per-workgroup", 256)
+    name = _variant_name(dev, role)
+    first = [VARIANTS[name][role]] if name in VARIANTS else []
+    for tiles in first + FALLBACK[role]:
+        if len(tiles) > 4 and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3])):
+            tiles = tiles[:4]
+        sh = _shape(role, tiles, d)
+        if _valid(tiles) and sh["nbytes"] <= limit and sh["NT"] <= inv:
+            return tiles
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def kernel(role: str, tiles: tuple, d: int, f16: bool) -> Kernel:
+    """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v)."""
+    sh = _shape(role, tiles, d)
+    gen = {"fwd": _fwd, "q": _bwd_q, "kv": _bwd_kv}[role]
+    return Kernel.of("flash_attention2", {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[role],
+                     T="f16" if f16 else "f32", F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"],
+                     PQ=sh["PQ"], NX=sh["NX"], ENTRY=gen(sh),
+                     **{k: max(1, v) for k, v in sh["smem"].items()})
+
+
+# ---------------------------------------------------------------- register code generation
+
+def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
+           scale: str = "") -> list:
+    """Rows [row0, row0 + rows) of a [T, D] block into a row tile (pitch RP quads, zero past
+    n rows and past D), unrolled over the workgroup."""
+    total, nt = rows * sh["RP"], sh["NT"]
+    out = []
+    for l in range(-(-total // nt)):
+        e = f"lid + {l * nt}u"
+        v = f"{load}({base}, {row0} + ({e}) / RP, ({e}) % RP, {n})"
+        st = f"{dst}[{e}] = {v}{scale};"
+        out.append(st if (l + 1) * nt <= total else f"if ({e} < {total}u) {{ {st} }}")
+    return out
+
+
+def _head(sh) -> list:
+    return [f"@compute @workgroup_size({sh['NT']})",
+            "fn {entry}(ids: Launch) {",
+            "    let g = group_idx(ids);",
+            "    let bh = g / pu(10u);",
+            "    if (bh >= pu(0u)) { return; }",
+            f"    let r0 = (g % pu(10u)) * {sh['R']}u;",
+            "    let lid = ids.lid;",
+            "    let tx = lid % NX;",
+            "    let ty = lid / NX;",
+            "    let Tq = pu(1u);",
+            "    let Tk = pu(2u);",
+            "    let causal = pu(9u) != 0u;",
+            "    let c2 = pf(8u) * LOG2E;",
+            "    let qb = pu(3u) + bh * Tq * D;",
+            "    let kb = pu(4u) + bh * Tk * D;",
+            "    let vb = pu(5u) + bh * Tk * D;"]
+
+
+def _rows(sh, ind="    ") -> list:
+    """rr{i}: this invocation's resident tile rows; cc{j}: its streamed tile rows."""
+    return ([f"{ind}let rr{i} = ty + {sh['NY'] * i}u;" for i in range(sh["TM"])]
+            + [f"{ind}let cc{j} = tx + {sh['NX'] * j}u;" for j in range(sh["TN"])])
+
+
+def _scores(sh, pairs, ind="        ") -> list:
+    """Zeroed score registers and the loop over the head: for each (name, resident tile,
+    streamed tile) in pairs, name{i}_{j} = row rr{i} . row cc{j}."""
+    TM, TN, KU = sh["TM"], sh["TN"], sh["KU"]
+    out = [f"{ind}var {n}{i}_{j} = 0.0;" for n, _, _ in pairs for i in range(TM)
+           for j in range(TN)]
+    out.append(f"{ind}for (var kq = 0u; kq < {sh['D4P']}u; kq += {KU}u) {{")
+    for ku in range(KU):
+        for n, ra, ta in pairs:
+            a, b, k = f"{ind}    let {n}a", f"{ind}    let {n}b", f"kq + {ku}u"
+            out += [f"{a}{i}_{ku} = {ra}[rr{i} * RP + {k}];" for i in range(TM)]
+            out += [f"{b}{j}_{ku} = {ta}[cc{j} * RP + {k}];" for j in range(TN)]
+            out += [f"{ind}    {n}{i}_{j} += dot({n}a{i}_{ku}, {n}b{j}_{ku});" for i in range(TM)
+                    for j in range(TN)]
+    out.append(f"{ind}}}")
+    return out
+
+
+def _accumulate(sh, terms, ind="        ") -> list:
+    """acc{i}_{u} += sum over the tile's streamed rows c of score[rr{i}][c] * tile[c][quad
+    tx + NX u], for each (acc, score tile, row tile) in terms."""
+    TM, DQ, JU, S = sh["TM"], sh["DQ"], sh["JU"], sh["S"]
+    out = [f"{ind}for (var jq = 0u; jq < {S // 4}u; jq += {JU}u) {{"]
+    for ju in range(JU):
+        for acc, pt, _ in terms:
+            out += [f"{ind}    let {acc}p{i}_{ju} = {pt}[rr{i} * PQ + jq + {ju}u];"
+                    for i in range(TM)]
+        for e, c in enumerate("xyzw"):
+            row = f"(4u * (jq + {ju}u) + {e}u) * RP + tx"
+            for acc, _, rt in terms:
+                for u in range(DQ):
+                    out.append(f"{ind}    let {acc}v{u}_{ju}{c} = {rt}[{row} + {sh['NX'] * u}u];")
+                    out += [f"{ind}    {acc}{i}_{u} = fma(vec4<f32>({acc}p{i}_{ju}.{c}), "
+                            f"{acc}v{u}_{ju}{c}, {acc}{i}_{u});" for i in range(TM)]
+    out.append(f"{ind}}}")
+    return out
+
+
+def _acc_decl(sh, names, ind="    ") -> list:
+    return [f"{ind}var {n}{i}_{u} = vec4<f32>(0.0);" for n in names for i in range(sh["TM"])
+            for u in range(sh["DQ"])]
+
+
+def _fwd(sh) -> str:
+    TM, TN, NX, DQ, R, S, SG = (sh[k] for k in ("TM", "TN", "NX", "DQ", "R", "S", "SG"))
+    vt = "TB" if SG else "TA"  # V's tile: beside K's (SG), or K's once the scores are done
+    L = _head(sh) + _rows(sh)
+    L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
+    L += [f"    var m{i} = LOWEST_F32;\n    var l{i} = 0.0;" for i in range(TM)]
+    L += _acc_decl(sh, ["o"])
+    L += [f"    let kend = select(Tk, min(Tk, r0 + {R}u), causal);",
+          f"    for (var t = 0u; t < kend; t += {S}u) {{",
+          "        workgroupBarrier();"]
+    L += ["        " + x for x in _stage(sh, "TA", "ld_k", "kb", "t", "Tk", S)]
+    if SG:
+        L += ["        " + x for x in _stage(sh, "TB", "ld_v", "vb", "t", "Tk", S)]
+    L += ["        workgroupBarrier();"]
+    L += _scores(sh, [("s", "RA", "TA")])
+    for j in range(TN):
+        L.append(f"        let key{j} = t + cc{j};")
+    for i in range(TM):
+        L.append(f"        let row{i} = r0 + rr{i};")
+        for j in range(TN):
+            L.append(f"        s{i}_{j} = select(LOWEST_F32, s{i}_{j}, key{j} < Tk && "
+                     f"(!causal || key{j} <= row{i}));")
+        mx = f"s{i}_0"
+        for j in range(1, TN):
+            mx = f"max({mx}, s{i}_{j})"
+        if SG:
+            L.append(f"        var mx{i} = max(m{i}, {mx});")
+            L += [f"        mx{i} = max(mx{i}, subgroupShuffleXor(mx{i}, {b}u));"
+                  for b in _xor_steps(NX)]
+        else:
+            L.append(f"        RED[rr{i} * NX + tx] = {mx};")
+    if not SG:
+        L.append("        workgroupBarrier();")
+    for i in range(TM):
+        if SG:
+            L.append(f"        let mn{i} = mx{i};")
+        else:
+            mx = f"m{i}"
+            for x in range(NX):
+                mx = f"max({mx}, RED[rr{i} * NX + {x}u])"
+            L.append(f"        let mn{i} = {mx};")
+        L += [f"        let al{i} = exp2(m{i} - mn{i});",
+              f"        m{i} = mn{i};",
+              f"        l{i} *= al{i};"]
+        L += [f"        o{i}_{u} *= al{i};" for u in range(DQ)]
+        for j in range(TN):
+            L += [f"        let p{i}_{j} = exp2(s{i}_{j} - mn{i});",
+                  f"        l{i} += p{i}_{j};",
+                  f"        put_pa(rr{i}, cc{j}, p{i}_{j});"]
+    if not SG:
+        L += ["        " + x for x in _stage(sh, "TA", "ld_v", "vb", "t", "Tk", S)]
+    L.append("        workgroupBarrier();")
+    L += _accumulate(sh, [("o", "PA", vt)])
+    L.append("    }")
+    if SG:
+        for i in range(TM):
+            L += [f"    l{i} += subgroupShuffleXor(l{i}, {b}u);" for b in _xor_steps(NX)]
+    else:
+        L.append("    workgroupBarrier();")
+        L += [f"    RED[rr{i} * NX + tx] = l{i};" for i in range(TM)]
+        L.append("    workgroupBarrier();")
+    for i in range(TM):
+        tot = f"l{i}" if SG else " + ".join(f"RED[rr{i} * NX + {x}u]" for x in range(NX))
+        L += [f"    if (r0 + rr{i} < Tq) {{",
+              f"        let row = bh * Tq + r0 + rr{i};",
+              f"        let lsum = {tot};"]
+        L += [f"        st_w1(pu(6u) + row * D, tx + {NX * u}u, o{i}_{u} / lsum);"
+              for u in range(DQ)]
+        L += [f"        if (tx == 0u) {{ W2[pu(7u) + row] = (m{i} + log2(lsum)) * LN2; }}",
+              "    }"]
+    L.append("}")
+    return "\n".join(L).replace("{entry}", "fwd")
+
+
+def _xor_steps(nx: int) -> list:
+    """Shuffle distances that combine the nx invocations of a row (tx = lane % nx)."""
+    return [1 << b for b in range(nx.bit_length() - 1)]
+
+
+def _bwd_q(sh) -> str:
+    TM, TN, NX, DQ, R, S = sh["TM"], sh["TN"], sh["NX"], sh["DQ"], sh["R"], sh["S"]
+    L = _head(sh) + _rows(sh)
+    L += ["    let ob = pu(11u) + bh * Tq * D;", "    let db = pu(12u) + bh * Tq * D;"]
+    L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
+    L += ["    " + x for x in _stage(sh, "RB", "ld_do", "db", "r0", "Tq", R)]
+    L.append("    workgroupBarrier();")
+    for i in range(TM):  # DSUM = dO . O of own rows (dO from the tile, O from storage)
+        L += [f"    let row{i} = r0 + rr{i};",
+              f"    let lse{i} = LS[pu(13u) + bh * Tq + min(row{i}, Tq - 1u)] * LOG2E;",
+              f"    var dsum{i} = 0.0;",
+              f"    for (var c = 0u; c < D4; c++) {{ dsum{i} += dot(RB[rr{i} * RP + c], "
+              f"ld_o(ob, row{i}, c, Tq)); }}"]
+    L += _acc_decl(sh, ["o"])
+    L += [f"    let kend = select(Tk, min(Tk, r0 + {R}u), causal);",
+          f"    for (var t = 0u; t < kend; t += {S}u) {{",
+          "        workgroupBarrier();"]
+    L += ["        " + x for x in _stage(sh, "TA", "ld_k", "kb", "t", "Tk", S)]
+    L += ["        " + x for x in _stage(sh, "TB", "ld_v", "vb", "t", "Tk", S)]
+    L += ["        workgroupBarrier();"]
+    L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
+    for j in range(TN):
+        L.append(f"        let key{j} = t + cc{j};")
+    for i in range(TM):
+        for j in range(TN):
+            L += [f"        let p{i}_{j} = select(0.0, exp2(s{i}_{j} - lse{i}), key{j} < Tk && "
+                  f"(!causal || key{j} <= row{i}));",
+                  f"        put_pa(rr{i}, cc{j}, p{i}_{j} * (dp{i}_{j} - dsum{i}));"]
+    L.append("        workgroupBarrier();")
+    L += _accumulate(sh, [("o", "PA", "TA")])
+    L.append("    }")
+    for i in range(TM):
+        L += [f"    if (row{i} < Tq) {{",
+              f"        let row = bh * Tq + row{i};"]
+        L += [f"        st_w1(pu(6u) + row * D, tx + {NX * u}u, o{i}_{u} * pf(8u));"
+              for u in range(DQ)]
+        L += [f"        if (tx == 0u) {{ W2[pu(7u) + row] = dsum{i}; }}", "    }"]
+    L.append("}")
+    return "\n".join(L).replace("{entry}", "bwd_q")
+
+
+def _bwd_kv(sh) -> str:
+    TM, TN, NX, DQ, R, S = sh["TM"], sh["TN"], sh["NX"], sh["DQ"], sh["R"], sh["S"]
+    L = _head(sh) + _rows(sh)
+    L += ["    let db = pu(12u) + bh * Tq * D;", "    let lb = bh * Tq;"]
+    L += ["    " + x for x in _stage(sh, "RA", "ld_k", "kb", "r0", "Tk", R, " * c2")]
+    L += ["    " + x for x in _stage(sh, "RB", "ld_v", "vb", "r0", "Tk", R)]
+    L += [f"    let key{i} = r0 + rr{i};" for i in range(TM)]
+    L += _acc_decl(sh, ["dk", "dv"])
+    L += [f"    let qstart = select(0u, (r0 / {S}u) * {S}u, causal);",
+          f"    for (var t = qstart; t < Tq; t += {S}u) {{",
+          "        workgroupBarrier();"]
+    L += ["        " + x for x in _stage(sh, "TA", "ld_q", "qb", "t", "Tq", S)]
+    L += ["        " + x for x in _stage(sh, "TB", "ld_do", "db", "t", "Tq", S)]
+    for l in range(-(-S // sh["NT"])):
+        e = f"lid + {l * sh['NT']}u"
+        L += [f"        if ({e} < {S}u) {{",
+              f"            let ok = t + {e} < Tq;",
+              f"            let x = lb + select(0u, t + {e}, ok);",
+              f"            RED[{e}] = select(0.0, LS[pu(13u) + x] * LOG2E, ok);",
+              f"            RED[{S}u + {e}] = select(0.0, DS[pu(14u) + x], ok);",
+              "        }"]
+    L += ["        workgroupBarrier();"]
+    L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
+    for j in range(TN):
+        L += [f"        let qr{j} = t + cc{j};",
+              f"        let lse{j} = RED[cc{j}];",
+              f"        let dsum{j} = RED[{S}u + cc{j}];"]
+    for i in range(TM):
+        for j in range(TN):
+            L += [f"        let p{i}_{j} = select(0.0, exp2(s{i}_{j} - lse{j}), qr{j} < Tq && "
+                  f"(!causal || key{i} <= qr{j}));",
+                  f"        put_pa(rr{i}, cc{j}, p{i}_{j});",
+                  f"        put_pb(rr{i}, cc{j}, p{i}_{j} * (dp{i}_{j} - dsum{j}));"]
+    L.append("        workgroupBarrier();")
+    L += _accumulate(sh, [("dv", "PA", "TB"), ("dk", "PB", "TA")])
+    L.append("    }")
+    for i in range(TM):
+        L += [f"    if (key{i} < Tk) {{", f"        let row = bh * Tk + key{i};"]
+        for u in range(DQ):
+            L += [f"        st_w1(pu(6u) + row * D, tx + {NX * u}u, dk{i}_{u} * pf(8u));",
+                  f"        st_w2(pu(7u) + row * D, tx + {NX * u}u, dv{i}_{u});"]
+        L.append("    }")
+    L.append("}")
+    return "\n".join(L).replace("{entry}", "bwd_kv")
