@@ -42,7 +42,7 @@ FALLBACK = {
 # Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
 # forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}.
 # benchmarks/_attn_sweep.py times every variant and prints the entry to paste.
-ATTN_TABLE: dict = {"gpu": "a64"}
+ATTN_TABLE: dict = {"gpu": "a64", "nvidia": "a32t2"}  # nvidia: H100 sweep, BENCHMARKS.md
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
 SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
 
