@@ -112,9 +112,6 @@ def config_from_args(args) -> TrainConfig:
             _refuse_existing(args.checkpoint)
     precision = getattr(args, "precision", "f32")
     if precision == "f16":
-        if jit:
-            raise UsageError("--jit does not capture --precision f16 steps yet (the loss "
-                             "scaler reads the gradients' inf/NaN check on the host); drop one")
         _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,

@@ -49,8 +49,6 @@ class _Rank:
                                        **self._clip_scope(task, group))
         self.amp = Precision(precision, self.device)
         self._jit = None
-        if jit and precision != "f32":
-            raise ValueError("captured gpt steps run in f32 only")
         if jit:
             import wgrumus as wr
             if lay.world != 1:
@@ -76,21 +74,22 @@ class _Rank:
         from ..autograd import GradientStore, backward
         m, grads = len(mbs) // 2, {}
         losses = []
-        for k in range(m):
-            out = self.rank.chunks[0](mbs[2 * k], mbs[2 * k + 1])
-            losses.append(out)
-            store = backward(out * (1.0 / m))
-            for n, p in self.params.items():
-                gp = store.get(p)
-                if gp is not None:
-                    grads[n] = gp if n not in grads else grads[n] + gp
+        with self.amp.autocast():  # f16: one block for all micro-batches, as eagerly
+            for k in range(m):
+                out = self.rank.chunks[0](mbs[2 * k], mbs[2 * k + 1])
+                losses.append(out)
+                store = backward(self.amp.scaler.scale(out * (1.0 / m)))
+                for n, p in self.params.items():
+                    gp = store.get(p)
+                    if gp is not None:
+                        grads[n] = gp if n not in grads else grads[n] + gp
         store = GradientStore()
         for n in self.names:
             if n not in grads:
                 raise ValueError(f"parameter {n} got no gradient; --jit needs every parameter "
                                  "to take part in the loss")
             store.accumulate(self.params[n], grads[n])
-        self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
+        self.amp.step(self.opt, store, bookkeeping=False)  # bookkeeping: around the replay
         return losses
 
     def command(self, cmd: str, arg=None):
