@@ -2,7 +2,7 @@
 attention) in float16 and ``GradScaler`` scales the loss so small gradients survive f16.
 
 Parameters, optimizer state and the autograd graph stay float32 (the master weights): under
-autocast those ops cast their float32 inputs to f16 on the way into the kernel (f32
+autocast those ops round their float32 inputs to f16 on the way into the kernel (f32
 accumulation) and return float32, and their backward runs in f16 the same way, so gradients
 reach the parameters in float32. Reductions, softmax statistics, layer norm and losses are
 float32 throughout. Needs the adapter feature ``shader-f16``.
@@ -15,7 +15,7 @@ import numpy as np
 
 from .autograd import no_grad
 from .ops.elementwise import contiguous, fill_
-from .ops.precision import autocast_as, autocast_dtype, forget_copies
+from .ops.precision import autocast_as
 from .runtime import get_device
 from .runtime.errors import AdapterLimitError, WgrumusError
 from .runtime.kernels import Kernel, multi_tensor_kernel
@@ -81,8 +81,6 @@ class autocast:
                 raise AdapterLimitError(
                     f"autocast(float16) needs the adapter feature shader-f16, which {dev.name} "
                     f"does not have; train in float32 (--precision f32, or no autocast)")
-        if self.enabled and autocast_dtype() is None:  # a new forward (ops/precision.py)
-            forget_copies()
         ctx = autocast_as(self.dtype if self.enabled else None)
         ctx.__enter__()
         self._ctx.append(ctx)
