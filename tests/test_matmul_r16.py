@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif("shader-f16" not in wr.devices()[0].features,
 
 KERNELS = [("tile", (4, 16, 0)), ("tile", (8, 8, 3)), ("cpu", (8, 8, 4, 4, 0)),
            ("cpu", (4, 8, 2, 8, 0)), ("cpu", (1, 4, 1, 64, 1)), ("variant", "h64"),
-           ("variant", "t64s2"), ("variant", "t64ak")]
+           ("variant", "h64k32"), ("variant", "t64s2"), ("variant", "t64ak")]  # H100's f16 table
 
 
 @pytest.fixture
@@ -58,13 +58,13 @@ def test_products_of_f16_rounded_operands(kernel, rng, ta, tb, sa, sb):
         out = a @ b
     assert out.dtype == np.float32
     want = r16(an) @ r16(bn)
-    half = kernel == "h64"  # packed f16 sums between f32 adds
+    half = isinstance(kernel, str) and mm.VARIANTS[kernel].get("half")  # packed f16 sums
     tol = 2e-2 if half else 1e-5 * np.sqrt(sa[-1])
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
     assert np.abs(out.numpy() - an.astype(np.float64) @ bn).max() > 1e-4  # it did round
 
 
-@pytest.mark.parametrize("kernel", [KERNELS[0], KERNELS[2]], indirect=True)
+@pytest.mark.parametrize("kernel", [KERNELS[0], KERNELS[2]], indirect=True, ids=["tile", "cpu"])
 @pytest.mark.parametrize("act", [None, "relu", "gelu_tanh"])
 def test_linear_under_autocast_fuses_its_epilogue(kernel, rng, act):
     """Bias, residual or ReLU in the matmul's store (no map pass), gelu through a map pass;
@@ -106,7 +106,7 @@ def test_no_cast_passes(dev, rng):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("kernel", [KERNELS[2]], indirect=True)
+@pytest.mark.parametrize("kernel", [KERNELS[2]], indirect=True, ids=["cpu"])
 def test_k_past_loop_cap(kernel, rng):
     """K = 270,000 (past 65,535 vec4 steps per invocation): passes adding up in C, each
     rounding its operands."""
