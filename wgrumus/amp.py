@@ -27,17 +27,15 @@ _UNSCALE_BRANCH = "        U{j}[u_({j}u) + e] = unscale_(G{j}[g_({j}u) + e], inv
 _STATE_WORDS = 4  # shaders/amp.wgsl: scale (f32 bits), found inf/NaN, growth tracker, skips
 
 
-def unscale_check(grads: list, scale, flag: Tensor | None = None) -> tuple:
+def unscale_check(grads: list, scale) -> tuple:
     """(grads / scale as new tensors, 1-element int32 device flag: nonzero if any held an inf
     or NaN), in ceil(n / K) dispatches on the grads' device. ``scale``: a GradScaler's state
-    tensor (on that device; its found word is set too), or a float inverse scale. ``flag``:
-    one to OR into (default: a new one)."""
+    tensor (on that device; its found word is set too), or a float inverse scale."""
     dev = grads[0].device
     state = scale if isinstance(scale, Tensor) else _new_state(dev, 1.0 / float(scale))
     lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
     k = max(1, min(20, (lim - 2) // 2))  # 20: the parameter words of one dispatch
-    if flag is None:
-        flag = fill_(Tensor.empty((1,), dev, int32), 0)
+    flag = fill_(Tensor.empty((1,), dev, int32), 0)
     out = []
     for c in range(0, len(grads), k):
         chunk = [contiguous(g) for g in grads[c:c + k]]

@@ -5,7 +5,9 @@ parameters and their state untouched when it is set, and Adam's step counts and 
 corrections live on the device (as torch.optim.Adam's ``capturable=True``) so that a skipped
 step does not advance them. Nothing is read back to the host, so a wr.jit capture replays the
 whole mixed-precision step. ``state["step"]`` of such a parameter is then a one-element int32
-device tensor (a view of the counts); ``state_dict`` reports it as an int.
+device tensor (a view of the counts); ``state_dict`` reports it as an int. One difference
+from a host-side skip remains: SGD's momentum buffer made at a skipped first step starts from
+zeros at the next step (PyTorch's from the gradient), which differs only with dampening > 0.
 """
 from __future__ import annotations
 
