@@ -1,7 +1,7 @@
 """Training step (forward + backward + AdamW) of an MLP and of GPT-mini, next to PyTorch eager
 (CUDA, TF32 off; CPU torch where there is no GPU) and numpy (MLP), measured in the same run;
 each wgrumus model also as a ``wr.jit`` captured step (row ``<model>+jit``: the same step
-replayed from its recording, no Python per op).
+replayed from its recording, no Python per op), in each --precision.
 
     python benchmarks/train_step.py [--quick] [--json] [--models mlp,gpt,gpt2s] [--steps N]
                                     [--no-jit] [--precision f32,f16]
@@ -101,7 +101,8 @@ def gpt_data(cfg, seed=0):
 # ----------------------------------------------------------------------------- wgrumus
 def wgrumus_step(name, cfg, dev, precision="f32", jit: bool = False):
     """(step, loss of the last step, initial weights); with ``jit`` the step is a wr.jit
-    capture of the same computation (eager warm-up call, capture, then replays; f32 only)."""
+    capture of the same computation (eager warm-up call, capture, then replays; in f16 the
+    GradScaler's skip and scale updates are captured with it)."""
     import wgrumus as wr
     from wgrumus.nn import functional as F
     if name == "mlp":
@@ -448,13 +449,8 @@ def main(argv=None) -> int:
                                                   "dispatches", "submits")},
                "wgrumus_ms_all": ours["ms_all"]}
         row["per_step"]["gpu_ms"] = gpu_ms(step, dev, steps)
-        if prec != "f32":
-            base = next((r for r in rows if r["model"] == name), None)
-            row["vs_f32"] = base["wgrumus_ms"] / ours["ms"] if base else None
-            rows.append(row)
-            continue
         if not args.no_jit:
-            jstep, jloss, _ = wgrumus_step(name, cfg, dev, jit=True)
+            jstep, jloss, _ = wgrumus_step(name, cfg, dev, prec, jit=True)
             j = measure(jstep, dev.synchronize, steps, args.repeats, warmup, counters)
             row["jit"] = {"ms": j["ms"], "throughput": unit_n / j["ms"] * 1e3,
                           "loss": jloss(), "vs_eager": ours["ms"] / j["ms"],
@@ -463,6 +459,13 @@ def main(argv=None) -> int:
                           "per_step": {k: j[k] for k in ("host_ms", "wait_ms", "cpu_ms",
                                                          "proc_cpu_ms", "dispatches", "submits")}}
             row["jit"]["per_step"]["gpu_ms"] = gpu_ms(jstep, dev, steps)
+        if prec != "f32":
+            base = next((r for r in rows if r["model"] == name), None)
+            row["vs_f32"] = base["wgrumus_ms"] / ours["ms"] if base else None
+            if base and "jit" in base and "jit" in row:
+                row["jit"]["vs_f32"] = base["jit"]["ms"] / row["jit"]["ms"]
+            rows.append(row)
+            continue
         if torch is not None:
             tstep, tsync, tloss = torch_step(name, cfg, torch, tdev)
             ref = measure(tstep, tsync, steps, args.repeats, max(5, warmup // 4))
@@ -500,7 +503,7 @@ def main(argv=None) -> int:
 def _table(meta, rows):
     print(f"train_step on {meta['device']} ({'quick' if meta['quick'] else 'full'} sizes; "
           f"median of {meta['repeats']} x {meta['steps']} steps; torch: {meta['torch']})")
-    hdr = (f"{'model':9} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
+    hdr = (f"{'model':12} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
            f"{'numpy ms':>9} {'x numpy':>8} | {'disp':>5} {'subm':>5} {'host ms':>8} "
            f"{'wait ms':>8} {'cpu ms':>7} {'gpu ms':>7} {'us/disp':>7}")
     print(hdr)
@@ -516,20 +519,23 @@ def _table(meta, rows):
                           j["per_step"]))
         for label, ms, thr, vt, vn, ps in lines:
             per = 1e3 * ps["host_ms"] / ps["dispatches"] if ps["dispatches"] else None
-            print(f"{label:9} {f(ms, 9)} {f(thr, 10, 0)} "
+            print(f"{label:12} {f(ms, 9)} {f(thr, 10, 0)} "
                   f"{f(r.get('torch_ms'), 9)} {f(vt, 8, 3)} "
                   f"{f(r.get('numpy_ms'), 9)} {f(vn, 8, 3)} | "
                   f"{ps['dispatches']:5.0f} {ps['submits']:5.1f} {ps['host_ms']:8.2f} "
                   f"{ps['wait_ms']:8.2f} {ps['cpu_ms']:7.2f} {f(ps.get('gpu_ms'), 7)} "
                   f"{f(per, 7, 1)}")
         if "jit" in r:
-            print(f"{'':9} jit/eager: host ms x{r['jit']['host_vs_eager']:.3f}, step x"
+            print(f"{'':12} jit/eager: host ms x{r['jit']['host_vs_eager']:.3f}, step x"
                   f"{1 / r['jit']['vs_eager']:.3f}; final loss eager {r['wgrumus_loss']:.7g}, "
                   f"jit {r['jit']['loss']:.7g}")
     for r in rows:
         if r.get("vs_f32"):
             print(f"{r['model']}: {r['vs_f32']:.3f}x the throughput of the f32 step; loss "
                   f"{r['wgrumus_loss']:.4f}")
+        if r.get("jit", {}).get("vs_f32"):
+            print(f"{r['model']}+jit: {r['jit']['vs_f32']:.3f}x the throughput of the f32+jit "
+                  f"step; loss {r['jit']['loss']:.4f}")
     print("x torch / x numpy: wgrumus throughput over the reference's (1.0 = as fast). "
           "host ms: recording the step (Python + encoding); wait ms: the final synchronize; "
           "gpu ms: GPU time inside compute passes (timestamp queries; copies and idle gaps "

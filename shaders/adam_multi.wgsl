@@ -6,14 +6,18 @@
 // parameter k at 8 + 7k: end of its range (cumulative element count), param offset,
 // grad offset, exp_avg offset, exp_avg_sq offset, step_size = lr / (1 - beta1^t),
 // sqrt(1 - beta2^t). Python generates the declarations and the per-parameter branches, which
-// read parameter k's words through part_(k) and end_(k).
+// read parameter k's words through part_(k) and end_(k). AMP (wgrumus/optim/skip.py): the
+// optimizer's device step counts bound after the parameters; skip_() reads its skip flag and
+// coef_(w) the step size and sqrt(1 - beta2^t) of the slot in word w + 5.
 {{DECLS}}
+{{AMP}}
 
 struct Part { p: u32, g: u32, m: u32, v: u32, step_size: f32, bc2_sqrt: f32 }
 fn end_(k: u32) -> u32 { return pu(8u + 7u * k); }
 fn part_(k: u32) -> Part {
     let w = 8u + 7u * k;
-    return Part(pu(w + 1u), pu(w + 2u), pu(w + 3u), pu(w + 4u), pf(w + 5u), pf(w + 6u));
+    let c = coef_(w);
+    return Part(pu(w + 1u), pu(w + 2u), pu(w + 3u), pu(w + 4u), c.x, c.y);
 }
 
 // (p, exp_avg, exp_avg_sq) after one step.
@@ -34,6 +38,7 @@ fn adam_(p0: f32, g0: f32, m0: f32, v0: f32, step_size: f32, bc2_sqrt: f32) -> v
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let i = linear_id(wid, nwg, lid, 256u);
+    if (skip_()) { return; }
 {{BODY}}
 }
 
@@ -51,5 +56,6 @@ fn start_(end_prev: u32) -> u32 { return (end_prev + CHUNK - 1u) / CHUNK * CHUNK
 fn cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
     let c0 = linear_id(wid, nwg, lid, {{CPU_WG}}u) * CHUNK;
+    if (skip_()) { return; }
 {{CPU_BODY}}
 }

@@ -18,7 +18,8 @@
 //   HALF (f16 storage only): packed f16 math: workgroup tiles and FMAs in vec4<f16>, the f16
 //     partial sums added into the f32 accumulators every few BK k steps (short f16 runs).
 // T: storage type (f32, or f16 with F16=1: f16 operands and result, f32 accumulation); TC: C's
-// type (T, or f32 for split-K partials); S: type of the workgroup tiles (f16 with HALF).
+// type (T, or f32 for split-K partials); S: type of the workgroup tiles (f16 with HALF). R16
+// (f32 storage, autocast): the operands are rounded to f16 as they are read (see ld).
 // Epilogue (2-D f32 only): EPI is the stored value as an expression of x (the product), n (its
 // column) and i (its index in C); it may read a bias (words 13: offset) and a contiguous residual
 // of C's shape (word 14: offset), declared by EPI_DECLS at bindings 4 and 5. Linear's bias,
@@ -49,21 +50,24 @@ const AK: bool = {{AK}};  // A (k-contiguous) staged as it is read, no transposi
 var<workgroup> As: array<vec4<{{S}}>, {{SMEMA}}>;  // [2 buffers][BK k][TQPA m-quads] (AK: [m][k])
 var<workgroup> Bs: array<vec4<{{S}}>, {{SMEMB}}>;  // [2 buffers][BK k][TQPB n-quads]
 
-fn elem_a(i: u32) -> {{S}} { return {{S}}(A[i >> 2u][i & 3u]); }
-fn elem_b(i: u32) -> {{S}} { return {{S}}(B[i >> 2u][i & 3u]); }
+// An operand quad as read: LD is vec4<S>(v), or rounds v to f16 first (R16: autocast's float32
+// operands, converted on load instead of by a cast pass of their own).
+fn ld(v: vec4<{{T}}>) -> vec4<{{S}}> { return {{LD}}; }
+fn elem_a(i: u32) -> {{S}} { return ld(A[i >> 2u])[i & 3u]; }
+fn elem_b(i: u32) -> {{S}} { return ld(B[i >> 2u])[i & 3u]; }
 
 // Fetch the q-th quad of A's (row0, k0) tile into a register (K: end of this slice's k range).
 fn fetch_a(q: u32, row0: u32, k0: u32, M: u32, K: u32, a0: u32, ars: u32, acs: u32) -> vec4<{{S}}> {
     if (AM == 0u) {  // quad along k
         let m = row0 + q / (BK / 4u);
         let k = k0 + (q % (BK / 4u)) * 4u;
-        if (EXACT || (m < M && k < K)) { return vec4<{{S}}>(A[(a0 + m * ars + k) >> 2u]); }
+        if (EXACT || (m < M && k < K)) { return ld(A[(a0 + m * ars + k) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     let m = row0 + (q % TQA) * 4u;  // quad along m
     let k = k0 + q / TQA;
     if (AM == 1u) {
-        if (EXACT || (m < M && k < K)) { return vec4<{{S}}>(A[(a0 + m + k * acs) >> 2u]); }
+        if (EXACT || (m < M && k < K)) { return ld(A[(a0 + m + k * acs) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     var v = vec4<{{S}}>(0.0);
@@ -91,13 +95,13 @@ fn fetch_b(q: u32, col0: u32, k0: u32, N: u32, K: u32, b0: u32, brs: u32, bcs: u
     if (BM == 1u) {  // quad along k
         let n = col0 + q / (BK / 4u);
         let k = k0 + (q % (BK / 4u)) * 4u;
-        if (EXACT || (n < N && k < K)) { return vec4<{{S}}>(B[(b0 + n * bcs + k) >> 2u]); }
+        if (EXACT || (n < N && k < K)) { return ld(B[(b0 + n * bcs + k) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     let n = col0 + (q % TQB) * 4u;  // quad along n
     let k = k0 + q / TQB;
     if (BM == 0u) {
-        if (EXACT || (n < N && k < K)) { return vec4<{{S}}>(B[(b0 + k * brs + n) >> 2u]); }
+        if (EXACT || (n < N && k < K)) { return ld(B[(b0 + k * brs + n) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     var v = vec4<{{S}}>(0.0);

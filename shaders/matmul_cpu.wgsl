@@ -27,8 +27,11 @@ fn fin(i: u32, n: u32, x: f32) -> {{T}} {
     if ({{ACC}}u == 1u) { return {{T}}(epi(i, n, x + f32(C[i]))); }
     return {{T}}(epi(i, n, x));
 }
-fn ea(i: u32) -> f32 { return f32(A[i >> 2u][i & 3u]); }
-fn eb(i: u32) -> f32 { return f32(B[i >> 2u][i & 3u]); }
+// An operand quad as read: LD is vec4<f32>(v), or rounds v to f16 first (R16: autocast's
+// float32 operands, converted on load instead of by a cast pass of their own).
+fn ld(v: vec4<{{T}}>) -> vec4<f32> { return {{LD}}; }
+fn ea(i: u32) -> f32 { return ld(A[i >> 2u])[i & 3u]; }
+fn eb(i: u32) -> f32 { return ld(B[i >> 2u])[i & 3u]; }
 
 const WGX: u32 = {{WGX}}u;  // invocations along n
 const WGY: u32 = {{WGY}}u;  // invocations along m

@@ -7,13 +7,16 @@
 @group(0) @binding(1) var<storage, read_write> P: array<f32>;
 @group(0) @binding(2) var<storage, read> G: array<f32>;
 @group(0) @binding(3) var<storage, read_write> S0: array<f32>;
+// Optional skip on a device flag (GradScaler's inf/NaN check, wgrumus/optim/skip.py): AMP
+// declares what sgd_skip_, adam_skip_ and adam_coef_ read (the flag, Adam's device step counts).
+{{AMP}}
 
 // SGD. Words: 4 lr, 5 momentum, 6 dampening, 7 weight_decay, 8 nesterov (0/1),
-// 9 first step (0/1: the momentum buffer starts as the gradient).
+// 9 first step (0/1: the momentum buffer starts as the gradient), 10 (AMP) flag offset.
 @compute @workgroup_size(256)
 fn sgd(ids: Launch) {
     let i = thread_idx(ids, 256u);
-    if (i >= pu(0u)) { return; }
+    if (i >= pu(0u) || sgd_skip_()) { return; }
     let ip = pu(1u) + i;
     let p = P[ip];
     var g = G[pu(2u) + i] + pf(7u) * p;
@@ -29,13 +32,14 @@ fn sgd(ids: Launch) {
 }
 
 // Adam / AdamW. Words: 4 lr, 5 beta1, 6 beta2, 7 eps, 8 weight_decay, 9 decoupled (0 Adam L2,
-// 1 AdamW), 10 step_size = lr / (1 - beta1^t), 11 sqrt(1 - beta2^t).
+// 1 AdamW), 10 step_size = lr / (1 - beta1^t), 11 sqrt(1 - beta2^t) (AMP: 10 the parameter's
+// slot among the optimizer's device step counts, which hold both).
 @group(0) @binding(4) var<storage, read_write> S1: array<f32>;
 
 @compute @workgroup_size(256)
 fn adam(ids: Launch) {
     let i = thread_idx(ids, 256u);
-    if (i >= pu(0u)) { return; }
+    if (i >= pu(0u) || adam_skip_()) { return; }
     let ip = pu(1u) + i;
     let is = pu(3u) + i;
     var p = P[ip];
@@ -49,6 +53,7 @@ fn adam(ids: Launch) {
     let v = b2 * S1[is] + (1.0 - b2) * g * g;     // exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2)
     S0[is] = m;
     S1[is] = v;
-    let denom = sqrt(v) / pf(11u) + pf(7u);
-    P[ip] = p - pf(10u) * (m / denom);
+    let c = adam_coef_();  // (step_size, sqrt(1 - beta2^t))
+    let denom = sqrt(v) / c.y + pf(7u);
+    P[ip] = p - c.x * (m / denom);
 }

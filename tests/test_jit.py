@@ -334,13 +334,6 @@ def test_cli_jit_follows_the_schedule_and_clipping(layout):
     np.testing.assert_allclose(_train_cli(*args, "--jit"), eager, rtol=1e-6, atol=0)
 
 
-def test_cli_jit_refuses_f16(capsys):
-    """Every layout composes with --jit; mixed precision's loss scaler does not yet."""
-    from wgrumus.cli import main
-    assert main(["train", "mlp", "--precision", "f16", "--jit"]) == 2
-    assert "--jit does not capture --precision f16" in capsys.readouterr().err
-
-
 def test_readme_jit_example_runs(tmp_path):
     """The README's wr.jit block, run after the ten-line example that defines its model."""
     import sys

@@ -2,7 +2,7 @@
 attention) in float16 and ``GradScaler`` scales the loss so small gradients survive f16.
 
 Parameters, optimizer state and the autograd graph stay float32 (the master weights): under
-autocast those ops cast their float32 inputs to f16 on the way into the kernel (f32
+autocast those ops round their float32 inputs to f16 on the way into the kernel (f32
 accumulation) and return float32, and their backward runs in f16 the same way, so gradients
 reach the parameters in float32. Reductions, softmax statistics, layer norm and losses are
 float32 throughout. Needs the adapter feature ``shader-f16``.
@@ -15,38 +15,50 @@ import numpy as np
 
 from .autograd import no_grad
 from .ops.elementwise import contiguous, fill_
-from .ops.precision import autocast_as, autocast_dtype, forget_copies
+from .ops.precision import autocast_as
 from .runtime import get_device
 from .runtime.errors import AdapterLimitError, WgrumusError
-from .runtime.kernels import multi_tensor_kernel
+from .runtime.kernels import Kernel, multi_tensor_kernel
 from .tensor import Tensor, float16, float32, int32
 
 __all__ = ["GradScaler", "autocast"]
 
-_UNSCALE_BRANCH = "        U{j}[u_({j}u) + e] = unscale_(G{j}[g_({j}u) + e]);"
+_UNSCALE_BRANCH = "        U{j}[u_({j}u) + e] = unscale_(G{j}[g_({j}u) + e], inv_scale);"
+_STATE_WORDS = 4  # shaders/amp.wgsl: scale (f32 bits), found inf/NaN, growth tracker, skips
 
 
-def unscale_check(grads: list, inv_scale: float) -> tuple:
-    """(grads * inv_scale as new tensors, 1-element int32 device flag: nonzero if any held an
-    inf or NaN), in ceil(n / K) dispatches; one device each (the grads' device)."""
+def unscale_check(grads: list, scale) -> tuple:
+    """(grads / scale as new tensors, 1-element int32 device flag: nonzero if any held an inf
+    or NaN), in ceil(n / K) dispatches on the grads' device. ``scale``: a GradScaler's state
+    tensor (on that device; its found word is set too), or a float inverse scale."""
     dev = grads[0].device
+    state = scale if isinstance(scale, Tensor) else _new_state(dev, 1.0 / float(scale))
     lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
-    k = max(1, min(20, (lim - 1) // 2))  # 20: the parameter words of one dispatch
+    k = max(1, min(20, (lim - 2) // 2))  # 20: the parameter words of one dispatch
     flag = fill_(Tensor.empty((1,), dev, int32), 0)
     out = []
     for c in range(0, len(grads), k):
         chunk = [contiguous(g) for g in grads[c:c + k]]
         us = [Tensor.empty(g.shape, dev, float32) for g in chunk]
-        words, bufs, end = [float(inv_scale), flag.offset, 0, 0], [flag._storage.buffer], 0
+        words, end = [state.offset, flag.offset, 0, 0], 0
+        bufs = [flag._storage.buffer, state._storage.buffer]
         for g, u in zip(chunk, us):
             end += g.numel()
             words += [end, g.offset, u.offset]
             bufs += [g._storage.buffer, u._storage.buffer]
         if end:
-            dev.dispatch_1d(multi_tensor_kernel("unscale", len(chunk), 2, "G:read U:read_write",
+            dev.dispatch_1d(multi_tensor_kernel("unscale", len(chunk), 3, "G:read U:read_write",
                                                 _UNSCALE_BRANCH), bufs, words, end)
         out += us
     return out, flag
+
+
+def _new_state(dev, scale: float, tracker: int = 0) -> Tensor:
+    """A scaler's device state (shaders/amp.wgsl) with this scale and growth tracker."""
+    st = Tensor.empty((_STATE_WORDS,), dev, int32)
+    words = np.array([np.float32(scale).view(np.int32), 0, tracker, 0], np.int32)
+    dev.write(st._storage.buffer, words)
+    return st
 
 
 class autocast:
@@ -67,8 +79,6 @@ class autocast:
                 raise AdapterLimitError(
                     f"autocast(float16) needs the adapter feature shader-f16, which {dev.name} "
                     f"does not have; train in float32 (--precision f32, or no autocast)")
-        if self.enabled and autocast_dtype() is None:  # a new forward (ops/precision.py)
-            forget_copies()
         ctx = autocast_as(self.dtype if self.enabled else None)
         ctx.__enter__()
         self._ctx.append(ctx)
@@ -92,8 +102,13 @@ class GradScaler:
     skipped step and doubles it after ``growth_interval`` clean steps in a row.
 
     Gradients are ``p.grad``, or those of a GradientStore passed as ``grads`` (as to
-    ``optimizer.step(grads)``). Unscaling and the inf/NaN check are one multi-tensor kernel
-    (shaders/unscale.wgsl); the check reads one number back per step."""
+    ``optimizer.step(grads)``). The scale, growth tracker and inf/NaN flags live on the device
+    (the device of the first scaled loss or unscaled gradients, as torch.cuda.amp's), and so
+    does every decision: unscaling and the check are one multi-tensor kernel
+    (shaders/unscale.wgsl), the optimizer skips its update on the device where the flag is set
+    (optim/skip.py) and ``update`` grows or backs off the scale there (shaders/amp.wgsl). No
+    value is read back inside a step, so ``wr.jit`` captures it whole; ``get_scale``,
+    ``skipped_steps`` and ``state_dict`` read the device (call them outside a jitted step)."""
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
@@ -101,19 +116,36 @@ class GradScaler:
         if growth_factor <= 1.0 or not 0.0 < backoff_factor < 1.0 or growth_interval < 1:
             raise ValueError("GradScaler: growth_factor must be > 1, backoff_factor in (0, 1), "
                              "growth_interval >= 1")
-        self._scale = float(init_scale)
+        self._init_scale, self._init_tracker = float(init_scale), 0
         self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
         self.growth_interval = int(growth_interval)
         self.enabled = bool(enabled)
-        self._growth_tracker = 0
-        self._found_inf: dict = {}  # id(optimizer) -> bool, since the last update()
-        self.skipped_steps = 0
+        self._state: Tensor | None = None  # created on the first device used
+        self._found_inf: dict = {}  # id(optimizer) -> {device: flag}, since the last update()
 
     def is_enabled(self) -> bool:
         return self.enabled
 
+    def _lazy_state(self, dev) -> Tensor:
+        if self._state is None:
+            self._state = _new_state(dev, self._init_scale, self._init_tracker)
+        return self._state
+
+    def _word(self, i: int) -> int:
+        return int(self._state[i:i + 1].item())
+
     def get_scale(self) -> float:
-        return self._scale if self.enabled else 1.0
+        """The current scale (read from the device)."""
+        if not self.enabled:
+            return 1.0
+        if self._state is None:
+            return self._init_scale
+        return float(np.int32(self._word(0)).view(np.float32))
+
+    @property
+    def skipped_steps(self) -> int:
+        """Updates that found an inf/NaN gradient (read from the device)."""
+        return 0 if self._state is None else self._word(3)
 
     def scale(self, outputs):
         """``outputs`` (a tensor, or a list / tuple of them) times the current scale."""
@@ -123,11 +155,16 @@ class GradScaler:
             return type(outputs)(self.scale(o) for o in outputs)
         if not isinstance(outputs, Tensor):
             raise TypeError(f"GradScaler.scale needs a tensor, got {type(outputs).__name__}")
-        return outputs * self._scale
+        st = self._lazy_state(outputs.device)
+        scale = Tensor(st._storage, (), (), st.offset, float32)
+        if scale.device is not outputs.device:
+            scale = scale.to(outputs.device)
+        return outputs * scale
 
     def unscale_(self, optimizer, grads=None) -> None:
         """Divide this optimizer's gradients by the scale (new tensors, as clip_grad_norm_
-        writes) and note whether any is inf/NaN. Once per optimizer between updates."""
+        writes) and note on the device whether any is inf/NaN. Once per optimizer between
+        updates."""
         if not self.enabled:
             return
         if id(optimizer) in self._found_inf:
@@ -136,60 +173,84 @@ class GradScaler:
         pairs = [(p, p.grad if grads is None else grads.get(p))
                  for g in optimizer.param_groups for p in g["params"]]
         pairs = [(p, g) for p, g in pairs if g is not None]
-        flags = []
+        flags = {}
         with no_grad():
             for dev in {id(g.device): g.device for _, g in pairs}.values():
                 mine = [(p, g) for p, g in pairs if g.device is dev]
-                us, flag = unscale_check([g for _, g in mine], 1.0 / self._scale)
-                flags.append(flag)
+                state = self._lazy_state(dev)
+                if state.device is not dev:  # grads on several devices: a copy of the scale
+                    state = state.to(dev)
+                us, flags[dev] = unscale_check([g for _, g in mine], state)
                 for (p, _), u in zip(mine, us):
                     if grads is None:
                         p.grad = u
                     else:
                         grads.remove(p)
                         grads.accumulate(p, u)
-        self._found_inf[id(optimizer)] = any(f.item() for f in flags)
+            if len(flags) > 1 or any(d is not self._state.device for d in flags):
+                self._agree(flags)
+        self._found_inf[id(optimizer)] = flags
+
+    def _agree(self, flags: dict) -> None:
+        """Gradients on several devices, or not on the scaler's: every device's flag and the
+        scaler's found word become the OR of them all, through the host (eager only)."""
+        found = int(any(f.item() for f in flags.values()))
+        for f in flags.values():
+            fill_(f, found)
+        if found:
+            fill_(self._state[1:2], 1)
 
     def step(self, optimizer, grads=None):
-        """``optimizer.step(grads)`` unless a gradient is inf/NaN (then the step is skipped
-        and None returned; parameters and optimizer state stay as they were)."""
+        """``optimizer.step(grads)`` unless a gradient is inf/NaN, in which case parameters
+        and optimizer state stay as they were. Optimizers that take ``found_inf`` (this
+        package's) skip on the device; others are stepped or not after a host read of the
+        flag. Returns what ``optimizer.step`` returns."""
         if not self.enabled:
             return optimizer.step(grads)
         if id(optimizer) not in self._found_inf:
             self.unscale_(optimizer, grads)
-        if self._found_inf[id(optimizer)]:
-            self.skipped_steps += 1
+        flags = self._found_inf[id(optimizer)]
+        if not flags:
+            return optimizer.step(grads)
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return optimizer.step(grads, found_inf=flags)
+        if any(f.item() for f in flags.values()):
             return None
         return optimizer.step(grads)
 
     def update(self, new_scale: float | None = None) -> None:
-        """Adjust the scale for the next step (or set ``new_scale``)."""
+        """Adjust the scale for the next step on the device (or set ``new_scale``)."""
         if not self.enabled:
             return
-        found = any(self._found_inf.values())
         self._found_inf = {}
-        if new_scale is not None:
-            self._scale = float(new_scale)
-            self._growth_tracker = 0
-        elif found:
-            self._scale *= self.backoff_factor
-            self._growth_tracker = 0
-        else:
-            self._growth_tracker += 1
-            if self._growth_tracker == self.growth_interval:
-                self._scale *= self.growth_factor
-                self._growth_tracker = 0
+        if self._state is None:  # nothing scaled or stepped yet
+            if new_scale is not None:
+                self._init_scale, self._init_tracker = float(new_scale), 0
+            return
+
+        def words():
+            return [self.growth_factor, self.backoff_factor, self.growth_interval,
+                    int(new_scale is not None), 0.0 if new_scale is None else float(new_scale)]
+        with no_grad():
+            self._state.device.dispatch(Kernel.of("amp", "update"), [self._state._storage.buffer],
+                                        words(), refresh=words)
+        self._state._storage.version += 1
 
     def state_dict(self) -> dict:
-        return {"scale": self._scale, "growth_factor": self.growth_factor,
+        if not self.enabled:
+            return {}
+        tracker = self._init_tracker if self._state is None else self._word(2)
+        return {"scale": self.get_scale(), "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
-                "_growth_tracker": self._growth_tracker} if self.enabled else {}
+                "_growth_tracker": tracker}
 
     def load_state_dict(self, sd: dict) -> None:
         if not sd:
             return
-        self._scale = float(sd["scale"])
         self.growth_factor = float(sd["growth_factor"])
         self.backoff_factor = float(sd["backoff_factor"])
         self.growth_interval = int(sd["growth_interval"])
-        self._growth_tracker = int(sd["_growth_tracker"])
+        self._init_scale, self._init_tracker = float(sd["scale"]), int(sd["_growth_tracker"])
+        if self._state is not None:
+            dev = self._state.device
+            self._state = _new_state(dev, self._init_scale, self._init_tracker)

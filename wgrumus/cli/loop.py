@@ -101,16 +101,13 @@ def config_from_args(args) -> TrainConfig:
                          f"({m} by {args.pp})")
     precision = getattr(args, "precision", "f32")
     jit = getattr(args, "jit", None)
-    jit = precision == "f32" if jit is None else bool(jit)  # default: on where it captures
+    jit = True if jit is None else bool(jit)
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
         if not args.resume and not overwrite:
             _refuse_existing(args.checkpoint)
     if precision == "f16":
-        if jit:
-            raise UsageError("--jit does not capture --precision f16 steps yet (the loss "
-                             "scaler reads the gradients' inf/NaN check on the host); drop one")
         _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,

@@ -48,21 +48,29 @@ class TrainOptimizer:
         """Set this step's rates; returns the step count for ``end_step``."""
         return self._set_lr()
 
-    def clip_and_step(self, grads=None) -> None:
-        """The device work of a step (what a ``wr.jit`` capture replays)."""
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        return getattr(self.opt, "_step_supports_amp_scaling", False)
+
+    def clip_and_step(self, grads=None, found_inf=None) -> None:
+        """The device work of a step (what a ``wr.jit`` capture replays); ``found_inf``: a
+        GradScaler's flags, which skip the update on the device."""
         if self.clip is not None:
             from ..optim import clip_grad_norm_
             clip_grad_norm_(self.params, self.clip, grads=grads, group=self.group,
                             counted_elsewhere=self.counted_elsewhere)
-        self.opt.step(grads)
+        if found_inf is None:
+            self.opt.step(grads)
+        else:
+            self.opt.step(grads, found_inf=found_inf)
 
     def end_step(self, t: int) -> None:
         for g in self.opt.param_groups:
             g["lr_step"] = t + 1
 
-    def step(self, grads=None) -> None:
+    def step(self, grads=None, found_inf=None) -> None:
         t = self.begin_step()
-        self.clip_and_step(grads)
+        self.clip_and_step(grads, found_inf)
         self.end_step(t)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

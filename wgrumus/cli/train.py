@@ -49,9 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=None,
                    help="replay each step from wr.jit captures: no Python per op, the same "
                    "losses, in every --dp/--tp/--pp layout (each rank or stage replays its "
-                   "device's work; communication runs between the replayed segments). Default "
-                   "on, except under --precision f16, which is not captured yet; --no-jit runs "
-                   "every step eagerly")
+                   "device's work; communication runs between the replayed segments; f16 loss "
+                   "scaling stays on the device). Default on; --no-jit runs every step eagerly")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

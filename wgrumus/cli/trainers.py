@@ -97,9 +97,23 @@ class Precision:
         import wgrumus as wr
         return wr.autocast(enabled=self.f16, device=self.device)
 
-    def step(self, opt, grads) -> None:
-        self.scaler.step(opt, grads)
+    def step(self, opt, grads, bookkeeping: bool = True) -> None:
+        """The optimizer step through the scaler; ``bookkeeping=False``: its device work only
+        (``opt.clip_and_step``: what a wr.jit capture replays, the schedule's host bookkeeping
+        running around the replay)."""
+        self.scaler.step(opt if bookkeeping else _DeviceWork(opt), grads)
         self.scaler.update()
+
+
+class _DeviceWork:
+    """A TrainOptimizer stepped by ``clip_and_step`` (unscaled first, by GradScaler.step)."""
+    _step_supports_amp_scaling = True
+
+    def __init__(self, opt):
+        self.opt, self.param_groups = opt, opt.param_groups
+
+    def step(self, grads=None, found_inf=None) -> None:
+        self.opt.clip_and_step(grads, found_inf)
 
 
 class SingleTrainer(TrainerBase):
@@ -120,10 +134,8 @@ class SingleTrainer(TrainerBase):
         with self.amp.autocast():
             loss = self.task.loss(self.model(x), y)
         grads = wr.autograd.backward(self.amp.scaler.scale(loss))
-        if self.jit:  # the schedule's host bookkeeping runs around the replay (step below)
-            self.opt.clip_and_step(grads)
-        else:
-            self.amp.step(self.opt, grads)
+        # jit: the schedule's host bookkeeping runs around the replay (step below)
+        self.amp.step(self.opt, grads, bookkeeping=not self.jit)
         return loss
 
     def step(self, x, y) -> float:

@@ -51,8 +51,6 @@ class _Rank:
                                        **self._clip_scope(task, group))
         self.amp = Precision(precision, self.device)
         self._jit = None
-        if jit and precision != "f32":
-            raise ValueError("captured gpt steps run in f32 only")
         if jit:
             import wgrumus as wr
             self._jit = wr.jit(self._captured_step, devices=[self.device])
@@ -76,11 +74,15 @@ class _Rank:
         data-parallel all-reduces run between the replayed segments. Returns the micro-batch
         losses (device tensors on last-stage ranks, None elsewhere)."""
         from ..autograd import GradientStore
-        grads = self.rank.step_gradients(list(zip(mbs[::2], mbs[1::2])))
+        from ..ops.creation import ones
+        if self.amp.f16:  # the scale stays on the device, so a replay follows its updates
+            self.rank.loss_scale = self.amp.scaler.scale(ones((), device=self.device))
+        with self.amp.autocast():
+            grads = self.rank.step_gradients(list(zip(mbs[::2], mbs[1::2])))
         store = GradientStore()
         for n in self.names:
             store.accumulate(self.params[n], grads[n])
-        self.opt.clip_and_step(store)  # the schedule's bookkeeping runs around the replay
+        self.amp.step(self.opt, store, bookkeeping=False)  # bookkeeping: around the replay
         return self.rank.mb_losses
 
     def close(self) -> None:

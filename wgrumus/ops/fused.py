@@ -76,9 +76,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     with no_grad():
         x2 = contiguous(reshape(_f32(x), (math.prod(lead), n_in)))  # (no -1: n_in may be 0)
         b = contiguous(_f32(bias)) if bias is not None else None
-        # the backward needs u = x @ W.T itself (relu' reads the output, None reads nothing);
-        # under autocast the f16 matmul's f32 result gets the epilogue in a map kernel
-        keep_u = activation not in (None, "relu") or autocast_dtype() is not None
+        # the backward needs u = x @ W.T itself (relu' reads the output, None reads nothing)
+        keep_u = activation not in (None, "relu")
         wt = transpose(weight, 0, 1)
         r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
               if residual is not None else None)
@@ -87,7 +86,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
             ins = [u] + [t for t in (b, r2) if t is not None]
             y = map_op(fwd.format(z=" + ".join("abc"[:len(ins)])), ins)
         else:  # bias, residual and relu in the matmul's epilogue
-            y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None)
+            y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None,
+                          r16=autocast_dtype() is not None)  # autocast: f16 product
     out = reshape(y, lead + (n_out,)) if x.ndim != 2 else y
     if not needs_grad(x, weight, bias, residual):
         return out

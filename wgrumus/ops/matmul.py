@@ -12,7 +12,7 @@ from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import cast, contiguous, unbroadcast
 from .launch import broadcast_shapes, run_map
-from .precision import in_forward_precision, low
+from .precision import autocast_dtype, in_forward_precision
 from .shape import expand, reshape, transpose
 
 
@@ -41,8 +41,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     b = b if b.dtype == dt else cast(b, dt)
     a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
-    # autocast: the kernel runs on f16 copies, the result is cast back to f32 (ops/precision.py)
-    a2l, b2l = low(a2), low(b2)
+    # autocast: the kernel rounds the f32 operands to f16 as it reads them and stores its f32
+    # accumulators (ops/precision.py), no cast passes
+    r16 = dt == float32 and autocast_dtype() == float16
     M, K = a2.shape[-2:]
     K2, N = b2.shape[-2:]
     if K != K2:
@@ -55,8 +56,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return reshape(out, out.shape[:-1]) if b.ndim == 1 else out
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     nb = len(batch)
-    ae = expand(a2l, batch + (M, K)) if a2.shape[:-2] != batch else a2l
-    be = expand(b2l, batch + (K, N)) if b2.shape[:-2] != batch else b2l
+    ae = expand(a2, batch + (M, K)) if a2.shape[:-2] != batch else a2
+    be = expand(b2, batch + (K, N)) if b2.shape[:-2] != batch else b2
     sa, sb = _batch_stride(ae, nb), _batch_stride(be, nb)
     if sa is None:
         ae, sa = contiguous(ae), M * K
@@ -69,8 +70,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             from .elementwise import fill_
             fill_(out, 0.0)
         else:
-            _launch(ae, be, out, M, N, K, sa, sb, nbatch)
-    out = cast(out, dt)
+            _launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16)
+
     def bw(g):
         g2 = reshape(g, batch + (M, N))
         ga = gb = None
@@ -164,21 +165,22 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
                split: int = 1, exact: bool = False, half: bool = False,
-               ak: bool = False, fe: int = 1) -> Kernel:
+               ak: bool = False, fe: int = 1, r16: bool = False) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
     packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile
-    staged k-contiguous (``ak``, A in load mode 0 only). ``epilogue``: (activation template of
-    {z} or None, bias?, residual?)."""
+    staged k-contiguous (``ak``, A in load mode 0 only), f32 operands rounded to f16 as they
+    are read (``r16``: autocast). ``epilogue``: (activation template of {z} or None, bias?,
+    residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     if la < 1 or lb < 1 or bk % 4 or tm % 4 or tn % 4:
         raise ValueError(f"matmul tile {16 * tm}x{16 * tn} with k step {bk} leaves invocations "
                          f"without loads")
-    if half and not f16:
-        raise ValueError("packed f16 matmul math needs f16 operands")
+    if half and not (f16 or r16):
+        raise ValueError("packed f16 matmul math needs f16 operands (or r16)")
     if ak and am != 0:
         raise ValueError("a k-contiguous A tile needs A in load mode 0 (K contiguous)")
     t = "f16" if f16 else "f32"
@@ -187,11 +189,17 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
     return Kernel.of("matmul", TILEM=16 * tm, TILEN=16 * tn, TQA=4 * tm, TQB=4 * tn,
                      TQPA=tqpa, TQPB=4 * tn + pad, BK=bk, LOADA=la, LOADB=lb, ABUF=abuf,
                      AK=str(bool(ak)).lower(), SMEMA=2 * abuf, SMEMB=2 * bk * (4 * tn + pad), T=t,
-                     TC="f32" if split > 1 else t, S="f16" if half else "f32", F16=int(f16),
+                     TC="f32" if split > 1 else t, S="f16" if half else "f32",
+                     F16=int(f16 or r16), LD=_load(r16, "{{S}}"),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(),
                      **_epilogue_defines(*epilogue),
                      **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
+
+
+def _load(r16: bool, s: str) -> str:
+    """The shaders' ld(v): an operand quad as the kernel computes with it."""
+    return f"vec4<{s}>(vec4<f16>(v))" if r16 else f"vec4<{s}>(v)"
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
@@ -206,10 +214,11 @@ def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
 
 
 def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
-              activation: str | None = None) -> Tensor:
+              activation: str | None = None, r16: bool = False) -> Tensor:
     """act(x @ wt + bias + residual) for float32 2-D x [M, K] and wt [K, N] (any strides), a
     contiguous bias [N] and residual [M, N], in one kernel. ``activation`` is a WGSL template
-    of {z} (e.g. "max({z}, 0.0)"). No autograd: fused.linear records the node."""
+    of {z} (e.g. "max({z}, 0.0)"); ``r16``: the product of x and wt rounded to f16 (autocast).
+    No autograd: fused.linear records the node."""
     M, K = x.shape
     N = wt.shape[1]
     out = Tensor.empty((M, N), x.device, float32)
@@ -219,7 +228,8 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
         ins = [t for t in (bias, residual) if t is not None]
         z = " + ".join("ab"[:len(ins)]) or "0.0"
         return run_map(activation.format(z=z) if activation else z, out, ins)
-    _launch(x, wt, out, M, N, K, 0, 0, 1, bias=bias, residual=residual, activation=activation)
+    _launch(x, wt, out, M, N, K, 0, 0, 1, bias=bias, residual=residual, activation=activation,
+            r16=r16)
     return out
 
 
@@ -405,23 +415,23 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
     body4 = []
     if k4:
         if am == 0:
-            body4 += [f"let a{i} = vec4<f32>(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
+            body4 += [f"let a{i} = ld(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
             a_of = lambda i, r: f"a{i}.{_Q[r]}"
         else:
-            body4 += [f"let a{q}_{r} = vec4<f32>(A[(mq{q} + (k + {r}u) * ac) >> 2u]);"
+            body4 += [f"let a{q}_{r} = ld(A[(mq{q} + (k + {r}u) * ac) >> 2u]);"
                       for r in range(4) for q in range(tm // 4)]
             a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
         if bm == 0:
-            body4 += [f"let b{r}_{q} = vec4<f32>(B[(nq{q} + (k + {r}u) * br) >> 2u]);"
+            body4 += [f"let b{r}_{q} = ld(B[(nq{q} + (k + {r}u) * br) >> 2u]);"
                       for r in range(4) for q in range(tn // 4)]
             bq_of = lambda r, q: f"b{r}_{q}"
         else:
-            body4 += [f"let b{j} = vec4<f32>(B[(cb{j} + k) >> 2u]);" for j in range(tn)]
+            body4 += [f"let b{j} = ld(B[(cb{j} + k) >> 2u]);" for j in range(tn)]
             bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
         body4 += fmas(a_of, bq_of, range(4))
     body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
     if vec and bm == 0:  # B's quads along n, one k at a time
-        body1 += [f"let b{q} = vec4<f32>(B[(nq{q} + k * br) >> 2u]);" for q in range(tn // 4)]
+        body1 += [f"let b{q} = ld(B[(nq{q} + k * br) >> 2u]);" for q in range(tn // 4)]
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
     else:
         body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
@@ -442,9 +452,10 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
 @functools.lru_cache(maxsize=128)
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
-                   acc: bool = False) -> Kernel:
+                   acc: bool = False, r16: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
-    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise)."""
+    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise);
+    ``r16``: f32 operands rounded to f16 as they are read."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     vec = am != 2 and bm != 2 and not (am == 1 and tm % 4)
@@ -452,14 +463,14 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
     k4 = vec and tm * tn < CPU_K1_BLOCK
     t = "f16" if f16 else "f32"
     return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
-                     FLAT=int(flat), T=t, F16=int(f16), ACC=int(acc),
+                     FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc), LD=_load(r16, "f32"),
                      **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t))
 
 
-def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
+def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16):
     tm, tn, wgx, wgy, flat = tile
     f16 = a.dtype == float16
-    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi)
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, r16=r16)
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
@@ -471,7 +482,7 @@ def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, ti
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
-                               epilogue=epi if last else (None, False, False))
+                               epilogue=epi if last else (None, False, False), r16=r16)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:
@@ -484,7 +495,7 @@ def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, ti
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
-            activation=None):
+            activation=None, r16=False):
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
     am = _mode(a.offset, sa, ar, ac, M, K)
@@ -502,11 +513,12 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if tile is None and use_cpu_kernel(a.device):
         tile = _cpu_tile(M, N, nbatch)
     if tile is not None and len(tile) == 5:
-        return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
+        return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
+                           r16)
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
-    if tile is None:
-        v = _pick_variant(a.device, M, N, nbatch, f16, K)
+    if tile is None:  # r16 products take the f16 table's (packed f16) variants
+        v = _pick_variant(a.device, M, N, nbatch, f16 or r16, K)
     if v is None:
         tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
         v = dict(tm=tm, bk=bk, swz=rest[0] if rest else 0, pad=rest[1] if len(rest) > 1 else 1)
@@ -521,9 +533,9 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     split = -(-K // kw)  # no empty slice (the last one may be shorter)
     v["exact"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0 \
         and kw % bk == 0 and K % bk == 0
-    v["half"] = v.get("half", False) and f16
+    v["half"] = v.get("half", False) and (f16 or r16)
     v["ak"] = v.get("ak", False) and am == 0
-    k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, **v)
+    k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, **v)
     dst = out if split == 1 else Tensor.empty((split,) + (nbatch * M * N,), a.device, float32)
     if split > 1:
         bufs[2] = dst._storage.buffer

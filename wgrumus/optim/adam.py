@@ -8,7 +8,8 @@ torch.optim's formulas:
 The bias corrections are computed on the host in float64 and passed as kernel words. Each
 update dispatch also carries a ``refresh`` callable that steps the counts and recomputes the
 words (learning rate from the param group, bias corrections), which a replayed ``wr.jit``
-capture calls instead of reusing the captured words.
+capture calls instead of reusing the captured words. A step with ``found_inf`` (a GradScaler's
+flag) keeps the counts and bias corrections on the device instead (optim/skip.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..runtime.adapters import is_cpu_adapter
 from ..runtime.capture import refuse
 from ..runtime.kernels import Kernel, multi_tensor_decls, multi_tensor_kernel
 from .optimizer import Optimizer, launch
+from .skip import FLAG_MULTI, HOST_MULTI, DeviceSteps, device_flags, host_step
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
 # CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per
@@ -32,6 +34,7 @@ CPU_WG = 64
 
 class Adam(Optimizer):
     _decoupled = False
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
@@ -41,10 +44,13 @@ class Adam(Optimizer):
                              f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
         super().__init__(params, dict(lr=lr, betas=(float(b1), float(b2)), eps=eps,
                                       weight_decay=weight_decay))
+        self._device_steps = DeviceSteps()
 
-    def step(self, grads=None) -> None:
+    def step(self, grads=None, found_inf=None) -> None:
         """Update every parameter that has a gradient, several parameters per dispatch
-        (``multi_kernel``) where the adapter allows 4 storage buffers per parameter."""
+        (``multi_kernel``) where the adapter allows 4 storage buffers per parameter.
+        ``found_inf``: skip the update on the device where this flag is set (optim/skip.py)."""
+        flags = device_flags(found_inf)
         with no_grad():
             for group in self.param_groups:
                 todo = []
@@ -52,23 +58,28 @@ class Adam(Optimizer):
                     g = self._grad(p, grads)
                     if g is not None:
                         todo.append((p, g))
-                k = multi_width(todo[0][0].device) if todo else 1
+                steps = None
+                if flags is not None and todo:
+                    for p, _ in todo:
+                        self._moments(p)
+                    steps = self._device_steps.advance(self, group, todo, flags)
+                k = multi_width(todo[0][0].device, steps is not None) if todo else 1
                 if k < 2:
                     for p, g in todo:
-                        self._update(p, g, self.state.setdefault(p, {}), group)
+                        self._update(p, g, self.state.setdefault(p, {}), group, steps)
                     continue
                 batch = []
                 for p, g in todo:
                     if batch and (len(batch) == k or p.device is not batch[0][0].device or any(
                             p._storage is q._storage for q, _, _ in batch)):
-                        self._multi(batch, group)
+                        self._multi(batch, group, steps)
                         batch = []
-                    batch.append((p, g, self._prepare(p, group)))
+                    batch.append((p, g, self._prepare(p, group, steps)))
                 if batch:
-                    self._multi(batch, group)
+                    self._multi(batch, group, steps)
 
-    def _prepare(self, p, group) -> dict:
-        """The parameter's state, stepped: (step, exp_avg, exp_avg_sq), created at first use."""
+    def _moments(self, p) -> dict:
+        """The parameter's state (step, exp_avg, exp_avg_sq), created at first use."""
         state = self.state.setdefault(p, {})
         if "exp_avg" not in state:
             refuse(f"{type(self).__name__}.step creating its state (exp_avg, exp_avg_sq)",
@@ -77,10 +88,43 @@ class Adam(Optimizer):
             state["step"] = 0
             state["exp_avg"] = zeros(p.shape, device=p.device)
             state["exp_avg_sq"] = zeros(p.shape, device=p.device)
-        state["step"] += 1
         return state
 
-    def _multi(self, batch, group) -> None:
+    def _prepare(self, p, group, steps=None) -> dict:
+        """The parameter's state, its host step count advanced (unless the counts live on the
+        device: ``steps``)."""
+        state = self._moments(p)
+        if steps is None:
+            state["step"] = host_step(state) + 1
+        return state
+
+    def _coefs(self, p, st, group, steps) -> list:
+        """The two per-parameter words: bias-corrected step size and sqrt(1 - beta2^t), or
+        the parameter's slot among the device counts that hold them."""
+        if steps is not None:
+            return [steps[p.device][1][p], 0]
+        b1, b2 = group["betas"]
+        t = st["step"]
+        return [float(group["lr"]) / (1.0 - b1 ** t), math.sqrt(1.0 - b2 ** t)]
+
+    def _head(self, group) -> list:
+        b1, b2 = group["betas"]
+        return [float(group["lr"]), float(b1), float(b2), float(group["eps"]),
+                float(group["weight_decay"]), int(self._decoupled)]
+
+    def _refresh(self, pairs, words, steps):
+        """What a replay calls per dispatch: the host counts advanced (unless on the device)
+        and the words anew."""
+        def refresh():
+            for p, st in pairs:
+                self._check_replay(p, st)
+            if steps is None:
+                for _, st in pairs:
+                    st["step"] += 1
+            return words()
+        return refresh
+
+    def _multi(self, batch, group, steps=None) -> None:
         """One dispatch for the (param, grad, state) triples of ``batch``."""
         dev = batch[0][0].device
         chunk = cpu_chunk(dev)
@@ -90,49 +134,34 @@ class Adam(Optimizer):
             end = -(-end // chunk) * chunk + p.numel()  # a parameter starts a chunk
             rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
+        if steps is not None:
+            bufs.append(steps[dev][0]._storage.buffer)
 
         def words():
-            b1, b2 = group["betas"]
-            lr = float(group["lr"])
-            out = [lr, float(b1), float(b2), float(group["eps"]),
-                   float(group["weight_decay"]), int(self._decoupled), 0, 0]
-            for offsets, st, _ in rows:
-                t = st["step"]
-                out += offsets + [lr / (1.0 - b1 ** t), math.sqrt(1.0 - b2 ** t)]
+            out = self._head(group) + [0, 0]
+            for offsets, st, p in rows:
+                out += offsets + self._coefs(p, st, group, steps)
             return out
 
-        def refresh():
-            for _, st, p in rows:
-                self._check_replay(p, st)
-            for _, st, _ in rows:
-                st["step"] += 1
-            return words()
-
+        refresh = self._refresh([(p, st) for _, st, p in rows], words, steps)
+        amp = steps is not None
         if chunk > 1:
-            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG), bufs, words(),
+            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp), bufs, words(),
                             -(-end // chunk), CPU_WG, refresh=refresh)
         else:
-            dev.dispatch_1d(multi_kernel(len(batch)), bufs, words(), end, refresh=refresh)
+            dev.dispatch_1d(multi_kernel(len(batch), amp), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
             for t in (p, st["exp_avg"], st["exp_avg_sq"]):
                 t._storage.version += 1
 
-    def _update(self, p, g, state, group):
-        state = self._prepare(p, group)
+    def _update(self, p, g, state, group, steps=None):
+        state = self._prepare(p, group, steps)
 
         def words():
-            t = state["step"]
-            b1, b2 = group["betas"]
-            lr = float(group["lr"])
-            return [lr, float(b1), float(b2), float(group["eps"]),
-                    float(group["weight_decay"]), int(self._decoupled), lr / (1.0 - b1 ** t),
-                    math.sqrt(1.0 - b2 ** t)]
-
-        def refresh():
-            self._check_replay(p, state)
-            state["step"] += 1
-            return words()
-        launch(p, g, [state["exp_avg"], state["exp_avg_sq"]], "adam", words, refresh)
+            return self._head(group) + self._coefs(p, state, group, steps)
+        launch(p, g, [state["exp_avg"], state["exp_avg_sq"]], "adam", words,
+               self._refresh([(p, state)], words, steps),
+               None if steps is None else steps[p.device][0])
 
 
 class AdamW(Adam):
@@ -143,10 +172,11 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 
-def multi_width(dev) -> int:
-    """Parameters per multi-tensor dispatch on ``dev`` (1: one dispatch per parameter)."""
+def multi_width(dev, amp: bool = False) -> int:
+    """Parameters per multi-tensor dispatch on ``dev`` (1: one dispatch per parameter); amp:
+    the device step counts take a binding too."""
     lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
-    return max(1, min(MULTI_MAX, lim // 4))
+    return max(1, min(MULTI_MAX, (lim - int(amp)) // 4))
 
 
 def cpu_chunk(dev) -> int:
@@ -159,10 +189,15 @@ def cpu_chunk(dev) -> int:
 _ARRAYS = "P:read_write G:read M:read_write V:read_write"
 
 
-def multi_kernel(k: int) -> Kernel:
-    """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each."""
+def multi_kernel(k: int, amp: bool = False) -> Kernel:
+    """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each
+    (amp: reading the device step counts bound after them, optim/skip.py)."""
     return multi_tensor_kernel("adam_multi", k, 1, _ARRAYS, _ADAM_BRANCH, CPU_BODY="", CHUNK=1,
-                               CPU_WG=1)
+                               CPU_WG=1, AMP=_amp(k, amp))
+
+
+def _amp(k: int, amp: bool) -> str:
+    return FLAG_MULTI.format(b=4 * k + 1) if amp else HOST_MULTI
 
 
 _ADAM_BRANCH = """        let s = part_({j}u);
@@ -174,14 +209,14 @@ _ADAM_BRANCH = """        let s = part_({j}u);
 
 
 @functools.cache
-def cpu_kernel(k: int, chunk: int, wg: int) -> Kernel:
+def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False) -> Kernel:
     """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements per
     invocation, ``wg`` invocations per workgroup: a branch per parameter whose loop updates the
     chunk (at most ``chunk`` iterations, far below llvmpipe's 65,535 loop cap)."""
     body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))")
             for j in range(k)]
     return Kernel.of("adam_multi", "cpu", DECLS=multi_tensor_decls(k, 1, _ARRAYS), BODY="",
-                     CPU_BODY="\n".join(body), CHUNK=chunk, CPU_WG=wg)
+                     CPU_BODY="\n".join(body), CHUNK=chunk, CPU_WG=wg, AMP=_amp(k, amp))
 
 
 _CPU_BRANCH = """    if (c0 < end_({j}u)) {{

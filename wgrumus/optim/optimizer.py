@@ -15,6 +15,7 @@ from ..ops.elementwise import contiguous
 from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
+from .skip import FLAG_OPTIM, HOST_OPTIM, device_flags
 
 _dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -27,17 +28,20 @@ def dummy_buffer(device):
     return b._storage.buffer
 
 
-def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None) -> None:
+def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None, skip=None) -> None:
     """One fused update dispatch over the n elements of ``p``. words: a callable giving the
     kernel's hyperparameter words; refresh: one that steps the optimizer's counts and gives
-    them anew (a replayed wr.jit capture calls it per step; default: ``words``)."""
+    them anew (a replayed wr.jit capture calls it per step; default: ``words``). skip: the
+    tensor the kernel reads its skip flag from (optim/skip.py), bound after the states."""
     dev = p.device
     bufs = [p._storage.buffer, g._storage.buffer]
     bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
+    if skip is not None:
+        bufs.append(skip._storage.buffer)
     head = [p.numel(), p.offset, g.offset, states[0].offset if states else 0]
     again = refresh or words
-    dev.dispatch_1d(Kernel.of("optim", entry), bufs, head + words(), p.numel(),
-                    refresh=lambda: head + again())
+    kernel = Kernel.of("optim", entry, AMP=HOST_OPTIM if skip is None else FLAG_OPTIM)
+    dev.dispatch_1d(kernel, bufs, head + words(), p.numel(), refresh=lambda: head + again())
     p._storage.version += 1
     for s in states:
         s._storage.version += 1
@@ -45,6 +49,9 @@ def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None) -> Non
 
 class Optimizer:
     defaults: dict = {}
+    # step(grads, found_inf=flag) skips on the device (optim/skip.py); GradScaler otherwise
+    # reads the flag on the host and calls step(grads) or not
+    _step_supports_amp_scaling = False
 
     def __init__(self, params, defaults: dict):
         self.defaults = dict(defaults)
@@ -90,16 +97,25 @@ class Optimizer:
                                f"reduce or move gradients to the parameter's device first")
         return contiguous(g) if g.dtype == float32 else contiguous(g.float())
 
-    def step(self, grads=None) -> None:
+    def step(self, grads=None, found_inf=None) -> None:
         """Update every parameter that has a gradient: from ``grads`` (a GradientStore) when
-        given, else from ``p.grad``. Parameters without a gradient are skipped."""
+        given, else from ``p.grad``. Parameters without a gradient are skipped. ``found_inf``
+        (subclasses with ``_step_supports_amp_scaling``): a device flag (or a dict device ->
+        flag) that skips the whole step on the device where set (optim/skip.py)."""
+        flags = device_flags(found_inf)
+        if flags is not None and not self._step_supports_amp_scaling:
+            raise WgrumusError(f"{type(self).__name__}.step does not take found_inf; step it "
+                               "through GradScaler.step, which reads the flag on the host")
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
                     g = self._grad(p, grads)
                     if g is None:
                         continue
-                    self._update(p, g, self.state.setdefault(p, {}), group)
+                    if flags is None:
+                        self._update(p, g, self.state.setdefault(p, {}), group)
+                    else:
+                        self._update(p, g, self.state.setdefault(p, {}), group, flags)
 
     def _update(self, p, g, state, group):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -126,7 +142,9 @@ class Optimizer:
         """PyTorch layout: {"state": {index: {name: Tensor | number}}, "param_groups": [...]}
         with parameters referred to by their index over all groups."""
         idx = self._index()
-        state = {idx[id(p)]: dict(s) for p, s in self.state.items() if id(p) in idx}
+        state = {idx[id(p)]: {k: int(v.item()) if k == "step" and isinstance(v, Tensor) else v
+                              for k, v in s.items()}  # device step counts (optim/skip.py)
+                 for p, s in self.state.items() if id(p) in idx}
         groups = []
         for g in self.param_groups:
             d = {k: v for k, v in g.items() if k != "params"}
@@ -153,7 +171,10 @@ class Optimizer:
             p = params[k]
             st = {}
             for name, v in s.items():
-                if isinstance(v, Tensor) or (isinstance(v, np.ndarray) and v.ndim > 0):
+                if name == "step" and isinstance(v, (Tensor, np.ndarray)) and (
+                        np.asarray(v).size == 1):  # a count saved as a tensor
+                    st[name] = int(np.asarray(v).reshape(-1)[0])
+                elif isinstance(v, Tensor) or (isinstance(v, np.ndarray) and v.ndim > 0):
                     arr = v.numpy() if isinstance(v, Tensor) else v
                     if tuple(arr.shape) != tuple(p.shape):
                         raise ShapeError(f"optimizer state '{name}' of parameter {k} has shape "

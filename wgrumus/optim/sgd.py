@@ -10,9 +10,12 @@ from __future__ import annotations
 from ..ops.creation import zeros
 from ..runtime.capture import refuse
 from .optimizer import Optimizer, launch
+from .skip import flag_for
 
 
 class SGD(Optimizer):
+    _step_supports_amp_scaling = True
+
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
         if lr < 0 or momentum < 0 or weight_decay < 0:
@@ -23,7 +26,7 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov))
 
-    def _update(self, p, g, state, group):
+    def _update(self, p, g, state, group, flags=None):
         mom = group["momentum"]
         states, first = [], 0
         if mom != 0:
@@ -35,11 +38,14 @@ class SGD(Optimizer):
                 buf = state["momentum_buffer"] = zeros(p.shape, device=p.device)
                 first = 1
             states = [buf]
+        flag = None if flags is None else flag_for(flags, p.device)
+
         def words():
             return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]),
-                    float(group["weight_decay"]), int(bool(group["nesterov"])), first]
+                    float(group["weight_decay"]), int(bool(group["nesterov"])), first] + (
+                        [] if flag is None else [flag.offset])
 
         def refresh():
             self._check_replay(p, state)
             return words()
-        launch(p, g, states, "sgd", words, refresh)
+        launch(p, g, states, "sgd", words, refresh, flag)
