@@ -451,3 +451,36 @@ def test_communication_inside_a_capture_runs_between_replayed_segments(devs):
         np.testing.assert_array_equal(res[0][0][i], np.full(5, s))
         np.testing.assert_array_equal(res[1][0][i], np.full(5, 2 * s + 1))
     assert res[0][1] == res[1][1] == 2 and res[0][2] == [2] and res[1][2] == [2]
+
+
+@pytest.mark.timeout(120)
+def test_async_all_reduce_is_launched_and_joined_inside_the_replay(devs):
+    """An all_reduce_async in a capture replays as a launch (after the work before it is
+    submitted) and a join where the capture waited: the work in between is submitted before
+    the replay waits, and the results follow every call's data. Not waiting for it inside the
+    function is refused at capture."""
+    from wgrumus.distributed import spawn
+
+    def rank(group):
+        dev = group.device
+
+        @wr.jit(devices=[dev])
+        def step(x):
+            work = group.all_reduce_async(x * 2.0, "sum")
+            y = x + 1.0  # independent of the all-reduce: replayed before the wait
+            return work.wait(30.0) * y
+        outs = [step(wr.tensor(np.full(3, i + group.rank, np.float32), device=dev)).numpy()
+                for i in range(4)]
+        trace = [e[0] for e in step.last_trace]
+        unwaited = wr.jit(lambda x: [group.all_reduce_async(x, "sum")], warmup=0,
+                          devices=[dev])
+        with pytest.raises(wr.CaptureError, match="was not waited for inside it"):
+            unwaited(wr.tensor(np.ones(3, np.float32), device=dev))
+        return outs, trace
+
+    res = spawn(rank, 2, devices=devs[:2], timeout=30)
+    for r in range(2):
+        for i in range(4):
+            expect = (2.0 * i + 2.0 * (i + 1)) * (i + r + 1.0)
+            np.testing.assert_array_equal(res[r][0][i], np.full(3, expect))
+        assert res[r][1] == ["submit", "launch", "submit", "join", "submit"]
