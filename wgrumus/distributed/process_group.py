@@ -213,10 +213,9 @@ class ProcessGroup:
         ``all_reduce`` runs on the group's background thread. Do not change ``x`` before
         ``wait()``, nor call other collectives of this group in between."""
         self._check_usable()
+        if _captured(x):  # replays start it here and wait where (and as long as) this waits
+            return capture.host_launch(x.device, lambda t: self.all_reduce_async(t, op), x)
         deadline = time.monotonic() + self.config.timeout
-        if _captured(x):  # replays start it here and wait where the capture waited
-            launched = capture.host_launch(x.device, lambda t: self.all_reduce_async(t, op), x)
-            return Work(self, lambda dl: launched.wait(_left(dl)), deadline)
         s = movable_slice(x) if is_tensor(x) and self.config.num_nodes is None else None
         world = getattr(self._t, "world", None)
         if s is None or world is None:

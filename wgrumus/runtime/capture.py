@@ -199,8 +199,9 @@ def host_launch(device, launch, *args):
 
 
 class Launched:
-    """The capture's handle of a ``host_launch``: ``wait`` returns the result, and its first
-    call records the join (the captured work after it may read the result)."""
+    """The capture's handle of a ``host_launch`` (it stands for the call's own handle, e.g. a
+    ``Work``): ``wait`` returns the result, and its first call records the join with its
+    ``timeout`` (the captured work after it may read the result)."""
 
     def __init__(self, rec: Recording, slot: int, out):
         self._rec, self.slot, self._out = rec, slot, out

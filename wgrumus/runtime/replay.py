@@ -66,7 +66,7 @@ class Replay:
             cur = None
             if op[0] == "c":
                 segs.append((_COPY, op[1:]))
-            elif op[0] in "haj":
+            elif op[0] in ("h", "a", "j"):
                 segs = []
                 self._parts += [op, segs]
             else:
