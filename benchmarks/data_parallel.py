@@ -32,8 +32,10 @@ Columns:
   buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
 With ``--one-bucket`` each K > 1 is also run with a single bucket launched after backward (no
 overlap), to show what the overlap saves. With ``--jit`` every row is also run with captured
-steps (``wr.jit`` for the plain loop, ``DataParallel(jit=True)``: each replica replays its
-forward/backward and its optimizer step, the bucket all-reduces run between them, not overlapped).
+steps (``wr.jit`` for the plain loop, ``DataParallel(jit=True)``: each replica replays its whole
+step; a replay launches each bucket's all-reduce once the backward work completing it is submitted
+and waits for the buckets before the optimizer step, so they overlap the rest of the backward;
+'exposed' is then the replay's first bucket wait to its last bucket in).
 """
 from __future__ import annotations
 

@@ -332,6 +332,78 @@ def test_a_failing_replica_raises_clearly_and_nobody_hangs(devs, where):
     assert not any(c._thread.is_alive() for c in dp._world._comm_threads.values())
 
 
+def _jit_steps(devs, batches, jit, **kw):
+    """Losses of DataParallel(jit=jit) SGD steps on a 3-layer TinyMLP in several buckets (the
+    SGD stand-in's words are constant, so a capture of it replays faithfully)."""
+    model = TinyMLP(sizes=(6, 32, 32, 3), device=devs[0])
+    dp = DataParallel(model, devs[:2], first_bucket_mb=1e-4, bucket_cap_mb=1e-3, jit=jit, **kw)
+    losses = [dp.train_step(x, y, mse, SGD) for x, y in batches]
+    return dp, losses
+
+
+@pytest.mark.timeout(120)
+def test_jit_replay_launches_each_bucket_before_submitting_the_rest_of_backward(devs):
+    """Overlap inside a replayed step, read from the replay's own trace (no timing): bucket b's
+    all-reduce is launched right after the part that packs it was submitted, more backward work
+    is submitted before bucket b + 1 launches, and the replay waits for the buckets only after
+    the last launch, before the optimizer step. Losses and weights equal the eager run's."""
+    batches = data(4, 8, seed=3)  # warm-up, capture, two replays
+    eager, eager_losses = _jit_steps(devs, batches, False)
+    dp, losses = _jit_steps(devs, batches, True)
+    with eager, dp:
+        np.testing.assert_allclose(losses, eager_losses, rtol=1e-6, atol=0)
+        for p, q in zip(dp.parameters(), eager.parameters()):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+        assert dp.replicas_identical() and len(dp.plan) >= 3
+        for r, jf in enumerate(dp._jits.values()):
+            trace = jf.last_trace
+            kinds = [e[0] for e in trace]
+            launches = [i for i, k in enumerate(kinds) if k == "launch"]
+            joins = [i for i, k in enumerate(kinds) if k == "join"]
+            assert [trace[i][1] for i in launches] == list(range(len(dp.plan))), kinds
+            assert [trace[i][1] for i in joins] == list(range(len(dp.plan))), kinds
+            assert launches[-1] < joins[0], kinds  # nothing waited for before every launch
+            for a, b in zip(launches, launches[1:]):  # backward goes on behind each launch
+                assert any(e[0] == "submit" and e[2] > 0 for e in trace[a:b]), kinds
+            assert kinds[launches[0] - 1] == "submit" and trace[launches[0] - 1][2] > 0
+            assert any(e[0] == "submit" and e[2] > 0 for e in trace[joins[-1]:]), kinds
+            # ...and the replay's launches and waits are the step's events
+            evs = dp.events.events(r)
+            assert [e.bucket for e in evs if e.kind == "allreduce_start"] == \
+                list(range(len(dp.plan)))
+            assert dp.events.exposed_comm_seconds(r) >= 0.0
+            assert {"backward_end", "sync_end", "step_end"} <= {e.kind for e in evs}
+
+
+@pytest.mark.timeout(60)
+def test_jit_replica_failing_with_a_bucket_in_flight_stops_every_replica(devs, monkeypatch):
+    """Replica 1 fails inside its replayed step after launching bucket 0 (its all-reduce in
+    flight) and before launching bucket 1: replica 0, waiting on bucket 1, raises at once
+    (not at the 20 s timeout), the error names replica 1's fault, and the next step captures
+    again on fresh groups and trains on."""
+    from wgrumus.runtime.replay import Replay
+    batches = data(4, 8, seed=4)
+    dp, losses = _jit_steps(devs, batches[:3], True, timeout=20)
+    real = Replay._host
+
+    def failing(self, op, *a):
+        if self.device is devs[1] and op[0] == "a" and op[3] == 1:
+            raise RuntimeError("injected fault with bucket 0 in flight")
+        return real(self, op, *a)
+    with dp:
+        monkeypatch.setattr(Replay, "_host", failing)
+        t0 = time.monotonic()
+        with pytest.raises(ReplicaError, match="replica 1 .* failed in captured step") as ei:
+            dp.train_step(*batches[3], mse, SGD)
+        assert time.monotonic() - t0 < 10
+        assert "injected fault with bucket 0 in flight" in str(ei.value)
+        assert not dp._jits  # their replays called the broken groups
+        monkeypatch.setattr(Replay, "_host", real)
+        for x, y in batches:  # eager again, capture again, replay
+            dp.train_step(x, y, mse, SGD)
+        assert dp.replicas_identical() and all(j.replays == 2 for j in dp._jits.values())
+
+
 def test_all_reduce_sync_averages_stores(devs, rng):
     models = [TinyMLP(device=d, seed=i) for i, d in enumerate(devs[:3])]
     x = rng.standard_normal((4, 6)).astype(np.float32)

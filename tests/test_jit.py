@@ -370,8 +370,9 @@ def test_refuses_data_parallel_inside_and_work_on_two_devices(devs, rng):
 
 @pytest.mark.parametrize("world", [1, 3])
 def test_data_parallel_jit_matches_eager(devs, rng, world):
-    """Replicas replaying their captures around the eager bucket all-reduces: the same losses
-    and weights as eager DataParallel (bit for bit), replicas identical, several buckets."""
+    """Replicas replaying their captured steps, the bucket all-reduces launched and waited
+    for inside the replays: the same losses and weights as eager DataParallel (bit for bit),
+    replicas identical, several buckets."""
     from wgrumus.parallel import DataParallel
     batches = _batches("mlp", 5, 9, rng)  # 9 rows over 3 replicas: 3 each
     runs = []
@@ -384,10 +385,10 @@ def test_data_parallel_jit_matches_eager(devs, rng, world):
             losses = [dp.train_step(x, y.astype(np.int32), F.cross_entropy, opts)
                       for x, y in batches]
             assert dp.replicas_identical()
-            replays = sorted(j.replays for pair in dp._jits.values() for j in pair)
+            replays = sorted(j.replays for j in dp._jits.values())
             runs.append((losses, [p.numpy() for p in dp.parameters()], replays))
         assert not dp._jits  # close() freed the captures
-    assert runs[1][2] == [3] * (2 * world)  # warm-up, capture, 3 replays per capture
+    assert runs[1][2] == [3] * world  # one capture per replica: warm-up, capture, 3 replays
     np.testing.assert_array_equal(runs[1][0], runs[0][0])
     for a, b in zip(runs[0][1], runs[1][1]):
         np.testing.assert_array_equal(b, a)
@@ -443,3 +444,36 @@ def test_communication_inside_a_capture_runs_between_replayed_segments(devs):
         np.testing.assert_array_equal(res[0][0][i], np.full(5, s))
         np.testing.assert_array_equal(res[1][0][i], np.full(5, 2 * s + 1))
     assert res[0][1] == res[1][1] == 2 and res[0][2] == [2] and res[1][2] == [2]
+
+
+@pytest.mark.timeout(120)
+def test_async_all_reduce_is_launched_and_joined_inside_the_replay(devs):
+    """An all_reduce_async in a capture replays as a launch (after the work before it is
+    submitted) and a join where the capture waited: the work in between is submitted before
+    the replay waits, and the results follow every call's data. Not waiting for it inside the
+    function is refused at capture."""
+    from wgrumus.distributed import spawn
+
+    def rank(group):
+        dev = group.device
+
+        @wr.jit(devices=[dev])
+        def step(x):
+            work = group.all_reduce_async(x * 2.0, "sum")
+            y = x + 1.0  # independent of the all-reduce: replayed before the wait
+            return work.wait(30.0) * y
+        outs = [step(wr.tensor(np.full(3, i + group.rank, np.float32), device=dev)).numpy()
+                for i in range(4)]
+        trace = [e[0] for e in step.last_trace]
+        unwaited = wr.jit(lambda x: [group.all_reduce_async(x, "sum")], warmup=0,
+                          devices=[dev])
+        with pytest.raises(wr.CaptureError, match="was not waited for inside it"):
+            unwaited(wr.tensor(np.ones(3, np.float32), device=dev))
+        return outs, trace
+
+    res = spawn(rank, 2, devices=devs[:2], timeout=30)
+    for r in range(2):
+        for i in range(4):
+            expect = (2.0 * i + 2.0 * (i + 1)) * (i + r + 1.0)
+            np.testing.assert_array_equal(res[r][0][i], np.full(3, expect))
+        assert res[r][1] == ["submit", "launch", "submit", "join", "submit"]

@@ -1,5 +1,6 @@
 """`wgrumus train --jit` in every parallel layout the CLI accepts: the same losses as eager,
-steps really replayed, and a rank failing inside a replayed step stops every rank at once."""
+steps really replayed, the data-parallel buckets launched without waiting inside a replay, and a
+rank failing inside a replayed step (a bucket in flight too) stops every rank at once."""
 import json
 import time
 
@@ -65,6 +66,11 @@ def test_a_rank_failing_in_a_replayed_step_stops_them_all(capsys, monkeypatch, a
             raise RuntimeError("injected fault in a replayed step")
         return real(self, *a)
     monkeypatch.setattr(Replay, "_host", failing)
+    _stops_with(capsys, args, "injected fault in a replayed step")
+
+
+def _stops_with(capsys, args, fault: str) -> None:
+    """The --jit run fails within 60 s (not at the 120 s collective timeout) naming ``fault``."""
     t0 = time.monotonic()
     try:  # a WgrumusError is one line on stderr and exit 1; others propagate
         assert main(["train", *args, "--steps", str(STEPS), "--json", "--jit"]) == 1
@@ -74,4 +80,59 @@ def test_a_rank_failing_in_a_replayed_step_stops_them_all(capsys, monkeypatch, a
         while err is not None:
             text, err = text + str(err), err.__cause__
     assert time.monotonic() - t0 < 60
-    assert "injected fault in a replayed step" in text
+    assert fault in text
+
+
+def _small_buckets(monkeypatch) -> None:
+    """The 3D ranks' data-parallel averager in buckets of ~1 KB: several per tiny GPT rank."""
+    from wgrumus.distributed import averaging
+    real = averaging.plan_buckets
+    monkeypatch.setattr(averaging, "plan_buckets",
+                        lambda params, cap, first, names=None: real(params, 2e-3, 1e-3, names))
+
+
+@pytest.mark.timeout(180)
+def test_replayed_3d_steps_launch_every_dp_bucket_before_waiting(capsys, monkeypatch):
+    """gpt --dp 2 --tp 2 in several buckets: each rank's replay launches bucket b's all-reduce,
+    submits the next bucket's packing behind it and waits for the buckets only after the last
+    launch (before clipping and the optimizer step), with the tensor-parallel all-reduces of
+    the backward replayed as blocking host operations before them. Losses equal eager."""
+    args = GPT + ["--dp", "2", "--tp", "2", "--clip", "0.5"]
+    _small_buckets(monkeypatch)
+    eager = _losses(capsys, args, False)
+    traces, real = [], Replay.run
+
+    def traced(self, *a, **k):
+        real(self, *a, **k)
+        traces.append(list(self.trace))
+    monkeypatch.setattr(Replay, "run", traced)
+    jitted = _losses(capsys, args, True)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6, atol=0)
+    assert len(traces) == 4 * (STEPS - 2)
+    for trace in traces:
+        kinds = [e[0] for e in trace]
+        launches = [i for i, k in enumerate(kinds) if k == "launch"]
+        joins = [i for i, k in enumerate(kinds) if k == "join"]
+        assert len(launches) >= 3 and len(joins) == len(launches), kinds
+        assert [trace[i][1] for i in launches] == [trace[i][1] for i in joins] == \
+            list(range(len(launches)))
+        assert launches[-1] < joins[0] and "host" in kinds[:launches[0]], kinds
+        for a, b in zip(launches, launches[1:]):
+            assert "submit" in kinds[a:b], kinds
+        assert kinds[-1] == "submit" and trace[-1][2] > 0  # clipping, optimizer step
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_failing_with_a_dp_bucket_in_flight_stops_them_all(capsys, monkeypatch):
+    """Device 1's rank fails in its third step between launching its first data-parallel
+    bucket (in flight) and its second: its peers, waiting on that bucket, raise at once."""
+    _small_buckets(monkeypatch)
+    real = Replay._host
+
+    def failing(self, op, *a):
+        if self.device.index == 1 and op[0] == "a" and op[3] == 1:
+            raise RuntimeError("injected fault with a bucket in flight")
+        return real(self, op, *a)
+    monkeypatch.setattr(Replay, "_host", failing)
+    _stops_with(capsys, GPT + ["--dp", "2", "--tp", "2", "--pp", "2"],
+                "injected fault with a bucket in flight")

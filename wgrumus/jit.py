@@ -21,7 +21,9 @@ What a replay reproduces: device work on tensors, including in-place updates of 
 optimizer state; optimizer step counts, bias corrections and learning rates (re-read from the
 param groups each replay); communication through a ProcessGroup on the captured device's
 tensors (``capture.host_op``: run again, eagerly, between the replayed segments, so each rank of
-a parallel run captures its own step). What it does not, and therefore refuses with a
+a parallel run captures its own step; an ``all_reduce_async`` is started where the capture
+started it and waited for where the capture waited, so gradient buckets still overlap the
+replayed backward). What it does not, and therefore refuses with a
 ``CaptureError`` naming the call at capture time (no silent fallback): reading a value to the
 host (``.item()``, ``.numpy()``, ``bool(t)``, so Python control flow on tensor values), random
 ops drawing from the global generator (pass ``seed=``), a learning-rate scheduler step (call it
@@ -68,6 +70,7 @@ class Jitted:
         self.devices = None if devices is None else list(devices)
         self._captures: collections.OrderedDict = collections.OrderedDict()
         self._calls: dict = {}
+        self._last = None  # the capture the last call replayed
         self.recaptures = 0  # captures dropped from the cache to make room
         self.replays = 0
 
@@ -75,6 +78,7 @@ class Jitted:
         tensors = []
         key = _signature((args, kwargs), tensors)
         cap = self._captures.get(key)
+        self._last = cap
         if cap is not None:
             self._captures.move_to_end(key)
             out = cap.replay(tensors)
@@ -112,8 +116,17 @@ class Jitted:
         return {"captures": [c.replay_obj.dispatches for c in self._captures.values()],
                 "replays": self.replays}
 
+    @property
+    def last_trace(self) -> list | None:
+        """What the last call's replay did, in order (``Replay.trace``: submits, host
+        operations, asynchronous launches and joins with their times); None when the last call
+        ran eagerly."""
+        cap = self._last
+        return None if cap is None or cap.replay_obj is None else cap.replay_obj.trace
+
     def free(self) -> None:
         """Release every capture's buffers to the pool (also done when this object dies)."""
+        self._last = None
         while self._captures:
             self._captures.popitem()[1].free()
 

@@ -7,7 +7,8 @@ threads started once through dist.spawn that take one command at a time ("step",
 "load", "stats"), or, under mpiexec, this process itself. Checkpoints are dense (shards
 gathered with the TP shard plan), so a run can be resumed in another layout. With --jit each
 rank replays its whole step from a wr.jit capture of its device; the pipeline sends and
-receives and the TP / DP all-reduces run between the replayed segments (capture.host_op).
+receives and the TP all-reduces run between the replayed segments (capture.host_op), the DP
+buckets' all-reduces start there and are waited for before clipping (capture.host_launch).
 """
 from __future__ import annotations
 

@@ -39,8 +39,9 @@ class EventLog:
         self._lock = threading.Lock()
         self._events: list[Event] = []
 
-    def record(self, replica: int, kind: str, bucket: int = -1) -> None:
-        e = Event(time.perf_counter(), replica, kind, bucket)
+    def record(self, replica: int, kind: str, bucket: int = -1, t: float | None = None) -> None:
+        """An event now (or at ``t``, a ``time.perf_counter()`` reading taken earlier)."""
+        e = Event(time.perf_counter() if t is None else t, replica, kind, bucket)
         with self._lock:
             self._events.append(e)
 

@@ -190,11 +190,11 @@ class DataParallel:
     them), and the updated parameters are then copied from their owners to the other replicas.
     The losses are those of the unsharded run; ``optimizer_state_dict()`` gathers the state.
 
-    ``jit=True``: ``train_step`` replays each replica's work from two ``wr.jit`` captures per
-    replica (forward + backward + packing the gradient buckets; the optimizer step from the
-    averaged buckets) with the bucket all-reduces run eagerly between them: the same results,
-    no Python per op, but the all-reduce no longer overlaps backward. Steps inside ``no_sync``
-    and ``forward_backward`` run eagerly.
+    ``jit=True``: ``train_step`` replays each replica's whole step from a ``wr.jit`` capture:
+    the same results, no Python per op, and each bucket's all-reduce still starts as soon as
+    the replay has submitted the backward work that completes it, overlapping the rest of the
+    backward; the replay waits for the buckets before the optimizer step. Steps inside
+    ``no_sync`` and ``forward_backward`` run eagerly.
     """
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
@@ -246,7 +246,7 @@ class DataParallel:
                              "yet: the captured optimizer step updates every parameter; use "
                              "one of the two")
         self.jit = bool(jit)
-        self._jits: dict = {}  # (replica, loss_fn, optimizer) -> (grads capture, step capture)
+        self._jits: dict = {}  # (replica, loss_fn, optimizer) -> wr.jit of its step
         self._closed = False
         if backend == "mpi":
             self.broadcast_weights()
@@ -278,10 +278,7 @@ class DataParallel:
             for w in self._workers:
                 w.close(self.timeout)
             self._close_comm(self.timeout)
-            for pair in self._jits.values():
-                for j in pair:
-                    j.free()
-            self._jits.clear()
+            self._free_jits()
 
     def __del__(self):
         # Forgotten close(): let the threads end without waiting on them here.
@@ -369,6 +366,7 @@ class DataParallel:
             else:
                 out[rank] = value
         if failures:
+            self._free_jits()  # their replays call the broken groups
             if self.backend == "threads":
                 self.groups = self._thread_groups()
                 self.group = self.groups[0]
@@ -558,36 +556,48 @@ class DataParallel:
         return dict(sd, state=state)
 
     def _captured_step(self, k: int, x, y, loss_fn, scale: float, opt):
-        """Replica ``k``'s step with ``jit=True``: capture 1 (forward, loss, backward, gradients
-        packed into the plan's flat buckets, exactly as GradientAverager packs them), the buckets'
-        all-reduces (eager, in bucket order), capture 2 (the optimizer step on views of the
-        averaged buckets, as GradientAverager.finish hands them). Returns the loss tensor."""
+        """Replica ``k``'s step with ``jit=True``: one capture of the eager step (forward, loss,
+        backward with the GradientAverager launching each complete bucket's all-reduce, waiting
+        for the buckets, the optimizer step). A replay launches bucket b's all-reduce as soon as
+        the work that packs it is submitted and keeps submitting the backward; it waits for the
+        buckets only before the optimizer step (``capture.host_launch``). Returns the loss
+        tensor; the replay's launches and waits go into ``events``."""
         key = (k, loss_fn, id(opt))
-        pair = self._jits.get(key)
-        if pair is None:
+        jf = self._jits.get(key)
+        if jf is None:
             from ..jit import jit
-            params, replica = self._params[k], self.replicas[k]
-            avg = GradientAverager(params, self.groups[k], plan=self.plan)
+            replica, dev = self.replicas[k], self.devices[k]
+            avg = GradientAverager(self._params[k], self.groups[k], plan=self.plan) \
+                if self.world_size > 1 else None
 
-            def grads(x, y, scale):
+            def step(x, y, scale):
                 loss = _check_loss(loss_fn(replica(x), y))
-                g = backward_with_grad(loss, full(loss.shape, scale, device=loss.device))
-                return loss, [avg.pack(b, lambda i: g.get(params[i]))
-                              for b in range(len(avg.plan))]
+                grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
+                                           on_leaf_grad=None if avg is None else
+                                           avg.start().on_leaf_grad)
+                opt.step(grads if avg is None else avg.finish(self.timeout))
+                return loss
 
-            def step(flats):
-                opt.step(avg.store(avg.unpack(flats)))
-
-            dev = self.devices[k]
-            pair = self._jits[key] = (jit(grads, devices=[dev]), jit(step, devices=[dev]))
-        loss, flats = pair[0](x, y, float(scale))
-        self.events.record(k, "backward_end")
-        if self.world_size > 1:
-            works = [self.groups[k].all_reduce_async(f, "mean") for f in flats]
-            flats = [w.wait(self.timeout) for w in works]
-        self.events.record(k, "sync_end")
-        pair[1](flats)
+            jf = self._jits[key] = jit(step, devices=[dev])
+        loss = jf(x, y, float(scale))
+        self._replay_events(k, jf.last_trace)
         return loss
+
+    def _replay_events(self, k: int, trace) -> None:
+        """A replayed step's bucket launches and waits as ``events``: allreduce_start per
+        bucket, backward_end when the replay first waited (the captured backward was
+        submitted), sync_end when the last bucket was in."""
+        joins = [e for e in trace or () if e[0] == "join"]
+        for e in trace or ():
+            if e[0] == "launch":
+                self.events.record(k, "allreduce_start", e[1], t=e[2])
+        if joins:
+            self.events.record(k, "backward_end", t=joins[0][2])
+            self.events.record(k, "sync_end", t=joins[-1][3])
+
+    def _free_jits(self) -> None:
+        while self._jits:
+            self._jits.popitem()[1].free()
 
     def _accumulate(self, k: int, grads) -> None:
         """Inside ``no_sync``: add replica ``k``'s gradients to its running sum, which the next

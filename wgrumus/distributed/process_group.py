@@ -7,7 +7,9 @@ a group must call the same collectives in the same order. Each call has a deadli
 CollectiveError instead of hanging, and the group is broken from then on.
 
 Inside a ``wr.jit`` capture of the tensor's device, a call on tensors is a ``capture.host_op``:
-every replay runs it again between the replayed segments (nonblocking calls complete at once).
+every replay runs it again between the replayed segments. ``all_reduce_async`` is replayed
+asynchronously: started after the work before it is submitted, waited for where the capture
+called ``Work.wait`` (``capture.host_launch``); other nonblocking calls complete at once.
 """
 from __future__ import annotations
 
@@ -211,10 +213,9 @@ class ProcessGroup:
         ``all_reduce`` runs on the group's background thread. Do not change ``x`` before
         ``wait()``, nor call other collectives of this group in between."""
         self._check_usable()
+        if _captured(x):  # replays start it here and wait where (and as long as) this waits
+            return capture.host_launch(x.device, lambda t: self.all_reduce_async(t, op), x)
         deadline = time.monotonic() + self.config.timeout
-        if _captured(x):
-            out = capture.host_op(x.device, lambda t: self.all_reduce_async(t, op).wait(), x)
-            return Work(self, lambda dl: out, deadline)
         s = movable_slice(x) if is_tensor(x) and self.config.num_nodes is None else None
         world = getattr(self._t, "world", None)
         if s is None or world is None:

@@ -12,7 +12,10 @@ Communication with other ranks (a collective, a send or a receive) is a ``host_o
 eagerly with the recording paused, and the recording keeps the call itself, so a replay submits
 the device work before it, runs the call again on the same buffers, copies its result into the
 buffer the captured work reads, and goes on: captured segments with host-side communication
-between them.
+between them. An asynchronous call (``host_launch``: a bucket's all-reduce started while
+backward goes on) is recorded as two host operations: the launch, where the capture started it,
+and the join, where the captured code waited for it; a replay starts it after submitting the
+work before it, keeps submitting the captured work, and waits only at the join.
 """
 from __future__ import annotations
 
@@ -56,12 +59,14 @@ class Recording:
     ops: ("d", pipeline, layout, dynamic, buffers, words, groups, refresh) dispatches (words: the
     256-byte parameter slot; refresh: None, or a callable giving the slot's parameter list anew
     at every replay, e.g. an optimizer's bias corrections), ("c", src, src_off, dst, dst_off,
-    nbytes) copies, ("w", dst, offset, data) host writes and ("h", fn, args, out) host
-    operations (``host_op``)."""
+    nbytes) copies, ("w", dst, offset, data) host writes, ("h", fn, args, out) host
+    operations (``host_op``), and ("a", launch, args, slot) / ("j", slot, out, timeout) the
+    launch and the join of an asynchronous one (``host_launch``; slots count launches)."""
 
     def __init__(self, device):
         self.device = device
         self.ops: list = []
+        self.launches = 0
 
     def dispatch(self, pipe, layout, dynamic, buffers, words: bytes, groups, refresh) -> None:
         self.ops.append(("d", pipe, layout, dynamic, tuple(buffers), words, tuple(groups),
@@ -75,6 +80,14 @@ class Recording:
 
     def host(self, fn, args: tuple, out) -> None:
         self.ops.append(("h", fn, args, out))
+
+    def launch(self, fn, args: tuple) -> int:
+        self.ops.append(("a", fn, args, self.launches))
+        self.launches += 1
+        return self.launches - 1
+
+    def join(self, slot: int, out, timeout) -> None:
+        self.ops.append(("j", slot, out, timeout))
 
     @property
     def dispatches(self) -> int:
@@ -90,12 +103,14 @@ class Recording:
             elif op[0] == "c":
                 seen[id(op[1])] = op[1]
                 seen[id(op[3])] = op[3]
-            elif op[0] == "h":
-                for t in (*op[2], op[3]):
+            elif op[0] == "w":
+                seen[id(op[1])] = op[1]
+            else:  # host operations: their tensor arguments and results
+                tensors = (*op[2], op[3]) if op[0] == "h" else op[2] if op[0] == "a" else \
+                    (op[2],)
+                for t in tensors:
                     if t is not None:
                         seen[id(t._storage.buffer)] = t._storage.buffer
-            else:
-                seen[id(op[1])] = op[1]
         return list(seen.values())
 
 
@@ -142,6 +157,12 @@ def paused(device=None):
         _local.open = n
 
 
+def _check_result(out, device) -> None:
+    if out is not None and (out.device is not device or not out.is_contiguous()):
+        raise CaptureError(f"a communication result on {out.device} (contiguous: "
+                           f"{out.is_contiguous()}) cannot be replayed into {device}")
+
+
 def host_op(device, fn, *args):
     """``fn(*args)``: communication whose tensor arguments and result (a Tensor or None) live
     on ``device``. Inside a capture of ``device`` it runs eagerly with the recording paused and
@@ -154,8 +175,43 @@ def host_op(device, fn, *args):
     device.flush()  # what the capture ran so far reaches the device before fn reads it
     with paused(device):
         out = fn(*args)
-    if out is not None and (out.device is not device or not out.is_contiguous()):
-        raise CaptureError(f"a communication result on {out.device} (contiguous: "
-                           f"{out.is_contiguous()}) cannot be replayed into {device}")
+    _check_result(out, device)
     rec.host(fn, tuple(a.detach() for a in args), None if out is None else out.detach())
     return out
+
+
+def host_launch(device, launch, *args):
+    """``launch(*args)``: asynchronous communication on ``device``'s tensors returning a handle
+    whose ``wait(timeout)`` gives the result (a Tensor or None). Inside a capture of ``device``
+    it runs to completion at once (recording paused: the call's own device work, on other
+    threads too, stays out of the capture) and returns a ``Launched`` handle; the recording
+    keeps the launch here and the join where ``Launched.wait`` is called. A replay launches
+    again after submitting the work before this point and waits at the join."""
+    if not recording(device):
+        return launch(*args)
+    rec = device.recorder
+    device.flush()
+    with paused(device):
+        out = launch(*args).wait(None)
+    _check_result(out, device)
+    slot = rec.launch(launch, tuple(a.detach() for a in args))
+    return Launched(rec, slot, None if out is None else out.detach())
+
+
+class Launched:
+    """The capture's handle of a ``host_launch`` (it stands for the call's own handle, e.g. a
+    ``Work``): ``wait`` returns the result, and its first call records the join with its
+    ``timeout`` (the captured work after it may read the result)."""
+
+    def __init__(self, rec: Recording, slot: int, out):
+        self._rec, self.slot, self._out = rec, slot, out
+
+    def wait(self, timeout: float | None = None):
+        rec, self._rec = self._rec, None
+        if rec is not None:
+            if rec.device.recorder is not rec or not recording(rec.device):
+                raise CaptureError("an asynchronous communication started inside a wr.jit "
+                                   "function must be waited for inside it, in the capturing "
+                                   "thread (a replay waits where the capture did)")
+            rec.join(self.slot, self._out, timeout)
+        return self._out

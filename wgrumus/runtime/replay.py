@@ -9,8 +9,15 @@ single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch
 (when it changes), set bind group, dispatch. A recording with host operations (communication,
 ``capture.host_op``) replays as parts: the device work up to a host operation is submitted, the
 operation runs and its result is copied into the captured buffer, then the next part follows.
+An asynchronous one (``capture.host_launch``) is started at its launch and the replay goes on
+submitting parts; only its join waits for it (with the timeout the capture waited with) and
+copies its result in. ``trace`` lists what the last run did, in order: ("submit", part,
+dispatches), ("launch", slot, t), ("join", slot, t_wait, t_done), ("host", t, t_done)
+(``time.perf_counter()`` seconds).
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import wgpu
@@ -59,14 +66,22 @@ class Replay:
             cur = None
             if op[0] == "c":
                 segs.append((_COPY, op[1:]))
-            elif op[0] == "h":
+            elif op[0] in ("h", "a", "j"):
                 segs = []
-                self._parts += [op[1:], segs]
+                self._parts += [op, segs]
             else:
                 _, dst, offset, data = op
                 src = dev.wgpu.create_buffer_with_data(data=data, usage=wgpu.BufferUsage.COPY_SRC)
                 self._keep.append(src)
                 segs.append((_COPY, (src, 0, dst, offset, len(data))))
+        joined = {op[1] for op in ops if op[0] == "j"}
+        if any(op[0] == "a" and op[3] not in joined for op in ops):
+            raise CaptureError("an asynchronous communication started inside a wr.jit function "
+                               "was not waited for inside it; wait for its Work before the "
+                               "function returns")
+        self._dispatches_of = [sum(len(b) for k, b in p if k == _PASS)
+                               for p in self._parts[::2]]
+        self.trace: list = []
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
@@ -85,9 +100,13 @@ class Replay:
         copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
         dev = self.device
         last = len(self._parts) - 1
+        trace, pending = [], {}  # pending: slot -> the handle of a launched host operation
+        self.trace = trace
         for i in range(0, last + 1, 2):
             if i:
-                self._host(*self._parts[i - 1])
+                self._host(self._parts[i - 1], pending, trace)
+                if not self._parts[i] and i != last:
+                    continue  # nothing to submit between two host operations
             with dev.lock:
                 dev._flush_locked()  # eager work recorded so far runs first
                 if i == 0 and self._refresh:
@@ -104,12 +123,28 @@ class Replay:
                 else:
                     self._encode_api(enc, self._parts[i], pre, post)
                 dev._submit(enc.finish())
+            trace.append(("submit", i // 2, self._dispatches_of[i // 2]))
         dev.dispatches += self.dispatches
 
-    def _host(self, fn, args, out) -> None:
-        """A recorded host operation, again: its result goes into the captured result buffer
-        (the copy runs before the next part, in the device's batch)."""
-        res = fn(*args)
+    def _host(self, op, pending: dict, trace: list) -> None:
+        """A recorded host operation, again: a launch is started and left running; a plain one's
+        or a join's result goes into the captured result buffer (the copy runs before the next
+        part, in the device's batch). On failure the error propagates and launched operations
+        are left to their group (its owner aborts it, as after a failed eager step)."""
+        t = time.perf_counter()
+        if op[0] == "a":
+            _, launch, args, slot = op
+            pending[slot] = launch(*args)
+            trace.append(("launch", slot, t))
+            return
+        if op[0] == "j":
+            _, slot, out, timeout = op
+            res = pending.pop(slot).wait(timeout)
+            trace.append(("join", slot, t, time.perf_counter()))
+        else:
+            _, fn, args, out = op
+            res = fn(*args)
+            trace.append(("host", t, time.perf_counter()))
         if out is None:
             return
         if res is None or res.shape != out.shape or res.dtype != out.dtype:
