@@ -38,6 +38,10 @@ SPLIT_MIN_BYTES = 1 << 17     # large rounds are cut into at least one piece per
 # One core moves ~10 GB/s; a 2-rank all-reduce at 10 GB/s moves ~40 GB/s of host memory (two
 # inputs read, two outputs written), so a round wants about a dozen threads on a large host.
 MAX_REDUCE_THREADS = 12
+# A helper thread joins a round per this many bytes: waking one costs about what it reduces of
+# a few MB (H100 host, 2 ranks: 4 MB rounds ran 5.0 GB/s with no helper, 3.4 with ten; 64 MB
+# rounds 4.7 with none, 11.9 with six; BENCHMARKS.md).
+HELPER_BYTES = 4 << 20
 _helpers: ThreadPoolExecutor | None = None
 _helpers_lock = threading.Lock()
 
@@ -318,7 +322,8 @@ class CollectiveBarrier:
         else:
             rnd.nchunks = nchunks
             rnd.chunk = math.ceil(length / nchunks)
-            for _ in range(min(self.helpers, nchunks - self.world_size)):
+            wanted = nbytes // HELPER_BYTES  # waking a thread costs more than a small share
+            for _ in range(min(self.helpers, nchunks - self.world_size, wanted)):
                 _helper_pool().submit(self._helper, rnd)
         self._cond.notify_all()
 

@@ -25,11 +25,12 @@ import numpy as np
 from .barrier import check_op
 from .errors import CollectiveError
 
-# Per chunk the engine pays two map requests, one submit and one barrier round (~0.1 ms of host
-# time on a fast host); the chunk must be large enough to hide that behind its transfer and small
-# enough that the pipeline fills quickly. benchmarks/collectives.py --backend comm --chunks
-# compares sizes.
-CHUNK_BYTES = 4 << 20
+# Per chunk the engine pays two map requests, one submit and one barrier round, whose thread
+# wake-ups cost about what a few MB of reduction do; the chunk must be large enough to hide that
+# and small enough that the pipeline fills quickly. benchmarks/collectives.py --backend comm
+# --chunks compares sizes: on the H100 host (2 ranks) 16 MB chunks ran a 64 MB all-reduce at
+# 5.5 GB/s, 8 MB 4.8, 4 MB 3.7, 2 MB 2.0 (BENCHMARKS.md, 2026-11-24).
+CHUNK_BYTES = 16 << 20
 INFLIGHT = 3  # chunk downloads queued ahead of the one being reduced
 
 
