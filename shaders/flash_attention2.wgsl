@@ -33,7 +33,7 @@ const NX: u32 = {{NX}}u;
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
 
-// Row tiles (resident A, B; streamed A, B), score tiles (P, dS), per-row values.
+// Row tiles (resident A, B; streamed A, B), score tiles (P, dS), per-row values (RED, RV).
 var<workgroup> RA: array<vec4<f32>, {{SRA}}>;
 var<workgroup> RB: array<vec4<f32>, {{SRB}}>;
 var<workgroup> TA: array<vec4<f32>, {{STA}}>;
@@ -41,6 +41,7 @@ var<workgroup> TB: array<vec4<f32>, {{STB}}>;
 var<workgroup> PA: array<vec4<f32>, {{SPA}}>;
 var<workgroup> PB: array<vec4<f32>, {{SPB}}>;
 var<workgroup> RED: array<f32, {{SRED}}>;
+var<workgroup> RV: array<vec4<f32>, {{SRV}}>;  // the forward's row reductions, in quads
 
 // Which elements of quad qq lie inside a row of D (no loops: they would count against
 // llvmpipe's budget; reads past D land on the next row or are clamped by robust access and are

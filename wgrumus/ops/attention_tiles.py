@@ -22,14 +22,20 @@ from .matmul import adapter_class
 VARIANTS = {
     "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
     "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
-    "a64t24": {"fwd": (64, 32, 2, 4), "q": (32, 32, 2, 4), "kv": (32, 32, 2, 4)},
     "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
     "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
-    "a64t8": {"fwd": (64, 32, 8, 4), "q": (32, 32, 8, 4), "kv": (32, 32, 8, 4)},
     "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
-    "a32": {"fwd": (32, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 16, 4, 4)},
     "a32t2": {"fwd": (32, 32, 2, 2), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
     "a16": {"fwd": (32, 16, 4, 4), "q": (16, 16, 4, 4), "kv": (16, 16, 4, 4)},
+    # Along the H100's trend (more invocations, 1-2 rows each; a role's best is picked on
+    # its own, so the roles differ): up to 512 invocations, subgroup forwards.
+    "a32t2sg": {"fwd": (32, 32, 2, 2, 1), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
+    "a64i512": {"fwd": (64, 32, 2, 2, 1), "q": (64, 16, 2, 1), "kv": (32, 32, 1, 2)},
+    "a32t12": {"fwd": (32, 32, 1, 2, 1), "q": (32, 32, 1, 2), "kv": (16, 32, 1, 2)},
+    "a32x16": {"fwd": (32, 16, 2, 1, 1), "q": (32, 16, 2, 1), "kv": (32, 16, 2, 1)},
+    "a16x32": {"fwd": (16, 32, 1, 2, 1), "q": (16, 32, 1, 2), "kv": (16, 32, 2, 2)},
+    "a32x64t24": {"fwd": (32, 64, 2, 4), "q": (64, 16, 4, 1), "kv": (32, 16, 1, 1)},
+    "a64x16": {"fwd": (64, 16, 2, 1, 1), "q": (32, 16, 1, 1), "kv": (16, 16, 1, 1)},
 }
 FALLBACK = {
     "fwd": [(64, 32, 4, 4), (32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4),
@@ -40,11 +46,17 @@ FALLBACK = {
            (8, 16, 2, 2)],
 }
 # Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
-# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}.
-# benchmarks/_attn_sweep.py times every variant and prints the entry to paste.
+# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}, or
+# one name per role {"fwd": name, "q": name, "kv": name} (a role's tiles are independent of
+# the others'). benchmarks/_attn_sweep.py times every role of every variant and prints the
+# entry to paste.
 ATTN_TABLE: dict = {"gpu": "a64", "nvidia": "a32t2"}  # nvidia: H100 sweep, BENCHMARKS.md
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
 SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
+# Subgroup sizes known per adapter class: wgpu reports placeholder bounds (4..128) on Vulkan
+# (the H100 sweep's adapter info), while NVIDIA's subgroups are always warps of 32
+# consecutive invocations.
+KNOWN_SUBGROUP_MIN = {"nvidia": 32}
 
 
 def _variant_name(dev, role: str):
@@ -55,14 +67,15 @@ def _variant_name(dev, role: str):
         return VARIANT
     entry = ATTN_TABLE.get(adapter_class(dev), ATTN_TABLE.get("gpu"))
     if isinstance(entry, dict):
-        return entry.get("fwd" if role == "fwd" else "bwd")
+        return entry.get(role) or entry.get("fwd" if role == "fwd" else "bwd")
     return entry
 
 
 def _subgroups_hold(dev, nx: int) -> bool:
     """Whether every subgroup holds whole rows of nx consecutive invocations."""
     info = dev.adapter_info  # wgpu-py 0.32 spells the keys "stackgroup_..."
-    least = SUBGROUP_MIN or info.get("subgroup_min_size") or info.get("stackgroup_min_size")
+    least = (SUBGROUP_MIN or KNOWN_SUBGROUP_MIN.get(adapter_class(dev))
+             or info.get("subgroup_min_size") or info.get("stackgroup_min_size"))
     return "subgroup" in dev.features and bool(least) and least >= nx and nx & (nx - 1) == 0
 
 
@@ -77,13 +90,15 @@ def _shape(role: str, tiles, d: int) -> dict:
     dq = -(-d4 // nx)  # output quads per invocation (quads past D4 are computed on whatever
     rp = d4p + 1  # the next row holds and never stored); odd pitch: no bank conflicts
     pq = S // 4 + 1
+    rv = role == "fwd" and not sg and nx % 4 == 0  # the forward's row reductions in quads
     rows = {"fwd": (R, 0, S, S if sg else 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
     smem = {"SRA": rows[0] * rp, "SRB": rows[1] * rp, "STA": rows[2] * rp,
             "STB": rows[3] * rp, "SPA": R * pq, "SPB": R * pq if role == "kv" else 0,
-            "SRED": {"fwd": 0 if sg else R * nx, "kv": 2 * S, "q": 0}[role]}
+            "SRED": {"fwd": 0 if sg or rv else R * nx, "kv": 2 * S, "q": 0}[role],
+            "SRV": R * nx // 4 if rv else 0}
     nbytes = 16 * sum(v for k, v in smem.items() if k != "SRED") + 4 * smem["SRED"]
     return dict(R=R, S=S, TM=TM, TN=TN, NX=nx, NY=ny, NT=nx * ny, D4=d4, KU=ku, D4P=d4p,
-                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, smem=smem,
+                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, RV=rv, smem=smem,
                 nbytes=nbytes)
 
 
@@ -233,17 +248,15 @@ def _fwd(sh) -> str:
             L += [f"        mx{i} = max(mx{i}, subgroupShuffleXor(mx{i}, {b}u));"
                   for b in _xor_steps(NX)]
         else:
-            L.append(f"        RED[rr{i} * NX + tx] = {mx};")
+            L.append(f"        {_red_put(sh, i)} = {mx};")
     if not SG:
         L.append("        workgroupBarrier();")
     for i in range(TM):
         if SG:
             L.append(f"        let mn{i} = mx{i};")
         else:
-            mx = f"m{i}"
-            for x in range(NX):
-                mx = f"max({mx}, RED[rr{i} * NX + {x}u])"
-            L.append(f"        let mn{i} = {mx};")
+            pre, mx = _red_all(sh, i, "max", f"m{i}")
+            L += ["        " + x for x in pre] + [f"        let mn{i} = {mx};"]
         L += [f"        let al{i} = exp2(m{i} - mn{i});",
               f"        m{i} = mn{i};",
               f"        l{i} *= al{i};"]
@@ -262,11 +275,11 @@ def _fwd(sh) -> str:
             L += [f"    l{i} += subgroupShuffleXor(l{i}, {b}u);" for b in _xor_steps(NX)]
     else:
         L.append("    workgroupBarrier();")
-        L += [f"    RED[rr{i} * NX + tx] = l{i};" for i in range(TM)]
+        L += [f"    {_red_put(sh, i)} = l{i};" for i in range(TM)]
         L.append("    workgroupBarrier();")
     for i in range(TM):
-        tot = f"l{i}" if SG else " + ".join(f"RED[rr{i} * NX + {x}u]" for x in range(NX))
-        L += [f"    if (r0 + rr{i} < Tq) {{",
+        pre, tot = ([], f"l{i}") if SG else _red_all(sh, i, "add")
+        L += ["    " + x for x in pre] + [f"    if (r0 + rr{i} < Tq) {{",
               f"        let row = bh * Tq + r0 + rr{i};",
               f"        let lsum = {tot};"]
         L += [f"        st_w1(pu(6u) + row * D, tx + {NX * u}u, o{i}_{u} / lsum);"
@@ -275,6 +288,28 @@ def _fwd(sh) -> str:
               "    }"]
     L.append("}")
     return "\n".join(L).replace("{entry}", "fwd")
+
+
+def _red_put(sh, i: int) -> str:
+    """This invocation's slot of resident row rr{i} in the forward's row reduction."""
+    if sh["RV"]:
+        return f"RV[rr{i} * {sh['NX'] // 4}u + tx / 4u][tx % 4u]"
+    return f"RED[rr{i} * NX + tx]"
+
+
+def _red_all(sh, i: int, op: str, init: str = "") -> tuple:
+    """(lines, expression): the max or sum of row rr{i}'s NX slots (and init); in quads where
+    RV holds them (NX / 4 loads instead of NX)."""
+    f = (lambda a, b: f"max({a}, {b})") if op == "max" else (lambda a, b: f"({a} + {b})")
+    lines = []
+    if sh["RV"]:
+        v = functools.reduce(f, [f"RV[rr{i} * {sh['NX'] // 4}u + {x}u]"
+                                 for x in range(sh["NX"] // 4)])
+        lines.append(f"let rd{i} = {v};")
+        terms = [f(f(f"rd{i}.x", f"rd{i}.y"), f(f"rd{i}.z", f"rd{i}.w"))]
+    else:
+        terms = [f"RED[rr{i} * NX + {x}u]" for x in range(sh["NX"])]
+    return lines, functools.reduce(f, ([init] if init else []) + terms)
 
 
 def _xor_steps(nx: int) -> list:
