@@ -172,16 +172,23 @@ def main(argv=None) -> int:
             continue
         sec, err = rows[-2 if a.both else -1][2:]
         if err < 1e-3:
-            for r in ("fwd", "q", "kv"):
-                if picked[r] == at.VARIANTS[name][r]:  # a fallback is another variant's
-                    per_role.setdefault(r, []).append((sec[r], name))
+            for r in ("fwd", "q", "kv"):  # (a fallback: the same tiles again on this device)
+                per_role.setdefault(r, []).append((sec[r], name))
     at.VARIANT = None
     suggested = {r: min(v)[1] for r, v in per_role.items()}
     if len(suggested) == 3:  # the per-role pick, timed as the table entry it would be
         at.ATTN_TABLE[cls] = suggested
+        picked = {r: at.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
         for causal in (True, False) if a.both else (True,):
-            time_variant("suggested", causal,
-                         {r: at.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")})
+            time_variant("suggested", causal, picked)
+        # the same kernels compiled with wgpu's runtime checks (bounds clamps, loop counters)
+        from wgrumus.runtime import device as dmod
+        keep = dmod.TRUSTED_FAMILIES
+        dmod.TRUSTED_FAMILIES = keep - {"flash_attention2"}
+        dev._pipelines.clear()
+        time_variant("suggested, checked shaders", True, picked)
+        dmod.TRUSTED_FAMILIES = keep
+        dev._pipelines.clear()
         at.ATTN_TABLE[cls] = table
     print(f"{'kernel':34} {'causal':>6} {'fwd ms':>8} {'q ms':>8} {'kv ms':>8} {'bwd ms':>8} "
           f"{'f+b ms':>8} {'fwd GF/s':>8} {'bwd GF/s':>8} {'f+b GF/s':>8} {'vs torch':>8} "
@@ -204,7 +211,7 @@ def main(argv=None) -> int:
         print(f"best causal f+b: {fb[0]} ({fb[1]['f+b'] * 1e3:.3f} ms; target: <= 1.5x torch's "
               f"time, vs torch >= 0.67x)")
     if len(suggested) == 3:
-        tiles = {r: at.VARIANTS[n][r] for r, n in suggested.items()}
+        tiles = {r: picked[r] for r in suggested}
         print(f"suggested ATTN_TABLE[{cls!r}] = {suggested}  (fastest causal tiles per role: "
               f"{tiles}; its row: 'suggested')")
     # memory: one (batch, head) at a long T, the default variant

@@ -43,43 +43,50 @@ var<workgroup> PB: array<vec4<f32>, {{SPB}}>;
 var<workgroup> RED: array<f32, {{SRED}}>;
 var<workgroup> RV: array<vec4<f32>, {{SRV}}>;  // the forward's row reductions, in quads
 
-// Which elements of quad qq lie inside a row of D (no loops: they would count against
-// llvmpipe's budget; reads past D land on the next row or are clamped by robust access and are
-// dropped by the select).
+// Which elements of quad qq < D4 lie inside a row of D (no loops: they would count against
+// llvmpipe's budget).
 fn inrow(qq: u32) -> vec4<bool> {
+    if (D % 4u == 0u) { return vec4<bool>(true); }
     let c = 4u * qq;
     return vec4<bool>(c < D, c + 1u < D, c + 2u < D, c + 3u < D);
+}
+
+// Element indices of quad qq < D4 of the row at x: those past D repeat x. The family is compiled
+// without wgpu's bounds checks (runtime/device.py TRUSTED_FAMILIES): every index stays in range.
+fn quad(x: u32, qq: u32) -> vec4<u32> {
+    let m = inrow(qq);
+    return vec4<u32>(x, select(x, x + 1u, m.y), select(x, x + 2u, m.z), select(x, x + 3u, m.w));
 }
 
 // Quad qq of row `row` (zero past n rows or past D) of a [T, D] block at element `base`.
 fn ld_q(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
     if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    let v = vec4<f32>(f32(Q[x]), f32(Q[x + 1u]), f32(Q[x + 2u]), f32(Q[x + 3u]));
+    let x = quad(base + row * D + 4u * qq, qq);
+    let v = vec4<f32>(f32(Q[x.x]), f32(Q[x.y]), f32(Q[x.z]), f32(Q[x.w]));
     return select(vec4<f32>(0.0), v, inrow(qq));
 }
 fn ld_k(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
     if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    let v = vec4<f32>(f32(K[x]), f32(K[x + 1u]), f32(K[x + 2u]), f32(K[x + 3u]));
+    let x = quad(base + row * D + 4u * qq, qq);
+    let v = vec4<f32>(f32(K[x.x]), f32(K[x.y]), f32(K[x.z]), f32(K[x.w]));
     return select(vec4<f32>(0.0), v, inrow(qq));
 }
 fn ld_v(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
     if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    let v = vec4<f32>(f32(V[x]), f32(V[x + 1u]), f32(V[x + 2u]), f32(V[x + 3u]));
+    let x = quad(base + row * D + 4u * qq, qq);
+    let v = vec4<f32>(f32(V[x.x]), f32(V[x.y]), f32(V[x.z]), f32(V[x.w]));
     return select(vec4<f32>(0.0), v, inrow(qq));
 }
 fn ld_o(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
     if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    return select(vec4<f32>(0.0), vec4<f32>(OS[x], OS[x + 1u], OS[x + 2u], OS[x + 3u]),
+    let x = quad(base + row * D + 4u * qq, qq);
+    return select(vec4<f32>(0.0), vec4<f32>(OS[x.x], OS[x.y], OS[x.z], OS[x.w]),
                   inrow(qq));
 }
 fn ld_do(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
     if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    return select(vec4<f32>(0.0), vec4<f32>(DO[x], DO[x + 1u], DO[x + 2u], DO[x + 3u]),
+    let x = quad(base + row * D + 4u * qq, qq);
+    return select(vec4<f32>(0.0), vec4<f32>(DO[x.x], DO[x.y], DO[x.z], DO[x.w]),
                   inrow(qq));
 }
 

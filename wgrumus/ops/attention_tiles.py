@@ -87,8 +87,8 @@ def _shape(role: str, tiles, d: int) -> dict:
     d4 = -(-d // 4)
     ku = -(-d4 // 4)  # quads of the head per pass of the score loop (<= 4 passes)
     d4p = -(-d4 // ku) * ku
-    dq = -(-d4 // nx)  # output quads per invocation (quads past D4 are computed on whatever
-    rp = d4p + 1  # the next row holds and never stored); odd pitch: no bank conflicts
+    dq = -(-d4 // nx)  # output quads per invocation (those past D4 are computed on the row's
+    rp = d4p + 1  # last quad and never stored); odd pitch: no bank conflicts
     pq = S // 4 + 1
     rv = role == "fwd" and not sg and nx % 4 == 0  # the forward's row reductions in quads
     rows = {"fwd": (R, 0, S, S if sg else 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
@@ -203,10 +203,13 @@ def _accumulate(sh, terms, ind="        ") -> list:
             out += [f"{ind}    let {acc}p{i}_{ju} = {pt}[rr{i} * PQ + jq + {ju}u];"
                     for i in range(TM)]
         for e, c in enumerate("xyzw"):
-            row = f"(4u * (jq + {ju}u) + {e}u) * RP + tx"
+            row = f"(4u * (jq + {ju}u) + {e}u) * RP"
             for acc, _, rt in terms:
                 for u in range(DQ):
-                    out.append(f"{ind}    let {acc}v{u}_{ju}{c} = {rt}[{row} + {sh['NX'] * u}u];")
+                    qq = f"tx + {sh['NX'] * u}u"
+                    if sh["NX"] * (u + 1) > sh["D4"]:  # quads past D4: unused, kept in range
+                        qq = f"min({qq}, {sh['D4'] - 1}u)"
+                    out.append(f"{ind}    let {acc}v{u}_{ju}{c} = {rt}[{row} + {qq}];")
                     out += [f"{ind}    {acc}{i}_{u} = fma(vec4<f32>({acc}p{i}_{ju}.{c}), "
                             f"{acc}v{u}_{ju}{c}, {acc}{i}_{u});" for i in range(TM)]
     out.append(f"{ind}}}")
