@@ -327,12 +327,22 @@ def _bwd_q(sh) -> str:
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += ["    " + x for x in _stage(sh, "RB", "ld_do", "db", "r0", "Tq", R)]
     L.append("    workgroupBarrier();")
-    for i in range(TM):  # DSUM = dO . O of own rows (dO from the tile, O from storage)
+    # DSUM = dO . O of own rows (dO from the tile, O from storage): the row's NX invocations
+    # each take its quads tx + NX u and add up their parts through PA (free until the loop)
+    for i in range(TM):
         L += [f"    let row{i} = r0 + rr{i};",
-              f"    let lse{i} = LS[pu(13u) + bh * Tq + min(row{i}, Tq - 1u)] * LOG2E;",
-              f"    var dsum{i} = 0.0;",
-              f"    for (var c = 0u; c < D4; c++) {{ dsum{i} += dot(RB[rr{i} * RP + c], "
-              f"ld_o(ob, row{i}, c, Tq)); }}"]
+              f"    let lse{i} = LS[pu(13u) + bh * Tq + min(row{i}, Tq - 1u)] * LOG2E;"]
+        part = []
+        for u in range(DQ):
+            qq = f"tx + {NX * u}u"
+            rq = f"min({qq}, {sh['D4'] - 1}u)" if NX * (u + 1) > sh["D4"] else qq
+            part.append(f"dot(RB[rr{i} * RP + {rq}], ld_o(ob, row{i}, {qq}, Tq))")
+        L.append(f"    put_pa(rr{i}, tx, {' + '.join(part)});")
+    L.append("    workgroupBarrier();")
+    for i in range(TM):
+        terms = [f"dot(PA[rr{i} * PQ + {x}u], vec4<f32>(1.0))" for x in range(NX // 4)]
+        terms += [f"PA[rr{i} * PQ + {x // 4}u].{'xyzw'[x % 4]}" for x in range(NX // 4 * 4, NX)]
+        L.append(f"    let dsum{i} = {' + '.join(terms)};")
     L += _acc_decl(sh, ["o"])
     L += [f"    let kend = select(Tk, min(Tk, r0 + {R}u), causal);",
           f"    for (var t = 0u; t < kend; t += {S}u) {{",
