@@ -150,13 +150,18 @@ def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
     return out
 
 
-def _head(sh) -> list:
+def _head(sh, heavy_last: bool = False) -> list:
+    """The entry's first lines. heavy_last: the resident blocks of a causal kernel run the
+    more tiles the later they lie (fwd, bwd_q), so each (batch, head) takes them from the last
+    (the dispatch ends on light workgroups: a shorter tail)."""
+    blk = ("select(g % pu(10u), pu(10u) - 1u - g % pu(10u), pu(9u) != 0u)" if heavy_last
+           else "g % pu(10u)")
     return [f"@compute @workgroup_size({sh['NT']})",
             "fn {entry}(ids: Launch) {",
             "    let g = group_idx(ids);",
             "    let bh = g / pu(10u);",
             "    if (bh >= pu(0u)) { return; }",
-            f"    let r0 = (g % pu(10u)) * {sh['R']}u;",
+            f"    let r0 = {blk} * {sh['R']}u;",
             "    let lid = ids.lid;",
             "    let tx = lid % NX;",
             "    let ty = lid / NX;",
@@ -224,7 +229,7 @@ def _acc_decl(sh, names, ind="    ") -> list:
 def _fwd(sh) -> str:
     TM, TN, NX, DQ, R, S, SG = (sh[k] for k in ("TM", "TN", "NX", "DQ", "R", "S", "SG"))
     vt = "TB" if SG else "TA"  # V's tile: beside K's (SG), or K's once the scores are done
-    L = _head(sh) + _rows(sh)
+    L = _head(sh, True) + _rows(sh)
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += [f"    var m{i} = LOWEST_F32;\n    var l{i} = 0.0;" for i in range(TM)]
     L += _acc_decl(sh, ["o"])
@@ -322,7 +327,7 @@ def _xor_steps(nx: int) -> list:
 
 def _bwd_q(sh) -> str:
     TM, TN, NX, DQ, R, S = sh["TM"], sh["TN"], sh["NX"], sh["DQ"], sh["R"], sh["S"]
-    L = _head(sh) + _rows(sh)
+    L = _head(sh, True) + _rows(sh)
     L += ["    let ob = pu(11u) + bh * Tq * D;", "    let db = pu(12u) + bh * Tq * D;"]
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += ["    " + x for x in _stage(sh, "RB", "ld_do", "db", "r0", "Tq", R)]
