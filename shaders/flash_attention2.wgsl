@@ -15,13 +15,13 @@
 //   fwd:    W1 = O [BH, Tq, D], W2 = LSE [BH, Tq] (natural log).
 //   bwd_q:  W1 = dQ, W2 = DSUM = rowsum(dO * O); dQ = scale sum_j P (dP - DSUM) K_j.
 //   bwd_kv: W1 = dK, W2 = dV (reads DSUM from bwd_q).
-@group(0) @binding(1) var<storage, read> Q: array<{{T}}>;
-@group(0) @binding(2) var<storage, read> K: array<{{T}}>;
-@group(0) @binding(3) var<storage, read> V: array<{{T}}>;
+@group(0) @binding(1) var<storage, read> Q: array<{{QT}}>;
+@group(0) @binding(2) var<storage, read> K: array<{{QT}}>;
+@group(0) @binding(3) var<storage, read> V: array<{{QT}}>;
 @group(0) @binding(4) var<storage, read_write> W1: array<f32>;
 @group(0) @binding(5) var<storage, read_write> W2: array<f32>;
-@group(0) @binding(6) var<storage, read> OS: array<f32>;
-@group(0) @binding(7) var<storage, read> DO: array<f32>;
+@group(0) @binding(6) var<storage, read> OS: array<{{OT}}>;
+@group(0) @binding(7) var<storage, read> DO: array<{{OT}}>;
 @group(0) @binding(8) var<storage, read> LS: array<f32>;
 @group(0) @binding(9) var<storage, read> DS: array<f32>;
 
@@ -58,37 +58,10 @@ fn quad(x: u32, qq: u32) -> vec4<u32> {
     return vec4<u32>(x, select(x, x + 1u, m.y), select(x, x + 2u, m.z), select(x, x + 3u, m.w));
 }
 
-// Quad qq of row `row` (zero past n rows or past D) of a [T, D] block at element `base`.
-fn ld_q(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = quad(base + row * D + 4u * qq, qq);
-    let v = vec4<f32>(f32(Q[x.x]), f32(Q[x.y]), f32(Q[x.z]), f32(Q[x.w]));
-    return select(vec4<f32>(0.0), v, inrow(qq));
-}
-fn ld_k(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = quad(base + row * D + 4u * qq, qq);
-    let v = vec4<f32>(f32(K[x.x]), f32(K[x.y]), f32(K[x.z]), f32(K[x.w]));
-    return select(vec4<f32>(0.0), v, inrow(qq));
-}
-fn ld_v(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = quad(base + row * D + 4u * qq, qq);
-    let v = vec4<f32>(f32(V[x.x]), f32(V[x.y]), f32(V[x.z]), f32(V[x.w]));
-    return select(vec4<f32>(0.0), v, inrow(qq));
-}
-fn ld_o(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = quad(base + row * D + 4u * qq, qq);
-    return select(vec4<f32>(0.0), vec4<f32>(OS[x.x], OS[x.y], OS[x.z], OS[x.w]),
-                  inrow(qq));
-}
-fn ld_do(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = quad(base + row * D + 4u * qq, qq);
-    return select(vec4<f32>(0.0), vec4<f32>(DO[x.x], DO[x.y], DO[x.z], DO[x.w]),
-                  inrow(qq));
-}
+// ld_q, ld_k, ld_v, ld_o, ld_do(base, row, qq, n): quad qq of row `row` (zero past n rows or
+// past D) of a [T, D] block at element `base`; element loads, or quad loads where the arrays
+// are quads (V4: D and the offsets multiples of 4).
+{{LOADS}}
 
 // Quad qq of W1's / W2's row at element x (its elements < D).
 fn st_w1(x: u32, qq: u32, v: vec4<f32>) {

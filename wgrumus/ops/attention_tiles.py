@@ -124,14 +124,32 @@ def pick_tiles(dev, role: str, d: int):
 
 
 @functools.lru_cache(maxsize=256)
-def kernel(role: str, tiles: tuple, d: int, f16: bool) -> Kernel:
-    """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v)."""
+def kernel(role: str, tiles: tuple, d: int, f16: bool, v4: bool = False) -> Kernel:
+    """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v; v4: q, k,
+    v, o, do read in quads, where d and their offsets are multiples of 4)."""
     sh = _shape(role, tiles, d)
     gen = {"fwd": _fwd, "q": _bwd_q, "kv": _bwd_kv}[role]
+    t = "f16" if f16 else "f32"
     return Kernel.of("flash_attention2", {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[role],
-                     T="f16" if f16 else "f32", F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"],
-                     PQ=sh["PQ"], NX=sh["NX"], ENTRY=gen(sh),
+                     T=t, QT=f"vec4<{t}>" if v4 else t, OT="vec4<f32>" if v4 else "f32",
+                     F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"], PQ=sh["PQ"], NX=sh["NX"],
+                     LOADS=_loads(v4), ENTRY=gen(sh),
                      **{k: max(1, v) for k, v in sh["smem"].items()})
+
+
+def _loads(v4: bool) -> str:
+    """The shader's ld_* functions (see there)."""
+    out = []
+    for name, arr in (("q", "Q"), ("k", "K"), ("v", "V"), ("o", "OS"), ("do", "DO")):
+        if v4:
+            body = [f"    return vec4<f32>({arr}[(base + row * D) / 4u + qq]);"]
+        else:
+            body = ["    let x = quad(base + row * D + 4u * qq, qq);",
+                    f"    return select(vec4<f32>(0.0), vec4<f32>(f32({arr}[x.x]), "
+                    f"f32({arr}[x.y]), f32({arr}[x.z]), f32({arr}[x.w])), inrow(qq));"]
+        out += [f"fn ld_{name}(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {{",
+                "    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }"] + body + ["}"]
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------- register code generation
