@@ -46,7 +46,7 @@ def main(argv=None) -> int:
                    "a CPU adapter)")
     p.add_argument("--long", type=int, default=None, help="T of the memory rows (default 8192; "
                    "512 on a CPU adapter)")
-    p.add_argument("--budget", type=float, default=100.0,
+    p.add_argument("--budget", type=float, default=80.0,
                    help="seconds after which no new variant starts")
     p.add_argument("--variants", default=None, help="comma separated VARIANTS names (all)")
     p.add_argument("--both", action="store_true", help="time the variants without the causal "

@@ -20,15 +20,9 @@ from .matmul import adapter_class
 # whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
 # FALLBACK[role] that does.
 VARIANTS = {
-    "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
-    "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
-    "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
-    "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
-    "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
+    # Along the H100's trend (more invocations, 1-2 rows each; the sweep picks a role's tiles
+    # on their own, so the roles differ): up to 512 invocations, subgroup forwards.
     "a32t2": {"fwd": (32, 32, 2, 2), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
-    "a16": {"fwd": (32, 16, 4, 4), "q": (16, 16, 4, 4), "kv": (16, 16, 4, 4)},
-    # Along the H100's trend (more invocations, 1-2 rows each; a role's best is picked on
-    # its own, so the roles differ): up to 512 invocations, subgroup forwards.
     "a32t2sg": {"fwd": (32, 32, 2, 2, 1), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
     "a64i512": {"fwd": (64, 32, 2, 2, 1), "q": (64, 16, 2, 1), "kv": (32, 32, 1, 2)},
     "a32t12": {"fwd": (32, 32, 1, 2, 1), "q": (32, 32, 1, 2), "kv": (16, 32, 1, 2)},
@@ -36,6 +30,12 @@ VARIANTS = {
     "a16x32": {"fwd": (16, 32, 1, 2, 1), "q": (16, 32, 1, 2), "kv": (16, 32, 2, 2)},
     "a32x64t24": {"fwd": (32, 64, 2, 4), "q": (64, 16, 4, 1), "kv": (32, 16, 1, 1)},
     "a64x16": {"fwd": (64, 16, 2, 1, 1), "q": (32, 16, 1, 1), "kv": (16, 16, 1, 1)},
+    "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
+    "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
+    "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
+    "a16": {"fwd": (32, 16, 4, 4), "q": (16, 16, 4, 4), "kv": (16, 16, 4, 4)},
 }
 FALLBACK = {
     "fwd": [(64, 32, 4, 4), (32, 32, 4, 4), (64, 16, 4, 4), (32, 16, 4, 4), (16, 16, 4, 4),
