@@ -13,10 +13,11 @@ import functools
 from ..runtime.kernels import Kernel
 from .matmul import adapter_class
 
-# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise;
-# "kv" (bwd_kv): (keys, queries per tile, TM, TN). SG 1 (forward only): the row max and row
-# sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX invocations
-# (K and V then staged side by side: 3 barriers per tile instead of 4), else ignored. A role
+# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise
+# with [, PF]; "kv" (bwd_kv): (keys, queries per tile, TM, TN[, PF]). SG 1 (forward): the row
+# max and row sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX
+# invocations (K and V then staged side by side: 3 barriers per tile instead of 4), else
+# ignored. PF 1 (backward): the next streamed tile loaded into registers during this one. A role
 # whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
 # FALLBACK[role] that does.
 VARIANTS = {
@@ -24,6 +25,9 @@ VARIANTS = {
     # on their own, so the roles differ): up to 512 invocations, subgroup forwards.
     "a32t2": {"fwd": (32, 32, 2, 2), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
     "a32t2sg": {"fwd": (32, 32, 2, 2, 1), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
+    "a32t2pf": {"fwd": (32, 32, 2, 2, 1), "q": (32, 32, 2, 2, 1), "kv": (32, 32, 2, 2, 1)},
+    "a64i512pf": {"fwd": (64, 32, 2, 2, 1), "q": (64, 16, 2, 1, 1), "kv": (32, 32, 1, 2, 1)},
+    "a32x16pf": {"fwd": (32, 16, 2, 1, 1), "q": (32, 16, 2, 1, 1), "kv": (32, 16, 2, 1, 1)},
     "a64i512": {"fwd": (64, 32, 2, 2, 1), "q": (64, 16, 2, 1), "kv": (32, 32, 1, 2)},
     "a32t12": {"fwd": (32, 32, 1, 2, 1), "q": (32, 32, 1, 2), "kv": (16, 32, 1, 2)},
     "a32x16": {"fwd": (32, 16, 2, 1, 1), "q": (32, 16, 2, 1), "kv": (32, 16, 2, 1)},
@@ -82,7 +86,8 @@ def _subgroups_hold(dev, nx: int) -> bool:
 def _shape(role: str, tiles, d: int) -> dict:
     """Derived sizes of a role's tiles at head size d (see the shader's constants)."""
     R, S, TM, TN = tiles[:4]
-    sg = len(tiles) > 4 and bool(tiles[4])
+    sg = role == "fwd" and len(tiles) > 4 and bool(tiles[4])
+    pf = role != "fwd" and len(tiles) > 4 and bool(tiles[4])
     nx, ny = S // TN, R // TM
     d4 = -(-d // 4)
     ku = -(-d4 // 4)  # quads of the head per pass of the score loop (<= 4 passes)
@@ -98,7 +103,7 @@ def _shape(role: str, tiles, d: int) -> dict:
             "SRV": R * nx // 4 if rv else 0}
     nbytes = 16 * sum(v for k, v in smem.items() if k != "SRED") + 4 * smem["SRED"]
     return dict(R=R, S=S, TM=TM, TN=TN, NX=nx, NY=ny, NT=nx * ny, D4=d4, KU=ku, D4P=d4p,
-                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, RV=rv, smem=smem,
+                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, PF=pf, RV=rv, smem=smem,
                 nbytes=nbytes)
 
 
@@ -115,7 +120,8 @@ def pick_tiles(dev, role: str, d: int):
     name = _variant_name(dev, role)
     first = [VARIANTS[name][role]] if name in VARIANTS else []
     for tiles in first + FALLBACK[role]:
-        if len(tiles) > 4 and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3])):
+        if (role == "fwd" and len(tiles) > 4
+                and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3]))):
             tiles = tiles[:4]
         sh = _shape(role, tiles, d)
         if _valid(tiles) and sh["nbytes"] <= limit and sh["NT"] <= inv:
@@ -154,18 +160,40 @@ def _loads(v4: bool) -> str:
 
 # ---------------------------------------------------------------- register code generation
 
-def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
-           scale: str = "") -> list:
-    """Rows [row0, row0 + rows) of a [T, D] block into a row tile (pitch RP quads, zero past
-    n rows and past D), unrolled over the workgroup."""
+def _tile_loads(sh, dst: str, load: str, base: str, n: str, rows: int, scale: str = ""):
+    """(guard, destination, value of row0) per pass of staging rows [row0, row0 + rows) of a
+    [T, D] block into a row tile (pitch RP quads, zero past n rows and past D), unrolled over
+    the workgroup."""
     total, nt = rows * sh["RP"], sh["NT"]
-    out = []
     for l in range(-(-total // nt)):
         e = f"lid + {l * nt}u"
-        v = f"{load}({base}, {row0} + ({e}) / RP, ({e}) % RP, {n})"
-        st = f"{dst}[{e}] = {v}{scale};"
-        out.append(st if (l + 1) * nt <= total else f"if ({e} < {total}u) {{ {st} }}")
-    return out
+        yield (f"{e} < {total}u" if (l + 1) * nt > total else None, f"{dst}[{e}]",
+               lambda r0, e=e: f"{load}({base}, {r0} + ({e}) / RP, ({e}) % RP, {n}){scale}")
+
+
+def _guarded(guard, st: str) -> str:
+    return f"if ({guard}) {{ {st} }}" if guard else st
+
+
+def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
+           scale: str = "") -> list:
+    """Rows [row0, row0 + rows) of a [T, D] block into a row tile."""
+    return [_guarded(g, f"{d} = {v(row0)};")
+            for g, d, v in _tile_loads(sh, dst, load, base, n, rows, scale)]
+
+
+def _streamed(sh, entries, first: str) -> tuple:
+    """(before the loop, at the top of a tile, after its staging barrier): the staging of the
+    streamed tiles (entries of _tile_loads, row0 = t); with PF, tile t + S is loaded into
+    registers while tile t is computed (its global latency hidden), stored at the next top."""
+    if not sh["PF"]:
+        return [], [_guarded(g, f"{d} = {v('t')};") for g, d, v in entries], []
+    before, top, after, nxt = [], [], [], f"t + {sh['S']}u"
+    for k, (g, d, v) in enumerate(entries):
+        before.append(f"var pf{k} = {v(first)};")
+        top.append(_guarded(g, f"{d} = pf{k};"))
+        after.append(f"pf{k} = {v(nxt)};")
+    return before, top, after
 
 
 def _head(sh, heavy_last: bool = False) -> list:
@@ -367,12 +395,14 @@ def _bwd_q(sh) -> str:
         terms += [f"PA[rr{i} * PQ + {x // 4}u].{'xyzw'[x % 4]}" for x in range(NX // 4 * 4, NX)]
         L.append(f"    let dsum{i} = {' + '.join(terms)};")
     L += _acc_decl(sh, ["o"])
+    before, top, after = _streamed(sh, list(_tile_loads(sh, "TA", "ld_k", "kb", "Tk", S))
+                                   + list(_tile_loads(sh, "TB", "ld_v", "vb", "Tk", S)), "0u")
+    L += ["    " + x for x in before]
     L += [f"    let kend = select(Tk, min(Tk, r0 + {R}u), causal);",
           f"    for (var t = 0u; t < kend; t += {S}u) {{",
           "        workgroupBarrier();"]
-    L += ["        " + x for x in _stage(sh, "TA", "ld_k", "kb", "t", "Tk", S)]
-    L += ["        " + x for x in _stage(sh, "TB", "ld_v", "vb", "t", "Tk", S)]
-    L += ["        workgroupBarrier();"]
+    L += ["        " + x for x in top] + ["        workgroupBarrier();"]
+    L += ["        " + x for x in after]
     L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
     for j in range(TN):
         L.append(f"        let key{j} = t + cc{j};")
@@ -402,20 +432,25 @@ def _bwd_kv(sh) -> str:
     L += ["    " + x for x in _stage(sh, "RB", "ld_v", "vb", "r0", "Tk", R)]
     L += [f"    let key{i} = r0 + rr{i};" for i in range(TM)]
     L += _acc_decl(sh, ["dk", "dv"])
-    L += [f"    let qstart = select(0u, (r0 / {S}u) * {S}u, causal);",
-          f"    for (var t = qstart; t < Tq; t += {S}u) {{",
-          "        workgroupBarrier();"]
-    L += ["        " + x for x in _stage(sh, "TA", "ld_q", "qb", "t", "Tq", S)]
-    L += ["        " + x for x in _stage(sh, "TB", "ld_do", "db", "t", "Tq", S)]
+    ok = lambda r0, e: f"{r0} + {e} < Tq"  # noqa: E731
+    row = lambda r0, e: f"lb + select(0u, {r0} + {e}, {ok(r0, e)})"  # noqa: E731
+    red = []  # the query rows' logsumexp (log2 units) and DSUM
     for l in range(-(-S // sh["NT"])):
         e = f"lid + {l * sh['NT']}u"
-        L += [f"        if ({e} < {S}u) {{",
-              f"            let ok = t + {e} < Tq;",
-              f"            let x = lb + select(0u, t + {e}, ok);",
-              f"            RED[{e}] = select(0.0, LS[pu(13u) + x] * LOG2E, ok);",
-              f"            RED[{S}u + {e}] = select(0.0, DS[pu(14u) + x], ok);",
-              "        }"]
-    L += ["        workgroupBarrier();"]
+        g = f"{e} < {S}u" if (l + 1) * sh["NT"] > S else None
+        red += [(g, f"RED[{e}]", lambda r0, e=e: f"select(0.0, LS[pu(13u) + {row(r0, e)}] * "
+                 f"LOG2E, {ok(r0, e)})"),
+                (g, f"RED[{S}u + {e}]", lambda r0, e=e: f"select(0.0, DS[pu(14u) + "
+                 f"{row(r0, e)}], {ok(r0, e)})")]
+    before, top, after = _streamed(sh, list(_tile_loads(sh, "TA", "ld_q", "qb", "Tq", S))
+                                   + list(_tile_loads(sh, "TB", "ld_do", "db", "Tq", S)) + red,
+                                   "qstart")
+    L += [f"    let qstart = select(0u, (r0 / {S}u) * {S}u, causal);"]
+    L += ["    " + x for x in before]
+    L += [f"    for (var t = qstart; t < Tq; t += {S}u) {{",
+          "        workgroupBarrier();"]
+    L += ["        " + x for x in top] + ["        workgroupBarrier();"]
+    L += ["        " + x for x in after]
     L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
     for j in range(TN):
         L += [f"        let qr{j} = t + cc{j};",
