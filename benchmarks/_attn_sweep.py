@@ -59,11 +59,15 @@ def main(argv=None) -> int:
     from wgrumus.nn.attention import unfused_attention
     from wgrumus.ops import attention_tiles as at
     from wgrumus.ops import nnops
-    from wgrumus.ops.attention import (_launch, attention_backward, attention_forward,
-                                       flash_attention)
-    from wgrumus.tensor import Tensor
+    from wgrumus.ops.attention import (
+        _launch,
+        attention_backward,
+        attention_forward,
+        flash_attention,
+    )
     from wgrumus.ops.matmul import adapter_class
     from wgrumus.runtime.adapters import is_cpu_adapter
+    from wgrumus.tensor import Tensor
     dev = wr.devices()[0]
     cpu = is_cpu_adapter(dev)
     B, H, T, d = (int(x) for x in (a.size or ("1x2x128x64" if cpu else "8x8x1024x64"))
