@@ -1,12 +1,14 @@
 """Fused attention tile sweep (issue 22, item 2): every variant of ops/attention_tiles.py
-VARIANTS, forward, backward and forward + backward through autograd, causal and not, at
-B x H x T x d (default 8 x 8 x 1024 x 64, f32), in GFLOP/s next to the unfused composition and
-torch's scaled_dot_product_attention (CUDA, fp32, TF32 off) in the same run; each variant's
-output and gradients checked against the reference first. Then the peak live device bytes of
-one fused and one unfused step at a long T (default 8192; torch's next to them).
+VARIANTS, forward, each backward kernel (bwd_q, bwd_kv), backward and forward + backward
+through autograd, causal (and with --both not) at B x H x T x d (default 8 x 8 x 1024 x 64,
+f32), in GFLOP/s next to the unfused composition and torch's scaled_dot_product_attention
+(CUDA, fp32, TF32 off) in the same run; each variant's output and gradients checked against
+the reference first. The fastest tiles of each role (fwd, q, kv) make the suggested ATTN_TABLE
+entry, timed once more as its own row. Then the peak live device bytes of one fused and one
+unfused step at a long T (default 8192; torch's next to them).
 
     python3 benchmarks/_attn_sweep.py [--size 8x8x1024x64] [--long 8192] [--budget 100]
-        [--variants a64,a32,...]
+        [--variants a64,a32t2,...] [--both]
 
 FLOPs are the FlashAttention count: forward 4 B H T^2 d (half of it causal), backward 2.5x the
 forward. Times are GPU time from timestamp queries where the adapter has them (as torch's CUDA
@@ -44,9 +46,11 @@ def main(argv=None) -> int:
                    "a CPU adapter)")
     p.add_argument("--long", type=int, default=None, help="T of the memory rows (default 8192; "
                    "512 on a CPU adapter)")
-    p.add_argument("--budget", type=float, default=100.0,
+    p.add_argument("--budget", type=float, default=80.0,
                    help="seconds after which no new variant starts")
     p.add_argument("--variants", default=None, help="comma separated VARIANTS names (all)")
+    p.add_argument("--both", action="store_true", help="time the variants without the causal "
+                   "mask too (default: causal only, the target's case)")
     p.add_argument("--min-s", type=float, default=0.2, help="seconds per timing")
     p.add_argument("--warm", type=float, default=None, help="seconds of unfused steps first, "
                    "so that an idle GPU reaches its clocks (default 2; 0 on a CPU adapter)")
@@ -55,9 +59,15 @@ def main(argv=None) -> int:
     from wgrumus.nn.attention import unfused_attention
     from wgrumus.ops import attention_tiles as at
     from wgrumus.ops import nnops
-    from wgrumus.ops.attention import attention_backward, attention_forward, flash_attention
+    from wgrumus.ops.attention import (
+        _launch,
+        attention_backward,
+        attention_forward,
+        flash_attention,
+    )
     from wgrumus.ops.matmul import adapter_class
     from wgrumus.runtime.adapters import is_cpu_adapter
+    from wgrumus.tensor import Tensor
     dev = wr.devices()[0]
     cpu = is_cpu_adapter(dev)
     B, H, T, d = (int(x) for x in (a.size or ("1x2x128x64" if cpu else "8x8x1024x64"))
@@ -118,43 +128,78 @@ def main(argv=None) -> int:
                                                                           g))}, None))
     nnops.ROW_MODE = mode
     names = a.variants.split(",") if a.variants else list(at.VARIANTS)
+    cls = adapter_class(dev)
+    table = at.ATTN_TABLE.get(cls)
+
+    def time_variant(tag, causal, picked):
+        """One row: outputs checked, then each kernel and the autograd step timed."""
+        fn = fn_of[causal]
+        o = fn(q, k, v)
+        dq = wr.autograd.backward_with_grad(o, g).get(q)
+        ro, rdq = refs[causal]
+        err = max(float(np.abs(o.numpy() - ro).max()), float(np.abs(dq.numpy() - rdq).max()))
+        with wr.no_grad():
+            ol, lse = attention_forward(*flat[:3], scale, causal)
+        # each backward kernel alone (attention_backward's two launches), into scratch
+        dx = [Tensor.empty(x.shape, dev, wr.float32) for x in flat[:3]]
+        dsum = Tensor.empty(lse.shape, dev, wr.float32)
+        role = lambda r, w1, w2, ds=None: lambda: _launch(  # noqa: E731
+            r, *flat[:3], w1, w2, scale, causal, T, ol, flat[3], lse, ds, tiles=picked)
+        role("q", dx[0], dsum)()
+        sec = {"fwd": gpu_seconds(dev, lambda: attention_forward(*flat[:3], scale, causal),
+                                  a.min_s),
+               "q": gpu_seconds(dev, role("q", dx[0], dsum), a.min_s),
+               "kv": gpu_seconds(dev, role("kv", dx[1], dx[2], dsum), a.min_s),
+               "bwd": gpu_seconds(dev, lambda: attention_backward(*flat[:3], ol, lse, flat[3],
+                                                                    scale, causal), a.min_s),
+               "f+b": wall(lambda: _attention_step(fn, q, k, v, g))}
+        rows.append((tag, causal, sec, err))
+
+    per_role = {}  # role -> [(seconds, variant)], causal
     for name in names:
         if time.perf_counter() - T0 > a.budget:
             print(f"budget spent: stopped before {name}", flush=True)
             break
         at.VARIANT = name
         picked = {r: at.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
-        fallback = [r if picked[r][:4] != at.VARIANTS[name][r][:4] else r + " without sg"
-                    for r in picked if picked[r] != at.VARIANTS[name][r]]
         if None in picked.values():
             print(f"{name}: no tiles fit ({picked}); skipped", flush=True)
             continue
-        for causal in (True, False):
-            fn = fn_of[causal]
-            try:
-                o = fn(q, k, v)
-                dq = wr.autograd.backward_with_grad(o, g).get(q)
-            except Exception as e:  # a variant that fails to build: report, go on
-                print(f"{name}: failed: {str(e).splitlines()[0][:200]}", flush=True)
-                break
-            ro, rdq = refs[causal]
-            err = max(float(np.abs(o.numpy() - ro).max()), float(np.abs(dq.numpy() - rdq).max()))
-            with wr.no_grad():
-                ol, lse = attention_forward(*flat[:3], scale, causal)
-            sec = {"fwd": gpu_seconds(dev, lambda: attention_forward(*flat[:3], scale, causal),
-                                      a.min_s),
-                   "bwd": gpu_seconds(dev, lambda: attention_backward(*flat[:3], ol, lse,
-                                                                        flat[3], scale, causal),
-                                      a.min_s),
-                   "f+b": wall(lambda: _attention_step(fn, q, k, v, g))}
-            tag = name + (" (fallback: " + ",".join(fallback) + ")" if fallback else "")
-            rows.append((tag, causal, sec, err))
+        fallback = [r if picked[r][:4] != at.VARIANTS[name][r][:4] else r + " without sg"
+                    for r in picked if picked[r] != at.VARIANTS[name][r]]
+        tag = name + (" (fallback: " + ",".join(fallback) + ")" if fallback else "")
+        try:
+            for causal in (True, False) if a.both else (True,):
+                time_variant(tag, causal, picked)
+        except Exception as e:  # a variant that fails to build: report, go on
+            print(f"{name}: failed: {str(e).splitlines()[0][:200]}", flush=True)
+            continue
+        sec, err = rows[-2 if a.both else -1][2:]
+        if err < 1e-3:
+            for r in ("fwd", "q", "kv"):  # (a fallback: the same tiles again on this device)
+                per_role.setdefault(r, []).append((sec[r], name))
     at.VARIANT = None
-    print(f"{'kernel':34} {'causal':>6} {'fwd ms':>8} {'bwd ms':>8} {'f+b ms':>8} "
-          f"{'fwd GF/s':>8} {'bwd GF/s':>8} {'f+b GF/s':>8} {'vs torch':>8} {'max err':>8}")
+    suggested = {r: min(v)[1] for r, v in per_role.items()}
+    if len(suggested) == 3:  # the per-role pick, timed as the table entry it would be
+        at.ATTN_TABLE[cls] = suggested
+        picked = {r: at.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
+        for causal in (True, False) if a.both else (True,):
+            time_variant("suggested", causal, picked)
+        # the same kernels compiled with wgpu's runtime checks (bounds clamps, loop counters)
+        from wgrumus.runtime import device as dmod
+        keep = dmod.TRUSTED_FAMILIES
+        dmod.TRUSTED_FAMILIES = keep - {"flash_attention2"}
+        dev._pipelines.clear()
+        time_variant("suggested, checked shaders", True, picked)
+        dmod.TRUSTED_FAMILIES = keep
+        dev._pipelines.clear()
+        at.ATTN_TABLE[cls] = table
+    print(f"{'kernel':34} {'causal':>6} {'fwd ms':>8} {'q ms':>8} {'kv ms':>8} {'bwd ms':>8} "
+          f"{'f+b ms':>8} {'fwd GF/s':>8} {'bwd GF/s':>8} {'f+b GF/s':>8} {'vs torch':>8} "
+          f"{'max err':>8}")
     for name, causal, sec, err in rows:
         cells = []
-        for part in ("fwd", "bwd", "f+b"):
+        for part in ("fwd", "q", "kv", "bwd", "f+b"):
             cells.append(f"{sec[part] * 1e3:8.3f}" if part in sec else " " * 8)
         for part in ("fwd", "bwd", "f+b"):
             cells.append(f"{flops(B, H, T, d, causal, part) / sec[part] / 1e9:8.1f}"
@@ -164,15 +209,15 @@ def main(argv=None) -> int:
         cells.append(f"{err:8.1e}" if err is not None else " " * 8)
         print(f"{name:34} {str(causal):>6} " + " ".join(cells), flush=True)
     tried = [(name.split()[0], sec) for name, causal, sec, err in rows
-             if err is not None and causal and err < 1e-3]
+             if err is not None and causal and err < 1e-3 and not name.startswith("suggested")]
     if tried:
         fb = min(tried, key=lambda r: r[1]["f+b"])
-        fwd = min(tried, key=lambda r: r[1]["fwd"])[0]
-        bwd = min(tried, key=lambda r: r[1]["bwd"])[0]
         print(f"best causal f+b: {fb[0]} ({fb[1]['f+b'] * 1e3:.3f} ms; target: <= 1.5x torch's "
               f"time, vs torch >= 0.67x)")
-        print(f"suggested ATTN_TABLE[{adapter_class(dev)!r}] = "
-              f"{{'fwd': {fwd!r}, 'bwd': {bwd!r}}}  (fastest causal fwd and bwd)")
+    if len(suggested) == 3:
+        tiles = {r: picked[r] for r in suggested}
+        print(f"suggested ATTN_TABLE[{cls!r}] = {suggested}  (fastest causal tiles per role: "
+              f"{tiles}; its row: 'suggested')")
     # memory: one (batch, head) at a long T, the default variant
     B, H = 1, 1
     ql, kl, vl, gl = (wr.randn((1, 1, TL, d), device=dev, seed=s) for s in (5, 6, 7, 8))

@@ -15,13 +15,13 @@
 //   fwd:    W1 = O [BH, Tq, D], W2 = LSE [BH, Tq] (natural log).
 //   bwd_q:  W1 = dQ, W2 = DSUM = rowsum(dO * O); dQ = scale sum_j P (dP - DSUM) K_j.
 //   bwd_kv: W1 = dK, W2 = dV (reads DSUM from bwd_q).
-@group(0) @binding(1) var<storage, read> Q: array<{{T}}>;
-@group(0) @binding(2) var<storage, read> K: array<{{T}}>;
-@group(0) @binding(3) var<storage, read> V: array<{{T}}>;
+@group(0) @binding(1) var<storage, read> Q: array<{{QT}}>;
+@group(0) @binding(2) var<storage, read> K: array<{{QT}}>;
+@group(0) @binding(3) var<storage, read> V: array<{{QT}}>;
 @group(0) @binding(4) var<storage, read_write> W1: array<f32>;
 @group(0) @binding(5) var<storage, read_write> W2: array<f32>;
-@group(0) @binding(6) var<storage, read> OS: array<f32>;
-@group(0) @binding(7) var<storage, read> DO: array<f32>;
+@group(0) @binding(6) var<storage, read> OS: array<{{OT}}>;
+@group(0) @binding(7) var<storage, read> DO: array<{{OT}}>;
 @group(0) @binding(8) var<storage, read> LS: array<f32>;
 @group(0) @binding(9) var<storage, read> DS: array<f32>;
 
@@ -33,7 +33,7 @@ const NX: u32 = {{NX}}u;
 const LOG2E: f32 = 1.4426950408889634;
 const LN2: f32 = 0.6931471805599453;
 
-// Row tiles (resident A, B; streamed A, B), score tiles (P, dS), per-row values.
+// Row tiles (resident A, B; streamed A, B), score tiles (P, dS), per-row values (RED, RV).
 var<workgroup> RA: array<vec4<f32>, {{SRA}}>;
 var<workgroup> RB: array<vec4<f32>, {{SRB}}>;
 var<workgroup> TA: array<vec4<f32>, {{STA}}>;
@@ -41,46 +41,27 @@ var<workgroup> TB: array<vec4<f32>, {{STB}}>;
 var<workgroup> PA: array<vec4<f32>, {{SPA}}>;
 var<workgroup> PB: array<vec4<f32>, {{SPB}}>;
 var<workgroup> RED: array<f32, {{SRED}}>;
+var<workgroup> RV: array<vec4<f32>, {{SRV}}>;  // the forward's row reductions, in quads
 
-// Which elements of quad qq lie inside a row of D (no loops: they would count against
-// llvmpipe's budget; reads past D land on the next row or are clamped by robust access and are
-// dropped by the select).
+// Which elements of quad qq < D4 lie inside a row of D (no loops: they would count against
+// llvmpipe's budget).
 fn inrow(qq: u32) -> vec4<bool> {
+    if (D % 4u == 0u) { return vec4<bool>(true); }
     let c = 4u * qq;
     return vec4<bool>(c < D, c + 1u < D, c + 2u < D, c + 3u < D);
 }
 
-// Quad qq of row `row` (zero past n rows or past D) of a [T, D] block at element `base`.
-fn ld_q(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    let v = vec4<f32>(f32(Q[x]), f32(Q[x + 1u]), f32(Q[x + 2u]), f32(Q[x + 3u]));
-    return select(vec4<f32>(0.0), v, inrow(qq));
+// Element indices of quad qq < D4 of the row at x: those past D repeat x. The family is compiled
+// without wgpu's bounds checks (runtime/device.py TRUSTED_FAMILIES): every index stays in range.
+fn quad(x: u32, qq: u32) -> vec4<u32> {
+    let m = inrow(qq);
+    return vec4<u32>(x, select(x, x + 1u, m.y), select(x, x + 2u, m.z), select(x, x + 3u, m.w));
 }
-fn ld_k(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    let v = vec4<f32>(f32(K[x]), f32(K[x + 1u]), f32(K[x + 2u]), f32(K[x + 3u]));
-    return select(vec4<f32>(0.0), v, inrow(qq));
-}
-fn ld_v(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    let v = vec4<f32>(f32(V[x]), f32(V[x + 1u]), f32(V[x + 2u]), f32(V[x + 3u]));
-    return select(vec4<f32>(0.0), v, inrow(qq));
-}
-fn ld_o(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    return select(vec4<f32>(0.0), vec4<f32>(OS[x], OS[x + 1u], OS[x + 2u], OS[x + 3u]),
-                  inrow(qq));
-}
-fn ld_do(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {
-    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }
-    let x = base + row * D + 4u * qq;
-    return select(vec4<f32>(0.0), vec4<f32>(DO[x], DO[x + 1u], DO[x + 2u], DO[x + 3u]),
-                  inrow(qq));
-}
+
+// ld_q, ld_k, ld_v, ld_o, ld_do(base, row, qq, n): quad qq of row `row` (zero past n rows or
+// past D) of a [T, D] block at element `base`; element loads, or quad loads where the arrays
+// are quads (V4: D and the offsets multiples of 4).
+{{LOADS}}
 
 // Quad qq of W1's / W2's row at element x (its elements < D).
 fn st_w1(x: u32, qq: u32, v: vec4<f32>) {

@@ -75,6 +75,25 @@ def test_subgroup_row_reductions(dev, rng, monkeypatch):
     check(mk(1, 37, 12), mk(1, 9, 12), mk(1, 9, 12), False, rng)
 
 
+def test_table_per_role_and_known_subgroup_sizes(monkeypatch):
+    """ATTN_TABLE entries name a variant per role; NVIDIA's warps of 32 hold the subgroup
+    forward's rows of 16 although wgpu reports a placeholder least size of 4 (as on the H100),
+    another adapter reporting 4 takes the forward without subgroups."""
+    from types import SimpleNamespace
+    dev = SimpleNamespace(_adapter_class="nvidia", features={"subgroup"},
+                          adapter_info={"stackgroup_min_size": 4, "stackgroup_max_size": 128},
+                          limits={"max-compute-workgroup-storage-size": 49152,
+                                  "max-compute-invocations-per-workgroup": 1024})
+    entry = {"fwd": "a32t2sg", "q": "a64i512", "kv": "a32t12"}
+    for cls in ("nvidia", "amd"):
+        monkeypatch.setitem(attention_tiles.ATTN_TABLE, cls, entry)
+    assert attention_tiles.pick_tiles(dev, "fwd", 64) == (32, 32, 2, 2, 1)
+    assert attention_tiles.pick_tiles(dev, "q", 64) == (64, 16, 2, 1)
+    assert attention_tiles.pick_tiles(dev, "kv", 64) == (16, 32, 1, 2)
+    dev._adapter_class = "amd"
+    assert attention_tiles.pick_tiles(dev, "fwd", 64) == (32, 32, 2, 2)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("d,causal", [(3, True), (33, False), (64, True)])
 def test_head_sizes_and_odd_lengths(rng, d, causal):

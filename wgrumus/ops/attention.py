@@ -51,7 +51,8 @@ def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=No
         kern = _kernel(dev, {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[entry], d, q.dtype)
     else:
         block = tiles[entry][0]
-        kern = attention_tiles.kernel(entry, tiles[entry], d, q.dtype == float16)
+        v4 = all(t.offset % 4 == 0 for t in (q, k, v, o, do) if t is not None) and d % 4 == 0
+        kern = attention_tiles.kernel(entry, tiles[entry], d, q.dtype == float16, v4)
     blocks = -(-rows // block)
     off = lambda t: t.offset if t is not None else 0
     bufs = [q._storage.buffer, k._storage.buffer, v._storage.buffer, w1._storage.buffer,

@@ -13,22 +13,32 @@ import functools
 from ..runtime.kernels import Kernel
 from .matmul import adapter_class
 
-# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise;
-# "kv" (bwd_kv): (keys, queries per tile, TM, TN). SG 1 (forward only): the row max and row
-# sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX invocations
-# (K and V then staged side by side: 3 barriers per tile instead of 4), else ignored. A role
+# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise
+# with [, PF]; "kv" (bwd_kv): (keys, queries per tile, TM, TN[, PF]). SG 1 (forward): the row
+# max and row sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX
+# invocations (K and V then staged side by side: 3 barriers per tile instead of 4), else
+# ignored. PF 1 (backward): the next streamed tile loaded into registers during this one. A role
 # whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
 # FALLBACK[role] that does.
 VARIANTS = {
-    "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
-    "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
-    "a64t24": {"fwd": (64, 32, 2, 4), "q": (32, 32, 2, 4), "kv": (32, 32, 2, 4)},
-    "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
-    "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
-    "a64t8": {"fwd": (64, 32, 8, 4), "q": (32, 32, 8, 4), "kv": (32, 32, 8, 4)},
-    "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
-    "a32": {"fwd": (32, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 16, 4, 4)},
+    # Along the H100's trend (more invocations, 1-2 rows each; the sweep picks a role's tiles
+    # on their own, so the roles differ): up to 512 invocations, subgroup forwards.
     "a32t2": {"fwd": (32, 32, 2, 2), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
+    "a32t2sg": {"fwd": (32, 32, 2, 2, 1), "q": (32, 32, 2, 2), "kv": (32, 32, 2, 2)},
+    "a32t2pf": {"fwd": (32, 32, 2, 2, 1), "q": (32, 32, 2, 2, 1), "kv": (32, 32, 2, 2, 1)},
+    "a64i512pf": {"fwd": (64, 32, 2, 2, 1), "q": (64, 16, 2, 1, 1), "kv": (32, 32, 1, 2, 1)},
+    "a32x16pf": {"fwd": (32, 16, 2, 1, 1), "q": (32, 16, 2, 1, 1), "kv": (32, 16, 2, 1, 1)},
+    "a64i512": {"fwd": (64, 32, 2, 2, 1), "q": (64, 16, 2, 1), "kv": (32, 32, 1, 2)},
+    "a32t12": {"fwd": (32, 32, 1, 2, 1), "q": (32, 32, 1, 2), "kv": (16, 32, 1, 2)},
+    "a32x16": {"fwd": (32, 16, 2, 1, 1), "q": (32, 16, 2, 1), "kv": (32, 16, 2, 1)},
+    "a16x32": {"fwd": (16, 32, 1, 2, 1), "q": (16, 32, 1, 2), "kv": (16, 32, 2, 2)},
+    "a32x64t24": {"fwd": (32, 64, 2, 4), "q": (64, 16, 4, 1), "kv": (32, 16, 1, 1)},
+    "a64x16": {"fwd": (64, 16, 2, 1, 1), "q": (32, 16, 1, 1), "kv": (16, 16, 1, 1)},
+    "a64t2": {"fwd": (64, 32, 4, 2), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
+    "a64t2sg": {"fwd": (64, 32, 4, 2, 1), "q": (32, 32, 4, 2), "kv": (32, 32, 4, 2)},
+    "a64": {"fwd": (64, 32, 4, 4), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a64sg": {"fwd": (64, 32, 4, 4, 1), "q": (32, 32, 4, 4), "kv": (32, 32, 4, 4)},
+    "a32x64": {"fwd": (32, 64, 4, 4), "q": (64, 16, 4, 4), "kv": (32, 32, 4, 4)},
     "a16": {"fwd": (32, 16, 4, 4), "q": (16, 16, 4, 4), "kv": (16, 16, 4, 4)},
 }
 FALLBACK = {
@@ -40,11 +50,17 @@ FALLBACK = {
            (8, 16, 2, 2)],
 }
 # Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
-# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}.
-# benchmarks/_attn_sweep.py times every variant and prints the entry to paste.
+# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}, or
+# one name per role {"fwd": name, "q": name, "kv": name} (a role's tiles are independent of
+# the others'). benchmarks/_attn_sweep.py times every role of every variant and prints the
+# entry to paste.
 ATTN_TABLE: dict = {"gpu": "a64", "nvidia": "a32t2"}  # nvidia: H100 sweep, BENCHMARKS.md
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
 SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
+# Subgroup sizes known per adapter class: wgpu reports placeholder bounds (4..128) on Vulkan
+# (the H100 sweep's adapter info), while NVIDIA's subgroups are always warps of 32
+# consecutive invocations.
+KNOWN_SUBGROUP_MIN = {"nvidia": 32}
 
 
 def _variant_name(dev, role: str):
@@ -55,35 +71,39 @@ def _variant_name(dev, role: str):
         return VARIANT
     entry = ATTN_TABLE.get(adapter_class(dev), ATTN_TABLE.get("gpu"))
     if isinstance(entry, dict):
-        return entry.get("fwd" if role == "fwd" else "bwd")
+        return entry.get(role) or entry.get("fwd" if role == "fwd" else "bwd")
     return entry
 
 
 def _subgroups_hold(dev, nx: int) -> bool:
     """Whether every subgroup holds whole rows of nx consecutive invocations."""
     info = dev.adapter_info  # wgpu-py 0.32 spells the keys "stackgroup_..."
-    least = SUBGROUP_MIN or info.get("subgroup_min_size") or info.get("stackgroup_min_size")
+    least = (SUBGROUP_MIN or KNOWN_SUBGROUP_MIN.get(adapter_class(dev))
+             or info.get("subgroup_min_size") or info.get("stackgroup_min_size"))
     return "subgroup" in dev.features and bool(least) and least >= nx and nx & (nx - 1) == 0
 
 
 def _shape(role: str, tiles, d: int) -> dict:
     """Derived sizes of a role's tiles at head size d (see the shader's constants)."""
     R, S, TM, TN = tiles[:4]
-    sg = len(tiles) > 4 and bool(tiles[4])
+    sg = role == "fwd" and len(tiles) > 4 and bool(tiles[4])
+    pf = role != "fwd" and len(tiles) > 4 and bool(tiles[4])
     nx, ny = S // TN, R // TM
     d4 = -(-d // 4)
     ku = -(-d4 // 4)  # quads of the head per pass of the score loop (<= 4 passes)
     d4p = -(-d4 // ku) * ku
-    dq = -(-d4 // nx)  # output quads per invocation (quads past D4 are computed on whatever
-    rp = d4p + 1  # the next row holds and never stored); odd pitch: no bank conflicts
+    dq = -(-d4 // nx)  # output quads per invocation (those past D4 are computed on the row's
+    rp = d4p + 1  # last quad and never stored); odd pitch: no bank conflicts
     pq = S // 4 + 1
+    rv = role == "fwd" and not sg and nx % 4 == 0  # the forward's row reductions in quads
     rows = {"fwd": (R, 0, S, S if sg else 0), "q": (R, R, S, S), "kv": (R, R, S, S)}[role]
     smem = {"SRA": rows[0] * rp, "SRB": rows[1] * rp, "STA": rows[2] * rp,
             "STB": rows[3] * rp, "SPA": R * pq, "SPB": R * pq if role == "kv" else 0,
-            "SRED": {"fwd": 0 if sg else R * nx, "kv": 2 * S, "q": 0}[role]}
+            "SRED": {"fwd": 0 if sg or rv else R * nx, "kv": 2 * S, "q": 0}[role],
+            "SRV": R * nx // 4 if rv else 0}
     nbytes = 16 * sum(v for k, v in smem.items() if k != "SRED") + 4 * smem["SRED"]
     return dict(R=R, S=S, TM=TM, TN=TN, NX=nx, NY=ny, NT=nx * ny, D4=d4, KU=ku, D4P=d4p,
-                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, smem=smem,
+                DQ=dq, RP=rp, PQ=pq, JU=max(1, -(-(S // 4) // 4)), SG=sg, PF=pf, RV=rv, smem=smem,
                 nbytes=nbytes)
 
 
@@ -100,7 +120,8 @@ def pick_tiles(dev, role: str, d: int):
     name = _variant_name(dev, role)
     first = [VARIANTS[name][role]] if name in VARIANTS else []
     for tiles in first + FALLBACK[role]:
-        if len(tiles) > 4 and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3])):
+        if (role == "fwd" and len(tiles) > 4
+                and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3]))):
             tiles = tiles[:4]
         sh = _shape(role, tiles, d)
         if _valid(tiles) and sh["nbytes"] <= limit and sh["NT"] <= inv:
@@ -109,39 +130,84 @@ def pick_tiles(dev, role: str, d: int):
 
 
 @functools.lru_cache(maxsize=256)
-def kernel(role: str, tiles: tuple, d: int, f16: bool) -> Kernel:
-    """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v)."""
+def kernel(role: str, tiles: tuple, d: int, f16: bool, v4: bool = False) -> Kernel:
+    """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v; v4: q, k,
+    v, o, do read in quads, where d and their offsets are multiples of 4)."""
     sh = _shape(role, tiles, d)
     gen = {"fwd": _fwd, "q": _bwd_q, "kv": _bwd_kv}[role]
+    t = "f16" if f16 else "f32"
     return Kernel.of("flash_attention2", {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[role],
-                     T="f16" if f16 else "f32", F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"],
-                     PQ=sh["PQ"], NX=sh["NX"], ENTRY=gen(sh),
+                     T=t, QT=f"vec4<{t}>" if v4 else t, OT="vec4<f32>" if v4 else "f32",
+                     F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"], PQ=sh["PQ"], NX=sh["NX"],
+                     LOADS=_loads(v4), ENTRY=gen(sh),
                      **{k: max(1, v) for k, v in sh["smem"].items()})
+
+
+def _loads(v4: bool) -> str:
+    """The shader's ld_* functions (see there)."""
+    out = []
+    for name, arr in (("q", "Q"), ("k", "K"), ("v", "V"), ("o", "OS"), ("do", "DO")):
+        if v4:
+            body = [f"    return vec4<f32>({arr}[(base + row * D) / 4u + qq]);"]
+        else:
+            body = ["    let x = quad(base + row * D + 4u * qq, qq);",
+                    f"    return select(vec4<f32>(0.0), vec4<f32>(f32({arr}[x.x]), "
+                    f"f32({arr}[x.y]), f32({arr}[x.z]), f32({arr}[x.w])), inrow(qq));"]
+        out += [f"fn ld_{name}(base: u32, row: u32, qq: u32, n: u32) -> vec4<f32> {{",
+                "    if (row >= n || qq >= D4) { return vec4<f32>(0.0); }"] + body + ["}"]
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------- register code generation
 
-def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
-           scale: str = "") -> list:
-    """Rows [row0, row0 + rows) of a [T, D] block into a row tile (pitch RP quads, zero past
-    n rows and past D), unrolled over the workgroup."""
+def _tile_loads(sh, dst: str, load: str, base: str, n: str, rows: int, scale: str = ""):
+    """(guard, destination, value of row0) per pass of staging rows [row0, row0 + rows) of a
+    [T, D] block into a row tile (pitch RP quads, zero past n rows and past D), unrolled over
+    the workgroup."""
     total, nt = rows * sh["RP"], sh["NT"]
-    out = []
     for l in range(-(-total // nt)):
         e = f"lid + {l * nt}u"
-        v = f"{load}({base}, {row0} + ({e}) / RP, ({e}) % RP, {n})"
-        st = f"{dst}[{e}] = {v}{scale};"
-        out.append(st if (l + 1) * nt <= total else f"if ({e} < {total}u) {{ {st} }}")
-    return out
+        yield (f"{e} < {total}u" if (l + 1) * nt > total else None, f"{dst}[{e}]",
+               lambda r0, e=e: f"{load}({base}, {r0} + ({e}) / RP, ({e}) % RP, {n}){scale}")
 
 
-def _head(sh) -> list:
+def _guarded(guard, st: str) -> str:
+    return f"if ({guard}) {{ {st} }}" if guard else st
+
+
+def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
+           scale: str = "") -> list:
+    """Rows [row0, row0 + rows) of a [T, D] block into a row tile."""
+    return [_guarded(g, f"{d} = {v(row0)};")
+            for g, d, v in _tile_loads(sh, dst, load, base, n, rows, scale)]
+
+
+def _streamed(sh, entries, first: str) -> tuple:
+    """(before the loop, at the top of a tile, after its staging barrier): the staging of the
+    streamed tiles (entries of _tile_loads, row0 = t); with PF, tile t + S is loaded into
+    registers while tile t is computed (its global latency hidden), stored at the next top."""
+    if not sh["PF"]:
+        return [], [_guarded(g, f"{d} = {v('t')};") for g, d, v in entries], []
+    before, top, after, nxt = [], [], [], f"t + {sh['S']}u"
+    for k, (g, d, v) in enumerate(entries):
+        before.append(f"var pf{k} = {v(first)};")
+        top.append(_guarded(g, f"{d} = pf{k};"))
+        after.append(f"pf{k} = {v(nxt)};")
+    return before, top, after
+
+
+def _head(sh, heavy_last: bool = False) -> list:
+    """The entry's first lines. heavy_last: the resident blocks of a causal kernel run the
+    more tiles the later they lie (fwd, bwd_q), so each (batch, head) takes them from the last
+    (the dispatch ends on light workgroups: a shorter tail)."""
+    blk = ("select(g % pu(10u), pu(10u) - 1u - g % pu(10u), pu(9u) != 0u)" if heavy_last
+           else "g % pu(10u)")
     return [f"@compute @workgroup_size({sh['NT']})",
             "fn {entry}(ids: Launch) {",
             "    let g = group_idx(ids);",
             "    let bh = g / pu(10u);",
             "    if (bh >= pu(0u)) { return; }",
-            f"    let r0 = (g % pu(10u)) * {sh['R']}u;",
+            f"    let r0 = {blk} * {sh['R']}u;",
             "    let lid = ids.lid;",
             "    let tx = lid % NX;",
             "    let ty = lid / NX;",
@@ -188,10 +254,13 @@ def _accumulate(sh, terms, ind="        ") -> list:
             out += [f"{ind}    let {acc}p{i}_{ju} = {pt}[rr{i} * PQ + jq + {ju}u];"
                     for i in range(TM)]
         for e, c in enumerate("xyzw"):
-            row = f"(4u * (jq + {ju}u) + {e}u) * RP + tx"
+            row = f"(4u * (jq + {ju}u) + {e}u) * RP"
             for acc, _, rt in terms:
                 for u in range(DQ):
-                    out.append(f"{ind}    let {acc}v{u}_{ju}{c} = {rt}[{row} + {sh['NX'] * u}u];")
+                    qq = f"tx + {sh['NX'] * u}u"
+                    if sh["NX"] * (u + 1) > sh["D4"]:  # quads past D4: unused, kept in range
+                        qq = f"min({qq}, {sh['D4'] - 1}u)"
+                    out.append(f"{ind}    let {acc}v{u}_{ju}{c} = {rt}[{row} + {qq}];")
                     out += [f"{ind}    {acc}{i}_{u} = fma(vec4<f32>({acc}p{i}_{ju}.{c}), "
                             f"{acc}v{u}_{ju}{c}, {acc}{i}_{u});" for i in range(TM)]
     out.append(f"{ind}}}")
@@ -206,7 +275,7 @@ def _acc_decl(sh, names, ind="    ") -> list:
 def _fwd(sh) -> str:
     TM, TN, NX, DQ, R, S, SG = (sh[k] for k in ("TM", "TN", "NX", "DQ", "R", "S", "SG"))
     vt = "TB" if SG else "TA"  # V's tile: beside K's (SG), or K's once the scores are done
-    L = _head(sh) + _rows(sh)
+    L = _head(sh, True) + _rows(sh)
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += [f"    var m{i} = LOWEST_F32;\n    var l{i} = 0.0;" for i in range(TM)]
     L += _acc_decl(sh, ["o"])
@@ -233,17 +302,15 @@ def _fwd(sh) -> str:
             L += [f"        mx{i} = max(mx{i}, subgroupShuffleXor(mx{i}, {b}u));"
                   for b in _xor_steps(NX)]
         else:
-            L.append(f"        RED[rr{i} * NX + tx] = {mx};")
+            L.append(f"        {_red_put(sh, i)} = {mx};")
     if not SG:
         L.append("        workgroupBarrier();")
     for i in range(TM):
         if SG:
             L.append(f"        let mn{i} = mx{i};")
         else:
-            mx = f"m{i}"
-            for x in range(NX):
-                mx = f"max({mx}, RED[rr{i} * NX + {x}u])"
-            L.append(f"        let mn{i} = {mx};")
+            pre, mx = _red_all(sh, i, "max", f"m{i}")
+            L += ["        " + x for x in pre] + [f"        let mn{i} = {mx};"]
         L += [f"        let al{i} = exp2(m{i} - mn{i});",
               f"        m{i} = mn{i};",
               f"        l{i} *= al{i};"]
@@ -262,11 +329,11 @@ def _fwd(sh) -> str:
             L += [f"    l{i} += subgroupShuffleXor(l{i}, {b}u);" for b in _xor_steps(NX)]
     else:
         L.append("    workgroupBarrier();")
-        L += [f"    RED[rr{i} * NX + tx] = l{i};" for i in range(TM)]
+        L += [f"    {_red_put(sh, i)} = l{i};" for i in range(TM)]
         L.append("    workgroupBarrier();")
     for i in range(TM):
-        tot = f"l{i}" if SG else " + ".join(f"RED[rr{i} * NX + {x}u]" for x in range(NX))
-        L += [f"    if (r0 + rr{i} < Tq) {{",
+        pre, tot = ([], f"l{i}") if SG else _red_all(sh, i, "add")
+        L += ["    " + x for x in pre] + [f"    if (r0 + rr{i} < Tq) {{",
               f"        let row = bh * Tq + r0 + rr{i};",
               f"        let lsum = {tot};"]
         L += [f"        st_w1(pu(6u) + row * D, tx + {NX * u}u, o{i}_{u} / lsum);"
@@ -277,6 +344,28 @@ def _fwd(sh) -> str:
     return "\n".join(L).replace("{entry}", "fwd")
 
 
+def _red_put(sh, i: int) -> str:
+    """This invocation's slot of resident row rr{i} in the forward's row reduction."""
+    if sh["RV"]:
+        return f"RV[rr{i} * {sh['NX'] // 4}u + tx / 4u][tx % 4u]"
+    return f"RED[rr{i} * NX + tx]"
+
+
+def _red_all(sh, i: int, op: str, init: str = "") -> tuple:
+    """(lines, expression): the max or sum of row rr{i}'s NX slots (and init); in quads where
+    RV holds them (NX / 4 loads instead of NX)."""
+    f = (lambda a, b: f"max({a}, {b})") if op == "max" else (lambda a, b: f"({a} + {b})")
+    lines = []
+    if sh["RV"]:
+        v = functools.reduce(f, [f"RV[rr{i} * {sh['NX'] // 4}u + {x}u]"
+                                 for x in range(sh["NX"] // 4)])
+        lines.append(f"let rd{i} = {v};")
+        terms = [f(f(f"rd{i}.x", f"rd{i}.y"), f(f"rd{i}.z", f"rd{i}.w"))]
+    else:
+        terms = [f"RED[rr{i} * NX + {x}u]" for x in range(sh["NX"])]
+    return lines, functools.reduce(f, ([init] if init else []) + terms)
+
+
 def _xor_steps(nx: int) -> list:
     """Shuffle distances that combine the nx invocations of a row (tx = lane % nx)."""
     return [1 << b for b in range(nx.bit_length() - 1)]
@@ -284,24 +373,36 @@ def _xor_steps(nx: int) -> list:
 
 def _bwd_q(sh) -> str:
     TM, TN, NX, DQ, R, S = sh["TM"], sh["TN"], sh["NX"], sh["DQ"], sh["R"], sh["S"]
-    L = _head(sh) + _rows(sh)
+    L = _head(sh, True) + _rows(sh)
     L += ["    let ob = pu(11u) + bh * Tq * D;", "    let db = pu(12u) + bh * Tq * D;"]
     L += ["    " + x for x in _stage(sh, "RA", "ld_q", "qb", "r0", "Tq", R, " * c2")]
     L += ["    " + x for x in _stage(sh, "RB", "ld_do", "db", "r0", "Tq", R)]
     L.append("    workgroupBarrier();")
-    for i in range(TM):  # DSUM = dO . O of own rows (dO from the tile, O from storage)
+    # DSUM = dO . O of own rows (dO from the tile, O from storage): the row's NX invocations
+    # each take its quads tx + NX u and add up their parts through PA (free until the loop)
+    for i in range(TM):
         L += [f"    let row{i} = r0 + rr{i};",
-              f"    let lse{i} = LS[pu(13u) + bh * Tq + min(row{i}, Tq - 1u)] * LOG2E;",
-              f"    var dsum{i} = 0.0;",
-              f"    for (var c = 0u; c < D4; c++) {{ dsum{i} += dot(RB[rr{i} * RP + c], "
-              f"ld_o(ob, row{i}, c, Tq)); }}"]
+              f"    let lse{i} = LS[pu(13u) + bh * Tq + min(row{i}, Tq - 1u)] * LOG2E;"]
+        part = []
+        for u in range(DQ):
+            qq = f"tx + {NX * u}u"
+            rq = f"min({qq}, {sh['D4'] - 1}u)" if NX * (u + 1) > sh["D4"] else qq
+            part.append(f"dot(RB[rr{i} * RP + {rq}], ld_o(ob, row{i}, {qq}, Tq))")
+        L.append(f"    put_pa(rr{i}, tx, {' + '.join(part)});")
+    L.append("    workgroupBarrier();")
+    for i in range(TM):
+        terms = [f"dot(PA[rr{i} * PQ + {x}u], vec4<f32>(1.0))" for x in range(NX // 4)]
+        terms += [f"PA[rr{i} * PQ + {x // 4}u].{'xyzw'[x % 4]}" for x in range(NX // 4 * 4, NX)]
+        L.append(f"    let dsum{i} = {' + '.join(terms)};")
     L += _acc_decl(sh, ["o"])
+    before, top, after = _streamed(sh, list(_tile_loads(sh, "TA", "ld_k", "kb", "Tk", S))
+                                   + list(_tile_loads(sh, "TB", "ld_v", "vb", "Tk", S)), "0u")
+    L += ["    " + x for x in before]
     L += [f"    let kend = select(Tk, min(Tk, r0 + {R}u), causal);",
           f"    for (var t = 0u; t < kend; t += {S}u) {{",
           "        workgroupBarrier();"]
-    L += ["        " + x for x in _stage(sh, "TA", "ld_k", "kb", "t", "Tk", S)]
-    L += ["        " + x for x in _stage(sh, "TB", "ld_v", "vb", "t", "Tk", S)]
-    L += ["        workgroupBarrier();"]
+    L += ["        " + x for x in top] + ["        workgroupBarrier();"]
+    L += ["        " + x for x in after]
     L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
     for j in range(TN):
         L.append(f"        let key{j} = t + cc{j};")
@@ -331,20 +432,25 @@ def _bwd_kv(sh) -> str:
     L += ["    " + x for x in _stage(sh, "RB", "ld_v", "vb", "r0", "Tk", R)]
     L += [f"    let key{i} = r0 + rr{i};" for i in range(TM)]
     L += _acc_decl(sh, ["dk", "dv"])
-    L += [f"    let qstart = select(0u, (r0 / {S}u) * {S}u, causal);",
-          f"    for (var t = qstart; t < Tq; t += {S}u) {{",
-          "        workgroupBarrier();"]
-    L += ["        " + x for x in _stage(sh, "TA", "ld_q", "qb", "t", "Tq", S)]
-    L += ["        " + x for x in _stage(sh, "TB", "ld_do", "db", "t", "Tq", S)]
+    ok = lambda r0, e: f"{r0} + {e} < Tq"  # noqa: E731
+    row = lambda r0, e: f"lb + select(0u, {r0} + {e}, {ok(r0, e)})"  # noqa: E731
+    red = []  # the query rows' logsumexp (log2 units) and DSUM
     for l in range(-(-S // sh["NT"])):
         e = f"lid + {l * sh['NT']}u"
-        L += [f"        if ({e} < {S}u) {{",
-              f"            let ok = t + {e} < Tq;",
-              f"            let x = lb + select(0u, t + {e}, ok);",
-              f"            RED[{e}] = select(0.0, LS[pu(13u) + x] * LOG2E, ok);",
-              f"            RED[{S}u + {e}] = select(0.0, DS[pu(14u) + x], ok);",
-              "        }"]
-    L += ["        workgroupBarrier();"]
+        g = f"{e} < {S}u" if (l + 1) * sh["NT"] > S else None
+        red += [(g, f"RED[{e}]", lambda r0, e=e: f"select(0.0, LS[pu(13u) + {row(r0, e)}] * "
+                 f"LOG2E, {ok(r0, e)})"),
+                (g, f"RED[{S}u + {e}]", lambda r0, e=e: f"select(0.0, DS[pu(14u) + "
+                 f"{row(r0, e)}], {ok(r0, e)})")]
+    before, top, after = _streamed(sh, list(_tile_loads(sh, "TA", "ld_q", "qb", "Tq", S))
+                                   + list(_tile_loads(sh, "TB", "ld_do", "db", "Tq", S)) + red,
+                                   "qstart")
+    L += [f"    let qstart = select(0u, (r0 / {S}u) * {S}u, causal);"]
+    L += ["    " + x for x in before]
+    L += [f"    for (var t = qstart; t < Tq; t += {S}u) {{",
+          "        workgroupBarrier();"]
+    L += ["        " + x for x in top] + ["        workgroupBarrier();"]
+    L += ["        " + x for x in after]
     L += _scores(sh, [("s", "RA", "TA"), ("dp", "RB", "TB")])
     for j in range(TN):
         L += [f"        let qr{j} = t + cc{j};",

@@ -39,7 +39,7 @@ _OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # Kernel families whose every access is range-checked by the kernel itself: compiled without
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
 # register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
-TRUSTED_FAMILIES = frozenset({"matmul"})
+TRUSTED_FAMILIES = frozenset({"matmul", "flash_attention2"})
 # Lavapipe (Mesa 22.x) "inlines" uniform values that steer loops and branches: when the first
 # dispatch of a pipeline shows that inlining halves the shader, it compiles a specialised copy at
 # every later dispatch (the uniform binding moved) and never frees it: +512 KB per matmul
