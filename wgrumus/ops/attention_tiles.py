@@ -54,7 +54,8 @@ FALLBACK = {
 # one name per role {"fwd": name, "q": name, "kv": name} (a role's tiles are independent of
 # the others'). benchmarks/_attn_sweep.py times every role of every variant and prints the
 # entry to paste.
-ATTN_TABLE: dict = {"gpu": "a64", "nvidia": "a32t2"}  # nvidia: H100 sweep, BENCHMARKS.md
+ATTN_TABLE: dict = {"gpu": "a64",  # nvidia: the H100 sweep's suggestion (BENCHMARKS.md)
+                    "nvidia": {"fwd": "a32t2", "q": "a32t2pf", "kv": "a32t2pf"}}
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
 SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
 # Subgroup sizes known per adapter class: wgpu reports placeholder bounds (4..128) on Vulkan
