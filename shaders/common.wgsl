@@ -103,3 +103,30 @@ fn uniform_(seed: u32, k: u32, stream: u32) -> f32 {
     let h = pcg_(pcg_(pcg_(k ^ (stream * 0x9E3779B9u)) ^ seed) + k);
     return (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);  // (0, 1)
 }
+
+// x rounded to the nearest f16 value (ties to even), as an f32, in integer arithmetic: drivers
+// may fold f32 -> f16 -> f32 conversions away (the NVIDIA Vulkan driver folds every form, also
+// pack2x16float/unpack2x16float), which would leave autocast's operands unrounded on one
+// adapter and rounded on another.
+fn round_f16_(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    let s = u & 0x80000000u;
+    let a = u & 0x7FFFFFFFu;
+    if (a >= 0x477FF000u) {  // 65520 and up (and inf, NaN): inf, NaN kept
+        return bitcast<f32>(s | select(0x7F800000u, a, a > 0x7F800000u));
+    }
+    if (a >= 0x38800000u) {  // normal f16 range: 10 mantissa bits kept
+        return bitcast<f32>(s | ((a + 0xFFFu + ((a >> 13u) & 1u)) & 0xFFFFE000u));
+    }
+    let e = a >> 23u;
+    if (e < 102u) {  // below 2^-25: zero
+        return bitcast<f32>(s);
+    }
+    let m = (a & 0x7FFFFFu) | 0x800000u;  // subnormal f16: a multiple of 2^-24
+    let sh = 126u - e;
+    let q = (m + (1u << (sh - 1u)) - 1u + ((m >> sh) & 1u)) >> sh;
+    return select(1.0, -1.0, s != 0u) * f32(q) * 5.9604644775390625e-8;
+}
+fn round_f16x4_(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(round_f16_(v.x), round_f16_(v.y), round_f16_(v.z), round_f16_(v.w));
+}

@@ -117,3 +117,21 @@ def test_k_past_loop_cap(kernel, rng):
         out = (wr.tensor(an) @ wr.tensor(bn)).numpy()
     want = r16(an) @ r16(bn)
     np.testing.assert_allclose(out, want, rtol=1e-3, atol=2e-3 * np.sqrt(K) / 10)
+
+
+def test_rounding_to_f16_is_bit_exact_on_every_adapter(rng):
+    """common.wgsl's round_f16_ (integer arithmetic, which drivers cannot fold away the way the
+    NVIDIA driver folds f32 -> f16 -> f32 conversions) against numpy: every magnitude, ties,
+    the overflow edge, subnormals, zeros, infinities, NaNs and random bit patterns."""
+    from wgrumus.ops.launch import run_map
+    x = np.concatenate([rng.standard_normal(512) * s for s in (1e-8, 1e-6, 6e-5, 1e-3, 1, 3e4)]
+                       + [np.array([65504, 65519.99, 65520, -65520, 2.0 ** -24, 2.0 ** -25,
+                                    3 * 2.0 ** -25, 2.0 ** -14, 0.0, -0.0, np.inf, -np.inf])])
+    x = np.concatenate([x.astype(np.float32), np.frombuffer(
+        rng.integers(0, 2 ** 32, 70_000, dtype=np.uint32).tobytes(), np.float32)])
+    out = wr.zeros(x.shape)
+    got = run_map("round_f16_(a)", out, [wr.tensor(x)]).numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    assert same.all(), list(zip(x[~same][:5], got[~same][:5], want[~same][:5]))

@@ -198,8 +198,9 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
 
 
 def _load(r16: bool, s: str) -> str:
-    """The shaders' ld(v): an operand quad as the kernel computes with it."""
-    return f"vec4<{s}>(vec4<f16>(v))" if r16 else f"vec4<{s}>(v)"
+    """The shaders' ld(v): an operand quad as the kernel computes with it (R16: rounded to f16
+    in integer arithmetic, common.wgsl, which no driver folds away)."""
+    return f"vec4<{s}>(round_f16x4_(v))" if r16 else f"vec4<{s}>(v)"
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
