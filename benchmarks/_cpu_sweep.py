@@ -5,12 +5,13 @@ measurement; the winners go into ops/matmul.py (_cpu_tile), ops/launch.py and op
 (CPU_CHUNK_DEFAULT).
 
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64]
-        [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x32x4x4,...] [--rounds 5]
+        [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x8x8x1t,...] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --map [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]
 
-Sizes: N (square) or MxKxN. Each tile runs once a round (rounds interleaved); medians.
+Sizes: N (square) or MxKxN. Tiles TMxTNxWGXxWGY, a trailing t: A and B read from textures
+(ops/matmul.py CPU_TEX). Each tile runs once a round (rounds interleaved); medians.
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of entry `cpu` of shaders/adam_multi.wgsl (chunk 1: its GPU entry `main`), the
 variants interleaved round by round in one process; medians.
@@ -64,7 +65,9 @@ def main(argv=None) -> int:
     if args.map:
         return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     mm = importlib.import_module("wgrumus.ops.matmul")
-    tiles = [tuple(int(x) for x in t.split("x")) + (0,) for t in args.tiles.split(",") if t]
+    # a trailing "t": operands in textures (matmul CPU_TEX), else in storage buffers
+    tiles = [tuple(int(x) for x in t.rstrip("t").split("x")) + (0, t.endswith("t"))
+             for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
     orig = mm._launch
@@ -101,7 +104,8 @@ def main(argv=None) -> int:
                     row = {"ms": round(dt * 1e3, 2), "gflops": round(flop / dt / 1e9, 3),
                            "vs_numpy": round(t_np / dt, 4), **row}
                 print(json.dumps({"what": "matmul", "n": size, "layout": layout,
-                                  "tile": "x".join(map(str, tile[:4])), **row,
+                                  "tile": "x".join(map(str, tile[:4])) + "t" * (tile[5:] == (True,)),
+                                  **row,
                                   "load": os.getloadavg()[0]}), flush=True)
     return 0
 

@@ -15,8 +15,10 @@
 //   FLAT 1 (TM 1): lanes walk the flattened (batch, row) index, for tiny batched matrices.
 // llvmpipe silently stops looping once an invocation has taken 65,535 loop back-edges in total
 // (one counter for all its loops), so a long K is split into passes (ops/matmul.py, CPU_KPASS).
-@group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
-@group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
+// TEX 1 (f32): A and B are read from rgba32float textures that hold the operands' buffer
+// regions, quad q at texel (q % TEXW, q / TEXW): llvmpipe fetches a texel per lane as one
+// 16-byte load without the per-lane branches of a storage load (ops/matmul.py, _tex_operand).
+{{OPERANDS}}
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}
 
@@ -27,8 +29,8 @@ fn fin(i: u32, n: u32, x: f32) -> {{T}} {
     if ({{ACC}}u == 1u) { return {{T}}(epi(i, n, x + f32(C[i]))); }
     return {{T}}(epi(i, n, x));
 }
-fn ea(i: u32) -> f32 { return f32(A[i >> 2u][i & 3u]); }
-fn eb(i: u32) -> f32 { return f32(B[i >> 2u][i & 3u]); }
+fn ea(i: u32) -> f32 { return f32(qa(i >> 2u)[i & 3u]); }
+fn eb(i: u32) -> f32 { return f32(qb(i >> 2u)[i & 3u]); }
 
 const WGX: u32 = {{WGX}}u;  // invocations along n
 const WGY: u32 = {{WGY}}u;  // invocations along m

@@ -6,7 +6,7 @@ import math
 
 from ..autograd.tape import record
 from ..runtime.adapters import is_cpu_adapter
-from ..runtime.device import MAX_WG_PER_DIM, groups_1d
+from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
@@ -341,27 +341,42 @@ def _pick_variant(dev, M, N, nbatch, f16: bool) -> dict | None:
 CPU_KPASS = (65_000, 260_000)
 CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
+CPU_TEX = None  # None: texture operands on CPU adapters; True/False force them
 CPU_WG = (4, 4)  # WGX, WGY
 # Output sides from this long get 16-wide blocks: at 64 (1024x256 @ 256x64, 64x1024 @ 1024x64,
 # ...: the GPT-default shapes) they ran 1.3-2.8x the 8-wide ones (fewer lanes busy, twice the
 # FMAs per load); BENCHMARKS.md, lavapipe section.
 CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
+CPU_TEX_WG = 8  # invocations a workgroup with texture operands: one AVX2 SIMD vector
 
 
 def use_cpu_kernel(dev) -> bool:
     return is_cpu_adapter(dev) if CPU_KERNEL is None else CPU_KERNEL
 
 
-def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
-    """(TM, TN, WGX, WGY, FLAT): 16 x 16 blocks (the most FMAs per loaded value that llvmpipe
-    still compiles in seconds) where the output has enough of them, smaller ones on thin sides
-    so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
-    batches' rows). benchmarks/_cpu_sweep.py measures the alternatives."""
+def use_cpu_textures(dev, f16: bool) -> bool:
+    """f32 operands go through textures on CPU adapters (CPU_TEX None), except while a wr.jit
+    capture records (it replays buffer copies only)."""
+    on = is_cpu_adapter(dev) if CPU_TEX is None else CPU_TEX
+    return on and not f16 and dev.recorder is None
+
+
+def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False) -> tuple:
+    """(TM, TN, WGX, WGY, FLAT, TEX). Storage operands: 16 x 16 blocks (the most FMAs per
+    loaded value that llvmpipe still compiles in seconds) where the output has enough of them,
+    smaller ones on thin sides so that fewer lanes idle. Texture operands (cheaper loads):
+    16 x 8 blocks, 8 invocations along n (fewer on narrow outputs, the rest along m).
+    Batches of matrices of a few rows run FLAT (lanes over all batches' rows).
+    benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
-        return CPU_FLAT
+        return CPU_FLAT + (tex,)
+    if tex:
+        tm, tn = (16 if M >= 64 else 8 if M >= 32 else 4), (8 if N >= 32 else 4)
+        wgx = min(CPU_TEX_WG, 1 << (-(-N // tn) - 1).bit_length())
+        return (tm, tn, wgx, CPU_TEX_WG // wgx, 0, True)
     side = lambda d: 16 if d >= CPU_SIDE16 else 8 if d >= 32 else 4
-    return (side(M), side(N)) + CPU_WG + (0,)
+    return (side(M), side(N)) + CPU_WG + (0, False)
 
 
 _Q = "xyzw"
@@ -388,23 +403,23 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
     body4 = []
     if k4:
         if am == 0:
-            body4 += [f"let a{i} = vec4<f32>(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
+            body4 += [f"let a{i} = vec4<f32>(qa((ra{i} + k) >> 2u));" for i in range(tm)]
             a_of = lambda i, r: f"a{i}.{_Q[r]}"
         else:
-            body4 += [f"let a{q}_{r} = vec4<f32>(A[(mq{q} + (k + {r}u) * ac) >> 2u]);"
+            body4 += [f"let a{q}_{r} = vec4<f32>(qa((mq{q} + (k + {r}u) * ac) >> 2u));"
                       for r in range(4) for q in range(tm // 4)]
             a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
         if bm == 0:
-            body4 += [f"let b{r}_{q} = vec4<f32>(B[(nq{q} + (k + {r}u) * br) >> 2u]);"
+            body4 += [f"let b{r}_{q} = vec4<f32>(qb((nq{q} + (k + {r}u) * br) >> 2u));"
                       for r in range(4) for q in range(tn // 4)]
             bq_of = lambda r, q: f"b{r}_{q}"
         else:
-            body4 += [f"let b{j} = vec4<f32>(B[(cb{j} + k) >> 2u]);" for j in range(tn)]
+            body4 += [f"let b{j} = vec4<f32>(qb((cb{j} + k) >> 2u));" for j in range(tn)]
             bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
         body4 += fmas(a_of, bq_of, range(4))
     body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
     if vec and bm == 0:  # B's quads along n, one k at a time
-        body1 += [f"let b{q} = vec4<f32>(B[(nq{q} + k * br) >> 2u]);" for q in range(tn // 4)]
+        body1 += [f"let b{q} = vec4<f32>(qb((nq{q} + k * br) >> 2u));" for q in range(tn // 4)]
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
     else:
         body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
@@ -422,29 +437,76 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
             "STORE": ind(store, 4)}
 
 
+def _operand_decls(t: str, tex: bool) -> str:
+    """A and B (bindings 1, 2) with their quad loads qa / qb: storage arrays, or (``tex``)
+    rgba32float textures of TEX_W texels a row."""
+    if not tex:
+        return "\n".join(f"@group(0) @binding({i}) var<storage, read> {x}: array<vec4<{t}>>;\n"
+                         f"fn q{x.lower()}(q: u32) -> vec4<{t}> {{ return {x}[q]; }}"
+                         for i, x in ((1, "A"), (2, "B")))
+    sh = TEX_W.bit_length() - 1
+    return "\n".join(f"@group(0) @binding({i}) var {x}: texture_2d<f32>;\n"
+                     f"fn q{x.lower()}(q: u32) -> vec4<f32> {{ return textureLoad({x}, "
+                     f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}"
+                     for i, x in ((1, "A"), (2, "B")))
+
+
 @functools.lru_cache(maxsize=128)
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
-                   acc: bool = False) -> Kernel:
+                   acc: bool = False, tex: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
-    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise)."""
+    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
+    operands in storage buffers or (``tex``, f32 only) textures."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
+    if tex and f16:
+        raise ValueError("texture operands of the CPU matmul are f32 only")
     vec = am != 2 and bm != 2 and not (am == 1 and tm % 4)
     am, bm = (am, bm) if vec else (0, 0)
-    k4 = vec and tm * tn < CPU_K1_BLOCK
+    # Texture loads compile to straight-line code, so every block size takes the 4-k body.
+    k4 = vec and (tex or tm * tn < CPU_K1_BLOCK)
     t = "f16" if f16 else "f32"
     return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
                      FLAT=int(flat), T=t, F16=int(f16), ACC=int(acc),
+                     OPERANDS=_operand_decls(t, tex),
                      **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t))
 
 
+def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int):
+    """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb) copied
+    into the device's operand texture ``slot``: the elements the kernel reads, from the
+    16-byte boundary at or below the first; offset: the first one's index there. None where
+    that region does not fit (the texture's rows: TEX_W texels, at most
+    max-texture-dimension-2d of them)."""
+    st = (sb, *t.strides[-2:])
+    if min(st) < 0:
+        return None
+    first = t.offset
+    last = first + sum((n - 1) * s for n, s in zip((nbatch, rows, cols), st))
+    start = first & ~3
+    texels = (last - start) // 4 + 1
+    rows_max = t.device.limits["max-texture-dimension-2d"]
+    if start * 4 + texels * 16 > t._storage.buffer.size or -(-texels // TEX_W) > rows_max:
+        return None
+    return t.device.operand_texture(slot, t._storage.buffer, start * 4, texels), first - start
+
+
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
-    tm, tn, wgx, wgy, flat = tile
+    tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
-    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi)
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
+    tex = use_cpu_textures(a.device, f16) if len(tile) < 6 else (
+        tile[5] and not f16 and a.device.recorder is None)
+    if tex:
+        ta = _tex_operand(a, 0, M, K, sa, nbatch)
+        tb = ta and _tex_operand(b, 1, K, N, sb, nbatch)
+        tex = tb is not None
+        if tex:
+            bufs = [ta[0], tb[0]] + bufs[2:]
+            words[3], words[7] = ta[1], tb[1]
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex)
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
@@ -454,7 +516,7 @@ def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, ti
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
-                               epilogue=epi if last else (None, False, False))
+                               epilogue=epi if last else (None, False, False), tex=tex)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:
@@ -483,8 +545,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
     if tile is None and use_cpu_kernel(a.device):
-        tile = _cpu_tile(M, N, nbatch)
-    if tile is not None and len(tile) == 5:
+        tile = _cpu_tile(M, N, nbatch, use_cpu_textures(a.device, a.dtype == float16))
+    if tile is not None and len(tile) in (5, 6):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
