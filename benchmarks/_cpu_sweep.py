@@ -19,9 +19,10 @@ variants interleaved round by round in one process; medians.
 GELU, a 3-way cat) with each outputs-per-invocation chunk of shaders/map_cpu.wgsl (chunk 1:
 map.wgsl), interleaved the same way.
 --step: an AdamW training step of the MLP 784-512-512-10 (batch 256) and of `wgrumus train
-gpt`'s default model (2 layers, width 64, 32 x 32 tokens) with the CPU map and Adam kernels
-against the GPU-shaped ones (chunk 1) and matmul's 16-wide blocks from 64-long sides against
-from 128 (ops/matmul.py CPU_SIDE16, before), step by step interleaved.
+gpt`'s default model (2 layers, width 64, 32 x 32 tokens) now against before, step by step
+interleaved; before (--step-base): matmul operands in storage buffers instead of textures
+(storage, ops/matmul.py CPU_TEX False), or (chunks) the GPU-shaped map and Adam kernels (chunk
+1) and matmul's 16-wide blocks from 128-long sides (CPU_SIDE16).
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def main(argv=None) -> int:
     p.add_argument("--adam", action="store_true", help="sweep the AdamW update instead")
     p.add_argument("--map", action="store_true", help="sweep the elementwise map instead")
     p.add_argument("--step", action="store_true", help="time whole training steps instead")
+    p.add_argument("--step-base", choices=("storage", "chunks"), default="storage",
+                   help="--step's before: storage-operand matmuls, or the GPU-shaped map/Adam")
     p.add_argument("--chunks", default="1,4,8,16,32")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
@@ -61,7 +64,7 @@ def main(argv=None) -> int:
     if args.adam:
         return _adam(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     if args.step:
-        return _step(wr, dev, args.rounds)
+        return _step(wr, dev, args.rounds, args.step_base)
     if args.map:
         return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     mm = importlib.import_module("wgrumus.ops.matmul")
@@ -197,7 +200,7 @@ def _map(wr, dev, chunks, rounds) -> int:
     return 0
 
 
-def _step(wr, dev, rounds) -> int:
+def _step(wr, dev, rounds, base) -> int:
     from wgrumus import nn
     launch = importlib.import_module("wgrumus.ops.launch")
     adam = importlib.import_module("wgrumus.optim.adam")
@@ -225,12 +228,15 @@ def _step(wr, dev, rounds) -> int:
     fns = {n: stepper(*d) for n, d in data.items()}
 
     def set_variant(v):
-        launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "now" else 1
-        mm.CPU_SIDE16 = side16 if v == "now" else 128
+        if base == "chunks":
+            launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "now" else 1
+            mm.CPU_SIDE16 = side16 if v == "now" else 128
+        else:
+            mm.CPU_TEX = None if v == "now" else False
     try:
         t = _interleaved(fns, set_variant, ["before", "now"], rounds, dev.synchronize)
     finally:
-        launch.CPU_CHUNK = adam.CPU_CHUNK = None
+        launch.CPU_CHUNK = adam.CPU_CHUNK = mm.CPU_TEX = None
         mm.CPU_SIDE16 = side16
     for n in fns:
         print(json.dumps({"what": "train step", "model": n,

@@ -493,6 +493,13 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
+    # Under the device lock: another thread's matmul must not refill the operand textures
+    # between this one's copies and its dispatches.
+    with a.device.lock:
+        _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
+
+
+def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile):
     tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
