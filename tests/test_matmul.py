@@ -279,6 +279,7 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
     a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
     cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"}, recorder=None)
     assert mm.use_cpu_textures(cpu, False) and not mm.use_cpu_textures(cpu, True)
+    assert not mm.use_cpu_textures(cpu, False, mm.CPU_TEX_MIN - 1)  # copies cost more
     gpu = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"}, recorder=None)
     assert not mm.use_cpu_textures(gpu, False)
     monkeypatch.setattr(mm, "CPU_TEX", True)

@@ -342,6 +342,9 @@ CPU_KPASS = (65_000, 260_000)
 CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
 CPU_TEX = None  # None: texture operands on CPU adapters; True/False force them
+# Smaller products keep storage operands: the two texture copies cost more than they save
+# (4x64 @ 64x64: 0.68x, 32x64 @ 64x64: 0.84x, 128x64 @ 64x64: 2.3x; BENCHMARKS.md).
+CPU_TEX_MIN = 1 << 18
 CPU_WG = (4, 4)  # WGX, WGY
 # Output sides from this long get 16-wide blocks: at 64 (1024x256 @ 256x64, 64x1024 @ 1024x64,
 # ...: the GPT-default shapes) they ran 1.3-2.8x the 8-wide ones (fewer lanes busy, twice the
@@ -355,10 +358,11 @@ def use_cpu_kernel(dev) -> bool:
     return is_cpu_adapter(dev) if CPU_KERNEL is None else CPU_KERNEL
 
 
-def use_cpu_textures(dev, f16: bool) -> bool:
-    """f32 operands go through textures on CPU adapters (CPU_TEX None), except while a wr.jit
-    capture records (it replays buffer copies only)."""
-    on = is_cpu_adapter(dev) if CPU_TEX is None else CPU_TEX
+def use_cpu_textures(dev, f16: bool, work: int = CPU_TEX_MIN) -> bool:
+    """f32 operands go through textures on CPU adapters (CPU_TEX None) for products of at least
+    CPU_TEX_MIN multiply-adds (``work``), except while a wr.jit capture records (it replays
+    buffer copies only)."""
+    on = is_cpu_adapter(dev) and work >= CPU_TEX_MIN if CPU_TEX is None else CPU_TEX
     return on and not f16 and dev.recorder is None
 
 
@@ -504,7 +508,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
-    tex = use_cpu_textures(a.device, f16) if len(tile) < 6 else (
+    tex = use_cpu_textures(a.device, f16, nbatch * M * N * K) if len(tile) < 6 else (
         tile[5] and not f16 and a.device.recorder is None)
     if tex:
         ta = _tex_operand(a, 0, M, K, sa, nbatch)
@@ -552,7 +556,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
     if tile is None and use_cpu_kernel(a.device):
-        tile = _cpu_tile(M, N, nbatch, use_cpu_textures(a.device, a.dtype == float16))
+        tile = _cpu_tile(M, N, nbatch,
+                         use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K))
     if tile is not None and len(tile) in (5, 6):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
     f16 = a.dtype == float16
