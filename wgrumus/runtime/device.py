@@ -23,7 +23,7 @@ from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
-from .native import RawPass, submit, trusted_module
+from .native import RawPass, RawTextureCopy, submit, trusted_module
 from .pool import BufferPool
 from .staging import HostTransfers
 
@@ -94,6 +94,7 @@ class Device(HostTransfers):
         self._init_staging()
         self._fence = None
         self._raw = RawPass.create()
+        self._raw_copy = RawTextureCopy.create()
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
@@ -265,11 +266,16 @@ class Device(HostTransfers):
             enc = self._close_pass()
             full, rest = divmod(texels, TEX_W)
             for y, n, w in ((0, full, TEX_W), (full, 1 if rest else 0, rest)):
-                if n:
-                    enc.copy_buffer_to_texture(
-                        {"buffer": buffer, "offset": start + y * TEX_W * 16,
-                         "bytes_per_row": TEX_W * 16, "rows_per_image": n},
-                        {"texture": tv[0], "origin": (0, y, 0)}, (w, n, 1))
+                if not n:
+                    continue
+                if self._raw_copy is not None:
+                    self._raw_copy.copy(enc, buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0],
+                                        y, w, n)
+                    continue
+                enc.copy_buffer_to_texture(
+                    {"buffer": buffer, "offset": start + y * TEX_W * 16,
+                     "bytes_per_row": TEX_W * 16, "rows_per_image": n},
+                    {"texture": tv[0], "origin": (0, y, 0)}, (w, n, 1))
         return tv[1]
 
     def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
