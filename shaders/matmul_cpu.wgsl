@@ -15,9 +15,11 @@
 //   FLAT 1 (TM 1): lanes walk the flattened (batch, row) index, for tiny batched matrices.
 // llvmpipe silently stops looping once an invocation has taken 65,535 loop back-edges in total
 // (one counter for all its loops), so a long K is split into passes (ops/matmul.py, CPU_KPASS).
-// TEX 1 (f32): A and B are read from rgba32float textures that hold the operands' buffer
-// regions, quad q at texel (q % TEXW, q / TEXW): llvmpipe fetches a texel per lane as one
-// 16-byte load without the per-lane branches of a storage load (ops/matmul.py, _tex_operand).
+// OPERANDS declares A and B and their quad loads qa(q) / qb(q) (ops/matmul.py, _operand_decls):
+// storage arrays of vec4, or (f32) rgba32float textures holding the operands' buffer regions,
+// quad q at texel (q % TEX_W, q / TEX_W). llvmpipe 22.3 reads a storage value in a loop over
+// the lanes with a branch per lane and component (~20 cycles a value, measured); a texel fetch
+// is straight-line code, one 16-byte load a lane (512^2: 7-10x the storage kernel's speed).
 {{OPERANDS}}
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}
