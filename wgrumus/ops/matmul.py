@@ -353,7 +353,7 @@ CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
 CPU_TEX_WG = 8  # invocations a workgroup with texture operands: one AVX2 SIMD vector
 # Texture operands: 16-row blocks where they still make this many workgroups (work for every
-# CPU thread), else 8 (64x1024 @ 1024x64: 8.9 vs 4.8 GFLOP/s, 1024x256 @ 256x64: 8.2 vs 6.2)
+# CPU thread), else 8 (64x1024 @ 1024x64, A transposed: 7.3 vs 4.3 GFLOP/s; BENCHMARKS.md)
 CPU_TEX_GROUPS = 16
 
 
