@@ -342,8 +342,9 @@ CPU_KPASS = (65_000, 260_000)
 CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
 CPU_TEX = None  # None: texture operands on CPU adapters; True/False force them
-# Smaller products keep storage operands: the two texture copies cost more than they save
-# (4x64 @ 64x64: 0.68x, 32x64 @ 64x64: 0.84x, 128x64 @ 64x64: 2.3x; BENCHMARKS.md).
+# Smaller products keep storage operands: there the two texture copies cost about what they
+# save (4x4 @ 4x4: 0.5x, 4x64 @ 64x64 .. 32x64 @ 64x64: 0.8-1.6x, 128x64 @ 64x64: 3.4-4x;
+# BENCHMARKS.md).
 CPU_TEX_MIN = 1 << 18
 CPU_WG = (4, 4)  # WGX, WGY
 # Output sides from this long get 16-wide blocks: at 64 (1024x256 @ 256x64, 64x1024 @ 1024x64,
