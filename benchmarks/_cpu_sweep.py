@@ -11,7 +11,7 @@ measurement; the winners go into ops/matmul.py (_cpu_tile), ops/launch.py and op
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]
 
 Sizes: N (square) or MxKxN. Tiles TMxTNxWGXxWGY, a trailing t: A and B read from textures
-(ops/matmul.py CPU_TEX). Each tile runs once a round (rounds interleaved); medians.
+(ops/matmul.py CPU_TEX), ts: and A's rows shared over the subgroup (CPU_SG). Each tile runs once a round (rounds interleaved); medians.
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of entry `cpu` of shaders/adam_multi.wgsl (chunk 1: its GPU entry `main`), the
 variants interleaved round by round in one process; medians.
@@ -68,8 +68,9 @@ def main(argv=None) -> int:
     if args.map:
         return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     mm = importlib.import_module("wgrumus.ops.matmul")
-    # a trailing "t": operands in textures (matmul CPU_TEX), else in storage buffers
-    tiles = [tuple(int(x) for x in t.rstrip("t").split("x")) + (0, t.endswith("t"))
+    # a trailing "t": operands in textures (matmul CPU_TEX), else in storage buffers; "ts":
+    # textures with A's rows shared over the subgroup (matmul CPU_SG)
+    tiles = [tuple(int(x) for x in t.rstrip("ts").split("x")) + (0, "t" in t, t.endswith("s"))
              for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
                     row = {"ms": round(dt * 1e3, 2), "gflops": round(flop / dt / 1e9, 3),
                            "vs_numpy": round(t_np / dt, 4), **row}
                 print(json.dumps({"what": "matmul", "n": size, "layout": layout,
-                                  "tile": "x".join(map(str, tile[:4])) + "t" * (tile[5:] == (True,)),
+                                  "tile": "x".join(map(str, tile[:4]))
+                                  + "t" * (tile[5:6] == (True,)) + "s" * (tile[6:] == (True,)),
                                   **row,
                                   "load": os.getloadavg()[0]}), flush=True)
     return 0

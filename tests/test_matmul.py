@@ -9,17 +9,20 @@ import wgrumus as wr
 
 mm = importlib.import_module("wgrumus.ops.matmul")
 TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # tiled kernel: (TM, BK, swizzle rows)
-# CPU-adapter kernel (matmul_cpu.wgsl): (TM, TN, WGX, WGY, FLAT, operands in textures)
-CPU_TILES = [(8, 8, 4, 4, 0, False), (4, 8, 2, 8, 0, False), (1, 4, 1, 64, 1, False),
-             (16, 8, 8, 1, 0, True), (8, 4, 4, 2, 0, True), (1, 4, 1, 64, 1, True)]
+# CPU-adapter kernel (matmul_cpu.wgsl): (TM, TN, WGX, WGY, FLAT, operands in textures, A's
+# rows shared over the subgroup (where A's K is contiguous; lavapipe's subgroups: 8 lanes))
+CPU_TILES = [(8, 8, 4, 4, 0, False, False), (4, 8, 2, 8, 0, False, False),
+             (1, 4, 1, 64, 1, False, False), (16, 8, 8, 1, 0, True, False),
+             (8, 4, 4, 2, 0, True, False), (1, 4, 1, 64, 1, True, False),
+             (32, 4, 8, 1, 0, True, True), (8, 4, 8, 1, 0, True, True)]
 # a storage-operand block that steps K one at a time (slow to compile: one test)
-CPU_K1 = (16, 16, 4, 4, 0, False)
+CPU_K1 = (16, 16, 4, 4, 0, False, False)
 
 
 @pytest.fixture
 def tile(request):
     """Force one kernel and its register tiling for the duration of a test."""
-    cpu = len(request.param) == 6
+    cpu = len(request.param) == 7
     orig = mm._pick_tile, mm._cpu_tile, mm.CPU_KERNEL
     mm.CPU_KERNEL = cpu
     if cpu:
@@ -211,7 +214,8 @@ def test_cpu_kernel_load_modes(dev, rng, monkeypatch):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tile", CPU_TILES[:1] + CPU_TILES[2:4], indirect=True)
+@pytest.mark.parametrize("tile", CPU_TILES[:1] + CPU_TILES[2:4] + CPU_TILES[6:7],
+                         indirect=True)
 @pytest.mark.parametrize("K,aligned", [(270_000, True), (70_001, False)])
 def test_cpu_kernel_k_past_loop_cap(dev, rng, tile, K, aligned):
     """K past llvmpipe's 65,535 loop back-edges per invocation (vec4 steps: 4 K a trip;
@@ -292,3 +296,10 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
     assert texs == [True, True, False]
     monkeypatch.setattr(dev, "recorder", object())
     assert not mm.use_cpu_textures(dev, False)
+    lp = lambda bits, feats: SimpleNamespace(adapter_info={
+        "device": f"llvmpipe (LLVM 15.0.6, {bits} bits)"}, features=feats)
+    assert mm.cpu_subgroup(lp(256, {"subgroup"})) == 8  # llvmpipe: its vector width
+    assert mm.cpu_subgroup(lp(128, {"subgroup"})) == 4
+    assert mm.cpu_subgroup(lp(256, set())) == 0
+    assert mm.cpu_subgroup(SimpleNamespace(adapter_info={"device": "SwiftShader"},
+                                           features={"subgroup"})) == 0

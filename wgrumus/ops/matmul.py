@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 from ..autograd.tape import record
 from ..runtime.adapters import is_cpu_adapter
@@ -353,6 +354,7 @@ CPU_WG = (4, 4)  # WGX, WGY
 CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
 CPU_TEX_WG = 8  # invocations a workgroup with texture operands: one AVX2 SIMD vector
+CPU_SG = None  # None: A's rows shared over the subgroup where cpu_subgroup knows its size
 # Texture operands: 16-row blocks where they still make this many workgroups (work for every
 # CPU thread), else 8 (64x1024 @ 1024x64, A transposed: 7.3 vs 4.3 GFLOP/s; BENCHMARKS.md)
 CPU_TEX_GROUPS = 16
@@ -360,6 +362,16 @@ CPU_TEX_GROUPS = 16
 
 def use_cpu_kernel(dev) -> bool:
     return is_cpu_adapter(dev) if CPU_KERNEL is None else CPU_KERNEL
+
+
+def cpu_subgroup(dev) -> int:
+    """Lanes of a subgroup where a CPU adapter's subgroup size is known: llvmpipe's is its
+    vector width ("llvmpipe (LLVM 15.0.6, 256 bits)": 8 f32 lanes); 0 elsewhere, without the
+    subgroup feature, or with CPU_SG False."""
+    if CPU_SG is False or "subgroup" not in dev.features:
+        return 0
+    m = re.search(r"llvmpipe\b.*\b(\d+) bits", str(dev.adapter_info.get("device", "")))
+    return int(m.group(1)) // 32 if m else 0
 
 
 def use_cpu_textures(dev, f16: bool, work: int = CPU_TEX_MIN) -> bool:
@@ -370,34 +382,43 @@ def use_cpu_textures(dev, f16: bool, work: int = CPU_TEX_MIN) -> bool:
     return on and not f16 and dev.recorder is None
 
 
-def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False) -> tuple:
-    """(TM, TN, WGX, WGY, FLAT, TEX). Storage operands: 16 x 16 blocks (the most FMAs per
+def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False, sg: bool = False) -> tuple:
+    """(TM, TN, WGX, WGY, FLAT, TEX, SG). Storage operands: 16 x 16 blocks (the most FMAs per
     loaded value that llvmpipe still compiles in seconds) where the output has enough of them,
     smaller ones on thin sides so that fewer lanes idle. Texture operands (cheaper loads):
     16 x 8 blocks (8 x 8 where that leaves few workgroups), 8 invocations along n (fewer on
-    narrow outputs, the rest along m).
+    narrow outputs, the rest along m); with A's rows shared over a subgroup of CPU_TEX_WG lanes
+    (``sg``: A's K contiguous) 32 x 4 blocks (16 or 8 rows where that leaves few workgroups).
     Batches of matrices of a few rows run FLAT (lanes over all batches' rows).
     benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
-        return CPU_FLAT + (tex,)
+        return CPU_FLAT + (tex, False)
+    groups = lambda tm, tn, wgx, wgy: nbatch * -(-N // (tn * wgx)) * -(-M // (tm * wgy))
+    if sg and N > 4 * (CPU_TEX_WG - 1):  # every lane of the subgroup on a column quad
+        tm = next((t for t in (32, 16) if groups(t, 4, CPU_TEX_WG, 1) >= CPU_TEX_GROUPS), 8)
+        return (tm, 4, CPU_TEX_WG, 1, 0, True, True)
     if tex:
         tn = 8 if N >= 32 else 4
         wgx = min(CPU_TEX_WG, 1 << (-(-N // tn) - 1).bit_length())
         wgy = CPU_TEX_WG // wgx
-        groups = lambda tm: nbatch * -(-N // (tn * wgx)) * -(-M // (tm * wgy))
-        tm = 16 if M >= 64 and groups(16) >= CPU_TEX_GROUPS else 8 if M >= 32 else 4
-        return (tm, tn, wgx, wgy, 0, True)
+        tm = 16 if M >= 64 and groups(16, tn, wgx, wgy) >= CPU_TEX_GROUPS else \
+            8 if M >= 32 else 4
+        return (tm, tn, wgx, wgy, 0, True, False)
     side = lambda d: 16 if d >= CPU_SIDE16 else 8 if d >= 32 else 4
-    return (side(M), side(N)) + CPU_WG + (0, False)
+    return (side(M), side(N)) + CPU_WG + (0, False, False)
 
 
 _Q = "xyzw"
 
 
-def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -> dict:
+def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
+              sg: int = 0) -> dict:
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
-    loaded value stays a named register)."""
+    loaded value stays a named register); ``sg``: the subgroup size that shares A's rows."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
+    if sg:
+        setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
+                  for j in range(tm // sg)]
     setup += [f"let cb{j} = bbase + min(n0 + {j}u, ln) * bc;" for j in range(tn)]
     if vec and am == 1:
         setup += [f"let mq{q} = abase + min(m0 + {4 * q}u, lqm);" for q in range(tm // 4)]
@@ -414,7 +435,11 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
 
     body4 = []
     if k4:
-        if am == 0:
+        if am == 0 and sg:
+            body4 += [f"let s{j} = vec4<f32>(qa((sa{j} + k) >> 2u));" for j in range(tm // sg)]
+            body4 += [f"let a{i} = subgroupBroadcast(s{i // sg}, {i % sg}u);" for i in range(tm)]
+            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+        elif am == 0:
             body4 += [f"let a{i} = vec4<f32>(qa((ra{i} + k) >> 2u));" for i in range(tm)]
             a_of = lambda i, r: f"a{i}.{_Q[r]}"
         else:
@@ -466,10 +491,12 @@ def _operand_decls(t: str, tex: bool) -> str:
 @functools.lru_cache(maxsize=128)
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
-                   acc: bool = False, tex: bool = False) -> Kernel:
+                   acc: bool = False, tex: bool = False, sg: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
     invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
-    operands in storage buffers or (``tex``, f32 only) textures."""
+    operands in storage buffers or (``tex``, f32 only) textures; ``sg``: A's rows shared over
+    the subgroup (texture operands, A's K contiguous, the workgroup one subgroup of WGX lanes on
+    the same rows; the caller checks the subgroup size), else ignored."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     if tex and f16:
@@ -478,11 +505,13 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
     am, bm = (am, bm) if vec else (0, 0)
     # Texture loads compile to straight-line code, so every block size takes the 4-k body.
     k4 = vec and (tex or tm * tn < CPU_K1_BLOCK)
+    sg = wgx if sg and tex and k4 and am == 0 and not flat and wgy == 1 and tm % wgx == 0 else 0
     t = "f16" if f16 else "f32"
     return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
                      FLAT=int(flat), T=t, F16=int(f16), ACC=int(acc),
                      OPERANDS=_operand_decls(t, tex),
-                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t))
+                     SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
+                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
 
 
 def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int):
@@ -525,7 +554,8 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
         if tex:
             bufs = [ta[0], tb[0]] + bufs[2:]
             words[3], words[7] = ta[1], tb[1]
-    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex)
+    sg = tex and (tile[6] if len(tile) > 6 else True) and cpu_subgroup(a.device) == wgx
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex, sg=sg)
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
@@ -535,7 +565,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
-                               epilogue=epi if last else (None, False, False), tex=tex)
+                               epilogue=epi if last else (None, False, False), tex=tex, sg=sg)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:
@@ -564,9 +594,10 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
     if tile is None and use_cpu_kernel(a.device):
-        tile = _cpu_tile(M, N, nbatch,
-                         use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K))
-    if tile is not None and len(tile) in (5, 6):
+        tex = use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K)
+        tile = _cpu_tile(M, N, nbatch, tex,
+                         tex and am == 0 and cpu_subgroup(a.device) == CPU_TEX_WG)
+    if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
