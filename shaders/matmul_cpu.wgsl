@@ -20,10 +20,10 @@
 // quad q at texel (q % TEX_W, q / TEX_W). llvmpipe 22.3 reads a storage value in a loop over
 // the lanes with a branch per lane and component (~20 cycles a value, measured); a texel fetch
 // is straight-line code, one 16-byte load a lane (512^2: 7-10x the storage kernel's speed).
-// SG 1 (texture operands, A's K contiguous, one subgroup a workgroup, all its lanes on the
-// same rows): lane l fetches the texels of rows m0 + l, m0 + 8 + l, ... and subgroupBroadcast
-// hands each row to every lane (an extract and a splat on llvmpipe), so an invocation fetches
-// TM / 8 texels of A a 4-k step instead of TM.
+// SG (texture operands, one subgroup a workgroup, all its lanes on the same rows): lane l
+// fetches A's texels of rows m0 + l, m0 + 8 + l, ... (AM 0) or of the quad of rows m0 + 4l ..
+// (AM 1) and subgroupBroadcast hands them to every lane (an extract and a splat on llvmpipe),
+// so an invocation fetches TM / 8 (AM 1: 4) texels of A a 4-k step instead of TM.
 {{OPERANDS}}
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}

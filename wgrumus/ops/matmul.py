@@ -388,7 +388,7 @@ def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False, sg: bool = False) 
     smaller ones on thin sides so that fewer lanes idle. Texture operands (cheaper loads):
     16 x 8 blocks (8 x 8 where that leaves few workgroups), 8 invocations along n (fewer on
     narrow outputs, the rest along m); with A's rows shared over a subgroup of CPU_TEX_WG lanes
-    (``sg``: A's K contiguous) 32 x 4 blocks (16 or 8 rows where that leaves few workgroups).
+    (``sg``: A read as vec4) 32 x 4 blocks (16 or 8 rows where that leaves few workgroups).
     Batches of matrices of a few rows run FLAT (lanes over all batches' rows).
     benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
@@ -416,9 +416,11 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
     loaded value stays a named register); ``sg``: the subgroup size that shares A's rows."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
-    if sg:
+    if sg and am == 0:  # lane l fetches rows m0 + l, m0 + sg + l, ...
         setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
                   for j in range(tm // sg)]
+    if sg and am == 1:  # lane l fetches the quad of rows m0 + 4l ..
+        setup.append("let sq = abase + min(m0 + 4u * lane, lqm);")
     setup += [f"let cb{j} = bbase + min(n0 + {j}u, ln) * bc;" for j in range(tn)]
     if vec and am == 1:
         setup += [f"let mq{q} = abase + min(m0 + {4 * q}u, lqm);" for q in range(tm // 4)]
@@ -442,6 +444,12 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         elif am == 0:
             body4 += [f"let a{i} = vec4<f32>(qa((ra{i} + k) >> 2u));" for i in range(tm)]
             a_of = lambda i, r: f"a{i}.{_Q[r]}"
+        elif sg:
+            body4 += [f"let s{r} = vec4<f32>(qa((sq + (k + {r}u) * ac) >> 2u));"
+                      for r in range(4)]
+            body4 += [f"let a{q}_{r} = subgroupBroadcast(s{r}, {q}u);"
+                      for r in range(4) for q in range(tm // 4)]
+            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
         else:
             body4 += [f"let a{q}_{r} = vec4<f32>(qa((mq{q} + (k + {r}u) * ac) >> 2u));"
                       for r in range(4) for q in range(tm // 4)]
@@ -495,8 +503,8 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
     invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
     operands in storage buffers or (``tex``, f32 only) textures; ``sg``: A's rows shared over
-    the subgroup (texture operands, A's K contiguous, the workgroup one subgroup of WGX lanes on
-    the same rows; the caller checks the subgroup size), else ignored."""
+    the subgroup (texture operands, vec4 loads, the workgroup one subgroup of WGX lanes on the
+    same rows; the caller checks the subgroup size), else ignored."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     if tex and f16:
@@ -505,7 +513,8 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
     am, bm = (am, bm) if vec else (0, 0)
     # Texture loads compile to straight-line code, so every block size takes the 4-k body.
     k4 = vec and (tex or tm * tn < CPU_K1_BLOCK)
-    sg = wgx if sg and tex and k4 and am == 0 and not flat and wgy == 1 and tm % wgx == 0 else 0
+    sg = wgx if sg and tex and k4 and not flat and wgy == 1 and (
+        tm % wgx == 0 if am == 0 else tm <= 4 * wgx) else 0
     t = "f16" if f16 else "f32"
     return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
                      FLAT=int(flat), T=t, F16=int(f16), ACC=int(acc),
@@ -596,7 +605,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if tile is None and use_cpu_kernel(a.device):
         tex = use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K)
         tile = _cpu_tile(M, N, nbatch, tex,
-                         tex and am == 0 and cpu_subgroup(a.device) == CPU_TEX_WG)
+                         tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile)
     f16 = a.dtype == float16
