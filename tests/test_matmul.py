@@ -303,3 +303,28 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
     assert mm.cpu_subgroup(lp(256, set())) == 0
     assert mm.cpu_subgroup(SimpleNamespace(adapter_info={"device": "SwiftShader"},
                                            features={"subgroup"})) == 0
+
+
+@pytest.mark.parametrize("sg", [False, True])
+def test_cpu_textures_offset_views(dev, rng, monkeypatch, sg):
+    """Texture operands of views that start inside their buffer: quad-aligned (vec4 loads,
+    A rows shared over the subgroup or not), misaligned (element loads), transposed, batched."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", True)
+    monkeypatch.setattr(mm, "CPU_SG", None if sg else False)
+    base = rng.standard_normal((3, 50, 64)).astype(np.float32)
+    t = wr.tensor(base, device=dev)
+    bn = rng.standard_normal((32, 40)).astype(np.float32)
+    b = wr.tensor(np.pad(bn, ((2, 0), (4, 0))), device=dev)[2:, 4:]  # offset 92
+    texs = []
+    orig = mm.cpu_kernel_for
+    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
+                                                               orig(*a, **kw))[1])
+    for sl, tr in ((np.s_[1, 1:45, 4:36], False), (np.s_[1, 1:45, 3:35], False),
+                   (np.s_[2, 3:35, 8:52], True)):
+        a, an = t[sl], base[sl]
+        if tr:  # 44 x 32, M contiguous
+            a, an = a.transpose(0, 1), an.T
+        _check(a @ b, an @ bn, 32)
+    _check(t[:, 2:34, 0:32] @ b, base[:, 2:34, 0:32] @ bn, 32)  # batched, batch stride 3200
+    assert texs and all(texs)

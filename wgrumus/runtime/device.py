@@ -203,8 +203,8 @@ class Device(HostTransfers):
     def dispatch(self, kernel: Kernel, buffers, params=(), groups=(1, 1, 1),
                  refresh=None) -> None:
         """Record one dispatch. buffers: wgpu buffers (or texture views) bound at 1..n;
-        params: up to 64 words
-        (ints, or np.float32/float values, stored bit-cast). refresh: for words that change
+        params: up to 64 words (ints, or np.float32/float values, stored bit-cast). refresh: for
+        words that change
         from step to step (an optimizer's bias corrections), a callable giving the params anew;
         a replayed capture calls it instead of reusing the captured words."""
         gx, gy, gz = groups
