@@ -18,8 +18,8 @@
 // OPERANDS declares A and B and their quad loads qa(q) / qb(q) (ops/matmul.py, _operand_decls):
 // storage arrays of vec4, or (f32) rgba32float textures holding the operands' buffer regions,
 // quad q at texel (q % TEX_W, q / TEX_W). llvmpipe 22.3 reads a storage value in a loop over
-// the lanes with a branch per lane and component (~20 cycles a value, measured); a texel fetch
-// is straight-line code, one 16-byte load a lane (512^2: 7-10x the storage kernel's speed).
+// the lanes with a branch per lane and component; a texel fetch is straight-line code, one
+// 16-byte load a lane (512^2: 7-10x the storage kernel's speed, BENCHMARKS.md).
 // SG (texture operands, one subgroup a workgroup, all its lanes on the same rows): lane l
 // fetches A's texels of rows m0 + l, m0 + 8 + l, ... (AM 0) or of the quad of rows m0 + 4l ..
 // (AM 1) and subgroupBroadcast hands them to every lane (an extract and a splat on llvmpipe),
