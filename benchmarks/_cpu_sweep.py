@@ -5,12 +5,14 @@ measurement; the winners go into ops/matmul.py (_cpu_tile), ops/launch.py and op
 (CPU_CHUNK_DEFAULT).
 
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64]
-        [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x32x4x4,...] [--rounds 5]
+        [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x8x8x1t,...] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --adam [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --map [--chunks 1,4,8,16,32] [--rounds 5]
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]
 
-Sizes: N (square) or MxKxN. Each tile runs once a round (rounds interleaved); medians.
+Sizes: N (square) or MxKxN. Tiles TMxTNxWGXxWGY, a trailing t: A and B read from textures
+(ops/matmul.py CPU_TEX), ts: and A's rows shared over the subgroup (CPU_SG). Each tile runs
+once a round (rounds interleaved); medians.
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of entry `cpu` of shaders/adam_multi.wgsl (chunk 1: its GPU entry `main`), the
 variants interleaved round by round in one process; medians.
@@ -18,9 +20,10 @@ variants interleaved round by round in one process; medians.
 GELU, a 3-way cat) with each outputs-per-invocation chunk of shaders/map_cpu.wgsl (chunk 1:
 map.wgsl), interleaved the same way.
 --step: an AdamW training step of the MLP 784-512-512-10 (batch 256) and of `wgrumus train
-gpt`'s default model (2 layers, width 64, 32 x 32 tokens) with the CPU map and Adam kernels
-against the GPU-shaped ones (chunk 1) and matmul's 16-wide blocks from 64-long sides against
-from 128 (ops/matmul.py CPU_SIDE16, before), step by step interleaved.
+gpt`'s default model (2 layers, width 64, 32 x 32 tokens) now against before, step by step
+interleaved; before (--step-base): matmul operands in storage buffers instead of textures
+(storage, ops/matmul.py CPU_TEX False), or (chunks) the GPU-shaped map and Adam kernels (chunk
+1) and matmul's 16-wide blocks from 128-long sides (CPU_SIDE16).
 """
 from __future__ import annotations
 
@@ -50,6 +53,8 @@ def main(argv=None) -> int:
     p.add_argument("--adam", action="store_true", help="sweep the AdamW update instead")
     p.add_argument("--map", action="store_true", help="sweep the elementwise map instead")
     p.add_argument("--step", action="store_true", help="time whole training steps instead")
+    p.add_argument("--step-base", choices=("storage", "chunks"), default="storage",
+                   help="--step's before: storage-operand matmuls, or the GPU-shaped map/Adam")
     p.add_argument("--chunks", default="1,4,8,16,32")
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
@@ -60,11 +65,14 @@ def main(argv=None) -> int:
     if args.adam:
         return _adam(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     if args.step:
-        return _step(wr, dev, args.rounds)
+        return _step(wr, dev, args.rounds, args.step_base)
     if args.map:
         return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
     mm = importlib.import_module("wgrumus.ops.matmul")
-    tiles = [tuple(int(x) for x in t.split("x")) + (0,) for t in args.tiles.split(",") if t]
+    # a trailing "t": operands in textures (matmul CPU_TEX), else in storage buffers; "ts":
+    # textures with A's rows shared over the subgroup (matmul CPU_SG)
+    tiles = [tuple(int(x) for x in t.rstrip("ts").split("x")) + (0, "t" in t, t.endswith("s"))
+             for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
     orig = mm._launch
@@ -101,7 +109,9 @@ def main(argv=None) -> int:
                     row = {"ms": round(dt * 1e3, 2), "gflops": round(flop / dt / 1e9, 3),
                            "vs_numpy": round(t_np / dt, 4), **row}
                 print(json.dumps({"what": "matmul", "n": size, "layout": layout,
-                                  "tile": "x".join(map(str, tile[:4])), **row,
+                                  "tile": "x".join(map(str, tile[:4]))
+                                  + "t" * (tile[5:6] == (True,)) + "s" * (tile[6:] == (True,)),
+                                  **row,
                                   "load": os.getloadavg()[0]}), flush=True)
     return 0
 
@@ -193,7 +203,7 @@ def _map(wr, dev, chunks, rounds) -> int:
     return 0
 
 
-def _step(wr, dev, rounds) -> int:
+def _step(wr, dev, rounds, base) -> int:
     from wgrumus import nn
     launch = importlib.import_module("wgrumus.ops.launch")
     adam = importlib.import_module("wgrumus.optim.adam")
@@ -221,12 +231,15 @@ def _step(wr, dev, rounds) -> int:
     fns = {n: stepper(*d) for n, d in data.items()}
 
     def set_variant(v):
-        launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "now" else 1
-        mm.CPU_SIDE16 = side16 if v == "now" else 128
+        if base == "chunks":
+            launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "now" else 1
+            mm.CPU_SIDE16 = side16 if v == "now" else 128
+        else:
+            mm.CPU_TEX = None if v == "now" else False
     try:
         t = _interleaved(fns, set_variant, ["before", "now"], rounds, dev.synchronize)
     finally:
-        launch.CPU_CHUNK = adam.CPU_CHUNK = None
+        launch.CPU_CHUNK = adam.CPU_CHUNK = mm.CPU_TEX = None
         mm.CPU_SIDE16 = side16
     for n in fns:
         print(json.dumps({"what": "train step", "model": n,

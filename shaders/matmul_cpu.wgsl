@@ -15,8 +15,16 @@
 //   FLAT 1 (TM 1): lanes walk the flattened (batch, row) index, for tiny batched matrices.
 // llvmpipe silently stops looping once an invocation has taken 65,535 loop back-edges in total
 // (one counter for all its loops), so a long K is split into passes (ops/matmul.py, CPU_KPASS).
-@group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
-@group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
+// OPERANDS declares A and B and their quad loads qa(q) / qb(q) (ops/matmul.py, _operand_decls):
+// storage arrays of vec4, or (f32) rgba32float textures holding the operands' buffer regions,
+// quad q at texel (q % TEX_W, q / TEX_W). llvmpipe 22.3 reads a storage value in a loop over
+// the lanes with a branch per lane and component; a texel fetch is straight-line code, one
+// 16-byte load a lane (512^2: 7-10x the storage kernel's speed, BENCHMARKS.md).
+// SG (texture operands, one subgroup a workgroup, all its lanes on the same rows): lane l
+// fetches A's texels of rows m0 + l, m0 + 8 + l, ... (AM 0) or of the quad of rows m0 + 4l ..
+// (AM 1) and subgroupBroadcast hands them to every lane (an extract and a splat on llvmpipe),
+// so an invocation fetches TM / 8 (AM 1: 4) texels of A a 4-k step instead of TM.
+{{OPERANDS}}
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}
 
@@ -30,8 +38,8 @@ fn fin(i: u32, n: u32, x: f32) -> {{T}} {
 // An operand quad as read: LD is vec4<f32>(v), or rounds v to f16 first (R16: autocast's
 // float32 operands, converted on load instead of by a cast pass of their own).
 fn ld(v: vec4<{{T}}>) -> vec4<f32> { return {{LD}}; }
-fn ea(i: u32) -> f32 { return ld(A[i >> 2u])[i & 3u]; }
-fn eb(i: u32) -> f32 { return ld(B[i >> 2u])[i & 3u]; }
+fn ea(i: u32) -> f32 { return ld(qa(i >> 2u))[i & 3u]; }
+fn eb(i: u32) -> f32 { return ld(qb(i >> 2u))[i & 3u]; }
 
 const WGX: u32 = {{WGX}}u;  // invocations along n
 const WGY: u32 = {{WGY}}u;  // invocations along m
@@ -42,7 +50,7 @@ const FLAT: u32 = {{FLAT}}u;
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-        @builtin(num_workgroups) nwg: vec3<u32>) {
+        @builtin(num_workgroups) nwg: vec3<u32>{{SG_ARGS}}) {
     let M = pu(0u);
     let N = pu(1u);
     let K = pu(2u);

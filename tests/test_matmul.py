@@ -9,15 +9,20 @@ import wgrumus as wr
 
 mm = importlib.import_module("wgrumus.ops.matmul")
 TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # tiled kernel: (TM, BK, swizzle rows)
-# CPU-adapter kernel (matmul_cpu.wgsl): (TM, TN, WGX, WGY, FLAT)
-CPU_TILES = [(8, 8, 4, 4, 0), (4, 8, 2, 8, 0), (1, 4, 1, 64, 1)]
-CPU_K1 = (16, 16, 4, 4, 0)  # a block that steps K one at a time (slow to compile: one test)
+# CPU-adapter kernel (matmul_cpu.wgsl): (TM, TN, WGX, WGY, FLAT, operands in textures, A's
+# rows shared over the subgroup (where A's K is contiguous; lavapipe's subgroups: 8 lanes))
+CPU_TILES = [(8, 8, 4, 4, 0, False, False), (4, 8, 2, 8, 0, False, False),
+             (1, 4, 1, 64, 1, False, False), (16, 8, 8, 1, 0, True, False),
+             (8, 4, 4, 2, 0, True, False), (1, 4, 1, 64, 1, True, False),
+             (32, 4, 8, 1, 0, True, True), (8, 4, 8, 1, 0, True, True)]
+# a storage-operand block that steps K one at a time (slow to compile: one test)
+CPU_K1 = (16, 16, 4, 4, 0, False, False)
 
 
 @pytest.fixture
 def tile(request):
     """Force one kernel and its register tiling for the duration of a test."""
-    cpu = len(request.param) == 5
+    cpu = len(request.param) == 7
     orig = mm._pick_tile, mm._cpu_tile, mm.CPU_KERNEL
     mm.CPU_KERNEL = cpu
     if cpu:
@@ -209,7 +214,8 @@ def test_cpu_kernel_load_modes(dev, rng, monkeypatch):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("tile", CPU_TILES[:1] + CPU_TILES[2:3], indirect=True)
+@pytest.mark.parametrize("tile", CPU_TILES[:1] + CPU_TILES[2:4] + CPU_TILES[6:7],
+                         indirect=True)
 @pytest.mark.parametrize("K,aligned", [(270_000, True), (70_001, False)])
 def test_cpu_kernel_k_past_loop_cap(dev, rng, tile, K, aligned):
     """K past llvmpipe's 65,535 loop back-edges per invocation (vec4 steps: 4 K a trip;
@@ -246,3 +252,79 @@ def test_tiny_batched_matrices(dev, rng):
     v = rng.standard_normal(2).astype(np.float32)
     np.testing.assert_allclose((a @ wr.tensor(v, device=dev)).numpy(), an @ v, rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tex", [False, True])
+def test_cpu_kernel_past_65535_workgroups(dev, rng, monkeypatch, tex):
+    """More batch entries than a dispatch dimension holds (launched in z slices of 65,535) and
+    a texture operand past one row of TEX_W texels, storage and texture operands alike."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", tex)
+    monkeypatch.setattr(mm, "_cpu_tile", lambda *a: (4, 4, 1, 1, 0))
+    an = rng.standard_normal((70_000, 4, 3)).astype(np.float32)
+    bn = rng.standard_normal((70_000, 3, 4)).astype(np.float32)
+    a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
+    np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
+    """CPU adapters read f32 operands from textures by default; an operand region taller than
+    the adapter's textures, or a wr.jit capture (which replays buffer copies only), takes the
+    storage kernel, with the same results."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    texs = []
+    orig = mm.cpu_kernel_for
+    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
+                                                               orig(*a, **kw))[1])
+    an = rng.standard_normal((40, 300)).astype(np.float32)
+    bn = rng.standard_normal((300, 24)).astype(np.float32)
+    a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
+    cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"}, recorder=None)
+    assert mm.use_cpu_textures(cpu, False) and not mm.use_cpu_textures(cpu, True)
+    assert not mm.use_cpu_textures(cpu, False, mm.CPU_TEX_MIN - 1)  # copies cost more
+    gpu = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"}, recorder=None)
+    assert not mm.use_cpu_textures(gpu, False)
+    monkeypatch.setattr(mm, "CPU_TEX", True)
+    np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(dev, "_raw_copy", None)  # the copies through wgpu-py's API
+    np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
+    monkeypatch.setitem(dev.limits, "max-texture-dimension-2d", 2)  # A needs 3 rows
+    np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
+    monkeypatch.undo()
+    assert texs == [True, True, False]
+    monkeypatch.setattr(dev, "recorder", object())
+    assert not mm.use_cpu_textures(dev, False)
+    lp = lambda bits, feats: SimpleNamespace(adapter_info={
+        "device": f"llvmpipe (LLVM 15.0.6, {bits} bits)"}, features=feats)
+    assert mm.cpu_subgroup(lp(256, {"subgroup"})) == 8  # llvmpipe: its vector width
+    assert mm.cpu_subgroup(lp(128, {"subgroup"})) == 4
+    assert mm.cpu_subgroup(lp(256, set())) == 0
+    assert mm.cpu_subgroup(SimpleNamespace(adapter_info={"device": "SwiftShader"},
+                                           features={"subgroup"})) == 0
+
+
+@pytest.mark.parametrize("sg", [False, True])
+def test_cpu_textures_offset_views(dev, rng, monkeypatch, sg):
+    """Texture operands of views that start inside their buffer: quad-aligned (vec4 loads,
+    A rows shared over the subgroup or not), misaligned (element loads), transposed, batched."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", True)
+    monkeypatch.setattr(mm, "CPU_SG", None if sg else False)
+    base = rng.standard_normal((3, 50, 64)).astype(np.float32)
+    t = wr.tensor(base, device=dev)
+    bn = rng.standard_normal((32, 40)).astype(np.float32)
+    b = wr.tensor(np.pad(bn, ((2, 0), (4, 0))), device=dev)[2:, 4:]  # offset 92
+    texs = []
+    orig = mm.cpu_kernel_for
+    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
+                                                               orig(*a, **kw))[1])
+    for sl, tr in ((np.s_[1, 1:45, 4:36], False), (np.s_[1, 1:45, 3:35], False),
+                   (np.s_[2, 3:35, 8:52], True)):
+        a, an = t[sl], base[sl]
+        if tr:  # 44 x 32, M contiguous
+            a, an = a.transpose(0, 1), an.T
+        _check(a @ b, an @ bn, 32)
+    _check(t[:, 2:34, 0:32] @ b, base[:, 2:34, 0:32] @ bn, 32)  # batched, batch stride 3200
+    assert texs and all(texs)

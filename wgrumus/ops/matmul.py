@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 from ..autograd.tape import record
 from ..runtime.adapters import is_cpu_adapter
-from ..runtime.device import MAX_WG_PER_DIM, groups_1d
+from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
@@ -369,36 +370,85 @@ def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
 CPU_KPASS = (65_000, 260_000)
 CPU_K1_BLOCK = 256  # blocks of this many outputs and more step K one at a time (compile time)
 CPU_KERNEL = None  # None: per adapter type; True/False force it (tests cover both kernels)
+CPU_TEX = None  # None: texture operands on CPU adapters; True/False force them
+# Smaller products keep storage operands: there the two texture copies cost about what they
+# save (4x4 @ 4x4: 0.5x, 4x64 @ 64x64 .. 32x64 @ 64x64: 0.8-1.6x, 128x64 @ 64x64: 3.4-4x;
+# BENCHMARKS.md).
+CPU_TEX_MIN = 1 << 18
 CPU_WG = (4, 4)  # WGX, WGY
 # Output sides from this long get 16-wide blocks: at 64 (1024x256 @ 256x64, 64x1024 @ 1024x64,
 # ...: the GPT-default shapes) they ran 1.3-2.8x the 8-wide ones (fewer lanes busy, twice the
 # FMAs per load); BENCHMARKS.md, lavapipe section.
 CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
+CPU_TEX_WG = 8  # invocations a workgroup with texture operands: one AVX2 SIMD vector
+CPU_SG = None  # None: A's rows shared over the subgroup where cpu_subgroup knows its size
+# Texture operands: 16-row blocks where they still make this many workgroups (work for every
+# CPU thread), else 8 (64x1024 @ 1024x64, A transposed: 7.3 vs 4.3 GFLOP/s; BENCHMARKS.md)
+CPU_TEX_GROUPS = 16
 
 
 def use_cpu_kernel(dev) -> bool:
     return is_cpu_adapter(dev) if CPU_KERNEL is None else CPU_KERNEL
 
 
-def _cpu_tile(M: int, N: int, nbatch: int) -> tuple:
-    """(TM, TN, WGX, WGY, FLAT): 16 x 16 blocks (the most FMAs per loaded value that llvmpipe
-    still compiles in seconds) where the output has enough of them, smaller ones on thin sides
-    so that fewer lanes idle; batches of matrices of a few rows run FLAT (lanes over all
-    batches' rows). benchmarks/_cpu_sweep.py measures the alternatives."""
+def cpu_subgroup(dev) -> int:
+    """Lanes of a subgroup where a CPU adapter's subgroup size is known: llvmpipe's is its
+    vector width ("llvmpipe (LLVM 15.0.6, 256 bits)": 8 f32 lanes); 0 elsewhere, without the
+    subgroup feature, or with CPU_SG False."""
+    if CPU_SG is False or "subgroup" not in dev.features:
+        return 0
+    m = re.search(r"llvmpipe\b.*\b(\d+) bits", str(dev.adapter_info.get("device", "")))
+    return int(m.group(1)) // 32 if m else 0
+
+
+def use_cpu_textures(dev, f16: bool, work: int = CPU_TEX_MIN) -> bool:
+    """f32 operands go through textures on CPU adapters (CPU_TEX None) for products of at least
+    CPU_TEX_MIN multiply-adds (``work``), except while a wr.jit capture records (it replays
+    buffer copies only)."""
+    on = is_cpu_adapter(dev) and work >= CPU_TEX_MIN if CPU_TEX is None else CPU_TEX
+    return on and not f16 and dev.recorder is None
+
+
+def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False, sg: bool = False) -> tuple:
+    """(TM, TN, WGX, WGY, FLAT, TEX, SG). Storage operands: 16 x 16 blocks (the most FMAs per
+    loaded value that llvmpipe still compiles in seconds) where the output has enough of them,
+    smaller ones on thin sides so that fewer lanes idle. Texture operands (cheaper loads):
+    16 x 8 blocks (8 x 8 where that leaves few workgroups), 8 invocations along n (fewer on
+    narrow outputs, the rest along m); with A's rows shared over a subgroup of CPU_TEX_WG lanes
+    (``sg``: A read as vec4) 32 x 4 blocks (16 or 8 rows where that leaves few workgroups).
+    Batches of matrices of a few rows run FLAT (lanes over all batches' rows).
+    benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
-        return CPU_FLAT
+        return CPU_FLAT + (tex, False)
+    groups = lambda tm, tn, wgx, wgy: nbatch * -(-N // (tn * wgx)) * -(-M // (tm * wgy))
+    if sg and N > 4 * (CPU_TEX_WG - 1):  # every lane of the subgroup on a column quad
+        tm = next((t for t in (32, 16) if groups(t, 4, CPU_TEX_WG, 1) >= CPU_TEX_GROUPS), 8)
+        return (tm, 4, CPU_TEX_WG, 1, 0, True, True)
+    if tex:
+        tn = 8 if N >= 32 else 4
+        wgx = min(CPU_TEX_WG, 1 << (-(-N // tn) - 1).bit_length())
+        wgy = CPU_TEX_WG // wgx
+        tm = 16 if M >= 64 and groups(16, tn, wgx, wgy) >= CPU_TEX_GROUPS else \
+            8 if M >= 32 else 4
+        return (tm, tn, wgx, wgy, 0, True, False)
     side = lambda d: 16 if d >= CPU_SIDE16 else 8 if d >= 32 else 4
-    return (side(M), side(N)) + CPU_WG + (0,)
+    return (side(M), side(N)) + CPU_WG + (0, False, False)
 
 
 _Q = "xyzw"
 
 
-def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -> dict:
+def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
+              sg: int = 0) -> dict:
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
-    loaded value stays a named register)."""
+    loaded value stays a named register); ``sg``: the subgroup size that shares A's rows."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
+    if sg and am == 0:  # lane l fetches rows m0 + l, m0 + sg + l, ...
+        setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
+                  for j in range(tm // sg)]
+    if sg and am == 1:  # lane l fetches the quad of rows m0 + 4l ..
+        setup.append("let sq = abase + min(m0 + 4u * lane, lqm);")
     setup += [f"let cb{j} = bbase + min(n0 + {j}u, ln) * bc;" for j in range(tn)]
     if vec and am == 1:
         setup += [f"let mq{q} = abase + min(m0 + {4 * q}u, lqm);" for q in range(tm // 4)]
@@ -415,24 +465,34 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
 
     body4 = []
     if k4:
-        if am == 0:
-            body4 += [f"let a{i} = ld(A[(ra{i} + k) >> 2u]);" for i in range(tm)]
+        if am == 0 and sg:
+            body4 += [f"let s{j} = ld(qa((sa{j} + k) >> 2u));" for j in range(tm // sg)]
+            body4 += [f"let a{i} = subgroupBroadcast(s{i // sg}, {i % sg}u);" for i in range(tm)]
             a_of = lambda i, r: f"a{i}.{_Q[r]}"
+        elif am == 0:
+            body4 += [f"let a{i} = ld(qa((ra{i} + k) >> 2u));" for i in range(tm)]
+            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+        elif sg:
+            body4 += [f"let s{r} = ld(qa((sq + (k + {r}u) * ac) >> 2u));"
+                      for r in range(4)]
+            body4 += [f"let a{q}_{r} = subgroupBroadcast(s{r}, {q}u);"
+                      for r in range(4) for q in range(tm // 4)]
+            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
         else:
-            body4 += [f"let a{q}_{r} = ld(A[(mq{q} + (k + {r}u) * ac) >> 2u]);"
+            body4 += [f"let a{q}_{r} = ld(qa((mq{q} + (k + {r}u) * ac) >> 2u));"
                       for r in range(4) for q in range(tm // 4)]
             a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
         if bm == 0:
-            body4 += [f"let b{r}_{q} = ld(B[(nq{q} + (k + {r}u) * br) >> 2u]);"
+            body4 += [f"let b{r}_{q} = ld(qb((nq{q} + (k + {r}u) * br) >> 2u));"
                       for r in range(4) for q in range(tn // 4)]
             bq_of = lambda r, q: f"b{r}_{q}"
         else:
-            body4 += [f"let b{j} = ld(B[(cb{j} + k) >> 2u]);" for j in range(tn)]
+            body4 += [f"let b{j} = ld(qb((cb{j} + k) >> 2u));" for j in range(tn)]
             bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
         body4 += fmas(a_of, bq_of, range(4))
     body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
     if vec and bm == 0:  # B's quads along n, one k at a time
-        body1 += [f"let b{q} = ld(B[(nq{q} + k * br) >> 2u]);" for q in range(tn // 4)]
+        body1 += [f"let b{q} = ld(qb((nq{q} + k * br) >> 2u));" for q in range(tn // 4)]
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
     else:
         body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
@@ -450,30 +510,94 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str) -
             "STORE": ind(store, 4)}
 
 
+def _operand_decls(t: str, tex: bool) -> str:
+    """A and B (bindings 1, 2) with their quad loads qa / qb: storage arrays, or (``tex``)
+    rgba32float textures of TEX_W texels a row."""
+    if not tex:
+        return "\n".join(f"@group(0) @binding({i}) var<storage, read> {x}: array<vec4<{t}>>;\n"
+                         f"fn q{x.lower()}(q: u32) -> vec4<{t}> {{ return {x}[q]; }}"
+                         for i, x in ((1, "A"), (2, "B")))
+    sh = TEX_W.bit_length() - 1
+    return "\n".join(f"@group(0) @binding({i}) var {x}: texture_2d<f32>;\n"
+                     f"fn q{x.lower()}(q: u32) -> vec4<f32> {{ return textureLoad({x}, "
+                     f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}"
+                     for i, x in ((1, "A"), (2, "B")))
+
+
 @functools.lru_cache(maxsize=128)
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
-                   acc: bool = False, r16: bool = False) -> Kernel:
+                   acc: bool = False, tex: bool = False, sg: bool = False,
+                   r16: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
-    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise);
-    ``r16``: f32 operands rounded to f16 as they are read."""
+    invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
+    operands in storage buffers or (``tex``, f32 only) textures; ``sg``: A's rows shared over
+    the subgroup (texture operands, vec4 loads, the workgroup one subgroup of WGX lanes on the
+    same rows; the caller checks the subgroup size), else ignored; ``r16``: f32 operands
+    rounded to f16 as they are read."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
+    if tex and f16:
+        raise ValueError("texture operands of the CPU matmul are f32 only")
     vec = am != 2 and bm != 2 and not (am == 1 and tm % 4)
     am, bm = (am, bm) if vec else (0, 0)
-    k4 = vec and tm * tn < CPU_K1_BLOCK
+    # Texture loads compile to straight-line code, so every block size takes the 4-k body.
+    k4 = vec and (tex or tm * tn < CPU_K1_BLOCK)
+    sg = wgx if sg and tex and k4 and not flat and wgy == 1 and (
+        tm % wgx == 0 if am == 0 else tm <= 4 * wgx) else 0
     t = "f16" if f16 else "f32"
     return Kernel.of("matmul_cpu", TM=tm, TN=tn, WGX=wgx, WGY=wgy, WG=wgx * wgy, VEC=int(k4),
-                     FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc), LD=_load(r16, "f32"),
-                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t))
+                     FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc),
+                     LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
+                     SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
+                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
+
+
+def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int):
+    """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb) copied
+    into the device's operand texture ``slot``: the elements the kernel reads, from the
+    16-byte boundary at or below the first; offset: the first one's index there. None where
+    that region does not fit (the texture's rows: TEX_W texels, at most
+    max-texture-dimension-2d of them)."""
+    st = (sb, *t.strides[-2:])
+    if min(st) < 0:
+        return None
+    first = t.offset
+    last = first + sum((n - 1) * s for n, s in zip((nbatch, rows, cols), st))
+    start = first & ~3
+    texels = (last - start) // 4 + 1
+    rows_max = t.device.limits["max-texture-dimension-2d"]
+    if start * 4 + texels * 16 > t._storage.buffer.size or -(-texels // TEX_W) > rows_max:
+        return None
+    return t.device.operand_texture(slot, t._storage.buffer, start * 4, texels), first - start
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16):
-    tm, tn, wgx, wgy, flat = tile
+    # Under the device lock: another thread's matmul must not refill the operand textures
+    # between this one's copies and its dispatches.
+    with a.device.lock:
+        _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
+                           r16)
+
+
+def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
+                       r16):
+    tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
-    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, r16=r16)
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
+    tex = use_cpu_textures(a.device, f16, nbatch * M * N * K) if len(tile) < 6 else (
+        tile[5] and not f16 and a.device.recorder is None)
+    if tex:
+        ta = _tex_operand(a, 0, M, K, sa, nbatch)
+        tb = ta and _tex_operand(b, 1, K, N, sb, nbatch)
+        tex = tb is not None
+        if tex:
+            bufs = [ta[0], tb[0]] + bufs[2:]
+            words[3], words[7] = ta[1], tb[1]
+    sg = tex and (tile[6] if len(tile) > 6 else True) and cpu_subgroup(a.device) == wgx
+    k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex, sg=sg,
+                       r16=r16)
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
@@ -483,7 +607,8 @@ def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, ti
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
-                               epilogue=epi if last else (None, False, False), r16=r16)
+                               epilogue=epi if last else (None, False, False), tex=tex, sg=sg,
+                               r16=r16)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:
@@ -512,8 +637,10 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         bufs.append(residual._storage.buffer)
         extra[1] = residual.offset
     if tile is None and use_cpu_kernel(a.device):
-        tile = _cpu_tile(M, N, nbatch)
-    if tile is not None and len(tile) == 5:
+        tex = use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K)
+        tile = _cpu_tile(M, N, nbatch, tex,
+                         tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
+    if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
                            r16)
     f16 = a.dtype == float16

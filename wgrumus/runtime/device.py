@@ -23,7 +23,7 @@ from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
-from .native import RawPass, submit, trusted_module
+from .native import RawPass, RawTextureCopy, submit, trusted_module
 from .pool import BufferPool
 from .staging import HostTransfers
 
@@ -35,6 +35,10 @@ ARENA_SLOTS = 128
 MAX_WG_PER_DIM = 65535
 BIND_GROUP_CACHE = 4096  # bind groups kept per device (keyed by layout + buffers)
 _BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>")
+_TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*texture_2d<f32>")
+# Texels a row of the operand textures (operand_texture): 16 KiB rows (a buffer-to-texture copy
+# needs rows of a multiple of 256 bytes), quad q of a region at (q % TEX_W, q // TEX_W).
+TEX_W = 1024
 _OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
 # Kernel families whose every access is range-checked by the kernel itself: compiled without
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
@@ -83,12 +87,14 @@ class Device(HostTransfers):
         self._params = np.zeros((ARENA_SLOTS, SLOT // 4), dtype=np.uint32)
         self._params_bytes = memoryview(self._params).cast("B")
         self._bind_groups: dict = {}
+        self._textures: dict = {}  # (slot, height) -> (texture, view): operand_texture
         self._slots = 0
         self._encoder = None
         self._pass = None
         self._init_staging()
         self._fence = None
         self._raw = RawPass.create()
+        self._raw_copy = RawTextureCopy.create()
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
@@ -134,9 +140,10 @@ class Device(HostTransfers):
         if nbuf is None:
             return None
         decl = {int(b): (space, access) for b, space, access in _BINDING.findall(src)}
+        decl.update((int(b), ("texture", "")) for b in _TEXTURE.findall(src))
         params = ("storage", "read") if storage_params else ("uniform", "")
-        if decl.get(0) != params or any(
-                decl.get(i, ("",))[0] != "storage" for i in range(1, nbuf + 1)):
+        if decl.get(0) != params or any(decl.get(i, ("",))[0] not in ("storage", "texture")
+                                        for i in range(1, nbuf + 1)):
             return None
         stage = wgpu.ShaderStage.COMPUTE
         entries = [{"binding": 0, "visibility": stage,
@@ -144,6 +151,10 @@ class Device(HostTransfers):
                                if storage_params else wgpu.BufferBindingType.uniform,
                                "has_dynamic_offset": True}}]
         for i in range(1, nbuf + 1):
+            if decl[i][0] == "texture":
+                entries.append({"binding": i, "visibility": stage, "texture": {
+                    "sample_type": wgpu.TextureSampleType.unfilterable_float}})
+                continue
             rw = decl[i][1] == "read_write"
             entries.append({"binding": i, "visibility": stage, "buffer": {
                 "type": wgpu.BufferBindingType.storage if rw
@@ -164,9 +175,7 @@ class Device(HostTransfers):
                 self._bind_groups.clear()
             entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0,
                                                     "size": SLOT}}]
-            for i, b in enumerate(buffers):
-                entries.append({"binding": i + 1, "resource": {"buffer": b, "offset": 0,
-                                                                "size": b.size}})
+            entries += [_entry(i + 1, b) for i, b in enumerate(buffers)]
             bg = self.wgpu.create_bind_group(layout=layout, entries=entries)
             self._bind_groups[key] = bg
         return bg
@@ -193,8 +202,9 @@ class Device(HostTransfers):
 
     def dispatch(self, kernel: Kernel, buffers, params=(), groups=(1, 1, 1),
                  refresh=None) -> None:
-        """Record one dispatch. buffers: wgpu buffers bound at 1..n; params: up to 64 words
-        (ints, or np.float32/float values, stored bit-cast). refresh: for words that change
+        """Record one dispatch. buffers: wgpu buffers (or texture views) bound at 1..n;
+        params: up to 64 words (ints, or np.float32/float values, stored bit-cast). refresh: for
+        words that change
         from step to step (an optimizer's bias corrections), a callable giving the params anew;
         a replayed capture calls it instead of reusing the captured words."""
         gx, gy, gz = groups
@@ -228,13 +238,45 @@ class Device(HostTransfers):
             else:
                 entries = [{"binding": 0, "resource": {"buffer": self._arena,
                                                         "offset": slot * SLOT, "size": SLOT}}]
-                for i, b in enumerate(buffers):
-                    entries.append({"binding": i + 1, "resource": {"buffer": b, "offset": 0,
-                                                                    "size": b.size}})
+                entries += [_entry(i + 1, b) for i, b in enumerate(buffers)]
                 cp.set_bind_group(0, self.wgpu.create_bind_group(layout=layout,
                                                                  entries=entries))
             cp.dispatch_workgroups(gx, gy, gz)
             self.dispatches += 1
+
+    def operand_texture(self, slot: int, buffer, start: int, texels: int):
+        """A view of this device's rgba32float texture number ``slot`` (one per operand of a
+        kernel), holding ``texels`` texels of ``buffer`` from byte ``start`` (a multiple of 16)
+        with quad q at (q % TEX_W, q // TEX_W). The copy is recorded into the batch: it runs
+        after every dispatch recorded before it (wgpu orders a pass's reads of the texture
+        before the copy), so one texture per (slot, height) serves every kernel. Not while a
+        capture records (it replays dispatches, copies and writes only)."""
+        if self.recorder is not None:
+            raise KernelError("operand textures are not recorded by wr.jit captures")
+        rows = -(-texels // TEX_W)
+        height = 1 << (rows - 1).bit_length()  # few distinct textures
+        with self.lock:
+            key = (slot, height)
+            tv = self._textures.get(key)
+            if tv is None:
+                tex = self.wgpu.create_texture(
+                    size=(TEX_W, height, 1), format=wgpu.TextureFormat.rgba32float,
+                    usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
+                tv = self._textures[key] = (tex, tex.create_view())
+            enc = self._close_pass()
+            full, rest = divmod(texels, TEX_W)
+            for y, n, w in ((0, full, TEX_W), (full, 1 if rest else 0, rest)):
+                if not n:
+                    continue
+                if self._raw_copy is not None:
+                    self._raw_copy.copy(enc, buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0],
+                                        y, w, n)
+                    continue
+                enc.copy_buffer_to_texture(
+                    {"buffer": buffer, "offset": start + y * TEX_W * 16,
+                     "bytes_per_row": TEX_W * 16, "rows_per_image": n},
+                    {"texture": tv[0], "origin": (0, y, 0)}, (w, n, 1))
+        return tv[1]
 
     def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
                     refresh=None) -> None:
@@ -292,6 +334,13 @@ class Device(HostTransfers):
                 f"({self.max_binding:,} bytes, limit max-storage-buffer-binding-size on "
                 f"{self.name}); split the tensor or use an adapter with a higher limit")
         return self.pool.acquire(max(nbytes, 4))
+
+
+def _entry(binding: int, b) -> dict:
+    """A bind group entry: a whole buffer, or a texture view."""
+    if isinstance(b, wgpu.GPUTextureView):
+        return {"binding": binding, "resource": b}
+    return {"binding": binding, "resource": {"buffer": b, "offset": 0, "size": b.size}}
 
 
 def groups_1d(n: int, wg: int = 256) -> tuple:
