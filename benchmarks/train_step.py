@@ -47,16 +47,9 @@ LR = 1e-3
 # ----------------------------------------------------------------------------- timing
 def measure(step, sync, steps: int, repeats: int, warmup: int, counters=None) -> dict:
     """Median over ``repeats`` of (``steps`` steps recorded back to back, then one sync):
-    ms/step, and per step the host recording time, the sync wait and the thread CPU time.
-    Warm-up: ``warmup`` steps, and more until a second has passed (an idle GPU starts at low
-    clocks: the first row measured cold ran 4x slow on the H100)."""
-    t0 = time.perf_counter()
-    for k in range(10 ** 9):
-        if k >= warmup and time.perf_counter() - t0 > 1.0:
-            break
+    ms/step, and per step the host recording time, the sync wait and the thread CPU time."""
+    for _ in range(warmup):
         step()
-        if k % 8 == 7:
-            sync()
     sync()
     runs = []
     for _ in range(repeats):
@@ -437,6 +430,12 @@ def main(argv=None) -> int:
     cpu = str(dev.adapter_info.get("adapter_type", "")).lower().startswith("cpu")
     quick = args.quick or (cpu and not args.full)
     sizes = QUICK if quick else FULL
+    if not cpu:  # an idle GPU starts at low clocks: the first row, timed cold, ran 4x slow
+        a = wr.randn((2048, 2048), device=dev, seed=0)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 2.0:
+            a @ a
+            dev.synchronize()
     steps = args.steps or (5 if quick else 20)
     warmup = args.warmup if args.warmup is not None else (20 if quick else 40)
     torch, tdev = (None, "skipped (--no-torch)") if args.no_torch else torch_backend()

@@ -191,7 +191,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      TQPA=tqpa, TQPB=4 * tn + pad, BK=bk, LOADA=la, LOADB=lb, ABUF=abuf,
                      AK=str(bool(ak)).lower(), SMEMA=2 * abuf, SMEMB=2 * bk * (4 * tn + pad), T=t,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32",
-                     F16=int(f16 or r16), LD=_load(r16, "{{S}}"),
+                     F16=int(f16 or r16), LD=_load(r16, "f16" if half else "f32"),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(),
                      **_epilogue_defines(*epilogue),
@@ -199,9 +199,10 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
 
 
 def _load(r16: bool, s: str) -> str:
-    """The shaders' ld(v): an operand quad as the kernel computes with it (R16: rounded to f16
-    in integer arithmetic, common.wgsl, which no driver folds away)."""
-    return f"vec4<{s}>(round_f16x4_(v))" if r16 else f"vec4<{s}>(v)"
+    """The shaders' ld(v): an operand quad as the kernel computes with it (R16 into f32 tiles:
+    rounded to f16 in integer arithmetic, common.wgsl, which no driver folds away; f16 tiles
+    round by their own conversion, which is stored)."""
+    return f"vec4<{s}>(round_f16x4_(v))" if r16 and s == "f32" else f"vec4<{s}>(v)"
 
 
 def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
