@@ -75,6 +75,11 @@ def torch_seconds(torch, fn, min_s):
     fn(); torch.cuda.synchronize()
     t0 = time.perf_counter(); fn(); torch.cuda.synchronize()
     n = int(min(200, max(3, min_s / max(time.perf_counter() - t0, 1e-6))))
+    return cuda_event_seconds(torch, fn, n)
+
+
+def cuda_event_seconds(torch, fn, n):
+    """Seconds per call of n calls of fn (torch), between two CUDA events."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
     for _ in range(n):

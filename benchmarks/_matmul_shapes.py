@@ -18,6 +18,8 @@ import numpy as np
 
 os.environ.setdefault("WGRUMUS_DEVICES", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _kernel_sweep import cuda_event_seconds  # noqa: E402
 
 NAMES = ["default", "t128k16ak", "t128e", "t128x64", "t64e", "t128s2", "t128s2ak", "t128s4",
          "t64s2", "t64s4", "t64s4ak", "t64x128"]
@@ -55,15 +57,6 @@ def main() -> int:
             for _ in range(n):
                 fn()
         return tm.seconds / n
-
-    def theirs(fn, n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(b) / 1e3 / n
 
     # (label, A, B): numpy bases, each optionally transposed in its last two dims ("T")
     shapes = {"x": (4096, 768), "g3": (4096, 3072), "g23": (4096, 2304), "x2": (4096, 768),
@@ -108,7 +101,8 @@ def main() -> int:
         ref_t = "-"
         if torch is not None:
             ta, tb = operand(torch_t, an), operand(torch_t, bn)
-            sec = warm_seconds(lambda: ta @ tb, torch.cuda.synchronize, theirs)
+            sec = warm_seconds(lambda: ta @ tb, torch.cuda.synchronize,
+                               lambda f, n: cuda_event_seconds(torch, f, n))
             ref_t = f"{flop / sec / 1e12:.2f}"
         print(label.ljust(22) + "".join(row) + ref_t.rjust(10), flush=True)
     return 0
