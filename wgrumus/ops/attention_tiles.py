@@ -137,6 +137,10 @@ def pick_tiles(dev, role: str, d: int):
     return None
 
 
+# role -> entry point (also the row kernel's, ops/attention.py)
+ENTRIES = {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}
+
+
 @functools.lru_cache(maxsize=256)
 def kernel(role: str, tiles: tuple, d: int, f16: bool, v4: bool = False) -> Kernel:
     """The entry point of ``role`` with ``tiles`` at head size d (f16: f16 q, k, v; v4: q, k,
@@ -144,7 +148,7 @@ def kernel(role: str, tiles: tuple, d: int, f16: bool, v4: bool = False) -> Kern
     sh = _shape(role, tiles, d)
     gen = {"fwd": _fwd, "q": _bwd_q, "kv": _bwd_kv}[role]
     t = "f16" if f16 else "f32"
-    return Kernel.of("flash_attention2", {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[role],
+    return Kernel.of("flash_attention2", ENTRIES[role],
                      T=t, QT=f"vec4<{t}>" if v4 else t, OT="vec4<f32>" if v4 else "f32",
                      F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"], PQ=sh["PQ"], NX=sh["NX"],
                      LOADS=_loads(v4), ENTRY=gen(sh),
