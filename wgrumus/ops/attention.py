@@ -48,7 +48,7 @@ def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=No
     dev = q.device
     if tiles is None:
         block = WG
-        kern = _kernel(dev, {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[entry], d, q.dtype)
+        kern = _kernel(dev, attention_tiles.ENTRIES[entry], d, q.dtype)
     else:
         block = tiles[entry][0]
         v4 = all(t.offset % 4 == 0 for t in (q, k, v, o, do) if t is not None) and d % 4 == 0

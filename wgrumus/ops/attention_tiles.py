@@ -113,6 +113,14 @@ def _valid(tiles) -> bool:
     return R % TM == 0 and S % TN == 0 and S % 16 == 0
 
 
+@functools.lru_cache(maxsize=1024)
+def _fits(role: str, tiles: tuple, d: int, limit: int, inv: int) -> bool:
+    """Whether ``tiles`` are valid and fit ``limit`` bytes of workgroup memory and ``inv``
+    invocations at head size d (cached: every attention call picks its tiles)."""
+    sh = _shape(role, tiles, d)
+    return _valid(tiles) and sh["nbytes"] <= limit and sh["NT"] <= inv
+
+
 def pick_tiles(dev, role: str, d: int):
     """The tiles of ``role`` at head size d on ``dev``, or None when none fits its workgroup
     memory (the caller then runs the one-row-per-invocation kernel)."""
@@ -124,10 +132,13 @@ def pick_tiles(dev, role: str, d: int):
         if (role == "fwd" and len(tiles) > 4
                 and not (tiles[4] and _subgroups_hold(dev, tiles[1] // tiles[3]))):
             tiles = tiles[:4]
-        sh = _shape(role, tiles, d)
-        if _valid(tiles) and sh["nbytes"] <= limit and sh["NT"] <= inv:
+        if _fits(role, tiles, d, limit, inv):
             return tiles
     return None
+
+
+# role -> entry point (also the row kernel's, ops/attention.py)
+ENTRIES = {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}
 
 
 @functools.lru_cache(maxsize=256)
@@ -137,7 +148,7 @@ def kernel(role: str, tiles: tuple, d: int, f16: bool, v4: bool = False) -> Kern
     sh = _shape(role, tiles, d)
     gen = {"fwd": _fwd, "q": _bwd_q, "kv": _bwd_kv}[role]
     t = "f16" if f16 else "f32"
-    return Kernel.of("flash_attention2", {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}[role],
+    return Kernel.of("flash_attention2", ENTRIES[role],
                      T=t, QT=f"vec4<{t}>" if v4 else t, OT="vec4<f32>" if v4 else "f32",
                      F16=int(f16), D=d, D4=sh["D4"], RP=sh["RP"], PQ=sh["PQ"], NX=sh["NX"],
                      LOADS=_loads(v4), ENTRY=gen(sh),

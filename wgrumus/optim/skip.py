@@ -74,7 +74,8 @@ class DeviceSteps:
     (its slot: its order among the optimizer's parameters on that device)."""
 
     def __init__(self):
-        self._by_dev: dict = {}  # device -> (buffer tensor, {param: (slot, step view)})
+        # device -> (buffer tensor, {param: (slot, step view)}, {param: slot})
+        self._by_dev: dict = {}
 
     def advance(self, opt, group, todo, flags) -> dict:
         """Before the updates of ``todo`` [(param, grad)] of ``group``: per device, copy the
@@ -83,7 +84,7 @@ class DeviceSteps:
         out = {}
         for dev in {id(p.device): p.device for p, _ in todo}.values():
             flag = flag_for(flags, dev)
-            buf, slots = self._buffer(opt, dev)
+            buf, slots, index = self._buffer(opt, dev)
             mine = sorted(slots[p][0] for p, _ in todo if p.device is dev)
             for p, _ in todo:
                 if p.device is dev:
@@ -93,7 +94,7 @@ class DeviceSteps:
                 if i == len(mine) or mine[i] != mine[i - 1] + 1:
                     self._launch(dev, flag, buf, group, mine[lo], i - lo)
                     lo = i
-            out[dev] = (buf, {p: s for p, (s, _) in slots.items()})
+            out[dev] = (buf, index)
         return out
 
     @staticmethod
@@ -121,8 +122,8 @@ class DeviceSteps:
         dev.write(buf._storage.buffer, np.zeros(1 + 3 * len(params), np.int32))
         slots = {p: (k, Tensor(buf._storage, (), (), 1 + 3 * k, int32))
                  for k, p in enumerate(params)}
-        self._by_dev[dev] = (buf, slots)
-        return buf, slots
+        have = self._by_dev[dev] = (buf, slots, {p: k for k, p in enumerate(params)})
+        return have
 
     @staticmethod
     def _sync(state, buf, slot: int, view) -> None:
