@@ -354,7 +354,7 @@ def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
             _, min_k, below, want, names = row
             t64 = groups(64, 64)
             if K >= min_k and t64 < below:
-                return VARIANTS[names[min(len(names) + 1, -(-want // t64)) - 2]]
+                return VARIANTS[names[min(len(names) + 1, max(2, -(-want // t64))) - 2]]
         elif row[0] == "tile":
             _, tm, tn, min_groups, name = row
             if groups(tm, tn) >= min_groups and 4 * M * N >= 3 * groups(tm, tn) * tm * tn // nbatch:
