@@ -240,6 +240,7 @@ class DataParallel:
         self._workers = [_Worker(k) for k in range(len(devs))]
         self._sync = True
         self._accum: list = [None] * len(devs)
+        self._averagers: list = [None] * len(devs)  # see _averager
         self._optimizers = None
         if jit and shard_optimizer_state:
             raise ValueError("DataParallel(jit=True, shard_optimizer_state=True) is not supported "
@@ -503,8 +504,7 @@ class DataParallel:
             acc = self._accum[k]
             reducer = None
             if sync and self.world_size > 1:  # one replica has nothing to average with
-                reducer = GradientAverager(self._params[k], self.groups[k], plan=self.plan,
-                                           events=self.events, replica=k).start(acc)
+                reducer = self._averager(k).start(acc)
             grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
                                        on_leaf_grad=reducer.on_leaf_grad if reducer else None)
             self.events.record(k, "backward_end")
@@ -582,6 +582,15 @@ class DataParallel:
         loss = jf(x, y, float(scale))
         self._replay_events(k, jf.last_trace)
         return loss
+
+    def _averager(self, k: int) -> GradientAverager:
+        """Replica ``k``'s GradientAverager for eager steps: made once per group (a failed step
+        replaces the thread groups) instead of once per step."""
+        avg = self._averagers[k]
+        if avg is None or avg.group is not self.groups[k]:
+            avg = self._averagers[k] = GradientAverager(
+                self._params[k], self.groups[k], plan=self.plan, events=self.events, replica=k)
+        return avg
 
     def _replay_events(self, k: int, trace) -> None:
         """A replayed step's bucket launches and waits as ``events``: allreduce_start per

@@ -170,6 +170,7 @@ class RankTrainer:
         self.params = {dense_name(n): p for n, p in model.named_parameters()}
         self.names = list(self.params)
         self.mb_losses: list = []
+        self._dp_avg = None  # (gradient shapes and dtypes, their GradientAverager)
 
     @property
     def coords(self) -> tuple:
@@ -205,7 +206,24 @@ class RankTrainer:
             for n, p in self.params.items():  # unused ones: zeros keep the buckets aligned
                 g = store.get(p)
                 grads[n] = zeros(p.shape, device=self.device) if g is None else g
-        return dp_mean_grads(self.pgm, grads, self.names, self.device)
+        return self._dp_mean(grads)
+
+    def _dp_mean(self, grads: dict) -> dict:
+        """Gradients averaged over the data-parallel group only (TP and PP peers hold other
+        shards) by the one gradient averager: flat device buckets through the group's
+        ``all_reduce_async``. Its bucket plan is made once, for these shapes and dtypes."""
+        if self.pgm.config.dp == 1:
+            return grads
+        gs = [grads[n] for n in self.names]
+        key = [(g.shape, g.dtype) for g in gs]
+        if self._dp_avg is None or self._dp_avg[0] != key:
+            from types import SimpleNamespace
+
+            from .averaging import GradientAverager
+            specs = [SimpleNamespace(shape=sh, dtype=dt) for sh, dt in key]
+            self._dp_avg = (key, GradientAverager(specs, self.pgm.dp_group, names=self.names,
+                                                  device=self.device))
+        return dict(zip(self.names, self._dp_avg[1].average(gs)))
 
     def loss(self) -> float | None:
         """The step's loss (mean over micro-batches, then replicas) on last-stage ranks."""
@@ -250,21 +268,6 @@ def replica_micro_batches(tokens: np.ndarray, dp_rank: int, dp: int, m: int) -> 
     mine = tokens[dp_rank * per:(dp_rank + 1) * per]
     size = per // m
     return [mine[k * size:(k + 1) * size] for k in range(m)]
-
-
-def dp_mean_grads(pgm, grads: dict, names: list, dev) -> dict:
-    """Gradients averaged over the data-parallel group only (TP and PP peers hold other
-    shards) by the one gradient averager: flat device buckets through the group's
-    ``all_reduce_async``."""
-    if pgm.config.dp == 1:
-        return grads
-    from types import SimpleNamespace
-
-    from .averaging import GradientAverager
-    gs = [grads[n] for n in names]
-    specs = [SimpleNamespace(shape=g.shape, dtype=g.dtype) for g in gs]
-    return dict(zip(names, GradientAverager(specs, pgm.dp_group, names=names,
-                                            device=dev).average(gs)))
 
 
 def stage_loss(stage, pgm) -> float:

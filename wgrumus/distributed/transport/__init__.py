@@ -106,6 +106,23 @@ class _Done:
 _DONE = _Done()
 
 
+class _Liveness:
+    """``check()`` / ``abort(err)`` / ``failed`` of a transport: delegated to the failure state it
+    shares with its peers and subgroups (``self._live``: ``raise_if_failed()``, ``abort(err)``,
+    ``error``)."""
+
+    def check(self) -> None:
+        """Raise CollectiveError if the group failed (a peer aborted, ended or timed out)."""
+        self._live.raise_if_failed()
+
+    def abort(self, err: BaseException) -> None:
+        self._live.abort(err)
+
+    @property
+    def failed(self) -> CollectiveError | None:
+        return self._live.error
+
+
 from .mpi import MPITransport  # noqa: E402  (they import the helpers above)
 from .threads import ThreadTransport, ThreadWorld  # noqa: E402
 

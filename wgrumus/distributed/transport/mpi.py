@@ -13,6 +13,7 @@ from . import (
     _DONE,
     _HEADER_WORDS,
     _SIG_BYTES,
+    _Liveness,
     decode_header,
     encode_header,
     mismatch_error,
@@ -32,7 +33,7 @@ class _MPIState:
         self.error: CollectiveError | None = None
         self._sent_aborts: list = []
 
-    def check_abort(self) -> None:
+    def raise_if_failed(self) -> None:
         if self.error is None:
             st = self.MPI.Status()
             if self.comm.Iprobe(self.MPI.ANY_SOURCE, self.abort_tag, st):
@@ -76,7 +77,7 @@ class _MPIState:
             time.sleep(1e-4)
 
 
-class MPITransport:
+class MPITransport(_Liveness):
     """One process's endpoint of an MPI communicator (the world, or a split of it)."""
 
     backend = "mpi"
@@ -87,7 +88,7 @@ class MPITransport:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.timeout = float(timeout)
-        self.state = state or _MPIState(comm)
+        self.state = self._live = state or _MPIState(comm)
         self.tag_ub = self.state.abort_tag - 1
         self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
                       "bytes_received": 0}
@@ -100,7 +101,7 @@ class MPITransport:
         while not test():
             spins += 1
             if spins % 16 == 0:
-                self.state.check_abort()
+                self.state.raise_if_failed()
             if time.monotonic() >= deadline:
                 raise CollectiveError(f"rank {self.rank}: {what} within {self.timeout} s timeout",
                                       missing=[peer] if peer is not None else None,
@@ -299,7 +300,7 @@ class MPITransport:
 
     def check(self) -> None:
         """Raise CollectiveError if a peer sent an abort notice."""
-        self.state.check_abort()
+        self.state.raise_if_failed()
 
     def abort(self, err: BaseException) -> None:
         self.state.abort(err)

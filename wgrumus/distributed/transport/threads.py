@@ -10,7 +10,7 @@ import numpy as np
 
 from ..barrier import CollectiveBarrier, reduce_into
 from ..errors import CollectiveError
-from . import _DONE, QUEUE_DEPTH, check_received, mismatch_error, split_bounds
+from . import _DONE, QUEUE_DEPTH, _Liveness, check_received, mismatch_error, split_bounds
 
 
 class _Mailbox:
@@ -118,7 +118,7 @@ class ThreadWorld:
                                   timed_out=e.timed_out) from (e.__cause__ or e)
 
 
-class ThreadTransport:
+class ThreadTransport(_Liveness):
     """One rank's endpoint of a ThreadWorld."""
 
     backend = "threads"
@@ -128,6 +128,7 @@ class ThreadTransport:
         if not 0 <= rank < world.size:
             raise ValueError(f"rank {rank} outside world of size {world.size}")
         self.world, self.rank, self.size = world, rank, world.size
+        self._live = world
         self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
                       "bytes_received": 0}
 
@@ -249,17 +250,6 @@ class ThreadTransport:
         if color is None:
             return None
         return self.world.child(key, members).transport(members.index(self.rank))
-
-    def check(self) -> None:
-        """Raise CollectiveError if the world failed."""
-        self.world.raise_if_failed()
-
-    def abort(self, err: CollectiveError) -> None:
-        self.world.abort(err)
-
-    @property
-    def failed(self) -> CollectiveError | None:
-        return self.world.error
 
 
 def _take_tagged(q, tag):
