@@ -22,7 +22,7 @@ import time
 import numpy as np
 import wgpu
 
-from .device import SLOT, pack_words
+from .device import SLOT, bind_entries, pack_words
 from .errors import CaptureError
 from .native import RawReplay, c_api
 
@@ -89,11 +89,8 @@ class Replay:
                                                     for p in self._parts[::2]]
 
     def _bind_group(self, layout, bufs, offset):
-        entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
-                                                "size": SLOT}}]
-        entries += [{"binding": i + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                    for i, b in enumerate(bufs)]
-        return self.device.wgpu.create_bind_group(layout=layout, entries=entries)
+        return self.device.wgpu.create_bind_group(
+            layout=layout, entries=bind_entries(self._arena, offset, bufs))
 
     def run(self, before=(), after=()) -> None:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
