@@ -85,8 +85,8 @@ class Replay:
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._raw = None if dev._raw is None else [RawReplay(c_api(), p, n)
-                                                    for p in self._parts[::2]]
+        self._raw = None if dev._raw is None else [
+            RawReplay(c_api(), p, k) for p, k in zip(self._parts[::2], self._dispatches_of)]
 
     def _bind_group(self, layout, bufs, offset):
         return self.device.wgpu.create_bind_group(
