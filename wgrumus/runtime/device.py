@@ -173,10 +173,8 @@ class Device(HostTransfers):
         if bg is None:
             if len(self._bind_groups) >= BIND_GROUP_CACHE:
                 self._bind_groups.clear()
-            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0,
-                                                    "size": SLOT}}]
-            entries += [_entry(i + 1, b) for i, b in enumerate(buffers)]
-            bg = self.wgpu.create_bind_group(layout=layout, entries=entries)
+            bg = self.wgpu.create_bind_group(layout=layout,
+                                             entries=bind_entries(self._arena, 0, buffers))
             self._bind_groups[key] = bg
         return bg
 
@@ -236,11 +234,8 @@ class Device(HostTransfers):
             if dynamic:
                 cp.set_bind_group(0, self._bind_group(layout, buffers), [slot * SLOT])
             else:
-                entries = [{"binding": 0, "resource": {"buffer": self._arena,
-                                                        "offset": slot * SLOT, "size": SLOT}}]
-                entries += [_entry(i + 1, b) for i, b in enumerate(buffers)]
-                cp.set_bind_group(0, self.wgpu.create_bind_group(layout=layout,
-                                                                 entries=entries))
+                cp.set_bind_group(0, self.wgpu.create_bind_group(
+                    layout=layout, entries=bind_entries(self._arena, slot * SLOT, buffers)))
             cp.dispatch_workgroups(gx, gy, gz)
             self.dispatches += 1
 
@@ -336,11 +331,13 @@ class Device(HostTransfers):
         return self.pool.acquire(max(nbytes, 4))
 
 
-def _entry(binding: int, b) -> dict:
-    """A bind group entry: a whole buffer, or a texture view."""
-    if isinstance(b, wgpu.GPUTextureView):
-        return {"binding": binding, "resource": b}
-    return {"binding": binding, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+def bind_entries(arena, offset: int, buffers) -> list:
+    """The bind group entries of a dispatch: the parameter slot of ``arena`` at ``offset``,
+    then each buffer whole (or texture view) at 1..n."""
+    return [{"binding": 0, "resource": {"buffer": arena, "offset": offset, "size": SLOT}}] + [
+        {"binding": i, "resource": b} if isinstance(b, wgpu.GPUTextureView) else
+        {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+        for i, b in enumerate(buffers, 1)]
 
 
 def groups_1d(n: int, wg: int = 256) -> tuple:

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import wgpu
 
-from .device import SLOT, pack_words
+from .device import SLOT, bind_entries, pack_words
 from .errors import CaptureError
 from .native import RawReplay, c_api
 
@@ -85,15 +85,12 @@ class Replay:
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._raw = None if dev._raw is None else [RawReplay(c_api(), p, n)
-                                                    for p in self._parts[::2]]
+        self._raw = None if dev._raw is None else [
+            RawReplay(c_api(), p, k) for p, k in zip(self._parts[::2], self._dispatches_of)]
 
     def _bind_group(self, layout, bufs, offset):
-        entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": offset,
-                                                "size": SLOT}}]
-        entries += [{"binding": i + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                    for i, b in enumerate(bufs)]
-        return self.device.wgpu.create_bind_group(layout=layout, entries=entries)
+        return self.device.wgpu.create_bind_group(
+            layout=layout, entries=bind_entries(self._arena, offset, bufs))
 
     def run(self, before=(), after=()) -> None:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
