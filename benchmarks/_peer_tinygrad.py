@@ -1,8 +1,11 @@
 """Peer row: tinygrad's WebGPU backend (Dawn) on the same adapter, next to wgrumus and numpy in
 the same run: fp32 matmul and the MLP 784-512-512-10 batch 256 AdamW step of train_step.py.
-Optional: prints why and exits 0 when tinygrad or its WebGPU backend is not importable
-(tinygrad needs Dawn's libwebgpu_dawn, which wgpu-py does not ship; WEBGPU_PATH points to it).
+Optional: prints why and exits 0 when tinygrad or its WebGPU backend is not importable.
+tinygrad loads Dawn's libwebgpu_dawn from WEBGPU_PATH; the ``peer`` extra installs tinygrad and
+dawn-python (which ships that library), and this script points WEBGPU_PATH at it. The MLP step
+runs twice per framework: eager, and captured (wr.jit / tinygrad's TinyJit).
 
+    pip install -e .[peer]
     PYTHONPATH=$PWD python benchmarks/_peer_tinygrad.py [--sizes 256,512] [--device WEBGPU]
 """
 from __future__ import annotations
@@ -19,8 +22,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ops import timeit  # noqa: E402
 
 
+def _dawn_library() -> str | None:
+    """dawn-python's libwebgpu_dawn for this machine, where that package is installed."""
+    import importlib.util
+    import platform
+    spec = importlib.util.find_spec("pydawn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    arch = {"arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+    ext = {"darwin": "dylib", "win32": "dll"}.get(sys.platform, "so")
+    alias = "arm64" if arch == "aarch64" else arch
+    names = ["libwebgpu_dawn.dll"] if ext == "dll" else [
+        f"libwebgpu_dawn_{arch}.{ext}", f"libwebgpu_dawn_{alias}.{ext}"]
+    for name in names:
+        path = os.path.join(spec.submodule_search_locations[0], "lib", name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _tinygrad(device: str):
     """(tinygrad module, device name) or (None, why)."""
+    if "WEBGPU_PATH" not in os.environ and (lib := _dawn_library()):
+        os.environ["WEBGPU_PATH"] = lib
     try:
         import tinygrad
         from tinygrad import Device, Tensor
@@ -64,11 +88,10 @@ def main(argv=None) -> int:
               f"{peer / ours:>12.2f}{ref / ours:>9.3f}   GFLOP/s")
     if not args.no_mlp:
         import train_step as ts
-        from tinygrad import Context
+        from tinygrad import Context, TinyJit
         from tinygrad import nn as tnn
         batch, dims = args.mlp.split(":")
         cfg = {"batch": int(batch), "dims": tuple(int(d) for d in dims.split(","))}
-        step, _, _ = ts.wgrumus_step("mlp", cfg, dev)
         xh, yh = ts.mlp_data(cfg)
         dims = cfg["dims"]
         layers = [tnn.Linear(i, o) for i, o in zip(dims[:-1], dims[1:])]
@@ -80,23 +103,26 @@ def main(argv=None) -> int:
 
         def tstep():
             with Context(TRAINING=1):
-                _tstep()
-
-        def _tstep():
-            h = x
-            for i, lay in enumerate(layers):
-                h = lay(h)
-                h = h.relu() if i < len(layers) - 1 else h
-            loss = h.sparse_categorical_crossentropy(y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+                h = x
+                for i, lay in enumerate(layers):
+                    h = lay(h)
+                    h = h.relu() if i < len(layers) - 1 else h
+                loss = h.sparse_categorical_crossentropy(y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.realize()
         np_step = ts.numpy_mlp_step(cfg)
-        ours = timeit(step, dev.synchronize, min_n=3)
-        peer = timeit(tstep, tsync, min_n=3)
         ref = timeit(np_step, min_n=3)
-        print(f"{'mlp step':<10}{cfg['batch']:>6}{ours * 1e3:>10.1f}{peer * 1e3:>10.1f}"
-              f"{ref * 1e3:>10.1f}{peer / ours:>12.2f}{ref / ours:>9.3f}   ms/step")
+        rows = (("mlp step", False, tstep), ("mlp +jit", True, TinyJit(tstep)))
+        for label, jit, peer_step in rows:
+            step, _, _ = ts.wgrumus_step("mlp", cfg, dev, jit=jit)
+            for _ in range(2 if jit else 0):  # captures (TinyJit's on its second call)
+                step(), peer_step()
+            ours = timeit(step, dev.synchronize, min_n=3)
+            peer = timeit(peer_step, tsync, min_n=3)
+            print(f"{label:<10}{cfg['batch']:>6}{ours * 1e3:>10.1f}{peer * 1e3:>10.1f}"
+                  f"{ref * 1e3:>10.1f}{peer / ours:>12.2f}{ref / ours:>9.3f}   ms/step")
     print(f"load average {os.getloadavg()}")
     return 0
 
