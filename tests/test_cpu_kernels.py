@@ -68,7 +68,29 @@ MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-c
     "slice": (lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2],
               lambda a, b: a[:, 1:, ::2] - b[:, 1:, ::2]),
     "cat": (lambda a, b: wr.cat([a, b, a], dim=2), lambda a, b: np.concatenate([a, b, a], 2)),
+    "two strided": (lambda a, b: a.permute(2, 0, 1) + b.permute(2, 1, 0).transpose(1, 2),
+                    lambda a, b: a.transpose(2, 0, 1) + b.transpose(2, 1, 0).swapaxes(1, 2)),
 }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_map_three_strided_operands_5d(monkeypatch, rng, chunk):
+    """Attention's d(qkv) gather: three differently strided 5-D views (one with a zero
+    stride) and a selecting expression, as ops/fused.py runs it."""
+    from wgrumus.ops.launch import run_map
+    from wgrumus.tensor import Tensor
+    monkeypatch.setattr(launch, "CPU_CHUNK", chunk)
+    B, T, H, d = 2, 3, 2, 5
+    E = H * d
+    parts = [rng.standard_normal((B * H, T, d)).astype(np.float32) for _ in range(3)]
+    st = (H * T * d, d, 0, T * d, 1)
+    views = [Tensor(wr.tensor(p)._storage, (B, T, 3, H, d), st, 0) for p in parts]
+    out = Tensor.empty((B, T, 3, H, d), views[0].device, wr.float32)
+    run_map("select(select(c, b, (i / u32(E)) % 3u == 1u), a, (i / u32(E)) % 3u == 0u)", out,
+            views, {"E": E})
+    ref = np.stack([p.reshape(B, H, T, d).transpose(0, 2, 1, 3) for p in parts], axis=2)
+    np.testing.assert_array_equal(out.numpy(), ref)
 
 
 @pytest.mark.timeout(120)

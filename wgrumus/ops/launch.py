@@ -84,11 +84,15 @@ def coalesce(shape, strides_list):
 
 
 @functools.lru_cache(maxsize=4096)
-def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = ()) -> Kernel:
+def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = (),
+            nd: int = 0) -> Kernel:
     """The map kernel for one specialisation (cached: building it costs more than a launch).
     types: WGSL storage type per operand (0 = output); modes: 'c' contiguous, 's' strided,
     'b' broadcast scalar; binds: binding slot per operand (operands sharing a buffer share one);
-    named: (name, "f" | "i" | "u") of each named scalar, in word order from SCALAR_BASE."""
+    named: (name, "f" | "i" | "u") of each named scalar, in word order from SCALAR_BASE;
+    nd: dimensions of the (coalesced) launch shape. Strided operands share one unrolled
+    decomposition of ``i`` into coordinates: a loop over a runtime rank, once per operand, ran
+    a permuting copy at a quarter of a plain copy's bandwidth on an H100."""
     decls, seen = [], set()
     for k, (ty, b) in enumerate(zip(types, binds)):
         if b in seen:
@@ -99,14 +103,17 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
     body = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
             for k, (name, kind) in enumerate(named)]
     names = ["o", "a", "b", "c"]
+    strided = [k for k, m in enumerate(modes) if m == "s"]
+    if strided:
+        body += [f"    var s{names[k]} = pi({10 + 9 * k + 8}u);" for k in strided]
+        body.append("    var rem = i;")
+        for dim in reversed(range(nd)):
+            body.append(f"    {{ let n = pu({2 + dim}u); let c = i32(rem % n); rem = rem / n;")
+            body += [f"      s{names[k]} += c * pi({10 + 9 * k + dim}u);" for k in strided]
+            body.append("    }")
     for k, m in enumerate(modes):
         base = 10 + 9 * k
-        if m == "c":
-            idx = f"i + pu({base + 8}u)"
-        elif m == "b":
-            idx = f"pu({base + 8}u)"
-        else:
-            idx = f"strided_offset(i, pu(1u), 2u, {base}u, pi({base + 8}u))"
+        idx = {"c": f"i + pu({base + 8}u)", "b": f"pu({base + 8}u)"}.get(m, f"u32(s{names[k]})")
         body.append(f"    let i{names[k]} = {idx};")
         if k:
             body.append(f"    let {names[k]} = B{binds[k]}[i{names[k]}];")
@@ -236,7 +243,7 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
         k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names)
         dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)
     else:
-        dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names), buffers, params,
-                        n)
+        dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names, head[1]),
+                        buffers, params, n)
     out._storage.version += 1
     return out
