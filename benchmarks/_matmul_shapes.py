@@ -61,7 +61,8 @@ def main() -> int:
     # (label, A, B): numpy bases, each optionally transposed in its last two dims ("T")
     shapes = {"x": (4096, 768), "g3": (4096, 3072), "g23": (4096, 2304), "x2": (4096, 768),
               "w": (768, 3072), "w2": (3072, 768), "h": (96, 512, 64), "s": (96, 512, 512),
-              "s5a": (512, 512), "s5b": (512, 512), "s1a": (1024, 1024), "s1b": (1024, 1024)}
+              "s5a": (512, 512), "s5b": (512, 512), "s1a": (1024, 1024), "s1b": (1024, 1024),
+              "s4a": (4096, 4096), "s4b": (4096, 4096)}
     base = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
     cases = [("xT@g 768x3072x4096", "xT", "g3"), ("gT@x 3072x768x4096", "g3T", "x"),
              ("xT@g 768x2304x4096", "xT", "g23"), ("xT@g 768x768x4096", "xT", "x2"),
@@ -69,7 +70,7 @@ def main() -> int:
              ("a@w 4096x3072x768", "x", "w"), ("b sT@h 96x512x64x512", "sT", "h"),
              ("b s@h 96x512x64x512", "s", "h"), ("b q@kT 96x512x512x64", "h", "hT"),
              ("sq 512", "s5a", "s5b"), ("sq 512 A@B.T", "s5a", "s5bT"),
-             ("sq 1024", "s1a", "s1b")]
+             ("sq 1024", "s1a", "s1b"), ("sq 4096", "s4a", "s4b")]
     ours_t = {k: wr.tensor(v, device=dev) for k, v in base.items()}
     torch_t = {k: torch.from_numpy(v).cuda() for k, v in base.items()} if torch else {}
 
