@@ -30,6 +30,9 @@ Columns:
   vs plain   step ms minus the plain loop's step ms: what data parallelism adds per step
              (communication not hidden, packing, the replicas' threads competing for the CPU);
   buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
+'no-comm' rows run K plain loops at once (a thread and a device each, no DataParallel, no
+communication): the ceiling of data parallelism on these devices; on logical devices sharing
+one adapter it is below K x one device, since the driver time-slices their contexts.
 With ``--one-bucket`` each K > 1 is also run with a single bucket launched after backward (no
 overlap), to show what the overlap saves. With ``--jit`` every row is also run with captured
 steps (``wr.jit`` for the plain loop, ``DataParallel(jit=True)``: each replica replays its whole
@@ -120,9 +123,8 @@ class Task:
         return wr.optim.AdamW(params, lr=1e-3)
 
 
-def run_plain(task, dev, a, jit=False) -> dict:
-    """The baseline: the ordinary one-device loop, no DataParallel (``jit``: its step
-    captured with wr.jit)."""
+def plain_step(task, dev, a, jit=False):
+    """The ordinary one-device loop's step(s) -> loss (``jit``: captured with wr.jit)."""
     import wgrumus as wr
     model = task.model(dev)
     opt = task.optimizer(model.parameters())
@@ -136,7 +138,12 @@ def run_plain(task, dev, a, jit=False) -> dict:
     def step(s):
         x, y = task.batch(s, a.batch)
         return fn(wr.tensor(x, device=dev), wr.tensor(y, device=dev)).item()
+    return step
 
+
+def run_plain(task, dev, a, jit=False) -> dict:
+    """The baseline: the ordinary one-device loop, no DataParallel."""
+    step = plain_step(task, dev, a, jit)
     for s in range(a.warmup):
         step(s)
     t0 = time.perf_counter()
@@ -145,6 +152,37 @@ def run_plain(task, dev, a, jit=False) -> dict:
     dt = time.perf_counter() - t0
     return {"devices": 1, "mode": "plain+jit" if jit else "plain",
             "samples_per_s": a.batch * a.steps / dt,
+            "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0}
+
+
+def run_independent(task, devs, a, jit=False) -> dict:
+    """K plain loops at once, one thread and one device each, with no communication: the most
+    data parallelism can reach on these devices. Logical devices sharing an adapter share its
+    time (the driver switches between their contexts), so this is below K x one device."""
+    import threading
+    steps = [plain_step(task, d, a, jit) for d in devs]
+    for s in range(max(a.warmup, 3)):  # captures are made here, one thread at a time
+        for step in steps:
+            step(s)
+    errors = []
+
+    def loop(step):
+        try:
+            for s in range(a.steps):
+                step(a.warmup + s)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=loop, args=(st,), daemon=True) for st in steps]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    dt = time.perf_counter() - t0
+    if errors or any(t.is_alive() for t in threads):
+        raise RuntimeError(f"independent loops failed or hung: {errors}")
+    return {"devices": len(devs), "mode": "no-comm+jit" if jit else "no-comm",
+            "samples_per_s": a.batch * len(devs) * a.steps / dt,
             "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0}
 
 
@@ -209,6 +247,8 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             continue
         for jit in jits:
+            if k > 1:
+                rows.append(run_independent(task, devs[:k], a, jit=jit))
             rows.append(run_dp(task, devs[:k], a, jit=jit))
             if a.one_bucket and k > 1:
                 rows.append(run_dp(task, devs[:k], a, one_bucket=True, jit=jit))
