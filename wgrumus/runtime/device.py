@@ -244,10 +244,9 @@ class Device(HostTransfers):
         kernel), holding ``texels`` texels of ``buffer`` from byte ``start`` (a multiple of 16)
         with quad q at (q % TEX_W, q // TEX_W). The copy is recorded into the batch: it runs
         after every dispatch recorded before it (wgpu orders a pass's reads of the texture
-        before the copy), so one texture per (slot, height) serves every kernel. Not while a
-        capture records (it replays dispatches, copies and writes only)."""
-        if self.recorder is not None:
-            raise KernelError("operand textures are not recorded by wr.jit captures")
+        before the copy), so one texture per (slot, height) serves every kernel. A wr.jit
+        capture records the copies in place, between the dispatches,
+        so a replay refills the texture right before the kernels that read it, as here."""
         rows = -(-texels // TEX_W)
         height = 1 << (rows - 1).bit_length()  # few distinct textures
         with self.lock:
@@ -263,6 +262,9 @@ class Device(HostTransfers):
             for y, n, w in ((0, full, TEX_W), (full, 1 if rest else 0, rest)):
                 if not n:
                     continue
+                if self.recorder is not None:
+                    self.recorder.texture_copy(buffer, start + y * TEX_W * 16, TEX_W * 16,
+                                               tv[0], y, w, n)
                 if self._raw_copy is not None:
                     self._raw_copy.copy(enc, buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0],
                                         y, w, n)

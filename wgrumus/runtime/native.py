@@ -185,9 +185,10 @@ class RawTextureCopy:
 
 
 class RawReplay:
-    """A replay's segments ((PASS, dispatches) or (COPY, copy)) lowered once to wgpu-native
-    handles, and encoded with the C calls at every replay."""
-    PASS, COPY = 0, 1
+    """A replay's segments ((PASS, dispatches), (COPY, copy) or (TEXTURE, buffer-to-texture
+    copy)) lowered once to wgpu-native handles (a texture copy: its three structs), and encoded
+    with the C calls at every replay."""
+    PASS, COPY, TEXTURE = 0, 1, 2
 
     def __init__(self, capi, segs, ndispatch: int):
         self.lib, ffi = capi.lib, capi.ffi
@@ -197,6 +198,9 @@ class RawReplay:
             if kind == self.COPY:
                 src, so, dst, do, nb = body
                 self.segs.append((kind, (src._internal, so, dst._internal, do, nb)))
+                continue
+            if kind == self.TEXTURE:
+                self.segs.append((kind, self._texture_copy(capi, *body)))
                 continue
             lowered, last = [], None
             for pipe, bg, offs, gx, gy, gz in body:
@@ -210,11 +214,23 @@ class RawReplay:
                 k += 1
             self.segs.append((kind, lowered))
 
+    @staticmethod
+    def _texture_copy(capi, src, offset, bytes_per_row, texture, y, width, rows) -> tuple:
+        ffi = capi.ffi
+        s, d, size = (ffi.new("WGPUTexelCopyBufferInfo *"), ffi.new("WGPUTexelCopyTextureInfo *"),
+                      ffi.new("WGPUExtent3D *"))
+        s.layout.offset, s.layout.bytesPerRow, s.layout.rowsPerImage = offset, bytes_per_row, rows
+        s.buffer = src._internal
+        d.texture, d.origin.y, d.aspect = texture._internal, y, capi.lib.WGPUTextureAspect_All
+        size.width, size.height, size.depthOrArrayLayers = width, rows, 1
+        return s, d, size
+
     def encode(self, enc, open_pass, before, after) -> None:
         """Into encoder ``enc``: the ``before`` copies, the segments (passes opened by
         ``open_pass(enc)``), the ``after`` copies."""
         lib = self.lib
         copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        texture_copy = lib.wgpuCommandEncoderCopyBufferToTexture
         set_pipe = lib.wgpuComputePassEncoderSetPipeline
         set_bg = lib.wgpuComputePassEncoderSetBindGroup
         dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
@@ -224,6 +240,9 @@ class RawReplay:
         for kind, body in self.segs:
             if kind == self.COPY:
                 copy(e, *body)
+                continue
+            if kind == self.TEXTURE:
+                texture_copy(e, *body)
                 continue
             cp = open_pass(enc)
             h = cp._internal

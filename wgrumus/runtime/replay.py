@@ -4,7 +4,9 @@ three of wgpu-native's C calls per dispatch.
 The recording's parameter words go, once, into a uniform buffer of its own (one 256-byte slot
 per dispatch), and its bind groups are built once against that buffer; only the slots whose
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
-constant buffers filled once, so they run in order with the dispatches. Command buffers are
+constant buffers filled once, so they run in order with the dispatches; copies into the
+device's operand textures (CPU adapters' matmul) stay where the capture made them, right before
+the dispatches that read them. Command buffers are
 single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch set pipeline
 (when it changes), set bind group, dispatch. A recording with host operations (communication,
 ``capture.host_op``) replays as parts: the device work up to a host operation is submitted, the
@@ -26,7 +28,7 @@ from .device import SLOT, bind_entries, pack_words
 from .errors import CaptureError
 from .native import RawReplay, c_api
 
-_PASS, _COPY = RawReplay.PASS, RawReplay.COPY
+_PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
 
 
 class Replay:
@@ -64,8 +66,8 @@ class Replay:
                 slot += 1
                 continue
             cur = None
-            if op[0] == "c":
-                segs.append((_COPY, op[1:]))
+            if op[0] in ("c", "t"):  # the copies sit where they were: between passes
+                segs.append((_COPY if op[0] == "c" else _TEX, op[1:]))
             elif op[0] in ("h", "a", "j"):
                 segs = []
                 self._parts += [op, segs]
@@ -85,7 +87,9 @@ class Replay:
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._raw = None if dev._raw is None else [
+        raw = dev._raw is not None and (dev._raw_copy is not None
+                                        or not any(op[0] == "t" for op in ops))
+        self._raw = None if not raw else [
             RawReplay(c_api(), p, k) for p, k in zip(self._parts[::2], self._dispatches_of)]
 
     def _bind_group(self, layout, bufs, offset):
@@ -164,6 +168,12 @@ class Replay:
         for kind, body in segs:
             if kind == _COPY:
                 enc.copy_buffer_to_buffer(*body)
+                continue
+            if kind == _TEX:
+                src, off, bpr, tex, y, w, n = body
+                enc.copy_buffer_to_texture(
+                    {"buffer": src, "offset": off, "bytes_per_row": bpr, "rows_per_image": n},
+                    {"texture": tex, "origin": (0, y, 0)}, (w, n, 1))
                 continue
             cp = self._pass(enc)
             for pipe, bg, offs, gx, gy, gz in body:
