@@ -18,6 +18,7 @@ import threading
 import numpy as np
 import wgpu
 
+from . import submitter
 from .adapters import is_cpu_adapter
 from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
@@ -98,6 +99,8 @@ class Device(HostTransfers):
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
+        self._cpu = cpu
+        self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
         self.dispatches = 0
         self.submits = 0
         self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
@@ -286,9 +289,26 @@ class Device(HostTransfers):
                 self.recorder.copy(src, src_off, dst, dst_off, nbytes)
             self._close_pass().copy_buffer_to_buffer(src, src_off, dst, dst_off, nbytes)
 
+    def replay_submitter(self):
+        """The submission thread replays of this device are handed to (made on first use), or
+        None where replays submit in the calling thread (GPUs: submit returns at once)."""
+        on = self._cpu if submitter.ENABLED is None else submitter.ENABLED
+        if on and self.submitter is None:
+            with self.lock:
+                if self.submitter is None:
+                    self.submitter = submitter.Submitter(self.name)
+        return self.submitter if on else None
+
+    def drain(self) -> None:
+        """Wait until the replays handed to the submission thread are submitted (so queue
+        operations made now come after them); raises a failure of theirs."""
+        if self.submitter is not None:
+            self.submitter.drain()
+
     def _flush_locked(self):
         if self._encoder is None:
             return
+        self.drain()  # eager work goes behind the queued replays
         if self._pass is not None:
             self._pass.end()
             self._pass = None
