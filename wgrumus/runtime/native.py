@@ -164,24 +164,34 @@ class RawTextureCopy:
             return None
 
     def __init__(self, capi):
-        ffi, lib = capi.ffi, capi.lib
-        self._copy = lib.wgpuCommandEncoderCopyBufferToTexture
-        self._src = ffi.new("WGPUTexelCopyBufferInfo *")
-        self._dst = ffi.new("WGPUTexelCopyTextureInfo *")
-        self._size = ffi.new("WGPUExtent3D *")
-        self._dst.aspect = lib.WGPUTextureAspect_All
-        self._size.depthOrArrayLayers = 1
+        self._copy = capi.lib.wgpuCommandEncoderCopyBufferToTexture
+        self._structs = self.structs(capi)
 
-    def copy(self, encoder, buffer, offset: int, bytes_per_row: int, texture, y: int,
-             width: int, height: int) -> None:
-        """``height`` rows of ``width`` texels from ``buffer`` at ``offset`` into rows y.. of
-        (2-D, mip 0) ``texture``."""
-        src, dst, size = self._src, self._dst, self._size
+    @staticmethod
+    def structs(capi) -> tuple:
+        """The (source, destination, size) structs of one copy."""
+        ffi = capi.ffi
+        src, dst, size = (ffi.new("WGPUTexelCopyBufferInfo *"),
+                          ffi.new("WGPUTexelCopyTextureInfo *"), ffi.new("WGPUExtent3D *"))
+        dst.aspect = capi.lib.WGPUTextureAspect_All
+        size.depthOrArrayLayers = 1
+        return src, dst, size
+
+    @staticmethod
+    def fill(structs, buffer, offset: int, bytes_per_row: int, texture, y: int, width: int,
+             height: int) -> tuple:
+        """``structs`` set to ``height`` rows of ``width`` texels from ``buffer`` at ``offset``
+        into rows y.. of (2-D, mip 0) ``texture``."""
+        src, dst, size = structs
         src.layout.offset, src.layout.bytesPerRow = offset, bytes_per_row
         src.layout.rowsPerImage, src.buffer = height, buffer._internal
         dst.texture, dst.origin.y = texture._internal, y
         size.width, size.height = width, height
-        self._copy(encoder._internal, src, dst, size)
+        return structs
+
+    def copy(self, encoder, *region) -> None:
+        """The copy ``fill`` describes (its arguments after ``structs``), into ``encoder``."""
+        self._copy(encoder._internal, *self.fill(self._structs, *region))
 
 
 class RawReplay:
@@ -199,8 +209,9 @@ class RawReplay:
                 src, so, dst, do, nb = body
                 self.segs.append((kind, (src._internal, so, dst._internal, do, nb)))
                 continue
-            if kind == self.TEXTURE:
-                self.segs.append((kind, self._texture_copy(capi, *body)))
+            if kind == self.TEXTURE:  # structs of its own per copy, filled once
+                self.segs.append((kind, RawTextureCopy.fill(RawTextureCopy.structs(capi),
+                                                            *body)))
                 continue
             lowered, last = [], None
             for pipe, bg, offs, gx, gy, gz in body:
@@ -213,17 +224,6 @@ class RawReplay:
                     lowered.append((p, bg._internal, 0, ffi.NULL, gx, gy, gz))
                 k += 1
             self.segs.append((kind, lowered))
-
-    @staticmethod
-    def _texture_copy(capi, src, offset, bytes_per_row, texture, y, width, rows) -> tuple:
-        ffi = capi.ffi
-        s, d, size = (ffi.new("WGPUTexelCopyBufferInfo *"), ffi.new("WGPUTexelCopyTextureInfo *"),
-                      ffi.new("WGPUExtent3D *"))
-        s.layout.offset, s.layout.bytesPerRow, s.layout.rowsPerImage = offset, bytes_per_row, rows
-        s.buffer = src._internal
-        d.texture, d.origin.y, d.aspect = texture._internal, y, capi.lib.WGPUTextureAspect_All
-        size.width, size.height, size.depthOrArrayLayers = width, rows, 1
-        return s, d, size
 
     def encode(self, enc, open_pass, before, after) -> None:
         """Into encoder ``enc``: the ``before`` copies, the segments (passes opened by

@@ -16,6 +16,7 @@ timeout (``TIMEOUT`` seconds, ``WGRUMUS_SUBMIT_TIMEOUT``) raising ``SubmitTimeou
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import threading
@@ -50,6 +51,7 @@ class Submitter:
                 self._thread = threading.Thread(target=self._run, daemon=True,
                                                 name=f"wgrumus-submit:{self.name}")
                 self._thread.start()
+                atexit.register(self._at_exit)
             self._wait(lambda: len(self._jobs) < self.depth or self._error is not None,
                        f"a queue slot (the {self.depth} queued jobs did not start)")
             self._raise()
@@ -64,6 +66,13 @@ class Submitter:
         with self._cv:
             self._wait(lambda: not self._jobs and not self._busy, "the queued work to finish")
             self._raise()
+
+    def _at_exit(self) -> None:
+        """Queued steps finish before the interpreter tears wgpu down under the thread."""
+        try:
+            self.drain()
+        except Exception:  # noqa: BLE001 - reported to the host already, or nobody to tell
+            pass
 
     def _wait(self, ready, what: str) -> None:
         if not self._cv.wait_for(ready, self.timeout):
