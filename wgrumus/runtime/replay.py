@@ -122,7 +122,8 @@ class Replay:
                     for slot, fn in self._refresh:
                         pack_words(self._bytes, slot * SLOT, fn())
                     lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
-                    words = (lo * SLOT, self._words[lo:hi].copy())  # this step's, as queued
+                    rows = self._words[lo:hi]
+                    words = (lo * SLOT, rows if sub is None else rows.copy())  # as queued
                 pre, post = before if i == 0 else (), after if i == last else ()
                 if sub is not None:
                     sub.put(self._submit, i, words, pre, post)
