@@ -6,14 +6,13 @@ import time
 
 import numpy as np
 import pytest
+from test_jit import _batches, _mlp, _plain_step, _same, _train
 
 import wgrumus as wr
 from wgrumus import optim
 from wgrumus.nn import functional as F
 from wgrumus.runtime import submitter
 from wgrumus.runtime.errors import SubmitTimeout
-
-from test_jit import _batches, _mlp, _plain_step, _same, _train
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,11 +6,10 @@ import importlib
 import numpy as np
 import pytest
 import wgpu
+from test_jit import _batches, _same, _train
 
 import wgrumus as wr
 from wgrumus.runtime.replay import _TEX
-
-from test_jit import _batches, _same, _train
 
 pytestmark = pytest.mark.timeout(300)
 mm = importlib.import_module("wgrumus.ops.matmul")  # the modules, not the functions so named

@@ -248,8 +248,8 @@ class Device(HostTransfers):
         with quad q at (q % TEX_W, q // TEX_W). The copy is recorded into the batch: it runs
         after every dispatch recorded before it (wgpu orders a pass's reads of the texture
         before the copy), so one texture per (slot, height) serves every kernel. A wr.jit
-        capture records the copies in place, between the dispatches,
-        so a replay refills the texture right before the kernels that read it, as here."""
+        capture records the copies in place, so a replay refills the texture right before the
+        kernels that read it, as here."""
         rows = -(-texels // TEX_W)
         height = 1 << (rows - 1).bit_length()  # few distinct textures
         with self.lock:
@@ -265,17 +265,11 @@ class Device(HostTransfers):
             for y, n, w in ((0, full, TEX_W), (full, 1 if rest else 0, rest)):
                 if not n:
                     continue
+                region = (buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0], y, w, n)
                 if self.recorder is not None:
-                    self.recorder.texture_copy(buffer, start + y * TEX_W * 16, TEX_W * 16,
-                                               tv[0], y, w, n)
-                if self._raw_copy is not None:
-                    self._raw_copy.copy(enc, buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0],
-                                        y, w, n)
-                    continue
-                enc.copy_buffer_to_texture(
-                    {"buffer": buffer, "offset": start + y * TEX_W * 16,
-                     "bytes_per_row": TEX_W * 16, "rows_per_image": n},
-                    {"texture": tv[0], "origin": (0, y, 0)}, (w, n, 1))
+                    self.recorder.texture_copy(*region)
+                (self._raw_copy.copy if self._raw_copy is not None else copy_to_texture)(
+                    enc, *region)
         return tv[1]
 
     def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
@@ -360,6 +354,15 @@ def bind_entries(arena, offset: int, buffers) -> list:
         {"binding": i, "resource": b} if isinstance(b, wgpu.GPUTextureView) else
         {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
         for i, b in enumerate(buffers, 1)]
+
+
+def copy_to_texture(enc, buffer, offset: int, bytes_per_row: int, texture, y: int, width: int,
+                    rows: int) -> None:
+    """``rows`` rows of ``width`` texels from ``buffer`` at ``offset`` into rows y.. of
+    ``texture``, through wgpu-py's API (native.RawTextureCopy: the same through the C call)."""
+    enc.copy_buffer_to_texture(
+        {"buffer": buffer, "offset": offset, "bytes_per_row": bytes_per_row,
+         "rows_per_image": rows}, {"texture": texture, "origin": (0, y, 0)}, (width, rows, 1))
 
 
 def groups_1d(n: int, wg: int = 256) -> tuple:

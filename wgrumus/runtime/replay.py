@@ -6,16 +6,16 @@ per dispatch), and its bind groups are built once against that buffer; only the 
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
 constant buffers filled once, so they run in order with the dispatches; copies into the
 device's operand textures (CPU adapters' matmul) stay where the capture made them, right before
-the dispatches that read them. Command buffers are
-single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch set pipeline
-(when it changes), set bind group, dispatch. A recording with host operations (communication,
-``capture.host_op``) replays as parts: the device work up to a host operation is submitted, the
-operation runs and its result is copied into the captured buffer, then the next part follows.
-An asynchronous one (``capture.host_launch``) is started at its launch and the replay goes on
-submitting parts; only its join waits for it (with the timeout the capture waited with) and
-copies its result in. On a CPU adapter, where a submit runs the kernels in the calling thread,
-a replay without host operations is handed to the device's submission thread
-(runtime/submitter.py): the caller returns while the step runs. ``trace`` lists what the last run did, in order: ("submit", part,
+the dispatches that read them. Command buffers are single-use in WebGPU, so each replay encodes
+anew: begin pass, then per dispatch set pipeline (when it changes), set bind group, dispatch. A
+recording with host operations (communication, ``capture.host_op``) replays as parts: the
+device work up to a host operation is submitted, the operation runs and its result is copied
+into the captured buffer, then the next part follows. An asynchronous one
+(``capture.host_launch``) is started at its launch and the replay goes on submitting parts;
+only its join waits for it (with the timeout the capture waited with) and copies its result in.
+On a CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
+operations is handed to the device's submission thread (runtime/submitter.py): the caller
+returns while the step runs. ``trace`` lists what the last run did, in order: ("submit", part,
 dispatches), ("launch", slot, t), ("join", slot, t_wait, t_done), ("host", t, t_done)
 (``time.perf_counter()`` seconds).
 """
@@ -26,7 +26,7 @@ import time
 import numpy as np
 import wgpu
 
-from .device import SLOT, bind_entries, pack_words
+from .device import SLOT, bind_entries, copy_to_texture, pack_words
 from .errors import CaptureError
 from .native import RawReplay, c_api
 
@@ -190,10 +190,7 @@ class Replay:
                 enc.copy_buffer_to_buffer(*body)
                 continue
             if kind == _TEX:
-                src, off, bpr, tex, y, w, n = body
-                enc.copy_buffer_to_texture(
-                    {"buffer": src, "offset": off, "bytes_per_row": bpr, "rows_per_image": n},
-                    {"texture": tex, "origin": (0, y, 0)}, (w, n, 1))
+                copy_to_texture(enc, *body)
                 continue
             cp = self._pass(enc)
             for pipe, bg, offs, gx, gy, gz in body:

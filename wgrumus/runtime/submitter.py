@@ -10,9 +10,9 @@ every read, map and synchronize) first waits for the thread to drain (``drain``)
 sees the device's work in program order; buffers freed to the pool meanwhile are therefore
 safe to reuse, as in an eager batch (whatever reuses one is queued behind the work on it). A
 replay's results are fresh buffers per call, copied out in its own command buffer, so the next
-replay never overwrites what a caller has not read yet. A job's failure is raised by the next call into the
-submitter (``put`` or ``drain``) and the jobs queued behind it are dropped. Every wait has a
-timeout (``TIMEOUT`` seconds, ``WGRUMUS_SUBMIT_TIMEOUT``) raising ``SubmitTimeout``.
+replay never overwrites what a caller has not read yet. A job's failure is raised by the next
+call into the submitter (``put`` or ``drain``) and the jobs queued behind it are dropped. Every
+wait has a timeout (``TIMEOUT`` seconds, ``WGRUMUS_SUBMIT_TIMEOUT``) raising ``SubmitTimeout``.
 """
 from __future__ import annotations
 
