@@ -4,7 +4,7 @@ each wgrumus model also as a ``wr.jit`` captured step (row ``<model>+jit``: the 
 replayed from its recording, no Python per op), in each --precision.
 
     python benchmarks/train_step.py [--quick] [--json] [--models mlp,gpt,gpt2s] [--steps N]
-                                    [--no-jit] [--precision f32,f16]
+                                    [--no-jit] [--jit-sync] [--precision f32,f16]
 
 Rows: ms/step, samples or tokens per second, ratios (wgrumus throughput / reference
 throughput), and per step: dispatches and submits recorded by the device, the host time spent
@@ -413,6 +413,9 @@ def main(argv=None) -> int:
                     help="comma list of f32, f16 (autocast + GradScaler; its rows are compared "
                     "with the f32 row of the same run, without torch / numpy references)")
     ap.add_argument("--no-jit", action="store_true", help="skip the wr.jit rows")
+    ap.add_argument("--jit-sync", action="store_true",
+                    help="add a +jit sync row: replays submitted in the calling thread (on a "
+                    "CPU adapter they go to the device's submission thread by default)")
     args = ap.parse_args(argv)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     if not precisions or set(precisions) - {"f32", "f16"}:
@@ -465,6 +468,19 @@ def main(argv=None) -> int:
                           "per_step": {k: j[k] for k in ("host_ms", "wait_ms", "cpu_ms",
                                                          "proc_cpu_ms", "dispatches", "submits")}}
             row["jit"]["per_step"]["gpu_ms"] = gpu_ms(jstep, dev, steps)
+            if args.jit_sync:
+                from wgrumus.runtime import submitter
+                was, submitter.ENABLED = submitter.ENABLED, False
+                try:
+                    sstep, sloss, _ = wgrumus_step(name, cfg, dev, prec, jit=True)
+                    s = measure(sstep, dev.synchronize, steps, args.repeats, warmup, counters)
+                finally:
+                    submitter.ENABLED = was
+                row["jit_sync"] = {"ms": s["ms"], "throughput": unit_n / s["ms"] * 1e3,
+                                   "loss": sloss(), "ms_all": s["ms_all"],
+                                   "per_step": {k: s[k] for k in ("host_ms", "wait_ms",
+                                                                  "cpu_ms", "proc_cpu_ms",
+                                                                  "dispatches", "submits")}}
         if prec != "f32":
             base = next((r for r in rows if r["model"] == name), None)
             row["vs_f32"] = base["wgrumus_ms"] / ours["ms"] if base else None
@@ -522,6 +538,10 @@ def _table(meta, rows):
             j = r["jit"]
             lines.append((r["model"] + "+jit", j["ms"], j["throughput"], j.get("vs_torch"),
                           r["numpy_ms"] / j["ms"] if r.get("numpy_ms") else None,
+                          j["per_step"]))
+        if "jit_sync" in r:
+            j = r["jit_sync"]
+            lines.append((r["model"] + "+jit sync", j["ms"], j["throughput"], None, None,
                           j["per_step"]))
         for label, ms, thr, vt, vn, ps in lines:
             per = 1e3 * ps["host_ms"] / ps["dispatches"] if ps["dispatches"] else None

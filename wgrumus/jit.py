@@ -15,7 +15,10 @@ as Adam's moments. The second runs eagerly too while the device records what it 
 (runtime/capture.py). Every later call with the same signature copies the new input data into
 the capture's input buffers and replays the recording (runtime/replay.py): no autograd, op
 dispatch or allocation in Python, ~3 C calls per dispatch. Outputs come back as new tensors with
-the values the eager call would return (without autograd history).
+the values the eager call would return (without autograd history). On a CPU adapter the call
+returns once the replay is queued on the device's submission thread (runtime/submitter.py, at
+most 8 steps ahead); reading a result, or any other read or eager work on that device, waits
+for the queued steps first.
 
 What a replay reproduces: device work on tensors, including in-place updates of parameters and
 optimizer state; optimizer step counts, bias corrections and learning rates (re-read from the

@@ -100,14 +100,8 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
     precision = getattr(args, "precision", "f32")
-    jit = getattr(args, "jit", None)
+    jit = getattr(args, "jit", True)  # default on, CPU adapters included
     layout.devices = _device_count(args, layout)
-    if jit is None:  # default: on, except on CPU adapters (captures run the storage-buffer
-        # matmul there; eager steps read its operands from textures, 3-6x faster on lavapipe)
-        import wgrumus as wr
-
-        from ..runtime.adapters import is_cpu_adapter
-        jit = not is_cpu_adapter(wr.devices()[0])
     if args.checkpoint:
         _check_writable(args.checkpoint)
         if not args.resume and not overwrite:

@@ -46,13 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=("f32", "f16"), default="f32",
                    help="f16: mixed precision (autocast matmul/linear/conv/attention to f16, "
                    "dynamic loss scaling, f32 master weights; needs shader-f16). Default f32")
-    g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=None,
+    g.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
                    help="replay each step from wr.jit captures: no Python per op, the same "
                    "losses, in every --dp/--tp/--pp layout (each rank or stage replays its "
                    "device's work; communication runs between the replayed segments; f16 loss "
-                   "scaling stays on the device). Default on, except on CPU adapters (eager "
-                   "steps read matmul operands from textures there, captures do not); --no-jit "
-                   "runs every step eagerly")
+                   "scaling stays on the device). Default on; --no-jit runs every step eagerly")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

@@ -405,10 +405,9 @@ def cpu_subgroup(dev) -> int:
 
 def use_cpu_textures(dev, f16: bool, work: int = CPU_TEX_MIN) -> bool:
     """f32 operands go through textures on CPU adapters (CPU_TEX None) for products of at least
-    CPU_TEX_MIN multiply-adds (``work``), except while a wr.jit capture records (it replays
-    buffer copies only)."""
+    CPU_TEX_MIN multiply-adds (``work``); wr.jit captures replay the texture copies too."""
     on = is_cpu_adapter(dev) and work >= CPU_TEX_MIN if CPU_TEX is None else CPU_TEX
-    return on and not f16 and dev.recorder is None
+    return on and not f16
 
 
 def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False, sg: bool = False) -> tuple:
@@ -588,7 +587,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
              b.strides[-2], b.strides[-1], out.offset]
     tex = use_cpu_textures(a.device, f16, nbatch * M * N * K) if len(tile) < 6 else (
-        tile[5] and not f16 and a.device.recorder is None)
+        tile[5] and not f16)
     if tex:
         ta = _tex_operand(a, 0, M, K, sa, nbatch)
         tb = ta and _tex_operand(b, 1, K, N, sb, nbatch)

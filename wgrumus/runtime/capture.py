@@ -24,6 +24,8 @@ import os
 import sys
 import threading
 
+import wgpu
+
 from .errors import CaptureError
 
 _lock = threading.Lock()
@@ -58,8 +60,10 @@ class Recording:
 
     ops: ("d", pipeline, layout, dynamic, buffers, words, groups, refresh) dispatches (words: the
     256-byte parameter slot; refresh: None, or a callable giving the slot's parameter list anew
-    at every replay, e.g. an optimizer's bias corrections), ("c", src, src_off, dst, dst_off,
-    nbytes) copies, ("w", dst, offset, data) host writes, ("h", fn, args, out) host
+    at every replay, e.g. an optimizer's bias corrections; buffers may hold texture views),
+    ("c", src, src_off, dst, dst_off, nbytes) copies, ("t", src, src_off, bytes_per_row,
+    texture, y, width, rows) buffer-to-texture copies (Device.operand_texture), ("w", dst,
+    offset, data) host writes, ("h", fn, args, out) host
     operations (``host_op``), and ("a", launch, args, slot) / ("j", slot, out, timeout) the
     launch and the join of an asynchronous one (``host_launch``; slots count launches)."""
 
@@ -74,6 +78,10 @@ class Recording:
 
     def copy(self, src, src_off: int, dst, dst_off: int, nbytes: int) -> None:
         self.ops.append(("c", src, src_off, dst, dst_off, nbytes))
+
+    def texture_copy(self, src, src_off: int, bytes_per_row: int, texture, y: int, width: int,
+                     rows: int) -> None:
+        self.ops.append(("t", src, src_off, bytes_per_row, texture, y, width, rows))
 
     def write(self, dst, offset: int, data: bytes) -> None:
         self.ops.append(("w", dst, offset, bytes(data)))
@@ -99,7 +107,10 @@ class Recording:
         for op in self.ops:
             if op[0] == "d":
                 for b in op[4]:
-                    seen[id(b)] = b
+                    if isinstance(b, wgpu.GPUBuffer):  # not the device's operand textures
+                        seen[id(b)] = b
+            elif op[0] == "t":
+                seen[id(op[1])] = op[1]
             elif op[0] == "c":
                 seen[id(op[1])] = op[1]
                 seen[id(op[3])] = op[3]

@@ -18,6 +18,7 @@ import threading
 import numpy as np
 import wgpu
 
+from . import submitter
 from .adapters import is_cpu_adapter
 from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
@@ -98,6 +99,8 @@ class Device(HostTransfers):
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
+        self._cpu = cpu
+        self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
         self.dispatches = 0
         self.submits = 0
         self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
@@ -244,10 +247,9 @@ class Device(HostTransfers):
         kernel), holding ``texels`` texels of ``buffer`` from byte ``start`` (a multiple of 16)
         with quad q at (q % TEX_W, q // TEX_W). The copy is recorded into the batch: it runs
         after every dispatch recorded before it (wgpu orders a pass's reads of the texture
-        before the copy), so one texture per (slot, height) serves every kernel. Not while a
-        capture records (it replays dispatches, copies and writes only)."""
-        if self.recorder is not None:
-            raise KernelError("operand textures are not recorded by wr.jit captures")
+        before the copy), so one texture per (slot, height) serves every kernel. A wr.jit
+        capture records the copies in place, so a replay refills the texture right before the
+        kernels that read it, as here."""
         rows = -(-texels // TEX_W)
         height = 1 << (rows - 1).bit_length()  # few distinct textures
         with self.lock:
@@ -263,14 +265,11 @@ class Device(HostTransfers):
             for y, n, w in ((0, full, TEX_W), (full, 1 if rest else 0, rest)):
                 if not n:
                     continue
-                if self._raw_copy is not None:
-                    self._raw_copy.copy(enc, buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0],
-                                        y, w, n)
-                    continue
-                enc.copy_buffer_to_texture(
-                    {"buffer": buffer, "offset": start + y * TEX_W * 16,
-                     "bytes_per_row": TEX_W * 16, "rows_per_image": n},
-                    {"texture": tv[0], "origin": (0, y, 0)}, (w, n, 1))
+                region = (buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0], y, w, n)
+                if self.recorder is not None:
+                    self.recorder.texture_copy(*region)
+                (self._raw_copy.copy if self._raw_copy is not None else copy_to_texture)(
+                    enc, *region)
         return tv[1]
 
     def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
@@ -284,9 +283,26 @@ class Device(HostTransfers):
                 self.recorder.copy(src, src_off, dst, dst_off, nbytes)
             self._close_pass().copy_buffer_to_buffer(src, src_off, dst, dst_off, nbytes)
 
+    def replay_submitter(self):
+        """The submission thread replays of this device are handed to (made on first use), or
+        None where replays submit in the calling thread (GPUs: submit returns at once)."""
+        on = self._cpu if submitter.ENABLED is None else submitter.ENABLED
+        if on and self.submitter is None:
+            with self.lock:
+                if self.submitter is None:
+                    self.submitter = submitter.Submitter(self.name)
+        return self.submitter if on else None
+
+    def drain(self) -> None:
+        """Wait until the replays handed to the submission thread are submitted (so queue
+        operations made now come after them); raises a failure of theirs."""
+        if self.submitter is not None:
+            self.submitter.drain()
+
     def _flush_locked(self):
         if self._encoder is None:
             return
+        self.drain()  # eager work goes behind the queued replays
         if self._pass is not None:
             self._pass.end()
             self._pass = None
@@ -338,6 +354,15 @@ def bind_entries(arena, offset: int, buffers) -> list:
         {"binding": i, "resource": b} if isinstance(b, wgpu.GPUTextureView) else
         {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
         for i, b in enumerate(buffers, 1)]
+
+
+def copy_to_texture(enc, buffer, offset: int, bytes_per_row: int, texture, y: int, width: int,
+                    rows: int) -> None:
+    """``rows`` rows of ``width`` texels from ``buffer`` at ``offset`` into rows y.. of
+    ``texture``, through wgpu-py's API (native.RawTextureCopy: the same through the C call)."""
+    enc.copy_buffer_to_texture(
+        {"buffer": buffer, "offset": offset, "bytes_per_row": bytes_per_row,
+         "rows_per_image": rows}, {"texture": texture, "origin": (0, y, 0)}, (width, rows, 1))
 
 
 def groups_1d(n: int, wg: int = 256) -> tuple:

@@ -32,3 +32,8 @@ class OutOfMemoryError(WgrumusError, MemoryError):
 
 class CaptureError(WgrumusError):
     """A ``wr.jit`` function did something a replayed recording could not reproduce."""
+
+
+class SubmitTimeout(WgrumusError, TimeoutError):
+    """Work handed to a device's submission thread (runtime/submitter.py) did not finish in
+    time."""

@@ -164,30 +164,41 @@ class RawTextureCopy:
             return None
 
     def __init__(self, capi):
-        ffi, lib = capi.ffi, capi.lib
-        self._copy = lib.wgpuCommandEncoderCopyBufferToTexture
-        self._src = ffi.new("WGPUTexelCopyBufferInfo *")
-        self._dst = ffi.new("WGPUTexelCopyTextureInfo *")
-        self._size = ffi.new("WGPUExtent3D *")
-        self._dst.aspect = lib.WGPUTextureAspect_All
-        self._size.depthOrArrayLayers = 1
+        self._copy = capi.lib.wgpuCommandEncoderCopyBufferToTexture
+        self._structs = self.structs(capi)
 
-    def copy(self, encoder, buffer, offset: int, bytes_per_row: int, texture, y: int,
-             width: int, height: int) -> None:
-        """``height`` rows of ``width`` texels from ``buffer`` at ``offset`` into rows y.. of
-        (2-D, mip 0) ``texture``."""
-        src, dst, size = self._src, self._dst, self._size
+    @staticmethod
+    def structs(capi) -> tuple:
+        """The (source, destination, size) structs of one copy."""
+        ffi = capi.ffi
+        src, dst, size = (ffi.new("WGPUTexelCopyBufferInfo *"),
+                          ffi.new("WGPUTexelCopyTextureInfo *"), ffi.new("WGPUExtent3D *"))
+        dst.aspect = capi.lib.WGPUTextureAspect_All
+        size.depthOrArrayLayers = 1
+        return src, dst, size
+
+    @staticmethod
+    def fill(structs, buffer, offset: int, bytes_per_row: int, texture, y: int, width: int,
+             height: int) -> tuple:
+        """``structs`` set to ``height`` rows of ``width`` texels from ``buffer`` at ``offset``
+        into rows y.. of (2-D, mip 0) ``texture``."""
+        src, dst, size = structs
         src.layout.offset, src.layout.bytesPerRow = offset, bytes_per_row
         src.layout.rowsPerImage, src.buffer = height, buffer._internal
         dst.texture, dst.origin.y = texture._internal, y
         size.width, size.height = width, height
-        self._copy(encoder._internal, src, dst, size)
+        return structs
+
+    def copy(self, encoder, *region) -> None:
+        """The copy ``fill`` describes (its arguments after ``structs``), into ``encoder``."""
+        self._copy(encoder._internal, *self.fill(self._structs, *region))
 
 
 class RawReplay:
-    """A replay's segments ((PASS, dispatches) or (COPY, copy)) lowered once to wgpu-native
-    handles, and encoded with the C calls at every replay."""
-    PASS, COPY = 0, 1
+    """A replay's segments ((PASS, dispatches), (COPY, copy) or (TEXTURE, buffer-to-texture
+    copy)) lowered once to wgpu-native handles (a texture copy: its three structs), and encoded
+    with the C calls at every replay."""
+    PASS, COPY, TEXTURE = 0, 1, 2
 
     def __init__(self, capi, segs, ndispatch: int):
         self.lib, ffi = capi.lib, capi.ffi
@@ -197,6 +208,10 @@ class RawReplay:
             if kind == self.COPY:
                 src, so, dst, do, nb = body
                 self.segs.append((kind, (src._internal, so, dst._internal, do, nb)))
+                continue
+            if kind == self.TEXTURE:  # structs of its own per copy, filled once
+                self.segs.append((kind, RawTextureCopy.fill(RawTextureCopy.structs(capi),
+                                                            *body)))
                 continue
             lowered, last = [], None
             for pipe, bg, offs, gx, gy, gz in body:
@@ -215,6 +230,7 @@ class RawReplay:
         ``open_pass(enc)``), the ``after`` copies."""
         lib = self.lib
         copy = lib.wgpuCommandEncoderCopyBufferToBuffer
+        texture_copy = lib.wgpuCommandEncoderCopyBufferToTexture
         set_pipe = lib.wgpuComputePassEncoderSetPipeline
         set_bg = lib.wgpuComputePassEncoderSetBindGroup
         dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
@@ -224,6 +240,9 @@ class RawReplay:
         for kind, body in self.segs:
             if kind == self.COPY:
                 copy(e, *body)
+                continue
+            if kind == self.TEXTURE:
+                texture_copy(e, *body)
                 continue
             cp = open_pass(enc)
             h = cp._internal

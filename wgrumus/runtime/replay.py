@@ -4,14 +4,18 @@ three of wgpu-native's C calls per dispatch.
 The recording's parameter words go, once, into a uniform buffer of its own (one 256-byte slot
 per dispatch), and its bind groups are built once against that buffer; only the slots whose
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
-constant buffers filled once, so they run in order with the dispatches. Command buffers are
-single-use in WebGPU, so each replay encodes anew: begin pass, then per dispatch set pipeline
-(when it changes), set bind group, dispatch. A recording with host operations (communication,
-``capture.host_op``) replays as parts: the device work up to a host operation is submitted, the
-operation runs and its result is copied into the captured buffer, then the next part follows.
-An asynchronous one (``capture.host_launch``) is started at its launch and the replay goes on
-submitting parts; only its join waits for it (with the timeout the capture waited with) and
-copies its result in. ``trace`` lists what the last run did, in order: ("submit", part,
+constant buffers filled once, so they run in order with the dispatches; copies into the
+device's operand textures (CPU adapters' matmul) stay where the capture made them, right before
+the dispatches that read them. Command buffers are single-use in WebGPU, so each replay encodes
+anew: begin pass, then per dispatch set pipeline (when it changes), set bind group, dispatch. A
+recording with host operations (communication, ``capture.host_op``) replays as parts: the
+device work up to a host operation is submitted, the operation runs and its result is copied
+into the captured buffer, then the next part follows. An asynchronous one
+(``capture.host_launch``) is started at its launch and the replay goes on submitting parts;
+only its join waits for it (with the timeout the capture waited with) and copies its result in.
+On a CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
+operations is handed to the device's submission thread (runtime/submitter.py): the caller
+returns while the step runs. ``trace`` lists what the last run did, in order: ("submit", part,
 dispatches), ("launch", slot, t), ("join", slot, t_wait, t_done), ("host", t, t_done)
 (``time.perf_counter()`` seconds).
 """
@@ -22,11 +26,11 @@ import time
 import numpy as np
 import wgpu
 
-from .device import SLOT, bind_entries, pack_words
+from .device import SLOT, bind_entries, copy_to_texture, pack_words
 from .errors import CaptureError
 from .native import RawReplay, c_api
 
-_PASS, _COPY = RawReplay.PASS, RawReplay.COPY
+_PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
 
 
 class Replay:
@@ -64,8 +68,8 @@ class Replay:
                 slot += 1
                 continue
             cur = None
-            if op[0] == "c":
-                segs.append((_COPY, op[1:]))
+            if op[0] in ("c", "t"):  # the copies sit where they were: between passes
+                segs.append((_COPY if op[0] == "c" else _TEX, op[1:]))
             elif op[0] in ("h", "a", "j"):
                 segs = []
                 self._parts += [op, segs]
@@ -85,7 +89,9 @@ class Replay:
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        self._raw = None if dev._raw is None else [
+        raw = dev._raw is not None and (dev._raw_copy is not None
+                                        or not any(op[0] == "t" for op in ops))
+        self._raw = None if not raw else [
             RawReplay(c_api(), p, k) for p, k in zip(self._parts[::2], self._dispatches_of)]
 
     def _bind_group(self, layout, bufs, offset):
@@ -94,34 +100,52 @@ class Replay:
 
     def run(self, before=(), after=()) -> None:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
-        copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
+        copies encoded ahead of / behind the recorded work (inputs in, outputs out). On a CPU
+        adapter a replay without host operations is handed to the device's submission thread
+        (runtime/submitter.py) and this returns at once."""
         dev = self.device
         last = len(self._parts) - 1
         trace, pending = [], {}  # pending: slot -> the handle of a launched host operation
         self.trace = trace
+        sub = dev.replay_submitter() if last == 0 and dev._timer is None else None
         for i in range(0, last + 1, 2):
             if i:
                 self._host(self._parts[i - 1], pending, trace)
                 if not self._parts[i] and i != last:
                     continue  # nothing to submit between two host operations
             with dev.lock:
+                if sub is None:
+                    dev.drain()  # replays of other captures queued on this device go first
                 dev._flush_locked()  # eager work recorded so far runs first
+                words = None
                 if i == 0 and self._refresh:
                     for slot, fn in self._refresh:
                         pack_words(self._bytes, slot * SLOT, fn())
                     lo, hi = self._refresh[0][0], self._refresh[-1][0] + 1
-                    dev.queue.write_buffer(self._arena, lo * SLOT, self._words[lo:hi])
+                    rows = self._words[lo:hi]
+                    words = (lo * SLOT, rows if sub is None else rows.copy())  # as queued
                 pre, post = before if i == 0 else (), after if i == last else ()
-                if not (self._parts[i] or pre or post):
-                    continue
-                enc = dev.wgpu.create_command_encoder()
-                if self._raw is not None:
-                    self._raw[i // 2].encode(enc, self._pass, pre, post)
+                if sub is not None:
+                    sub.put(self._submit, i, words, pre, post)
                 else:
-                    self._encode_api(enc, self._parts[i], pre, post)
-                dev._submit(enc.finish())
+                    self._submit(i, words, pre, post)
             trace.append(("submit", i // 2, self._dispatches_of[i // 2]))
         dev.dispatches += self.dispatches
+
+    def _submit(self, i: int, words, before, after) -> None:
+        """Part ``i``'s queue work: its rewritten parameter words (``words``: (offset, rows) or
+        None), then its commands."""
+        dev = self.device
+        if words is not None:
+            dev.queue.write_buffer(self._arena, *words)
+        if not (self._parts[i] or before or after):
+            return
+        enc = dev.wgpu.create_command_encoder()
+        if self._raw is not None:
+            self._raw[i // 2].encode(enc, self._pass, before, after)
+        else:
+            self._encode_api(enc, self._parts[i], before, after)
+        dev._submit(enc.finish())
 
     def _host(self, op, pending: dict, trace: list) -> None:
         """A recorded host operation, again: a launch is started and left running; a plain one's
@@ -164,6 +188,9 @@ class Replay:
         for kind, body in segs:
             if kind == _COPY:
                 enc.copy_buffer_to_buffer(*body)
+                continue
+            if kind == _TEX:
+                copy_to_texture(enc, *body)
                 continue
             cp = self._pass(enc)
             for pipe, bg, offs, gx, gy, gz in body:

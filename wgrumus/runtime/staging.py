@@ -54,7 +54,8 @@ class HostTransfers:
         """Host -> device. Large data is copied (by several threads) into a persistently mapped
         MAP_WRITE staging buffer, and the copy into `buf` is recorded into the open batch, so
         it runs in order with the recorded ops and needs no flush. Small data goes through
-        queue.write_buffer, which runs before the open batch: that batch is submitted first."""
+        queue.write_buffer, which runs before the open batch: that batch is submitted first (and
+        behind replays queued on the device's submission thread: handed to it)."""
         data = np.ascontiguousarray(data)
         nbytes = data.nbytes
         if nbytes == 0:
@@ -75,6 +76,10 @@ class HostTransfers:
                 raw = pad
             if self.recorder is not None:
                 self.recorder.write(buf, offset, raw)
+            sub = self.submitter
+            if sub is not None and sub.busy():  # behind the queued replays, not before them
+                sub.put(self.queue.write_buffer, buf, offset, raw.copy())
+                return
             self.queue.write_buffer(buf, offset, raw)
 
     def _write_mapped(self, buf, raw: np.ndarray, offset: int) -> None:
