@@ -28,7 +28,8 @@
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}
 
-fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
+// EPI_PRE (fused GELU-type linears): stores the activation's argument z for the backward.
+fn epi(i: u32, n: u32, x: f32) -> f32 { {{EPI_PRE}}return {{EPI}}; }
 // The stored value: ACC 1 (passes after the first over a long K) adds C's value so far; the
 // epilogue is the identity except in the last pass.
 fn fin(i: u32, n: u32, x: f32) -> {{T}} {

@@ -22,7 +22,7 @@ from ..tensor import Tensor, check_same_device, float32
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
-from .matmul import linear_2d, matmul
+from .matmul import linear_2d, matmul, use_cpu_kernel
 from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
@@ -81,7 +81,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         wt = transpose(weight, 0, 1)
         r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
               if residual is not None else None)
-        if keep_u:
+        ub = b  # the bias the backward adds to u (None: u includes it)
+        if keep_u and use_cpu_kernel(x2.device):
+            # CPU adapters: the activation in the matmul's epilogue, which also stores its
+            # argument u + bias (one pass over the output fewer; llvmpipe pays per access)
+            u, ub = Tensor.empty((x2.shape[0], n_out), x2.device, float32), None
+            y = linear_2d(x2, _f32(wt), b, None, fwd, r16=autocast_dtype() is not None, pre=u)
+        elif keep_u:
             u = matmul(x2, wt)  # [N, out], contiguous
             ins = [u] + [t for t in (b, r2) if t is not None]
             y = map_op(fwd.format(z=" + ".join("abc"[:len(ins)])), ins)
@@ -98,7 +104,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         g2 = contiguous(reshape(g, (N, n_out)))
         db = None
         if bias is not None or activation is not None:
-            dz, db = _epilogue_grad(g2, z_saved if activation else None, b if keep_u else None,
+            dz, db = _epilogue_grad(g2, z_saved if activation else None, ub if keep_u else None,
                                     grad_expr, bias is not None and bias.requires_grad,
                                     activation is not None)
         else:

@@ -205,7 +205,10 @@ def _load(r16: bool, s: str) -> str:
     return f"vec4<{s}>(round_f16x4_(v))" if r16 and s == "f32" else f"vec4<{s}>(v)"
 
 
-def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
+def _epilogue_defines(act, bias: bool, residual: bool, pre: bool = False) -> dict:
+    """EPI (and its bindings after C): act(x + bias + residual). ``pre`` (CPU kernel only, no
+    residual): also store the activation's argument into PRE (offset in word 14), which the
+    activation's backward reads; EPI_PRE is then the statement that stores it."""
     z, decls = "x", []
     if bias:
         decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<f32>;")
@@ -213,14 +216,24 @@ def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
     if residual:
         decls.append(f"@group(0) @binding({4 + bias}) var<storage, read> RES: array<f32>;")
         z += " + RES[i - pu(11u) + pu(14u)]"
-    return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z=z) if act else z}
+    if not pre:
+        return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z=z) if act else z}
+    if residual or not act:
+        raise ValueError("matmul epilogue: storing the pre-activation needs an activation and "
+                         "no residual")
+    decls.append(f"@group(0) @binding({4 + bias}) var<storage, read_write> PRE: array<f32>;")
+    return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z="z"),
+            "EPI_PRE": f"let z = {z}; PRE[i - pu(11u) + pu(14u)] = z; "}
 
 
 def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
-              activation: str | None = None, r16: bool = False) -> Tensor:
+              activation: str | None = None, r16: bool = False, pre: Tensor | None = None
+              ) -> Tensor:
     """act(x @ wt + bias + residual) for float32 2-D x [M, K] and wt [K, N] (any strides), a
     contiguous bias [N] and residual [M, N], in one kernel. ``activation`` is a WGSL template
     of {z} (e.g. "max({z}, 0.0)"); ``r16``: the product of x and wt rounded to f16 (autocast).
+    ``pre`` (CPU kernel only; an activation, no residual): a contiguous float32 [M, N] tensor
+    that also receives the activation's argument x @ wt + bias, for its backward.
     No autograd: fused.linear records the node."""
     M, K = x.shape
     N = wt.shape[1]
@@ -230,9 +243,11 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
     if K == 0:  # a zero product: only the epilogue is left, in a map kernel
         ins = [t for t in (bias, residual) if t is not None]
         z = " + ".join("ab"[:len(ins)]) or "0.0"
+        if pre is not None:
+            run_map(z, pre, ins)
         return run_map(activation.format(z=z) if activation else z, out, ins)
     _launch(x, wt, out, M, N, K, 0, 0, 1, bias=bias, residual=residual, activation=activation,
-            r16=r16)
+            r16=r16, pre=pre)
     return out
 
 
@@ -551,7 +566,8 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc),
                      LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
                      SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
-                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
+                     **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
+                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
 
 
 def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int):
@@ -622,21 +638,22 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
-            activation=None, r16=False):
+            activation=None, r16=False, pre=None):
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
     am = _mode(a.offset, sa, ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
-    epi = (activation, bias is not None, residual is not None)
+    epi = (activation, bias is not None, residual is not None) + ((True,) if pre is not None else ())
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     extra = [0, 0]
     if bias is not None:
         bufs.append(bias._storage.buffer)
         extra[0] = bias.offset
-    if residual is not None:
-        bufs.append(residual._storage.buffer)
-        extra[1] = residual.offset
+    for t in (residual, pre):  # (at most one of them: _epilogue_defines)
+        if t is not None:
+            bufs.append(t._storage.buffer)
+            extra[1] = t.offset
     if tile is None and use_cpu_kernel(a.device):
         tex = use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K)
         tile = _cpu_tile(M, N, nbatch, tex,
@@ -644,6 +661,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
                            r16)
+    if pre is not None:
+        raise ValueError("matmul: the pre-activation store is a CPU-kernel epilogue only")
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
     if tile is None:  # r16 products take the f16 table's (packed f16) variants
