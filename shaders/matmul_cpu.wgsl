@@ -1,7 +1,8 @@
 // C[b] = A[b] @ B[b] on CPU adapters (lavapipe/llvmpipe); same operands and words as
 // matmul.wgsl (0 M, 1 N, 2 K, 3..6 A offset/batch/row/col stride, 7..10 B, 11 C offset,
 // 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch, 16/17 the
-// K range of this pass).
+// K range of this pass, 18 inner batches of a two-level batch (1: one level), 19/20 A's / B's
+// inner batch strides).
 // llvmpipe runs a workgroup's invocations as the SIMD lanes of one CPU thread, turns every
 // workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
 // one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
@@ -71,10 +72,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m0 = (wid.y * WGY + lid / WGX) * TM;
         n0 = (wid.x * WGX + lid % WGX) * TN;
     }
-    let abase = pu(3u) + bz * pu(4u);
+    // a two-level batch: bz = outer * pu(18u) + inner, A / B strides 4 / 19 and 8 / 20
+    let bo = bz / pu(18u);
+    let bi = bz % pu(18u);
+    let abase = pu(3u) + bo * pu(4u) + bi * pu(19u);
     let ar = pu(5u);
     let ac = pu(6u);
-    let bbase = pu(7u) + bz * pu(8u);
+    let bbase = pu(7u) + bo * pu(8u) + bi * pu(20u);
     let br = pu(9u);
     let bc = pu(10u);
     // Rows and columns past the edge read the last one (their sums are never stored); quads

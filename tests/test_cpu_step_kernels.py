@@ -43,7 +43,79 @@ def test_linear_pre_activation_store_matches_numpy(monkeypatch, rng, M, K, N, kp
 def test_pre_activation_store_is_cpu_only(monkeypatch):
     monkeypatch.setattr(mm, "CPU_KERNEL", False)
     x = wr.ones((4, 4))
-    with pytest.raises(ValueError, match="CPU-kernel epilogue only"):
+    with pytest.raises(ValueError, match="CPU-kernel features only"):
         linear_2d(x, x, None, None, GELU_TANH, pre=Tensor.empty((4, 4)))
     with pytest.raises(ValueError, match="needs an activation"):
         mm._epilogue_defines(None, True, False, True)
+
+
+def _heads(rng, B, T, H, d):
+    """q, k, v as [B, H, T, d] views of a packed [B, T, 3 * H * d] tensor, and numpy's."""
+    x = rng.standard_normal((B, T, 3, H, d)).astype(np.float32)
+    hv = wr.tensor(x.reshape(B, T, 3 * H * d)).reshape(B, T, 3, H, d).permute(2, 0, 3, 1, 4)
+    return [hv[i] for i in range(3)], [x.transpose(2, 0, 3, 1, 4)[i] for i in range(3)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tex", [True, False])
+@pytest.mark.parametrize("B,T,H,d", [(3, 9, 5, 6), (2, 5, 3, 8), (1, 12, 2, 4), (2, 17, 4, 16)])
+def test_two_level_batch_matches_numpy(monkeypatch, rng, tex, B, T, H, d):
+    """Attention's head views (batch dims that collapse into no single stride) in one CPU
+    kernel each, no copy: q @ k^T and p @ v (p contiguous, v a view), odd sizes, FLAT (T <= 8)
+    and blocked launches, texture and storage operands."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", tex)
+    (q, k, v), (qn, kn, vn) = _heads(rng, B, T, H, d)
+    dev = q.device
+    n0 = dev.dispatches
+    s = q @ k.transpose(-1, -2)
+    assert dev.dispatches - n0 == 1  # no contiguous copy of q or k
+    np.testing.assert_allclose(s.numpy(), qn @ kn.transpose(0, 1, 3, 2), rtol=1e-4, atol=1e-4)
+    p = rng.standard_normal((B, H, T, T)).astype(np.float32)
+    n0 = dev.dispatches
+    o = wr.tensor(p) @ v
+    assert dev.dispatches - n0 == 1
+    np.testing.assert_allclose(o.numpy(), p @ vn, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_two_level_batch_past_65535_batches(monkeypatch, rng):
+    """65,538 [9, 4] @ [4, 9] products of a two-level batch: the launch is split over z (65,535
+    a dispatch) and each part's global batch index still splits into (outer, inner)."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    (q, k, _), (qn, kn, _) = _heads(rng, 2, 9, 32769, 4)
+    s = (q @ k.transpose(-1, -2)).numpy()
+    want = np.einsum("bhtd,bhsd->bhts", qn, kn)
+    np.testing.assert_allclose(s, want, rtol=1e-4, atol=1e-4)
+
+
+def _attention_ref(x, H, g):
+    """numpy causal attention over packed qkv [B, T, 3E] and its gradient for d(out) g."""
+    B, T, E3 = x.shape
+    d = E3 // 3 // H
+    q, k, v = x.reshape(B, T, 3, H, d).transpose(2, 0, 3, 1, 4).astype(np.float64)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    go = g.reshape(B, T, H, d).transpose(0, 2, 1, 3)
+    dp = go @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(d)
+    grads = [ds @ k, ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ go]
+    out = (p @ v).transpose(0, 2, 1, 3).reshape(B, T, H * d)
+    return out, np.stack(grads, 2).transpose(0, 3, 2, 1, 4).reshape(B, T, E3)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("B,T,H,d", [(2, 9, 3, 5), (3, 16, 4, 8)])
+def test_attention_in_place_heads_match_numpy(rng, B, T, H, d):
+    """fused.causal_self_attention (on a CPU adapter: head views, no copies) and its gradient
+    against numpy."""
+    from wgrumus.ops import fused
+    x = rng.standard_normal((B, T, 3 * H * d)).astype(np.float32)
+    g = rng.standard_normal((B, T, H * d)).astype(np.float32)
+    t = wr.tensor(x, requires_grad=True)
+    y = fused.causal_self_attention(t, H)
+    got = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()
+    want_y, want_g = _attention_ref(x, H, g)
+    np.testing.assert_allclose(y.numpy(), want_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, want_g, rtol=1e-4, atol=1e-5)

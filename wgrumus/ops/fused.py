@@ -175,14 +175,21 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
     fused = prefer_fused(dev, B * H, d, T, T)
+    # CPU kernel, unfused: the matmuls read the heads in place ([B, H, T, d] views of qkv, a
+    # two-level batch), no head-splitting copy forward nor gradient copy backward
+    in_place = not fused and use_cpu_kernel(dev)
     with no_grad():
         src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
             else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
         # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
-        heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
-        n = B * H * T * d
-        q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
-                          heads.dtype) for i in range(3))
+        heads = permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4))
+        if in_place:
+            q, k, v = (heads[i] for i in range(3))
+        else:
+            heads = contiguous(heads)
+            n = B * H * T * d
+            q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
+                              heads.dtype) for i in range(3))
         if fused:
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
         else:
@@ -194,8 +201,10 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
         return y
 
     def bw(g):
-        go = contiguous(permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3)))
-        go = Tensor(go._storage, (B * H, T, d), None, go.offset)
+        go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
+        if not in_place:
+            go = contiguous(go)
+            go = Tensor(go._storage, (B * H, T, d), None, go.offset)
         if fused:
             dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         else:

@@ -28,6 +28,21 @@ def _batch_stride(t: Tensor, nb: int):
     return dims[-1][1]
 
 
+def _two_level(ae: Tensor, be: Tensor, nb: int):
+    """(A outer stride, B outer stride, inner batches, A inner stride, B inner stride) where
+    each operand's batch dims but the last collapse into one stride (the CPU kernel's two-level
+    batch: a [B, H, T, d] head view of a packed [B, T, 3, H, d] projection needs no copy), or
+    None."""
+    if nb < 2:
+        return None
+    inner = ae.shape[nb - 1]
+    outer = [_batch_stride(t, nb - 1) for t in (ae, be)]
+    if None in outer:
+        return None
+    ins = [t.strides[nb - 1] if inner != 1 else 0 for t in (ae, be)]
+    return outer[0], outer[1], inner, ins[0], ins[1]
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError("matmul needs two tensors")
@@ -60,6 +75,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     ae = expand(a2, batch + (M, K)) if a2.shape[:-2] != batch else a2
     be = expand(b2, batch + (K, N)) if b2.shape[:-2] != batch else b2
     sa, sb = _batch_stride(ae, nb), _batch_stride(be, nb)
+    two = None
+    if (sa is None or sb is None) and use_cpu_kernel(a.device):
+        two = _two_level(ae, be, nb)
+    if two is not None:
+        sa, sb = two[:2]
     if sa is None:
         ae, sa = contiguous(ae), M * K
     if sb is None:
@@ -71,7 +91,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             from .elementwise import fill_
             fill_(out, 0.0)
         else:
-            _launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16)
+            _launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16,
+                    inner=two[2:] if two else (1, 0, 0))
 
     def bw(g):
         g2 = reshape(g, batch + (M, N))
@@ -570,17 +591,20 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
 
 
-def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int):
-    """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb) copied
+def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int,
+                 inner: tuple = (1, 0)):
+    """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb; with
+    ``inner`` (n, stride) batch z at (z // n) * sb + (z % n) * stride) copied
     into the device's operand texture ``slot``: the elements the kernel reads, from the
     16-byte boundary at or below the first; offset: the first one's index there. None where
     that region does not fit (the texture's rows: TEX_W texels, at most
     max-texture-dimension-2d of them)."""
-    st = (sb, *t.strides[-2:])
+    st = (sb, inner[1], *t.strides[-2:])
     if min(st) < 0:
         return None
     first = t.offset
-    last = first + sum((n - 1) * s for n, s in zip((nbatch, rows, cols), st))
+    last = first + sum((n - 1) * s for n, s in zip((nbatch // inner[0], *inner[:1], rows, cols),
+                                                     st))
     start = first & ~3
     texels = (last - start) // 4 + 1
     rows_max = t.device.limits["max-texture-dimension-2d"]
@@ -589,16 +613,17 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
     return t.device.operand_texture(slot, t._storage.buffer, start * 4, texels), first - start
 
 
-def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16):
+def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
+                inner=(1, 0, 0)):
     # Under the device lock: another thread's matmul must not refill the operand textures
     # between this one's copies and its dispatches.
     with a.device.lock:
         _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16)
+                           r16, inner)
 
 
 def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                       r16):
+                       r16, inner=(1, 0, 0)):
     tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
@@ -606,8 +631,8 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     tex = use_cpu_textures(a.device, f16, nbatch * M * N * K) if len(tile) < 6 else (
         tile[5] and not f16 and a.device.recorder is None)
     if tex:
-        ta = _tex_operand(a, 0, M, K, sa, nbatch)
-        tb = ta and _tex_operand(b, 1, K, N, sb, nbatch)
+        ta = _tex_operand(a, 0, M, K, sa, nbatch, inner[:2])
+        tb = ta and _tex_operand(b, 1, K, N, sb, nbatch, inner[::2])
         tex = tb is not None
         if tex:
             bufs = [ta[0], tb[0]] + bufs[2:]
@@ -630,20 +655,21 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
         ks = [kb, min(K, kb + span)]
         if flat:
             fx, fy, _ = groups_1d(rows, wgy)
-            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks], (fx, fy, gx))
+            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks, *inner], (fx, fy, gx))
             continue
         for z0 in range(0, nbatch, MAX_WG_PER_DIM):
             gz = min(MAX_WG_PER_DIM, nbatch - z0)
-            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks], (gx, gy, gz))
+            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks, *inner], (gx, gy, gz))
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
-            activation=None, r16=False, pre=None):
+            activation=None, r16=False, pre=None, inner=(1, 0, 0)):
+    """``inner`` (CPU kernel only): (n, A stride, B stride) of a two-level batch (_two_level)."""
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
-    am = _mode(a.offset, sa, ar, ac, M, K)
+    am = _mode(a.offset, math.gcd(sa, inner[1]), ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
-    bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
+    bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, math.gcd(sb, inner[2]), bc, br, N, K)]
     epi = (activation, bias is not None, residual is not None) + ((True,) if pre is not None else ())
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     extra = [0, 0]
@@ -660,9 +686,10 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
                          tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16)
-    if pre is not None:
-        raise ValueError("matmul: the pre-activation store is a CPU-kernel epilogue only")
+                           r16, inner)
+    if pre is not None or inner[0] != 1:
+        raise ValueError("matmul: the pre-activation store and two-level batches are CPU-kernel "
+                         "features only")
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
     if tile is None:  # r16 products take the f16 table's (packed f16) variants
