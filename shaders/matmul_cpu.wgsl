@@ -2,7 +2,8 @@
 // matmul.wgsl (0 M, 1 N, 2 K, 3..6 A offset/batch/row/col stride, 7..10 B, 11 C offset,
 // 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch, 16/17 the
 // K range of this pass, 18 inner batches of a two-level batch (1: one level), 19/20 A's / B's
-// inner batch strides).
+// inner batch strides, 21/22/23 C's outer / inner batch and row strides: C may be a view whose
+// rows are contiguous, e.g. attention's [B, H, T, d] output inside [B, T, H, d]).
 // llvmpipe runs a workgroup's invocations as the SIMD lanes of one CPU thread, turns every
 // workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
 // one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
@@ -98,6 +99,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{BODY1}}
     }
     if (!live) { return; }
-    let c0 = pu(11u) + bz * M * N;
+    let c0 = pu(11u) + bo * pu(21u) + bi * pu(22u);
+    let cr = pu(23u);
 {{STORE}}
 }

@@ -83,10 +83,45 @@ def test_two_level_batch_past_65535_batches(monkeypatch, rng):
     """65,538 [9, 4] @ [4, 9] products of a two-level batch: the launch is split over z (65,535
     a dispatch) and each part's global batch index still splits into (outer, inner)."""
     monkeypatch.setattr(mm, "CPU_KERNEL", True)
-    (q, k, _), (qn, kn, _) = _heads(rng, 2, 9, 32769, 4)
+    B, T, H = 2, 9, 32769
+    (q, k, _), (qn, kn, _) = _heads(rng, B, T, H, 4)
     s = (q @ k.transpose(-1, -2)).numpy()
     want = np.einsum("bhtd,bhsd->bhts", qn, kn)
     np.testing.assert_allclose(s, want, rtol=1e-4, atol=1e-4)
+    y = Tensor.empty((B, T, H, T))  # the same products stored as [B, T, H, T] (strided C)
+    mm.matmul_into(q, k.transpose(-1, -2), y.permute(0, 2, 1, 3))
+    np.testing.assert_allclose(y.numpy(), want.transpose(0, 2, 1, 3), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tex", [True, False])
+@pytest.mark.parametrize("B,T,H,d", [(3, 9, 5, 6), (2, 5, 3, 8), (1, 12, 1, 4), (2, 17, 4, 16)])
+def test_matmul_into_strided_output_matches_numpy(monkeypatch, rng, tex, B, T, H, d):
+    """p @ v stored into the merged heads [B, T, H, d] (C rows contiguous, batch strides d and
+    T * H * d): one dispatch, every other element of the buffer untouched."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", tex)
+    (_, _, v), (_, _, vn) = _heads(rng, B, T, H, d)
+    p = rng.standard_normal((B, H, T, T)).astype(np.float32)
+    base = wr.tensor(np.full((B, T, H, d + 1), 7.0, np.float32))
+    y = base[..., :d]  # rows with gaps
+    n0 = v.device.dispatches
+    mm.matmul_into(wr.tensor(p), v, y.permute(0, 2, 1, 3))
+    assert v.device.dispatches - n0 == 1
+    np.testing.assert_allclose(y.numpy(), (p @ vn).transpose(0, 2, 1, 3), rtol=1e-4, atol=1e-4)
+    assert (base.numpy()[..., d] == 7.0).all()
+
+
+def test_matmul_into_rejects_what_it_cannot_store(monkeypatch):
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    a, b = wr.ones((2, 3, 4, 5)), wr.ones((2, 3, 5, 6))
+    with pytest.raises(wr.WgrumusError, match="row-contiguous"):
+        mm.matmul_into(a, b, Tensor.empty((2, 3, 6, 4)).transpose(-1, -2))
+    with pytest.raises(wr.WgrumusError, match="K > 0"):
+        mm.matmul_into(a, b, Tensor.empty((2, 3, 5, 6)))
+    monkeypatch.setattr(mm, "CPU_KERNEL", False)
+    with pytest.raises(ValueError, match="CPU kernel only"):
+        mm.matmul_into(a, b, Tensor.empty((2, 3, 4, 6)))
 
 
 def _attention_ref(x, H, g):

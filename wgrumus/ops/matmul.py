@@ -114,6 +114,32 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
+def matmul_into(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+    """out = a @ b (no autograd) for float32 [B, H, M, K] @ [B, H, K, N] into a float32
+    [B, H, M, N] view whose rows are contiguous (e.g. attention's heads inside [B, T, H, d]),
+    in one CPU-kernel launch (two-level batches, strided C): no copy of the product. CPU
+    adapters only (GPU kernels store contiguous products)."""
+    B, H, M, K = a.shape
+    N = b.shape[-1]
+    if not use_cpu_kernel(a.device):
+        raise ValueError("matmul_into runs the CPU kernel only (a CPU adapter or CPU_KERNEL)")
+    if (b.shape != (B, H, K, N) or out.shape != (B, H, M, N) or out.strides[-1] != 1
+            or out.dtype != float32 or K == 0):
+        raise ShapeError(f"matmul_into: [B, H, M, K] @ [B, H, K, N] (K > 0) into a "
+                         f"row-contiguous [B, H, M, N] f32 view, got {a.shape} @ {b.shape} into "
+                         f"{out.shape} with strides {out.strides}")
+    check_same_device(a, b, out, op="matmul_into")
+    a, b = (t if t.dtype == float32 else cast(t, float32) for t in (a, b))
+    two = _two_level(a, b, 2) if B * H else None
+    if two is None:  # (a batch dim of 1 walks with stride 0 either way)
+        raise ShapeError("matmul_into: the operands' batch dims must be two strides each")
+    cst = (out.strides[0] if B > 1 else 0, out.strides[1] if H > 1 else 0, out.strides[2])
+    if out.numel():
+        _launch(a, b, out, M, N, K, two[0], two[1], B * H, inner=two[2:], cst=cst,
+                r16=autocast_dtype() == float16)
+    return out
+
+
 def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
               ak: bool = False, fe: int = 1) -> dict:
     """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
@@ -536,7 +562,7 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
     store = []
     for i in range(tm):
-        store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * N;")
+        store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * cr;")
         for j in range(tn):
             n = f"n0 + {j}u"
             store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
@@ -614,16 +640,16 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
-                inner=(1, 0, 0)):
+                inner=(1, 0, 0), cst=None):
     # Under the device lock: another thread's matmul must not refill the operand textures
     # between this one's copies and its dispatches.
     with a.device.lock:
         _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16, inner)
+                           r16, inner, cst)
 
 
 def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                       r16, inner=(1, 0, 0)):
+                       r16, inner=(1, 0, 0), cst=None):
     tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
@@ -644,6 +670,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
     rows, bound = nbatch * M, bufs
+    cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
     span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
     for kb in range(0, K, span):  # bound over K: under llvmpipe's loop cap, adding up in C
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
@@ -655,16 +682,19 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
         ks = [kb, min(K, kb + span)]
         if flat:
             fx, fy, _ = groups_1d(rows, wgy)
-            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks, *inner], (fx, fy, gx))
+            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks, *inner, *cst],
+                              (fx, fy, gx))
             continue
         for z0 in range(0, nbatch, MAX_WG_PER_DIM):
             gz = min(MAX_WG_PER_DIM, nbatch - z0)
-            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks, *inner], (gx, gy, gz))
+            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks, *inner, *cst],
+                              (gx, gy, gz))
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
-            activation=None, r16=False, pre=None, inner=(1, 0, 0)):
-    """``inner`` (CPU kernel only): (n, A stride, B stride) of a two-level batch (_two_level)."""
+            activation=None, r16=False, pre=None, inner=(1, 0, 0), cst=None):
+    """``inner`` (CPU kernel only): (n, A stride, B stride) of a two-level batch (_two_level);
+    ``cst`` (CPU kernel only): C's (outer, inner batch, row) strides, C contiguous if None."""
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
     am = _mode(a.offset, math.gcd(sa, inner[1]), ar, ac, M, K)
@@ -686,8 +716,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
                          tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16, inner)
-    if pre is not None or inner[0] != 1:
+                           r16, inner, cst)
+    if pre is not None or inner[0] != 1 or cst is not None:
         raise ValueError("matmul: the pre-activation store and two-level batches are CPU-kernel "
                          "features only")
     f16 = a.dtype == float16
