@@ -154,3 +154,28 @@ def test_attention_in_place_heads_match_numpy(rng, B, T, H, d):
     want_y, want_g = _attention_ref(x, H, g)
     np.testing.assert_allclose(y.numpy(), want_y, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got, want_g, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("R,L", [(37, 13), (70, 64), (9, 256), (5, 257), (3, 1)])
+def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
+    """layer_norm forward and every gradient through the cached row kernels (*_rowc: the row
+    read into private arrays; rows of up to ROWC) against the uncached row kernels, and the
+    forward against numpy; 257 is past ROWC (both runs take *_rows)."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
+    w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    runs = []
+    for rowc in (nnops.ROWC, 0):
+        monkeypatch.setattr(nnops, "ROWC", rowc)
+        ts = [wr.tensor(a, requires_grad=True) for a in (x, w, b)]
+        y = nnops.layer_norm(ts[0], L, ts[1], ts[2])
+        grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
+        runs.append([y.numpy()] + [grads.get(t).numpy() for t in ts])
+    m, v = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    np.testing.assert_allclose(runs[0][0], (x - m) / np.sqrt(v + 1e-5) * w + b, rtol=1e-4,
+                               atol=1e-4)
+    for got, want in zip(*runs):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -53,13 +53,20 @@ def row_mode(dev) -> str:
     return mode
 
 
-def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, **defines):
+ROWC = 256  # longest row of the cached row kernels (entries *_rowc, CPU adapters)
+
+
+def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, cached: bool = False,
+               **defines):
     """(kernel, workgroups) of a row op over R rows of length L in the device's row mode, or
     None when a row is too long for one workgroup (the caller then composes the op of
     reductions). ``loops``: passes the kernel makes over a row. Rows too long for one
-    invocation's loop budget take a workgroup per row in either mode."""
+    invocation's loop budget take a workgroup per row in either mode. ``cached``: the family
+    has an entry ``<entry>_rowc`` that reads a row of at most ROWC elements from storage once
+    (into private arrays), taken in thread mode where the row fits."""
     if row_mode(dev) == "thread" and loops * L <= LOOP_BUDGET:
-        return Kernel.of(family, entry + "_rows", WG=32, **defines), groups_1d(R, 64)
+        rows = "_rowc" if cached and L <= ROWC else "_rows"
+        return Kernel.of(family, entry + rows, WG=32, **defines), groups_1d(R, 64)
     if loops * -(-L // 256) > LOOP_BUDGET - 64:
         return None
     return Kernel.of(family, entry, WG=row_wg(L), **defines), groups_1d(R, 1)
@@ -193,7 +200,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     L = math.prod(ns)
     R = xc.numel() // L if L else 0
     dev = xc.device
-    plan = row_kernel(dev, "layernorm", "fwd", L, R, 3)
+    plan = row_kernel(dev, "layernorm", "fwd", L, R, 3, cached=True)
     if plan is None:
         return _layer_norm_long(xc, wc, bc, R, L, eps)
     out = Tensor.empty(xc.shape, dev, float32)
@@ -236,7 +243,7 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
         xb = xc._storage.buffer
         woff = wc.offset if wc is not None else 0
         k, groups = (rowops.plan(dev, "ln_bwd", L, R, (xc.offset, g.offset, woff, dx.offset))
-                     or row_kernel(dev, "layernorm", "bwd", L, R, 2))
+                     or row_kernel(dev, "layernorm", "bwd", L, R, 2, cached=True))
         dev.dispatch(k, [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
                          dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                      [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset], groups)
