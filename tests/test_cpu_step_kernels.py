@@ -179,3 +179,33 @@ def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
                                atol=1e-4)
     for got, want in zip(*runs):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("R,L", [(37, 13), (64, 32), (6, 256), (4, 257), (3, 1)])
+@pytest.mark.parametrize("log,causal", [(False, True), (True, False), (False, False)])
+def test_cached_softmax_rows_match_uncached(monkeypatch, rng, R, L, log, causal):
+    """(log_)softmax, scaled or causal (R queries against L keys, R <= L), and its gradient
+    through *_rowc against the uncached row kernels, the forward against numpy."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    R = min(R, L) if causal else R  # (a query with no key left gives NaN)
+    x = rng.standard_normal((2, R, L)).astype(np.float32)
+    g = rng.standard_normal((2, R, L)).astype(np.float32)
+    runs = []
+    for rowc in (nnops.ROWC, 0):
+        monkeypatch.setattr(nnops, "ROWC", rowc)
+        t = wr.tensor(x, requires_grad=True)
+        fn = nnops.log_softmax if log else nnops.softmax
+        y = fn(t, -1, scale=0.7, causal=causal) if not log else fn(t, -1)
+        runs.append([y.numpy(), wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()])
+    s = x * (0.7 if not log else 1.0)
+    if causal:
+        keep = np.arange(L)[None, :] <= np.arange(R)[:, None] + L - R
+        s = np.where(keep, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    want = np.log(p) if log else p
+    np.testing.assert_allclose(runs[0][0], want, rtol=1e-5, atol=1e-6)
+    for got, ref in zip(*runs):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

@@ -53,7 +53,9 @@ def row_mode(dev) -> str:
     return mode
 
 
-ROWC = 256  # longest row of the cached row kernels (entries *_rowc, CPU adapters)
+# longest row of the cached row kernels (entries *_rowc, CPU adapters: the length of their
+# private arrays, const ROWC in layernorm.wgsl and softmax.wgsl)
+ROWC = 256
 
 
 def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, cached: bool = False,
@@ -98,7 +100,7 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
     tq = xc.shape[-2] if causal else 0
     scale = float(scale)
     dev, lg = xc.device, str(log).lower()
-    plan = row_kernel(dev, "softmax", "fwd", L, R, 2, LOG=lg)
+    plan = row_kernel(dev, "softmax", "fwd", L, R, 2, cached=True, LOG=lg)
     if plan is None:
         return _softmax_long(xc, log, scale, causal)
     out = Tensor.empty(xc.shape, xc.device, float32)
@@ -131,7 +133,7 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
         if fast:
             dev.dispatch(fast[0], [yb, gb, gb, db], words, fast[1])
             return dx
-        plan = row_kernel(dev, "softmax", "bwd", L, R, 2, LOG=str(log).lower())
+        plan = row_kernel(dev, "softmax", "bwd", L, R, 2, cached=True, LOG=str(log).lower())
         if plan is None:
             raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
                              f"workgroup can reduce; use softmax() (it splits such rows)")
