@@ -160,8 +160,9 @@ def test_attention_in_place_heads_match_numpy(rng, B, T, H, d):
 @pytest.mark.parametrize("R,L", [(37, 13), (70, 64), (9, 256), (5, 257), (3, 1)])
 def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
     """layer_norm forward and every gradient through the cached row kernels (*_rowc: the row
-    read into private arrays; rows of up to ROWC) against the uncached row kernels, and the
-    forward against numpy; 257 is past ROWC (both runs take *_rows)."""
+    read into private arrays; rows of up to ROWC; with subgroups, the weight and bias
+    gradients summed over each subgroup's rows in the same kernel) against the uncached row
+    kernels and `wb`, and the forward against numpy; 257 is past ROWC (both take *_rows)."""
     from wgrumus.ops import nnops
     monkeypatch.setattr(nnops, "ROW_MODE", "thread")
     x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
@@ -209,3 +210,32 @@ def test_cached_softmax_rows_match_uncached(monkeypatch, rng, R, L, log, causal)
     np.testing.assert_allclose(runs[0][0], want, rtol=1e-5, atol=1e-6)
     for got, ref in zip(*runs):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("chunks", [32768, 32769])
+def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks):
+    """Rows in subgroups of 8: 32,768 subgroup partials per column is the most the column sum
+    loops over (bwd_wb_rowc + colsum); one more falls back to `wb` (chunked partial sums), with
+    the same gradients."""
+    from wgrumus.ops import nnops
+    if mm.cpu_subgroup(wr.devices()[0]) != 8:
+        pytest.skip("needs llvmpipe's 8-lane subgroups")
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    R, L = 8 * chunks - 3, 2
+    x = rng.standard_normal((R, L)).astype(np.float32)
+    w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    ts = [wr.tensor(a, requires_grad=True) for a in (x, w, b)]
+    seen = []
+    orig = nnops._backward_with_wb
+    monkeypatch.setattr(nnops, "_backward_with_wb", lambda *a: seen.append(orig(*a)) or seen[-1])
+    grads = wr.autograd.backward_with_grad(nnops.layer_norm(ts[0], L, ts[1], ts[2]), wr.tensor(g))
+    assert (seen[0] is None) == (chunks > 32768)
+    xh = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(grads.get(ts[1]).numpy(), (g * xh).sum(0), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(grads.get(ts[2]).numpy(), g.sum(0), rtol=1e-3, atol=1e-2)
+    gw = g * w
+    dx = (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True)) \
+        / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(grads.get(ts[0]).numpy(), dx, rtol=1e-3, atol=1e-3)

@@ -223,10 +223,15 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
 
     def bw(g):
         g = contiguous(g)
-        dx = layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
         gw = gbias = None
-        if (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad):
-            both = _weight_bias_grads(xc, g, mean, rstd, R, L)
+        want = (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad)
+        got = _backward_with_wb(xc, g, wc, mean, rstd) if want and xc.requires_grad else None
+        if got is not None:
+            dx, both = got
+        else:
+            dx = layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
+            both = _weight_bias_grads(xc, g, mean, rstd, R, L) if want else None
+        if want:
             gw = reshape(both[0], ns) if wc is not None else None
             gbias = reshape(both[1], ns) if bc is not None else None
         return dx, gw, gbias
@@ -250,6 +255,34 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
                          dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                      [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset], groups)
     return dx
+
+
+def _backward_with_wb(xc, g, wc, mean, rstd):
+    """(d(input), [2, L] weight and bias gradients) in two kernels on CPU adapters with known
+    subgroups (thread row mode, rows up to ROWC): shaders/layernorm_cpu.wgsl, then the column
+    sums of its per-subgroup partials (shaders/colsum.wgsl); None elsewhere."""
+    from .matmul import cpu_subgroup
+    dev = xc.device
+    R = mean.numel()
+    L = xc.numel() // R if R else 0
+    sg = cpu_subgroup(dev)
+    chunks = -(-R // sg) if sg else 0  # (colsum loops over the chunks)
+    if not (R and L and sg) or row_mode(dev) != "thread" or L > ROWC or chunks > LOOP_BUDGET:
+        return None
+    dx = Tensor.empty(xc.shape, dev, float32)
+    part = Tensor.empty((2, chunks, L), dev, float32)
+    xb = xc._storage.buffer
+    woff = wc.offset if wc is not None else 0
+    dev.dispatch(Kernel.of("layernorm_cpu", "bwd_wb_rowc"),
+                 [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
+                  dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
+                  part._storage.buffer],
+                 [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset, part.offset],
+                 groups_1d(R, 64))
+    both = Tensor.empty((2, L), dev, float32)
+    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
+                 [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
+    return dx, (both[0], both[1])
 
 
 def _layer_norm_long(xc, wc, bc, R, L, eps):
