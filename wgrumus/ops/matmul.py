@@ -700,7 +700,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     am = _mode(a.offset, math.gcd(sa, inner[1]), ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
     bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, math.gcd(sb, inner[2]), bc, br, N, K)]
-    epi = (activation, bias is not None, residual is not None) + ((True,) if pre is not None else ())
+    epi = (activation, bias is not None, residual is not None) + (() if pre is None else (True,))
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     extra = [0, 0]
     if bias is not None:
