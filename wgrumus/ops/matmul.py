@@ -129,14 +129,13 @@ def matmul_into(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
                          f"row-contiguous [B, H, M, N] f32 view, got {a.shape} @ {b.shape} into "
                          f"{out.shape} with strides {out.strides}")
     check_same_device(a, b, out, op="matmul_into")
+    if not out.numel():
+        return out
     a, b = (t if t.dtype == float32 else cast(t, float32) for t in (a, b))
-    two = _two_level(a, b, 2) if B * H else None
-    if two is None:  # (a batch dim of 1 walks with stride 0 either way)
-        raise ShapeError("matmul_into: the operands' batch dims must be two strides each")
+    two = _two_level(a, b, 2)  # (one outer dim always has a stride)
     cst = (out.strides[0] if B > 1 else 0, out.strides[1] if H > 1 else 0, out.strides[2])
-    if out.numel():
-        _launch(a, b, out, M, N, K, two[0], two[1], B * H, inner=two[2:], cst=cst,
-                r16=autocast_dtype() == float16)
+    _launch(a, b, out, M, N, K, two[0], two[1], B * H, inner=two[2:], cst=cst,
+            r16=autocast_dtype() == float16)
     return out
 
 

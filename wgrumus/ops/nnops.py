@@ -54,7 +54,7 @@ def row_mode(dev) -> str:
 
 
 # longest row of the cached row kernels (entries *_rowc, CPU adapters: the length of their
-# private arrays, const ROWC in layernorm.wgsl and softmax.wgsl)
+# private arrays, const ROWC in layernorm.wgsl, layernorm_cpu.wgsl and softmax.wgsl)
 ROWC = 256
 
 
@@ -279,10 +279,7 @@ def _backward_with_wb(xc, g, wc, mean, rstd):
                   part._storage.buffer],
                  [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset, part.offset],
                  groups_1d(R, 64))
-    both = Tensor.empty((2, L), dev, float32)
-    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
-                 [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
-    return dx, (both[0], both[1])
+    return dx, _sum_parts(part, L, chunks)
 
 
 def _layer_norm_long(xc, wc, bc, R, L, eps):
@@ -310,9 +307,14 @@ def _weight_bias_grads(xc, g, mean, rstd, R, L):
                  [xc._storage.buffer, g._storage.buffer, xc._storage.buffer,
                   part._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                  [R, L, xc.offset, g.offset, rows, chunks], (-(-L // 64), chunks, 1))
-    both = Tensor.empty((2, L), dev, float32)
-    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
-                 [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
+    return _sum_parts(part, L, chunks)
+
+
+def _sum_parts(part, L, chunks):
+    """(dweight, dbias) [L] each: the sums over the chunks of partials [2, chunks, L]."""
+    both = Tensor.empty((2, L), part.device, float32)
+    part.device.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
+                         [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
     return both[0], both[1]
 
 
