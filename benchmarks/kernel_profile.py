@@ -11,7 +11,8 @@ With --shapes, matmul rows are split by product (M x N x K, grid), the rest by g
 With --eager, the eager step is profiled instead (what ``wgrumus train`` runs on CPU adapters,
 where a capture's matmuls read storage operands, eager ones textures): each dispatch of
 --reps steps is closed into its own timed pass. With --empty, also the fixed cost of one
-dispatch: a one-workgroup kernel that writes one word, timed in its own pass and back to back.
+dispatch: a one-element add (one workgroup), timed in its own pass, back to back in one pass,
+and on the wall clock with its recording.
 
 Needs the adapter's 'timestamp-query' feature (the H100 has it; lavapipe too).
 """
@@ -146,8 +147,7 @@ def empty_dispatch_ms(dev, n: int = 200) -> tuple[str, float, float, float]:
         d.dispatch(*a, **kw)
     dev.synchronize()
     wall = 1e3 * (time.perf_counter() - t0) / n
-    return f"{a[0].family}:{a[0].entry}", \
-        1e3 * own, 1e3 * t.seconds / n, wall
+    return f"{a[0].family}:{a[0].entry}", 1e3 * own, 1e3 * t.seconds / n, wall
 
 
 def eager_profile(args, dev, cfg) -> int:
