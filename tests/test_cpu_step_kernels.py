@@ -239,3 +239,31 @@ def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks
     dx = (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True)) \
         / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(grads.get(ts[0]).numpy(), dx, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.timeout(300)
+def test_cached_row_kernels_past_65535_workgroups(monkeypatch, rng):
+    """64 * 65,535 + 7 rows of 2: the cached row kernels' launch folds into (x, y) workgroups
+    (layer_norm forward and backward, softmax forward and backward)."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    R = 64 * 65535 + 7
+    x = rng.standard_normal((R, 2)).astype(np.float32)
+    g = rng.standard_normal((R, 2)).astype(np.float32)
+    t = wr.tensor(x, requires_grad=True)
+    y = nnops.layer_norm(t, 2)
+    dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()
+    d = (x[:, 0] - x[:, 1]).astype(np.float64)[:, None] * np.array([0.5, -0.5])
+    rstd = 1 / np.sqrt(d[:, :1] ** 2 + 1e-5)  # up to 316 where the two values nearly agree
+    np.testing.assert_allclose(y.numpy(), d * rstd, rtol=1e-4, atol=1e-4)
+    xh = d * rstd
+    want = rstd * (g - g.mean(-1, keepdims=True) - xh * (g * xh).mean(-1, keepdims=True))
+    np.testing.assert_allclose(dx, want, rtol=1e-3, atol=1e-2)
+    t = wr.tensor(x, requires_grad=True)
+    p = nnops.softmax(t, -1)
+    dx = wr.autograd.backward_with_grad(p, wr.tensor(g)).get(t).numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    pn = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(p.numpy(), pn, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, pn * (g - (g * pn).sum(-1, keepdims=True)), rtol=1e-4,
+                               atol=1e-5)
