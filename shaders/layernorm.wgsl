@@ -170,3 +170,67 @@ fn bwd_rows(ids: Launch) {
     let t = bwd_sums(xb, gb, L, MEAN[r], RSTD[r], 0u, 1u) / f32(L);
     bwd_write(r, L, xb, gb, MEAN[r], RSTD[r], t, 0u, 1u);
 }
+
+// fwd_rowc / bwd_rowc: the row kernels for rows of at most ROWC elements (CPU adapters), each
+// row read from storage once into private arrays. llvmpipe reads a storage value in a loop
+// over the SIMD lanes with a branch per lane, while a private array indexed by the loop
+// counter (the same in every lane) is one vector load a step; with L <= ROWC the zero-filled
+// tail of the arrays is never read.
+const ROWC: u32 = 256u;
+
+@compute @workgroup_size(64)
+fn fwd_rowc(ids: Launch) {
+    let r = thread_idx(ids, 64u);
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let xb = pu(2u) + r * L;
+    var xs: array<f32, ROWC>;
+    var s = 0.0;
+    for (var j = 0u; j < L; j++) {
+        let x = X[xb + j];
+        xs[j] = x;
+        s += x;
+    }
+    let mean = s / f32(L);
+    var q = 0.0;
+    for (var j = 0u; j < L; j++) {
+        let d = xs[j] - mean;
+        q += d * d;
+    }
+    let rstd = inverseSqrt(q / f32(L) + pf(6u));
+    let yb = pu(5u) + r * L;
+    let hw = pu(7u) != 0u;
+    let hb = pu(8u) != 0u;
+    for (var j = 0u; j < L; j++) {
+        var y = (xs[j] - mean) * rstd;
+        if (hw) { y *= W[pu(3u) + j]; }
+        if (hb) { y += B[pu(4u) + j]; }
+        Y[yb + j] = y;
+    }
+    MEAN[r] = mean;
+    RSTD[r] = rstd;
+}
+
+@compute @workgroup_size(64)
+fn bwd_rowc(ids: Launch) {
+    let r = thread_idx(ids, 64u);
+    if (r >= pu(0u)) { return; }
+    let L = pu(1u);
+    let xb = pu(2u) + r * L;
+    let gb = pu(3u) + r * L;
+    let mean = MEAN[r];
+    let rstd = RSTD[r];
+    var xh: array<f32, ROWC>;
+    var gw: array<f32, ROWC>;
+    var t = vec2<f32>(0.0);
+    for (var j = 0u; j < L; j++) {
+        let h = (X[xb + j] - mean) * rstd;
+        let w = gw_at(gb, j);
+        xh[j] = h;
+        gw[j] = w;
+        t += vec2<f32>(w, w * h);
+    }
+    t /= f32(L);
+    let db = pu(6u) + r * L;
+    for (var j = 0u; j < L; j++) { DX[db + j] = rstd * (gw[j] - t.x - xh[j] * t.y); }
+}

@@ -1,7 +1,9 @@
 // C[b] = A[b] @ B[b] on CPU adapters (lavapipe/llvmpipe); same operands and words as
 // matmul.wgsl (0 M, 1 N, 2 K, 3..6 A offset/batch/row/col stride, 7..10 B, 11 C offset,
 // 12 batch offset, 13/14 epilogue bias/residual offsets, 15 rows of a FLAT launch, 16/17 the
-// K range of this pass).
+// K range of this pass, 18 inner batches of a two-level batch (1: one level), 19/20 A's / B's
+// inner batch strides, 21/22/23 C's outer / inner batch and row strides: C may be a view whose
+// rows are contiguous, e.g. attention's [B, H, T, d] output inside [B, T, H, d]).
 // llvmpipe runs a workgroup's invocations as the SIMD lanes of one CPU thread, turns every
 // workgroupBarrier into a context switch and reads storage (and workgroup) memory one lane and
 // one component at a time, while arithmetic runs on all lanes at once. So this kernel has no
@@ -28,7 +30,8 @@
 @group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
 {{EPI_DECLS}}
 
-fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
+// EPI_PRE (fused GELU-type linears): stores the activation's argument z for the backward.
+fn epi(i: u32, n: u32, x: f32) -> f32 { {{EPI_PRE}}return {{EPI}}; }
 // The stored value: ACC 1 (passes after the first over a long K) adds C's value so far; the
 // epilogue is the identity except in the last pass.
 fn fin(i: u32, n: u32, x: f32) -> {{T}} {
@@ -70,10 +73,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m0 = (wid.y * WGY + lid / WGX) * TM;
         n0 = (wid.x * WGX + lid % WGX) * TN;
     }
-    let abase = pu(3u) + bz * pu(4u);
+    // a two-level batch: bz = outer * pu(18u) + inner, A / B strides 4 / 19 and 8 / 20
+    let bo = bz / pu(18u);
+    let bi = bz % pu(18u);
+    let abase = pu(3u) + bo * pu(4u) + bi * pu(19u);
     let ar = pu(5u);
     let ac = pu(6u);
-    let bbase = pu(7u) + bz * pu(8u);
+    let bbase = pu(7u) + bo * pu(8u) + bi * pu(20u);
     let br = pu(9u);
     let bc = pu(10u);
     // Rows and columns past the edge read the last one (their sums are never stored); quads
@@ -93,6 +99,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{BODY1}}
     }
     if (!live) { return; }
-    let c0 = pu(11u) + bz * M * N;
+    let c0 = pu(11u) + bo * pu(21u) + bi * pu(22u);
+    let cr = pu(23u);
 {{STORE}}
 }

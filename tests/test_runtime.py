@@ -264,6 +264,7 @@ def test_gpu_timer_measures_compute_passes(dev, monkeypatch):
         assert t.passes >= 1 and t.untimed == 0
         times.append(t.seconds)
     assert 0 < times[0] and times[1] > 3 * times[0]  # 30x the work
+    assert len(t.spans) == t.passes and sum(t.spans) == pytest.approx(t.seconds)
     with GpuTimer(dev):
         with pytest.raises(RuntimeError, match="already being timed"):
             GpuTimer(dev).__enter__()

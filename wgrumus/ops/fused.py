@@ -8,7 +8,8 @@ saves per layer, next to composing ``matmul``, ``+ bias`` and an activation:
   and reduction of the gradient);
 - the weight gradient comes out as [out, in] (no transposed copy in the optimizer);
 - attention splits q, k, v into heads with one copy and assembles d(qkv) with one kernel,
-  instead of a reshape copy per head tensor, zero-filled slice gradients and their sums.
+  instead of a reshape copy per head tensor, zero-filled slice gradients and their sums (on
+  CPU adapters with no copy at all: the CPU matmul reads and stores the heads in place).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from ..tensor import Tensor, check_same_device, float32
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
-from .matmul import linear_2d, matmul
+from .matmul import linear_2d, matmul, matmul_into, use_cpu_kernel
 from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
@@ -81,7 +82,13 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         wt = transpose(weight, 0, 1)
         r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
               if residual is not None else None)
-        if keep_u:
+        ub = b  # the bias the backward adds to u (None: u includes it)
+        if keep_u and use_cpu_kernel(x2.device):
+            # CPU adapters: the activation in the matmul's epilogue, which also stores its
+            # argument u + bias (one pass over the output fewer; llvmpipe pays per access)
+            u, ub = Tensor.empty((x2.shape[0], n_out), x2.device, float32), None
+            y = linear_2d(x2, _f32(wt), b, None, fwd, r16=autocast_dtype() is not None, pre=u)
+        elif keep_u:
             u = matmul(x2, wt)  # [N, out], contiguous
             ins = [u] + [t for t in (b, r2) if t is not None]
             y = map_op(fwd.format(z=" + ".join("abc"[:len(ins)])), ins)
@@ -98,7 +105,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         g2 = contiguous(reshape(g, (N, n_out)))
         db = None
         if bias is not None or activation is not None:
-            dz, db = _epilogue_grad(g2, z_saved if activation else None, b if keep_u else None,
+            dz, db = _epilogue_grad(g2, z_saved if activation else None, ub if keep_u else None,
                                     grad_expr, bias is not None and bias.requires_grad,
                                     activation is not None)
         else:
@@ -169,34 +176,54 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
     fused = prefer_fused(dev, B * H, d, T, T)
+    # CPU kernel, unfused: the matmuls read the heads in place ([B, H, T, d] views of qkv and
+    # of the output gradient) and store the merged output and d(qkv) in place (matmul_into):
+    # no head-splitting or merging copies forward or backward
+    in_place = not fused and use_cpu_kernel(dev)
     with no_grad():
         src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
             else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
-        # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads
-        heads = contiguous(permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4)))
-        n = B * H * T * d
-        q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
-                          heads.dtype) for i in range(3))
+        # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads (or views)
+        heads = permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4))
+        if in_place:
+            q, k, v = (heads[i] for i in range(3))
+        else:
+            heads = contiguous(heads)
+            n = B * H * T * d
+            q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
+                              heads.dtype) for i in range(3))
         if fused:
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
         else:
             p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
-            o = matmul(p, v)
-        y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
-        y = Tensor(y._storage, (B, T, E), None, y.offset)
+            o = None if in_place else matmul(p, v)
+        if in_place:  # the product stored into the merged heads [B, T, H, d]
+            y = Tensor.empty((B, T, E), dev, float32)
+            matmul_into(p, v, permute(reshape(y, (B, T, H, d)), (0, 2, 1, 3)))
+        else:
+            y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
+            y = Tensor(y._storage, (B, T, E), None, y.offset)
     if not needs_grad(qkv):
         return y
 
     def bw(g):
-        go = contiguous(permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3)))
-        go = Tensor(go._storage, (B * H, T, d), None, go.offset)
+        go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
+        if not in_place:
+            go = contiguous(go)
+            go = Tensor(go._storage, (B * H, T, d), None, go.offset)
         if fused:
             dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         else:
             ds = softmax_backward(p, matmul(go, transpose(v, -1, -2)), False, scale,
                                   T if causal else 0)
-            dq, dk = matmul(ds, k), matmul(transpose(ds, -1, -2), q)
-            dv = matmul(transpose(p, -1, -2), go)
+            pairs = ((ds, k), (transpose(ds, -1, -2), q), (transpose(p, -1, -2), go))
+            if in_place:  # each product stored into its part of d(qkv) [B, T, 3, H, d]
+                dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
+                parts = permute(dqkv, (2, 0, 3, 1, 4))
+                for j, (x, w) in enumerate(pairs):
+                    matmul_into(x, w, parts[j])
+                return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
+            dq, dk, dv = (matmul(x, w) for x, w in pairs)
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]

@@ -28,6 +28,21 @@ def _batch_stride(t: Tensor, nb: int):
     return dims[-1][1]
 
 
+def _two_level(ae: Tensor, be: Tensor, nb: int):
+    """(A outer stride, B outer stride, inner batches, A inner stride, B inner stride) where
+    each operand's batch dims but the last collapse into one stride (the CPU kernel's two-level
+    batch: a [B, H, T, d] head view of a packed [B, T, 3, H, d] projection needs no copy), or
+    None."""
+    if nb < 2:
+        return None
+    inner = ae.shape[nb - 1]
+    outer = [_batch_stride(t, nb - 1) for t in (ae, be)]
+    if None in outer:
+        return None
+    ins = [t.strides[nb - 1] if inner != 1 else 0 for t in (ae, be)]
+    return outer[0], outer[1], inner, ins[0], ins[1]
+
+
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError("matmul needs two tensors")
@@ -60,6 +75,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     ae = expand(a2, batch + (M, K)) if a2.shape[:-2] != batch else a2
     be = expand(b2, batch + (K, N)) if b2.shape[:-2] != batch else b2
     sa, sb = _batch_stride(ae, nb), _batch_stride(be, nb)
+    two = None
+    if (sa is None or sb is None) and use_cpu_kernel(a.device):
+        two = _two_level(ae, be, nb)
+    if two is not None:
+        sa, sb = two[:2]
     if sa is None:
         ae, sa = contiguous(ae), M * K
     if sb is None:
@@ -71,7 +91,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             from .elementwise import fill_
             fill_(out, 0.0)
         else:
-            _launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16)
+            _launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16,
+                    inner=two[2:] if two else (1, 0, 0))
 
     def bw(g):
         g2 = reshape(g, batch + (M, N))
@@ -90,6 +111,31 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         return reshape(out, out.shape[:-2] + (N,))
     if b.ndim == 1:
         return reshape(out, out.shape[:-1])
+    return out
+
+
+def matmul_into(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+    """out = a @ b (no autograd) for float32 [B, H, M, K] @ [B, H, K, N] into a float32
+    [B, H, M, N] view whose rows are contiguous (e.g. attention's heads inside [B, T, H, d]),
+    in one CPU-kernel launch (two-level batches, strided C): no copy of the product. CPU
+    adapters only (GPU kernels store contiguous products)."""
+    B, H, M, K = a.shape
+    N = b.shape[-1]
+    if not use_cpu_kernel(a.device):
+        raise ValueError("matmul_into runs the CPU kernel only (a CPU adapter or CPU_KERNEL)")
+    if (b.shape != (B, H, K, N) or out.shape != (B, H, M, N) or out.strides[-1] != 1
+            or out.dtype != float32 or K == 0):
+        raise ShapeError(f"matmul_into: [B, H, M, K] @ [B, H, K, N] (K > 0) into a "
+                         f"row-contiguous [B, H, M, N] f32 view, got {a.shape} @ {b.shape} into "
+                         f"{out.shape} with strides {out.strides}")
+    check_same_device(a, b, out, op="matmul_into")
+    if not out.numel():
+        return out
+    a, b = (t if t.dtype == float32 else cast(t, float32) for t in (a, b))
+    two = _two_level(a, b, 2)  # (one outer dim always has a stride)
+    cst = (out.strides[0] if B > 1 else 0, out.strides[1] if H > 1 else 0, out.strides[2])
+    _launch(a, b, out, M, N, K, two[0], two[1], B * H, inner=two[2:], cst=cst,
+            r16=autocast_dtype() == float16)
     return out
 
 
@@ -205,7 +251,10 @@ def _load(r16: bool, s: str) -> str:
     return f"vec4<{s}>(round_f16x4_(v))" if r16 and s == "f32" else f"vec4<{s}>(v)"
 
 
-def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
+def _epilogue_defines(act, bias: bool, residual: bool, pre: bool = False) -> dict:
+    """EPI (and its bindings after C): act(x + bias + residual). ``pre`` (CPU kernel only, no
+    residual): also store the activation's argument into PRE (offset in word 14), which the
+    activation's backward reads; EPI_PRE is then the statement that stores it."""
     z, decls = "x", []
     if bias:
         decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<f32>;")
@@ -213,14 +262,24 @@ def _epilogue_defines(act, bias: bool, residual: bool) -> dict:
     if residual:
         decls.append(f"@group(0) @binding({4 + bias}) var<storage, read> RES: array<f32>;")
         z += " + RES[i - pu(11u) + pu(14u)]"
-    return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z=z) if act else z}
+    if not pre:
+        return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z=z) if act else z}
+    if residual or not act:
+        raise ValueError("matmul epilogue: storing the pre-activation needs an activation and "
+                         "no residual")
+    decls.append(f"@group(0) @binding({4 + bias}) var<storage, read_write> PRE: array<f32>;")
+    return {"EPI_DECLS": "\n".join(decls), "EPI": act.format(z="z"),
+            "EPI_PRE": f"let z = {z}; PRE[i - pu(11u) + pu(14u)] = z; "}
 
 
 def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
-              activation: str | None = None, r16: bool = False) -> Tensor:
+              activation: str | None = None, r16: bool = False, pre: Tensor | None = None
+              ) -> Tensor:
     """act(x @ wt + bias + residual) for float32 2-D x [M, K] and wt [K, N] (any strides), a
     contiguous bias [N] and residual [M, N], in one kernel. ``activation`` is a WGSL template
     of {z} (e.g. "max({z}, 0.0)"); ``r16``: the product of x and wt rounded to f16 (autocast).
+    ``pre`` (CPU kernel only; an activation, no residual): a contiguous float32 [M, N] tensor
+    that also receives the activation's argument x @ wt + bias, for its backward.
     No autograd: fused.linear records the node."""
     M, K = x.shape
     N = wt.shape[1]
@@ -230,9 +289,11 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
     if K == 0:  # a zero product: only the epilogue is left, in a map kernel
         ins = [t for t in (bias, residual) if t is not None]
         z = " + ".join("ab"[:len(ins)]) or "0.0"
+        if pre is not None:
+            run_map(z, pre, ins)
         return run_map(activation.format(z=z) if activation else z, out, ins)
     _launch(x, wt, out, M, N, K, 0, 0, 1, bias=bias, residual=residual, activation=activation,
-            r16=r16)
+            r16=r16, pre=pre)
     return out
 
 
@@ -499,7 +560,7 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
     store = []
     for i in range(tm):
-        store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * N;")
+        store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * cr;")
         for j in range(tn):
             n = f"n0 + {j}u"
             store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
@@ -550,20 +611,24 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc),
                      LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
                      SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
-                     **_epilogue_defines(*epilogue), **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
+                     **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
+                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
 
 
-def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int):
-    """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb) copied
+def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int,
+                 inner: tuple = (1, 0)):
+    """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb; with
+    ``inner`` (n, stride) batch z at (z // n) * sb + (z % n) * stride) copied
     into the device's operand texture ``slot``: the elements the kernel reads, from the
     16-byte boundary at or below the first; offset: the first one's index there. None where
     that region does not fit (the texture's rows: TEX_W texels, at most
     max-texture-dimension-2d of them)."""
-    st = (sb, *t.strides[-2:])
+    st = (sb, inner[1], *t.strides[-2:])
     if min(st) < 0:
         return None
     first = t.offset
-    last = first + sum((n - 1) * s for n, s in zip((nbatch, rows, cols), st))
+    last = first + sum((n - 1) * s for n, s in zip((nbatch // inner[0], *inner[:1], rows, cols),
+                                                     st))
     start = first & ~3
     texels = (last - start) // 4 + 1
     rows_max = t.device.limits["max-texture-dimension-2d"]
@@ -572,16 +637,17 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
     return t.device.operand_texture(slot, t._storage.buffer, start * 4, texels), first - start
 
 
-def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16):
+def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
+                inner=(1, 0, 0), cst=None):
     # Under the device lock: another thread's matmul must not refill the operand textures
     # between this one's copies and its dispatches.
     with a.device.lock:
         _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16)
+                           r16, inner, cst)
 
 
 def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                       r16):
+                       r16, inner=(1, 0, 0), cst=None):
     tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
@@ -589,8 +655,8 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     tex = use_cpu_textures(a.device, f16, nbatch * M * N * K) if len(tile) < 6 else (
         tile[5] and not f16)
     if tex:
-        ta = _tex_operand(a, 0, M, K, sa, nbatch)
-        tb = ta and _tex_operand(b, 1, K, N, sb, nbatch)
+        ta = _tex_operand(a, 0, M, K, sa, nbatch, inner[:2])
+        tb = ta and _tex_operand(b, 1, K, N, sb, nbatch, inner[::2])
         tex = tb is not None
         if tex:
             bufs = [ta[0], tb[0]] + bufs[2:]
@@ -602,6 +668,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
     rows, bound = nbatch * M, bufs
+    cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
     span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
     for kb in range(0, K, span):  # bound over K: under llvmpipe's loop cap, adding up in C
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
@@ -613,36 +680,44 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
         ks = [kb, min(K, kb + span)]
         if flat:
             fx, fy, _ = groups_1d(rows, wgy)
-            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks], (fx, fy, gx))
+            a.device.dispatch(k, bound, words + [0, *extra, rows, *ks, *inner, *cst],
+                              (fx, fy, gx))
             continue
         for z0 in range(0, nbatch, MAX_WG_PER_DIM):
             gz = min(MAX_WG_PER_DIM, nbatch - z0)
-            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks], (gx, gy, gz))
+            a.device.dispatch(k, bound, words + [z0, *extra, 0, *ks, *inner, *cst],
+                              (gx, gy, gz))
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
-            activation=None, r16=False):
+            activation=None, r16=False, pre=None, inner=(1, 0, 0), cst=None):
+    """``inner`` (CPU kernel only): (n, A stride, B stride) of a two-level batch (_two_level);
+    ``cst`` (CPU kernel only): C's (outer, inner batch, row) strides, C contiguous if None."""
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
-    am = _mode(a.offset, sa, ar, ac, M, K)
+    am = _mode(a.offset, math.gcd(sa, inner[1]), ar, ac, M, K)
     # B is (K x N): its output dimension is N (columns), K is rows.
-    bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, sb, bc, br, N, K)]
-    epi = (activation, bias is not None, residual is not None)
+    bm = {0: 1, 1: 0, 2: 2}[_mode(b.offset, math.gcd(sb, inner[2]), bc, br, N, K)]
+    epi = (activation, bias is not None, residual is not None) + (() if pre is None else (True,))
     bufs = [a._storage.buffer, b._storage.buffer, out._storage.buffer]
     extra = [0, 0]
     if bias is not None:
         bufs.append(bias._storage.buffer)
         extra[0] = bias.offset
-    if residual is not None:
-        bufs.append(residual._storage.buffer)
-        extra[1] = residual.offset
+    for t in (residual, pre):  # (at most one of them: _epilogue_defines)
+        if t is not None:
+            bufs.append(t._storage.buffer)
+            extra[1] = t.offset
     if tile is None and use_cpu_kernel(a.device):
         tex = use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K)
         tile = _cpu_tile(M, N, nbatch, tex,
                          tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16)
+                           r16, inner, cst)
+    if pre is not None or inner[0] != 1 or cst is not None:
+        raise ValueError("matmul: the pre-activation store and two-level batches are CPU-kernel "
+                         "features only")
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
     if tile is None:  # r16 products take the f16 table's (packed f16) variants

@@ -53,13 +53,22 @@ def row_mode(dev) -> str:
     return mode
 
 
-def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, **defines):
+# longest row of the cached row kernels (entries *_rowc, CPU adapters: the length of their
+# private arrays, const ROWC in layernorm.wgsl, layernorm_cpu.wgsl and softmax.wgsl)
+ROWC = 256
+
+
+def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, cached: bool = False,
+               **defines):
     """(kernel, workgroups) of a row op over R rows of length L in the device's row mode, or
     None when a row is too long for one workgroup (the caller then composes the op of
     reductions). ``loops``: passes the kernel makes over a row. Rows too long for one
-    invocation's loop budget take a workgroup per row in either mode."""
+    invocation's loop budget take a workgroup per row in either mode. ``cached``: the family
+    has an entry ``<entry>_rowc`` that reads a row of at most ROWC elements from storage once
+    (into private arrays), taken in thread mode where the row fits."""
     if row_mode(dev) == "thread" and loops * L <= LOOP_BUDGET:
-        return Kernel.of(family, entry + "_rows", WG=32, **defines), groups_1d(R, 64)
+        rows = "_rowc" if cached and L <= ROWC else "_rows"
+        return Kernel.of(family, entry + rows, WG=32, **defines), groups_1d(R, 64)
     if loops * -(-L // 256) > LOOP_BUDGET - 64:
         return None
     return Kernel.of(family, entry, WG=row_wg(L), **defines), groups_1d(R, 1)
@@ -91,7 +100,7 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
     tq = xc.shape[-2] if causal else 0
     scale = float(scale)
     dev, lg = xc.device, str(log).lower()
-    plan = row_kernel(dev, "softmax", "fwd", L, R, 2, LOG=lg)
+    plan = row_kernel(dev, "softmax", "fwd", L, R, 2, cached=True, LOG=lg)
     if plan is None:
         return _softmax_long(xc, log, scale, causal)
     out = Tensor.empty(xc.shape, xc.device, float32)
@@ -124,7 +133,7 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
         if fast:
             dev.dispatch(fast[0], [yb, gb, gb, db], words, fast[1])
             return dx
-        plan = row_kernel(dev, "softmax", "bwd", L, R, 2, LOG=str(log).lower())
+        plan = row_kernel(dev, "softmax", "bwd", L, R, 2, cached=True, LOG=str(log).lower())
         if plan is None:
             raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
                              f"workgroup can reduce; use softmax() (it splits such rows)")
@@ -193,7 +202,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     L = math.prod(ns)
     R = xc.numel() // L if L else 0
     dev = xc.device
-    plan = row_kernel(dev, "layernorm", "fwd", L, R, 3)
+    plan = row_kernel(dev, "layernorm", "fwd", L, R, 3, cached=True)
     if plan is None:
         return _layer_norm_long(xc, wc, bc, R, L, eps)
     out = Tensor.empty(xc.shape, dev, float32)
@@ -214,10 +223,15 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
 
     def bw(g):
         g = contiguous(g)
-        dx = layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
         gw = gbias = None
-        if (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad):
-            both = _weight_bias_grads(xc, g, mean, rstd, R, L)
+        want = (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad)
+        got = _backward_with_wb(xc, g, wc, mean, rstd) if want and xc.requires_grad else None
+        if got is not None:
+            dx, both = got
+        else:
+            dx = layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
+            both = _weight_bias_grads(xc, g, mean, rstd, R, L) if want else None
+        if want:
             gw = reshape(both[0], ns) if wc is not None else None
             gbias = reshape(both[1], ns) if bc is not None else None
         return dx, gw, gbias
@@ -236,11 +250,36 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
         xb = xc._storage.buffer
         woff = wc.offset if wc is not None else 0
         k, groups = (rowops.plan(dev, "ln_bwd", L, R, (xc.offset, g.offset, woff, dx.offset))
-                     or row_kernel(dev, "layernorm", "bwd", L, R, 2))
+                     or row_kernel(dev, "layernorm", "bwd", L, R, 2, cached=True))
         dev.dispatch(k, [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
                          dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                      [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset], groups)
     return dx
+
+
+def _backward_with_wb(xc, g, wc, mean, rstd):
+    """(d(input), [2, L] weight and bias gradients) in two kernels on CPU adapters with known
+    subgroups (thread row mode, rows up to ROWC): shaders/layernorm_cpu.wgsl, then the column
+    sums of its per-subgroup partials (shaders/colsum.wgsl); None elsewhere."""
+    from .matmul import cpu_subgroup
+    dev = xc.device
+    R = mean.numel()
+    L = xc.numel() // R if R else 0
+    sg = cpu_subgroup(dev)
+    chunks = -(-R // sg) if sg else 0  # (colsum loops over the chunks)
+    if not (R and L and sg) or row_mode(dev) != "thread" or L > ROWC or chunks > LOOP_BUDGET:
+        return None
+    dx = Tensor.empty(xc.shape, dev, float32)
+    part = Tensor.empty((2, chunks, L), dev, float32)
+    xb = xc._storage.buffer
+    woff = wc.offset if wc is not None else 0
+    dev.dispatch(Kernel.of("layernorm_cpu", "bwd_wb_rowc"),
+                 [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
+                  dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
+                  part._storage.buffer],
+                 [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset, part.offset],
+                 groups_1d(R, 64))
+    return dx, _sum_parts(part, L, chunks)
 
 
 def _layer_norm_long(xc, wc, bc, R, L, eps):
@@ -268,9 +307,14 @@ def _weight_bias_grads(xc, g, mean, rstd, R, L):
                  [xc._storage.buffer, g._storage.buffer, xc._storage.buffer,
                   part._storage.buffer, mean._storage.buffer, rstd._storage.buffer],
                  [R, L, xc.offset, g.offset, rows, chunks], (-(-L // 64), chunks, 1))
-    both = Tensor.empty((2, L), dev, float32)
-    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
-                 [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
+    return _sum_parts(part, L, chunks)
+
+
+def _sum_parts(part, L, chunks):
+    """(dweight, dbias) [L] each: the sums over the chunks of partials [2, chunks, L]."""
+    both = Tensor.empty((2, L), part.device, float32)
+    part.device.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
+                         [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
     return both[0], both[1]
 
 

@@ -26,6 +26,7 @@ class GpuTimer:
                 "measured there; time the step on the host (device.synchronize()) instead")
         self.device = device
         self.seconds = 0.0
+        self.spans: list = []  # each timed pass's seconds, in the order the passes opened
         self.passes = 0  # compute passes timed
         self.untimed = 0  # passes past MAX_PASSES (not counted in seconds)
         self._queries = device.wgpu.create_query_set(type=wgpu.QueryType.timestamp,
@@ -39,7 +40,7 @@ class GpuTimer:
             if dev._timer is not None:
                 raise RuntimeError(f"{dev!r} is already being timed; nest no GpuTimer blocks")
             dev._flush_locked()
-            self.seconds, self.passes, self.untimed = 0.0, 0, 0
+            self.seconds, self.spans, self.passes, self.untimed = 0.0, [], 0, 0
             dev._timer = self
         return self
 
@@ -54,8 +55,9 @@ class GpuTimer:
         if n:
             ticks = np.frombuffer(dev.read(self._resolved, 0, 16 * n), np.uint64).reshape(n, 2)
             spans = ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64)
-            ns = float(np.clip(spans, 0, None).sum()) * timestamp_period_ns(dev.queue)
-            self.seconds = ns * 1e-9
+            sec = np.clip(spans, 0, None) * (timestamp_period_ns(dev.queue) * 1e-9)
+            self.spans = sec.tolist()
+            self.seconds = float(sec.sum())
 
     def _pass_writes(self):
         """timestamp_writes for the pass being opened (called under the device lock)."""
