@@ -201,7 +201,7 @@ class CollectiveBarrier:
         self._broken: CollectiveError | None = None
         self._gone: set = set()
         self._helpers = _Helpers(self.helpers, "wgrumus-reduce")
-        weakref.finalize(self, self._helpers.close)
+        weakref.finalize(self, self._helpers.close, False)
 
     # ------------------------------------------------------------------ public API
     @property
