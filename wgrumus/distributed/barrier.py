@@ -7,8 +7,9 @@ never read the previous round's result (the defect of the original design, which
 result slot). Participants hold their own round object, and ``generation`` counts the rounds.
 
 The reduction runs once per round, never once per participant: small arrays are reduced by the last
-arrival; large ones are cut into chunks that every participant of the round, and helper threads on
-spare cores, claim and reduce (numpy releases the GIL, so chunks run in parallel). Inputs are
+arrival; large ones are cut into chunks that every participant of the round, and the barrier's
+own helper threads on spare cores, claim and reduce (numpy releases the GIL, so chunks run in
+parallel; claims take no lock, and each helper is woken by one lock release). Inputs are
 reduced in rank order when ranks are given, so the bits of the result do not depend on who arrived
 first. Every participant receives the same read-only array, or, with ``out=``, its own copy written
 chunk by chunk while the chunk is still in cache (``out`` may be the caller's input: in-place
@@ -16,7 +17,8 @@ all-reduce; or mapped staging memory, which is written and never read).
 
 Every wait has a deadline. A participant that does not arrive within ``timeout`` makes the others
 raise CollectiveError naming the missing ranks; ``abort(exc)`` wakes everyone with CollectiveError.
-Both break the barrier for good: later calls raise at once.
+Both break the barrier for good: later calls raise at once. The helper threads are daemons that
+end when the barrier is closed, broken or collected, or after HELPER_IDLE_S without a round.
 """
 from __future__ import annotations
 
@@ -45,11 +47,12 @@ MAX_REDUCE_THREADS = 12
 # with ten; 64 MB rounds 4.7 with none, 11.9 with six; BENCHMARKS.md). The barrier's own helper
 # threads (below) are woken by one lock release each.
 HELPER_BYTES = 4 << 20
-# A thread that would block (a participant waiting for the others, or for the round's last
-# chunk; a helper between rounds) first polls for this long, yielding the GIL between polls, so
-# that a wake-up on the critical path costs no sleeping thread's wake latency. Only where cores
-# are spare: on the 2-core CI machine polling made 4 KiB rounds 38 -> 50 us
-# (benchmarks/_barrier_rounds.py --spin 0,50, BENCHMARKS.md).
+# A participant that would block (waiting for the others, or for the round's last chunk) first
+# polls for this long, yielding the GIL between polls, so that a wake-up on the critical path
+# costs no sleeping thread's wake latency. Helpers do not poll between rounds (a dozen threads
+# taking the GIL in turn would slow the ranks' own Python). Only where cores are spare: on the
+# 2-core CI machine polling made 4 KiB rounds 38 -> 50 us (benchmarks/_barrier_rounds.py
+# --spin 0,50; BENCHMARKS.md).
 SPIN_S = 50e-6 if (os.cpu_count() or 1) >= 8 else 0.0
 HELPER_IDLE_S = 10.0  # a helper with no round for this long ends (started again when needed)
 HELPER_JOIN_S = 5.0  # close() waits this long for each helper to finish its chunk
@@ -118,7 +121,7 @@ class _Helpers:
     def _loop(self, j: int) -> None:
         go, jobs = self.go[j], self.jobs[j]
         while True:
-            if not (_spin(lambda: go.acquire(blocking=False)) or go.acquire(timeout=HELPER_IDLE_S)):
+            if not go.acquire(timeout=HELPER_IDLE_S):
                 with self.lock:  # idle: end, unless a job came in just now
                     if not go.acquire(blocking=False):
                         self.threads[j] = None

@@ -16,7 +16,7 @@ from ..runtime.buffer_slice import BufferSlice
 from . import pipelined
 from .barrier import CollectiveBarrier, check_op
 from .errors import CollectiveError
-from .pipelined import CHUNK_BYTES, INFLIGHT
+from .pipelined import CHUNK_BYTES
 
 
 def storage_of(x) -> BufferSlice:
@@ -75,7 +75,7 @@ class CommThread:
     device's index). Requests run in submission order; ``close()`` stops the thread."""
 
     def __init__(self, device, rank: int | None = None, chunk_bytes: int = CHUNK_BYTES,
-                 depth: int = 16, inflight: int = INFLIGHT):
+                 depth: int = 16, inflight: int | None = None):
         self.device = device
         self.rank = int(device.index if rank is None else rank)
         self.chunk_bytes = max(256, chunk_bytes // 256 * 256)

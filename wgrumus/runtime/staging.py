@@ -37,7 +37,7 @@ COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
 
-MAX_IDLE = 8  # idle buffers kept per (direction, size) by Staging
+MAX_IDLE = 16  # idle buffers kept per (direction, size) by Staging (>= MAX_INFLIGHT)
 
 
 class HostTransfers:
