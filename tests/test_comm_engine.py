@@ -118,12 +118,12 @@ def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devic
     calls = {"n": 0}
     real_writer = Staging.writer
 
-    def writer(self, nbytes, deadline):
+    def writer(self, nbytes, deadline, **kw):
         if self is failing:
             calls["n"] += 1
             if calls["n"] == 5:  # rank 1, chunk 4: downloads of later chunks are in flight
                 raise RuntimeError("injected failure on rank 1")
-        return real_writer(self, nbytes, deadline)
+        return real_writer(self, nbytes, deadline, **kw)
 
     monkeypatch.setattr(Staging, "writer", writer)
 
@@ -362,3 +362,26 @@ def test_engine_over_wgpu_py_promises_outside_the_tested_range(devices, monkeypa
     assert errs == [None, None], errs
     for got in out:
         assert np.array_equal(got, xs[0] + xs[1])
+
+
+@pytest.mark.timeout(60)
+def test_upload_buffers_rotate_past_the_downloads_in_flight(devices):
+    """An upload buffer given back waits for a submission that also carries a download k chunks
+    ahead: writer(spare=k) takes a fresh buffer while at most k idle ones are not ready, and
+    takes (and waits for) the oldest once more than k wait."""
+    st = Staging(devices[0])
+    n = 4096
+    given = []
+    for _ in range(3):
+        w = st.writer(n, time.monotonic() + 10, spare=3)
+        w.unmap()
+        st.submit([], [w])  # map requested, resolved only by a later poll or wait
+        st.give_back(w)
+        given.append(w)
+    assert not any(w.ready() for w in given)
+    fresh = st.writer(n, time.monotonic() + 10, spare=3)
+    assert all(fresh is not w for w in given) and fresh.mapped
+    oldest = st.writer(n, time.monotonic() + 10, spare=2)
+    assert oldest is given[0] and oldest.mapped
+    st.discard([fresh, oldest])
+    assert st.mapped_buffers() == 0

@@ -172,7 +172,7 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
                 r = reads[0][1]
                 r.wait(deadline)
             if c.up is not None:
-                w = st.writer(c.up[1], deadline)
+                w = st.writer(c.up[1], deadline, spare=inflight)
             _exchange(barrier, rank, c, r, w, dtype, op)
             if r is not None:
                 reads.popleft()

@@ -392,14 +392,17 @@ class Staging:
                 return free.pop()
         return self._new(MAP_READ, size)
 
-    def writer(self, nbytes: int, deadline: float) -> StagingBuffer:
+    def writer(self, nbytes: int, deadline: float, spare: int = 1) -> StagingBuffer:
         """A mapped WRITE buffer of at least ``nbytes`` to fill. The oldest idle one is taken
-        when its copy is done, or when two wait (waiting on the older); otherwise a new one."""
+        when its copy is done, or when more than ``spare`` wait (waiting on the oldest);
+        otherwise a new one. A pipeline whose uploads share submissions with the downloads of
+        ``k`` chunks later passes ``spare=k``: the oldest one's submission is then done by the
+        time the current chunk's download is, so filling never waits on later downloads."""
         size = staging_size(nbytes)
         sb = None
         with self._lock:
             free = self._idle.get((MAP_WRITE, size))
-            if free and (free[0].ready() or len(free) >= 2):
+            if free and (free[0].ready() or len(free) > spare):
                 sb = free.pop(0)
         if sb is None:
             sb = self._new(MAP_WRITE, size)
