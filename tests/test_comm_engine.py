@@ -371,13 +371,11 @@ def test_upload_buffers_rotate_past_the_downloads_in_flight(devices):
     takes (and waits for) the oldest once more than k wait."""
     st = Staging(devices[0])
     n = 4096
-    given = []
-    for _ in range(3):
-        w = st.writer(n, time.monotonic() + 10, spare=3)
+    given = [st.writer(n, time.monotonic() + 10) for _ in range(3)]
+    for w in given:
         w.unmap()
         st.submit([], [w])  # map requested, resolved only by a later poll or wait
         st.give_back(w)
-        given.append(w)
     assert not any(w.ready() for w in given)
     fresh = st.writer(n, time.monotonic() + 10, spare=3)
     assert all(fresh is not w for w in given) and fresh.mapped
