@@ -377,3 +377,27 @@ def test_mixed_rounds_with_helpers_polling_and_random_delays_are_exact(monkeypat
     _, errs = run_threads(n, lambda r: [b.exchange(1 << 19, np.float32, r, xs[r], 0, None, 0,
                                                    "sum") for _ in range(100_000)])
     assert all(isinstance(e, CollectiveError) and "injected" in str(e) for e in errs), errs
+
+
+@pytest.mark.timeout(120)
+def test_no_helper_thread_outlives_its_process_group(monkeypatch):
+    """Groups made and ended one after another (dist.spawn, host all-reduces large enough to
+    take helpers): every group's helpers end with it."""
+    import wgrumus.distributed.barrier as barrier_mod
+    from wgrumus import distributed as dist
+    monkeypatch.setattr(barrier_mod.os, "cpu_count", lambda: 8)  # spare cores: helpers join
+    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)
+    before = _helper_threads()
+    seen = set()
+
+    def fn(g):
+        x = np.full(1 << 18, g.rank + 1, np.float32)
+        for _ in range(3):
+            out = g.all_reduce(x, "sum")
+        seen.update(_helper_threads() - before)
+        return float(out[0])
+
+    for _ in range(10):
+        assert dist.spawn(fn, 2, timeout=30) == [3.0, 3.0]
+    assert seen  # helpers did run
+    assert not _helper_threads() - before  # spawn closes its world and so its barriers
