@@ -20,6 +20,19 @@ def devices(devs):
     return devs[:3]
 
 
+def host_threads(monkeypatch, kind):
+    """kind "helpers": every exchange round of 1 KiB and more is split over the participants
+    and helper threads (at most two), and participants poll before blocking (a large host's
+    setting); the barrier's ``helpers`` argument is returned."""
+    if kind == "helpers":
+        from wgrumus.distributed import barrier as barrier_mod
+        monkeypatch.setattr(barrier_mod, "SPIN_S", 100e-6)
+        monkeypatch.setattr(barrier_mod, "PARALLEL_MIN_BYTES", 1024)
+        monkeypatch.setattr(barrier_mod, "SPLIT_MIN_BYTES", 256)
+        monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1024)
+    return 2 if kind == "helpers" else None
+
+
 def run_ranks(n, fn, join=60):
     out, errs, took = [None] * n, [None] * n, [None] * n
 
@@ -108,12 +121,13 @@ def test_engine_waits_on_its_own_map_requests_not_wgpu_py_promises(devices, monk
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("threads", ["participants", "helpers"])
 def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devices,
-                                                                           monkeypatch):
+                                                                           monkeypatch, threads):
     nelem, chunk = 64 * 1024, 16 * 1024  # 16 chunks per all-reduce
     xs = [np.full(nelem, r + 1, np.float32) for r in range(3)]
     bufs = [upload(d, x) for d, x in zip(devices, xs)]
-    barrier = CollectiveBarrier(3, timeout=20)
+    barrier = CollectiveBarrier(3, timeout=20, helpers=host_threads(monkeypatch, threads))
     failing = staging_of(devices[1])
     calls = {"n": 0}
     real_writer = Staging.writer
@@ -161,8 +175,10 @@ def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devic
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world", [2, 3])
-def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, world):
+@pytest.mark.parametrize("world,threads", [(2, "participants"), (3, "participants"),
+                                           (3, "helpers")])
+def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, world, threads,
+                                                                     monkeypatch):
     """10,000 all-reduces between 2 ranks (1,000 between 3; sizes 4 B .. 6 KiB in 1 KiB chunks,
     so up to 6 chunks each), ranks pausing at random; integer-valued float32 and int32 sums must
     be exact."""
@@ -173,7 +189,7 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
     offs = np.concatenate([[0], np.cumsum(sizes)])
     total = int(offs[-1])
     inputs = [rng.integers(-1000, 1000, total // 4).astype(np.int32) for _ in range(world)]
-    barrier = CollectiveBarrier(world, timeout=30)
+    barrier = CollectiveBarrier(world, timeout=30, helpers=host_threads(monkeypatch, threads))
 
     def rank(r):
         dev = devices[r]
