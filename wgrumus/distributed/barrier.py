@@ -173,9 +173,7 @@ class _Round:
         self.copies: list = []
         self.shared = True
         self.nchunks = 0
-        self.claims = itertools.count()  # chunk indices handed out (atomic under the GIL)
-        self.started: list = []  # chunks being or been reduced
-        self.ended: list = []  # chunks done or given up
+        self.claims = self.started = self.ended = None  # split rounds: see _split
         self.chunk = 0
         self.length = self.nbytes = 0
         self.item_at: list = [0] * world_size  # exchange rounds: where items and outs sit
@@ -236,7 +234,9 @@ class CollectiveBarrier:
                              f"{arr.shape}")
         t = self._timeout(timeout)
         deadline = time.monotonic() + t
-        rnd = self._arrive(deadline, t, "reduce", op, arr, rank, out)
+        with self._cond:
+            rnd = self._join("reduce", op, arr, rank, out)
+            self._wait_full(rnd, deadline, t)
         if not rnd.done:
             self._help_reduce(rnd, time.monotonic() + t, t)
         return out if out is not None else rnd.result
@@ -271,8 +271,10 @@ class CollectiveBarrier:
                              f"elements), got {item.size} at {item_at}")
         t = self._timeout(timeout)
         deadline = time.monotonic() + t
-        rnd = self._arrive(deadline, t, "exchange", op or "copy", (item, item_at, out, out_at),
-                           rank, shape=(int(length),), dtype=dtype)
+        with self._cond:
+            rnd = self._join("exchange", op or "copy", (item, item_at, out, out_at), rank,
+                             shape=(int(length),), dtype=dtype)
+            self._wait_full(rnd, deadline, t)
         if not rnd.done:
             self._help_reduce(rnd, time.monotonic() + t, t)
 
@@ -283,14 +285,18 @@ class CollectiveBarrier:
         pass the same ``tag``: rounds of different purposes do not mix silently."""
         t = self._timeout(timeout)
         deadline = time.monotonic() + t
-        rnd = self._arrive(deadline, t, "gather", tag, obj, rank)
+        with self._cond:
+            rnd = self._join("gather", tag, obj, rank)
+            self._wait_full(rnd, deadline, t)
         return list(rnd.result)
 
     def wait(self, rank: int | None = None, timeout: float | None = None) -> int:
         """Plain barrier: return once every participant arrived; returns the round number."""
         t = self._timeout(timeout)
         deadline = time.monotonic() + t
-        rnd = self._arrive(deadline, t, "wait", None, None, rank)
+        with self._cond:
+            rnd = self._join("wait", None, None, rank)
+            self._wait_full(rnd, deadline, t)
         return rnd.gen
 
     def close(self) -> None:
@@ -362,20 +368,15 @@ class CollectiveBarrier:
             self._fill(rnd)
         return rnd
 
-    def _arrive(self, deadline: float, timeout: float, *join, **join_kw) -> _Round:
-        """Join the current round; return it once every participant has joined. A round still
-        filling is polled for SPIN_S (outside the lock) before this thread blocks."""
-        with self._cond:
-            rnd = self._join(*join, **join_kw)
-            if rnd.full or SPIN_S <= 0:
-                self._wait_full(rnd, deadline, timeout)
-                return rnd
-        if not _spin(lambda: rnd.full or self._broken is not None) or not rnd.full:
-            with self._cond:
-                self._wait_full(rnd, deadline, timeout)
-        return rnd
-
     def _wait_full(self, rnd: _Round, deadline: float, timeout: float) -> None:
+        """Until every participant joined ``rnd`` (called holding the lock, once: it polls for
+        SPIN_S without it before blocking)."""
+        if not rnd.full and SPIN_S > 0:
+            self._cond.release()
+            try:
+                _spin(lambda: rnd.full or self._broken is not None)
+            finally:
+                self._cond.acquire()
         while not rnd.full:
             self._raise_if_broken()
             remaining = deadline - time.monotonic()
@@ -416,6 +417,8 @@ class CollectiveBarrier:
         else:
             rnd.nchunks = nchunks
             rnd.chunk = math.ceil(length / nchunks)
+            rnd.claims = itertools.count()  # chunk indices handed out (atomic under the GIL)
+            rnd.started, rnd.ended = [], []  # chunks being or been reduced; done or given up
             wanted = nbytes // HELPER_BYTES  # waking a thread costs more than a small share
             k = min(self.helpers, nchunks - self.world_size, wanted)
             if k > 0:
@@ -493,7 +496,7 @@ class CollectiveBarrier:
         all are done. Claims and completions are counted without the lock (``next`` of an
         itertools.count and list.append are atomic under the GIL): only the thread of the last
         chunk takes it, to finish the round and wake the waiting."""
-        while self._broken is None:
+        while rnd.claims is not None and self._broken is None:
             i = next(rnd.claims)
             if i >= rnd.nchunks:
                 break
