@@ -542,7 +542,8 @@ class CollectiveBarrier:
     def _drain(self, rnd: _Round, deadline: float) -> None:
         """The barrier broke mid-reduction: wait (a chunk's time) until no thread writes into the
         round's outputs any more, so a participant may free its output once it has raised."""
-        while len(rnd.started) != len(rnd.ended) and time.monotonic() < deadline:
+        while rnd.started is not None and len(rnd.started) != len(rnd.ended) and \
+                time.monotonic() < deadline:
             self._cond.wait(max(0.0, deadline - time.monotonic()))
 
     def _finish(self, rnd: _Round) -> None:
