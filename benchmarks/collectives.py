@@ -411,7 +411,7 @@ def main(argv=None):
     if args.chunks:
         args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
     else:
-        from wgrumus.distributed.comm import CHUNK_BYTES
+        from wgrumus.distributed.pipelined import CHUNK_BYTES
         args.chunks = [CHUNK_BYTES]
     args.inflight = [int(v) for v in args.inflight.split(",")] if args.inflight else [None]
     args.helper_mb = ([int(float(v) * (1 << 20)) for v in args.helper_mb.split(",")]
