@@ -121,6 +121,32 @@ def test_engine_waits_on_its_own_map_requests_not_wgpu_py_promises(devices, monk
 
 
 @pytest.mark.timeout(60)
+def test_map_waits_never_block_in_the_device_poll(devices, monkeypatch):
+    """A blocking wgpuDevicePoll holds the device's fence lock, which every submit to that
+    device needs: a map wait polls without blocking, so a compute thread's submits never stall
+    behind a comm thread's wait, and the wait honours its deadline."""
+    if not api().native:
+        pytest.skip("wgpu-py outside the tested range: the engine uses its promises")
+    from wgrumus.runtime import native
+
+    def refuse(*a):
+        raise AssertionError("blocking wgpuDevicePoll")
+    monkeypatch.setattr(native._Native, "wait_index", refuse)
+    dev = devices[0]
+    st = Staging(dev)
+    data = np.arange(4096, dtype=np.uint32)
+    buf = upload(dev, data)
+    for _ in range(20):
+        r = st.reader(data.nbytes)
+        st.submit([(buf, 0, r.buffer, 0, data.nbytes)], [r])
+        assert r.req.status is None and r.req.index is not None  # nothing polled it yet
+        r.wait(time.monotonic() + 10)
+        assert np.array_equal(r.array(np.uint32, data.nbytes), data)
+        r.unmap()
+        st.give_back(r)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("threads", ["participants", "helpers"])
 def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devices,
                                                                            monkeypatch, threads):
