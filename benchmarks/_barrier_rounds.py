@@ -31,9 +31,14 @@ from wgrumus.distributed import barrier as this_barrier  # noqa: E402
 
 
 def barrier_at(rev: str):
-    """wgrumus/distributed/barrier.py as of git ``rev``, loaded as a module of this package."""
-    src = subprocess.run(["git", "show", f"{rev}:wgrumus/distributed/barrier.py"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    """wgrumus/distributed/barrier.py as of git ``rev`` (or the file at path ``rev``: a copy
+    made with ``git show REV:wgrumus/distributed/barrier.py > FILE`` where no git history
+    travels), loaded as a module of this package."""
+    if Path(rev).is_file():
+        src = Path(rev).read_text()
+    else:
+        src = subprocess.run(["git", "show", f"{rev}:wgrumus/distributed/barrier.py"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
     name = f"wgrumus.distributed._barrier_{abs(hash(rev))}"
     spec = importlib.util.spec_from_loader(name, loader=None)
     mod = importlib.util.module_from_spec(spec)
@@ -94,7 +99,8 @@ class _Tuned:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--against", default="main", help="git revision to compare ('' for none)")
+    p.add_argument("--against", default="main",
+                   help="git revision, or a barrier.py file, to compare ('' for none)")
     p.add_argument("--sizes", default="4,64,256,1024,2048,4096,8192,16384",
                    help="round sizes per rank in KiB")
     p.add_argument("--ranks", type=int, default=2)
