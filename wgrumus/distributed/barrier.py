@@ -50,10 +50,10 @@ HELPER_BYTES = 4 << 20
 # A participant that would block (waiting for the others, or for the round's last chunk) first
 # polls for this long, yielding the GIL between polls, so that a wake-up on the critical path
 # costs no sleeping thread's wake latency. Helpers do not poll between rounds (a dozen threads
-# taking the GIL in turn would slow the ranks' own Python). Only where cores are spare: on the
-# 2-core CI machine polling made 4 KiB rounds 38 -> 50 us (benchmarks/_barrier_rounds.py
-# --spin 0,50; BENCHMARKS.md).
-SPIN_S = 50e-6 if (os.cpu_count() or 1) >= 8 else 0.0
+# taking the GIL in turn would slow the ranks' own Python). Off until measured where cores are
+# spare (benchmarks/_barrier_rounds.py --spin, collectives.py --spin-us): on the 2-core CI
+# machine polling 50 us made 4 KiB rounds 38 -> 50 us (BENCHMARKS.md).
+SPIN_S = 0.0
 HELPER_IDLE_S = 10.0  # a helper with no round for this long ends (started again when needed)
 HELPER_JOIN_S = 5.0  # close() waits this long for each helper to finish its chunk
 
