@@ -8,8 +8,9 @@ device; each map is tracked on its own (runtime/staging.py), so chunk k+1's down
 host step and chunk k-1's upload overlap on every rank. The host step is one
 ``CollectiveBarrier.exchange`` round per chunk: it reads every rank's chunk in place in its mapped
 download buffer and writes the result straight into each rank's mapped upload buffer, split over
-several threads (no other host copies). One submit carries chunk k's upload and the next chunk's
-download.
+several threads (no other host copies). One submit carries chunk k's upload and the download of
+chunk k + inflight; upload buffers rotate past the downloads in flight (``Staging.writer``'s
+``spare``), so filling one never waits on a later chunk's download.
 
 On failure the staging buffers a call holds are unmapped and dropped, the barrier is broken (the
 other ranks raise CollectiveError at once) and the error propagates.
