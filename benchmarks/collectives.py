@@ -6,7 +6,7 @@
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 1,2,4,8,16
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
         --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
-    python benchmarks/collectives.py --backend comm --ranks 2 --blocking-wait   # A/B the waits
+    python benchmarks/collectives.py --backend comm --ranks 2 --polling-wait   # A/B the waits
     python benchmarks/collectives.py --quick          # a few sizes, 2 and 4 ranks
     python benchmarks/collectives.py --json           # one JSON object per measurement
 
@@ -252,9 +252,9 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     sizes = [s for s in sizes if s >= 1 << 20] if not args.sizes else sizes
     if args.spin_us is not None:
         barrier_mod.SPIN_S = args.spin_us * 1e-6
-    if args.blocking_wait:
+    if args.polling_wait:
         from wgrumus.runtime import native
-        native.BLOCKING_WAIT = True
+        native.BLOCKING_WAIT = False
     rows = []
     for w, chunk, inflight, helper in itertools.product(worlds, args.chunks, args.inflight,
                                                         args.helper_mb):
@@ -405,9 +405,9 @@ def main(argv=None):
                         "compare (a helper thread joins a round per this many bytes)")
     p.add_argument("--spin-us", type=float, default=None,
                    help="comm backend: barrier.SPIN_S in microseconds (polling before blocking)")
-    p.add_argument("--blocking-wait", action="store_true",
-                   help="comm backend: map waits block in wgpuDevicePoll (runtime/native.py "
-                        "BLOCKING_WAIT) instead of polling")
+    p.add_argument("--polling-wait", action="store_true",
+                   help="comm backend: map waits poll instead of blocking in wgpuDevicePoll "
+                        "(runtime/native.py BLOCKING_WAIT = False)")
     p.add_argument("--max-memory", type=int, default=None,
                    help="bytes of host memory the arrays may use (default: half of RAM)")
     p.add_argument("--table", nargs="+", metavar="JSONL",

@@ -144,7 +144,8 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
     # imported here: wgpu loads only once devices are used
     from ..runtime.staging import staging_of
     st = staging_of(src.device)
-    inflight = inflight_of(chunks[0].length * np.dtype(dtype).itemsize, inflight)
+    inflight = min(len(chunks), inflight_of(chunks[0].length * np.dtype(dtype).itemsize,
+                                            inflight))
     reads: deque = deque()  # (chunk index, StagingBuffer): downloads in flight, in order
     w = None
     nxt = 0  # the next chunk whose download is still to be issued
