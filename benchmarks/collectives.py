@@ -4,6 +4,9 @@
     python benchmarks/collectives.py --backend mpi    # starts mpiexec -n 2/4/8 itself
     python benchmarks/collectives.py --backend comm   # GPU buffers: CommThread per device
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 1,2,4,8,16
+    python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
+        --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
+    python benchmarks/collectives.py --backend comm --ranks 2 --polling-wait   # A/B the waits
     python benchmarks/collectives.py --quick          # a few sizes, 2 and 4 ranks
     python benchmarks/collectives.py --json           # one JSON object per measurement
 
@@ -20,6 +23,7 @@ torch is importable, torch.distributed gloo all-reduce between processes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -243,19 +247,32 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     if not devs:
         print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
         return []
+    from wgrumus.distributed import barrier as barrier_mod
     label = f"comm:{n_adapters}ad"
     sizes = [s for s in sizes if s >= 1 << 20] if not args.sizes else sizes
+    if args.spin_us is not None:
+        barrier_mod.SPIN_S = args.spin_us * 1e-6
+    if args.polling_wait:
+        from wgrumus.runtime import native
+        native.BLOCKING_WAIT = False
     rows = []
-    for w in worlds:
-        for chunk in args.chunks:
-            comms = [CommThread(d, rank=i, chunk_bytes=chunk) for i, d in enumerate(devs[:w])]
-            for nbytes in sizes:
-                if nbytes > min(d.max_binding for d in devs[:w]) or \
-                        nbytes * w * 4 > args.max_memory:
-                    continue
-                rows.append(_comm_point(devs[:w], comms, nbytes, chunk, label))
-            for c in comms:
-                c.close()
+    for w, chunk, inflight, helper in itertools.product(worlds, args.chunks, args.inflight,
+                                                        args.helper_mb):
+        if helper is not None:
+            barrier_mod.HELPER_BYTES = helper
+        tag = "".join([f" i{inflight}" if inflight else "",
+                       f" h{helper / (1 << 20):g}M" if helper is not None else ""])
+        comms = [CommThread(d, rank=i, chunk_bytes=chunk, **(
+            {"inflight": inflight} if inflight else {})) for i, d in enumerate(devs[:w])]
+        for nbytes in sizes:
+            if nbytes > min(d.max_binding for d in devs[:w]) or \
+                    nbytes * w * 4 > args.max_memory:
+                continue
+            row = _comm_point(devs[:w], comms, nbytes, chunk, label)
+            row["strategy"] += tag
+            rows.append(row)
+        for c in comms:
+            c.close()
     return rows
 
 
@@ -292,6 +309,7 @@ def _comm_point(devs, comms, nbytes, chunk, label) -> dict:
     for _ in range(n):
         once()
     sec = (time.perf_counter() - t0) / n
+    barrier.close()
     a = nbytes / sec / 1e9
     bound = min(down, up)
     return {"backend": label, "strategy": f"pipe{fmt_size(chunk).replace(' ', '')}", "ranks": w,
@@ -311,7 +329,7 @@ def _host_reduction(w, nbytes, chunk):
     def fn(r):
         for _ in range(max(1, nbytes // (n * 4))):
             barrier.exchange(n, np.float32, r, ins[r], 0, outs[r], 0, "sum")
-    return fn
+    return fn  # its barrier's helpers end once fn is dropped
 
 
 def print_comm_table(rows):
@@ -321,12 +339,12 @@ def print_comm_table(rows):
     print("\ncomm: algbw vs the bound from the one-way staging rates measured in the same run "
           "(GB/s per rank, all ranks at once; bound = min(down, up); reduce = the host step "
           "alone on host arrays)")
-    head = (f"{'backend':9} {'chunk':8} {'ranks':>5} {'size':>8} | {'algbw':>7} {'down':>7} "
+    head = (f"{'backend':9} {'chunk':17} {'ranks':>5} {'size':>8} | {'algbw':>7} {'down':>7} "
             f"{'up':>7} {'reduce':>7} {'bound':>7} {'ratio':>6}")
     print(head)
     print("-" * len(head))
     for r in sorted(rows, key=lambda r: (r["ranks"], r["strategy"], r["bytes"])):
-        print(f"{r['backend']:9} {r['strategy']:8} {r['ranks']:>5} {fmt_size(r['bytes']):>8} | "
+        print(f"{r['backend']:9} {r['strategy']:17} {r['ranks']:>5} {fmt_size(r['bytes']):>8} | "
               f"{r['algbw_GBps']:7.3f} {r['down_GBps']:7.3f} {r['up_GBps']:7.3f} "
               f"{r['reduce_GBps']:7.3f} {r['bound_GBps']:7.3f} {r['ratio']:6.2f}")
 
@@ -379,6 +397,17 @@ def main(argv=None):
     p.add_argument("--chunks", default=None,
                    help="comm backend: comma-separated chunk sizes in MiB to compare "
                         "(default: the engine's CHUNK_BYTES)")
+    p.add_argument("--inflight", default=None,
+                   help="comm backend: comma-separated chunk downloads in flight to compare "
+                        "(default: the engine's)")
+    p.add_argument("--helper-mb", default=None,
+                   help="comm backend: comma-separated barrier.HELPER_BYTES values in MiB to "
+                        "compare (a helper thread joins a round per this many bytes)")
+    p.add_argument("--spin-us", type=float, default=None,
+                   help="comm backend: barrier.SPIN_S in microseconds (polling before blocking)")
+    p.add_argument("--polling-wait", action="store_true",
+                   help="comm backend: map waits poll instead of blocking in wgpuDevicePoll "
+                        "(runtime/native.py BLOCKING_WAIT = False)")
     p.add_argument("--max-memory", type=int, default=None,
                    help="bytes of host memory the arrays may use (default: half of RAM)")
     p.add_argument("--table", nargs="+", metavar="JSONL",
@@ -389,8 +418,11 @@ def main(argv=None):
     if args.chunks:
         args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
     else:
-        from wgrumus.distributed.comm import CHUNK_BYTES
+        from wgrumus.distributed.pipelined import CHUNK_BYTES
         args.chunks = [CHUNK_BYTES]
+    args.inflight = [int(v) for v in args.inflight.split(",")] if args.inflight else [None]
+    args.helper_mb = ([int(float(v) * (1 << 20)) for v in args.helper_mb.split(",")]
+                      if args.helper_mb else [None])
     if args.max_memory is None:
         args.max_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     if args.mpi_worker:

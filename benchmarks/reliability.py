@@ -47,7 +47,8 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 FAULTS = ("raise", "stall", "exit")
 PRIMITIVES = ("barrier", "comm", "process_group", "data_parallel", "pipeline",
               "tensor_parallel", "fsdp", "mpi")
-# threads that live for the whole process by design (created once, reused by every barrier)
+# helper threads of barriers still referenced (they end on the barrier's close, break or
+# collection, or after barrier.HELPER_IDLE_S without a round; tests/test_barrier.py checks)
 PERSISTENT_THREAD_PREFIXES = ("wgrumus-reduce",)
 
 

@@ -278,3 +278,126 @@ def test_no_thread_writes_an_output_after_its_owner_has_raised(monkeypatch):
     assert 0 < snapshot[0].sum() < 2 * size  # it did stop mid-way
     time.sleep(0.3)  # several chunk times
     assert all(np.array_equal(o, s) for o, s in zip(outs, snapshot))
+
+
+def _helper_threads():
+    return {t for t in threading.enumerate() if t.name.startswith("wgrumus-reduce")}
+
+
+@pytest.mark.timeout(90)
+def test_helper_threads_are_the_barriers_own_and_end_with_it(monkeypatch):
+    """Helpers reduce chunks of large rounds; they are daemon threads of their barrier that end
+    when it is closed, broken or dropped: none is left after many barriers came and went."""
+    import gc
+
+    import wgrumus.distributed.barrier as barrier_mod
+    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)  # 1 MiB rounds take 3 helpers
+    real = barrier_mod.reduce_into
+    names = set()
+
+    def slow_reduce(out, inputs, op, divisor):
+        names.add(threading.current_thread().name)
+        time.sleep(0.002)  # every thread gets chunks, even on a loaded machine
+        real(out, inputs, op, divisor)
+    monkeypatch.setattr(barrier_mod, "reduce_into", slow_reduce)
+    before = _helper_threads()
+    xs = [np.full(1 << 18, r + 1, np.float32) for r in range(2)]
+    for i in range(30):
+        b = CollectiveBarrier(2, timeout=10, chunk_bytes=1 << 16, helpers=3)
+        outs = [np.empty_like(x) for x in xs]
+        for _ in range(3):
+            _, errs = run_threads(2, lambda r, b=b, outs=outs: b.exchange(
+                xs[r].size, np.float32, r, xs[r], 0, outs[r], 0, "sum"))
+            assert errs == [None, None] and all((o == 3).all() for o in outs)
+        mine = _helper_threads() - before
+        assert mine and all(t.daemon for t in mine)
+        if i % 3 == 0:
+            b.close()
+            assert not any(t.is_alive() for t in mine)  # close() joins them
+        elif i % 3 == 1:
+            b.abort(RuntimeError("injected"))
+        else:
+            del b
+            gc.collect()
+    assert any(n.startswith("wgrumus-reduce") for n in names)
+    deadline = time.monotonic() + 10
+    while _helper_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _helper_threads() - before
+
+
+@pytest.mark.timeout(30)
+def test_idle_helpers_end_and_rounds_go_on(monkeypatch):
+    import wgrumus.distributed.barrier as barrier_mod
+    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)
+    monkeypatch.setattr(barrier_mod, "HELPER_IDLE_S", 0.05)
+    before = _helper_threads()
+    xs = [np.arange(1 << 18, dtype=np.float32) * (r + 1) for r in range(2)]
+    b = CollectiveBarrier(2, timeout=10, chunk_bytes=1 << 16, helpers=2)
+    for _ in range(3):
+        res, errs = run_threads(2, lambda r: b.reduce(xs[r], "sum", rank=r))
+        assert errs == [None, None] and np.array_equal(res[0], xs[0] * 3)
+        deadline = time.monotonic() + 5
+        while _helper_threads() - before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _helper_threads() - before  # idle past HELPER_IDLE_S: ended
+    b.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("spin", [0.0, 200e-6])
+def test_mixed_rounds_with_helpers_polling_and_random_delays_are_exact(monkeypatch, spin):
+    """Rounds of 4 B .. 2 MiB (small ones reduced by the last arrival, large ones split over
+    participants and helpers), ranks pausing at random, with and without polling before
+    blocking: every result exact and in rank order; then an abort mid-run stops everyone."""
+    import wgrumus.distributed.barrier as barrier_mod
+    monkeypatch.setattr(barrier_mod, "SPIN_S", spin)
+    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 18)
+    n, rounds = 3, 400
+    rng = np.random.default_rng(5)
+    sizes = rng.choice([1, 1000, 1 << 17, 1 << 19], rounds)
+    xs = [rng.integers(-999, 999, 1 << 19).astype(np.float32) for _ in range(n)]
+    b = CollectiveBarrier(n, timeout=20, chunk_bytes=1 << 16, helpers=3)
+
+    def worker(r):
+        delays = random.Random(r)
+        out = np.empty(1 << 19, np.float32)
+        for i, size in enumerate(sizes):
+            if delays.random() < 0.05:
+                time.sleep(delays.random() * 1e-3)
+            b.exchange(int(size), np.float32, r, xs[r][:size], 0, out[:size], 0, "sum")
+            want = (xs[0][:size] + xs[1][:size]) + xs[2][:size]
+            if not np.array_equal(out[:size], want):
+                return i
+        return None
+
+    res, errs = run_threads(n, worker)
+    assert errs == [None] * n and res == [None] * n
+    threading.Timer(0.05, lambda: b.abort(RuntimeError("injected"))).start()
+    _, errs = run_threads(n, lambda r: [b.exchange(1 << 19, np.float32, r, xs[r], 0, None, 0,
+                                                   "sum") for _ in range(100_000)])
+    assert all(isinstance(e, CollectiveError) and "injected" in str(e) for e in errs), errs
+
+
+@pytest.mark.timeout(120)
+def test_no_helper_thread_outlives_its_process_group(monkeypatch):
+    """Groups made and ended one after another (dist.spawn, host all-reduces large enough to
+    take helpers): every group's helpers end with it."""
+    import wgrumus.distributed.barrier as barrier_mod
+    from wgrumus import distributed as dist
+    monkeypatch.setattr(barrier_mod.os, "cpu_count", lambda: 8)  # spare cores: helpers join
+    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)
+    before = _helper_threads()
+    seen = set()
+
+    def fn(g):
+        x = np.full(1 << 18, g.rank + 1, np.float32)
+        for _ in range(3):
+            out = g.all_reduce(x, "sum")
+        seen.update(_helper_threads() - before)
+        return float(out[0])
+
+    for _ in range(10):
+        assert dist.spawn(fn, 2, timeout=30) == [3.0, 3.0]
+    assert seen  # helpers did run
+    assert not _helper_threads() - before  # spawn closes its world and so its barriers

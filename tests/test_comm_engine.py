@@ -12,12 +12,25 @@ from test_comm import download, upload
 from wgrumus.distributed import CollectiveBarrier, CollectiveError
 from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
 from wgrumus.runtime.native import api
-from wgrumus.runtime.staging import Staging, staging_of
+from wgrumus.runtime.staging import Staging, StagingBuffer, staging_of
 
 
 @pytest.fixture(scope="module")
 def devices(devs):
     return devs[:3]
+
+
+def host_threads(monkeypatch, kind):
+    """kind "helpers": every exchange round of 1 KiB and more is split over the participants
+    and helper threads (at most two), and participants poll before blocking (a large host's
+    setting); the barrier's ``helpers`` argument is returned."""
+    if kind == "helpers":
+        from wgrumus.distributed import barrier as barrier_mod
+        monkeypatch.setattr(barrier_mod, "SPIN_S", 100e-6)
+        monkeypatch.setattr(barrier_mod, "PARALLEL_MIN_BYTES", 1024)
+        monkeypatch.setattr(barrier_mod, "SPLIT_MIN_BYTES", 256)
+        monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1024)
+    return 2 if kind == "helpers" else None
 
 
 def run_ranks(n, fn, join=60):
@@ -108,22 +121,50 @@ def test_engine_waits_on_its_own_map_requests_not_wgpu_py_promises(devices, monk
 
 
 @pytest.mark.timeout(60)
+def test_map_waits_never_block_in_the_device_poll(devices, monkeypatch):
+    """A blocking wgpuDevicePoll holds the device's fence lock, which every submit to that
+    device needs: with BLOCKING_WAIT off a map wait polls without blocking (so a compute thread's
+    submits never stall behind a comm thread's wait), with the same results."""
+    if not api().native:
+        pytest.skip("wgpu-py outside the tested range: the engine uses its promises")
+    from wgrumus.runtime import native
+
+    def refuse(*a):
+        raise AssertionError("blocking wgpuDevicePoll")
+    monkeypatch.setattr(native, "BLOCKING_WAIT", False)
+    monkeypatch.setattr(native._Native, "wait_index", refuse)
+    dev = devices[0]
+    st = Staging(dev)
+    data = np.arange(4096, dtype=np.uint32)
+    buf = upload(dev, data)
+    for _ in range(20):
+        r = st.reader(data.nbytes)
+        st.submit([(buf, 0, r.buffer, 0, data.nbytes)], [r])
+        assert r.req.status is None and r.req.index is not None  # nothing polled it yet
+        r.wait(time.monotonic() + 10)
+        assert np.array_equal(r.array(np.uint32, data.nbytes), data)
+        r.unmap()
+        st.give_back(r)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("threads", ["participants", "helpers"])
 def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devices,
-                                                                           monkeypatch):
+                                                                           monkeypatch, threads):
     nelem, chunk = 64 * 1024, 16 * 1024  # 16 chunks per all-reduce
     xs = [np.full(nelem, r + 1, np.float32) for r in range(3)]
     bufs = [upload(d, x) for d, x in zip(devices, xs)]
-    barrier = CollectiveBarrier(3, timeout=20)
+    barrier = CollectiveBarrier(3, timeout=20, helpers=host_threads(monkeypatch, threads))
     failing = staging_of(devices[1])
     calls = {"n": 0}
     real_writer = Staging.writer
 
-    def writer(self, nbytes, deadline):
+    def writer(self, nbytes, deadline, **kw):
         if self is failing:
             calls["n"] += 1
             if calls["n"] == 5:  # rank 1, chunk 4: downloads of later chunks are in flight
                 raise RuntimeError("injected failure on rank 1")
-        return real_writer(self, nbytes, deadline)
+        return real_writer(self, nbytes, deadline, **kw)
 
     monkeypatch.setattr(Staging, "writer", writer)
 
@@ -161,8 +202,10 @@ def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devic
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world", [2, 3])
-def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, world):
+@pytest.mark.parametrize("world,threads", [(2, "participants"), (3, "participants"),
+                                           (3, "helpers")])
+def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, world, threads,
+                                                                     monkeypatch):
     """10,000 all-reduces between 2 ranks (1,000 between 3; sizes 4 B .. 6 KiB in 1 KiB chunks,
     so up to 6 chunks each), ranks pausing at random; integer-valued float32 and int32 sums must
     be exact."""
@@ -173,7 +216,7 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
     offs = np.concatenate([[0], np.cumsum(sizes)])
     total = int(offs[-1])
     inputs = [rng.integers(-1000, 1000, total // 4).astype(np.int32) for _ in range(world)]
-    barrier = CollectiveBarrier(world, timeout=30)
+    barrier = CollectiveBarrier(world, timeout=30, helpers=host_threads(monkeypatch, threads))
 
     def rank(r):
         dev = devices[r]
@@ -362,3 +405,25 @@ def test_engine_over_wgpu_py_promises_outside_the_tested_range(devices, monkeypa
     assert errs == [None, None], errs
     for got in out:
         assert np.array_equal(got, xs[0] + xs[1])
+
+
+@pytest.mark.timeout(60)
+def test_upload_buffers_rotate_past_the_downloads_in_flight(devices, monkeypatch):
+    """An upload buffer given back waits for a submission that also carries a download k chunks
+    ahead: writer(spare=k) takes a fresh buffer while at most k idle ones are not ready, and
+    takes (and waits for) the oldest once more than k wait."""
+    st = Staging(devices[0])
+    n = 4096
+    given = [st.writer(n, time.monotonic() + 10) for _ in range(3)]
+    for w in given:
+        w.unmap()
+        st.submit([], [w])  # map requested, resolved only by a later poll or wait
+        st.give_back(w)
+    monkeypatch.setattr(StagingBuffer, "ready", lambda self: False)  # their copies still run
+    fresh = st.writer(n, time.monotonic() + 10, spare=3)
+    monkeypatch.undo()
+    assert all(fresh is not w for w in given) and fresh.mapped
+    oldest = st.writer(n, time.monotonic() + 10, spare=2)
+    assert oldest is given[0] and oldest.mapped
+    st.discard([fresh, oldest])
+    assert st.mapped_buffers() == 0

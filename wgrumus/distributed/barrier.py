@@ -7,8 +7,9 @@ never read the previous round's result (the defect of the original design, which
 result slot). Participants hold their own round object, and ``generation`` counts the rounds.
 
 The reduction runs once per round, never once per participant: small arrays are reduced by the last
-arrival; large ones are cut into chunks that every participant of the round, and helper threads on
-spare cores, claim and reduce (numpy releases the GIL, so chunks run in parallel). Inputs are
+arrival; large ones are cut into chunks that every participant of the round, and the barrier's
+own helper threads on spare cores, claim and reduce (numpy releases the GIL, so chunks run in
+parallel; claims take no lock, and each helper is woken by one lock release). Inputs are
 reduced in rank order when ranks are given, so the bits of the result do not depend on who arrived
 first. Every participant receives the same read-only array, or, with ``out=``, its own copy written
 chunk by chunk while the chunk is still in cache (``out`` may be the caller's input: in-place
@@ -16,15 +17,18 @@ all-reduce; or mapped staging memory, which is written and never read).
 
 Every wait has a deadline. A participant that does not arrive within ``timeout`` makes the others
 raise CollectiveError naming the missing ranks; ``abort(exc)`` wakes everyone with CollectiveError.
-Both break the barrier for good: later calls raise at once.
+Both break the barrier for good: later calls raise at once. The helper threads are daemons that
+end when the barrier is closed, broken or collected, or after HELPER_IDLE_S without a round.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import weakref
+from collections import deque
 
 import numpy as np
 
@@ -39,20 +43,96 @@ SPLIT_MIN_BYTES = 1 << 17     # large rounds are cut into at least one piece per
 # inputs read, two outputs written), so a round wants about a dozen threads on a large host.
 MAX_REDUCE_THREADS = 12
 # A helper thread joins a round per this many bytes: waking one costs about what it reduces of
-# a few MB (H100 host, 2 ranks: 4 MB rounds ran 5.0 GB/s with no helper, 3.4 with ten; 64 MB
-# rounds 4.7 with none, 11.9 with six; BENCHMARKS.md).
+# a few MB (H100 host, 2 ranks, with a thread pool: 4 MB rounds ran 5.0 GB/s with no helper, 3.4
+# with ten; 64 MB rounds 4.7 with none, 11.9 with six; BENCHMARKS.md). The barrier's own helper
+# threads (below) are woken by one lock release each.
 HELPER_BYTES = 4 << 20
-_helpers: ThreadPoolExecutor | None = None
-_helpers_lock = threading.Lock()
+# A participant that would block (waiting for the others, or for the round's last chunk) first
+# polls for this long, yielding the GIL between polls, so that a wake-up on the critical path
+# costs no sleeping thread's wake latency. Helpers do not poll between rounds (a dozen threads
+# taking the GIL in turn would slow the ranks' own Python). Off until measured where cores are
+# spare (benchmarks/_barrier_rounds.py --spin, collectives.py --spin-us): on the 2-core CI
+# machine polling 50 us made 4 KiB rounds 38 -> 50 us (BENCHMARKS.md).
+SPIN_S = 0.0
+HELPER_IDLE_S = 10.0  # a helper with no round for this long ends (started again when needed)
+HELPER_JOIN_S = 5.0  # close() waits this long for each helper to finish its chunk
 
 
-def _helper_pool() -> ThreadPoolExecutor:
-    """Process-wide threads that join large reductions when participants alone are too few."""
-    global _helpers
-    with _helpers_lock:
-        if _helpers is None:
-            _helpers = ThreadPoolExecutor(MAX_REDUCE_THREADS, "wgrumus-reduce")
-        return _helpers
+def _spin(ready) -> bool:
+    """Poll ``ready()`` for up to SPIN_S (the GIL is released between polls); its last value."""
+    end = time.perf_counter() + SPIN_S
+    while not ready():
+        if time.perf_counter() >= end:
+            return False
+        time.sleep(0)
+    return True
+
+
+class _Helpers:
+    """Daemon threads owned by one barrier that reduce chunks of its large rounds alongside the
+    participants: each is woken by a release of its own lock (no pool submit, no shared queue)
+    and claims chunks like a participant. They end on ``close()`` (the barrier's close, break or
+    garbage collection) or after HELPER_IDLE_S without a round. Holds no reference to the
+    barrier, so a dropped barrier is collected and its helpers end."""
+
+    def __init__(self, count: int, name: str):
+        self.count, self.name = count, name
+        self.lock = threading.Lock()
+        self.closed = False
+        self.threads: list = [None] * count
+        self.go = [threading.Lock() for _ in range(count)]
+        for g in self.go:
+            g.acquire()
+        self.jobs = [deque() for _ in range(count)]
+
+    def run(self, k: int, job) -> None:
+        """Hand ``job`` (a callable) to helpers 0..k-1, starting those that are not running."""
+        with self.lock:
+            if self.closed:
+                return
+            for j in range(k):
+                if self.threads[j] is None:
+                    t = threading.Thread(target=self._loop, args=(j,), daemon=True,
+                                         name=f"{self.name}-{j}")
+                    self.threads[j] = t
+                    t.start()
+                self.jobs[j].append(job)
+                try:
+                    self.go[j].release()
+                except RuntimeError:  # already signalled: the helper takes every queued job
+                    pass
+
+    def close(self, join: bool = True) -> None:
+        """Stop every helper (one mid-chunk finishes it first); ``join``: wait for them."""
+        with self.lock:
+            self.closed = True
+            threads = [t for t in self.threads if t is not None]
+            for j in range(self.count):
+                self.jobs[j].clear()
+                try:
+                    self.go[j].release()
+                except RuntimeError:
+                    pass
+        me = threading.current_thread()
+        for t in threads if join else ():
+            if t is not me:
+                t.join(HELPER_JOIN_S)
+
+    def _loop(self, j: int) -> None:
+        go, jobs = self.go[j], self.jobs[j]
+        while True:
+            if not go.acquire(timeout=HELPER_IDLE_S):
+                with self.lock:  # idle: end, unless a job came in just now
+                    if not go.acquire(blocking=False):
+                        self.threads[j] = None
+                        return
+            if self.closed:
+                return
+            while jobs:
+                try:
+                    jobs.popleft()()
+                except IndexError:
+                    break
 
 
 def check_op(op: str, dtype) -> None:
@@ -92,7 +172,8 @@ class _Round:
         self.out = self.flats = None
         self.copies: list = []
         self.shared = True
-        self.nchunks = self.claimed = self.finished = self.inflight = 0
+        self.nchunks = 0
+        self.claims = self.started = self.ended = None  # split rounds: see _split
         self.chunk = 0
         self.length = self.nbytes = 0
         self.item_at: list = [0] * world_size  # exchange rounds: where items and outs sit
@@ -120,6 +201,8 @@ class CollectiveBarrier:
         self._round = _Round(0, self.world_size)
         self._broken: CollectiveError | None = None
         self._gone: set = set()
+        self._helpers = _Helpers(self.helpers, "wgrumus-reduce")
+        weakref.finalize(self, self._helpers.close, False)
 
     # ------------------------------------------------------------------ public API
     @property
@@ -216,6 +299,10 @@ class CollectiveBarrier:
             self._wait_full(rnd, deadline, t)
         return rnd.gen
 
+    def close(self) -> None:
+        """End the helper threads (rounds after this run on the participants alone)."""
+        self._helpers.close()
+
     def abort(self, exc: BaseException | None = None) -> None:
         """Break the barrier: every current and future participant raises CollectiveError."""
         if isinstance(exc, CollectiveError):
@@ -282,6 +369,14 @@ class CollectiveBarrier:
         return rnd
 
     def _wait_full(self, rnd: _Round, deadline: float, timeout: float) -> None:
+        """Until every participant joined ``rnd`` (called holding the lock, once: it polls for
+        SPIN_S without it before blocking)."""
+        if not rnd.full and SPIN_S > 0:
+            self._cond.release()
+            try:
+                _spin(lambda: rnd.full or self._broken is not None)
+            finally:
+                self._cond.acquire()
         while not rnd.full:
             self._raise_if_broken()
             remaining = deadline - time.monotonic()
@@ -322,9 +417,12 @@ class CollectiveBarrier:
         else:
             rnd.nchunks = nchunks
             rnd.chunk = math.ceil(length / nchunks)
+            rnd.claims = itertools.count()  # chunk indices handed out (atomic under the GIL)
+            rnd.started, rnd.ended = [], []  # chunks being or been reduced; done or given up
             wanted = nbytes // HELPER_BYTES  # waking a thread costs more than a small share
-            for _ in range(min(self.helpers, nchunks - self.world_size, wanted)):
-                _helper_pool().submit(self._helper, rnd)
+            k = min(self.helpers, nchunks - self.world_size, wanted)
+            if k > 0:
+                self._helpers.run(k, lambda: self._helper(rnd))
         self._cond.notify_all()
 
     def _fill_exchange(self, rnd: _Round) -> None:
@@ -394,50 +492,58 @@ class CollectiveBarrier:
 
     def _help_reduce(self, rnd: _Round, deadline: float, timeout: float,
                      wait: bool = True) -> None:
-        """Claim and reduce chunks of this round until all are done (``wait``) or claimed."""
-        while True:
-            with self._cond:
-                while True:
-                    if rnd.done:
-                        return
-                    if self._broken is not None:
-                        self._drain(rnd, deadline)
-                        self._raise_if_broken()
-                    if rnd.claimed < rnd.nchunks:
-                        i = rnd.claimed
-                        rnd.claimed += 1
-                        rnd.inflight += 1
-                        break
+        """Claim and reduce chunks of this round until all are claimed, then (``wait``) until
+        all are done. Claims and completions are counted without the lock (``next`` of an
+        itertools.count and list.append are atomic under the GIL): only the thread of the last
+        chunk takes it, to finish the round and wake the waiting."""
+        while rnd.claims is not None and self._broken is None:
+            i = next(rnd.claims)
+            if i >= rnd.nchunks:
+                break
+            rnd.started.append(i)  # before the check: _drain then sees this chunk in flight
+            if self._broken is not None:
+                self._ended(rnd, i)
+                break
+            lo = i * rnd.chunk
+            try:
+                self._reduce_chunk(rnd, lo, min(lo + rnd.chunk, rnd.length))
+            except BaseException as e:
+                self.abort(e)  # first: the round must not count as finished
+                self._ended(rnd, i)
+                raise
+            self._ended(rnd, i)
+        if not wait and self._broken is None:
+            return
+        if not rnd.done:
+            _spin(lambda: rnd.done or self._broken is not None)
+        with self._cond:
+            while not rnd.done:
+                if self._broken is not None:
                     if not wait:
                         return
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise self._break(CollectiveError(
-                            f"CollectiveBarrier round {rnd.gen}: reduction of {rnd.nbytes:,} "
-                            f"bytes did not finish within {timeout} s", timed_out=True))
-                    self._cond.wait(remaining)
-            lo = i * rnd.chunk
-            hi = min(lo + rnd.chunk, rnd.length)
-            try:
-                self._reduce_chunk(rnd, lo, hi)
-            except BaseException as e:
-                with self._cond:
-                    rnd.inflight -= 1
-                self.abort(e)
-                raise
+                    self._drain(rnd, deadline)
+                    self._raise_if_broken()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._break(CollectiveError(
+                        f"CollectiveBarrier round {rnd.gen}: reduction of {rnd.nbytes:,} "
+                        f"bytes did not finish within {timeout} s", timed_out=True))
+                self._cond.wait(remaining)
+
+    def _ended(self, rnd: _Round, i: int) -> None:
+        """Chunk ``i`` is done (or given up): the last one finishes the round."""
+        rnd.ended.append(i)
+        if len(rnd.ended) == rnd.nchunks or self._broken is not None:
             with self._cond:
-                rnd.inflight -= 1
-                rnd.finished += 1
-                if rnd.finished == rnd.nchunks:
+                if self._broken is None and not rnd.done:
                     self._finish(rnd)
-                    self._cond.notify_all()
-                elif self._broken is not None and not rnd.inflight:
-                    self._cond.notify_all()  # wake participants draining the broken round
+                self._cond.notify_all()  # the round's waiters, or participants draining it
 
     def _drain(self, rnd: _Round, deadline: float) -> None:
         """The barrier broke mid-reduction: wait (a chunk's time) until no thread writes into the
         round's outputs any more, so a participant may free its output once it has raised."""
-        while rnd.inflight and time.monotonic() < deadline:
+        while rnd.started is not None and len(rnd.started) != len(rnd.ended) and \
+                time.monotonic() < deadline:
             self._cond.wait(max(0.0, deadline - time.monotonic()))
 
     def _finish(self, rnd: _Round) -> None:
@@ -449,9 +555,11 @@ class CollectiveBarrier:
 
     # ------------------------------------------------------------------ failures
     def _break(self, err: CollectiveError) -> CollectiveError:
-        """Break the barrier with ``err`` (the first one sticks); returns ``err`` to raise."""
+        """Break the barrier with ``err`` (the first one sticks); returns ``err`` to raise. The
+        helper threads end (those mid-chunk finish it first)."""
         if self._broken is None:
             self._broken = err
+            self._helpers.close(join=False)
         self._cond.notify_all()
         return err
 

@@ -16,7 +16,6 @@ from ..runtime.buffer_slice import BufferSlice
 from . import pipelined
 from .barrier import CollectiveBarrier, check_op
 from .errors import CollectiveError
-from .pipelined import CHUNK_BYTES, INFLIGHT
 
 
 def storage_of(x) -> BufferSlice:
@@ -74,11 +73,12 @@ class CommThread:
     ``rank`` is this device's participant number in the barriers it joins (default: the
     device's index). Requests run in submission order; ``close()`` stops the thread."""
 
-    def __init__(self, device, rank: int | None = None, chunk_bytes: int = CHUNK_BYTES,
-                 depth: int = 16, inflight: int = INFLIGHT):
+    def __init__(self, device, rank: int | None = None, chunk_bytes: int | None = None,
+                 depth: int = 16, inflight: int | None = None):
         self.device = device
         self.rank = int(device.index if rank is None else rank)
-        self.chunk_bytes = max(256, chunk_bytes // 256 * 256)
+        # None: the engine's CHUNK_BYTES (and its downloads in flight) when each request runs
+        self.chunk_bytes = None if chunk_bytes is None else max(256, chunk_bytes // 256 * 256)
         self.inflight = inflight
         self._requests: queue.Queue = queue.Queue(maxsize=depth)
         self._closed = False

@@ -8,8 +8,9 @@ device; each map is tracked on its own (runtime/staging.py), so chunk k+1's down
 host step and chunk k-1's upload overlap on every rank. The host step is one
 ``CollectiveBarrier.exchange`` round per chunk: it reads every rank's chunk in place in its mapped
 download buffer and writes the result straight into each rank's mapped upload buffer, split over
-several threads (no other host copies). One submit carries chunk k's upload and the next chunk's
-download.
+several threads (no other host copies). One submit carries chunk k's upload and the download of
+chunk k + inflight; upload buffers rotate past the downloads in flight (``Staging.writer``'s
+``spare``), so filling one never waits on a later chunk's download.
 
 On failure the staging buffers a call holds are unmapped and dropped, the barrier is broken (the
 other ranks raise CollectiveError at once) and the error propagates.
@@ -25,13 +26,18 @@ import numpy as np
 from .barrier import check_op
 from .errors import CollectiveError
 
-# Per chunk the engine pays two map requests, one submit and one barrier round, whose thread
-# wake-ups cost about what a few MB of reduction do; the chunk must be large enough to hide that
-# and small enough that the pipeline fills quickly. benchmarks/collectives.py --backend comm
-# --chunks compares sizes: on the H100 host (2 ranks) 16 MB chunks ran a 64 MB all-reduce at
-# 5.5 GB/s, 8 MB 4.8, 4 MB 3.7, 2 MB 2.0 (BENCHMARKS.md, 2026-11-24).
+# Per chunk the engine pays two map requests, one submit and one barrier round; the chunk must
+# be large enough to hide that and small enough that the pipeline fills quickly.
+# benchmarks/collectives.py --backend comm --chunks compares sizes: on the H100 host (2 ranks,
+# helper threads from a pool) 16 MB chunks ran a 64 MB all-reduce at 5.5 GB/s, 8 MB 4.8, 4 MB
+# 3.7, 2 MB 2.0 (BENCHMARKS.md, 2026-11-24).
 CHUNK_BYTES = 16 << 20
-INFLIGHT = 3  # chunk downloads queued ahead of the one being reduced
+# Chunk downloads queued ahead of the one being reduced: this many bytes' worth (3 chunks of 16
+# MB, as measured), at least INFLIGHT and at most MAX_INFLIGHT chunks, so small chunks keep the
+# link as busy as large ones.
+INFLIGHT_BYTES = 48 << 20
+INFLIGHT = 3
+MAX_INFLIGHT = 12
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,13 @@ class _Chunk:
 
 def _spans(length: int, chunk: int) -> list[tuple]:
     return [(c, min(c + chunk, length)) for c in range(0, length, chunk)] or [(0, 0)]
+
+
+def inflight_of(chunk_bytes: int, inflight: int | None = None) -> int:
+    """Chunk downloads in flight for ``chunk_bytes`` chunks (``inflight``: as given)."""
+    if inflight is not None:
+        return max(1, int(inflight))
+    return max(INFLIGHT, min(MAX_INFLIGHT, INFLIGHT_BYTES // max(1, chunk_bytes)))
 
 
 def _elems(chunk_bytes, dtype) -> int:
@@ -131,7 +144,8 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
     # imported here: wgpu loads only once devices are used
     from ..runtime.staging import staging_of
     st = staging_of(src.device)
-    inflight = max(1, INFLIGHT if inflight is None else inflight)
+    inflight = min(len(chunks), inflight_of(chunks[0].length * np.dtype(dtype).itemsize,
+                                            inflight))
     reads: deque = deque()  # (chunk index, StagingBuffer): downloads in flight, in order
     w = None
     nxt = 0  # the next chunk whose download is still to be issued
@@ -160,7 +174,7 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
                 r = reads[0][1]
                 r.wait(deadline)
             if c.up is not None:
-                w = st.writer(c.up[1], deadline)
+                w = st.writer(c.up[1], deadline, spare=inflight)
             _exchange(barrier, rank, c, r, w, dtype, op)
             if r is not None:
                 reads.popleft()

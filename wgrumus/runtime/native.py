@@ -7,9 +7,10 @@ reachable with WGRUMUS_ANY_WGPU=1) or where the C symbols are missing; then each
 back to wgpu-py's public API (slower, same results). The features:
 - staging maps (``api()``): wgpu-py resolves a ``map_async`` promise on its per-device poll
   thread, which blocks in ``wgpuDevicePoll(wait=True)`` until *all* submitted work is done (and
-  holds the device's fence lock meanwhile). Here each map request carries its own callback and
-  the waiter polls for exactly the submission its copy went in (``wgpuQueueSubmitForIndex`` +
-  ``wgpuDevicePoll(wait, &index)``), so chunk k's map resolves while chunk k+1's copy runs;
+  holds the device's fence lock meanwhile). Here each map request carries its own callback, tied
+  to the submission its copy went in (``wgpuQueueSubmitForIndex``), and the waiter waits for
+  that submission only (``wgpuDevicePoll(wait, &index)``, or polls without blocking: see
+  BLOCKING_WAIT), so chunk k's map resolves while chunk k+1's copy runs;
 - ``RawPass`` / ``RawReplay``: recording dispatches with three C calls each (wgpu-py's wrapper
   costs about a fifth of a small dispatch's host time); ``RawTextureCopy``: buffer-to-texture
   copies with one;
@@ -35,6 +36,16 @@ _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
             "wgpuComputePassEncoderSetBindGroup", "wgpuComputePassEncoderDispatchWorkgroups",
             "wgpuCommandEncoderCopyBufferToBuffer", "wgpuQueueGetTimestampPeriod")
 MAP_READ, MAP_WRITE = 1, 2  # WGPUMapMode bits
+# Waiting for a map: a blocking wgpuDevicePoll holds the device's fence lock (read) until the
+# submission is done, and every queue submit needs it (write; wgpu-core Device::maintain and
+# Queue::submit): another thread's submits to the same device (a DataParallel replica's step
+# while its comm thread waits for a gradient chunk) stall behind the wait. BLOCKING_WAIT = False
+# polls without blocking instead, every POLL_FIRST_S doubling to POLL_MAX_S. Blocking stays the
+# default until that is measured on a GPU: on lavapipe polling made 2-device eager DP 8% slower
+# (BENCHMARKS.md, 2026-11-24).
+BLOCKING_WAIT = True
+POLL_FIRST_S = 1e-5
+POLL_MAX_S = 1e-4
 _api_obj = None
 _api_lock = threading.Lock()
 
@@ -326,13 +337,13 @@ class _Native:
             req.status = f"map failed (status {int(status)}): {msg}"
 
     def wait(self, device, req: MapRequest, deadline: float) -> None:
-        """Until ``req`` resolves: first a blocking poll for its submission, then (the callback
-        may be fired by a poll on another thread a moment later) short non-blocking polls.
-        Raises TimeoutError past ``deadline`` (time.monotonic()), RuntimeError if the map
-        failed."""
-        if req.status is None and req.index is not None:
+        """Until ``req`` resolves: with BLOCKING_WAIT first a blocking poll for its submission,
+        then (the callback may be fired by a poll on another thread a moment later) non-blocking
+        polls backing off from POLL_FIRST_S to POLL_MAX_S. Raises TimeoutError past
+        ``deadline`` (time.monotonic()), RuntimeError if the map failed."""
+        if BLOCKING_WAIT and req.status is None and req.index is not None:
             self.wait_index(device, req.index)
-        delay = 2e-5
+        delay = POLL_FIRST_S
         while req.status is None:
             self.poll(device)
             if req.status is not None:
@@ -340,7 +351,7 @@ class _Native:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"buffer map of {req.size:,} bytes did not complete")
             time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+            delay = min(delay * 2, POLL_MAX_S)
         if req.status is not True:
             raise RuntimeError(req.status)
 
@@ -366,6 +377,9 @@ class _Native:
 class _WgpuPy:
     """The same interface over wgpu-py's public API (``map_async`` promises)."""
     native = False
+
+    def poll(self, device) -> None:
+        """wgpu-py's own poll thread resolves its promises."""
 
     def submit(self, queue, command_buffer):
         queue.submit([command_buffer])

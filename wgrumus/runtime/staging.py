@@ -37,7 +37,7 @@ COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
 
-MAX_IDLE = 8  # idle buffers kept per (direction, size) by Staging
+MAX_IDLE = 16  # idle buffers kept per (direction, size) by Staging (>= MAX_INFLIGHT)
 
 
 class HostTransfers:
@@ -397,14 +397,20 @@ class Staging:
                 return free.pop()
         return self._new(MAP_READ, size)
 
-    def writer(self, nbytes: int, deadline: float) -> StagingBuffer:
+    def writer(self, nbytes: int, deadline: float, spare: int = 1) -> StagingBuffer:
         """A mapped WRITE buffer of at least ``nbytes`` to fill. The oldest idle one is taken
-        when its copy is done, or when two wait (waiting on the older); otherwise a new one."""
+        when its copy is done, or when more than ``spare`` wait (waiting on the oldest);
+        otherwise a new one. A pipeline whose uploads share submissions with the downloads of
+        ``k`` chunks later passes ``spare=k``: the oldest one's submission is then done by the
+        time the current chunk's download is, so filling never waits on later downloads."""
         size = staging_size(nbytes)
         sb = None
+        free = self._idle.get((MAP_WRITE, size))
+        if free and not free[0].ready() and len(free) <= spare:
+            self.api.poll(self.device.wgpu)  # fire the callbacks of what is done (no wait)
         with self._lock:
             free = self._idle.get((MAP_WRITE, size))
-            if free and (free[0].ready() or len(free) >= 2):
+            if free and (free[0].ready() or len(free) > spare):
                 sb = free.pop(0)
         if sb is None:
             sb = self._new(MAP_WRITE, size)

@@ -58,12 +58,15 @@ class ThreadWorld:
         return c
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop the CommThreads of this world and its subgroups (queued requests finish)."""
+        """Stop the CommThreads of this world and its subgroups (queued requests finish), and
+        the barriers' helper threads."""
         with self._lock:
             comms = list(self._comm_threads.values())
             children = [w for w, _ in self._children.values()]
         for c in comms:
             c.close(self.timeout if timeout is None else timeout)
+        self.barrier.close()
+        self.comm_barrier.close()
         for w in children:
             w.close(timeout)
 
