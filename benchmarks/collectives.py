@@ -236,12 +236,28 @@ def one_way(dev, buf, nbytes, down: bool):
     st.give_back(sb)
 
 
+def host_memory_rate(nbytes: int = 256 << 20) -> float:
+    """GB/s of host memory traffic (bytes read + written) of a large copy split over the
+    staging's copy threads, best of three: what the DMA engines and the host reduction share."""
+    from wgrumus.runtime.staging import par_copy
+    src, dst = np.ones(nbytes, np.uint8), np.ones(nbytes, np.uint8)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        par_copy(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best / 1e9
+
+
 def run_comm(args, sizes, worlds) -> list[dict]:
     """GPU buffers all-reduced in place by one CommThread per device, next to the one-way staging
     rates of the same devices and sizes measured in the same run (one whole-buffer copy per
-    direction, all ranks at once, so a shared link is shared here too). bound = min(down, up):
-    the all-reduce moves each rank's bytes down once and up once, and can at best overlap the
-    two directions completely."""
+    direction, all ranks at once, so a shared link is shared here too) and the host's memory
+    rate. bound = min(down, up, mem / 4R): the all-reduce moves each rank's bytes down once and
+    up once, and can at best overlap the two directions completely; and through host memory
+    every element of each of the R ranks is touched four times (written by the download, read
+    and written by the reduction, read by the upload), so R ranks' all-reduce of B bytes moves
+    4RB bytes of host memory."""
     from wgrumus.distributed.comm import CommThread
     devs, n_adapters = comm_devices(max(worlds))
     if not devs:
@@ -255,6 +271,7 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     if args.polling_wait:
         from wgrumus.runtime import native
         native.BLOCKING_WAIT = False
+    mem = host_memory_rate()
     rows = []
     for w, chunk, inflight, helper in itertools.product(worlds, args.chunks, args.inflight,
                                                         args.helper_mb):
@@ -268,7 +285,7 @@ def run_comm(args, sizes, worlds) -> list[dict]:
             if nbytes > min(d.max_binding for d in devs[:w]) or \
                     nbytes * w * 4 > args.max_memory:
                 continue
-            row = _comm_point(devs[:w], comms, nbytes, chunk, label)
+            row = _comm_point(devs[:w], comms, nbytes, chunk, label, mem)
             row["strategy"] += tag
             rows.append(row)
         for c in comms:
@@ -276,7 +293,7 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     return rows
 
 
-def _comm_point(devs, comms, nbytes, chunk, label) -> dict:
+def _comm_point(devs, comms, nbytes, chunk, label, mem) -> dict:
     from wgrumus.distributed.comm import BufferSlice, async_allreduce
     w = len(devs)
     bufs = [d.alloc(nbytes) for d in devs]
@@ -311,11 +328,11 @@ def _comm_point(devs, comms, nbytes, chunk, label) -> dict:
     sec = (time.perf_counter() - t0) / n
     barrier.close()
     a = nbytes / sec / 1e9
-    bound = min(down, up)
+    bound = min(down, up, mem / (4 * w))
     return {"backend": label, "strategy": f"pipe{fmt_size(chunk).replace(' ', '')}", "ranks": w,
             "bytes": nbytes, "seconds": sec, "algbw_GBps": a, "busbw_GBps": a * 2 * (w - 1) / w,
-            "down_GBps": down, "up_GBps": up, "reduce_GBps": reduce, "bound_GBps": bound,
-            "ratio": a / bound}
+            "down_GBps": down, "up_GBps": up, "reduce_GBps": reduce, "mem_GBps": mem,
+            "bound_GBps": bound, "ratio": a / bound}
 
 
 def _host_reduction(w, nbytes, chunk):
@@ -336,17 +353,19 @@ def print_comm_table(rows):
     rows = [r for r in rows if "bound_GBps" in r]
     if not rows:
         return
-    print("\ncomm: algbw vs the bound from the one-way staging rates measured in the same run "
-          "(GB/s per rank, all ranks at once; bound = min(down, up); reduce = the host step "
+    print("\ncomm: algbw vs the bound from the one-way staging rates and the host memory rate "
+          "measured in the same run (GB/s per rank, all ranks at once; mem = host memory "
+          "traffic of a parallel copy; bound = min(down, up, mem / 4R); reduce = the host step "
           "alone on host arrays)")
     head = (f"{'backend':9} {'chunk':17} {'ranks':>5} {'size':>8} | {'algbw':>7} {'down':>7} "
-            f"{'up':>7} {'reduce':>7} {'bound':>7} {'ratio':>6}")
+            f"{'up':>7} {'reduce':>7} {'mem':>7} {'bound':>7} {'ratio':>6}")
     print(head)
     print("-" * len(head))
     for r in sorted(rows, key=lambda r: (r["ranks"], r["strategy"], r["bytes"])):
         print(f"{r['backend']:9} {r['strategy']:17} {r['ranks']:>5} {fmt_size(r['bytes']):>8} | "
               f"{r['algbw_GBps']:7.3f} {r['down_GBps']:7.3f} {r['up_GBps']:7.3f} "
-              f"{r['reduce_GBps']:7.3f} {r['bound_GBps']:7.3f} {r['ratio']:6.2f}")
+              f"{r['reduce_GBps']:7.3f} {r.get('mem_GBps', 0):7.1f} {r['bound_GBps']:7.3f} "
+              f"{r['ratio']:6.2f}")
 
 
 def mpi_worker(args):
