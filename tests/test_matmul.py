@@ -294,8 +294,8 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
     monkeypatch.undo()
     assert texs == [True, True, False]
-    monkeypatch.setattr(dev, "recorder", object())
-    assert mm.use_cpu_textures(dev, False)
+    assert mm.use_cpu_textures(SimpleNamespace(adapter_info={"adapter_type": "CPU"},
+                                               recorder=object()), False)  # capturing
     lp = lambda bits, feats: SimpleNamespace(adapter_info={
         "device": f"llvmpipe (LLVM 15.0.6, {bits} bits)"}, features=feats)
     assert mm.cpu_subgroup(lp(256, {"subgroup"})) == 8  # llvmpipe: its vector width
