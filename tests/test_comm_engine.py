@@ -315,8 +315,11 @@ def test_process_group_device_collectives_run_on_the_engine(devices, small_chunk
         assert np.array_equal(res["ag"][2], np.concatenate(pieces))
         assert np.array_equal(res["bc"][2], xs[world - 1])
         assert res["empty"][2].shape == (0, 3)
-    for d in devices[:world]:
-        assert staging_of(d).mapped_buffers() <= 8  # only idle upload buffers, mapped to fill
+    from wgrumus.runtime.native import MAP_READ, MAP_WRITE
+    for d in devices[:world]:  # only idle upload buffers stay mapped (to be filled)
+        st = staging_of(d)
+        assert st.mapped_buffers(MAP_READ) == 0
+        assert st.mapped_buffers(MAP_WRITE) <= st.idle_buffers(MAP_WRITE)
 
 
 @pytest.mark.timeout(60)

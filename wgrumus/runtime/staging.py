@@ -455,11 +455,18 @@ class Staging:
             except Exception:  # noqa: BLE001 - a failed map leaves the buffer unmapped
                 sb.req = None
 
-    def mapped_buffers(self) -> int:
-        """Staging buffers of this device mapped or with a map request pending (wgpu-native
-        does not implement wgpuBufferGetMapState: this counts what our calls left)."""
+    def mapped_buffers(self, mode: int | None = None) -> int:
+        """Staging buffers of this device (of ``mode``, MAP_READ or MAP_WRITE, if given) mapped
+        or with a map request pending (wgpu-native does not implement wgpuBufferGetMapState:
+        this counts what our calls left)."""
         live = [r() for r in self._made]
-        return sum(sb.mapped or sb.req is not None for sb in live if sb is not None)
+        return sum(sb.mapped or sb.req is not None for sb in live
+                   if sb is not None and mode in (None, sb.mode))
+
+    def idle_buffers(self, mode: int) -> int:
+        """Buffers of ``mode`` waiting in this Staging's pool."""
+        with self._lock:
+            return sum(len(free) for (m, _), free in self._idle.items() if m == mode)
 
 
 _STAGING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
