@@ -115,3 +115,40 @@ def test_submitter_queue_is_bounded():
     gate.set()
     sub.drain()
     assert done == [1, 2] and not sub.busy()
+
+
+def test_drain_waits_for_a_job_leaving_the_queue():
+    """drain() must not see 'nothing queued, nothing running' while the thread is taking a job
+    off the queue (it would let later queue work overtake the step)."""
+    import collections
+
+    class SlowDeque(collections.deque):
+        def popleft(self):
+            item = super().popleft()
+            time.sleep(0.05)  # the window between leaving the queue and running
+            return item
+
+    sub = submitter.Submitter("test", timeout=10)
+    sub._jobs = SlowDeque()
+    ran = []
+    sub.put(ran.append, 1)
+    time.sleep(0.01)  # the thread is inside popleft now
+    sub.drain()
+    assert ran == [1]
+
+
+def test_gpu_timer_does_not_time_replays_queued_before_it(dev, queued):
+    """A GpuTimer block waits for the replays queued before it: they are not its passes."""
+    from wgrumus.runtime import GpuTimer
+    if "timestamp-query" not in dev.features:
+        pytest.skip("adapter without timestamp-query")
+    a = wr.tensor(np.ones((64, 64), np.float32), device=dev)
+    f = wr.jit(lambda x: x @ x)
+    for _ in range(3):
+        f(a)  # eager, capture, first replay
+    dev.synchronize()
+    for _ in range(6):
+        f(a)
+    with GpuTimer(dev) as t:
+        time.sleep(0.2)
+    assert t.passes == 0

@@ -39,6 +39,7 @@ class GpuTimer:
         with dev.lock:
             if dev._timer is not None:
                 raise RuntimeError(f"{dev!r} is already being timed; nest no GpuTimer blocks")
+            dev.drain()  # replays queued before the block (CPU adapters) are not timed
             dev._flush_locked()
             self.seconds, self.spans, self.passes, self.untimed = 0.0, [], 0, 0
             dev._timer = self
@@ -47,6 +48,7 @@ class GpuTimer:
     def __exit__(self, *exc) -> None:
         dev = self.device
         with dev.lock:
+            dev.drain()
             dev._flush_locked()  # ends the last timed pass
             dev._timer = None
             n = self.passes

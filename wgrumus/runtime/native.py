@@ -340,7 +340,9 @@ class _Native:
         """Until ``req`` resolves: with BLOCKING_WAIT first a blocking poll for its submission,
         then (the callback may be fired by a poll on another thread a moment later) non-blocking
         polls backing off from POLL_FIRST_S to POLL_MAX_S. Raises TimeoutError past
-        ``deadline`` (time.monotonic()), RuntimeError if the map failed."""
+        ``deadline`` (time.monotonic()), RuntimeError if the map failed. The blocking poll
+        itself cannot be interrupted: it returns when the submission is done or the device is
+        lost, and the deadline is checked after it (BLOCKING_WAIT False: polls only)."""
         if BLOCKING_WAIT and req.status is None and req.index is not None:
             self.wait_index(device, req.index)
         delay = POLL_FIRST_S

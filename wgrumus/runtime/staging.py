@@ -405,8 +405,10 @@ class Staging:
         time the current chunk's download is, so filling never waits on later downloads."""
         size = staging_size(nbytes)
         sb = None
-        free = self._idle.get((MAP_WRITE, size))
-        if free and not free[0].ready() and len(free) <= spare:
+        with self._lock:
+            free = self._idle.get((MAP_WRITE, size))
+            stale = bool(free) and not free[0].ready() and len(free) <= spare
+        if stale:
             self.api.poll(self.device.wgpu)  # fire the callbacks of what is done (no wait)
         with self._lock:
             free = self._idle.get((MAP_WRITE, size))

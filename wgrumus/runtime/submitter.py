@@ -11,8 +11,10 @@ sees the device's work in program order; buffers freed to the pool meanwhile are
 safe to reuse, as in an eager batch (whatever reuses one is queued behind the work on it). A
 replay's results are fresh buffers per call, copied out in its own command buffer, so the next
 replay never overwrites what a caller has not read yet. A job's failure is raised by the next
-call into the submitter (``put`` or ``drain``) and the jobs queued behind it are dropped. Every
-wait has a timeout (``TIMEOUT`` seconds, ``WGRUMUS_SUBMIT_TIMEOUT``) raising ``SubmitTimeout``.
+call into the submitter (``put`` or ``drain``) and the jobs queued behind it are dropped (host
+writes among them too: after a failed step the device's state is the caller's to restore). Every
+wait of the host on the thread has a timeout (``TIMEOUT`` seconds, ``WGRUMUS_SUBMIT_TIMEOUT``)
+raising ``SubmitTimeout``; the idle thread itself waits for work without one.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ class Submitter:
 
     def busy(self) -> bool:
         """Jobs queued or running (or a failure not raised yet)."""
-        return bool(self._jobs) or self._busy or self._error is not None
+        with self._cv:
+            return bool(self._jobs) or self._busy or self._error is not None
 
     def put(self, fn, *args) -> None:
         """Queue ``fn(*args)`` behind the jobs already queued (waits while ``depth`` are)."""
@@ -92,8 +95,8 @@ class Submitter:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._jobs)
+                self._busy = True  # before the job leaves the queue: busy() never sees neither
                 fn, args = self._jobs.popleft()
-                self._busy = True
             try:
                 fn(*args)
             except BaseException as e:  # noqa: BLE001 - raised in the host thread
