@@ -67,6 +67,7 @@ def test_maps_complete_and_are_waited_out_of_order(devices):
     (later chunks first), with write maps (no copy to wait for) resolving in between."""
     dev = devices[0]
     st = Staging(dev)
+    pending = api().pending  # other tests' idle upload buffers may still be re-mapping
     k, n = 6, 1 << 16
     data = np.arange(k * n // 4, dtype=np.uint32)
     buf = upload(dev, data)
@@ -85,7 +86,7 @@ def test_maps_complete_and_are_waited_out_of_order(devices):
         st.give_back(reads[i])
     w.unmap()
     assert st.mapped_buffers() == 0
-    assert api().pending == 0
+    assert api().pending <= pending
 
 
 @pytest.mark.timeout(60)
