@@ -24,6 +24,10 @@ struct Launch {
 fn thread_idx(ids: Launch, wg: u32) -> u32 { return linear_id(ids.wid, ids.nwg, ids.lid, wg); }
 fn group_idx(ids: Launch) -> u32 { return group_id(ids.wid, ids.nwg); }
 
+// Longest row of the cached row kernels (entries *_rowc, CPU adapters): the length of their
+// private arrays; ops/nnops.py ROWC is the same number.
+const ROWC: u32 = 256u;
+
 // Online (max, sum of exp(x - max)) of a row: add value v to ms = (m, s). A -inf value adds
 // exp(-inf) = 0. Start from (LOWEST_F32, 0).
 const LOWEST_F32: f32 = -3.4028234663852886e38;

@@ -176,7 +176,6 @@ fn bwd_rows(ids: Launch) {
 // over the SIMD lanes with a branch per lane, while a private array indexed by the loop
 // counter (the same in every lane) is one vector load a step; with L <= ROWC the zero-filled
 // tail of the arrays is never read.
-const ROWC: u32 = 256u;
 
 @compute @workgroup_size(64)
 fn fwd_rowc(ids: Launch) {

@@ -14,7 +14,6 @@
 @group(0) @binding(5) var<storage, read> MEAN: array<f32>;
 @group(0) @binding(6) var<storage, read> RSTD: array<f32>;
 @group(0) @binding(7) var<storage, read_write> PARTS: array<f32>;
-const ROWC: u32 = 256u;
 
 @compute @workgroup_size(64)
 fn bwd_wb_rowc(ids: Launch, @builtin(subgroup_invocation_id) lane: u32,

@@ -134,7 +134,6 @@ fn bwd_rows(ids: Launch) {
 // row read from storage once into private arrays (see layernorm.wgsl: on llvmpipe a storage
 // read is a loop over the SIMD lanes, a private array indexed by the shared loop counter one
 // vector load).
-const ROWC: u32 = 256u;
 
 @compute @workgroup_size(64)
 fn fwd_rowc(ids: Launch) {

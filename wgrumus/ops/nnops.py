@@ -54,7 +54,7 @@ def row_mode(dev) -> str:
 
 
 # longest row of the cached row kernels (entries *_rowc, CPU adapters: the length of their
-# private arrays, const ROWC in layernorm.wgsl, layernorm_cpu.wgsl and softmax.wgsl)
+# private arrays: const ROWC in common.wgsl)
 ROWC = 256
 
 
