@@ -28,6 +28,8 @@ NAMES = ["default", "t128k16ak", "t128e", "t128x64", "t64e", "t128s2", "t128s2ak
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default=",".join(NAMES[1:]))
+    ap.add_argument("--cases", default="", help="only cases whose label contains one of these "
+                    "comma-separated words")
     args = ap.parse_args()
     import wgrumus as wr
     from wgrumus.runtime.gpu_timer import GpuTimer
@@ -60,17 +62,26 @@ def main() -> int:
 
     # (label, A, B): numpy bases, each optionally transposed in its last two dims ("T")
     shapes = {"x": (4096, 768), "g3": (4096, 3072), "g23": (4096, 2304), "x2": (4096, 768),
-              "w": (768, 3072), "w2": (3072, 768), "h": (96, 512, 64), "s": (96, 512, 512),
+              "w": (768, 3072), "w2": (3072, 768), "w23": (768, 2304), "h": (96, 512, 64),
+              "s": (96, 512, 512),
               "s5a": (512, 512), "s5b": (512, 512), "s1a": (1024, 1024), "s1b": (1024, 1024),
-              "s4a": (4096, 4096), "s4b": (4096, 4096)}
+              "s4a": (4096, 4096), "s4b": (4096, 4096), "wa": (1536, 4096), "wb": (4096, 2816),
+             "wc": (4096, 1408), "wd": (4096, 2944)}
     base = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
     cases = [("xT@g 768x3072x4096", "xT", "g3"), ("gT@x 3072x768x4096", "g3T", "x"),
              ("xT@g 768x2304x4096", "xT", "g23"), ("xT@g 768x768x4096", "xT", "x2"),
              ("g@wT 4096x768x3072", "g3", "wT"), ("a@w 4096x768x3072", "g3", "w2"),
-             ("a@w 4096x3072x768", "x", "w"), ("b sT@h 96x512x64x512", "sT", "h"),
+             ("a@w 4096x3072x768", "x", "w"), ("a@w 4096x2304x768", "x", "w23"),
+             ("g@wT 4096x768x2304", "g23", "w23T"), ("g@wT 4096x3072x768", "x", "w2T"),
+             ("b sT@h 96x512x64x512", "sT", "h"),
              ("b s@h 96x512x64x512", "s", "h"), ("b q@kT 96x512x512x64", "h", "hT"),
              ("sq 512", "s5a", "s5b"), ("sq 512 A@B.T", "s5a", "s5bT"),
-             ("sq 1024", "s1a", "s1b"), ("sq 4096", "s4a", "s4b")]
+             ("sq 1024", "s1a", "s1b"), ("sq 4096", "s4a", "s4b"),
+             # 132 / 264 / 276 tiles of 128x128 (K 4096): workgroups resident per SM
+             ("wave 1536x1408x4096", "wa", "wc"), ("wave 1536x2816x4096", "wa", "wb"),
+             ("wave 1536x2944x4096", "wa", "wd")]
+    if args.cases:
+        cases = [c for c in cases if any(w in c[0] for w in args.cases.split(","))]
     ours_t = {k: wr.tensor(v, device=dev) for k, v in base.items()}
     torch_t = {k: torch.from_numpy(v).cuda() for k, v in base.items()} if torch else {}
 

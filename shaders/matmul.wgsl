@@ -23,13 +23,14 @@
 // Epilogue (2-D f32 only): EPI is the stored value as an expression of x (the product), n (its
 // column) and i (its index in C); it may read a bias (words 13: offset) and a contiguous residual
 // of C's shape (word 14: offset), declared by EPI_DECLS at bindings 4 and 5. Linear's bias,
-// residual add and ReLU so cost no pass of their own.
+// residual add and ReLU so cost no pass of their own. EPI_PRE (fused GELU-type linears) also
+// stores the activation's argument z for the backward (word 14: its offset).
 @group(0) @binding(1) var<storage, read> A: array<vec4<{{T}}>>;
 @group(0) @binding(2) var<storage, read> B: array<vec4<{{T}}>>;
 @group(0) @binding(3) var<storage, read_write> C: array<{{TC}}>;
 {{EPI_DECLS}}
 
-fn epi(i: u32, n: u32, x: f32) -> f32 { return {{EPI}}; }
+fn epi(i: u32, n: u32, x: f32) -> f32 { {{EPI_PRE}}return {{EPI}}; }
 
 const TILEM: u32 = {{TILEM}}u;  // 16 * TM
 const TILEN: u32 = {{TILEN}}u;  // 16 * TN

@@ -21,12 +21,14 @@ def _gelu_tanh(z):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("M,K,N,kpass", [(37, 13, 21, None), (5, 64, 8, None), (130, 7, 67, None),
-                                         (9, 70, 12, (16, 16))])
+                                         (9, 70, 12, (16, 16)), (256, 32, 192, None)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_pre_activation_store_matches_numpy(monkeypatch, rng, M, K, N, kpass, bias):
-    """y = gelu(x @ wt + b) and pre = x @ wt + b from one CPU kernel, odd sizes; kpass: K in
-    passes of 16 (the epilogue and the store run in the last pass only)."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+@pytest.mark.parametrize("cpu", [True, False])
+def test_linear_pre_activation_store_matches_numpy(monkeypatch, rng, M, K, N, kpass, bias, cpu):
+    """y = gelu(x @ wt + b) and pre = x @ wt + b from one kernel (the CPU kernel or the tiled
+    GPU one), odd sizes and whole tiles; kpass: K in passes of 16 (CPU kernel: the epilogue and
+    the store run in the last pass only)."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
     if kpass:
         monkeypatch.setattr(mm, "CPU_KPASS", kpass)
     x = rng.standard_normal((M, K)).astype(np.float32)
@@ -40,11 +42,7 @@ def test_linear_pre_activation_store_matches_numpy(monkeypatch, rng, M, K, N, kp
     np.testing.assert_allclose(y.numpy(), _gelu_tanh(z), rtol=1e-4, atol=1e-4)
 
 
-def test_pre_activation_store_is_cpu_only(monkeypatch):
-    monkeypatch.setattr(mm, "CPU_KERNEL", False)
-    x = wr.ones((4, 4))
-    with pytest.raises(ValueError, match="CPU-kernel features only"):
-        linear_2d(x, x, None, None, GELU_TANH, pre=Tensor.empty((4, 4)))
+def test_pre_activation_store_needs_an_activation():
     with pytest.raises(ValueError, match="needs an activation"):
         mm._epilogue_defines(None, True, False, True)
 

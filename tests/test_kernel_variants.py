@@ -116,15 +116,19 @@ def test_variant_table_picks_per_adapter_class(monkeypatch):
 
 def test_shipped_matmul_rules_follow_the_measured_shapes():
     """The NVIDIA f32 rules pick what the H100 measured best for the GPT-2-width products:
-    split-K for few output tiles over a long K, 128x64 tiles for 64-wide or two-wave outputs,
-    128x128 only with enough of them; every rule names a variant."""
+    split-K for few output tiles over a long K, 128x192 tiles where they fill whole waves of
+    132 workgroups, 128x64 tiles for 64-wide or two-wave outputs, 128x128 only with enough of
+    them; every rule names a variant."""
     nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
     pick = lambda M, N, K, nb=1: next(k for k, v in mm.VARIANTS.items()
                                       if v is mm._pick_variant(nv, M, N, nb, False, K))
     assert pick(768, 3072, 4096) == "t64s2"  # weight gradient: 576 64x64 tiles, K 4096
     assert pick(768, 768, 4096) == "t64s4"  # 144 tiles: as many slices as there are names
-    assert pick(4096, 768, 3072) == "t128x64"  # 192 128x128 tiles: under two waves
-    assert pick(4096, 3072, 768) == pick(2048, 2048, 2048) == "t128k16ak"
+    assert pick(4096, 768, 3072) == "t128x192ak"  # 128 128x192 tiles: one wave
+    assert pick(4096, 3072, 768) == pick(4096, 2304, 768) == "t128x192ak"  # 3.9 / 2.9 waves
+    assert pick(1536, 2304, 768) == "t128x64"  # 144 128x192 tiles: a second wave of 12
+    assert pick(2048, 768, 768) == "t128x64"  # 64 128x192 tiles: half a wave
+    assert pick(4096, 4096, 768) == pick(2048, 2048, 2048) == "t128k16ak"  # 192 does not divide
     assert pick(512, 64, 512, nb=96) == "t128x64"  # a 128-wide tile would be half padding
     assert pick(4096, 65, 768) == "t64e"  # too little to fill either big tile
     assert pick(512, 512, 512) == "t64s2"

@@ -22,7 +22,7 @@ from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
-from .elementwise import _f32, cast, contiguous, map_op, run_map, saved_output
+from .elementwise import _f32, cast, contiguous, run_map, saved_output
 from .matmul import linear_2d, matmul, matmul_into, use_cpu_kernel
 from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
@@ -83,15 +83,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         r2 = (contiguous(reshape(_f32(residual), (math.prod(lead), n_out)))
               if residual is not None else None)
         ub = b  # the bias the backward adds to u (None: u includes it)
-        if keep_u and use_cpu_kernel(x2.device):
-            # CPU adapters: the activation in the matmul's epilogue, which also stores its
-            # argument u + bias (one pass over the output fewer; llvmpipe pays per access)
+        if keep_u:  # (no residual: checked above)
+            # the activation in the matmul's epilogue, which also stores its argument u + bias
+            # (no pass of its own over the output)
             u, ub = Tensor.empty((x2.shape[0], n_out), x2.device, float32), None
             y = linear_2d(x2, _f32(wt), b, None, fwd, r16=autocast_dtype() is not None, pre=u)
-        elif keep_u:
-            u = matmul(x2, wt)  # [N, out], contiguous
-            ins = [u] + [t for t in (b, r2) if t is not None]
-            y = map_op(fwd.format(z=" + ".join("abc"[:len(ins)])), ins)
         else:  # bias, residual and relu in the matmul's epilogue
             y = linear_2d(x2, _f32(wt), b, r2, fwd if activation else None,
                           r16=autocast_dtype() is not None)  # autocast: f16 product

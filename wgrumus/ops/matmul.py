@@ -240,7 +240,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      F16=int(f16 or r16), LD=_load(r16, "f16" if half else "f32"),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(),
-                     **_epilogue_defines(*epilogue),
+                     **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
                      **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
 
 
@@ -252,8 +252,8 @@ def _load(r16: bool, s: str) -> str:
 
 
 def _epilogue_defines(act, bias: bool, residual: bool, pre: bool = False) -> dict:
-    """EPI (and its bindings after C): act(x + bias + residual). ``pre`` (CPU kernel only, no
-    residual): also store the activation's argument into PRE (offset in word 14), which the
+    """EPI (and its bindings after C): act(x + bias + residual). ``pre`` (no residual): also
+    store the activation's argument into PRE (offset in word 14), which the
     activation's backward reads; EPI_PRE is then the statement that stores it."""
     z, decls = "x", []
     if bias:
@@ -278,8 +278,8 @@ def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tenso
     """act(x @ wt + bias + residual) for float32 2-D x [M, K] and wt [K, N] (any strides), a
     contiguous bias [N] and residual [M, N], in one kernel. ``activation`` is a WGSL template
     of {z} (e.g. "max({z}, 0.0)"); ``r16``: the product of x and wt rounded to f16 (autocast).
-    ``pre`` (CPU kernel only; an activation, no residual): a contiguous float32 [M, N] tensor
-    that also receives the activation's argument x @ wt + bias, for its backward.
+    ``pre`` (an activation, no residual): a contiguous float32 [M, N] tensor that also
+    receives the activation's argument x @ wt + bias, for its backward.
     No autograd: fused.linear records the node."""
     M, K = x.shape
     N = wt.shape[1]
@@ -352,6 +352,8 @@ VARIANTS = {
     "t256x128": dict(tm=16, tn=8, bk=8, swz=8, exact=True),
     "t64x128": dict(tm=4, tn=8, bk=16, swz=8, exact=True),
     "t128x64": dict(tm=8, tn=4, bk=16, swz=8, exact=True),
+    "t128x192": dict(tm=8, tn=12, bk=16, swz=8, exact=True),
+    "t128x192ak": dict(tm=8, tn=12, bk=16, swz=8, exact=True, ak=True),
     "t64s2": dict(tm=4, bk=16, swz=8, split=2, exact=True),
     "t64s3": dict(tm=4, bk=16, swz=8, split=3, exact=True),
     "t64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True),
@@ -381,11 +383,17 @@ VARIANTS = {
 #                                       names, which are for s = 2, 3, ...)
 #   ("tile", tm, tn, min_groups, name)  a tm x tn tile leaves >= min_groups workgroups and fills
 #                                       >= 3/4 of its padded output
+#   ("wave", tm, tn, slots, name)       tm x tn tiles cover M x N exactly, in >= 0.9 waves of
+#                                       ``slots`` resident workgroups, the last wave >= 3/4 full
 # NVIDIA f32 from the H100 sweep (square sizes) and the GPT-2-width step's own products
-# (BENCHMARKS.md): few output tiles over a long K (weight gradients) want split-K, 128x128 tiles
-# pay only with >= ~2 waves of them, 64-wide outputs (attention heads) want 128x64 tiles.
+# (BENCHMARKS.md): few output tiles over a long K (weight gradients) want split-K; the H100
+# holds one 128x128 or 128x192 workgroup per SM (264 tiles take twice the time of 132), so
+# 128x192 tiles win where they fill whole waves (4096 x 768 / 2304 / 3072: 37.5-40.8 TFLOP/s
+# against 32.1-35.7), 128x128 tiles pay with >= ~2 waves of them, 64-wide outputs (attention
+# heads) want 128x64 tiles.
 MATMUL_TABLE: dict = {
     ("nvidia", "f32"): ((262144, "t64s2"), ("split", 2048, 600, 800, ("t64s2", "t64s3", "t64s4")),
+                        ("wave", 128, 192, 132, "t128x192ak"),
                         ("tile", 128, 128, 240, "t128k16ak"), ("tile", 128, 64, 128, "t128x64"),
                         (1 << 62, "t64e")),
     ("nvidia", "f16"): ((262144, "t64s2"), (1048576, "h64k32"), (1 << 62, "h64")),
@@ -416,6 +424,12 @@ def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
             t64 = groups(64, 64)
             if K >= min_k and t64 < below:
                 return VARIANTS[names[min(len(names) + 1, max(2, -(-want // t64))) - 2]]
+        elif row[0] == "wave":
+            _, tm, tn, slots, name = row
+            g = groups(tm, tn)
+            if M % tm == 0 and N % tn == 0 and 10 * g >= 9 * slots \
+                    and 4 * ((g - 1) % slots + 1) >= 3 * slots:
+                return VARIANTS[name]
         elif row[0] == "tile":
             _, tm, tn, min_groups, name = row
             if groups(tm, tn) >= min_groups and 4 * M * N >= 3 * groups(tm, tn) * tm * tn // nbatch:
@@ -715,9 +729,9 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
                            r16, inner, cst)
-    if pre is not None or inner[0] != 1 or cst is not None:
-        raise ValueError("matmul: the pre-activation store and two-level batches are CPU-kernel "
-                         "features only")
+    if inner[0] != 1 or cst is not None:
+        raise ValueError("matmul: two-level batches and strided outputs are CPU-kernel features "
+                         "only")
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
     if tile is None:  # r16 products take the f16 table's (packed f16) variants
