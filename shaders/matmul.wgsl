@@ -45,6 +45,7 @@ const BM: u32 = {{BM}}u;
 const SWZ: u32 = {{SWZ}}u;
 const SPLIT: u32 = {{SPLIT}}u;
 const EXACT: bool = {{EXACT}};
+const CAUSAL: u32 = {{CAUSAL}}u;  // 0, or a part of ops/matmul.py's CAUSAL_PARTS
 
 const ABUF: u32 = {{ABUF}}u;  // quads per buffer of As (BK * TQPA, or TILEM * TQPA with AK)
 const AK: bool = {{AK}};  // A (k-contiguous) staged as it is read, no transposing stores
@@ -157,6 +158,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
     let row0 = by * TILEM;
     let col0 = bx * TILEN;
+    // Causal products (square T x T per batch): only what a causal attention reads is computed.
+    if (CAUSAL == 1u && col0 >= row0 + TILEM) { return; }  // scores above the diagonal
+    if (CAUSAL == 2u) { K = min(K, row0 + TILEM); }  // A zero above its diagonal
+    if (CAUSAL == 3u) { kbeg = max(kbeg, row0); }  // A zero below its diagonal
     let tx = lid.x;
     let ty = lid.y;
     let t = ty * 16u + tx;

@@ -143,8 +143,8 @@ fn sm_bwd(ids: Launch, sub: Sub) {
     let gb = row_base(at, 3u);
     var acc = 0.0;
     for (var q = at.j0; q < KQ; q += G) {
-        let keep = select(VT(1.0), VT(0.0), {{MASK}});
-        var w = P2[gb + q] * keep;  // log_softmax: sum g; softmax: sum g * y
+        // (select, not a product: masked g may be unwritten memory, NaN included)
+        var w = select(P2[gb + q], VT(0.0), {{MASK}});  // log_softmax: sum g; softmax: sum g * y
         if (!LOG) { w *= X[yb + q]; }
         acc += hsum(w);
     }

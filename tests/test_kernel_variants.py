@@ -116,13 +116,15 @@ def test_variant_table_picks_per_adapter_class(monkeypatch):
 
 def test_shipped_matmul_rules_follow_the_measured_shapes():
     """The NVIDIA f32 rules pick what the H100 measured best for the GPT-2-width products:
-    split-K for few output tiles over a long K, 128x192 tiles where they fill whole waves of
-    132 workgroups, 128x64 tiles for 64-wide or two-wave outputs, 128x128 only with enough of
-    them; every rule names a variant."""
+    split-K for few output tiles over a long K, 128x192 tiles (or their split-K slices) where
+    they fill whole waves of 132 workgroups, 128x64 tiles for 64-wide or two-wave outputs,
+    128x128 only with enough of them; every rule names a variant."""
     nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
     pick = lambda M, N, K, nb=1: next(k for k, v in mm.VARIANTS.items()
                                       if v is mm._pick_variant(nv, M, N, nb, False, K))
-    assert pick(768, 3072, 4096) == "t64s2"  # weight gradient: 576 64x64 tiles, K 4096
+    assert pick(768, 3072, 4096) == "t128x192s4"  # weight gradient: 96 tiles x 4 slices
+    assert pick(768, 3072, 1024) == "t128x64"  # (K under 2048: no slices)
+    assert pick(768, 2304, 4096) == "t64s2"  # 72 x 4 slices: a quarter of a third wave
     assert pick(768, 768, 4096) == "t64s4"  # 144 tiles: as many slices as there are names
     assert pick(4096, 768, 3072) == "t128x192ak"  # 128 128x192 tiles: one wave
     assert pick(4096, 3072, 768) == pick(4096, 2304, 768) == "t128x192ak"  # 3.9 / 2.9 waves
@@ -298,3 +300,58 @@ def test_row_variant_cross_entropy_device_target_check(rng, monkeypatch):
     t = wr.tensor(np.array([0, 1, 2, 3, 40], np.int32))
     with pytest.raises(IndexError, match="index 40 is out of range for size 40"):
         cross_entropy(x, t).numpy()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", ["t128k16ak", "t128x64", "t64e", "t128x192ak"],
+                         indirect=True)
+@pytest.mark.parametrize("T", [130, 256])
+def test_causal_matmul_parts_match_numpy(variant, rng, T):
+    """causal_matmul's parts against numpy (ragged and whole tiles): the scores on and below
+    the diagonal, and products of a triangular A whose K ranges stop / start at it."""
+    n, d = 3, 24
+    q, k = (rng.standard_normal((n, T, d)).astype(np.float32) for _ in range(2))
+    s = mm.causal_matmul(wr.tensor(q), wr.tensor(k).transpose(-1, -2), "out").numpy()
+    lower = np.tril(np.ones((T, T), bool))
+    np.testing.assert_allclose(s[:, lower], (q @ k.transpose(0, 2, 1))[:, lower], rtol=1e-4,
+                               atol=1e-4)
+    p = rng.standard_normal((n, T, T)).astype(np.float32)
+    for part, a in (("a_lower", np.tril(p)), ("a_upper", np.triu(p))):
+        got = mm.causal_matmul(wr.tensor(a), wr.tensor(q), part).numpy()
+        np.testing.assert_allclose(got, a @ q, rtol=1e-4, atol=1e-4)
+    with pytest.raises(wr.WgrumusError, match="not causal-shaped"):
+        mm.causal_matmul(wr.tensor(q), wr.tensor(k), "a_lower")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rows", [None, "v4", "v4sgr_q1"])
+def test_causal_attention_ignores_unwritten_scores(monkeypatch, rng, rows):
+    """The unfused causal attention on the tiled GPU kernels leaves the scores and their
+    gradient above the diagonal unwritten: with the pool's buffers full of NaN first (the
+    scores' buffer is one of them), output and gradient still match the composition, with the
+    adapter's own softmax kernels and forced GPU row variants."""
+    from wgrumus.ops import fused
+    monkeypatch.setattr(mm, "CPU_KERNEL", False)
+    monkeypatch.setattr(fused, "prefer_fused", lambda *a: False)
+    monkeypatch.setattr(rowops, "FORCE", rows)
+    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)
+    B, T, H, d = 2, 132, 2, 8
+    x = rng.standard_normal((B, T, 3 * H * d)).astype(np.float32)
+    g = rng.standard_normal((B, T, H * d)).astype(np.float32)
+    nan = [wr.tensor(np.full((B * H, T, T), np.nan, np.float32)) for _ in range(6)]
+    del nan  # back to the pool, NaN inside
+    xt = wr.tensor(x, requires_grad=True)
+    y = fused.causal_self_attention(xt, H, True)
+    (y * wr.tensor(g)).sum().backward()
+    q, k, v = (x.reshape(B, T, 3, H, d).transpose(2, 0, 3, 1, 4)[i] for i in range(3))
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + np.triu(np.full((T, T), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    want = (p @ v).transpose(0, 2, 1, 3).reshape(B, T, H * d)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+    go = g.reshape(B, T, H, d).transpose(0, 2, 1, 3)
+    dp = go @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(d)
+    dq, dk, dv = ds @ k, ds.transpose(0, 1, 3, 2) @ q, p.transpose(0, 1, 3, 2) @ go
+    want_g = np.stack([dq, dk, dv], 2).transpose(0, 3, 2, 1, 4).reshape(B, T, 3 * H * d)
+    np.testing.assert_allclose(xt.grad.numpy(), want_g, rtol=1e-4, atol=1e-4)

@@ -23,7 +23,7 @@ from ..tensor import Tensor, check_same_device, float32
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, run_map, saved_output
-from .matmul import linear_2d, matmul, matmul_into, use_cpu_kernel
+from .matmul import causal_matmul, linear_2d, matmul, matmul_into, use_cpu_kernel
 from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
@@ -176,6 +176,7 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     # of the output gradient) and store the merged output and d(qkv) in place (matmul_into):
     # no head-splitting or merging copies forward or backward
     in_place = not fused and use_cpu_kernel(dev)
+    part = (lambda name: name) if causal else (lambda name: None)  # causal_matmul's parts
     with no_grad():
         src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
             else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
@@ -190,9 +191,12 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
                               heads.dtype) for i in range(3))
         if fused:
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
-        else:
+        elif in_place:
             p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
-            o = None if in_place else matmul(p, v)
+        else:  # (causal: the matmuls skip what the mask hides)
+            p = softmax(causal_matmul(q, transpose(k, -1, -2), part("out")), -1, scale=scale,
+                        causal=causal)
+            o = causal_matmul(p, v, part("a_lower"))
         if in_place:  # the product stored into the merged heads [B, T, H, d]
             y = Tensor.empty((B, T, E), dev, float32)
             matmul_into(p, v, permute(reshape(y, (B, T, H, d)), (0, 2, 1, 3)))
@@ -210,8 +214,9 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
         if fused:
             dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         else:
-            ds = softmax_backward(p, matmul(go, transpose(v, -1, -2)), False, scale,
-                                  T if causal else 0)
+            vt = transpose(v, -1, -2)
+            dp = matmul(go, vt) if in_place else causal_matmul(go, vt, part("out"))
+            ds = softmax_backward(p, dp, False, scale, T if causal else 0)
             pairs = ((ds, k), (transpose(ds, -1, -2), q), (transpose(p, -1, -2), go))
             if in_place:  # each product stored into its part of d(qkv) [B, T, 3, H, d]
                 dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
@@ -219,7 +224,8 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
                 for j, (x, w) in enumerate(pairs):
                     matmul_into(x, w, parts[j])
                 return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
-            dq, dk, dv = (matmul(x, w) for x, w in pairs)
+            dq, dk, dv = (causal_matmul(x, w, part(t)) for (x, w), t in
+                          zip(pairs, ("a_lower", "a_upper", "a_upper")))
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]

@@ -139,6 +139,26 @@ def matmul_into(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
     return out
 
 
+CAUSAL_PARTS = {"out": 1, "a_lower": 2, "a_upper": 3}
+
+
+def causal_matmul(a: Tensor, b: Tensor, part: str | None) -> Tensor:
+    """a @ b (no autograd) of [n, T, K] @ [n, K, N] float32 batches where a causal attention
+    reads only part of the product, which the GPU kernel then skips: "out" (T x T scores:
+    outputs above the diagonal are left unwritten), "a_lower" / "a_upper" (a is T x T and zero
+    above / below its diagonal: each row tile's K range stops / starts there); None: all of
+    it. CPU kernels compute the whole product."""
+    n, M, K = a.shape
+    N = b.shape[-1]
+    if part is not None and (M != (N if part == "out" else K) or part not in CAUSAL_PARTS):
+        raise ShapeError(f"causal_matmul {part!r}: {a.shape} @ {b.shape} is not causal-shaped")
+    sa, sb = (_batch_stride(t, 1) for t in (a, b))
+    out = Tensor.empty((n, M, N), a.device, float32)
+    _launch(a, b, out, M, N, K, sa, sb, n, r16=autocast_dtype() == float16,
+            causal=CAUSAL_PARTS.get(part, 0))
+    return out
+
+
 def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
               ak: bool = False, fe: int = 1) -> dict:
     """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
@@ -212,15 +232,15 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
                split: int = 1, exact: bool = False, half: bool = False,
-               ak: bool = False, fe: int = 1, r16: bool = False) -> Kernel:
+               ak: bool = False, fe: int = 1, r16: bool = False, causal: int = 0) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
     packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile
     staged k-contiguous (``ak``, A in load mode 0 only), f32 operands rounded to f16 as they
-    are read (``r16``: autocast). ``epilogue``: (activation template of {z} or None, bias?,
-    residual?)."""
+    are read (``r16``: autocast), a causal part (``causal``: CAUSAL_PARTS; no split-K).
+    ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     if la < 1 or lb < 1 or bk % 4 or tm % 4 or tn % 4:
@@ -239,7 +259,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32",
                      F16=int(f16 or r16), LD=_load(r16, "f16" if half else "f32"),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
-                     EXACT=str(bool(exact)).lower(),
+                     EXACT=str(bool(exact)).lower(), CAUSAL=causal,
                      **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
                      **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
 
@@ -354,6 +374,7 @@ VARIANTS = {
     "t128x64": dict(tm=8, tn=4, bk=16, swz=8, exact=True),
     "t128x192": dict(tm=8, tn=12, bk=16, swz=8, exact=True),
     "t128x192ak": dict(tm=8, tn=12, bk=16, swz=8, exact=True, ak=True),
+    "t128x192s4": dict(tm=8, tn=12, bk=16, swz=8, split=4, exact=True, ak=True),
     "t64s2": dict(tm=4, bk=16, swz=8, split=2, exact=True),
     "t64s3": dict(tm=4, bk=16, swz=8, split=3, exact=True),
     "t64s4": dict(tm=4, bk=16, swz=8, split=4, exact=True),
@@ -383,8 +404,11 @@ VARIANTS = {
 #                                       names, which are for s = 2, 3, ...)
 #   ("tile", tm, tn, min_groups, name)  a tm x tn tile leaves >= min_groups workgroups and fills
 #                                       >= 3/4 of its padded output
-#   ("wave", tm, tn, slots, name)       tm x tn tiles cover M x N exactly, in >= 0.9 waves of
-#                                       ``slots`` resident workgroups, the last wave >= 3/4 full
+#   ("wave", tm, tn, slots, min_k, name) K >= min_k and tm x tn tiles cover M x N exactly, in
+#                                       >= 0.9 waves of ``slots`` resident workgroups (tiles
+#                                       times the variant's split-K slices), the last wave >= 3/4
+#                                       full; a split variant only where the tiles alone are
+#                                       under 0.9 waves
 # NVIDIA f32 from the H100 sweep (square sizes) and the GPT-2-width step's own products
 # (BENCHMARKS.md): few output tiles over a long K (weight gradients) want split-K; the H100
 # holds one 128x128 or 128x192 workgroup per SM (264 tiles take twice the time of 132), so
@@ -392,8 +416,9 @@ VARIANTS = {
 # against 32.1-35.7), 128x128 tiles pay with >= ~2 waves of them, 64-wide outputs (attention
 # heads) want 128x64 tiles.
 MATMUL_TABLE: dict = {
-    ("nvidia", "f32"): ((262144, "t64s2"), ("split", 2048, 600, 800, ("t64s2", "t64s3", "t64s4")),
-                        ("wave", 128, 192, 132, "t128x192ak"),
+    ("nvidia", "f32"): ((262144, "t64s2"), ("wave", 128, 192, 132, 2048, "t128x192s4"),
+                        ("split", 2048, 600, 800, ("t64s2", "t64s3", "t64s4")),
+                        ("wave", 128, 192, 132, 0, "t128x192ak"),
                         ("tile", 128, 128, 240, "t128k16ak"), ("tile", 128, 64, 128, "t128x64"),
                         (1 << 62, "t64e")),
     ("nvidia", "f16"): ((262144, "t64s2"), (1048576, "h64k32"), (1 << 62, "h64")),
@@ -425,8 +450,11 @@ def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
             if K >= min_k and t64 < below:
                 return VARIANTS[names[min(len(names) + 1, max(2, -(-want // t64))) - 2]]
         elif row[0] == "wave":
-            _, tm, tn, slots, name = row
-            g = groups(tm, tn)
+            _, tm, tn, slots, min_k, name = row
+            split = VARIANTS[name].get("split", 1)
+            g = groups(tm, tn) * split
+            if K < min_k or (split > 1 and 10 * g >= 9 * slots * split):
+                continue
             if M % tm == 0 and N % tn == 0 and 10 * g >= 9 * slots \
                     and 4 * ((g - 1) % slots + 1) >= 3 * slots:
                 return VARIANTS[name]
@@ -704,7 +732,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
-            activation=None, r16=False, pre=None, inner=(1, 0, 0), cst=None):
+            activation=None, r16=False, pre=None, inner=(1, 0, 0), cst=None, causal=0):
     """``inner`` (CPU kernel only): (n, A stride, B stride) of a two-level batch (_two_level);
     ``cst`` (CPU kernel only): C's (outer, inner batch, row) strides, C contiguous if None."""
     ar, ac = a.strides[-2], a.strides[-1]
@@ -742,7 +770,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     v = dict(v)
     tm, tn, bk = v["tm"], v.get("tn") or v["tm"], v["bk"]
     split = v.pop("split", 1)
-    if split > 1 and epi == (None, False, False):  # slices of >= 2 k steps each
+    if split > 1 and epi == (None, False, False) and not causal:  # slices of >= 2 k steps
         split = max(1, min(split, K // (2 * bk)))
     else:
         split = 1
@@ -752,7 +780,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         and kw % bk == 0 and K % bk == 0
     v["half"] = v.get("half", False) and (f16 or r16)
     v["ak"] = v.get("ak", False) and am == 0
-    k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, **v)
+    k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, causal=causal,
+                   **v)
     dst = out if split == 1 else Tensor.empty((split,) + (nbatch * M * N,), a.device, float32)
     if split > 1:
         bufs[2] = dst._storage.buffer
