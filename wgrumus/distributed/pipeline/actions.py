@@ -71,15 +71,6 @@ class Action:
     __str__ = __repr__
 
     @property
-    def is_forward(self) -> bool:
-        return self.kind == FORWARD
-
-    @property
-    def is_backward(self) -> bool:
-        """True for every kind of backward work (B, BI, BW)."""
-        return self.kind in (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
-
-    @property
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
 

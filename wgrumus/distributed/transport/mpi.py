@@ -297,14 +297,3 @@ class MPITransport(_Liveness):
         if sub == MPI.COMM_NULL:
             return None
         return MPITransport(sub, self.timeout, self.state)
-
-    def check(self) -> None:
-        """Raise CollectiveError if a peer sent an abort notice."""
-        self.state.raise_if_failed()
-
-    def abort(self, err: BaseException) -> None:
-        self.state.abort(err)
-
-    @property
-    def failed(self) -> CollectiveError | None:
-        return self.state.error
