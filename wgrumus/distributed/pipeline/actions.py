@@ -167,6 +167,11 @@ class Schedule:
         """Inverse of :meth:`virtual_stage`: ``(stage, chunk)``."""
         return virtual_stage % self.num_stages, virtual_stage // self.num_stages
 
+    def where(self, virtual_stage: int) -> str:
+        """``stage s``, or ``stage s chunk c`` with several chunks (for messages)."""
+        s, c = self.locate(virtual_stage)
+        return f"stage {s}" + (f" chunk {c}" if self.num_chunks > 1 else "")
+
     def to_strings(self) -> list[list[str]]:
         """``[["F0", "B0"], ...]``: the easiest form to compare in a test."""
         return [[repr(a) for a in stage] for stage in self.stages]
