@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 
-from ..barrier import check_op
 from ..errors import CollectiveError
 from . import (
     _DONE,
@@ -226,7 +225,6 @@ class MPITransport(_Liveness):
             raise CollectiveError(f"rank {self.rank}: MPI {what} failed: {e}") from e
 
     def native_all_reduce(self, arr, op, deadline):
-        check_op(op, arr.dtype)
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr)
         self._run(lambda: self.comm.Iallreduce([arr, t], [out, t], self._op(op)), deadline,
@@ -236,7 +234,6 @@ class MPITransport(_Liveness):
         return out
 
     def native_reduce(self, arr, op, root, deadline):
-        check_op(op, arr.dtype)
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr) if self.rank == root else None
         self._run(lambda: self.comm.Ireduce([arr, t], [out, t] if out is not None else None,
@@ -272,7 +269,6 @@ class MPITransport(_Liveness):
         return out
 
     def native_reduce_scatter(self, arr, op, deadline):
-        check_op(op, arr.dtype)
         t = self._mpi_type(arr.dtype)
         row = int(np.prod(arr.shape[1:], dtype=np.int64))
         b = split_bounds(arr.shape[0], self.size)
