@@ -170,7 +170,7 @@ class RankTrainer:
         self.params = {dense_name(n): p for n, p in model.named_parameters()}
         self.names = list(self.params)
         self.mb_losses: list = []
-        self._dp_avg = None  # (gradient shapes and dtypes, their GradientAverager)
+        self._dp_avg = None  # the GradientAverager of the data-parallel group
 
     @property
     def coords(self) -> tuple:
@@ -211,19 +211,14 @@ class RankTrainer:
     def _dp_mean(self, grads: dict) -> dict:
         """Gradients averaged over the data-parallel group only (TP and PP peers hold other
         shards) by the one gradient averager: flat device buckets through the group's
-        ``all_reduce_async``. Its bucket plan is made once, for these shapes and dtypes."""
+        ``all_reduce_async``, planned once for this rank's parameters."""
         if self.pgm.config.dp == 1:
             return grads
-        gs = [grads[n] for n in self.names]
-        key = [(g.shape, g.dtype) for g in gs]
-        if self._dp_avg is None or self._dp_avg[0] != key:
-            from types import SimpleNamespace
-
+        if self._dp_avg is None:
             from .averaging import GradientAverager
-            specs = [SimpleNamespace(shape=sh, dtype=dt) for sh, dt in key]
-            self._dp_avg = (key, GradientAverager(specs, self.pgm.dp_group, names=self.names,
-                                                  device=self.device))
-        return dict(zip(self.names, self._dp_avg[1].average(gs)))
+            self._dp_avg = GradientAverager([self.params[n] for n in self.names],
+                                            self.pgm.dp_group, names=self.names)
+        return dict(zip(self.names, self._dp_avg.average([grads[n] for n in self.names])))
 
     def loss(self) -> float | None:
         """The step's loss (mean over micro-batches, then replicas) on last-stage ranks."""
