@@ -34,7 +34,7 @@ from ...autograd import GradientStore, Tape, no_grad
 from ...runtime.capture import host_op
 from ...runtime.errors import ShapeError, WgrumusError
 from ...tensor import Tensor, tensor
-from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv, make_schedule
+from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
 from .runtime import StageRunner
 from .schedules import get_schedule
 from .stage import PipelineStage
@@ -231,7 +231,7 @@ class PipelineExecutor:
                             f"num_chunks={num_chunks} only applies to schedule='interleaved'")
                     sched = get_schedule(key.replace("one-f-one-b", "1f1b"), n, m)
             elif isinstance(schedule, (Schedule, list, tuple)):
-                sched = validate(make_schedule(schedule))
+                sched = validate(schedule)
                 if sched.num_microbatches != m:
                     raise PipelineConfigError(
                         f"the schedule is for {sched.num_microbatches} micro-batches but the "
@@ -245,9 +245,7 @@ class PipelineExecutor:
                 raise PipelineConfigError(
                     f"schedule must be a name ('1f1b', 'gpipe', 'interleaved', 'zb_h1') or a "
                     f"Schedule, got {type(schedule).__name__}")
-        except PipelineConfigError:
-            raise
-        except ScheduleError as e:
+        except ScheduleError as e:  # (a PipelineConfigError is no ScheduleError: it passes)
             raise PipelineConfigError(f"cannot build pipeline schedule {schedule!r} for "
                                       f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
         return sched

@@ -98,12 +98,7 @@ def mismatch_error(seq: int, group: str, mine: tuple, first: tuple) -> Collectiv
                            "order, with the same op, root, strategy, dtype and shape", rank=r)
 
 
-class _Done:
-    """A send that already completed (thread transport)."""
-    __slots__ = ()
-
-
-_DONE = _Done()
+_DONE = object()  # the request of a send that already completed (thread transport)
 
 
 class _Liveness:
