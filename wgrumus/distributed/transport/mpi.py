@@ -204,7 +204,8 @@ class MPITransport(_Liveness):
             raise mismatch_error(seq, "world" if self.comm is self.state.comm else "subgroup",
                                  (r, *b), (0, *a))
 
-    # -- native collectives: MPI's own, nonblocking and polled
+    # -- native collectives: MPI's own, nonblocking and polled (ProcessGroup's agree() has
+    #    checked that the ranks pass the same dtype and shape)
     def _mpi_type(self, dtype):
         # Predefined types only: MPI defines reductions on those, not on derived duplicates.
         t = self.MPI._typedict.get(np.dtype(dtype).char)
@@ -257,9 +258,6 @@ class MPITransport(_Liveness):
         metas = np.empty((self.size, 3), dtype=np.int64)
         self._run(lambda: self.comm.Iallgather([meta, self.MPI.INT64_T],
                                                [metas, self.MPI.INT64_T]), deadline, "Iallgather")
-        if (metas[:, 1:] != meta[1:]).any():
-            raise CollectiveError("all_gather: ranks passed different dtypes or shapes after "
-                                  f"dim 0 (rows, row size, itemsize per rank: {metas.tolist()})")
         counts = metas[:, 0] * row * arr.dtype.itemsize
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
         out = np.empty((int(metas[:, 0].sum()),) + tail, dtype=arr.dtype)
