@@ -266,29 +266,27 @@ class DataParallel:
         cfg = CollectiveConfig(num_devices=len(self.devices), timeout=self.timeout)
         return [ProcessGroup(self._world.transport(k), cfg, d) for k, d in enumerate(self.devices)]
 
-    def _close_comm(self, timeout: float) -> None:
+    def _stop(self, timeout: float) -> bool:
+        """Stop the replica and communication threads once; False when already stopped."""
+        if self._closed:
+            return False
+        self._closed = True
+        for w in self._workers:
+            w.close(timeout)
         for g in self.groups:
             g.close()
         if self._world is not None:
             self._world.close(timeout)
+        return True
 
     def close(self) -> None:
         """Stop the replica and communication threads."""
-        if not self._closed:
-            self._closed = True
-            for w in self._workers:
-                w.close(self.timeout)
-            self._close_comm(self.timeout)
+        if self._stop(self.timeout):
             self._free_jits()
 
     def __del__(self):
-        # Forgotten close(): let the threads end without waiting on them here.
         try:
-            if not self._closed:
-                self._closed = True
-                for w in self._workers:
-                    w.close(0)
-                self._close_comm(0)
+            self._stop(0)  # forgotten close(): the threads end without waiting on them here
         except Exception:  # interpreter shutdown, or a half-built object
             pass
 
