@@ -24,10 +24,6 @@ def _device(group, device):
     return get_device(None)
 
 
-def _world_rank(group):
-    return (1, 0) if group is None else (group.world_size, group.rank)
-
-
 def _param(arr, device):
     return nn.Parameter(tensor(np.asarray(arr, np.float32), device=device))
 
@@ -67,7 +63,7 @@ class _ParallelLinear(_TPModule):
     def __init__(self, in_features, out_features, group, bias=True, *, sequence_parallel=False,
                  weight=None, bias_value=None, seed=0, device=None):
         super().__init__()
-        world, rank = _world_rank(group)
+        world, rank = F.world_rank(group)
         self.group, self.sequence_parallel = group, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         dev = _device(group, device)
@@ -147,7 +143,7 @@ class ParallelSelfAttention(_TPModule):
     def __init__(self, embed_dim, num_heads, group, qkv_weight, qkv_bias, proj_weight, proj_bias,
                  causal=True, device=None):
         super().__init__()
-        world, rank = _world_rank(group)
+        world, rank = F.world_rank(group)
         self.group, self.embed_dim, self.num_heads, self.causal = group, embed_dim, num_heads, \
             causal
         dev = _device(group, device)
@@ -179,7 +175,7 @@ class VocabParallelEmbedding(_TPModule):
 
     def __init__(self, num_embeddings, embedding_dim, group, weight=None, seed=0, device=None):
         super().__init__()
-        world, rank = _world_rank(group)
+        world, rank = F.world_rank(group)
         F.vocab_range(num_embeddings, group)  # clear error when V % tp != 0
         self.group, self.num_embeddings, self.embedding_dim = group, num_embeddings, \
             embedding_dim
