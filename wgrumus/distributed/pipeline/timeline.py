@@ -492,5 +492,3 @@ def _title(res: SimResult, slot: Fraction) -> str:
             + f" ({durs_txt}{unit}): makespan {res.makespan:g}, "
             f"bubble {100 * res.bubble_fraction:.1f}%")
 
-
-format_timeline = render
