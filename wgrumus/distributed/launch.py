@@ -9,7 +9,7 @@ import time
 from .collectives import AllReduceStrategy, BroadcastStrategy, CollectiveConfig, ReduceStrategy
 from .errors import CollectiveError
 from .process_group import ProcessGroup
-from .transport import ThreadWorld
+from .transport import MPITransport, ThreadWorld
 
 _mpi_group: ProcessGroup | None = None
 
@@ -133,7 +133,6 @@ def init_process_group(backend: str = "mpi", timeout: float = 60.0,
     except ImportError as e:
         raise ImportError("the MPI backend needs mpi4py and an MPI library: "
                           "pip install 'wgrumus[mpi]' (mpi4py + the mpich wheel)") from e
-    from .transport import MPITransport
     comm = MPI.COMM_WORLD
     t = MPITransport(comm, timeout)
     _mpi_group = ProcessGroup(t, _config(config, comm.Get_size(), timeout, "mpi"), device,

@@ -182,8 +182,7 @@ class Schedule:
             f"stage {s}: " + " ".join(repr(a) for a in acts) for s, acts in enumerate(self.stages)
         )
 
-    def __str__(self) -> str:
-        return self.format()
+    __str__ = format
 
     def compute(self) -> Schedule:
         """This schedule without its communication actions."""
