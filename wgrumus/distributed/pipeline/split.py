@@ -139,23 +139,16 @@ def _place(stages: list, devices):
 # GPT
 # ---------------------------------------------------------------------------------------------
 
-class GPTEmbedding:
+class GPTEmbedding(Module):
     """The first piece of an ``nn.GPT``: its ``embed`` (token + position embeddings, dropout),
-    with the two embeddings as its parameters (moved with it)."""
+    holding the two embeddings (so they are its parameters and move with it)."""
 
     def __init__(self, gpt):
-        self.layers, self.embed = [gpt.wte, gpt.wpe], gpt.embed
+        super().__init__()
+        self.wte, self.wpe, self.drop, self._embed = gpt.wte, gpt.wpe, gpt.drop, gpt.embed
 
-    def __call__(self, idx):
-        return self.embed(idx)
-
-    def to(self, device):
-        for m in self.layers:
-            m.to(device)
-        return self
-
-    def parameters(self):
-        return [p for m in self.layers for p in m.parameters()]
+    def forward(self, idx):
+        return self._embed(idx)
 
 
 def split_gpt(gpt, p: int, devices=None) -> list:
