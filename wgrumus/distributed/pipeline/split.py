@@ -17,8 +17,8 @@ __all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", 
 class StageChain:
     """Layers applied in order: a stage made of consecutive layers of a bigger model.
 
-    Used for layers that are not all ``nn.Module`` s (``nn.Sequential`` takes those); it has the
-    two things :class:`PipelineStage` needs, ``to(device)`` and ``parameters()``. The layers are the
+    Used when not every layer is an ``nn.Module`` (else ``nn.Sequential``); it has the two
+    things :class:`PipelineStage` needs, ``to(device)`` and ``parameters()``. The layers are the
     model's own objects (not copies), so training the stages trains the model.
     """
 
