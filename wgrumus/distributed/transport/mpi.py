@@ -253,14 +253,12 @@ class MPITransport(_Liveness):
 
     def native_all_gather(self, arr, deadline):
         tail = arr.shape[1:]
-        row = int(np.prod(tail, dtype=np.int64))
-        meta = np.array([arr.shape[0], row, arr.dtype.itemsize], dtype=np.int64)
-        metas = np.empty((self.size, 3), dtype=np.int64)
-        self._run(lambda: self.comm.Iallgather([meta, self.MPI.INT64_T],
-                                               [metas, self.MPI.INT64_T]), deadline, "Iallgather")
-        counts = metas[:, 0] * row * arr.dtype.itemsize
+        mine, rows = np.array([arr.shape[0]], np.int64), np.empty(self.size, np.int64)
+        self._run(lambda: self.comm.Iallgather([mine, self.MPI.INT64_T],
+                                               [rows, self.MPI.INT64_T]), deadline, "Iallgather")
+        counts = rows * int(np.prod(tail, dtype=np.int64)) * arr.dtype.itemsize
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        out = np.empty((int(metas[:, 0].sum()),) + tail, dtype=arr.dtype)
+        out = np.empty((int(rows.sum()),) + tail, dtype=arr.dtype)
         B = self.MPI.BYTE
         self._run(lambda: self.comm.Iallgatherv(self._bytes(arr), [out, (counts, displs), B]),
                   deadline, "Iallgatherv")
