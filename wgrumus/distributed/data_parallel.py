@@ -205,6 +205,10 @@ class DataParallel:
             raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if jit and shard_optimizer_state:
+            raise ValueError("DataParallel(jit=True, shard_optimizer_state=True) is not supported "
+                             "yet: the captured optimizer step updates every parameter; use "
+                             "one of the two")
         self.backend, self.timeout = backend, float(timeout)
         all_devs = MultiGpuContext.get().devices
         if backend == "mpi":
@@ -242,10 +246,6 @@ class DataParallel:
         self._accum: list = [None] * len(devs)
         self._averagers: list = [None] * len(devs)  # see _averager
         self._optimizers = None
-        if jit and shard_optimizer_state:
-            raise ValueError("DataParallel(jit=True, shard_optimizer_state=True) is not supported "
-                             "yet: the captured optimizer step updates every parameter; use "
-                             "one of the two")
         self.jit = bool(jit)
         self._jits: dict = {}  # (replica, loss_fn, optimizer) -> wr.jit of its step
         self._closed = False
