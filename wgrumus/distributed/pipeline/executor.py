@@ -1,12 +1,10 @@
 """PipelineExecutor: one thread per pipeline stage, following a schedule's action list exactly.
 
-Each stage thread walks its own list (``F``, ``B``, ``BI``, ``BW`` per micro-batch and chunk).
-Activations travel forward and gradients backward through bounded ``queue.Queue`` channels, one
-per pair of neighbouring (virtual) stages, already copied to the receiving stage's device.
-
 Each stage thread runs its list with communication (``add_send_recv``) through the one schedule
-interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too; the last stage computes
-``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss over the batch.
+interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too. Activations travel
+forward and gradients backward through bounded ``queue.Queue`` channels, one per pair of
+neighbouring (virtual) stages, already copied to the receiving stage's device; the last stage
+computes ``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss.
 
 ``jit=True``: each stage thread replays its whole action list from a ``wr.jit`` capture of its
 device's work (one per stage thread and loss function); its sends and receives are host
