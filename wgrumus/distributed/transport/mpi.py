@@ -1,5 +1,7 @@
-"""The MPI backend's transport: ranks are processes under mpiexec; every wait is a poll against
-a deadline, and a failing rank tells the others on a reserved tag."""
+"""The MPI backend's transport: ranks are processes under ``mpiexec``. Sends and receives are
+nonblocking (Isend/Irecv/Iprobe) and polled against a deadline, because a blocking MPI call cannot
+time out; collectives of the "native" strategy use MPI's nonblocking collectives the same way. A
+failing rank sends an abort notice on a reserved tag that every waiting rank polls for."""
 from __future__ import annotations
 
 import hashlib

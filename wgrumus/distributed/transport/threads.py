@@ -1,5 +1,8 @@
-"""The thread backend's transport: ranks are threads of this process, exchanging numpy arrays
-through per-destination mailboxes; a ThreadWorld holds what the ranks share."""
+"""The thread backend's transport: ranks are threads of this process (a ThreadWorld holds what
+they share). Each destination has a mailbox of bounded per-source queues; a message is a numpy
+array (copied on send unless the sender hands over an array it will never touch again), matched
+by (source, tag). Liveness is known exactly: a rank whose thread ended or failed wakes every rank
+waiting on it."""
 from __future__ import annotations
 
 import collections
