@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from .collectives import AllReduceStrategy, BroadcastStrategy, CollectiveConfig, ReduceStrategy
+from .collectives import CollectiveConfig
 from .errors import CollectiveError
 from .process_group import ProcessGroup
 from .transport import MPITransport, ThreadWorld
@@ -21,10 +21,8 @@ def _config(config, world_size, timeout, backend):
     if config is not None:
         cfg = config
     elif backend == "threads":
-        cfg = CollectiveConfig(num_devices=world_size,
-                               local_all_reduce=AllReduceStrategy.Native,
-                               local_reduce=ReduceStrategy.Native,
-                               local_broadcast=BroadcastStrategy.Native)
+        cfg = CollectiveConfig(num_devices=world_size, local_all_reduce="native",
+                               local_reduce="native", local_broadcast="native")
     else:
         cfg = CollectiveConfig(num_devices=world_size)
     if timeout is not None:
