@@ -232,11 +232,7 @@ class CollectiveBarrier:
                                     out.flags.c_contiguous):
             raise ValueError(f"out must be a writeable C-contiguous {arr.dtype} array of shape "
                              f"{arr.shape}")
-        t = self._timeout(timeout)
-        deadline = time.monotonic() + t
-        with self._cond:
-            rnd = self._join("reduce", op, arr, rank, out)
-            self._wait_full(rnd, deadline, t)
+        rnd, t = self._meet(timeout, "reduce", op, arr, rank, out)
         if not rnd.done:
             self._help_reduce(rnd, time.monotonic() + t, t)
         return out if out is not None else rnd.result
@@ -269,12 +265,8 @@ class CollectiveBarrier:
         if op is not None and item is not None and (item_at or item.size != length):
             raise ValueError(f"with op={op!r} every item covers the whole space ({length} "
                              f"elements), got {item.size} at {item_at}")
-        t = self._timeout(timeout)
-        deadline = time.monotonic() + t
-        with self._cond:
-            rnd = self._join("exchange", op or "copy", (item, item_at, out, out_at), rank,
-                             shape=(int(length),), dtype=dtype)
-            self._wait_full(rnd, deadline, t)
+        rnd, t = self._meet(timeout, "exchange", op or "copy", (item, item_at, out, out_at), rank,
+                            shape=(int(length),), dtype=dtype)
         if not rnd.done:
             self._help_reduce(rnd, time.monotonic() + t, t)
 
@@ -283,21 +275,11 @@ class CollectiveBarrier:
         """Join this round with any object; return every participant's object (rank order when
         ranks are given, else arrival order). Objects are shared, not copied. Participants must
         pass the same ``tag``: rounds of different purposes do not mix silently."""
-        t = self._timeout(timeout)
-        deadline = time.monotonic() + t
-        with self._cond:
-            rnd = self._join("gather", tag, obj, rank)
-            self._wait_full(rnd, deadline, t)
-        return list(rnd.result)
+        return list(self._meet(timeout, "gather", tag, obj, rank)[0].result)
 
     def wait(self, rank: int | None = None, timeout: float | None = None) -> int:
         """Plain barrier: return once every participant arrived; returns the round number."""
-        t = self._timeout(timeout)
-        deadline = time.monotonic() + t
-        with self._cond:
-            rnd = self._join("wait", None, None, rank)
-            self._wait_full(rnd, deadline, t)
-        return rnd.gen
+        return self._meet(timeout, "wait", None, None, rank)[0].gen
 
     def close(self) -> None:
         """End the helper threads (rounds after this run on the participants alone)."""
@@ -324,11 +306,16 @@ class CollectiveBarrier:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------ rendezvous
-    def _timeout(self, timeout):
+    def _meet(self, timeout, kind, op, item, rank, out=None, **kw) -> tuple[_Round, float]:
+        """Join the current round and wait until every participant has: (round, timeout)."""
         t = self.timeout if timeout is None else float(timeout)
         if not t > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        return t
+        deadline = time.monotonic() + t
+        with self._cond:
+            rnd = self._join(kind, op, item, rank, out, **kw)
+            self._wait_full(rnd, deadline, t)
+        return rnd, t
 
     def _join(self, kind, op, item, rank, out=None, shape=None, dtype=None) -> _Round:
         self._raise_if_broken()

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .barrier import _UFUNCS, check_op
+from .barrier import _UFUNCS
 from .errors import CollectiveError
 from .transport import owned_copy, split_bounds
 
@@ -254,49 +254,35 @@ def _ring_reduce_scatter_parts(t, parts, op, tag, deadline):
     return _finish_mean(send, op, n)
 
 
-def _ring_all_gather_parts(t, own, tag, deadline, trailing=None):
+def _ring_all_gather_parts(t, own, tag, deadline, shape_of, owned=False):
     """Ring all-gather: rank r contributes ``own``; returns the list of all parts by rank.
-    Parts may differ in dim 0 when ``trailing`` (the shape after dim 0) is given."""
+    ``shape_of(i)``: the shape rank i's part must have (-1 in dim 0: any number of rows).
+    ``owned``: ``own`` is private to this call (sent without a copy)."""
     n, r = t.size, t.rank
     parts = [None] * n
-    parts[r] = own
-    right, left = (r + 1) % n, (r - 1) % n
-    send, owned = own, False
+    parts[r] = send = own
     for s in range(n - 1):
         i = (r - s - 1) % n
-        shape = (-1,) + tuple(trailing) if trailing is not None else None
-        got = _exchange(t, right, send, left, tag, deadline, own.dtype, shape, owned)
-        parts[i] = got
-        send, owned = got, True
+        parts[i] = send = _exchange(t, (r + 1) % n, send, (r - 1) % n, tag, deadline,
+                                    own.dtype, shape_of(i), owned)
+        owned = True
     return parts
 
 
 def ring_all_reduce(t, x: np.ndarray, op: str, tag: int, deadline: float) -> np.ndarray:
     """Reduce-scatter then all-gather over n near-equal chunks of the flattened array."""
-    check_op(op, x.dtype)
     flat = np.ascontiguousarray(x).reshape(-1)
     n = t.size
     b = split_bounds(flat.size, n)
     chunks = [flat[b[i]:b[i + 1]] for i in range(n)]
     mine = _ring_reduce_scatter_parts(t, chunks, op, tag, deadline)
-    if n == 1:
-        return mine.reshape(x.shape)
     # Chunk sizes are known on every rank: receive with exact shapes.
-    parts = [None] * n
-    parts[t.rank] = mine
-    right, left = (t.rank + 1) % n, (t.rank - 1) % n
-    send = mine
-    for s in range(n - 1):
-        i = (t.rank - s - 1) % n
-        parts[i] = _exchange(t, right, send, left, tag, deadline, x.dtype,
-                             (b[i + 1] - b[i],), True)
-        send = parts[i]
+    parts = _ring_all_gather_parts(t, mine, tag, deadline, lambda i: (b[i + 1] - b[i],), True)
     return np.concatenate(parts).reshape(x.shape)
 
 
 def ring_reduce_scatter(t, x: np.ndarray, op: str, tag: int, deadline: float) -> np.ndarray:
     """Split dim 0 into world_size parts (array_split rule) and return this rank's reduced part."""
-    check_op(op, x.dtype)
     x = np.ascontiguousarray(x)
     b = split_bounds(x.shape[0], t.size)
     return _ring_reduce_scatter_parts(t, [x[b[i]:b[i + 1]] for i in range(t.size)], op, tag,
@@ -306,7 +292,8 @@ def ring_reduce_scatter(t, x: np.ndarray, op: str, tag: int, deadline: float) ->
 def ring_all_gather(t, x: np.ndarray, tag: int, deadline: float) -> np.ndarray:
     """Concatenate every rank's array along dim 0 (dim 0 may differ between ranks)."""
     x = np.ascontiguousarray(x)
-    return np.concatenate(_ring_all_gather_parts(t, x, tag, deadline, x.shape[1:]), axis=0)
+    parts = _ring_all_gather_parts(t, x, tag, deadline, lambda i: (-1,) + x.shape[1:])
+    return np.concatenate(parts, axis=0)
 
 
 def _virtual(t, root):
@@ -318,7 +305,6 @@ def _virtual(t, root):
 def tree_reduce(t, x, op, root, arity, tag, deadline):
     """k-ary tree reduce to ``root``: own value, then each child's in child order. Root returns
     the result, others None."""
-    check_op(op, x.dtype)
     n, v, real = _virtual(t, root)
     flat = np.ascontiguousarray(x).reshape(-1)
     acc = flat
@@ -335,7 +321,6 @@ def tree_reduce(t, x, op, root, arity, tag, deadline):
 
 def direct_reduce(t, x, op, root, tag, deadline):
     """Everyone sends to ``root``, which combines in rank order. Root returns the result."""
-    check_op(op, x.dtype)
     flat = np.ascontiguousarray(x).reshape(-1)
     if t.rank != root:
         t.wait_all([t.isend(root, tag, flat, deadline)], deadline)
@@ -395,7 +380,6 @@ def all_reduce(t, x, op, strategy: AllReduceStrategy, tag, deadline):
     if k == "centralized":
         return centralized_all_reduce(t, x, op, tag, deadline)
     if k == "native":
-        check_op(op, x.dtype)
         return t.native_all_reduce(np.ascontiguousarray(x), op, deadline)
     raise CollectiveError(f"strategy {strategy!r} must be resolved before running")
 

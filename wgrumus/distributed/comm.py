@@ -27,8 +27,7 @@ def storage_of(x) -> BufferSlice:
     if fn is None:
         raise TypeError(f"async_allreduce needs a BufferSlice or a contiguous tensor with "
                         f"buffer_slice(); got {type(x).__name__}")
-    s = fn()
-    return s if isinstance(s, BufferSlice) else BufferSlice(*s)
+    return fn()
 
 
 class AllReduceHandle:

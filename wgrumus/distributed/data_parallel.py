@@ -194,7 +194,7 @@ class DataParallel:
     the same results, no Python per op, and each bucket's all-reduce still starts as soon as
     the replay has submitted the backward work that completes it, overlapping the rest of the
     backward; the replay waits for the buckets before the optimizer step. Steps inside
-    ``no_sync`` and ``forward_backward`` run eagerly.
+    ``no_sync`` run eagerly.
     """
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
@@ -205,6 +205,10 @@ class DataParallel:
             raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if jit and shard_optimizer_state:
+            raise ValueError("DataParallel(jit=True, shard_optimizer_state=True) is not supported "
+                             "yet: the captured optimizer step updates every parameter; use "
+                             "one of the two")
         self.backend, self.timeout = backend, float(timeout)
         all_devs = MultiGpuContext.get().devices
         if backend == "mpi":
@@ -242,10 +246,6 @@ class DataParallel:
         self._accum: list = [None] * len(devs)
         self._averagers: list = [None] * len(devs)  # see _averager
         self._optimizers = None
-        if jit and shard_optimizer_state:
-            raise ValueError("DataParallel(jit=True, shard_optimizer_state=True) is not supported "
-                             "yet: the captured optimizer step updates every parameter; use "
-                             "one of the two")
         self.jit = bool(jit)
         self._jits: dict = {}  # (replica, loss_fn, optimizer) -> wr.jit of its step
         self._closed = False
@@ -266,29 +266,27 @@ class DataParallel:
         cfg = CollectiveConfig(num_devices=len(self.devices), timeout=self.timeout)
         return [ProcessGroup(self._world.transport(k), cfg, d) for k, d in enumerate(self.devices)]
 
-    def _close_comm(self, timeout: float) -> None:
+    def _stop(self, timeout: float) -> bool:
+        """Stop the replica and communication threads once; False when already stopped."""
+        if self._closed:
+            return False
+        self._closed = True
+        for w in self._workers:
+            w.close(timeout)
         for g in self.groups:
             g.close()
         if self._world is not None:
             self._world.close(timeout)
+        return True
 
     def close(self) -> None:
         """Stop the replica and communication threads."""
-        if not self._closed:
-            self._closed = True
-            for w in self._workers:
-                w.close(self.timeout)
-            self._close_comm(self.timeout)
+        if self._stop(self.timeout):
             self._free_jits()
 
     def __del__(self):
-        # Forgotten close(): let the threads end without waiting on them here.
         try:
-            if not self._closed:
-                self._closed = True
-                for w in self._workers:
-                    w.close(0)
-                self._close_comm(0)
+            self._stop(0)  # forgotten close(): the threads end without waiting on them here
         except Exception:  # interpreter shutdown, or a half-built object
             pass
 
@@ -329,10 +327,8 @@ class DataParallel:
 
     # ------------------------------------------------------------------ sharding
     def _shards(self, batch):
-        n = (batch.shape[0] if hasattr(batch, "shape") else len(batch))
-        sizes = shard_sizes(int(n), self.world_size)
-        bounds = np.cumsum([0] + sizes)
-        return int(n), sizes, bounds
+        n = int(batch.shape[0] if hasattr(batch, "shape") else len(batch))
+        return n, np.cumsum([0] + shard_sizes(n, self.world_size))
 
     def _run(self, job) -> list:
         """Run ``job(worker)`` on every local replica's thread; return the results in replica
@@ -399,7 +395,7 @@ class DataParallel:
         getting its shard's part of the gradient -- the RUMUS workflow (then sum or average
         them with AllReduceSync, step, ``broadcast_weights()``). ``train_step`` is the fast
         path: backward on the replicas' threads, overlapped with the all-reduce."""
-        n, sizes, bounds = self._shards(batch)
+        bounds = self._shards(batch)[1]
         grad = is_grad_enabled()
 
         def job(w):
@@ -434,12 +430,6 @@ class DataParallel:
         finally:
             self._sync = prev
 
-    def forward_backward(self, batch, targets, loss_fn):
-        """Forward, loss and backward on every replica, gradients averaged over the global batch
-        (unless inside ``no_sync``). Returns (global-batch loss, per-replica GradientStores; None
-        inside no_sync)."""
-        return self._step(batch, targets, loss_fn, None)
-
     def train_step(self, batch, targets, loss_fn, optimizers):
         """One optimizer step on the global batch: scatter -> forward -> ``loss_fn(out, target)``
         (the mean over the shard) -> backward with overlapped bucket all-reduce -> every
@@ -451,28 +441,11 @@ class DataParallel:
         optimizers reused while the same factory is passed: pass one factory object, not a new
         lambda every step), or with mpi / one replica a single optimizer. Inside ``no_sync``
         gradients only accumulate."""
-        return self._step(batch, targets, loss_fn, self._resolve_optimizers(optimizers))[0]
-
-    def _resolve_optimizers(self, optimizers):
-        if isinstance(optimizers, type) or (callable(optimizers) and
-                                            not hasattr(optimizers, "step")):
-            if self._optimizers is None or self._optimizers[0] != optimizers:
-                self._optimizers = (optimizers, [optimizers(ps) for ps in self._params])
-            return self._optimizers[1]
-        if hasattr(optimizers, "step"):
-            optimizers = [optimizers]
-        optimizers = list(optimizers)
-        if len(optimizers) != len(self.replicas):
-            raise ValueError(f"train_step needs one optimizer per local replica "
-                             f"({len(self.replicas)}), got {len(optimizers)}; build them on "
-                             f"dp.replicas[k].parameters(), or pass a factory params -> optimizer")
-        return optimizers
-
-    def _step(self, batch, targets, loss_fn, optimizers):
-        refuse("DataParallel.train_step / forward_backward", "data-parallel replicas do not "
-               "compose with wr.jit yet (their steps run on worker threads around host "
-               "all-reduces); run DataParallel without wr.jit")
-        n, sizes, bounds = self._shards(batch)
+        refuse("DataParallel.train_step", "data-parallel replicas do not compose with wr.jit "
+               "yet (their steps run on worker threads around host all-reduces); run "
+               "DataParallel without wr.jit")
+        optimizers = self._resolve_optimizers(optimizers)
+        n, bounds = self._shards(batch)
         if targets is not None:
             tn = targets.shape[0] if hasattr(targets, "shape") else len(targets)
             if int(tn) != n:
@@ -489,11 +462,11 @@ class DataParallel:
             x, y = _rows(batch, lo, hi, dev), _rows(targets, lo, hi, dev)
             # d(global loss)/d(shard loss) = n_k / B; the all-reduce averages over world_size.
             scale = float(hi - lo) * self.world_size / n
-            if self.jit and sync and self._accum[k] is None and optimizers is not None:
+            if self.jit and sync and self._accum[k] is None:
                 w.phase = "captured step"
                 loss = self._captured_step(k, x, y, loss_fn, scale, optimizers[k])
                 self.events.record(k, "step_end")
-                return loss.item() * (hi - lo), None
+                return loss.item() * (hi - lo)
             w.phase = "forward"
             self.events.record(k, "forward_start")
             out = self.replicas[k](x)
@@ -510,32 +483,46 @@ class DataParallel:
             self.events.record(k, "backward_end")
             if not sync:
                 self._accumulate(k, grads)
-                return loss.item() * (hi - lo), None
+                return loss.item() * (hi - lo)
             if reducer is None:  # this step's gradients plus any no_sync accumulation
                 self._accumulate(k, grads)
                 avg = self._accum[k]
             else:
                 w.phase = "all-reduce"
                 avg = reducer.finish(self.timeout)
-            if optimizers is not None:
-                w.phase = "optimizer step"
-                optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
-                    self.groups[k].rank, self._params[k], avg))
-                self.events.record(k, "step_end")
-            return loss.item() * (hi - lo), avg
+            w.phase = "optimizer step"
+            optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
+                self.groups[k].rank, self._params[k], avg))
+            self.events.record(k, "step_end")
+            return loss.item() * (hi - lo)
 
         try:
             res = self._run(job)
         finally:
             if sync:
                 self._accum = [None] * len(self.replicas)
-        if sync and optimizers is not None and self.sharding is not None:
+        if sync and self.sharding is not None:
             self._run(lambda w: self.sharding.gather_group(self.groups[w.rank],
                                                            self._params[w.rank]))
-        local = float(np.sum([r[0] for r in res], dtype=np.float64))
+        local = float(np.sum(res, dtype=np.float64))
         if self.backend == "mpi":
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
-        return local / n, [r[1] for r in res]
+        return local / n
+
+    def _resolve_optimizers(self, optimizers):
+        if isinstance(optimizers, type) or (callable(optimizers) and
+                                            not hasattr(optimizers, "step")):
+            if self._optimizers is None or self._optimizers[0] != optimizers:
+                self._optimizers = (optimizers, [optimizers(ps) for ps in self._params])
+            return self._optimizers[1]
+        if hasattr(optimizers, "step"):
+            optimizers = [optimizers]
+        optimizers = list(optimizers)
+        if len(optimizers) != len(self.replicas):
+            raise ValueError(f"train_step needs one optimizer per local replica "
+                             f"({len(self.replicas)}), got {len(optimizers)}; build them on "
+                             f"dp.replicas[k].parameters(), or pass a factory params -> optimizer")
+        return optimizers
 
     def optimizer_state_dict(self, optimizers) -> dict:
         """The state of the whole model's optimizer as one replica's ``state_dict()`` (indices

@@ -59,7 +59,7 @@ def on_devices(group, name: str, x, **kw):
         return _mismatch(group, name, everyone)
     fn = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
           "all_gather": _all_gather, "broadcast": _broadcast}[name]
-    plan = fn(group, x, s, shapes, **kw)
+    plan = fn(group, s, shapes, **kw)
     if plan is None:
         return None
     if plan is _MISMATCH:
@@ -84,19 +84,20 @@ def _mismatch(group, name, everyone):
 
 
 def _empty_like(s, shape):
+    """A new tensor of ``shape`` on ``s``'s device and dtype, and its BufferSlice."""
     from ..tensor import Tensor
-    return Tensor.empty(shape, s.device, s.dtype)
+    out = Tensor.empty(shape, s.device, s.dtype)
+    return out, out.buffer_slice()
 
 
 def _aligned(bounds, isz) -> bool:
     return all(b * isz % 4 == 0 for b in bounds)
 
 
-def _all_reduce(group, x, s, shapes, op):
+def _all_reduce(group, s, shapes, op):
     if len(set(shapes)) > 1:
         return _MISMATCH
-    out = _empty_like(s, shapes[0])
-    dst = out.buffer_slice()
+    out, dst = _empty_like(s, shapes[0])
     return out, lambda barrier: pipelined.all_reduce(s, barrier, group.rank, op, dst=dst)
 
 
@@ -104,24 +105,23 @@ def _rows(shape):
     return shape[0], int(np.prod(shape[1:], dtype=np.int64))
 
 
-def _reduce_scatter(group, x, s, shapes, op, axis):
+def _reduce_scatter(group, s, shapes, op, axis):
     shape = shapes[group.rank]
     if len(shape) == 0 or axis % len(shape) != 0:
         return None
     if len(set(shapes)) > 1:
         return _MISMATCH
     rows, per = _rows(shape)
-    parts = [b * per for b in split_bounds(rows, group.world_size)]
+    b = split_bounds(rows, group.world_size)
+    parts = [i * per for i in b]
     if not _aligned(parts, s.dtype.itemsize):
         return None
     r = group.rank
-    b = split_bounds(rows, group.world_size)
-    out = _empty_like(s, (b[r + 1] - b[r],) + shape[1:])
-    dst = out.buffer_slice()
+    out, dst = _empty_like(s, (b[r + 1] - b[r],) + shape[1:])
     return out, lambda barrier: pipelined.reduce_scatter(s, dst, barrier, r, parts, op)
 
 
-def _all_gather(group, x, s, shapes, axis):
+def _all_gather(group, s, shapes, axis):
     shape = shapes[group.rank]
     if len(shape) == 0 or axis % len(shape) != 0:
         return None
@@ -131,16 +131,14 @@ def _all_gather(group, x, s, shapes, axis):
     parts = np.concatenate([[0], np.cumsum([sh[0] * per for sh in shapes])]).tolist()
     if not _aligned(parts, s.dtype.itemsize):
         return None
-    out = _empty_like(s, (sum(sh[0] for sh in shapes),) + shape[1:])
-    dst = out.buffer_slice()
+    out, dst = _empty_like(s, (sum(sh[0] for sh in shapes),) + shape[1:])
     return out, lambda barrier: pipelined.all_gather(s, dst, barrier, group.rank, parts)
 
 
-def _broadcast(group, x, s, shapes, root):
+def _broadcast(group, s, shapes, root):
     if len(set(shapes)) > 1:
         return _MISMATCH
-    out = _empty_like(s, shapes[root])
-    dst = out.buffer_slice()
+    out, dst = _empty_like(s, shapes[root])
     if group.rank == root:  # the root's result is a device copy of its input
         def work(barrier):
             if s.nbytes:

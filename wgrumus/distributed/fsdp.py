@@ -28,6 +28,8 @@ running statistics) are not parameters and stay whole on every rank.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..autograd.tape import is_grad_enabled, record
@@ -188,7 +190,7 @@ class FSDP:
             taken.update(id(f.param) for f in flats)
             unit = _Unit(self, name, flats)
             self.units.append(unit)
-            sub.forward = _unit_forward(unit, sub.forward)
+            sub.forward = functools.partial(unit.run, sub.forward)
         self._root = _Unit(self, "", [f for f in self._flats if id(f.param) not in taken])
         self.units.insert(0, self._root)
         self.prefetch_hits = 0  # gathers that a prefetch had already started
@@ -222,16 +224,13 @@ class FSDP:
         padded[:len(rows)] = rows
         return padded
 
-    def _collective(self, fn):
-        """Run ``fn`` (collectives) after every one submitted before, on the group's background
-        thread, so gathers can run ahead."""
-        return self.group.run_async(fn)
-
     def _wait(self, work):
         return work.wait(self.group.timeout * 2)
 
     def _submit_gather(self, flats) -> object:
-        """All-gather ``flats``' shards (downloaded now) into dense arrays, padding dropped."""
+        """All-gather ``flats``' shards (downloaded now) into dense arrays, padding dropped, on
+        the group's background thread after every collective submitted before (so gathers can
+        run ahead)."""
         local = [f.shard.numpy() for f in flats]
 
         def go():
@@ -240,16 +239,13 @@ class FSDP:
                 full = self.group.all_gather(arr)  # [per * world, ...] in rank order
                 out.append(np.ascontiguousarray(full[:f.rows]).reshape(f.shape))
             return out
-        return self._collective(go)
-
-    def _full_array(self, f: _ShardedParam) -> np.ndarray:
-        return self._wait(self._submit_gather([f]))[0]
+        return self.group.run_async(go)
 
     def _reduce_scatter(self, f: _ShardedParam, g: Tensor) -> Tensor:
         """Mean of the full gradient over the ranks, this rank's rows only."""
         rows = np.asarray(g.numpy(), np.float32).reshape((f.rows,) + f.shard.shape[1:])
         padded = self._pad_rows(rows, f.shard.shape[0])
-        out = self._wait(self._collective(lambda: self.group.reduce_scatter(padded, "mean")))
+        out = self._wait(self.group.run_async(lambda: self.group.reduce_scatter(padded, "mean")))
         return tensor(out, device=self.device)
 
     # ------------------------------------------------------------------ unit order
@@ -292,9 +288,7 @@ class FSDP:
     def full_state_dict(self) -> dict:
         """Dense parameters (gathered; every rank must call it) plus the module's buffers,
         as numpy arrays: loadable into the unwrapped module on one device."""
-        out = {}
-        for f in self._flats:
-            out[f.name] = self._full_array(f)
+        out = {f.name: self._wait(self._submit_gather([f]))[0] for f in self._flats}
         if hasattr(self.module, "state_dict"):
             for k, v in self.module.state_dict().items():
                 if k not in out:
@@ -304,12 +298,6 @@ class FSDP:
     def close(self) -> None:
         """Nothing of its own to stop: the collectives run on the group's background thread
         (``group.close()`` stops it)."""
-
-
-def _unit_forward(unit: _Unit, forward):
-    def fwd(*args, **kw):
-        return unit.run(forward, *args, **kw)
-    return fwd
 
 
 def _free(p: Tensor) -> None:

@@ -126,9 +126,6 @@ class ProcessGroupManager:
                                     f"tp[dp{m.dp_rank},pp{m.pp_rank}]")
         self.pp_group = group.split(m.dp_rank * c.tp + m.tp_rank, m.pp_rank,
                                     f"pp[dp{m.dp_rank},tp{m.tp_rank}]")
-        self.dp_groups = RankMapping.all_dp_groups(c)
-        self.tp_groups = RankMapping.all_tp_groups(c)
-        self.pp_groups = RankMapping.all_pp_groups(c)
 
     def __repr__(self):
         return f"ProcessGroupManager({self.config}, {self.mapping})"

@@ -8,7 +8,7 @@ from ..tensor import tensor
 
 
 def is_tensor(x) -> bool:
-    # Duck-typed so this room does not import the tensor module at import time.
+    # Duck-typed (numpy() and device): anything that behaves like a Tensor takes its path.
     return not isinstance(x, np.ndarray) and hasattr(x, "numpy") and hasattr(x, "device")
 
 

@@ -6,10 +6,10 @@ import sys
 import threading
 import time
 
-from .collectives import AllReduceStrategy, BroadcastStrategy, CollectiveConfig, ReduceStrategy
+from .collectives import CollectiveConfig
 from .errors import CollectiveError
 from .process_group import ProcessGroup
-from .transport import ThreadWorld
+from .transport import MPITransport, ThreadWorld
 
 _mpi_group: ProcessGroup | None = None
 
@@ -21,10 +21,8 @@ def _config(config, world_size, timeout, backend):
     if config is not None:
         cfg = config
     elif backend == "threads":
-        cfg = CollectiveConfig(num_devices=world_size,
-                               local_all_reduce=AllReduceStrategy.Native,
-                               local_reduce=ReduceStrategy.Native,
-                               local_broadcast=BroadcastStrategy.Native)
+        cfg = CollectiveConfig(num_devices=world_size, local_all_reduce="native",
+                               local_reduce="native", local_broadcast="native")
     else:
         cfg = CollectiveConfig(num_devices=world_size)
     if timeout is not None:
@@ -133,7 +131,6 @@ def init_process_group(backend: str = "mpi", timeout: float = 60.0,
     except ImportError as e:
         raise ImportError("the MPI backend needs mpi4py and an MPI library: "
                           "pip install 'wgrumus[mpi]' (mpi4py + the mpich wheel)") from e
-    from .transport import MPITransport
     comm = MPI.COMM_WORLD
     t = MPITransport(comm, timeout)
     _mpi_group = ProcessGroup(t, _config(config, comm.Get_size(), timeout, "mpi"), device,

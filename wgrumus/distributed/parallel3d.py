@@ -170,7 +170,7 @@ class RankTrainer:
         self.params = {dense_name(n): p for n, p in model.named_parameters()}
         self.names = list(self.params)
         self.mb_losses: list = []
-        self._dp_avg = None  # (gradient shapes and dtypes, their GradientAverager)
+        self._dp_avg = None  # the GradientAverager of the data-parallel group
 
     @property
     def coords(self) -> tuple:
@@ -182,8 +182,11 @@ class RankTrainer:
         return self.step_gradients(self.micro_batches(tokens))
 
     def micro_batches(self, tokens: np.ndarray) -> list:
-        """This replica's micro-batches of ``tokens`` as (inputs, targets) device tensors."""
-        mbs = replica_micro_batches(tokens, self.mapping.dp_rank, self.pgm.config.dp, self.m)
+        """This replica's equal share of the global batch ``tokens`` cut into ``m`` micro-batches
+        (the layout check makes both divisions exact), as (inputs, targets) device tensors."""
+        per = len(tokens) // self.pgm.config.dp
+        size, start = per // self.m, self.mapping.dp_rank * per
+        mbs = [tokens[start + k * size:start + (k + 1) * size] for k in range(self.m)]
         return [(tensor(mb[:, :-1], device=self.device), tensor(mb[:, 1:], device=self.device))
                 for mb in mbs]
 
@@ -211,23 +214,23 @@ class RankTrainer:
     def _dp_mean(self, grads: dict) -> dict:
         """Gradients averaged over the data-parallel group only (TP and PP peers hold other
         shards) by the one gradient averager: flat device buckets through the group's
-        ``all_reduce_async``. Its bucket plan is made once, for these shapes and dtypes."""
+        ``all_reduce_async``, planned once for this rank's parameters."""
         if self.pgm.config.dp == 1:
             return grads
-        gs = [grads[n] for n in self.names]
-        key = [(g.shape, g.dtype) for g in gs]
-        if self._dp_avg is None or self._dp_avg[0] != key:
-            from types import SimpleNamespace
-
+        if self._dp_avg is None:
             from .averaging import GradientAverager
-            specs = [SimpleNamespace(shape=sh, dtype=dt) for sh, dt in key]
-            self._dp_avg = (key, GradientAverager(specs, self.pgm.dp_group, names=self.names,
-                                                  device=self.device))
-        return dict(zip(self.names, self._dp_avg[1].average(gs)))
+            self._dp_avg = GradientAverager([self.params[n] for n in self.names],
+                                            self.pgm.dp_group, names=self.names)
+        return dict(zip(self.names, self._dp_avg.average([grads[n] for n in self.names])))
 
     def loss(self) -> float | None:
-        """The step's loss (mean over micro-batches, then replicas) on last-stage ranks."""
-        return stage_loss(self, self.pgm) if self.last else None
+        """The step's loss on last-stage ranks: the mean over micro-batches, then replicas."""
+        if not self.last:
+            return None
+        loss = np.array([np.mean([float(v.item()) for v in self.mb_losses])], np.float64)
+        if self.pgm.config.dp > 1:
+            loss = self.pgm.all_reduce_dp(loss, "mean")
+        return float(loss[0])
 
 
 class _RankWork:
@@ -259,23 +262,6 @@ class _RankWork:
         src = k - 1 if a.kind == RECV_F else k + 1
         tag = self._tag(a.mb, k, a.kind != RECV_F)
         return self.t.pgm.pp_group.recv(src % self.t.pgm.config.pp, tag, self.t.device)
-
-
-def replica_micro_batches(tokens: np.ndarray, dp_rank: int, dp: int, m: int) -> list:
-    """This data-parallel replica's equal share of the global batch, cut into ``m``
-    micro-batches (the layout check guarantees both divisions are exact)."""
-    per = len(tokens) // dp
-    mine = tokens[dp_rank * per:(dp_rank + 1) * per]
-    size = per // m
-    return [mine[k * size:(k + 1) * size] for k in range(m)]
-
-
-def stage_loss(stage, pgm) -> float:
-    """The step's loss on a last-stage rank: the mean over micro-batches, then over replicas."""
-    loss = np.array([np.mean([float(v.item()) for v in stage.mb_losses])], np.float64)
-    if pgm.config.dp > 1:
-        loss = pgm.all_reduce_dp(loss, "mean")
-    return float(loss[0])
 
 
 # ---------------------------------------------------------------------------- entry point

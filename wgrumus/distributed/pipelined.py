@@ -51,7 +51,11 @@ class _Chunk:
     out_at: int
 
 
-def _spans(length: int, chunk: int) -> list[tuple]:
+def _spans(length: int, chunk_bytes: int | None, dtype) -> list[tuple]:
+    """Element ranges [c0, c1) of ``length`` elements in chunks of ``chunk_bytes`` (None: the
+    module's CHUNK_BYTES, read at call time); one empty range for nothing."""
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    chunk = max(256, chunk_bytes // 256 * 256) // np.dtype(dtype).itemsize
     return [(c, min(c + chunk, length)) for c in range(0, length, chunk)] or [(0, 0)]
 
 
@@ -60,12 +64,6 @@ def inflight_of(chunk_bytes: int, inflight: int | None = None) -> int:
     if inflight is not None:
         return max(1, int(inflight))
     return max(INFLIGHT, min(MAX_INFLIGHT, INFLIGHT_BYTES // max(1, chunk_bytes)))
-
-
-def _elems(chunk_bytes, dtype) -> int:
-    """Elements per chunk (None: the module's CHUNK_BYTES, read at call time)."""
-    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    return max(256, chunk_bytes // 256 * 256) // np.dtype(dtype).itemsize
 
 
 def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
@@ -80,7 +78,7 @@ def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
     isz = src.dtype.itemsize
     chunks = [_Chunk(c1 - c0, (c0 * isz, (c1 - c0) * isz), 0, (c0 * isz, (c1 - c0) * isz), 0)
               if c1 > c0 else _Chunk(0, None, 0, None, 0)
-              for c0, c1 in _spans(src.nbytes // isz, _elems(chunk_bytes, src.dtype))]
+              for c0, c1 in _spans(src.nbytes // isz, chunk_bytes, src.dtype)]
     _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight)
 
 
@@ -113,7 +111,7 @@ def _scatter_gather(name, part, whole, rank, parts, chunk_bytes) -> list:
                          f"{whole.nbytes}; parts {list(parts)} need {(hi - lo) * isz} and "
                          f"{parts[-1] * isz}")
     chunks = []
-    for c0, c1 in _spans(parts[-1], _elems(chunk_bytes, part.dtype)):
+    for c0, c1 in _spans(parts[-1], chunk_bytes, part.dtype):
         a, b = max(c0, lo), min(c1, hi)
         mine = ((a - lo) * isz, (b - a) * isz) if a < b else None
         chunks.append(_Chunk(c1 - c0, mine, a - c0 if mine else 0,
@@ -126,7 +124,7 @@ def broadcast(buf, barrier, rank: int, root: int, chunk_bytes: int | None = None
     """Copy the root's ``buf`` into every other rank's ``buf`` (same size and dtype)."""
     isz = buf.dtype.itemsize
     chunks = []
-    for c0, c1 in _spans(buf.nbytes // isz, _elems(chunk_bytes, buf.dtype)):
+    for c0, c1 in _spans(buf.nbytes // isz, chunk_bytes, buf.dtype):
         span = (c0 * isz, (c1 - c0) * isz) if c1 > c0 else None
         chunks.append(_Chunk(c1 - c0, span if rank == root else None, 0,
                              None if rank == root else span, 0))

@@ -314,15 +314,10 @@ class ProcessGroup:
                 (out := on_devices(self, "all_gather", x, axis=axis)) is not None:
             return out
         arr, dev = to_numpy(x)
-        native = self._native(strategy, "all_gather")
-
-        def go(front, tag, dl):
-            if native:
-                return self._t.native_all_gather(front, dl)
-            return C.ring_all_gather(self._t, front, tag, dl)
-
-        return from_numpy(self._along_axis("all_gather", np.atleast_1d(arr), axis, go,
-                                           f"strategy {'native' if native else 'ring'}"), dev)
+        return from_numpy(self._along_axis(
+            "all_gather", np.atleast_1d(arr), axis, strategy, "",
+            lambda front, dl: self._t.native_all_gather(front, dl),
+            lambda front, tag, dl: C.ring_all_gather(self._t, front, tag, dl)), dev)
 
     def reduce_scatter(self, x, op: str = "sum", axis: int = 0, strategy=None):
         """Reduce ``x`` over all ranks and return this rank's part of it along ``axis``.
@@ -340,39 +335,36 @@ class ProcessGroup:
         check_op(op, arr.dtype)
         if arr.ndim == 0:
             raise ValueError("reduce_scatter needs an array with at least one dimension")
-        native = self._native(strategy, "reduce_scatter")
+        return from_numpy(self._along_axis(
+            "reduce_scatter", arr, axis, strategy, f"op {op} ",
+            lambda front, dl: self._t.native_reduce_scatter(front, op, dl),
+            lambda front, tag, dl: C.ring_reduce_scatter(self._t, front, op, tag, dl)), dev)
 
-        def go(front, tag, dl):
-            if native:
-                return self._t.native_reduce_scatter(front, op, dl)
-            return C.ring_reduce_scatter(self._t, front, op, tag, dl)
-
-        return from_numpy(self._along_axis("reduce_scatter", arr, axis, go,
-                                           f"op {op} strategy {'native' if native else 'ring'}"),
-                          dev)
-
-    def _along_axis(self, name: str, arr, axis: int, go, detail: str):
-        """The transports split and join along axis 0 only: move ``axis`` to the front, run
-        ``go(front, tag, deadline)`` under :meth:`_run`, and move it back."""
-        axis = _axis(axis, arr.ndim)
+    def _along_axis(self, name: str, arr, axis: int, strategy, detail: str, native, ring):
+        """All-gather / reduce-scatter: the backend's own ``native(front, deadline)`` or (strategy
+        'ring') ``ring(front, tag, deadline)`` under :meth:`_run`. The transports split and join
+        along axis 0 only: ``axis`` moves to the front and back."""
+        if strategy is None:
+            use_native = self.config.local_all_reduce.kind == "native"
+        elif str(strategy).lower() in ("ring", "native"):
+            use_native = str(strategy).lower() == "native"
+        else:
+            raise ValueError(f"{name} strategy must be 'ring' or 'native', got {strategy!r}")
+        if not -arr.ndim <= axis < arr.ndim:
+            raise ValueError(f"axis {axis} out of range for an array of {arr.ndim} dimensions")
+        axis %= arr.ndim
         front = np.ascontiguousarray(np.moveaxis(arr, axis, 0))
         # dim 0 of an all-gather may differ between ranks: compare the rest
         shape = front.shape if name == "reduce_scatter" else ("*",) + front.shape[1:]
-        out = self._run(name, arr.nbytes, lambda tag, dl: go(front, tag, dl),
-                        detail=f"axis {axis} shape {shape} dtype {arr.dtype} {detail}")
+        out = self._run(name, arr.nbytes,
+                        lambda tag, dl: native(front, dl) if use_native else ring(front, tag, dl),
+                        detail=f"axis {axis} shape {shape} dtype {arr.dtype} {detail}strategy "
+                               f"{'native' if use_native else 'ring'}")
         return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
     def barrier(self) -> None:
         """Return once every rank of the group has called barrier()."""
         self._run("barrier", 0, lambda tag, dl: self._t.native_barrier(dl))
-
-    def _native(self, strategy, what) -> bool:
-        if strategy is None:
-            return self.config.local_all_reduce.kind == "native"
-        s = str(strategy).lower()
-        if s not in ("ring", "native"):
-            raise ValueError(f"{what} strategy must be 'ring' or 'native', got {strategy!r}")
-        return s == "native"
 
     # ------------------------------------------------------------------ point to point
     def isend(self, x, dst: int, tag: int = 0) -> Work:
@@ -518,9 +510,3 @@ def _detail(arr, **fields) -> str:
 
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
-
-
-def _axis(axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"axis {axis} out of range for an array of {ndim} dimensions")
-    return axis % ndim

@@ -71,15 +71,6 @@ class Action:
     __str__ = __repr__
 
     @property
-    def is_forward(self) -> bool:
-        return self.kind == FORWARD
-
-    @property
-    def is_backward(self) -> bool:
-        """True for every kind of backward work (B, BI, BW)."""
-        return self.kind in (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
-
-    @property
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
 
@@ -176,6 +167,11 @@ class Schedule:
         """Inverse of :meth:`virtual_stage`: ``(stage, chunk)``."""
         return virtual_stage % self.num_stages, virtual_stage // self.num_stages
 
+    def where(self, virtual_stage: int) -> str:
+        """``stage s``, or ``stage s chunk c`` with several chunks (for messages)."""
+        s, c = self.locate(virtual_stage)
+        return f"stage {s}" + (f" chunk {c}" if self.num_chunks > 1 else "")
+
     def to_strings(self) -> list[list[str]]:
         """``[["F0", "B0"], ...]``: the easiest form to compare in a test."""
         return [[repr(a) for a in stage] for stage in self.stages]
@@ -186,8 +182,7 @@ class Schedule:
             f"stage {s}: " + " ".join(repr(a) for a in acts) for s, acts in enumerate(self.stages)
         )
 
-    def __str__(self) -> str:
-        return self.format()
+    __str__ = format
 
     def compute(self) -> Schedule:
         """This schedule without its communication actions."""

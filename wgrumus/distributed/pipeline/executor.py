@@ -1,12 +1,10 @@
 """PipelineExecutor: one thread per pipeline stage, following a schedule's action list exactly.
 
-Each stage thread walks its own list (``F``, ``B``, ``BI``, ``BW`` per micro-batch and chunk).
-Activations travel forward and gradients backward through bounded ``queue.Queue`` channels, one
-per pair of neighbouring (virtual) stages, already copied to the receiving stage's device.
-
 Each stage thread runs its list with communication (``add_send_recv``) through the one schedule
-interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too; the last stage computes
-``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss over the batch.
+interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too. Activations travel
+forward and gradients backward through bounded ``queue.Queue`` channels, one per pair of
+neighbouring (virtual) stages, already copied to the receiving stage's device; the last stage
+computes ``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss.
 
 ``jit=True``: each stage thread replays its whole action list from a ``wr.jit`` capture of its
 device's work (one per stage thread and loss function); its sends and receives are host
@@ -28,11 +26,13 @@ import time
 import traceback
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from ...autograd import GradientStore, Tape, no_grad
 from ...runtime.capture import host_op
 from ...runtime.errors import ShapeError, WgrumusError
-from ...tensor import tensor
-from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv, make_schedule
+from ...tensor import Tensor, tensor
+from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
 from .runtime import StageRunner
 from .schedules import get_schedule
 from .stage import PipelineStage
@@ -229,7 +229,7 @@ class PipelineExecutor:
                             f"num_chunks={num_chunks} only applies to schedule='interleaved'")
                     sched = get_schedule(key.replace("one-f-one-b", "1f1b"), n, m)
             elif isinstance(schedule, (Schedule, list, tuple)):
-                sched = validate(make_schedule(schedule))
+                sched = validate(schedule)
                 if sched.num_microbatches != m:
                     raise PipelineConfigError(
                         f"the schedule is for {sched.num_microbatches} micro-batches but the "
@@ -243,19 +243,10 @@ class PipelineExecutor:
                 raise PipelineConfigError(
                     f"schedule must be a name ('1f1b', 'gpipe', 'interleaved', 'zb_h1') or a "
                     f"Schedule, got {type(schedule).__name__}")
-        except PipelineConfigError:
-            raise
-        except ScheduleError as e:
+        except ScheduleError as e:  # (a PipelineConfigError is no ScheduleError: it passes)
             raise PipelineConfigError(f"cannot build pipeline schedule {schedule!r} for "
                                       f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
         return sched
-
-    def _virtual(self, s: int, chunk: int) -> int:
-        return chunk * self.num_stages + s
-
-    def _where(self, k: int) -> str:
-        s, c = k % self.num_stages, k // self.num_stages
-        return f"stage {s}" + (f" chunk {c}" if self.num_chunks > 1 else "")
 
     # ------------------------------------------------------------------ inputs
     def _split(self, data, what: str, device):
@@ -263,10 +254,8 @@ class PipelineExecutor:
         m = self.num_micro_batches
         if data is None:
             return [None] * m
-        from ...tensor import Tensor, tensor
         if not isinstance(data, Tensor):
             try:
-                import numpy as np
                 data = tensor(np.asarray(data), device=device)
             except Exception as e:
                 raise PipelineConfigError(
@@ -325,10 +314,11 @@ class PipelineExecutor:
             loss_fn=loss_fn, fwd=[None] * nv, bwd=[None] * nv,
             stores=[GradientStore() for _ in range(nv)],
             losses=[None] * m, records=[[] for _ in range(p)], t0=time.perf_counter())
+        where = self.schedule.where
         for k in range(nv - 1):
-            run.fwd[k + 1] = _Channel(f"activation {self._where(k)} -> {self._where(k + 1)}",
+            run.fwd[k + 1] = _Channel(f"activation {where(k)} -> {where(k + 1)}",
                                       self.channel_capacity, run.abort, run.timeout)
-            run.bwd[k] = _Channel(f"gradient {self._where(k + 1)} -> {self._where(k)}",
+            run.bwd[k] = _Channel(f"gradient {where(k + 1)} -> {where(k)}",
                                   self.channel_capacity, run.abort, run.timeout)
         return run
 
@@ -507,10 +497,11 @@ class _StageWork:
         except ShapeError as e:
             if k == 0:
                 raise
+            here, prev = ex.schedule.where(k), ex.schedule.where(k - 1)
             raise PipelineShapeError(
-                f"{ex._where(k)} cannot take the output of {ex._where(k - 1)}: it got an "
-                f"activation of shape {tuple(x.shape)} and raised: {e}; make {ex._where(k - 1)} "
-                f"produce what {ex._where(k)} expects (or cut the model elsewhere)") from e
+                f"{here} cannot take the output of {prev}: it got an activation of shape "
+                f"{tuple(x.shape)} and raised: {e}; make {prev} produce what {here} expects (or "
+                f"cut the model elsewhere)") from e
         if k < len(ex.stages) - 1:
             return out
         loss = run.loss_fn(out, run.targets[a.mb])
@@ -525,7 +516,7 @@ class _StageWork:
         return _activation_bytes(tape, self.input if x is None else x, out, self.ex.stages[k])
 
     def _who(self, a, k: int) -> str:
-        return f"{self.ex._where(k)} ({a!r})"
+        return f"{self.ex.schedule.where(k)} ({a!r})"
 
     def recv(self, a, k: int):
         self.start = self.start or time.perf_counter()
@@ -554,7 +545,7 @@ class _StageWork:
             return
         ex, t0 = self.ex, self.run.t0
         if ex.synchronize:
-            ex.stages[ex._virtual(self.s, a.chunk)].device.synchronize()
+            ex.stages[ex.schedule.virtual_stage(self.s, a.chunk)].device.synchronize()
             end = time.perf_counter()
         start = self.start or start
         got = None if self.got is None else self.got - t0

@@ -41,10 +41,9 @@ from .actions import (
     Schedule,
     ScheduleError,
 )
-from .timeline import SimResult, format_timeline, peak_in_flight, render, simulate, validate
+from .timeline import validate
 
-__all__ = ["gpipe", "one_f_one_b", "interleaved", "zb_h1", "get_schedule", "SCHEDULES", "validate",
-           "simulate", "render", "format_timeline", "peak_in_flight", "SimResult"]
+__all__ = ["gpipe", "one_f_one_b", "interleaved", "zb_h1", "get_schedule", "SCHEDULES"]
 
 
 def _check_sizes(name: str, p: int, m: int) -> None:

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...nn import Module, Sequential
+from .stage import PipelineStage, moved_to, parameters_of
+
 __all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", "num_parameters"]
 
 
 class StageChain:
     """Layers applied in order: a stage made of consecutive layers of a bigger model.
 
-    Used when ``wgrumus.nn.Sequential`` is not available; it has the two things
-    :class:`PipelineStage` needs, ``to(device)`` and ``parameters()``. The layers are the
+    Used when not every layer is an ``nn.Module`` (else ``nn.Sequential``); it has the two
+    things :class:`PipelineStage` needs, ``to(device)`` and ``parameters()``. The layers are the
     model's own objects (not copies), so training the stages trains the model.
     """
 
@@ -28,18 +31,13 @@ class StageChain:
         return x
 
     def to(self, device):
-        for i, layer in enumerate(self.layers):
-            to = getattr(layer, "to", None)
-            if callable(to):
-                moved = to(device)
-                if moved is not None and callable(moved):
-                    self.layers[i] = moved
+        self.layers = [moved_to(layer, device) for layer in self.layers]
         return self
 
     def parameters(self):
         seen = set()
         for layer in self.layers:
-            for p in _params(layer):
+            for p in parameters_of(layer):
                 if id(p) not in seen:
                     seen.add(id(p))
                     yield p
@@ -54,13 +52,8 @@ class StageChain:
         return "StageChain(" + ", ".join(type(l).__name__ for l in self.layers) + ")"
 
 
-def _params(layer) -> list:
-    ps = getattr(layer, "parameters", None)
-    return list(ps()) if callable(ps) else []
-
-
 def num_parameters(layer) -> int:
-    return sum(int(p.numel()) for p in _params(layer))
+    return sum(int(p.numel()) for p in parameters_of(layer))
 
 
 def balanced_partition(weights: Sequence[int], p: int) -> list[int]:
@@ -106,12 +99,8 @@ def _layers_of(model) -> list:
 
 
 def _chain(layers: list):
-    """``nn.Sequential`` when nn exists and every layer is a Module (so state_dict, train/eval
-    work on the stage); otherwise a :class:`StageChain`."""
-    try:
-        from ...nn import Module, Sequential
-    except ImportError:
-        return StageChain(layers)
+    """``nn.Sequential`` when every layer is a Module (so state_dict, train/eval work on the
+    stage); otherwise a :class:`StageChain`."""
     if all(isinstance(l, Module) for l in layers):
         return Sequential(*layers)
     return StageChain(layers)
@@ -143,7 +132,6 @@ def _place(stages: list, devices):
     if len(devices) != len(stages):
         raise ValueError(f"got {len(devices)} device(s) for {len(stages)} stages; pass one "
                          f"device per stage")
-    from .stage import PipelineStage
     return [PipelineStage(st, d) for st, d in zip(stages, devices)]
 
 
@@ -151,23 +139,16 @@ def _place(stages: list, devices):
 # GPT
 # ---------------------------------------------------------------------------------------------
 
-class GPTEmbedding:
+class GPTEmbedding(Module):
     """The first piece of an ``nn.GPT``: its ``embed`` (token + position embeddings, dropout),
-    with the two embeddings as its parameters (moved with it)."""
+    holding the two embeddings (so they are its parameters and move with it)."""
 
     def __init__(self, gpt):
-        self.layers, self.embed = [gpt.wte, gpt.wpe], gpt.embed
+        super().__init__()
+        self.wte, self.wpe, self.drop, self._embed = gpt.wte, gpt.wpe, gpt.drop, gpt.embed
 
-    def __call__(self, idx):
-        return self.embed(idx)
-
-    def to(self, device):
-        for m in self.layers:
-            m.to(device)
-        return self
-
-    def parameters(self):
-        return [p for m in self.layers for p in m.parameters()]
+    def forward(self, idx):
+        return self._embed(idx)
 
 
 def split_gpt(gpt, p: int, devices=None) -> list:

@@ -27,24 +27,13 @@ class PipelineStage:
                 f"PipelineStage needs a module or a function (something callable), got "
                 f"{type(module_or_fn).__name__}")
         self.device = get_device(device)
-        mod = module_or_fn
-        to = getattr(mod, "to", None)
-        if callable(to):
-            moved = to(self.device)
-            # nn.Module.to moves in place and returns self; a functional wrapper may return a
-            # new object: keep whichever is the moved one.
-            if moved is not None and callable(moved):
-                mod = moved
-        self.module = mod
+        self.module = moved_to(module_or_fn, self.device)
         self._check_placement()
 
     # ------------------------------------------------------------------ parameters
     def parameters(self) -> list:
         """The stage's trainable tensors (empty for a plain function)."""
-        params = getattr(self.module, "parameters", None)
-        if not callable(params):
-            return []
-        return list(params())
+        return parameters_of(self.module)
 
     def num_parameters(self) -> int:
         return sum(int(p.numel()) for p in self.parameters())
@@ -69,6 +58,20 @@ class PipelineStage:
     def __repr__(self) -> str:
         name = getattr(self.module, "__name__", None) or type(self.module).__name__
         return f"PipelineStage({name}, device={self.device.index}, params={self.num_parameters()})"
+
+
+def moved_to(obj, device):
+    """``obj.to(device)`` for anything with a ``to``: nn.Module.to moves in place and returns
+    self; a functional wrapper may return a new object, which is then the moved one."""
+    to = getattr(obj, "to", None)
+    moved = to(device) if callable(to) else None
+    return moved if moved is not None and callable(moved) else obj
+
+
+def parameters_of(obj) -> list:
+    """``obj.parameters()`` as a list; empty for an object without (a plain function)."""
+    ps = getattr(obj, "parameters", None)
+    return list(ps()) if callable(ps) else []
 
 
 def _to_device(x, device):

@@ -225,21 +225,18 @@ def _needs(sched: Schedule, stage: int, a: Action) -> list[tuple[tuple, str]]:
     k = sched.virtual_stage(stage, a.chunk)
     last = sched.num_virtual_stages - 1
 
-    def where(vs: int) -> str:
-        s, c = sched.locate(vs)
-        return f"stage {s}" + (f" chunk {c}" if sched.num_chunks > 1 else "")
-
     def name(kind: str, vs: int) -> str:
         return repr(Action(kind, a.mb, sched.locate(vs)[1]))
 
     if a.kind == FORWARD:
-        return [(("F", a.mb, k - 1), f"{name(FORWARD, k - 1)} on {where(k - 1)}")] if k > 0 else []
+        return [(("F", a.mb, k - 1), f"{name(FORWARD, k - 1)} on {sched.where(k - 1)}")] \
+            if k > 0 else []
     if a.kind == BACKWARD_WEIGHT:
-        return [(("G", a.mb, k), f"{name(BACKWARD_INPUT, k)} on {where(k)}")]
-    needs = [(("F", a.mb, k), f"{name(FORWARD, k)} on {where(k)}")]
+        return [(("G", a.mb, k), f"{name(BACKWARD_INPUT, k)} on {sched.where(k)}")]
+    needs = [(("F", a.mb, k), f"{name(FORWARD, k)} on {sched.where(k)}")]
     if k < last:
         nxt = f"{name(BACKWARD, k + 1)}/{name(BACKWARD_INPUT, k + 1)}"
-        needs.append((("G", a.mb, k + 1), f"{nxt} on {where(k + 1)}"))
+        needs.append((("G", a.mb, k + 1), f"{nxt} on {sched.where(k + 1)}"))
     return needs
 
 
@@ -495,5 +492,3 @@ def _title(res: SimResult, slot: Fraction) -> str:
             + f" ({durs_txt}{unit}): makespan {res.makespan:g}, "
             f"bubble {100 * res.bubble_fraction:.1f}%")
 
-
-format_timeline = render

@@ -24,12 +24,9 @@ from .mappings import (
 from .shard import check_heads
 
 
-def _world(group) -> int:
-    return 1 if group is None else group.world_size
-
-
-def _rank(group) -> int:
-    return 0 if group is None else group.rank
+def world_rank(group) -> tuple[int, int]:
+    """(TP world size, this rank's index) of ``group``; None is one rank (dense)."""
+    return (1, 0) if group is None else (group.world_size, group.rank)
 
 
 def column_parallel_linear(x, weight, bias, group, gather_output=False,
@@ -68,7 +65,7 @@ def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num
     (q of my heads, k of my heads, v of my heads) (``shard.shard_array(w, "qkv", ...)`` makes
     it from PyTorch's in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns
     [B, T, E] on every rank."""
-    h = check_heads(num_heads, _world(group))
+    h = check_heads(num_heads, world_rank(group)[0])
     qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3 * E / tp]
     o = causal_self_attention(qkv, h, causal)  # nn's attention node, on my heads
     return row_parallel_linear(o, proj_weight, proj_bias, group)
@@ -91,19 +88,19 @@ def _one_hot_shard(ids: Tensor, start: int, size: int) -> Tensor:
 
 def vocab_range(vocab: int, group) -> tuple[int, int]:
     """[start, end) of the vocabulary rows this TP rank holds."""
-    tp = _world(group)
+    tp, r = world_rank(group)
     if vocab % tp:
         raise ShapeError(f"vocabulary of {vocab} cannot be split across {tp} tensor-parallel "
                          f"ranks; pad the vocabulary to a multiple of {tp}")
     k = vocab // tp
-    return _rank(group) * k, (_rank(group) + 1) * k
+    return r * k, (r + 1) * k
 
 
 def vocab_parallel_embedding(ids: Tensor, weight: Tensor, group) -> Tensor:
     """Embedding rows split by vocabulary: each rank looks up the ids it holds (a one-hot
     matmul on its shard, zero for the others) and the partial rows are summed over TP."""
     vs = weight.shape[0]
-    start = _rank(group) * vs
+    start = world_rank(group)[1] * vs
     oh = _one_hot_shard(ids, start, vs)
     out = reduce_from_tp_region(oh @ weight, group)
     return reshape(out, tuple(ids.shape) + (weight.shape[1],))
@@ -118,17 +115,18 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
     if targets.numel() != n:
         raise ShapeError(f"vocab_parallel_cross_entropy: {n} rows of logits but {targets.numel()} "
                          f"targets; pass one target id per row of logits")
-    start = _rank(group) * vs
+    tp, r = world_rank(group)
+    start = r * vs
     x2 = reshape(logits, (n, vs))
     with no_grad():
         oh = _one_hot_shard(targets, start, vs)
         m = x2.max(axis=1, keepdims=True)
-        if _world(group) > 1:
+        if tp > 1:
             m = group.all_reduce(m, "max")
         e = (x2 - m).exp()
         s = e.sum(axis=1, keepdims=True)
         tl = (x2 * oh).sum(axis=1, keepdims=True)
-        if _world(group) > 1:
+        if tp > 1:
             st = group.all_reduce(_stack2(s, tl), "sum")
             s, tl = st[:, 0:1], st[:, 1:2]
         loss = (s.log() + m - tl).mean()

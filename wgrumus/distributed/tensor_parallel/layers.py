@@ -24,10 +24,6 @@ def _device(group, device):
     return get_device(None)
 
 
-def _world_rank(group):
-    return (1, 0) if group is None else (group.world_size, group.rank)
-
-
 def _param(arr, device):
     return nn.Parameter(tensor(np.asarray(arr, np.float32), device=device))
 
@@ -64,10 +60,10 @@ class _ParallelLinear(_TPModule):
     """What Column and Row share: the dense weight (given, or seeded so every rank draws the
     same one) is cut by ``tp_modes``, so the shards are always slices of one dense layer."""
 
-    def __init__(self, in_features, out_features, group, bias, sequence_parallel, weight,
-                 bias_value, seed, device):
+    def __init__(self, in_features, out_features, group, bias=True, *, sequence_parallel=False,
+                 weight=None, bias_value=None, seed=0, device=None):
         super().__init__()
-        world, rank = _world_rank(group)
+        world, rank = F.world_rank(group)
         self.group, self.sequence_parallel = group, sequence_parallel
         self.in_features, self.out_features = in_features, out_features
         dev = _device(group, device)
@@ -89,10 +85,8 @@ class ColumnParallelLinear(_ParallelLinear):
     W[r*out/tp:(r+1)*out/tp]. ``gather_output`` all-gathers Y's features on every rank."""
     tp_modes = {"weight": COLUMN, "bias": COLUMN}
 
-    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
-                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
-        super().__init__(in_features, out_features, group, bias, sequence_parallel, weight,
-                         bias_value, seed, device)
+    def __init__(self, in_features, out_features, group, bias=True, gather_output=False, **kw):
+        super().__init__(in_features, out_features, group, bias, **kw)
         self.gather_output = gather_output
 
     def forward(self, x, activation=None):
@@ -108,9 +102,8 @@ class RowParallelLinear(_ParallelLinear):
     tp_modes = {"weight": ROW, "bias": REPLICATE}
 
     def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
-                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
-        super().__init__(in_features, out_features, group, bias, sequence_parallel, weight,
-                         bias_value, seed, device)
+                 **kw):
+        super().__init__(in_features, out_features, group, bias, **kw)
         self.input_is_parallel = input_is_parallel
 
     def forward(self, x):
@@ -150,7 +143,7 @@ class ParallelSelfAttention(_TPModule):
     def __init__(self, embed_dim, num_heads, group, qkv_weight, qkv_bias, proj_weight, proj_bias,
                  causal=True, device=None):
         super().__init__()
-        world, rank = _world_rank(group)
+        world, rank = F.world_rank(group)
         self.group, self.embed_dim, self.num_heads, self.causal = group, embed_dim, num_heads, \
             causal
         dev = _device(group, device)
@@ -182,7 +175,7 @@ class VocabParallelEmbedding(_TPModule):
 
     def __init__(self, num_embeddings, embedding_dim, group, weight=None, seed=0, device=None):
         super().__init__()
-        world, rank = _world_rank(group)
+        world, rank = F.world_rank(group)
         F.vocab_range(num_embeddings, group)  # clear error when V % tp != 0
         self.group, self.num_embeddings, self.embedding_dim = group, num_embeddings, \
             embedding_dim

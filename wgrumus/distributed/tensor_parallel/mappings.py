@@ -15,8 +15,8 @@ and outputs are Tensors on the rank's device. A group of one rank makes every ma
 from __future__ import annotations
 
 from ...autograd.tape import record
-from ...runtime.errors import ShapeError
 from ...tensor import Tensor
+from .shard import part_size
 
 
 def _alias(x: Tensor) -> Tensor:
@@ -24,19 +24,11 @@ def _alias(x: Tensor) -> Tensor:
     return Tensor(x._storage, x.shape, x.strides, x.offset, x.dtype)
 
 
-def _split_bounds(n: int, world: int, rank: int, what: str) -> tuple[int, int]:
-    if n % world:
-        raise ShapeError(f"{what}: size {n} is not divisible by the {world} tensor-parallel "
-                         f"ranks; choose sizes that are multiples of {world}")
-    k = n // world
-    return rank * k, (rank + 1) * k
-
-
 def _take(x: Tensor, axis: int, group) -> Tensor:
     """This rank's equal part of ``x`` along ``axis`` (a contiguous copy; no communication)."""
     axis %= x.ndim
-    a, b = _split_bounds(x.shape[axis], group.world_size, group.rank,
-                         f"splitting axis {axis} of shape {x.shape}")
+    k = part_size(x.shape[axis], group.world_size, f"axis {axis} of shape {x.shape}")
+    a, b = group.rank * k, (group.rank + 1) * k
     from ...autograd.tape import no_grad
     from ...ops.elementwise import contiguous
     from ...ops.shape import getitem
@@ -105,8 +97,8 @@ def reduce_scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) 
     """Reduce-scatter SUM along the sequence ``axis`` (leaving a row-parallel region: the sum
     of partial results, each rank keeping its part of the sequence); backward all-gathers."""
     def forward(t):
-        _split_bounds(t.shape[axis % t.ndim], group.world_size, group.rank,
-                      f"reduce-scatter of axis {axis} of shape {t.shape}")
+        part_size(t.shape[axis % t.ndim], group.world_size,  # equal parts, as Megatron's
+                  f"reduce-scatter of axis {axis} of shape {t.shape}")
         return group.reduce_scatter(t, "sum", axis=axis % t.ndim)
     return _mapping("reduce_scatter_to_sequence_parallel_region", x, group, forward,
                     lambda g: _gather(g, axis, group))

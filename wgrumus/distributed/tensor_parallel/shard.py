@@ -16,7 +16,8 @@ COLUMN, ROW, QKV, VOCAB, REPLICATE = "column", "row", "qkv", "vocab", "replicate
 MODES = (COLUMN, ROW, QKV, VOCAB, REPLICATE)
 
 
-def _check(n: int, world: int, what: str) -> int:
+def part_size(n: int, world: int, what: str) -> int:
+    """``n / world``: each rank's equal part of ``what``, or ShapeError when it does not split."""
     if n % world:
         raise ShapeError(f"{what} of size {n} cannot be split evenly across {world} tensor-"
                          f"parallel ranks; choose a tp that divides {n}")
@@ -33,7 +34,7 @@ def check_heads(num_heads: int, world: int) -> int:
 
 def split(arr: np.ndarray, world: int, rank: int, axis: int) -> np.ndarray:
     """Rank ``rank``'s equal part of ``arr`` along ``axis``."""
-    k = _check(arr.shape[axis], world, f"axis {axis} of {arr.shape}")
+    k = part_size(arr.shape[axis], world, f"axis {axis} of {arr.shape}")
     return np.ascontiguousarray(np.take(arr, range(rank * k, (rank + 1) * k), axis=axis))
 
 

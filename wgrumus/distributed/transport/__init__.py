@@ -1,16 +1,6 @@
 """Point-to-point transports (and each backend's own collectives) under one small interface:
 threads.py (ranks are threads) and mpi.py (ranks are processes); here the helpers both share.
 
-``ThreadTransport``: ranks are threads of this process. Each destination has a mailbox of bounded
-per-source queues; a message is a numpy array (copied on send unless the sender hands over an
-array it will never touch again), matched by (source, tag). Liveness is known exactly: a rank whose
-thread ended or failed wakes every rank waiting on it.
-
-``MPITransport``: ranks are processes under ``mpiexec``. Sends and receives are nonblocking
-(Isend/Irecv/Iprobe) and polled against a deadline, because a blocking MPI call cannot time out;
-collectives of the "native" strategy use MPI's nonblocking collectives the same way. A failing
-rank sends an abort notice on a reserved tag that every waiting rank polls for.
-
 Interface used by ``collectives`` and ``process_group``::
 
     isend(dst, tag, arr, deadline, owned=False) -> request     (arr unchanged until waited)
@@ -98,12 +88,7 @@ def mismatch_error(seq: int, group: str, mine: tuple, first: tuple) -> Collectiv
                            "order, with the same op, root, strategy, dtype and shape", rank=r)
 
 
-class _Done:
-    """A send that already completed (thread transport)."""
-    __slots__ = ()
-
-
-_DONE = _Done()
+_DONE = object()  # the request of a send that already completed (thread transport)
 
 
 class _Liveness:

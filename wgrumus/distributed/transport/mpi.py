@@ -1,5 +1,7 @@
-"""The MPI backend's transport: ranks are processes under mpiexec; every wait is a poll against
-a deadline, and a failing rank tells the others on a reserved tag."""
+"""The MPI backend's transport: ranks are processes under ``mpiexec``. Sends and receives are
+nonblocking (Isend/Irecv/Iprobe) and polled against a deadline, because a blocking MPI call cannot
+time out; collectives of the "native" strategy use MPI's nonblocking collectives the same way. A
+failing rank sends an abort notice on a reserved tag that every waiting rank polls for."""
 from __future__ import annotations
 
 import hashlib
@@ -7,7 +9,6 @@ import time
 
 import numpy as np
 
-from ..barrier import check_op
 from ..errors import CollectiveError
 from . import (
     _DONE,
@@ -205,7 +206,8 @@ class MPITransport(_Liveness):
             raise mismatch_error(seq, "world" if self.comm is self.state.comm else "subgroup",
                                  (r, *b), (0, *a))
 
-    # -- native collectives: MPI's own, nonblocking and polled
+    # -- native collectives: MPI's own, nonblocking and polled (ProcessGroup's agree() has
+    #    checked that the ranks pass the same dtype and shape)
     def _mpi_type(self, dtype):
         # Predefined types only: MPI defines reductions on those, not on derived duplicates.
         t = self.MPI._typedict.get(np.dtype(dtype).char)
@@ -226,7 +228,6 @@ class MPITransport(_Liveness):
             raise CollectiveError(f"rank {self.rank}: MPI {what} failed: {e}") from e
 
     def native_all_reduce(self, arr, op, deadline):
-        check_op(op, arr.dtype)
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr)
         self._run(lambda: self.comm.Iallreduce([arr, t], [out, t], self._op(op)), deadline,
@@ -236,7 +237,6 @@ class MPITransport(_Liveness):
         return out
 
     def native_reduce(self, arr, op, root, deadline):
-        check_op(op, arr.dtype)
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr) if self.rank == root else None
         self._run(lambda: self.comm.Ireduce([arr, t], [out, t] if out is not None else None,
@@ -255,24 +255,18 @@ class MPITransport(_Liveness):
 
     def native_all_gather(self, arr, deadline):
         tail = arr.shape[1:]
-        row = int(np.prod(tail, dtype=np.int64))
-        meta = np.array([arr.shape[0], row, arr.dtype.itemsize], dtype=np.int64)
-        metas = np.empty((self.size, 3), dtype=np.int64)
-        self._run(lambda: self.comm.Iallgather([meta, self.MPI.INT64_T],
-                                               [metas, self.MPI.INT64_T]), deadline, "Iallgather")
-        if (metas[:, 1:] != meta[1:]).any():
-            raise CollectiveError("all_gather: ranks passed different dtypes or shapes after "
-                                  f"dim 0 (rows, row size, itemsize per rank: {metas.tolist()})")
-        counts = metas[:, 0] * row * arr.dtype.itemsize
+        mine, rows = np.array([arr.shape[0]], np.int64), np.empty(self.size, np.int64)
+        self._run(lambda: self.comm.Iallgather([mine, self.MPI.INT64_T],
+                                               [rows, self.MPI.INT64_T]), deadline, "Iallgather")
+        counts = rows * int(np.prod(tail, dtype=np.int64)) * arr.dtype.itemsize
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        out = np.empty((int(metas[:, 0].sum()),) + tail, dtype=arr.dtype)
+        out = np.empty((int(rows.sum()),) + tail, dtype=arr.dtype)
         B = self.MPI.BYTE
         self._run(lambda: self.comm.Iallgatherv(self._bytes(arr), [out, (counts, displs), B]),
                   deadline, "Iallgatherv")
         return out
 
     def native_reduce_scatter(self, arr, op, deadline):
-        check_op(op, arr.dtype)
         t = self._mpi_type(arr.dtype)
         row = int(np.prod(arr.shape[1:], dtype=np.int64))
         b = split_bounds(arr.shape[0], self.size)
@@ -297,14 +291,3 @@ class MPITransport(_Liveness):
         if sub == MPI.COMM_NULL:
             return None
         return MPITransport(sub, self.timeout, self.state)
-
-    def check(self) -> None:
-        """Raise CollectiveError if a peer sent an abort notice."""
-        self.state.raise_if_failed()
-
-    def abort(self, err: BaseException) -> None:
-        self.state.abort(err)
-
-    @property
-    def failed(self) -> CollectiveError | None:
-        return self.state.error

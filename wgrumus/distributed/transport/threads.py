@@ -1,5 +1,8 @@
-"""The thread backend's transport: ranks are threads of this process, exchanging numpy arrays
-through per-destination mailboxes; a ThreadWorld holds what the ranks share."""
+"""The thread backend's transport: ranks are threads of this process (a ThreadWorld holds what
+they share). Each destination has a mailbox of bounded per-source queues; a message is a numpy
+array (copied on send unless the sender hands over an array it will never touch again), matched
+by (source, tag). Liveness is known exactly: a rank whose thread ended or failed wakes every rank
+waiting on it."""
 from __future__ import annotations
 
 import collections
@@ -204,7 +207,8 @@ class ThreadTransport(_Liveness):
         if first[1:] != (name, detail):
             raise mismatch_error(seq, w.name, (self.rank, name, detail), first)
 
-    # -- native collectives: the world's shared-memory barrier
+    # -- native collectives: the world's shared-memory barrier (ProcessGroup's agree() has
+    #    checked that the ranks pass the same dtype and shape)
     def _left(self, deadline):
         return max(deadline - time.monotonic(), 1e-6)
 
@@ -226,18 +230,12 @@ class ThreadTransport(_Liveness):
 
     def native_all_gather(self, arr, deadline):
         items = self.world.barrier.gather(arr, self.rank, self._left(deadline))
-        _check_gather_items(items)
         out = np.concatenate(items, axis=0)
         self.world.barrier.wait(self.rank, self._left(deadline))
         return out
 
     def native_reduce_scatter(self, arr, op, deadline):
         items = self.world.barrier.gather(arr, self.rank, self._left(deadline))
-        for r, a in enumerate(items):
-            if a.shape != arr.shape or a.dtype != arr.dtype:
-                raise CollectiveError(f"reduce_scatter: rank {r} passed {a.dtype} {a.shape}, "
-                                      f"rank {self.rank} {arr.dtype} {arr.shape}; all ranks "
-                                      f"must pass the same dtype and shape")
         b = split_bounds(arr.shape[0], self.size)
         lo, hi = b[self.rank], b[self.rank + 1]
         out = np.empty((hi - lo,) + arr.shape[1:], dtype=arr.dtype)
@@ -263,12 +261,3 @@ def _take_tagged(q, tag):
             del q[i]
             return a
     return None
-
-
-def _check_gather_items(items) -> None:
-    first = items[0]
-    for r, a in enumerate(items):
-        if a.dtype != first.dtype or a.shape[1:] != first.shape[1:]:
-            raise CollectiveError(f"all_gather: rank {r} passed {a.dtype} {a.shape}, rank 0 "
-                                  f"{first.dtype} {first.shape}; all ranks need the same dtype "
-                                  "and the same shape after dim 0")
