@@ -10,7 +10,11 @@
 //   2 (either): any strides, element-wise gathers (the fallback for odd strides/sizes).
 // Words: 0 M, 1 N, 2 K, 3..6 A (offset, batch, row, col stride), 7..10 B (same), 11 C offset,
 // 12 batch offset (for batches split over several dispatches), 15 K per slice (split-K),
-// 16 batches in all.
+// 16 batches in all; with TWO (a two-level batch and/or a strided C, no split-K): 17 inner
+// batches (batch bz is outer bz / w17, inner bz % w17), 18 / 19 A's / B's inner batch stride
+// (4 / 8: outer), 20 / 21 / 22 C's outer / inner batch and row strides. Attention's head views
+// of a packed [B, T, 3, H, d] projection so need no copy, and its products store into heads
+// merged in place.
 // Variants (ops/matmul.py's table picks them per adapter and shape):
 //   SPLIT > 1: split-K, workgroup z = batch * SPLIT + slice; slice s covers K [s * w15, ...) and
 //     stores its partial product at C + (s * w16 + batch) * M * N (f32; the host adds them up).
@@ -45,6 +49,7 @@ const BM: u32 = {{BM}}u;
 const SWZ: u32 = {{SWZ}}u;
 const SPLIT: u32 = {{SPLIT}}u;
 const EXACT: bool = {{EXACT}};
+const TWO: bool = {{TWO}};
 const CAUSAL: u32 = {{CAUSAL}}u;  // 0, or a part of ops/matmul.py's CAUSAL_PARTS
 
 const ABUF: u32 = {{ABUF}}u;  // quads per buffer of As (BK * TQPA, or TILEM * TQPA with AK)
@@ -138,10 +143,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         kbeg = slice * pu(15u);
         K = min(K, kbeg + pu(15u));
     }
-    let a0 = pu(3u) + bz * pu(4u);
+    var bo = bz;
+    var bi = 0u;
+    if (TWO) {
+        bo = bz / pu(17u);
+        bi = bz % pu(17u);
+    }
+    let a0 = pu(3u) + bo * pu(4u) + bi * pu(18u);
     let ars = pu(5u);
     let acs = pu(6u);
-    let b0 = pu(7u) + bz * pu(8u);
+    let b0 = pu(7u) + bo * pu(8u) + bi * pu(19u);
     let brs = pu(9u);
     let bcs = pu(10u);
     // Grouped order (SWZ > 0): consecutive workgroups walk SWZ tile rows column by column, so
@@ -193,7 +204,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     }
 
     // Invocation (tx, ty) owns rows (ty + 16 i) * 4 + r and columns (tx + 16 j) * 4 + e.
-    let c0 = pu(11u) + (slice * pu(16u) + bz) * M * N;
+    var c0 = pu(11u) + (slice * pu(16u) + bz) * M * N;
+    var cr = N;  // C's row stride
+    if (TWO) {
+        c0 = pu(11u) + bo * pu(20u) + bi * pu(21u);
+        cr = pu(22u);
+    }
     let full = EXACT || col0 + TILEN <= N;
 {{STORE}}
 }

@@ -57,11 +57,14 @@ def _heads(rng, B, T, H, d):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tex", [True, False])
 @pytest.mark.parametrize("B,T,H,d", [(3, 9, 5, 6), (2, 5, 3, 8), (1, 12, 2, 4), (2, 17, 4, 16)])
-def test_two_level_batch_matches_numpy(monkeypatch, rng, tex, B, T, H, d):
-    """Attention's head views (batch dims that collapse into no single stride) in one CPU
-    kernel each, no copy: q @ k^T and p @ v (p contiguous, v a view), odd sizes, FLAT (T <= 8)
-    and blocked launches, texture and storage operands."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+@pytest.mark.parametrize("cpu", [True, False])
+def test_two_level_batch_matches_numpy(monkeypatch, rng, tex, B, T, H, d, cpu):
+    """Attention's head views (batch dims that collapse into no single stride) in one kernel
+    each, no copy: q @ k^T and p @ v (p contiguous, v a view), odd sizes; the CPU kernel's
+    FLAT (T <= 8) and blocked launches, texture and storage operands, and the tiled one."""
+    if not cpu and not tex:
+        pytest.skip("(textures are a CPU-kernel choice)")
+    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
     monkeypatch.setattr(mm, "CPU_TEX", tex)
     (q, k, v), (qn, kn, vn) = _heads(rng, B, T, H, d)
     dev = q.device
@@ -77,10 +80,11 @@ def test_two_level_batch_matches_numpy(monkeypatch, rng, tex, B, T, H, d):
 
 
 @pytest.mark.timeout(300)
-def test_two_level_batch_past_65535_batches(monkeypatch, rng):
+@pytest.mark.parametrize("cpu", [True, False])
+def test_two_level_batch_past_65535_batches(monkeypatch, rng, cpu):
     """65,538 [9, 4] @ [4, 9] products of a two-level batch: the launch is split over z (65,535
     a dispatch) and each part's global batch index still splits into (outer, inner)."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
     B, T, H = 2, 9, 32769
     (q, k, _), (qn, kn, _) = _heads(rng, B, T, H, 4)
     s = (q @ k.transpose(-1, -2)).numpy()
@@ -94,10 +98,13 @@ def test_two_level_batch_past_65535_batches(monkeypatch, rng):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("tex", [True, False])
 @pytest.mark.parametrize("B,T,H,d", [(3, 9, 5, 6), (2, 5, 3, 8), (1, 12, 1, 4), (2, 17, 4, 16)])
-def test_matmul_into_strided_output_matches_numpy(monkeypatch, rng, tex, B, T, H, d):
+@pytest.mark.parametrize("cpu", [True, False])
+def test_matmul_into_strided_output_matches_numpy(monkeypatch, rng, tex, B, T, H, d, cpu):
     """p @ v stored into the merged heads [B, T, H, d] (C rows contiguous, batch strides d and
-    T * H * d): one dispatch, every other element of the buffer untouched."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    T * H * d): one dispatch, every other element of the buffer untouched (both kernels)."""
+    if not cpu and not tex:
+        pytest.skip("(textures are a CPU-kernel choice)")
+    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
     monkeypatch.setattr(mm, "CPU_TEX", tex)
     (_, _, v), (_, _, vn) = _heads(rng, B, T, H, d)
     p = rng.standard_normal((B, H, T, T)).astype(np.float32)
@@ -117,9 +124,6 @@ def test_matmul_into_rejects_what_it_cannot_store(monkeypatch):
         mm.matmul_into(a, b, Tensor.empty((2, 3, 6, 4)).transpose(-1, -2))
     with pytest.raises(wr.WgrumusError, match="K > 0"):
         mm.matmul_into(a, b, Tensor.empty((2, 3, 5, 6)))
-    monkeypatch.setattr(mm, "CPU_KERNEL", False)
-    with pytest.raises(ValueError, match="CPU kernel only"):
-        mm.matmul_into(a, b, Tensor.empty((2, 3, 4, 6)))
 
 
 def _attention_ref(x, H, g):

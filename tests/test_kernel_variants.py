@@ -307,20 +307,26 @@ def test_row_variant_cross_entropy_device_target_check(rng, monkeypatch):
                          indirect=True)
 @pytest.mark.parametrize("T", [130, 256])
 def test_causal_matmul_parts_match_numpy(variant, rng, T):
-    """causal_matmul's parts against numpy (ragged and whole tiles): the scores on and below
-    the diagonal, and products of a triangular A whose K ranges stop / start at it."""
-    n, d = 3, 24
-    q, k = (rng.standard_normal((n, T, d)).astype(np.float32) for _ in range(2))
-    s = mm.causal_matmul(wr.tensor(q), wr.tensor(k).transpose(-1, -2), "out").numpy()
+    """matmul_into's causal parts against numpy (ragged and whole tiles, [B, H, T, d] head
+    views of a packed projection, merged-head outputs): the scores on and below the diagonal,
+    and products of a triangular A whose K ranges stop / start at it."""
+    B, H, d = 2, 3, 24
+    x = rng.standard_normal((B, T, 2, H, d)).astype(np.float32)
+    q, k = (wr.tensor(x).permute(2, 0, 3, 1, 4)[i] for i in range(2))
+    qn, kn = (x.transpose(2, 0, 3, 1, 4)[i] for i in range(2))
+    s = mm.matmul_into(q, k.transpose(-1, -2), wr.Tensor.empty((B, H, T, T)), "out").numpy()
     lower = np.tril(np.ones((T, T), bool))
-    np.testing.assert_allclose(s[:, lower], (q @ k.transpose(0, 2, 1))[:, lower], rtol=1e-4,
-                               atol=1e-4)
-    p = rng.standard_normal((n, T, T)).astype(np.float32)
+    np.testing.assert_allclose(s[:, :, lower], (qn @ kn.transpose(0, 1, 3, 2))[:, :, lower],
+                               rtol=1e-4, atol=1e-4)
+    p = rng.standard_normal((B, H, T, T)).astype(np.float32)
     for part, a in (("a_lower", np.tril(p)), ("a_upper", np.triu(p))):
-        got = mm.causal_matmul(wr.tensor(a), wr.tensor(q), part).numpy()
-        np.testing.assert_allclose(got, a @ q, rtol=1e-4, atol=1e-4)
-    with pytest.raises(wr.WgrumusError, match="not causal-shaped"):
-        mm.causal_matmul(wr.tensor(q), wr.tensor(k), "a_lower")
+        y = wr.Tensor.empty((B, T, H, d))
+        mm.matmul_into(wr.tensor(a), q, y.permute(0, 2, 1, 3), part)
+        np.testing.assert_allclose(y.numpy(), (a @ qn).transpose(0, 2, 1, 3), rtol=1e-4,
+                                   atol=1e-4)
+    with pytest.raises(wr.WgrumusError, match="part 'a_lower' needs"):
+        mm.matmul_into(q, k.transpose(-1, -2)[..., :d, :], wr.Tensor.empty((B, H, T, T)),
+                       "a_lower")
 
 
 @pytest.mark.timeout(300)

@@ -23,7 +23,7 @@ from ..tensor import Tensor, check_same_device, float32
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, run_map, saved_output
-from .matmul import causal_matmul, linear_2d, matmul, matmul_into, use_cpu_kernel
+from .matmul import linear_2d, matmul, matmul_into
 from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
@@ -172,60 +172,48 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
     fused = prefer_fused(dev, B * H, d, T, T)
-    # CPU kernel, unfused: the matmuls read the heads in place ([B, H, T, d] views of qkv and
-    # of the output gradient) and store the merged output and d(qkv) in place (matmul_into):
-    # no head-splitting or merging copies forward or backward
-    in_place = not fused and use_cpu_kernel(dev)
-    part = (lambda name: name) if causal else (lambda name: None)  # causal_matmul's parts
+    # Unfused: the matmuls read the heads in place ([B, H, T, d] views of qkv and of the output
+    # gradient) and store the merged output and d(qkv) in place (matmul_into): no head
+    # splitting or merging copies; with a causal mask they skip what it hides.
+    part = (lambda name: name) if causal else (lambda name: None)
     with no_grad():
         src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
             else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
-        # [B, T, 3, H, d] -> [3, B, H, T, d]: one copy splits q, k, v into heads (or views)
+        # [B, T, 3, H, d] -> [3, B, H, T, d]: q, k, v as head views (fused: one copy)
         heads = permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4))
-        if in_place:
-            q, k, v = (heads[i] for i in range(3))
-        else:
+        if fused:
             heads = contiguous(heads)
             n = B * H * T * d
             q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
                               heads.dtype) for i in range(3))
-        if fused:
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
-        elif in_place:
-            p = softmax(matmul(q, transpose(k, -1, -2)), -1, scale=scale, causal=causal)
-        else:  # (causal: the matmuls skip what the mask hides)
-            p = softmax(causal_matmul(q, transpose(k, -1, -2), part("out")), -1, scale=scale,
-                        causal=causal)
-            o = causal_matmul(p, v, part("a_lower"))
-        if in_place:  # the product stored into the merged heads [B, T, H, d]
-            y = Tensor.empty((B, T, E), dev, float32)
-            matmul_into(p, v, permute(reshape(y, (B, T, H, d)), (0, 2, 1, 3)))
-        else:
             y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
             y = Tensor(y._storage, (B, T, E), None, y.offset)
+        else:
+            q, k, v = (heads[i] for i in range(3))
+            s = matmul_into(q, transpose(k, -1, -2), Tensor.empty((B, H, T, T), dev, float32),
+                            part("out"))
+            p = softmax(s, -1, scale=scale, causal=causal)
+            y = Tensor.empty((B, T, E), dev, float32)  # the product stored into merged heads
+            matmul_into(p, v, permute(reshape(y, (B, T, H, d)), (0, 2, 1, 3)), part("a_lower"))
     if not needs_grad(qkv):
         return y
 
     def bw(g):
         go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
-        if not in_place:
-            go = contiguous(go)
-            go = Tensor(go._storage, (B * H, T, d), None, go.offset)
-        if fused:
-            dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
-        else:
-            vt = transpose(v, -1, -2)
-            dp = matmul(go, vt) if in_place else causal_matmul(go, vt, part("out"))
+        if not fused:
+            dp = matmul_into(go, transpose(v, -1, -2), Tensor.empty((B, H, T, T), dev, float32),
+                             part("out"))
             ds = softmax_backward(p, dp, False, scale, T if causal else 0)
-            pairs = ((ds, k), (transpose(ds, -1, -2), q), (transpose(p, -1, -2), go))
-            if in_place:  # each product stored into its part of d(qkv) [B, T, 3, H, d]
-                dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
-                parts = permute(dqkv, (2, 0, 3, 1, 4))
-                for j, (x, w) in enumerate(pairs):
-                    matmul_into(x, w, parts[j])
-                return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
-            dq, dk, dv = (causal_matmul(x, w, part(t)) for (x, w), t in
-                          zip(pairs, ("a_lower", "a_upper", "a_upper")))
+            dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)  # each product into its part
+            parts = permute(dqkv, (2, 0, 3, 1, 4))
+            for j, (x, w, tri) in enumerate(((ds, k, "a_lower"), (transpose(ds, -1, -2), q,
+                                            "a_upper"), (transpose(p, -1, -2), go, "a_upper"))):
+                matmul_into(x, w, parts[j], part(tri))
+            return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
+        go = contiguous(go)
+        go = Tensor(go._storage, (B * H, T, d), None, go.offset)
+        dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
         views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]

@@ -30,7 +30,7 @@ def _batch_stride(t: Tensor, nb: int):
 
 def _two_level(ae: Tensor, be: Tensor, nb: int):
     """(A outer stride, B outer stride, inner batches, A inner stride, B inner stride) where
-    each operand's batch dims but the last collapse into one stride (the CPU kernel's two-level
+    each operand's batch dims but the last collapse into one stride (the kernels' two-level
     batch: a [B, H, T, d] head view of a packed [B, T, 3, H, d] projection needs no copy), or
     None."""
     if nb < 2:
@@ -76,7 +76,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     be = expand(b2, batch + (K, N)) if b2.shape[:-2] != batch else b2
     sa, sb = _batch_stride(ae, nb), _batch_stride(be, nb)
     two = None
-    if (sa is None or sb is None) and use_cpu_kernel(a.device):
+    if sa is None or sb is None:
         two = _two_level(ae, be, nb)
     if two is not None:
         sa, sb = two[:2]
@@ -114,20 +114,27 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def matmul_into(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+CAUSAL_PARTS = {"out": 1, "a_lower": 2, "a_upper": 3}
+
+
+def matmul_into(a: Tensor, b: Tensor, out: Tensor, part: str | None = None) -> Tensor:
     """out = a @ b (no autograd) for float32 [B, H, M, K] @ [B, H, K, N] into a float32
-    [B, H, M, N] view whose rows are contiguous (e.g. attention's heads inside [B, T, H, d]),
-    in one CPU-kernel launch (two-level batches, strided C): no copy of the product. CPU
-    adapters only (GPU kernels store contiguous products)."""
+    [B, H, M, N] view whose rows are contiguous, in one launch (two-level batches, strided C):
+    attention reads its heads inside the packed [B, T, 3, H, d] projection and stores them
+    merged into [B, T, H, d], with no copy. ``part``: only what a causal attention reads, which
+    the GPU kernel then skips: "out" (T x T scores: outputs above the diagonal are left
+    unwritten), "a_lower" / "a_upper" (a is T x T and zero above / below its diagonal: each row
+    tile's K range stops / starts there); CPU kernels compute the whole product."""
     B, H, M, K = a.shape
     N = b.shape[-1]
-    if not use_cpu_kernel(a.device):
-        raise ValueError("matmul_into runs the CPU kernel only (a CPU adapter or CPU_KERNEL)")
     if (b.shape != (B, H, K, N) or out.shape != (B, H, M, N) or out.strides[-1] != 1
             or out.dtype != float32 or K == 0):
         raise ShapeError(f"matmul_into: [B, H, M, K] @ [B, H, K, N] (K > 0) into a "
                          f"row-contiguous [B, H, M, N] f32 view, got {a.shape} @ {b.shape} into "
                          f"{out.shape} with strides {out.strides}")
+    if part is not None and (part not in CAUSAL_PARTS or M != (N if part == "out" else K)):
+        raise ShapeError(f"matmul_into: part {part!r} needs T x T scores (out) or a T x T a, "
+                         f"got {a.shape} @ {b.shape}")
     check_same_device(a, b, out, op="matmul_into")
     if not out.numel():
         return out
@@ -135,27 +142,7 @@ def matmul_into(a: Tensor, b: Tensor, out: Tensor) -> Tensor:
     two = _two_level(a, b, 2)  # (one outer dim always has a stride)
     cst = (out.strides[0] if B > 1 else 0, out.strides[1] if H > 1 else 0, out.strides[2])
     _launch(a, b, out, M, N, K, two[0], two[1], B * H, inner=two[2:], cst=cst,
-            r16=autocast_dtype() == float16)
-    return out
-
-
-CAUSAL_PARTS = {"out": 1, "a_lower": 2, "a_upper": 3}
-
-
-def causal_matmul(a: Tensor, b: Tensor, part: str | None) -> Tensor:
-    """a @ b (no autograd) of [n, T, K] @ [n, K, N] float32 batches where a causal attention
-    reads only part of the product, which the GPU kernel then skips: "out" (T x T scores:
-    outputs above the diagonal are left unwritten), "a_lower" / "a_upper" (a is T x T and zero
-    above / below its diagonal: each row tile's K range stops / starts there); None: all of
-    it. CPU kernels compute the whole product."""
-    n, M, K = a.shape
-    N = b.shape[-1]
-    if part is not None and (M != (N if part == "out" else K) or part not in CAUSAL_PARTS):
-        raise ShapeError(f"causal_matmul {part!r}: {a.shape} @ {b.shape} is not causal-shaped")
-    sa, sb = (_batch_stride(t, 1) for t in (a, b))
-    out = Tensor.empty((n, M, N), a.device, float32)
-    _launch(a, b, out, M, N, K, sa, sb, n, r16=autocast_dtype() == float16,
-            causal=CAUSAL_PARTS.get(part, 0))
+            r16=autocast_dtype() == float16, causal=CAUSAL_PARTS.get(part, 0))
     return out
 
 
@@ -216,7 +203,7 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
             store.append(f"if (m{i}{r} < M) {{")
             for j in range(qb):
                 k = (i * 4 + r) * qb + j
-                store.append(f"    store_quad(c0 + m{i}{r} * N, col0 + (tx + {16 * j}u) * 4u, N, "
+                store.append(f"    store_quad(c0 + m{i}{r} * cr, col0 + (tx + {16 * j}u) * 4u, N, "
                              f"full, acc[{k}]);")
             store.append("}")
     return {"FMA": "\n".join([" " * 8 + head] + [ind + x for x in fma] + [" " * 8 + "}"]),
@@ -232,14 +219,16 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
 def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
                split: int = 1, exact: bool = False, half: bool = False,
-               ak: bool = False, fe: int = 1, r16: bool = False, causal: int = 0) -> Kernel:
+               ak: bool = False, fe: int = 1, r16: bool = False, causal: int = 0,
+               two: bool = False) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
     bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
     packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile
     staged k-contiguous (``ak``, A in load mode 0 only), f32 operands rounded to f16 as they
-    are read (``r16``: autocast), a causal part (``causal``: CAUSAL_PARTS; no split-K).
+    are read (``r16``: autocast), a causal part (``causal``: CAUSAL_PARTS; no split-K), a
+    two-level batch and strided C (``two``; no split-K, no epilogue).
     ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
@@ -259,7 +248,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32",
                      F16=int(f16 or r16), LD=_load(r16, "f16" if half else "f32"),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
-                     EXACT=str(bool(exact)).lower(), CAUSAL=causal,
+                     EXACT=str(bool(exact)).lower(), CAUSAL=causal, TWO=str(two).lower(),
                      **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
                      **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
 
@@ -733,8 +722,8 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
 
 def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=None,
             activation=None, r16=False, pre=None, inner=(1, 0, 0), cst=None, causal=0):
-    """``inner`` (CPU kernel only): (n, A stride, B stride) of a two-level batch (_two_level);
-    ``cst`` (CPU kernel only): C's (outer, inner batch, row) strides, C contiguous if None."""
+    """``inner``: (n, A stride, B stride) of a two-level batch (_two_level); ``cst``: C's
+    (outer, inner batch, row) strides, C contiguous if None; ``causal``: CAUSAL_PARTS."""
     ar, ac = a.strides[-2], a.strides[-1]
     br, bc = b.strides[-2], b.strides[-1]
     am = _mode(a.offset, math.gcd(sa, inner[1]), ar, ac, M, K)
@@ -757,9 +746,9 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
                            r16, inner, cst)
-    if inner[0] != 1 or cst is not None:
-        raise ValueError("matmul: two-level batches and strided outputs are CPU-kernel features "
-                         "only")
+    two = inner[0] != 1 or cst is not None
+    if two and epi != (None, False, False):
+        raise ValueError("matmul: a two-level batch or strided output takes no epilogue")
     f16 = a.dtype == float16
     v = tile if isinstance(tile, dict) else None
     if tile is None:  # r16 products take the f16 table's (packed f16) variants
@@ -770,7 +759,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     v = dict(v)
     tm, tn, bk = v["tm"], v.get("tn") or v["tm"], v["bk"]
     split = v.pop("split", 1)
-    if split > 1 and epi == (None, False, False) and not causal:  # slices of >= 2 k steps
+    if split > 1 and epi == (None, False, False) and not causal and not two:  # >= 2 k steps
         split = max(1, min(split, K // (2 * bk)))
     else:
         split = 1
@@ -781,7 +770,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     v["half"] = v.get("half", False) and (f16 or r16)
     v["ak"] = v.get("ak", False) and am == 0
     k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, causal=causal,
-                   **v)
+                   two=two, **v)
+    tail = [inner[0], inner[1], inner[2], *(cst or (inner[0] * M * N, M * N, N))] if two else []
     dst = out if split == 1 else Tensor.empty((split,) + (nbatch * M * N,), a.device, float32)
     if split > 1:
         bufs[2] = dst._storage.buffer
@@ -792,7 +782,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     for z0 in range(0, nbatch, per):
         gz = min(per, nbatch - z0)
         a.device.dispatch(k, bufs, [M, N, K, a.offset, sa, ar, ac, b.offset, sb, br, bc,
-                                    dst.offset, z0, *extra, kw, nbatch],
+                                    dst.offset, z0, *extra, kw, nbatch, *tail],
                           (gx, gy, gz * split))
     if split > 1:  # add the slices' partial products (one elementwise pass)
         n = nbatch * M * N
