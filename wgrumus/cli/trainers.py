@@ -24,17 +24,13 @@ def make_trainer(cfg, task):
     if cfg.model == "gpt":
         from .trainers_3d import ThreeDTrainer
         return ThreeDTrainer(cfg, task)
-    if lay.backend == "mpi":
-        if lay.pp > 1:
-            raise UsageError("--backend mpi runs --pp for the gpt model; for mlp/cnn use "
-                             "--backend mpi with --dp only, or --pp with the threads backend")
-        from .trainers_parallel import DataParallelTrainer
-        return DataParallelTrainer(cfg, task)
+    if lay.backend == "mpi" and lay.pp > 1:
+        raise UsageError("--backend mpi runs --pp for the gpt model; for mlp/cnn use "
+                         "--backend mpi with --dp only, or --pp with the threads backend")
+    from .trainers_parallel import DataParallelTrainer, PipelineTrainer
     if lay.pp > 1:
-        from .trainers_parallel import PipelineTrainer
         return PipelineTrainer(cfg, task)
-    if lay.dp > 1:
-        from .trainers_parallel import DataParallelTrainer
+    if lay.dp > 1 or lay.backend == "mpi":
         return DataParallelTrainer(cfg, task)
     return SingleTrainer(cfg, task)
 
@@ -97,11 +93,11 @@ class Precision:
         import wgrumus as wr
         return wr.autocast(enabled=self.f16, device=self.device)
 
-    def step(self, opt, grads, bookkeeping: bool = True) -> None:
-        """The optimizer step through the scaler; ``bookkeeping=False``: its device work only
-        (``opt.clip_and_step``: what a wr.jit capture replays, the schedule's host bookkeeping
-        running around the replay)."""
-        self.scaler.step(opt if bookkeeping else _DeviceWork(opt), grads)
+    def step(self, opt, grads) -> None:
+        """The device work of the optimizer step (``opt.clip_and_step``: what a wr.jit capture
+        replays) through the scaler; the schedule's host bookkeeping runs around it
+        (``with_bookkeeping``)."""
+        self.scaler.step(_DeviceWork(opt), grads)
         self.scaler.update()
 
 
@@ -126,22 +122,19 @@ class SingleTrainer(TrainerBase):
         self.model = task.make_model(self.device)
         self.opt = task.make_optimizer(self.model.parameters())
         self.amp = Precision(cfg.precision, self.device)
-        self.jit = cfg.jit
         self._step = wr.jit(self._train_step) if cfg.jit else self._train_step
 
     def _train_step(self, x, y):
         import wgrumus as wr
         with self.amp.autocast():
             loss = self.task.loss(self.model(x), y)
-        grads = wr.autograd.backward(self.amp.scaler.scale(loss))
-        # jit: the schedule's host bookkeeping runs around the replay (step below)
-        self.amp.step(self.opt, grads, bookkeeping=not self.jit)
+        self.amp.step(self.opt, wr.autograd.backward(self.amp.scaler.scale(loss)))
         return loss
 
     def step(self, x, y) -> float:
         self.model.train()
         x, y = to_tensor(x, self.device), to_tensor(y, self.device)
-        loss = with_bookkeeping([self.opt] if self.jit else [], lambda: self._step(x, y))
+        loss = with_bookkeeping([self.opt], lambda: self._step(x, y))
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:

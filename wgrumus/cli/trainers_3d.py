@@ -83,7 +83,7 @@ class _Rank:
         store = GradientStore()
         for n in self.names:
             store.accumulate(self.params[n], grads[n])
-        self.amp.step(self.opt, store, bookkeeping=False)  # bookkeeping: around the replay
+        self.amp.step(self.opt, store)
         return self.rank.mb_losses
 
     def close(self) -> None:
@@ -91,32 +91,17 @@ class _Rank:
         if self._jit is not None:
             self._jit.free()
 
-    def command(self, cmd: str, arg=None):
-        """Run one driver command ("step", "state", "load" or "stats")."""
-        if cmd in ("state", "stats"):
-            return getattr(self, cmd)()
-        return getattr(self, cmd)(arg)
-
     @property
     def coords(self):
         return self.rank.coords
 
     def step(self, tokens: np.ndarray):
         """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
-        on the rank (dp 0, tp 0, last stage), None elsewhere."""
-        from ..autograd import GradientStore
-        rank = self.rank
-        if self._jit is not None:
-            mbs = [t for mb in rank.micro_batches(tokens) for t in mb]
-            rank.mb_losses = with_bookkeeping([self.opt], lambda: self._jit(*mbs))
-            return self._loss()
-        rank.loss_scale = self.amp.scaler.get_scale()
-        with self.amp.autocast():
-            grads = rank.gradients(tokens)
-        store = GradientStore()
-        for n in self.names:
-            store.accumulate(self.params[n], grads[n])
-        self.amp.step(self.opt, store)
+        on the rank (dp 0, tp 0, last stage), None elsewhere. Without --jit the captured step
+        runs eagerly, as a wr.jit warm-up call does."""
+        mbs = [t for mb in self.rank.micro_batches(tokens) for t in mb]
+        run = self._jit or self._captured_step
+        self.rank.mb_losses = with_bookkeeping([self.opt], lambda: run(*mbs))
         return self._loss()
 
     def _loss(self):
@@ -235,13 +220,13 @@ class ThreeDTrainer(TrainerBase):
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():
                 try:
-                    cmd, arg = self._inbox[group.rank].get(timeout=_POLL)
+                    cmd, args = self._inbox[group.rank].get(timeout=_POLL)
                 except queue.Empty:
                     continue
                 if cmd == "close":
                     return rank.close()
                 try:
-                    out = rank.command(cmd, arg)
+                    out = getattr(rank, cmd)(*args)  # step, state, load or stats
                 except BaseException:
                     self._stop.set()  # ranks idle between commands stop too; spawn reports it
                     raise
@@ -276,12 +261,12 @@ class ThreeDTrainer(TrainerBase):
             got += 1
         return out
 
-    def _all(self, cmd, arg=None) -> list:
+    def _all(self, cmd, *args) -> list:
         if self.lay.backend == "mpi":
-            out = self.rank.command(cmd, arg)
+            out = getattr(self.rank, cmd)(*args)
             return self.group.all_gather_object(out) if cmd in ("state", "stats") else [out]
         for q in self._inbox:
-            q.put((cmd, arg))
+            q.put((cmd, args))
         return self._collect(cmd)
 
     # ------------------------------------------------------------------ interface
@@ -327,7 +312,7 @@ class ThreeDTrainer(TrainerBase):
         if self.lay.backend == "mpi":
             return self.rank.close()
         for q in self._inbox:
-            q.put(("close", None))
+            q.put(("close", ()))
         self._driver.join(30.0)
         self._stop.set()
 
