@@ -34,8 +34,8 @@ class Layout:
     def describe(self) -> str:
         s = f"dp={self.dp} tp={self.tp} pp={self.pp}"
         if self.pp > 1:
-            s += f" ({self.schedule}, {self.micro_batches} micro-batches)"
-        return s + f" on {self.world} device(s), {self.backend}"
+            s += f" schedule={self.schedule} micro-batches={self.micro_batches}"
+        return s + f" on {self.world} device(s) ({self.backend})"
 
 
 @dataclass
@@ -73,8 +73,7 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR (the directory to resume from)")
-    overwrite = getattr(args, "overwrite", False)
-    if args.resume and overwrite:
+    if args.resume and args.overwrite:
         raise UsageError("give --resume (continue the checkpoint) or --overwrite (replace it), "
                          "not both")
     if args.tp > 1 and model != "gpt":
@@ -99,20 +98,18 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
-    precision = getattr(args, "precision", "f32")
-    jit = getattr(args, "jit", True)  # default on, CPU adapters included
     layout.devices = _device_count(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
-        if not args.resume and not overwrite:
+        if not args.resume and not args.overwrite:
             _refuse_existing(args.checkpoint)
-    if precision == "f16":
+    if args.precision == "f16":
         _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
                        args.plot, args.json, getattr(args, "title", "wgrumus train"),
                        args.clip, args.lr_schedule, args.warmup,
-                       args.activation_checkpointing, precision, jit)
+                       args.activation_checkpointing, args.precision, args.jit)
 
 
 def _check_f16(model: str, layout: Layout) -> None:

@@ -18,12 +18,6 @@ from .common import UsageError
 from .trainers import TrainerBase, eval_forward, to_tensor, with_bookkeeping
 
 
-def _devices(cfg):
-    import wgrumus as wr
-    devs = wr.devices()
-    return devs[:cfg.layout.world]
-
-
 def _copy_weights(src, dst) -> None:
     """dst gets src's values (replicas start identical whatever device they are on)."""
     dst.load_state_dict({k: v.numpy() if hasattr(v, "numpy") else v
@@ -47,7 +41,8 @@ class DataParallelTrainer(TrainerBase):
             devs = [all_devs[self.group.rank % len(all_devs)]]
             self.is_main = self.group.rank == 0
         else:
-            devs = _devices(cfg)
+            import wgrumus as wr
+            devs = wr.devices()[:cfg.layout.world]
         self.model = task.make_model(devs[0])
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
                                group=self.group, jit=cfg.jit)
@@ -85,11 +80,12 @@ class PipelineTrainer(TrainerBase):
     """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
 
     def __init__(self, cfg, task):
+        import wgrumus as wr
+
         from ..distributed.pipeline import PipelineExecutor, split_sequential
         lay = cfg.layout
         self.task, self.lay = task, lay
-        devs = _devices(cfg)
-        self.devs = devs
+        devs = wr.devices()[:lay.world]
         self.master = task.make_model(devs[0])
         n_layers = len(list(iter(self.master)))
         chunks = 2 if lay.schedule == "interleaved" else 1
