@@ -97,10 +97,6 @@ class Recording:
     def join(self, slot: int, out, timeout) -> None:
         self.ops.append(("j", slot, out, timeout))
 
-    @property
-    def dispatches(self) -> int:
-        return sum(op[0] == "d" for op in self.ops)
-
     def buffers(self) -> list:
         """Every device buffer the recording reads or writes (each once)."""
         seen = {}

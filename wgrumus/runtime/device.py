@@ -24,7 +24,7 @@ from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
-from .native import RawPass, RawTextureCopy, submit, trusted_module
+from .native import RawPass, RawTextureCopy, api, trusted_module
 from .pool import BufferPool
 from .staging import HostTransfers
 
@@ -318,8 +318,9 @@ class Device(HostTransfers):
         self._upload_used = []
 
     def _submit(self, command_buffer) -> None:
-        """Every submit of this device's work (batches and wr.jit replays) goes through here."""
-        self.last_submission = submit(self.queue, command_buffer)
+        """Every submit of this device's work (batches and wr.jit replays) goes through here;
+        its submission index (None through wgpu-py's API)."""
+        self.last_submission = api().submit(self.queue, command_buffer)
         self.submits += 1
 
     def flush(self) -> None:

@@ -231,12 +231,6 @@ class Download:
     def result(self) -> bytes:
         return self._take(lambda v: v.tobytes())
 
-    def array(self, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        out = np.empty(self.nbytes // dtype.itemsize, dtype)
-        self.into(out.view(np.uint8))
-        return out
-
     def mapped_array(self, dtype) -> np.ndarray:
         """A writable array over the mapped staging memory itself; the buffer is unmapped and
         pooled again when the array and every view of it are garbage."""
