@@ -114,7 +114,7 @@ class Device(HostTransfers):
         The layout is explicit where the shader's bindings can be read off its source: the
         parameter slot then is a dynamic offset, so one bind group serves every dispatch on
         the same buffers. Otherwise the layout is wgpu's automatic one."""
-        key = (kernel.key, nbuf)
+        key = (kernel, nbuf)
         p = self._pipelines.get(key)
         if p is None:
             src = kernel.source()
