@@ -277,17 +277,13 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, step: int = 0, 
                     data_loader=None) -> None:
     """One atomic file with everything needed to resume training bit for bit."""
     from .ops.random import get_rng_state
-    tensors: dict = {}
-    for k, v in model.state_dict().items():
-        tensors["model." + k] = v
+    tensors = {"model." + k: v for k, v in model.state_dict().items()}
     meta = {"format": FORMAT, "step": int(step), "rng": get_rng_state(),
             "extra": split_state(extra or {}, "extra", tensors)}
-    if optimizer is not None:
-        meta["optimizer"] = split_state(optimizer.state_dict(), "optimizer", tensors)
-    if scheduler is not None:
-        meta["scheduler"] = scheduler.state_dict()
-    if data_loader is not None:
-        meta["data_loader"] = data_loader.state_dict()
+    for key, obj in (("optimizer", optimizer), ("scheduler", scheduler),
+                     ("data_loader", data_loader)):
+        if obj is not None:
+            meta[key] = split_state(obj.state_dict(), key, tensors)
     save(tensors, path, {"wgrumus": json.dumps(meta)})
 
 
@@ -318,18 +314,12 @@ def load_checkpoint(path, model, optimizer=None, scheduler=None, data_loader=Non
     model_sd = {k[len("model."):]: _device_array(a, k) for k, a in arrays.items()
                 if k.startswith("model.")}
     model.load_state_dict(model_sd)
-    if optimizer is not None:
-        if "optimizer" not in info:
-            raise CheckpointError(f"{path} holds no optimizer state")
-        optimizer.load_state_dict(join_state(info["optimizer"], arrays))
-    if scheduler is not None:
-        if "scheduler" not in info:
-            raise CheckpointError(f"{path} holds no scheduler state")
-        scheduler.load_state_dict(info["scheduler"])
-    if data_loader is not None:
-        if "data_loader" not in info:
-            raise CheckpointError(f"{path} holds no data loader position")
-        data_loader.load_state_dict(info["data_loader"])
+    for key, obj in (("optimizer", optimizer), ("scheduler", scheduler),
+                     ("data_loader", data_loader)):
+        if obj is not None:
+            if key not in info:
+                raise CheckpointError(f"{path} holds no {key.replace('_', ' ')} state")
+            obj.load_state_dict(join_state(info[key], arrays))
     if restore_rng:
         from .ops.random import set_rng_state
         set_rng_state(info["rng"])
