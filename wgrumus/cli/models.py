@@ -126,11 +126,8 @@ def build(cfg) -> Task:
 # ------------------------------------------------------------------------------- digits
 def _digits_task(cfg, lr) -> Task:
     from ..data import load_digits
-    x, y = load_digits()
-    x = np.asarray(x, np.float32).reshape(len(x), -1)
-    if x.max() > 1.5:
-        x = x / 16.0  # pixel values 0..16
-    y = np.asarray(y).astype(np.int32)
+    x, y = load_digits()  # float32 [n, 64] pixel counts 0..16, int32 labels
+    x = x / 16.0
     perm = np.random.default_rng(TEST_SPLIT_SEED).permutation(len(x))
     test, train = perm[:300], perm[300:]
     if cfg.model == "cnn":
@@ -156,11 +153,9 @@ def _cnn(device):
 
 # ---------------------------------------------------------------------------------- gpt
 def _gpt_task(cfg, lr) -> Task:
-    from ..data import load_text
-    text = load_text()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], np.int32)
+    from ..data import CharCorpus
+    corpus = CharCorpus()
+    chars, ids = corpus.chars, corpus.encode(corpus.text)
     cut = int(len(ids) * 0.9)
     g = cfg.gpt
     longest = len(ids) - cut - 2  # a window plus its next character fits in the held-out text
