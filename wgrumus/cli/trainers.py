@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import wgrumus as wr
+
 from .common import UsageError
 
 
@@ -36,7 +38,6 @@ def make_trainer(cfg, task):
 
 
 def to_tensor(arr: np.ndarray, device):
-    import wgrumus as wr
     dtype = wr.int32 if np.issubdtype(arr.dtype, np.integer) else wr.float32
     return wr.tensor(np.ascontiguousarray(arr), device=device, dtype=dtype)
 
@@ -44,7 +45,6 @@ def to_tensor(arr: np.ndarray, device):
 def eval_forward(model, x, device) -> np.ndarray:
     """Dense outputs of ``model`` on ``x`` in eval mode without recording gradients; the model
     is back in train mode afterwards."""
-    import wgrumus as wr
     model.eval()
     with wr.no_grad():
         out = model(to_tensor(x, device)).numpy()
@@ -84,13 +84,11 @@ class Precision:
     before backward, ``p.step(opt, grads)`` instead of ``opt.step(grads)``."""
 
     def __init__(self, precision: str, device):
-        import wgrumus as wr
         self.f16 = precision == "f16"
         self.device = device
         self.scaler = wr.amp.GradScaler(enabled=self.f16)
 
     def autocast(self):
-        import wgrumus as wr
         return wr.autocast(enabled=self.f16, device=self.device)
 
     def step(self, opt, grads) -> None:
@@ -116,7 +114,6 @@ class SingleTrainer(TrainerBase):
     """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
 
     def __init__(self, cfg, task):
-        import wgrumus as wr
         self.task = task
         self.device = wr.devices()[0]
         self.model = task.make_model(self.device)
@@ -125,7 +122,6 @@ class SingleTrainer(TrainerBase):
         self._step = wr.jit(self._train_step) if cfg.jit else self._train_step
 
     def _train_step(self, x, y):
-        import wgrumus as wr
         with self.amp.autocast():
             loss = self.task.loss(self.model(x), y)
         self.amp.step(self.opt, wr.autograd.backward(self.amp.scaler.scale(loss)))

@@ -18,6 +18,8 @@ import threading
 
 import numpy as np
 
+import wgrumus as wr
+
 from .common import UsageError
 from .trainers import Precision, TrainerBase, with_bookkeeping
 
@@ -53,7 +55,6 @@ class _Rank:
         self.amp = Precision(precision, self.device)
         self._jit = None
         if jit:
-            import wgrumus as wr
             self._jit = wr.jit(self._captured_step, devices=[self.device])
 
     def _clip_scope(self, task, group) -> dict:
@@ -122,8 +123,6 @@ class _Rank:
 
     def load(self, dense: dict) -> None:
         """Take this rank's shards of a dense checkpoint (any layout wrote it)."""
-        import wgrumus as wr
-
         from ..distributed.tensor_parallel.shard import shard_array
         from ..ops.elementwise import copy_into
         tp, r = self.lay.tp, self.map.tp_rank
@@ -177,8 +176,6 @@ class ThreeDTrainer(TrainerBase):
     process) keep their shards and optimizer state from step to step."""
 
     def __init__(self, cfg, task):
-        import wgrumus as wr
-
         from ..distributed.parallel3d import Layout3DError, validate_layout
         self.cfg, self.task, self.lay = cfg, task, cfg.layout
         self.gcfg = gpt_config(cfg, task)
@@ -289,7 +286,6 @@ class ThreeDTrainer(TrainerBase):
 
     def predict(self, x) -> np.ndarray:
         """The gathered weights in a dense nn.GPT on device 0 (evaluation and sampling)."""
-        import wgrumus as wr
         if self._dense_model is None:
             model = self.gcfg.build(self.cfg.seed, wr.devices()[0])
             model.load_state_dict(self.state_dict()["params"])

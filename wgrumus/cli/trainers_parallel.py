@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import wgrumus as wr
+
 from ..autograd import GradientStore
 from ..distributed.errors import CollectiveError
 from .common import UsageError
@@ -33,15 +35,12 @@ class DataParallelTrainer(TrainerBase):
         self.task = task
         self.group = None
         if cfg.layout.backend == "mpi":
-            import wgrumus as wr
-
             from ..distributed import init_process_group
             self.group = init_process_group("mpi", timeout=120.0)
             all_devs = wr.devices()
             devs = [all_devs[self.group.rank % len(all_devs)]]
             self.is_main = self.group.rank == 0
         else:
-            import wgrumus as wr
             devs = wr.devices()[:cfg.layout.world]
         self.model = task.make_model(devs[0])
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
@@ -80,8 +79,6 @@ class PipelineTrainer(TrainerBase):
     """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
 
     def __init__(self, cfg, task):
-        import wgrumus as wr
-
         from ..distributed.pipeline import PipelineExecutor, split_sequential
         lay = cfg.layout
         self.task, self.lay = task, lay
@@ -167,7 +164,6 @@ class PipelineTrainer(TrainerBase):
             ex.close()
 
     def predict(self, x) -> np.ndarray:
-        import wgrumus as wr
         with wr.no_grad():
             h = to_tensor(x, self.stages[0][0].device)
             for st in self.stages[0]:
