@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 
+from ..io import CheckpointError, join_state, load_numpy, split_state
+from ..io import save as save_file
 from .common import UsageError, is_main_rank
 
 FILE = "checkpoint.safetensors"
@@ -22,8 +24,6 @@ def path_of(cfg) -> str:
 
 def save(cfg, task, trainer, step: int, losses) -> None:
     """Every rank gathers (collectives may be involved); rank 0 writes."""
-    from ..io import save as save_file
-    from ..io import split_state
     state = trainer.state_dict()
     if not is_main_rank():
         return
@@ -39,7 +39,6 @@ def save(cfg, task, trainer, step: int, losses) -> None:
 
 def read(path: str):
     """(metadata, arrays) of a checkpoint file, or UsageError naming what is wrong."""
-    from ..io import CheckpointError, load_numpy
     if not os.path.exists(path):
         raise UsageError(f"--resume: no checkpoint at {path!r} (train with --checkpoint "
                          f"{os.path.dirname(path)!r} first)")
@@ -73,6 +72,5 @@ def check(cfg, task):
 
 def load(trainer, meta, arrays):
     """Restore the trainer from check()'s result; returns (step, losses so far)."""
-    from ..io import join_state
     trainer.load_state_dict(join_state(json.loads(meta["state"]), arrays))
     return int(meta["step"]), [float(v) for v in json.loads(meta["losses"])]

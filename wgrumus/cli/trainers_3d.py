@@ -20,6 +20,13 @@ import numpy as np
 
 import wgrumus as wr
 
+from ..autograd import GradientStore
+from ..distributed import RankMapping, ThreeDParallelismConfig, init_process_group, spawn
+from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
+from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
+from ..nn import GPTConfig
+from ..ops.creation import ones
+from ..ops.elementwise import copy_into
 from .common import UsageError
 from .trainers import Precision, TrainerBase, with_bookkeeping
 
@@ -29,7 +36,6 @@ STEP_TIMEOUT = 900.0        # the longest the driver waits for one command on al
 
 
 def gpt_config(cfg, task):
-    from ..nn import GPTConfig
     g = cfg.gpt
     vocab = task.config["vocab_size"]
     # Pad the vocabulary to a multiple of 8 so tp in {1, 2, 4, 8} can split it, and so every
@@ -43,7 +49,6 @@ class _Rank:
     """One rank's RankTrainer, optimizer and precision (used by thread ranks and MPI ranks)."""
 
     def __init__(self, group, gcfg, lay, task, seed, precision="f32", jit: bool = False):
-        from ..distributed.parallel3d import RankTrainer, gpt_shard_plan
         self.group, self.gcfg, self.lay = group, gcfg, lay
         self.rank = RankTrainer(group, gcfg, lay.dp, lay.tp, lay.pp, lay.schedule,
                                 lay.micro_batches, seed, task.activation_checkpointing)
@@ -61,7 +66,6 @@ class _Rank:
         """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
         the model; dp replicas hold the same averaged gradients): a group of them, and the
         TP-replicated parameters (LayerNorms, row-parallel biases) counted on tp rank 0 only."""
-        from ..distributed.tensor_parallel.shard import REPLICATE
         if task.clip is None or self.lay.tp * self.lay.pp == 1:
             return {}
         model = group.split(self.map.dp_rank, name=f"model-dp{self.map.dp_rank}")
@@ -75,8 +79,6 @@ class _Rank:
         the host. Captured per rank by --jit: pipeline sends and receives, tensor-parallel and
         data-parallel all-reduces run between the replayed segments. Returns the micro-batch
         losses (device tensors on last-stage ranks, None elsewhere)."""
-        from ..autograd import GradientStore
-        from ..ops.creation import ones
         if self.amp.f16:  # the scale stays on the device, so a replay follows its updates
             self.rank.loss_scale = self.amp.scaler.scale(ones((), device=self.device))
         with self.amp.autocast():
@@ -123,8 +125,6 @@ class _Rank:
 
     def load(self, dense: dict) -> None:
         """Take this rank's shards of a dense checkpoint (any layout wrote it)."""
-        from ..distributed.tensor_parallel.shard import shard_array
-        from ..ops.elementwise import copy_into
         tp, r = self.lay.tp, self.map.tp_rank
 
         def shard(n, arr):
@@ -152,8 +152,6 @@ class _Rank:
 def _dense(states: list, gcfg, lay) -> dict:
     """Merge every rank's shards (from replica dp=0) into dense parameters and optimizer
     state, keyed by name."""
-    from ..distributed.parallel3d import gpt_shard_plan
-    from ..distributed.tensor_parallel.shard import unshard_arrays
     by = {s["coords"]: s for s in states}
     params, opt = {}, {}
     for pp in range(lay.pp):
@@ -176,7 +174,6 @@ class ThreeDTrainer(TrainerBase):
     process) keep their shards and optimizer state from step to step."""
 
     def __init__(self, cfg, task):
-        from ..distributed.parallel3d import Layout3DError, validate_layout
         self.cfg, self.task, self.lay = cfg, task, cfg.layout
         self.gcfg = gpt_config(cfg, task)
         try:
@@ -186,7 +183,6 @@ class ThreeDTrainer(TrainerBase):
             raise UsageError(str(e)) from None
         self._dense_model = None  # every rank builds the nn.GPT of --seed and keeps its shards
         if self.lay.backend == "mpi":
-            from ..distributed import init_process_group
             group = init_process_group("mpi", timeout=COLLECTIVE_TIMEOUT)
             devs = wr.devices()
             group.device = devs[group.rank % len(devs)]
@@ -198,13 +194,11 @@ class ThreeDTrainer(TrainerBase):
         self._start_threads(wr.devices()[:self.lay.world])
 
     def _global_rank(self, dp, tp, pp):
-        from ..distributed import RankMapping, ThreeDParallelismConfig
         return RankMapping.from_3d_coords(ThreeDParallelismConfig(self.lay.dp, self.lay.tp,
                                                                   self.lay.pp), dp, tp, pp)
 
     # ------------------------------------------------------------------ thread ranks
     def _start_threads(self, devices):
-        from ..distributed import spawn
         world = self.lay.world
         self._inbox = [queue.Queue() for _ in range(world)]
         self._replies: queue.Queue = queue.Queue()

@@ -15,7 +15,12 @@ import numpy as np
 import wgrumus as wr
 
 from ..autograd import GradientStore
+from ..distributed import ProcessGroup, ThreadWorld, init_process_group, spawn
+from ..distributed.averaging import GradientAverager
+from ..distributed.data_parallel import DataParallel
 from ..distributed.errors import CollectiveError
+from ..distributed.pipeline import PipelineExecutor, split_sequential
+from ..optim import clip_grad_norm_
 from .common import UsageError
 from .trainers import TrainerBase, eval_forward, to_tensor, with_bookkeeping
 
@@ -31,11 +36,9 @@ class DataParallelTrainer(TrainerBase):
     device rank % devices); every process draws the same global batch and takes its rows."""
 
     def __init__(self, cfg, task):
-        from ..distributed.data_parallel import DataParallel
         self.task = task
         self.group = None
         if cfg.layout.backend == "mpi":
-            from ..distributed import init_process_group
             self.group = init_process_group("mpi", timeout=120.0)
             all_devs = wr.devices()
             devs = [all_devs[self.group.rank % len(all_devs)]]
@@ -79,7 +82,6 @@ class PipelineTrainer(TrainerBase):
     """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
 
     def __init__(self, cfg, task):
-        from ..distributed.pipeline import PipelineExecutor, split_sequential
         lay = cfg.layout
         self.task, self.lay = task, lay
         devs = wr.devices()[:lay.world]
@@ -114,8 +116,6 @@ class PipelineTrainer(TrainerBase):
     def _build_averagers(self) -> None:
         """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks); replica r
         averages its pieces' gradients in piece order, like every other replica."""
-        from ..distributed import ProcessGroup, ThreadWorld
-        from ..distributed.averaging import GradientAverager
         for k in range(len(self.stages[0])):
             if not self.stages[0][k].parameters():
                 continue
@@ -136,7 +136,6 @@ class PipelineTrainer(TrainerBase):
             loss, store = self._run(0, x, y)
             _step_stages(self.opts[0], store, self.task.clip)
             return float(loss)
-        from ..distributed import spawn
         n = len(x) // dp
 
         def go(group):
@@ -222,7 +221,6 @@ def _step_stages(opts, store, clip=None) -> None:
     parameters)."""
     opts = [o for o in opts if o is not None]
     if clip is not None:
-        from ..optim import clip_grad_norm_
         clip_grad_norm_([p for o in opts for p in o.params], clip, grads=store)
     for opt in opts:
         opt.step(store)
