@@ -65,8 +65,7 @@ def print_json(obj) -> None:
     """Exactly one JSON document on stdout (rank 0 only). Strict JSON: a NaN or infinity
     becomes null (bare NaN / Infinity would break most JSON readers)."""
     if is_main_rank():
-        sys.stdout.write(json.dumps(finite_or_none(obj), default=_default, allow_nan=False)
-                         + "\n")
+        sys.stdout.write(json.dumps(finite_or_none(obj), allow_nan=False) + "\n")
         sys.stdout.flush()
 
 
@@ -81,12 +80,3 @@ def finite_or_none(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def _default(o):
-    import numpy as np
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
