@@ -182,13 +182,17 @@ class Device(HostTransfers):
         return bg
 
     # ------------------------------------------------------------------ recording
+    def begin_pass(self, encoder):
+        """A compute pass on ``encoder`` (this device's), timed while a GpuTimer is open."""
+        writes = self._timer._pass_writes() if self._timer is not None else None
+        return (encoder.begin_compute_pass(timestamp_writes=writes) if writes
+                else encoder.begin_compute_pass())
+
     def _open_pass(self):
         if self._encoder is None:
             self._encoder = self.wgpu.create_command_encoder()
         if self._pass is None:
-            writes = self._timer._pass_writes() if self._timer is not None else None
-            self._pass = (self._encoder.begin_compute_pass(timestamp_writes=writes) if writes
-                          else self._encoder.begin_compute_pass())
+            self._pass = self.begin_pass(self._encoder)
             if self._raw is not None:
                 self._raw.begin(self._pass)
         return self._pass

@@ -142,7 +142,7 @@ class Replay:
             return
         enc = dev.wgpu.create_command_encoder()
         if self._raw is not None:
-            self._raw[i // 2].encode(enc, self._pass, before, after)
+            self._raw[i // 2].encode(enc, dev.begin_pass, before, after)
         else:
             self._encode_api(enc, self._parts[i], before, after)
         dev._submit(enc.finish())
@@ -176,12 +176,6 @@ class Replay:
             self.device.copy(res._storage.buffer, res.offset * res.dtype.itemsize,
                              out._storage.buffer, out.offset * out.dtype.itemsize, nbytes)
 
-    def _pass(self, enc):
-        timer = self.device._timer
-        writes = timer._pass_writes() if timer is not None else None
-        return enc.begin_compute_pass(timestamp_writes=writes) if writes else \
-            enc.begin_compute_pass()
-
     def _encode_api(self, enc, segs, before, after) -> None:
         for c in before:
             enc.copy_buffer_to_buffer(*c)
@@ -192,7 +186,7 @@ class Replay:
             if kind == _TEX:
                 copy_to_texture(enc, *body)
                 continue
-            cp = self._pass(enc)
+            cp = self.device.begin_pass(enc)
             for pipe, bg, offs, gx, gy, gz in body:
                 cp.set_pipeline(pipe)
                 cp.set_bind_group(0, bg, offs)
