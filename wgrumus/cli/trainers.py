@@ -74,6 +74,15 @@ class TrainerBase:
             return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
         return flag
 
+    def join_mpi(self, timeout: float):
+        """--backend mpi: this process's rank joins the group (``self.group``; rank 0 prints);
+        returns the device of the rank (rank % devices)."""
+        from ..distributed import init_process_group
+        self.group = init_process_group("mpi", timeout=timeout)
+        self.is_main = self.group.rank == 0
+        devs = wr.devices()
+        return devs[self.group.rank % len(devs)]
+
     def close(self) -> None:
         pass
 

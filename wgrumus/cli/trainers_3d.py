@@ -21,7 +21,7 @@ import numpy as np
 import wgrumus as wr
 
 from ..autograd import GradientStore
-from ..distributed import RankMapping, ThreeDParallelismConfig, init_process_group, spawn
+from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
 from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
 from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
 from ..nn import GPTConfig
@@ -183,12 +183,10 @@ class ThreeDTrainer(TrainerBase):
             raise UsageError(str(e)) from None
         self._dense_model = None  # every rank builds the nn.GPT of --seed and keeps its shards
         if self.lay.backend == "mpi":
-            group = init_process_group("mpi", timeout=COLLECTIVE_TIMEOUT)
-            devs = wr.devices()
-            group.device = devs[group.rank % len(devs)]
-            self.group = group
-            self.is_main = group.rank == 0
-            self.rank = _Rank(group, self.gcfg, self.lay, task, cfg.seed, cfg.precision, cfg.jit)
+            device = self.join_mpi(COLLECTIVE_TIMEOUT)
+            self.group.device = device
+            self.rank = _Rank(self.group, self.gcfg, self.lay, task, cfg.seed, cfg.precision,
+                              cfg.jit)
             self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])

@@ -15,7 +15,7 @@ import numpy as np
 import wgrumus as wr
 
 from ..autograd import GradientStore
-from ..distributed import ProcessGroup, ThreadWorld, init_process_group, spawn
+from ..distributed import ProcessGroup, ThreadWorld, spawn
 from ..distributed.averaging import GradientAverager
 from ..distributed.data_parallel import DataParallel
 from ..distributed.errors import CollectiveError
@@ -37,14 +37,8 @@ class DataParallelTrainer(TrainerBase):
 
     def __init__(self, cfg, task):
         self.task = task
-        self.group = None
-        if cfg.layout.backend == "mpi":
-            self.group = init_process_group("mpi", timeout=120.0)
-            all_devs = wr.devices()
-            devs = [all_devs[self.group.rank % len(all_devs)]]
-            self.is_main = self.group.rank == 0
-        else:
-            devs = wr.devices()[:cfg.layout.world]
+        devs = ([self.join_mpi(120.0)] if cfg.layout.backend == "mpi"
+                else wr.devices()[:cfg.layout.world])
         self.model = task.make_model(devs[0])
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
                                group=self.group, jit=cfg.jit)
