@@ -100,9 +100,7 @@ class Replay:
 
     def run(self, before=(), after=()) -> None:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
-        copies encoded ahead of / behind the recorded work (inputs in, outputs out). On a CPU
-        adapter a replay without host operations is handed to the device's submission thread
-        (runtime/submitter.py) and this returns at once."""
+        copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
         dev = self.device
         last = len(self._parts) - 1
         trace, pending = [], {}  # pending: slot -> the handle of a launched host operation
