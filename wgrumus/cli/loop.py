@@ -20,7 +20,6 @@ class Layout:
     pp: int = 1
     schedule: str = "1f1b"
     micro_batches: int = 1
-    devices: int = 1
     backend: str = "threads"
 
     @property
@@ -89,8 +88,8 @@ def config_from_args(args) -> TrainConfig:
     if model == "gpt":
         _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
-    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
-    _device_count(args, layout, create=False)  # a device shortfall is the first thing to fix
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, args.backend)
+    _check_devices(args, layout, create=False)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
         raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
@@ -98,7 +97,7 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
-    layout.devices = _device_count(args, layout)
+    _check_devices(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
         if not args.resume and not args.overwrite:
@@ -142,17 +141,16 @@ def _check_gpt_sizes(args) -> None:
                          f"(--n-layer is {args.n_layer})")
 
 
-def _device_count(args, layout: Layout, create: bool = True) -> int:
-    """How many devices the run uses; --devices N (re)creates N devices in this process
-    (unless ``create`` is False: only check that there are enough)."""
+def _check_devices(args, layout: Layout, create: bool = True) -> None:
+    """Enough devices (or MPI processes) for the layout; --devices N (re)creates N devices in
+    this process (unless ``create`` is False: only check that there are enough)."""
     import wgrumus as wr
     if layout.backend == "mpi":
         size = _mpi_size()
         if size != layout.world:
             raise UsageError(f"{layout.product()} ranks, but mpiexec started {size} "
                              f"process(es); run mpiexec -n {layout.world}")
-        return layout.world
-    if args.devices is not None:
+    elif args.devices is not None:
         if args.devices < layout.world:
             raise UsageError(f"{layout.product()} devices needed, but --devices is "
                              f"{args.devices}; pass --devices {layout.world} or more")
@@ -161,13 +159,10 @@ def _device_count(args, layout: Layout, create: bool = True) -> int:
         ctx = getattr(wr.MultiGpuContext, "_instance", None)
         if create and (ctx is None or len(ctx.devices) != args.devices):
             wr.MultiGpuContext.reset(count=args.devices)
-        return args.devices
-    have = len(wr.devices())
-    if layout.world > have:
+    elif layout.world > (have := len(wr.devices())):
         raise UsageError(f"{layout.product()} devices needed, but this process has {have}; pass "
                          f"--devices {layout.world} (logical devices share an adapter) or set "
                          f"WGRUMUS_DEVICES={layout.world}")
-    return have
 
 
 def _mpi_size() -> int:

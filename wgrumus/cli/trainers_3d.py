@@ -12,7 +12,6 @@ buckets' all-reduces start there and are waited for before clipping (capture.hos
 """
 from __future__ import annotations
 
-import math
 import queue
 import threading
 
@@ -40,7 +39,7 @@ def gpt_config(cfg, task):
     vocab = task.config["vocab_size"]
     # Pad the vocabulary to a multiple of 8 so tp in {1, 2, 4, 8} can split it, and so every
     # layout trains the same model (the extra rows are never a target).
-    padded = int(math.ceil(vocab / 8) * 8)
+    padded = -(-vocab // 8) * 8
     return GPTConfig(vocab_size=padded, block_size=g["block_size"], n_layer=g["n_layer"],
                      n_head=g["n_head"], n_embd=g["n_embd"])
 

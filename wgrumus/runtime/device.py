@@ -40,7 +40,7 @@ _TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*textur
 # Texels a row of the operand textures (operand_texture): 16 KiB rows (a buffer-to-texture copy
 # needs rows of a multiple of 256 bytes), quad q of a region at (q % TEX_W, q // TEX_W).
 TEX_W = 1024
-_OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
+OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")  # requested where offered
 # Kernel families whose every access is range-checked by the kernel itself: compiled without
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
 # register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
@@ -68,7 +68,7 @@ class Device(HostTransfers):
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
         cpu = is_cpu_adapter(self)  # memory is host memory
-        feats = [f for f in _OPTIONAL_FEATURES if f in adapter.features]
+        feats = [f for f in OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
                                                 label=f"wgrumus:{index}")
