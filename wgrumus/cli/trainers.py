@@ -152,6 +152,12 @@ class SingleTrainer(TrainerBase):
         self.model.load_state_dict(sd["model"])
         self.opt.load_state_dict(sd["optimizer"])
 
+    def close(self) -> None:
+        """Give the captured step's buffers back to the pool (--jit) now, not at some later
+        garbage collection (the trainer and its jitted method form a cycle)."""
+        if hasattr(self._step, "free"):
+            self._step.free()
+
     def device_stats(self, seconds: float) -> list[dict]:
         d = self.device
         return [{"device": d.index, "name": d.name, "dispatches": d.dispatches,
