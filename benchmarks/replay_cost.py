@@ -52,7 +52,7 @@ def main() -> int:
 
     def encode():
         enc = dev.wgpu.create_command_encoder()
-        rep._raw[0].encode(enc, rep._pass, (), ())
+        rep._raw[0].encode(enc, dev.begin_pass, (), ())
         return enc
 
     rows = {"encode (ours)": [], "finish (wgpu-native)": [], "submit": [], "whole step()": []}

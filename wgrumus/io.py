@@ -173,8 +173,9 @@ def save(obj, path, metadata=None) -> None:
             f"({type(e).__name__}); choose a path in a writable folder with free space") from e
 
 
-def _read(path):
-    """(arrays, metadata) of a safetensors file, with a clear error for a bad file."""
+def load_numpy(path) -> tuple:
+    """(name -> numpy array, metadata dict) of a safetensors file without touching a device,
+    with a clear error for a bad file."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path} is a folder, not a file; pass the path of the "
@@ -233,7 +234,7 @@ def _device_array(a: np.ndarray, name: str = "") -> np.ndarray:
 def load(path, device=None):
     """name -> Tensor on ``device`` (the default device when None), or the one Tensor when
     ``save`` was given a tensor."""
-    arrays, meta = _read(path)
+    arrays, meta = load_numpy(path)
     dev = get_device(device)
     out = {k: _tensor(_device_array(a, k), dev) for k, a in arrays.items()}
     return out[SINGLE_NAME] if meta.get(SINGLE_KEY) == SINGLE_NAME else out
@@ -244,18 +245,13 @@ def _tensor(a: np.ndarray, dev) -> Tensor:
     return t.reshape(a.shape) if a.ndim != 1 else t  # 0-d arrays stay 0-d
 
 
-def load_numpy(path) -> tuple:
-    """(name -> numpy array, metadata dict) without touching a device."""
-    return _read(path)
-
-
 # ----------------------------------------------------------------------------- training checkpoints
-def _split_state(obj, prefix, tensors):
+def split_state(obj, prefix, tensors):
     """Replace tensors/arrays in a nested dict/list by {"__tensor__": key}; collect them."""
     if isinstance(obj, dict):
-        return {str(k): _split_state(v, f"{prefix}.{k}", tensors) for k, v in obj.items()}
+        return {str(k): split_state(v, f"{prefix}.{k}", tensors) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_split_state(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
+        return [split_state(v, f"{prefix}.{i}", tensors) for i, v in enumerate(obj)]
     if isinstance(obj, (Tensor, np.ndarray)):
         tensors[prefix] = obj
         return {"__tensor__": prefix}
@@ -266,13 +262,14 @@ def _split_state(obj, prefix, tensors):
     raise CheckpointError(f"cannot store {prefix} of type {type(obj).__name__} in a checkpoint")
 
 
-def _join_state(obj, arrays):
+def join_state(obj, arrays):
+    """``split_state``'s inverse: the skeleton ``obj`` with ``arrays`` put back."""
     if isinstance(obj, dict):
         if set(obj) == {"__tensor__"}:
             return arrays[obj["__tensor__"]]
-        return {k: _join_state(v, arrays) for k, v in obj.items()}
+        return {k: join_state(v, arrays) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_join_state(v, arrays) for v in obj]
+        return [join_state(v, arrays) for v in obj]
     return obj
 
 
@@ -280,17 +277,13 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, step: int = 0, 
                     data_loader=None) -> None:
     """One atomic file with everything needed to resume training bit for bit."""
     from .ops.random import get_rng_state
-    tensors: dict = {}
-    for k, v in model.state_dict().items():
-        tensors["model." + k] = v
+    tensors = {"model." + k: v for k, v in model.state_dict().items()}
     meta = {"format": FORMAT, "step": int(step), "rng": get_rng_state(),
-            "extra": _split_state(extra or {}, "extra", tensors)}
-    if optimizer is not None:
-        meta["optimizer"] = _split_state(optimizer.state_dict(), "optimizer", tensors)
-    if scheduler is not None:
-        meta["scheduler"] = scheduler.state_dict()
-    if data_loader is not None:
-        meta["data_loader"] = data_loader.state_dict()
+            "extra": split_state(extra or {}, "extra", tensors)}
+    for key, obj in (("optimizer", optimizer), ("scheduler", scheduler),
+                     ("data_loader", data_loader)):
+        if obj is not None:
+            meta[key] = split_state(obj.state_dict(), key, tensors)
     save(tensors, path, {"wgrumus": json.dumps(meta)})
 
 
@@ -298,7 +291,7 @@ def load_checkpoint(path, model, optimizer=None, scheduler=None, data_loader=Non
                     restore_rng: bool = True) -> dict:
     """Restore what ``save_checkpoint`` wrote into the given objects; returns
     {"step": int, "extra": ...}."""
-    arrays, meta = _read(path)
+    arrays, meta = load_numpy(path)
     if "wgrumus" not in meta:
         raise CheckpointError(f"{path} is a plain safetensors file, not a wgrumus training "
                               f"checkpoint; load weights with model.load_state_dict(wr.load(...))")
@@ -321,19 +314,13 @@ def load_checkpoint(path, model, optimizer=None, scheduler=None, data_loader=Non
     model_sd = {k[len("model."):]: _device_array(a, k) for k, a in arrays.items()
                 if k.startswith("model.")}
     model.load_state_dict(model_sd)
-    if optimizer is not None:
-        if "optimizer" not in info:
-            raise CheckpointError(f"{path} holds no optimizer state")
-        optimizer.load_state_dict(_join_state(info["optimizer"], arrays))
-    if scheduler is not None:
-        if "scheduler" not in info:
-            raise CheckpointError(f"{path} holds no scheduler state")
-        scheduler.load_state_dict(info["scheduler"])
-    if data_loader is not None:
-        if "data_loader" not in info:
-            raise CheckpointError(f"{path} holds no data loader position")
-        data_loader.load_state_dict(info["data_loader"])
+    for key, obj in (("optimizer", optimizer), ("scheduler", scheduler),
+                     ("data_loader", data_loader)):
+        if obj is not None:
+            if key not in info:
+                raise CheckpointError(f"{path} holds no {key.replace('_', ' ')} state")
+            obj.load_state_dict(join_state(info[key], arrays))
     if restore_rng:
         from .ops.random import set_rng_state
         set_rng_state(info["rng"])
-    return {"step": info["step"], "extra": _join_state(info["extra"], arrays)}
+    return {"step": info["step"], "extra": join_state(info["extra"], arrays)}

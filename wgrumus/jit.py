@@ -43,7 +43,6 @@ import functools
 import warnings
 
 from .autograd.tape import no_grad
-from .ops.elementwise import contiguous
 from .runtime import capture
 from .runtime.context import MultiGpuContext
 from .runtime.errors import CaptureError
@@ -196,7 +195,7 @@ class _Capture:
         for t, (buf, off, nbytes) in zip(tensors, self._inputs):
             if not t.is_contiguous() or (t.offset * t.dtype.itemsize) % 4:
                 with no_grad():
-                    t = contiguous(t) if not t.is_contiguous() else t.clone()
+                    t = t.clone()
             before.append((t._storage.buffer, t.offset * t.dtype.itemsize, buf, off,
                            (nbytes + 3) & ~3))
         results, after = self._fresh_outputs()
@@ -213,17 +212,8 @@ class _Capture:
 def _own_copy(t: Tensor) -> Tensor:
     """A contiguous copy of an input in a buffer of the capture's own, so a replay writing the
     next call's data there never touches the caller's tensor."""
-    src = contiguous(t)
-    c = Tensor.empty(t.shape, t.device, t.dtype)
-    nbytes = (t.numel() * t.dtype.itemsize + 3) & ~3
-    if src.offset * src.dtype.itemsize % 4:
-        src = src.clone()
-    if nbytes:
-        t.device.copy(src._storage.buffer, src.offset * src.dtype.itemsize, c._storage.buffer, 0,
-                      nbytes)
-    if t.requires_grad:
-        c.requires_grad_(True)
-    return c
+    c = t.clone()
+    return c.requires_grad_(True) if t.requires_grad else c
 
 
 def _signature(obj, tensors: list):

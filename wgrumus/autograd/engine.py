@@ -75,11 +75,7 @@ def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
                 if gid is None or ig is None:
                     continue
                 if parent is None:
-                    lt = leaf()
-                    if lt is not None:
-                        store.accumulate(gid, ig, lt)
-                    else:
-                        store.accumulate(gid, ig)
+                    store.accumulate(gid, ig, leaf())
                 elif gid in grads:
                     grads[gid] = grads[gid] + ig
                 else:

@@ -59,8 +59,6 @@ class GradientStore:
         for k, g in other._grads.items():
             leaf = other._leaves.get(k)
             self.accumulate(k, g, leaf() if leaf is not None else None)
-            if leaf is not None:
-                self._leaves.setdefault(k, leaf)
 
     def leaf(self, x):
         r = self._leaves.get(_key(x))

@@ -9,12 +9,11 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import UsageError, env_rank
+from .common import OneLineParser, UsageError, env_rank
 
 
 def build_parser():
     from . import bench, demo, devices, train
-    from .argparsing import OneLineParser
     p = OneLineParser(
         prog="wgrumus",
         description="Deep learning on WebGPU across adapters: data, tensor and pipeline "

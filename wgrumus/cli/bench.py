@@ -38,15 +38,9 @@ def quick_args(name: str, path: Path) -> list:
     return ["--quick"] if "--quick" in path.read_text() else []
 
 
-def bench_dir() -> Path | None:
-    here = Path(__file__).resolve().parents[2] / "benchmarks"  # checkout: <repo>/benchmarks
-    return here if here.is_dir() else None
-
-
 def available() -> dict[str, Path]:
-    d = bench_dir()
-    if d is None:
-        return {}
+    """The benchmark scripts of a source checkout (<repo>/benchmarks) by name, in ORDER."""
+    d = Path(__file__).resolve().parents[2] / "benchmarks"
     found = {p.stem: p for p in sorted(d.glob("*.py")) if not p.stem.startswith("_")}
     return dict(sorted(found.items(), key=lambda kv: (
         ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER), kv[0])))

@@ -1,6 +1,8 @@
-"""Shared pieces of the `wgrumus` command: the usage-error type, rank-0 output, JSON output."""
+"""Shared pieces of the `wgrumus` command: the usage-error type, the argument parser, rank-0
+output, JSON output."""
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -11,10 +13,18 @@ class UsageError(Exception):
     """A bad argument: `main` prints the message as one line and exits with code 2."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (plus exit code 2), printed by rank 0 only."""
+
+    def error(self, message):  # argparse's default prints the whole usage block first
+        if env_rank() == 0:
+            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def positive(kind=int, allow_zero: bool = False):
     """argparse type for sizes: argparse turns the ValueError into its own exit-2 message."""
     def parse(text: str):
-        import argparse
         try:
             v = kind(text)
         except ValueError:
@@ -55,8 +65,7 @@ def print_json(obj) -> None:
     """Exactly one JSON document on stdout (rank 0 only). Strict JSON: a NaN or infinity
     becomes null (bare NaN / Infinity would break most JSON readers)."""
     if is_main_rank():
-        sys.stdout.write(json.dumps(finite_or_none(obj), default=_default, allow_nan=False)
-                         + "\n")
+        sys.stdout.write(json.dumps(finite_or_none(obj), allow_nan=False) + "\n")
         sys.stdout.flush()
 
 
@@ -71,12 +80,3 @@ def finite_or_none(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def _default(o):
-    import numpy as np
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

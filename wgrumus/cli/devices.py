@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import os
 
+from ..runtime.device import OPTIONAL_FEATURES as FEATURES
 from .common import console, print_json
-
-FEATURES = ("shader-f16", "subgroup", "timestamp-query")
 
 
 def add_parser(sub) -> None:

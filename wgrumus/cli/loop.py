@@ -20,7 +20,6 @@ class Layout:
     pp: int = 1
     schedule: str = "1f1b"
     micro_batches: int = 1
-    devices: int = 1
     backend: str = "threads"
 
     @property
@@ -34,8 +33,8 @@ class Layout:
     def describe(self) -> str:
         s = f"dp={self.dp} tp={self.tp} pp={self.pp}"
         if self.pp > 1:
-            s += f" ({self.schedule}, {self.micro_batches} micro-batches)"
-        return s + f" on {self.world} device(s), {self.backend}"
+            s += f" schedule={self.schedule} micro-batches={self.micro_batches}"
+        return s + f" on {self.world} device(s) ({self.backend})"
 
 
 @dataclass
@@ -73,8 +72,7 @@ def config_from_args(args) -> TrainConfig:
         raise UsageError("give --steps or --epochs, not both")
     if args.resume and not args.checkpoint:
         raise UsageError("--resume needs --checkpoint DIR (the directory to resume from)")
-    overwrite = getattr(args, "overwrite", False)
-    if args.resume and overwrite:
+    if args.resume and args.overwrite:
         raise UsageError("give --resume (continue the checkpoint) or --overwrite (replace it), "
                          "not both")
     if args.tp > 1 and model != "gpt":
@@ -90,8 +88,8 @@ def config_from_args(args) -> TrainConfig:
     if model == "gpt":
         _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
-    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, 0, args.backend)
-    _device_count(args, layout, create=False)  # a device shortfall is the first thing to fix
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, args.backend)
+    _check_devices(args, layout, create=False)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
         raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
@@ -99,20 +97,18 @@ def config_from_args(args) -> TrainConfig:
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
-    precision = getattr(args, "precision", "f32")
-    jit = getattr(args, "jit", True)  # default on, CPU adapters included
-    layout.devices = _device_count(args, layout)
+    _check_devices(args, layout)
     if args.checkpoint:
         _check_writable(args.checkpoint)
-        if not args.resume and not overwrite:
+        if not args.resume and not args.overwrite:
             _refuse_existing(args.checkpoint)
-    if precision == "f16":
+    if args.precision == "f16":
         _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
                        args.plot, args.json, getattr(args, "title", "wgrumus train"),
                        args.clip, args.lr_schedule, args.warmup,
-                       args.activation_checkpointing, precision, jit)
+                       args.activation_checkpointing, args.precision, args.jit)
 
 
 def _check_f16(model: str, layout: Layout) -> None:
@@ -145,17 +141,16 @@ def _check_gpt_sizes(args) -> None:
                          f"(--n-layer is {args.n_layer})")
 
 
-def _device_count(args, layout: Layout, create: bool = True) -> int:
-    """How many devices the run uses; --devices N (re)creates N devices in this process
-    (unless ``create`` is False: only check that there are enough)."""
+def _check_devices(args, layout: Layout, create: bool = True) -> None:
+    """Enough devices (or MPI processes) for the layout; --devices N (re)creates N devices in
+    this process (unless ``create`` is False: only check that there are enough)."""
     import wgrumus as wr
     if layout.backend == "mpi":
         size = _mpi_size()
         if size != layout.world:
             raise UsageError(f"{layout.product()} ranks, but mpiexec started {size} "
                              f"process(es); run mpiexec -n {layout.world}")
-        return layout.world
-    if args.devices is not None:
+    elif args.devices is not None:
         if args.devices < layout.world:
             raise UsageError(f"{layout.product()} devices needed, but --devices is "
                              f"{args.devices}; pass --devices {layout.world} or more")
@@ -164,13 +159,10 @@ def _device_count(args, layout: Layout, create: bool = True) -> int:
         ctx = getattr(wr.MultiGpuContext, "_instance", None)
         if create and (ctx is None or len(ctx.devices) != args.devices):
             wr.MultiGpuContext.reset(count=args.devices)
-        return args.devices
-    have = len(wr.devices())
-    if layout.world > have:
+    elif layout.world > (have := len(wr.devices())):
         raise UsageError(f"{layout.product()} devices needed, but this process has {have}; pass "
                          f"--devices {layout.world} (logical devices share an adapter) or set "
                          f"WGRUMUS_DEVICES={layout.world}")
-    return have
 
 
 def _mpi_size() -> int:

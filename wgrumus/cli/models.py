@@ -11,6 +11,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import wgrumus as wr
+
+from .. import nn, optim
+from ..data import CharCorpus, load_digits
+from ..nn import functional as F
+from .common import UsageError
+from .optimizing import TrainOptimizer
+
 DEFAULT_LR = {"sgd": 0.1, "adam": 3e-3, "adamw": 3e-3}
 TEST_SPLIT_SEED = 1234  # the held-out split does not move with --seed
 
@@ -41,12 +49,10 @@ class Task:
 
     # ---------------------------------------------------------------- model, loss, optimizer
     def make_model(self, device):
-        import wgrumus as wr
         wr.manual_seed(self.seed)  # same initial weights in every layout
         return self.build(device)
 
     def loss(self, out, y):
-        from ..nn import functional as F
         if out.ndim == 3:  # gpt: [B, T, V] logits, [B, T] targets
             out = out.reshape(-1, out.shape[-1])
             y = y.reshape(-1)
@@ -56,8 +62,6 @@ class Task:
         """The optimizer over ``params`` at the scheduled rate, clipping to --clip unless
         ``clip`` is False (the caller clips: pipeline stages share one norm). ``group`` and
         ``counted_elsewhere``: see optim.clip_grad_norm_ (sharded layouts)."""
-        from .. import optim
-        from .optimizing import TrainOptimizer
         cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}[self.optimizer]
         opt = cls(params, lr=self.lr, momentum=0.9) if self.optimizer == "sgd" else \
             cls(params, lr=self.lr)
@@ -125,12 +129,8 @@ def build(cfg) -> Task:
 
 # ------------------------------------------------------------------------------- digits
 def _digits_task(cfg, lr) -> Task:
-    from ..data import load_digits
-    x, y = load_digits()
-    x = np.asarray(x, np.float32).reshape(len(x), -1)
-    if x.max() > 1.5:
-        x = x / 16.0  # pixel values 0..16
-    y = np.asarray(y).astype(np.int32)
+    x, y = load_digits()  # float32 [n, 64] pixel counts 0..16, int32 labels
+    x = x / 16.0
     perm = np.random.default_rng(TEST_SPLIT_SEED).permutation(len(x))
     test, train = perm[:300], perm[300:]
     if cfg.model == "cnn":
@@ -141,13 +141,11 @@ def _digits_task(cfg, lr) -> Task:
 
 
 def _mlp(device):
-    from .. import nn
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
                          nn.Linear(128, 10)).to(device)
 
 
 def _cnn(device):
-    from .. import nn
     return nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 16 x 4 x 4
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 32 x 2 x 2
@@ -156,23 +154,18 @@ def _cnn(device):
 
 # ---------------------------------------------------------------------------------- gpt
 def _gpt_task(cfg, lr) -> Task:
-    from ..data import load_text
-    text = load_text()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], np.int32)
+    corpus = CharCorpus()
+    chars, ids = corpus.chars, corpus.encode(corpus.text)
     cut = int(len(ids) * 0.9)
     g = cfg.gpt
     longest = len(ids) - cut - 2  # a window plus its next character fits in the held-out text
     if g["block_size"] > longest:
-        from .common import UsageError
         raise UsageError(f"--block-size {g['block_size']} is longer than the text allows: the "
                          f"held-out part has {len(ids) - cut} characters, so use --block-size "
                          f"{longest} or less")
     conf = {"model": "gpt", "vocab_size": len(chars), **g}
 
     def build_fn(device):
-        from .. import nn
         return nn.GPT(vocab_size=len(chars), block_size=g["block_size"], n_layer=g["n_layer"],
                       n_head=g["n_head"], n_embd=g["n_embd"]).to(device)
 

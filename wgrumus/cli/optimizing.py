@@ -7,15 +7,9 @@ is saved in checkpoints with the optimizer state and a resumed run sets the rate
 uninterrupted one would."""
 from __future__ import annotations
 
+from ..optim import lr_scheduler
+
 SCHEDULES = ("constant", "cosine")
-
-
-def make_schedule(opt, name: str, warmup: int, total_steps: int):
-    """The LRScheduler whose closed form ``lr_at(t)`` gives step t's rates."""
-    from ..optim import lr_scheduler as S
-    if name == "cosine":
-        return S.CosineAnnealingLR(opt, T_max=max(total_steps, 1), warmup_steps=warmup)
-    return S.LinearWarmup(opt, warmup_steps=warmup)
 
 
 class TrainOptimizer:
@@ -25,10 +19,13 @@ class TrainOptimizer:
 
     def __init__(self, opt, schedule: str, warmup: int, total_steps: int, clip=None,
                  group=None, counted_elsewhere=()):
-        self.opt = opt
-        self.schedule = make_schedule(opt, schedule, warmup, total_steps)
+        self.opt = opt  # the schedule's closed form lr_at(t) gives step t's rates
+        self.schedule = (lr_scheduler.CosineAnnealingLR(opt, T_max=max(total_steps, 1),
+                                                        warmup_steps=warmup)
+                         if schedule == "cosine" else
+                         lr_scheduler.LinearWarmup(opt, warmup_steps=warmup))
         self.clip, self.group, self.counted_elsewhere = clip, group, list(counted_elsewhere)
-        self._set_lr()
+        self.begin_step()
 
     @property
     def param_groups(self):
@@ -38,15 +35,12 @@ class TrainOptimizer:
     def params(self) -> list:
         return [p for g in self.opt.param_groups for p in g["params"]]
 
-    def _set_lr(self) -> int:
+    def begin_step(self) -> int:
+        """Set this step's rates; returns the step count for ``end_step``."""
         t = int(self.opt.param_groups[0].get("lr_step", 0))
         for g, lr in zip(self.opt.param_groups, self.schedule.lr_at(t)):
             g["lr"] = lr
         return t
-
-    def begin_step(self) -> int:
-        """Set this step's rates; returns the step count for ``end_step``."""
-        return self._set_lr()
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
@@ -81,4 +75,4 @@ class TrainOptimizer:
 
     def load_state_dict(self, sd: dict) -> None:
         self.opt.load_state_dict(sd)
-        self._set_lr()
+        self.begin_step()

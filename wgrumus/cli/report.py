@@ -91,10 +91,7 @@ def summary(cfg, task, res: dict) -> None:
               title_justify="left", show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    lay = res["layout"]
-    t.add_row("layout", f"dp={lay['dp']} tp={lay['tp']} pp={lay['pp']}"
-              + (f" schedule={lay['schedule']} micro-batches={lay['micro_batches']}"
-                 if lay["pp"] > 1 else "") + f" on {lay['devices']} device(s) ({lay['backend']})")
+    t.add_row("layout", cfg.layout.describe())
     t.add_row("steps", f"{res['steps']} (batch {res['batch_size']}, {res['optimizer']} "
               f"lr {res['lr']:g})")
     if res["losses"]:

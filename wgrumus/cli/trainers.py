@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import wgrumus as wr
+
 from .common import UsageError
 
 
@@ -24,23 +26,18 @@ def make_trainer(cfg, task):
     if cfg.model == "gpt":
         from .trainers_3d import ThreeDTrainer
         return ThreeDTrainer(cfg, task)
-    if lay.backend == "mpi":
-        if lay.pp > 1:
-            raise UsageError("--backend mpi runs --pp for the gpt model; for mlp/cnn use "
-                             "--backend mpi with --dp only, or --pp with the threads backend")
-        from .trainers_parallel import DataParallelTrainer
-        return DataParallelTrainer(cfg, task)
+    if lay.backend == "mpi" and lay.pp > 1:
+        raise UsageError("--backend mpi runs --pp for the gpt model; for mlp/cnn use "
+                         "--backend mpi with --dp only, or --pp with the threads backend")
+    from .trainers_parallel import DataParallelTrainer, PipelineTrainer
     if lay.pp > 1:
-        from .trainers_parallel import PipelineTrainer
         return PipelineTrainer(cfg, task)
-    if lay.dp > 1:
-        from .trainers_parallel import DataParallelTrainer
+    if lay.dp > 1 or lay.backend == "mpi":
         return DataParallelTrainer(cfg, task)
     return SingleTrainer(cfg, task)
 
 
 def to_tensor(arr: np.ndarray, device):
-    import wgrumus as wr
     dtype = wr.int32 if np.issubdtype(arr.dtype, np.integer) else wr.float32
     return wr.tensor(np.ascontiguousarray(arr), device=device, dtype=dtype)
 
@@ -48,7 +45,6 @@ def to_tensor(arr: np.ndarray, device):
 def eval_forward(model, x, device) -> np.ndarray:
     """Dense outputs of ``model`` on ``x`` in eval mode without recording gradients; the model
     is back in train mode afterwards."""
-    import wgrumus as wr
     model.eval()
     with wr.no_grad():
         out = model(to_tensor(x, device)).numpy()
@@ -78,6 +74,15 @@ class TrainerBase:
             return bool(self.group.all_reduce(np.array([float(flag)]), "max")[0])
         return flag
 
+    def join_mpi(self, timeout: float):
+        """--backend mpi: this process's rank joins the group (``self.group``; rank 0 prints);
+        returns the device of the rank (rank % devices)."""
+        from ..distributed import init_process_group
+        self.group = init_process_group("mpi", timeout=timeout)
+        self.is_main = self.group.rank == 0
+        devs = wr.devices()
+        return devs[self.group.rank % len(devs)]
+
     def close(self) -> None:
         pass
 
@@ -88,20 +93,18 @@ class Precision:
     before backward, ``p.step(opt, grads)`` instead of ``opt.step(grads)``."""
 
     def __init__(self, precision: str, device):
-        import wgrumus as wr
         self.f16 = precision == "f16"
         self.device = device
         self.scaler = wr.amp.GradScaler(enabled=self.f16)
 
     def autocast(self):
-        import wgrumus as wr
         return wr.autocast(enabled=self.f16, device=self.device)
 
-    def step(self, opt, grads, bookkeeping: bool = True) -> None:
-        """The optimizer step through the scaler; ``bookkeeping=False``: its device work only
-        (``opt.clip_and_step``: what a wr.jit capture replays, the schedule's host bookkeeping
-        running around the replay)."""
-        self.scaler.step(opt if bookkeeping else _DeviceWork(opt), grads)
+    def step(self, opt, grads) -> None:
+        """The device work of the optimizer step (``opt.clip_and_step``: what a wr.jit capture
+        replays) through the scaler; the schedule's host bookkeeping runs around it
+        (``with_bookkeeping``)."""
+        self.scaler.step(_DeviceWork(opt), grads)
         self.scaler.update()
 
 
@@ -120,28 +123,23 @@ class SingleTrainer(TrainerBase):
     """Plain training on device 0: forward, backward on the tape, fused optimizer step."""
 
     def __init__(self, cfg, task):
-        import wgrumus as wr
         self.task = task
         self.device = wr.devices()[0]
         self.model = task.make_model(self.device)
         self.opt = task.make_optimizer(self.model.parameters())
         self.amp = Precision(cfg.precision, self.device)
-        self.jit = cfg.jit
         self._step = wr.jit(self._train_step) if cfg.jit else self._train_step
 
     def _train_step(self, x, y):
-        import wgrumus as wr
         with self.amp.autocast():
             loss = self.task.loss(self.model(x), y)
-        grads = wr.autograd.backward(self.amp.scaler.scale(loss))
-        # jit: the schedule's host bookkeeping runs around the replay (step below)
-        self.amp.step(self.opt, grads, bookkeeping=not self.jit)
+        self.amp.step(self.opt, wr.autograd.backward(self.amp.scaler.scale(loss)))
         return loss
 
     def step(self, x, y) -> float:
         self.model.train()
         x, y = to_tensor(x, self.device), to_tensor(y, self.device)
-        loss = with_bookkeeping([self.opt] if self.jit else [], lambda: self._step(x, y))
+        loss = with_bookkeeping([self.opt], lambda: self._step(x, y))
         return float(loss.item())
 
     def predict(self, x) -> np.ndarray:
@@ -153,6 +151,12 @@ class SingleTrainer(TrainerBase):
     def load_state_dict(self, sd) -> None:
         self.model.load_state_dict(sd["model"])
         self.opt.load_state_dict(sd["optimizer"])
+
+    def close(self) -> None:
+        """Give the captured step's buffers back to the pool (--jit) now, not at some later
+        garbage collection (the trainer and its jitted method form a cycle)."""
+        if hasattr(self._step, "free"):
+            self._step.free()
 
     def device_stats(self, seconds: float) -> list[dict]:
         d = self.device

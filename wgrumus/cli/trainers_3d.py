@@ -12,12 +12,20 @@ buckets' all-reduces start there and are waited for before clipping (capture.hos
 """
 from __future__ import annotations
 
-import math
 import queue
 import threading
 
 import numpy as np
 
+import wgrumus as wr
+
+from ..autograd import GradientStore
+from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
+from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
+from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
+from ..nn import GPTConfig
+from ..ops.creation import ones
+from ..ops.elementwise import copy_into
 from .common import UsageError
 from .trainers import Precision, TrainerBase, with_bookkeeping
 
@@ -27,12 +35,11 @@ STEP_TIMEOUT = 900.0        # the longest the driver waits for one command on al
 
 
 def gpt_config(cfg, task):
-    from ..nn import GPTConfig
     g = cfg.gpt
     vocab = task.config["vocab_size"]
     # Pad the vocabulary to a multiple of 8 so tp in {1, 2, 4, 8} can split it, and so every
     # layout trains the same model (the extra rows are never a target).
-    padded = int(math.ceil(vocab / 8) * 8)
+    padded = -(-vocab // 8) * 8
     return GPTConfig(vocab_size=padded, block_size=g["block_size"], n_layer=g["n_layer"],
                      n_head=g["n_head"], n_embd=g["n_embd"])
 
@@ -41,7 +48,6 @@ class _Rank:
     """One rank's RankTrainer, optimizer and precision (used by thread ranks and MPI ranks)."""
 
     def __init__(self, group, gcfg, lay, task, seed, precision="f32", jit: bool = False):
-        from ..distributed.parallel3d import RankTrainer, gpt_shard_plan
         self.group, self.gcfg, self.lay = group, gcfg, lay
         self.rank = RankTrainer(group, gcfg, lay.dp, lay.tp, lay.pp, lay.schedule,
                                 lay.micro_batches, seed, task.activation_checkpointing)
@@ -53,14 +59,12 @@ class _Rank:
         self.amp = Precision(precision, self.device)
         self._jit = None
         if jit:
-            import wgrumus as wr
             self._jit = wr.jit(self._captured_step, devices=[self.device])
 
     def _clip_scope(self, task, group) -> dict:
         """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
         the model; dp replicas hold the same averaged gradients): a group of them, and the
         TP-replicated parameters (LayerNorms, row-parallel biases) counted on tp rank 0 only."""
-        from ..distributed.tensor_parallel.shard import REPLICATE
         if task.clip is None or self.lay.tp * self.lay.pp == 1:
             return {}
         model = group.split(self.map.dp_rank, name=f"model-dp{self.map.dp_rank}")
@@ -74,8 +78,6 @@ class _Rank:
         the host. Captured per rank by --jit: pipeline sends and receives, tensor-parallel and
         data-parallel all-reduces run between the replayed segments. Returns the micro-batch
         losses (device tensors on last-stage ranks, None elsewhere)."""
-        from ..autograd import GradientStore
-        from ..ops.creation import ones
         if self.amp.f16:  # the scale stays on the device, so a replay follows its updates
             self.rank.loss_scale = self.amp.scaler.scale(ones((), device=self.device))
         with self.amp.autocast():
@@ -83,7 +85,7 @@ class _Rank:
         store = GradientStore()
         for n in self.names:
             store.accumulate(self.params[n], grads[n])
-        self.amp.step(self.opt, store, bookkeeping=False)  # bookkeeping: around the replay
+        self.amp.step(self.opt, store)
         return self.rank.mb_losses
 
     def close(self) -> None:
@@ -91,32 +93,17 @@ class _Rank:
         if self._jit is not None:
             self._jit.free()
 
-    def command(self, cmd: str, arg=None):
-        """Run one driver command ("step", "state", "load" or "stats")."""
-        if cmd in ("state", "stats"):
-            return getattr(self, cmd)()
-        return getattr(self, cmd)(arg)
-
     @property
     def coords(self):
         return self.rank.coords
 
     def step(self, tokens: np.ndarray):
         """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
-        on the rank (dp 0, tp 0, last stage), None elsewhere."""
-        from ..autograd import GradientStore
-        rank = self.rank
-        if self._jit is not None:
-            mbs = [t for mb in rank.micro_batches(tokens) for t in mb]
-            rank.mb_losses = with_bookkeeping([self.opt], lambda: self._jit(*mbs))
-            return self._loss()
-        rank.loss_scale = self.amp.scaler.get_scale()
-        with self.amp.autocast():
-            grads = rank.gradients(tokens)
-        store = GradientStore()
-        for n in self.names:
-            store.accumulate(self.params[n], grads[n])
-        self.amp.step(self.opt, store)
+        on the rank (dp 0, tp 0, last stage), None elsewhere. Without --jit the captured step
+        runs eagerly, as a wr.jit warm-up call does."""
+        mbs = [t for mb in self.rank.micro_batches(tokens) for t in mb]
+        run = self._jit or self._captured_step
+        self.rank.mb_losses = with_bookkeeping([self.opt], lambda: run(*mbs))
         return self._loss()
 
     def _loss(self):
@@ -137,10 +124,6 @@ class _Rank:
 
     def load(self, dense: dict) -> None:
         """Take this rank's shards of a dense checkpoint (any layout wrote it)."""
-        import wgrumus as wr
-
-        from ..distributed.tensor_parallel.shard import shard_array
-        from ..ops.elementwise import copy_into
         tp, r = self.lay.tp, self.map.tp_rank
 
         def shard(n, arr):
@@ -168,8 +151,6 @@ class _Rank:
 def _dense(states: list, gcfg, lay) -> dict:
     """Merge every rank's shards (from replica dp=0) into dense parameters and optimizer
     state, keyed by name."""
-    from ..distributed.parallel3d import gpt_shard_plan
-    from ..distributed.tensor_parallel.shard import unshard_arrays
     by = {s["coords"]: s for s in states}
     params, opt = {}, {}
     for pp in range(lay.pp):
@@ -192,9 +173,6 @@ class ThreeDTrainer(TrainerBase):
     process) keep their shards and optimizer state from step to step."""
 
     def __init__(self, cfg, task):
-        import wgrumus as wr
-
-        from ..distributed.parallel3d import Layout3DError, validate_layout
         self.cfg, self.task, self.lay = cfg, task, cfg.layout
         self.gcfg = gpt_config(cfg, task)
         try:
@@ -204,25 +182,20 @@ class ThreeDTrainer(TrainerBase):
             raise UsageError(str(e)) from None
         self._dense_model = None  # every rank builds the nn.GPT of --seed and keeps its shards
         if self.lay.backend == "mpi":
-            from ..distributed import init_process_group
-            group = init_process_group("mpi", timeout=COLLECTIVE_TIMEOUT)
-            devs = wr.devices()
-            group.device = devs[group.rank % len(devs)]
-            self.group = group
-            self.is_main = group.rank == 0
-            self.rank = _Rank(group, self.gcfg, self.lay, task, cfg.seed, cfg.precision, cfg.jit)
+            device = self.join_mpi(COLLECTIVE_TIMEOUT)
+            self.group.device = device
+            self.rank = _Rank(self.group, self.gcfg, self.lay, task, cfg.seed, cfg.precision,
+                              cfg.jit)
             self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])
 
     def _global_rank(self, dp, tp, pp):
-        from ..distributed import RankMapping, ThreeDParallelismConfig
         return RankMapping.from_3d_coords(ThreeDParallelismConfig(self.lay.dp, self.lay.tp,
                                                                   self.lay.pp), dp, tp, pp)
 
     # ------------------------------------------------------------------ thread ranks
     def _start_threads(self, devices):
-        from ..distributed import spawn
         world = self.lay.world
         self._inbox = [queue.Queue() for _ in range(world)]
         self._replies: queue.Queue = queue.Queue()
@@ -235,13 +208,13 @@ class ThreeDTrainer(TrainerBase):
             self._replies.put((group.rank, "ready", None))
             while not self._stop.is_set():
                 try:
-                    cmd, arg = self._inbox[group.rank].get(timeout=_POLL)
+                    cmd, args = self._inbox[group.rank].get(timeout=_POLL)
                 except queue.Empty:
                     continue
                 if cmd == "close":
                     return rank.close()
                 try:
-                    out = rank.command(cmd, arg)
+                    out = getattr(rank, cmd)(*args)  # step, state, load or stats
                 except BaseException:
                     self._stop.set()  # ranks idle between commands stop too; spawn reports it
                     raise
@@ -276,12 +249,12 @@ class ThreeDTrainer(TrainerBase):
             got += 1
         return out
 
-    def _all(self, cmd, arg=None) -> list:
+    def _all(self, cmd, *args) -> list:
         if self.lay.backend == "mpi":
-            out = self.rank.command(cmd, arg)
+            out = getattr(self.rank, cmd)(*args)
             return self.group.all_gather_object(out) if cmd in ("state", "stats") else [out]
         for q in self._inbox:
-            q.put((cmd, arg))
+            q.put((cmd, args))
         return self._collect(cmd)
 
     # ------------------------------------------------------------------ interface
@@ -304,7 +277,6 @@ class ThreeDTrainer(TrainerBase):
 
     def predict(self, x) -> np.ndarray:
         """The gathered weights in a dense nn.GPT on device 0 (evaluation and sampling)."""
-        import wgrumus as wr
         if self._dense_model is None:
             model = self.gcfg.build(self.cfg.seed, wr.devices()[0])
             model.load_state_dict(self.state_dict()["params"])
@@ -327,7 +299,7 @@ class ThreeDTrainer(TrainerBase):
         if self.lay.backend == "mpi":
             return self.rank.close()
         for q in self._inbox:
-            q.put(("close", None))
+            q.put(("close", ()))
         self._driver.join(30.0)
         self._stop.set()
 

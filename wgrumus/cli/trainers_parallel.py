@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
+import wgrumus as wr
+
 from ..autograd import GradientStore
+from ..distributed import ProcessGroup, ThreadWorld, spawn
+from ..distributed.averaging import GradientAverager
+from ..distributed.data_parallel import DataParallel
 from ..distributed.errors import CollectiveError
+from ..distributed.pipeline import PipelineExecutor, split_sequential
+from ..optim import clip_grad_norm_
 from .common import UsageError
 from .trainers import TrainerBase, eval_forward, to_tensor, with_bookkeeping
-
-
-def _devices(cfg):
-    import wgrumus as wr
-    devs = wr.devices()
-    return devs[:cfg.layout.world]
 
 
 def _copy_weights(src, dst) -> None:
@@ -35,19 +36,9 @@ class DataParallelTrainer(TrainerBase):
     device rank % devices); every process draws the same global batch and takes its rows."""
 
     def __init__(self, cfg, task):
-        from ..distributed.data_parallel import DataParallel
         self.task = task
-        self.group = None
-        if cfg.layout.backend == "mpi":
-            import wgrumus as wr
-
-            from ..distributed import init_process_group
-            self.group = init_process_group("mpi", timeout=120.0)
-            all_devs = wr.devices()
-            devs = [all_devs[self.group.rank % len(all_devs)]]
-            self.is_main = self.group.rank == 0
-        else:
-            devs = _devices(cfg)
+        devs = ([self.join_mpi(120.0)] if cfg.layout.backend == "mpi"
+                else wr.devices()[:cfg.layout.world])
         self.model = task.make_model(devs[0])
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
                                group=self.group, jit=cfg.jit)
@@ -85,11 +76,9 @@ class PipelineTrainer(TrainerBase):
     """dp replicas x pp stages; replica r's stage s runs on device r * pp + s."""
 
     def __init__(self, cfg, task):
-        from ..distributed.pipeline import PipelineExecutor, split_sequential
         lay = cfg.layout
         self.task, self.lay = task, lay
-        devs = _devices(cfg)
-        self.devs = devs
+        devs = wr.devices()[:lay.world]
         self.master = task.make_model(devs[0])
         n_layers = len(list(iter(self.master)))
         chunks = 2 if lay.schedule == "interleaved" else 1
@@ -121,8 +110,6 @@ class PipelineTrainer(TrainerBase):
     def _build_averagers(self) -> None:
         """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks); replica r
         averages its pieces' gradients in piece order, like every other replica."""
-        from ..distributed import ProcessGroup, ThreadWorld
-        from ..distributed.averaging import GradientAverager
         for k in range(len(self.stages[0])):
             if not self.stages[0][k].parameters():
                 continue
@@ -143,7 +130,6 @@ class PipelineTrainer(TrainerBase):
             loss, store = self._run(0, x, y)
             _step_stages(self.opts[0], store, self.task.clip)
             return float(loss)
-        from ..distributed import spawn
         n = len(x) // dp
 
         def go(group):
@@ -171,7 +157,6 @@ class PipelineTrainer(TrainerBase):
             ex.close()
 
     def predict(self, x) -> np.ndarray:
-        import wgrumus as wr
         with wr.no_grad():
             h = to_tensor(x, self.stages[0][0].device)
             for st in self.stages[0]:
@@ -230,7 +215,6 @@ def _step_stages(opts, store, clip=None) -> None:
     parameters)."""
     opts = [o for o in opts if o is not None]
     if clip is not None:
-        from ..optim import clip_grad_norm_
         clip_grad_norm_([p for o in opts for p in o.params], clip, grads=store)
     for opt in opts:
         opt.step(store)

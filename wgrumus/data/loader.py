@@ -124,11 +124,9 @@ class DataLoader:
         return tensor(batch, device=self.device)
 
     def __iter__(self):
-        if self._active is not None:
-            self._active.close()
-        it = _Iter(self)
-        self._active = it
-        return it
+        self.close()
+        self._active = _Iter(self)
+        return self._active
 
     def close(self) -> None:
         if self._active is not None:

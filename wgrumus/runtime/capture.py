@@ -3,19 +3,12 @@
 While a capture is open, each device records, in order, the dispatches (pipeline, bind group
 layout, buffers, parameter words, workgroup counts), buffer copies and host writes it is asked
 to run, besides running them as usual. ``replay.Replay`` turns such a recording into command
-buffers without Python per op. Operations whose result a replay cannot reproduce (reading a
-value back to the host, drawing a seed from the global generator, a learning-rate scheduler
-step, creating parameters or optimizer state) call ``refuse`` and fail with a ``CaptureError``
-that names the call.
+buffers without Python per op. Operations whose result a replay cannot reproduce (listed in
+jit.py) call ``refuse`` and fail with a ``CaptureError`` that names the call.
 
-Communication with other ranks (a collective, a send or a receive) is a ``host_op``: it runs
-eagerly with the recording paused, and the recording keeps the call itself, so a replay submits
-the device work before it, runs the call again on the same buffers, copies its result into the
-buffer the captured work reads, and goes on: captured segments with host-side communication
-between them. An asynchronous call (``host_launch``: a bucket's all-reduce started while
-backward goes on) is recorded as two host operations: the launch, where the capture started it,
-and the join, where the captured code waited for it; a replay starts it after submitting the
-work before it, keeps submitting the captured work, and waits only at the join.
+Communication with other ranks (a collective, a send or a receive) is recorded as a host
+operation (``host_op``; ``host_launch`` for an asynchronous one): a replay runs it again between
+the replayed segments (replay.py).
 """
 from __future__ import annotations
 
@@ -96,10 +89,6 @@ class Recording:
 
     def join(self, slot: int, out, timeout) -> None:
         self.ops.append(("j", slot, out, timeout))
-
-    @property
-    def dispatches(self) -> int:
-        return sum(op[0] == "d" for op in self.ops)
 
     def buffers(self) -> list:
         """Every device buffer the recording reads or writes (each once)."""

@@ -24,7 +24,7 @@ from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
-from .native import RawPass, RawTextureCopy, submit, trusted_module
+from .native import RawPass, RawTextureCopy, api, trusted_module
 from .pool import BufferPool
 from .staging import HostTransfers
 
@@ -40,7 +40,7 @@ _TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*textur
 # Texels a row of the operand textures (operand_texture): 16 KiB rows (a buffer-to-texture copy
 # needs rows of a multiple of 256 bytes), quad q of a region at (q % TEX_W, q // TEX_W).
 TEX_W = 1024
-_OPTIONAL_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
+OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")  # requested where offered
 # Kernel families whose every access is range-checked by the kernel itself: compiled without
 # wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
 # register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
@@ -68,7 +68,7 @@ class Device(HostTransfers):
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
         cpu = is_cpu_adapter(self)  # memory is host memory
-        feats = [f for f in _OPTIONAL_FEATURES if f in adapter.features]
+        feats = [f for f in OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
                                                 label=f"wgrumus:{index}")
@@ -114,7 +114,7 @@ class Device(HostTransfers):
         The layout is explicit where the shader's bindings can be read off its source: the
         parameter slot then is a dynamic offset, so one bind group serves every dispatch on
         the same buffers. Otherwise the layout is wgpu's automatic one."""
-        key = (kernel.key, nbuf)
+        key = (kernel, nbuf)
         p = self._pipelines.get(key)
         if p is None:
             src = kernel.source()
@@ -182,13 +182,17 @@ class Device(HostTransfers):
         return bg
 
     # ------------------------------------------------------------------ recording
+    def begin_pass(self, encoder):
+        """A compute pass on ``encoder`` (this device's), timed while a GpuTimer is open."""
+        writes = self._timer._pass_writes() if self._timer is not None else None
+        return (encoder.begin_compute_pass(timestamp_writes=writes) if writes
+                else encoder.begin_compute_pass())
+
     def _open_pass(self):
         if self._encoder is None:
             self._encoder = self.wgpu.create_command_encoder()
         if self._pass is None:
-            writes = self._timer._pass_writes() if self._timer is not None else None
-            self._pass = (self._encoder.begin_compute_pass(timestamp_writes=writes) if writes
-                          else self._encoder.begin_compute_pass())
+            self._pass = self.begin_pass(self._encoder)
             if self._raw is not None:
                 self._raw.begin(self._pass)
         return self._pass
@@ -318,8 +322,9 @@ class Device(HostTransfers):
         self._upload_used = []
 
     def _submit(self, command_buffer) -> None:
-        """Every submit of this device's work (batches and wr.jit replays) goes through here."""
-        self.last_submission = submit(self.queue, command_buffer)
+        """Every submit of this device's work (batches and wr.jit replays) goes through here;
+        its submission index (None through wgpu-py's API)."""
+        self.last_submission = api().submit(self.queue, command_buffer)
         self.submits += 1
 
     def flush(self) -> None:

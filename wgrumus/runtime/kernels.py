@@ -2,7 +2,7 @@
 
 A kernel is (family file, entry point, defines). Every family file is prefixed with
 ``common.wgsl`` (parameter slot access, dispatch index helpers), and ``{{NAME}}`` markers are
-replaced by the defines. The compiled pipeline is cached per device by ``Kernel.key``.
+replaced by the defines. The compiled pipeline is cached per device by Kernel (frozen, hashable).
 """
 from __future__ import annotations
 
@@ -42,16 +42,12 @@ class Kernel:
     def of(family: str, entry: str = "main", **defines) -> Kernel:
         return Kernel(family, entry, tuple(sorted((k, str(v)) for k, v in defines.items())))
 
-    @property
-    def key(self) -> tuple:
-        return (self.family, self.entry, self.defines)
-
     def source(self) -> str:
-        return render(self.family, dict(self.defines))
+        return _render(self.family, self.defines)
 
 
 @functools.lru_cache(maxsize=512)
-def _render_cached(family: str, defines: tuple) -> str:
+def _render(family: str, defines: tuple) -> str:
     d = dict(defines)
     body = _read("common.wgsl") + "\n" + _read(family + ".wgsl")
     if d.get("F16") == "1":  # the enable directive must precede every declaration
@@ -65,10 +61,6 @@ def _render_cached(family: str, defines: tuple) -> str:
 
     # Defines may contain markers themselves (e.g. an expression using {{T}}): substitute twice.
     return _MARK.sub(sub, _MARK.sub(sub, body))
-
-
-def render(family: str, defines: dict) -> str:
-    return _render_cached(family, tuple(sorted(defines.items())))
 
 
 @functools.cache

@@ -71,22 +71,16 @@ def api():
     """The staging API: wgpu-native's C functions (``.native`` True) where ``c_api()`` is
     available, else wgpu-py's promises (WGRUMUS_NO_NATIVE=1 forces that)."""
     global _api_obj
-    if _api_obj is not None:
+    if _api_obj is not None:  # (every submit asks)
         return _api_obj
     with _api_lock:
         if _api_obj is None:
-            _api_obj = _load() or _WgpuPy()
+            capi = None if os.environ.get("WGRUMUS_NO_NATIVE") else c_api()
+            try:
+                _api_obj = _Native(capi) if capi is not None else _WgpuPy()
+            except Exception:  # noqa: BLE001 - a header of another shape: use wgpu-py's API
+                _api_obj = _WgpuPy()
         return _api_obj
-
-
-def _load():
-    capi = c_api()
-    if os.environ.get("WGRUMUS_NO_NATIVE") or capi is None:
-        return None
-    try:
-        return _Native(capi)
-    except Exception:  # noqa: BLE001 - a header of another shape: use wgpu-py's API
-        return None
 
 
 def mapped_range(buffer, size: int) -> memoryview:
@@ -411,7 +405,3 @@ class _WgpuPy:
 
     pending = 0
 
-
-def submit(queue, command_buffer):
-    """Submit one command buffer; its submission index (None through wgpu-py's API)."""
-    return api().submit(queue, command_buffer)

@@ -100,9 +100,7 @@ class Replay:
 
     def run(self, before=(), after=()) -> None:
         """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
-        copies encoded ahead of / behind the recorded work (inputs in, outputs out). On a CPU
-        adapter a replay without host operations is handed to the device's submission thread
-        (runtime/submitter.py) and this returns at once."""
+        copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
         dev = self.device
         last = len(self._parts) - 1
         trace, pending = [], {}  # pending: slot -> the handle of a launched host operation
@@ -142,7 +140,7 @@ class Replay:
             return
         enc = dev.wgpu.create_command_encoder()
         if self._raw is not None:
-            self._raw[i // 2].encode(enc, self._pass, before, after)
+            self._raw[i // 2].encode(enc, dev.begin_pass, before, after)
         else:
             self._encode_api(enc, self._parts[i], before, after)
         dev._submit(enc.finish())
@@ -176,12 +174,6 @@ class Replay:
             self.device.copy(res._storage.buffer, res.offset * res.dtype.itemsize,
                              out._storage.buffer, out.offset * out.dtype.itemsize, nbytes)
 
-    def _pass(self, enc):
-        timer = self.device._timer
-        writes = timer._pass_writes() if timer is not None else None
-        return enc.begin_compute_pass(timestamp_writes=writes) if writes else \
-            enc.begin_compute_pass()
-
     def _encode_api(self, enc, segs, before, after) -> None:
         for c in before:
             enc.copy_buffer_to_buffer(*c)
@@ -192,7 +184,7 @@ class Replay:
             if kind == _TEX:
                 copy_to_texture(enc, *body)
                 continue
-            cp = self._pass(enc)
+            cp = self.device.begin_pass(enc)
             for pipe, bg, offs, gx, gy, gz in body:
                 cp.set_pipeline(pipe)
                 cp.set_bind_group(0, bg, offs)

@@ -1,17 +1,11 @@
 """Device <-> host staging: the Device's uploads and downloads (``HostTransfers``) and the
-chunk staging of pipelined transfers (``Staging``).
+chunk staging of pipelined transfers (``Staging``: map requests tied to one submission, so
+several chunks are in flight in both directions at once).
 
-Device: uploads are copied (by several threads) into persistently mapped MAP_WRITE buffers and
-recorded as buffer copies in the device's batch; large downloads return a view of the mapped
-MAP_READ buffer itself (zero host copies).
-
-``Staging(device)`` keeps MAP_READ and MAP_WRITE buffers per power-of-two size. ``submit`` records
-buffer copies into the device's batch (after the work recorded before it), submits, and starts
-one map request per staging buffer tied to that submission; ``StagingBuffer.wait`` then waits for
-that submission only (runtime/native.py), so several chunks are in flight in both directions at
-once. Idle READ buffers are unmapped (ready to be copied into); idle WRITE buffers are mapped or
-being mapped (ready to be filled). After a failure ``discard`` finishes every map and unmaps and
-drops every buffer, so nothing is left mapped.
+Both keep staging buffers per power-of-two size: idle READ buffers are unmapped (ready to be
+copied into), idle WRITE buffers mapped or being mapped (ready to be filled). After a failure
+``Staging.discard`` finishes every map and unmaps and drops every buffer, so nothing is left
+mapped.
 """
 from __future__ import annotations
 
@@ -230,12 +224,6 @@ class Download:
 
     def result(self) -> bytes:
         return self._take(lambda v: v.tobytes())
-
-    def array(self, dtype) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        out = np.empty(self.nbytes // dtype.itemsize, dtype)
-        self.into(out.view(np.uint8))
-        return out
 
     def mapped_array(self, dtype) -> np.ndarray:
         """A writable array over the mapped staging memory itself; the buffer is unmapped and

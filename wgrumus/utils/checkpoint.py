@@ -18,7 +18,6 @@ from ..autograd.tape import (
     enable_grad,
     install_tape,
     is_grad_enabled,
-    no_grad,
     record,
 )
 from ..ops.random import get_rng_state, set_rng_state
@@ -62,7 +61,8 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
             try:
                 if rng is not None:
                     set_rng_state(rng)
-                fresh = {id(a): _leaf_copy(a) for a in tensors if a.requires_grad}
+                # each input's data as a new leaf: the recomputed graph ends there
+                fresh = {id(a): activation_leaf(detach(a)) for a in tensors if a.requires_grad}
                 again = fn(*[fresh.get(id(a), a) for a in args], **kwargs)
                 store = backward_with_grad(again, g)
             finally:
@@ -73,12 +73,6 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
 
     record("checkpoint", result, tensors + leaves, bw, saved=tensors)
     return result
-
-
-def _leaf_copy(a: Tensor) -> Tensor:
-    """``a``'s data as a new leaf with its own GradId: the recomputed graph ends there."""
-    with no_grad():
-        return activation_leaf(detach(a))
 
 
 def _leaves(root, args) -> list:
