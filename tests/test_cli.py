@@ -217,6 +217,34 @@ def test_checkpoint_and_resume_match_an_uninterrupted_run(tmp_path):
     assert any(k.startswith("model.") for k in load_file(str(ck / "checkpoint.safetensors")))
 
 
+def _as_format_1(skel):
+    """The checkpoint skeleton as earlier releases wrote it (cli/checkpoint.py LEGACY)."""
+    if isinstance(skel, dict):
+        if set(skel) == {"__tensor__"}:
+            return {"__array__": skel["__tensor__"]}
+        return {"__dict__": [[{"__int__": int(k)} if k.isdigit() else k, _as_format_1(v)]
+                             for k, v in skel.items()]}
+    if isinstance(skel, list):
+        return {"__list__": [_as_format_1(v) for v in skel], "tuple": False}
+    return skel
+
+
+@pytest.mark.timeout(240)
+def test_resume_reads_checkpoints_of_earlier_releases(tmp_path):
+    from wgrumus import io
+    ck = tmp_path / "ck"
+    full = train_json("mlp", "--steps", "6")["losses"]
+    train_json("mlp", "--steps", "3", "--checkpoint", ck)
+    path = str(ck / "checkpoint.safetensors")
+    arrays, meta = io.load_numpy(path)
+    meta.update(format="wgrumus-train-1",
+                state=json.dumps(_as_format_1(json.loads(meta["state"]))))
+    io.save(arrays, path, meta)
+    rest = train_json("mlp", "--steps", "6", "--checkpoint", ck, "--resume")
+    assert rest["steps_this_run"] == 3
+    assert rest["losses"] == pytest.approx(full, rel=1e-4)
+
+
 @pytest.mark.timeout(120)
 def test_resume_errors_exit_2(tmp_path, capsys):
     from wgrumus.cli import main

@@ -16,6 +16,7 @@ from .common import UsageError, is_main_rank
 
 FILE = "checkpoint.safetensors"
 FORMAT = "wgrumus-train-2"  # 2: the state skeleton of io.split_state
+LEGACY = "wgrumus-train-1"  # (earlier releases' checkpoints resume too: _legacy_state)
 
 
 def path_of(cfg) -> str:
@@ -46,7 +47,7 @@ def read(path: str):
         arrays, meta = load_numpy(path)
     except CheckpointError as e:  # corrupt header / truncated file / checksum
         raise UsageError(f"--resume: {path!r} is not a readable checkpoint ({e})") from None
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in (FORMAT, LEGACY):
         raise UsageError(f"--resume: {path!r} is not a wgrumus train checkpoint")
     return meta, arrays
 
@@ -72,5 +73,21 @@ def check(cfg, task):
 
 def load(trainer, meta, arrays):
     """Restore the trainer from check()'s result; returns (step, losses so far)."""
-    trainer.load_state_dict(join_state(json.loads(meta["state"]), arrays))
+    join = _legacy_state if meta["format"] == LEGACY else join_state
+    trainer.load_state_dict(join(json.loads(meta["state"]), arrays))
     return int(meta["step"]), [float(v) for v in json.loads(meta["losses"])]
+
+
+def _legacy_state(skel, arrays):
+    """A format-1 skeleton ({"__dict__": [[key or {"__int__": key}, value], ...]},
+    {"__list__": [...], "tuple": bool}, {"__array__": name}) with its arrays put back."""
+    if isinstance(skel, dict):
+        if "__array__" in skel:
+            return arrays[skel["__array__"]]
+        if "__dict__" in skel:
+            return {(k["__int__"] if isinstance(k, dict) else k): _legacy_state(v, arrays)
+                    for k, v in skel["__dict__"]}
+        if "__list__" in skel:
+            items = [_legacy_state(v, arrays) for v in skel["__list__"]]
+            return tuple(items) if skel.get("tuple") else items
+    return skel
