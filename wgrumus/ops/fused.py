@@ -172,10 +172,6 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
     fused = prefer_fused(dev, B * H, d, T, T)
-    # Unfused: the matmuls read the heads in place ([B, H, T, d] views of qkv and of the output
-    # gradient) and store the merged output and d(qkv) in place (matmul_into): no head
-    # splitting or merging copies; with a causal mask they skip what it hides.
-    part = (lambda name: name) if causal else (lambda name: None)
     with no_grad():
         src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
             else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
@@ -189,27 +185,18 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
             y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
             y = Tensor(y._storage, (B, T, E), None, y.offset)
-        else:
+        else:  # the output stored with its heads merged
             q, k, v = (heads[i] for i in range(3))
-            s = matmul_into(q, transpose(k, -1, -2), Tensor.empty((B, H, T, T), dev, float32),
-                            part("out"))
-            p = softmax(s, -1, scale=scale, causal=causal)
-            y = Tensor.empty((B, T, E), dev, float32)  # the product stored into merged heads
-            matmul_into(p, v, permute(reshape(y, (B, T, H, d)), (0, 2, 1, 3)), part("a_lower"))
+            y = Tensor.empty((B, T, E), dev, float32)
+            p = _attend(q, k, v, _merged(y, H), scale, causal)
     if not needs_grad(qkv):
         return y
 
     def bw(g):
         go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
-        if not fused:
-            dp = matmul_into(go, transpose(v, -1, -2), Tensor.empty((B, H, T, T), dev, float32),
-                             part("out"))
-            ds = softmax_backward(p, dp, False, scale, T if causal else 0)
-            dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)  # each product into its part
-            parts = permute(dqkv, (2, 0, 3, 1, 4))
-            for j, (x, w, tri) in enumerate(((ds, k, "a_lower"), (transpose(ds, -1, -2), q,
-                                            "a_upper"), (transpose(p, -1, -2), go, "a_upper"))):
-                matmul_into(x, w, parts[j], part(tri))
+        if not fused:  # each gradient stored into its part of d(qkv) [B, T, 3, H, d]
+            dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
+            _attend_backward(q, k, v, p, go, permute(dqkv, (2, 0, 3, 1, 4)), scale, causal)
             return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
         go = contiguous(go)
         go = Tensor(go._storage, (B * H, T, d), None, go.offset)
@@ -223,4 +210,62 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
         return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
            saved=[heads, o, lse] if fused else [heads, p])
+    return y
+
+
+def _merged(y: Tensor, H: int) -> Tensor:
+    """[B, H, T, d] view of a [B, T, H * d] tensor (its heads merged)."""
+    B, T, E = y.shape
+    return permute(reshape(y, (B, T, H, E // H)), (0, 2, 1, 3))
+
+
+def _part(causal: bool, Tq: int, Tk: int):
+    """matmul_into's causal parts where the mask is square (else the whole products)."""
+    return (lambda name: name) if causal and Tq == Tk else (lambda name: None)
+
+
+def _attend(q, k, v, y, scale: float, causal: bool) -> Tensor:
+    """The unfused attention on [B, H, T, d] float32 views: y (a view too) receives
+    softmax(q k^T scale, causal) v; returns the probabilities, which the backward reads. The
+    matmuls read and write the views in place, and skip what a causal mask hides."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[-2]
+    part = _part(causal, Tq, Tk)
+    s = matmul_into(q, transpose(k, -1, -2), Tensor.empty((B, H, Tq, Tk), q.device, float32),
+                    part("out"))
+    p = softmax(s, -1, scale=scale, causal=causal)
+    matmul_into(p, v, y, part("a_lower"))
+    return p
+
+
+def _attend_backward(q, k, v, p, go, out, scale: float, causal: bool) -> None:
+    """_attend's gradients: d(q), d(k), d(v) stored into the [B, H, T, d] views out[0..2]."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[-2]
+    part = _part(causal, Tq, Tk)
+    dp = matmul_into(go, transpose(v, -1, -2), Tensor.empty((B, H, Tq, Tk), q.device, float32),
+                     part("out"))
+    ds = softmax_backward(p, dp, False, scale, Tq if causal else 0)
+    for j, (x, w, tri) in enumerate(((ds, k, "a_lower"), (transpose(ds, -1, -2), q, "a_upper"),
+                                     (transpose(p, -1, -2), go, "a_upper"))):
+        matmul_into(x, w, out[j], part(tri))
+
+
+def head_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """softmax(q k^T / sqrt(d), causal) v for float32 [B, H, T, d] tensors (any strides)
+    through the [Tq, Tk] scores, in one autograd node: the unfused attention of
+    nn.scaled_dot_product_attention, whose matmuls skip what a causal mask hides."""
+    B, H, Tq, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    with no_grad():
+        y = Tensor.empty((B, H, Tq, v.shape[-1]), q.device, float32)
+        p = _attend(q, k, v, y, scale, causal)
+    if not needs_grad(q, k, v):
+        return y
+
+    def bw(g):
+        grads = [Tensor.empty(t.shape, t.device, float32) for t in (q, k, v)]
+        _attend_backward(q, k, v, p, g, grads, scale, causal)
+        return tuple(gr if t.requires_grad else None for gr, t in zip(grads, (q, k, v)))
+    record("attention", y, [q, k, v], in_forward_precision(bw), saved=[q, k, v, p])
     return y
