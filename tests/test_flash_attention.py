@@ -3,6 +3,8 @@ unfused softmax(q k^T) v composition and finite differences, in both kernel layo
 with workgroup memory, one row per invocation), f32 and f16, causal and not, and past the
 sizes where things break (a T x T score matrix over the binding limit, > 65,535 keys in one
 invocation's loop, > 65,535 workgroups)."""
+import importlib
+
 import numpy as np
 import pytest
 from gradcheck import check_grad
@@ -240,3 +242,41 @@ def test_packed_attention_takes_the_fused_kernel_for_large_scores(rng, monkeypat
         res[limit] = (y.numpy(), t.grad.numpy())
     np.testing.assert_allclose(res[0][0], res[1 << 40][0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(res[0][1], res[1 << 40][1], rtol=1e-4, atol=1e-5)
+
+
+def _np_attention(q, k, v, g, causal):
+    """numpy float64 attention (causal mask aligned at the end, as PyTorch's is_causal) and its
+    gradients for d(output) g."""
+    q, k, v, g = (x.astype(np.float64) for x in (q, k, v, g))
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if causal:
+        s = s + np.triu(np.full((Tq, Tk), -np.inf), Tk - Tq + 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = g @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / np.sqrt(q.shape[-1])
+    return p @ v, ds @ k, np.swapaxes(ds, -1, -2) @ q, np.swapaxes(p, -1, -2) @ g
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("cpu", [True, False])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("B,H,Tq,Tk,d", [(2, 3, 130, 130, 16), (1, 2, 40, 72, 8)])
+def test_unfused_attention_node_matches_numpy(monkeypatch, rng, cpu, causal, B, H, Tq, Tk, d):
+    """The unfused attention's one autograd node (ops/fused.head_attention: matmuls into
+    views, causal parts skipped on the tiled GPU kernel) against numpy, q a strided view, on
+    both matmul kernels, square and end-aligned causal masks."""
+    monkeypatch.setattr(importlib.import_module("wgrumus.ops.matmul"), "CPU_KERNEL", cpu)
+    qh = rng.standard_normal((B, Tq, H, d)).astype(np.float32)
+    k, v = (rng.standard_normal((B, H, Tk, d)).astype(np.float32) for _ in range(2))
+    g = rng.standard_normal((B, H, Tq, d)).astype(np.float32)
+    q = qh.transpose(0, 2, 1, 3)
+    qt = wr.tensor(qh, requires_grad=True)
+    kt, vt = (wr.tensor(x, requires_grad=True) for x in (k, v))
+    y = unfused_attention(qt.permute(0, 2, 1, 3), kt, vt, is_causal=causal)
+    (y * wr.tensor(g)).sum().backward()
+    want = _np_attention(q, k, v, g, causal)
+    for got, ref in zip((y.numpy(), qt.grad.numpy().transpose(0, 2, 1, 3), kt.grad.numpy(),
+                         vt.grad.numpy()), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -135,13 +135,13 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
-# Where the [Tq, Tk] scores fit, the unfused composition (two matmuls around the fused
-# softmax) has been the faster one: forward + backward at 8x8x1024x64 ran at 3.6 TFLOP/s
-# unfused vs 1.0 fused on the H100 (the row-per-invocation tiled kernel before
-# FlashAttention-2; benchmarks/_attn_sweep.py's unfused row times it against the tiles), 0.96
-# vs 0.36 GFLOP/s at 1x2x256x64 on lavapipe with the tiles (benchmarks/ops.py --only
-# attention). The fused kernel takes over where the scores would be large.
-FUSED_SCORE_BYTES = 128 << 20
+# Where the [Tq, Tk] scores fit, the unfused composition (matmuls around the fused softmax,
+# skipping what a causal mask hides) is the faster one: forward + backward at 8x8x1024x64
+# causal ran at 18.2 TFLOP/s unfused vs 11.3 fused (FlashAttention-2 tiles) on the H100,
+# torch's SDPA 22.7 (benchmarks/ops.py --only attention, 2026-11-24); 0.96 vs 0.36 GFLOP/s at
+# 1x2x256x64 on lavapipe. The fused kernel takes over where the scores would be large (its
+# memory is O(T): 8 MiB against 776 at 1x1x8192x64) or pass one binding.
+FUSED_SCORE_BYTES = 512 << 20
 
 
 def prefer_fused(dev, n: int, d: int, Tq: int, Tk: int) -> bool:
