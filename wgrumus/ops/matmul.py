@@ -272,6 +272,40 @@ def _epilogue_defines(act, bias: bool, residual: bool, pre: bool = False) -> dic
             "EPI_PRE": f"let z = {z}; PRE[i - pu(11u) + pu(14u)] = z; "}
 
 
+def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool) -> str:
+    """FIN of matmul_cpu.wgsl: C's declaration and the stored value, fin(i, n, x) per element
+    or (``v4``, f32) fin4(i, n, x) per quad of a row, the epilogue's operands read as quads."""
+    act, bias, residual, *pre = epilogue
+    if not v4:
+        d = {"EPI_PRE": "", **_epilogue_defines(act, bias, residual, *pre)}
+        c = f"{t}(epi(i, n, x + f32(C[i])))" if acc else f"{t}(epi(i, n, x))"
+        return (f"@group(0) @binding(3) var<storage, read_write> C: array<{t}>;\n"
+                f"{d['EPI_DECLS']}\n"
+                f"fn epi(i: u32, n: u32, x: f32) -> f32 {{ {d['EPI_PRE']}return {d['EPI']}; }}\n"
+                f"fn fin(i: u32, n: u32, x: f32) -> {t} {{ return {c}; }}")
+    if t != "f32" or (pre and (residual or not act)):
+        raise ValueError("matmul_cpu: quad stores are f32 only; the pre-activation store needs "
+                         "an activation and no residual")
+    decls = ["@group(0) @binding(3) var<storage, read_write> C: array<vec4<f32>>;"]
+    z = "x" + (" + C[i >> 2u]" if acc else "")
+    e = "(i - pu(11u) + pu(14u)) >> 2u"  # the quad's index in RES / PRE
+    if bias:
+        decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<vec4<f32>>;")
+        z += " + BIAS[(pu(13u) + n) >> 2u]"
+    if residual:
+        decls.append(f"@group(0) @binding({4 + bias}) var<storage, read> RES: array<vec4<f32>>;")
+        z += f" + RES[{e}]"
+    body = [f"let z = {z};"]
+    if pre:
+        decls.append(f"@group(0) @binding({4 + bias}) var<storage, read_write> PRE: "
+                     "array<vec4<f32>>;")
+        body.append(f"PRE[{e}] = z;")
+    ret = "z" if not act else "vec4<f32>(" + ", ".join(
+        act.format(z=f"z.{q}") for q in _Q) + ")"
+    return "\n".join(decls) + ("\nfn fin4(i: u32, n: u32, x: vec4<f32>) -> vec4<f32> {\n    "
+                               + "\n    ".join(body) + f"\n    return {ret};\n}}")
+
+
 def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
               activation: str | None = None, r16: bool = False, pre: Tensor | None = None
               ) -> Tensor:
@@ -443,6 +477,7 @@ CPU_WG = (4, 4)  # WGX, WGY
 # FMAs per load); BENCHMARKS.md, lavapipe section.
 CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
+CPU_V4 = None  # None: C stored a quad at a time where aligned (f32); False: per element
 CPU_TEX_WG = 8  # invocations a workgroup with texture operands: one AVX2 SIMD vector
 CPU_SG = None  # None: A's rows shared over the subgroup where cpu_subgroup knows its size
 # Texture operands: 16-row blocks where they still make this many workgroups (work for every
@@ -501,9 +536,10 @@ _Q = "xyzw"
 
 
 def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
-              sg: int = 0) -> dict:
+              sg: int = 0, v4: bool = False) -> dict:
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
-    loaded value stays a named register); ``sg``: the subgroup size that shares A's rows."""
+    loaded value stays a named register); ``sg``: the subgroup size that shares A's rows;
+    ``v4``: C stored a quad at a time (fin4)."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
     if sg and am == 0:  # lane l fetches rows m0 + l, m0 + sg + l, ...
         setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
@@ -561,9 +597,11 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
     store = []
     for i in range(tm):
         store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * cr;")
-        for j in range(tn):
+        for j in range(0, tn, 4) if v4 else range(tn):  # v4: N % 4 == 0, whole quads
             n = f"n0 + {j}u"
-            store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
+            store.append(f"    if ({n} < N) {{ C[(r{i} + {n}) >> 2u] = fin4(r{i} + {n}, {n}, "
+                         f"c{i}_{j // 4}); }}" if v4 else
+                         f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
                          f"c{i}_{j // 4}.{_Q[j % 4]}); }}")
         store.append("}")
     ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
@@ -589,13 +627,15 @@ def _operand_decls(t: str, tex: bool) -> str:
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
                    acc: bool = False, tex: bool = False, sg: bool = False,
-                   r16: bool = False) -> Kernel:
+                   r16: bool = False, v4: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
     invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
     operands in storage buffers or (``tex``, f32 only) textures; ``sg``: A's rows shared over
     the subgroup (texture operands, vec4 loads, the workgroup one subgroup of WGX lanes on the
     same rows; the caller checks the subgroup size), else ignored; ``r16``: f32 operands
-    rounded to f16 as they are read."""
+    rounded to f16 as they are read; ``v4``: C (f32) stored a quad at a time, which needs C's
+    rows, offset and strides and the epilogue operands' offsets to be multiples of 4 (the
+    caller checks them: _quad_store)."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     if tex and f16:
@@ -611,8 +651,8 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc),
                      LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
                      SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
-                     **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
-                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
+                     FIN=_fin_code(t, acc, epilogue, v4),
+                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg, v4))
 
 
 def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int,
@@ -662,20 +702,22 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
             bufs = [ta[0], tb[0]] + bufs[2:]
             words[3], words[7] = ta[1], tb[1]
     sg = tex and (tile[6] if len(tile) > 6 else True) and cpu_subgroup(a.device) == wgx
+    cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
+    v4 = CPU_V4 is not False and not f16 and N % 4 == 0 and all(
+        w % 4 == 0 for w in (out.offset, *cst, *extra))
     k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex, sg=sg,
-                       r16=r16)
+                       r16=r16, v4=v4)
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
     rows, bound = nbatch * M, bufs
-    cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
     span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
     for kb in range(0, K, span):  # bound over K: under llvmpipe's loop cap, adding up in C
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
                                epilogue=epi if last else (None, False, False), tex=tex, sg=sg,
-                               r16=r16)
+                               r16=r16, v4=v4)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:

@@ -1,0 +1,84 @@
+"""The CPU matmul's quad stores (issue 20): C and the epilogue's operands written / read a vec4
+at a time where C's rows, offsets and strides are multiples of 4, per element elsewhere; both
+against numpy, the choice checked, on whatever adapter runs the tests (the CPU kernel forced)."""
+import importlib
+
+import numpy as np
+import pytest
+
+import wgrumus as wr
+from wgrumus.ops.matmul import linear_2d, matmul_into
+from wgrumus.tensor import Tensor
+
+mm = importlib.import_module("wgrumus.ops.matmul")  # (wgrumus.ops.matmul is also the function)
+
+
+@pytest.fixture
+def quads(monkeypatch):
+    """Forces the CPU kernel; returns the list of v4 flags of the kernels launched."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    seen = []
+    orig = mm.cpu_kernel_for
+
+    def spy(*a, **kw):
+        seen.append(kw.get("v4", False))
+        return orig(*a, **kw)
+    monkeypatch.setattr(mm, "cpu_kernel_for", spy)
+    return seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("M,K,N", [(37, 13, 20), (130, 9, 68), (5, 3, 4), (9, 11, 10)])
+@pytest.mark.parametrize("v4", [None, False])
+@pytest.mark.parametrize("epi", ["none", "bias_relu", "residual", "pre_gelu"])
+def test_epilogues_match_numpy(monkeypatch, quads, rng, M, K, N, v4, epi):
+    """Every epilogue, odd M and K; N a multiple of 4 takes quads unless CPU_V4 is False."""
+    monkeypatch.setattr(mm, "CPU_V4", v4)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    wt = rng.standard_normal((K, N)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((M, N)).astype(np.float32)
+    z = x.astype(np.float64) @ wt
+    pre = Tensor.empty((M, N)) if epi == "pre_gelu" else None
+    args = {"none": (None, None, None), "bias_relu": (b, None, "max({z}, 0.0)"),
+            "residual": (b, r, None), "pre_gelu": (b, None, "gelu_({z})")}[epi]
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), *(wr.tensor(t) if t is not None else None
+                                                 for t in args[:2]), args[2], pre=pre)
+    want = {"none": z, "bias_relu": np.maximum(z + b, 0), "residual": z + b + r}.get(epi)
+    if epi == "pre_gelu":
+        from math import erf
+        np.testing.assert_allclose(pre.numpy(), z + b, rtol=1e-4, atol=1e-4)
+        want = (z + b) * 0.5 * (1 + np.vectorize(erf)((z + b) / np.sqrt(2)))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert quads == [v4 is None and N % 4 == 0]
+
+
+@pytest.mark.timeout(120)
+def test_misaligned_operands_store_per_element(quads, rng):
+    """A bias view at an offset that is not a multiple of 4, and a strided C at such an offset:
+    per-element stores, still exact."""
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    wt = rng.standard_normal((5, 8)).astype(np.float32)
+    b = rng.standard_normal(9).astype(np.float32)
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b)[1:])
+    np.testing.assert_allclose(y.numpy(), x @ wt + b[1:], rtol=1e-5, atol=1e-5)
+    a = rng.standard_normal((1, 2, 3, 5)).astype(np.float32)
+    w = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    big = Tensor.empty((1 + 3 * 2 * 4,))
+    out = Tensor(big._storage, (1, 2, 3, 4), (24, 4, 8, 1), 1)  # [B, T, H, d] at offset 1
+    matmul_into(wr.tensor(a), wr.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), a @ w, rtol=1e-5, atol=1e-5)
+    assert quads == [False, False]
+
+
+@pytest.mark.timeout(180)
+def test_quads_with_k_in_passes(monkeypatch, quads, rng):
+    """K in passes (llvmpipe's loop cap, here 16 a pass): the later passes add C's quads."""
+    monkeypatch.setattr(mm, "CPU_KPASS", (16, 16))
+    x = rng.standard_normal((9, 70)).astype(np.float32)
+    wt = rng.standard_normal((70, 12)).astype(np.float32)
+    b = rng.standard_normal(12).astype(np.float32)
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b), None, "max({z}, 0.0)")
+    np.testing.assert_allclose(y.numpy(), np.maximum(x.astype(np.float64) @ wt + b, 0),
+                               rtol=1e-4, atol=1e-4)
+    assert len(quads) == 6 and all(quads)  # the first launch, then one kernel per pass
