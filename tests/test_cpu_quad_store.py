@@ -82,3 +82,29 @@ def test_quads_with_k_in_passes(monkeypatch, quads, rng):
     np.testing.assert_allclose(y.numpy(), np.maximum(x.astype(np.float64) @ wt + b, 0),
                                rtol=1e-4, atol=1e-4)
     assert len(quads) == 6 and all(quads)  # the first launch, then one kernel per pass
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("R,L", [(7, 12), (300, 8), (5, 10)])
+@pytest.mark.parametrize("cpu", [True, False])
+@pytest.mark.parametrize("act", [None, "gelu_tanh"])
+def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act):
+    """fused._epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad an
+    invocation on CPU adapters where L and the offsets are multiples of 4 (R 300: two row
+    chunks, partial sums added by colsum), a column an invocation elsewhere."""
+    fused = importlib.import_module("wgrumus.ops.fused")
+    monkeypatch.setattr(fused, "use_cpu_kernel", lambda dev: cpu)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    z = rng.standard_normal((R, L)).astype(np.float32)
+    b = rng.standard_normal(L).astype(np.float32)
+    grad = fused.ACTIVATIONS[act][1]
+    dz, db = fused._epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
+                                  wr.tensor(b) if act else None, grad, True, act is not None)
+    want = g
+    if act:
+        u = (z + b).astype(np.float64)
+        t = np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3))
+        want = g * (0.5 * (1 + t) + 0.5 * u * (1 - t ** 2) * np.sqrt(2 / np.pi)
+                    * (1 + 3 * 0.044715 * u ** 2))
+    np.testing.assert_allclose(dz.numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db.numpy(), want.sum(0), rtol=1e-4, atol=1e-3)

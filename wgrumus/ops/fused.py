@@ -146,9 +146,16 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     bufs = [g._storage.buffer, zt._storage.buffer,
             b._storage.buffer if b is not None else _dummy(dev, 0),
             dz._storage.buffer if has_act else _dummy(dev, 1), part._storage.buffer]
-    dev.dispatch(Kernel.of("linear", "bwd", ACT_GRAD=grad_expr), bufs,
-                 [R, L, g.offset, zt.offset, b.offset if b is not None else 0, rows, chunks,
-                  int(b is not None), int(has_act)], (-(-L // 64), chunks, 1))
+    offs = [g.offset, zt.offset, b.offset if b is not None else 0]
+    # CPU adapters: a quad of columns an invocation, one SIMD vector (8 lanes) a group
+    v, wg = ((4, 8) if use_cpu_kernel(dev) and all(w % 4 == 0 for w in [L, *offs])
+             else (1, 64))
+    grad_v = "act_grad(g, z)" if v == 1 else "vec4<f32>({})".format(", ".join(
+        f"act_grad(g.{q}, z.{q})" for q in "xyzw"))
+    dev.dispatch(Kernel.of("linear", "bwd", ACT_GRAD=grad_expr, V=v, WG=wg,
+                           VT="f32" if v == 1 else "vec4<f32>", ACT_GRAD_V=grad_v), bufs,
+                 [R, L, *offs, rows, chunks, int(b is not None), int(has_act)],
+                 (-(-L // (v * wg)), chunks, 1))
     if not want_db:
         return dz, None
     if chunks == 1:
