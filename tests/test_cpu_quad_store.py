@@ -108,3 +108,40 @@ def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act
                     * (1 + 3 * 0.044715 * u ** 2))
     np.testing.assert_allclose(dz.numpy(), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(db.numpy(), want.sum(0), rtol=1e-4, atol=1e-3)
+
+
+def _ln_ref(x, w, b, g):
+    m, v = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    rstd = 1 / np.sqrt(v + 1e-5)
+    xh = (x - m) * rstd
+    gw = g * w
+    dx = rstd * (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True))
+    return xh * w + b, dx, (g * xh).sum(0), g.sum(0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("R,L,off", [(37, 12, 0), (9, 64, 0), (5, 12, 1), (11, 10, 0),
+                                     (64 * 65535 + 7, 4, 0)])
+def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off):
+    """layer_norm forward and gradients through shaders/layernorm_cpu.wgsl: quads where L and
+    the offsets are multiples of 4 (off 1: the input a view at offset 1, element-wise), odd
+    R; 64 * 65,535 + 7 rows: the launch folds into (x, y) workgroups."""
+    from wgrumus.ops import nnops
+    if not mm.cpu_subgroup(wr.devices()[0]):
+        pytest.skip("needs a CPU adapter with known subgroups")
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    seen = []
+    orig = nnops._ln_cpu
+    monkeypatch.setattr(nnops, "_ln_cpu", lambda *a: seen.append(orig(*a)) or seen[-1])
+    x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
+    w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
+    ts = [wr.tensor(a, requires_grad=True) for a in (w, b)]
+    xt.requires_grad = True
+    y = nnops.layer_norm(xt, L, *ts)
+    grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
+    assert [dict(k.defines)["V"] for k in seen] == [str(4 if L % 4 == off == 0 else 1)] * 2
+    tol = 1e-3 if R > 1000 else 1e-4
+    for got, want in zip([y] + [grads.get(t) for t in [xt] + ts], _ln_ref(x, w, b, g)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol * (1 + R // 10000))

@@ -212,7 +212,9 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         xb = xc._storage.buffer
         offs = (xc.offset, wc.offset if wc is not None else 0,
                 bc.offset if bc is not None else 0, out.offset)
-        k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
+        cpu = _ln_cpu(dev, "fwd_rowc", L, R, offs)
+        k, groups = (cpu and (cpu, groups_1d(R, 64))) or rowops.plan(dev, "ln_fwd", L, R,
+                                                                      offs) or plan
         dev.dispatch(k,
                      [xb, wc._storage.buffer if wc is not None else xb,
                       bc._storage.buffer if bc is not None else xb, out._storage.buffer,
@@ -257,6 +259,19 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
     return dx
 
 
+def _ln_cpu(dev, entry: str, L: int, R: int, offsets) -> Kernel | None:
+    """Entry ``entry`` of shaders/layernorm_cpu.wgsl for rows of L elements (vec4 accesses
+    where L and the offsets are multiples of 4), or None: not a CPU adapter with known
+    subgroups in thread row mode, or rows longer than ROWC."""
+    from .matmul import cpu_subgroup
+    if not (R and L and cpu_subgroup(dev)) or row_mode(dev) != "thread" or L > ROWC:
+        return None
+    v = 4 if L % 4 == 0 and all(o % 4 == 0 for o in offsets) else 1
+    return Kernel.of("layernorm_cpu", entry, V=v, VT="vec4<f32>" if v == 4 else "f32",
+                     HSUM="dot(v, vec4<f32>(1.0))" if v == 4 else "v",
+                     RN=1 << (-(-L // v) - 1).bit_length())
+
+
 def _backward_with_wb(xc, g, wc, mean, rstd):
     """(d(input), [2, L] weight and bias gradients) in two kernels on CPU adapters with known
     subgroups (thread row mode, rows up to ROWC): shaders/layernorm_cpu.wgsl, then the column
@@ -267,13 +282,14 @@ def _backward_with_wb(xc, g, wc, mean, rstd):
     L = xc.numel() // R if R else 0
     sg = cpu_subgroup(dev)
     chunks = -(-R // sg) if sg else 0  # (colsum loops over the chunks)
-    if not (R and L and sg) or row_mode(dev) != "thread" or L > ROWC or chunks > LOOP_BUDGET:
+    woff = wc.offset if wc is not None else 0
+    k = _ln_cpu(dev, "bwd_wb_rowc", L, R, (xc.offset, g.offset, woff))  # (dx, part: offset 0)
+    if k is None or chunks > LOOP_BUDGET:
         return None
     dx = Tensor.empty(xc.shape, dev, float32)
     part = Tensor.empty((2, chunks, L), dev, float32)
     xb = xc._storage.buffer
-    woff = wc.offset if wc is not None else 0
-    dev.dispatch(Kernel.of("layernorm_cpu", "bwd_wb_rowc"),
+    dev.dispatch(k,
                  [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
                   dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
                   part._storage.buffer],
