@@ -128,11 +128,17 @@ class Adam(Optimizer):
         """One dispatch for the (param, grad, state) triples of ``batch``."""
         dev = batch[0][0].device
         chunk = cpu_chunk(dev)
+        # CPU adapters: quads where every size and offset allows (ends and offsets in quads)
+        q = 4 if chunk > 1 and chunk % 4 == 0 and all(
+            x % 4 == 0 for p, g, st in batch for x in (
+                p.numel(), p.offset, g.offset, st["exp_avg"].offset,
+                st["exp_avg_sq"].offset)) else 1
+        chunk //= q
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            end = -(-end // chunk) * chunk + p.numel()  # a parameter starts a chunk
-            rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
+            end = -(-end // chunk) * chunk + p.numel() // q  # a parameter starts a chunk
+            rows.append(([end] + [t.offset // q for t in (p, g, m, v)], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
         if steps is not None:
             bufs.append(steps[dev][0]._storage.buffer)
@@ -145,8 +151,8 @@ class Adam(Optimizer):
 
         refresh = self._refresh([(p, st) for _, st, p in rows], words, steps)
         amp = steps is not None
-        if chunk > 1:
-            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp), bufs, words(),
+        if chunk > 1 or q == 4:
+            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp, q == 4), bufs, words(),
                             -(-end // chunk), CPU_WG, refresh=refresh)
         else:
             dev.dispatch_1d(multi_kernel(len(batch), amp), bufs, words(), end, refresh=refresh)
@@ -193,7 +199,7 @@ def multi_kernel(k: int, amp: bool = False) -> Kernel:
     """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each
     (amp: reading the device step counts bound after them, optim/skip.py)."""
     return multi_tensor_kernel("adam_multi", k, 1, _ARRAYS, _ADAM_BRANCH, CPU_BODY="", CHUNK=1,
-                               CPU_WG=1, AMP=_amp(k, amp))
+                               CPU_WG=1, AMP=_amp(k, amp), AT="f32")
 
 
 def _amp(k: int, amp: bool) -> str:
@@ -203,20 +209,23 @@ def _amp(k: int, amp: bool) -> str:
 _ADAM_BRANCH = """        let s = part_({j}u);
         let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e], s.step_size,
                       s.bc2_sqrt);
-        P{j}[s.p + e] = r.x;
-        M{j}[s.m + e] = r.y;
-        V{j}[s.v + e] = r.z;"""
+        P{j}[s.p + e] = r.p;
+        M{j}[s.m + e] = r.m;
+        V{j}[s.v + e] = r.v;"""
 
 
 @functools.cache
-def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False) -> Kernel:
-    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements per
-    invocation, ``wg`` invocations per workgroup: a branch per parameter whose loop updates the
-    chunk (at most ``chunk`` iterations, far below llvmpipe's 65,535 loop cap)."""
+def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = False) -> Kernel:
+    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements (``quad``:
+    quads of elements, vec4 arrays) per invocation, ``wg`` invocations per workgroup: a branch
+    per parameter whose loop updates the chunk (at most ``chunk`` iterations, far below
+    llvmpipe's 65,535 loop cap)."""
     body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))")
             for j in range(k)]
-    return Kernel.of("adam_multi", "cpu", DECLS=multi_tensor_decls(k, 1, _ARRAYS), BODY="",
-                     CPU_BODY="\n".join(body), CHUNK=chunk, CPU_WG=wg, AMP=_amp(k, amp))
+    decls = multi_tensor_decls(k, 1, _ARRAYS)
+    return Kernel.of("adam_multi", "cpu", BODY="", CPU_BODY="\n".join(body), CHUNK=chunk,
+                     CPU_WG=wg, AMP=_amp(k, amp), AT="vec4<f32>" if quad else "f32",
+                     DECLS=decls.replace("array<f32>", "array<vec4<f32>>") if quad else decls)
 
 
 _CPU_BRANCH = """    if (c0 < end_({j}u)) {{
@@ -227,9 +236,9 @@ _CPU_BRANCH = """    if (c0 < end_({j}u)) {{
             let e = e0 + t;
             let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e],
                           s.step_size, s.bc2_sqrt);
-            P{j}[s.p + e] = r.x;
-            M{j}[s.m + e] = r.y;
-            V{j}[s.v + e] = r.z;
+            P{j}[s.p + e] = r.p;
+            M{j}[s.m + e] = r.m;
+            V{j}[s.v + e] = r.v;
         }}
         return;
     }}"""
