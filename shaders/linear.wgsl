@@ -10,8 +10,9 @@
 // invocation walks a quad of columns, each access one vec4 (llvmpipe pays its per-lane loop
 // over a storage access once per quad instead of once per element), ACT_GRAD_V applying
 // ACT_GRAD to each component; WG invocations a group.
-@group(0) @binding(1) var<storage, read> G: array<{{VT}}>;
-@group(0) @binding(2) var<storage, read> U: array<{{VT}}>;
+// IN_DECLS: G (binding 1) and U (2) with their loads ld_G / ld_U (ops/texread.py): storage
+// arrays of VT, or (CPU adapters, V 4) textures holding copies of them (offset words 0).
+{{IN_DECLS}}
 @group(0) @binding(3) var<storage, read> BIAS: array<{{VT}}>;
 @group(0) @binding(4) var<storage, read_write> DZ: array<{{VT}}>;
 @group(0) @binding(5) var<storage, read_write> PART: array<{{VT}}>;
@@ -36,7 +37,7 @@ fn bwd(@builtin(global_invocation_id) gid: vec3<u32>) {
     var s = {{VT}}(0.0);
     for (var r = r0; r < r1; r++) {
         let k = r * L + j;
-        let dz = act_grad_v(G[pu(2u) / V + k], U[pu(3u) / V + k] + b);
+        let dz = act_grad_v(ld_G(pu(2u) / V + k), ld_U(pu(3u) / V + k) + b);
         if (wdz) { DZ[k] = dz; }
         s += dz;
     }

@@ -88,12 +88,15 @@ def test_quads_with_k_in_passes(monkeypatch, quads, rng):
 @pytest.mark.parametrize("R,L", [(7, 12), (300, 8), (5, 10)])
 @pytest.mark.parametrize("cpu", [True, False])
 @pytest.mark.parametrize("act", [None, "gelu_tanh"])
-def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act):
+@pytest.mark.parametrize("tex", [None, False])
+def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act, tex):
     """fused._epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad an
-    invocation on CPU adapters where L and the offsets are multiples of 4 (R 300: two row
-    chunks, partial sums added by colsum), a column an invocation elsewhere."""
+    invocation on CPU adapters where L and the offsets are multiples of 4, g and z read
+    through textures (ops/texread.py) unless ENABLED is False (R 300: two row chunks, partial
+    sums added by colsum), a column an invocation elsewhere."""
     fused = importlib.import_module("wgrumus.ops.fused")
     monkeypatch.setattr(fused, "use_cpu_kernel", lambda dev: cpu)
+    monkeypatch.setattr(fused.texread, "ENABLED", tex)
     g = rng.standard_normal((R, L)).astype(np.float32)
     z = rng.standard_normal((R, L)).astype(np.float32)
     b = rng.standard_normal(L).astype(np.float32)
