@@ -13,11 +13,9 @@
 // sums); the subgroups are consecutive invocations (rows).
 //   words: 0 R, 1 L, 2 x off, 3 g off, 4 w off, 5 has weight, 6 dx off, 7 parts off
 //   bindings: X 1, G 2, WB 3, DX 4, MEAN 5, RSTD 6, PARTS 7
-@group(0) @binding(1) var<storage, read> X: array<{{VT}}>;
-@group(0) @binding(2) var<storage, read> W: array<{{VT}}>;
-@group(0) @binding(2) var<storage, read> G: array<{{VT}}>;
-@group(0) @binding(3) var<storage, read> B: array<{{VT}}>;
-@group(0) @binding(3) var<storage, read> WB: array<{{VT}}>;
+// IN_DECLS: the read-only X 1, W / G 2, B / WB 3 and their loads ld_X, ...: storage arrays of
+// VT, or (V 4) textures holding copies of them (ops/texread.py; their offset words 0).
+{{IN_DECLS}}
 @group(0) @binding(4) var<storage, read_write> Y: array<{{VT}}>;
 @group(0) @binding(4) var<storage, read_write> DX: array<{{VT}}>;
 @group(0) @binding(5) var<storage, read_write> MEAN: array<f32>;
@@ -40,7 +38,7 @@ fn fwd_rowc(ids: Launch) {
     var xs: array<{{VT}}, RN>;
     var s = {{VT}}(0.0);
     for (var j = 0u; j < n; j++) {
-        let x = X[xb + j];
+        let x = ld_X(xb + j);
         xs[j] = x;
         s += x;
     }
@@ -58,8 +56,8 @@ fn fwd_rowc(ids: Launch) {
     let hb = pu(8u) != 0u;
     for (var j = 0u; j < n; j++) {
         var y = (xs[j] - mean) * rstd;
-        if (hw) { y *= W[wb + j]; }
-        if (hb) { y += B[bb + j]; }
+        if (hw) { y *= ld_W(wb + j); }
+        if (hb) { y += ld_B(bb + j); }
         Y[yb + j] = y;
     }
     MEAN[r] = mean;
@@ -88,10 +86,10 @@ fn bwd_wb_rowc(ids: Launch, @builtin(subgroup_invocation_id) lane: u32,
     var t1 = {{VT}}(0.0);
     var t2 = {{VT}}(0.0);
     for (var j = 0u; j < n; j++) {
-        let g = G[gb + j];
-        let h = (X[xb + j] - mean) * rstd;
+        let g = ld_G(gb + j);
+        let h = (ld_X(xb + j) - mean) * rstd;
         var w = g;
-        if (pu(5u) != 0u) { w *= WB[wo + j]; }
+        if (pu(5u) != 0u) { w *= ld_WB(wo + j); }
         xh[j] = h;
         gw[j] = w;
         t1 += w;

@@ -21,7 +21,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
-from . import rowops
+from . import rowops, texread
 from .bounds import LOOP_BUDGET, chunk_rows
 from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
 from .random import next_seed
@@ -212,16 +212,15 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         xb = xc._storage.buffer
         offs = (xc.offset, wc.offset if wc is not None else 0,
                 bc.offset if bc is not None else 0, out.offset)
-        cpu = _ln_cpu(dev, "fwd_rowc", L, R, offs)
-        k, groups = (cpu and (cpu, groups_1d(R, 64))) or rowops.plan(dev, "ln_fwd", L, R,
-                                                                      offs) or plan
-        dev.dispatch(k,
-                     [xb, wc._storage.buffer if wc is not None else xb,
-                      bc._storage.buffer if bc is not None else xb, out._storage.buffer,
-                      mean._storage.buffer, rstd._storage.buffer],
-                     [R, L, xc.offset, wc.offset if wc is not None else 0,
-                      bc.offset if bc is not None else 0, out.offset, float(eps),
-                      int(wc is not None), int(bc is not None)], groups)
+        words = [R, L, xc.offset, wc.offset if wc is not None else 0,
+                 bc.offset if bc is not None else 0, out.offset, float(eps),
+                 int(wc is not None), int(bc is not None)]
+        outs = [out._storage.buffer, mean._storage.buffer, rstd._storage.buffer]
+        if not _ln_cpu(dev, "fwd_rowc", L, R, [xc, wc, bc], outs, words):
+            k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
+            dev.dispatch(k,
+                         [xb, wc._storage.buffer if wc is not None else xb,
+                          bc._storage.buffer if bc is not None else xb] + outs, words, groups)
 
     def bw(g):
         g = contiguous(g)
@@ -259,17 +258,32 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
     return dx
 
 
-def _ln_cpu(dev, entry: str, L: int, R: int, offsets) -> Kernel | None:
-    """Entry ``entry`` of shaders/layernorm_cpu.wgsl for rows of L elements (vec4 accesses
-    where L and the offsets are multiples of 4), or None: not a CPU adapter with known
-    subgroups in thread row mode, or rows longer than ROWC."""
+def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
+    """Run entry ``entry`` of shaders/layernorm_cpu.wgsl on R rows of L elements: the inputs
+    ``ins`` (bindings 1-3, their offsets words 2-4; None: the first bound in its place, unread),
+    then the buffers ``outs`` (fresh tensors: offset 0). vec4 accesses where L and the inputs'
+    offsets are multiples of 4, the inputs then read through textures (ops/texread.py) where
+    they fit. False (nothing run): not a CPU adapter with known subgroups in thread row mode,
+    or rows longer than ROWC."""
     from .matmul import cpu_subgroup
     if not (R and L and cpu_subgroup(dev)) or row_mode(dev) != "thread" or L > ROWC:
-        return None
-    v = 4 if L % 4 == 0 and all(o % 4 == 0 for o in offsets) else 1
-    return Kernel.of("layernorm_cpu", entry, V=v, VT="vec4<f32>" if v == 4 else "f32",
-                     HSUM="dot(v, vec4<f32>(1.0))" if v == 4 else "v",
-                     RN=1 << (-(-L // v) - 1).bit_length())
+        return False
+    v = 4 if L % 4 == 0 and all(t.offset % 4 == 0 for t in ins if t is not None) else 1
+    vt = "vec4<f32>" if v == 4 else "f32"
+    sizes = (R * L, R * L if entry == "bwd_wb_rowc" else L, L)
+    with dev.lock:  # (the operand textures hold the inputs until this dispatch has read them)
+        src = [None if t is None else t._storage.buffer for t in ins]
+        views = [None if t is None else texread.operand(t, slot, n) for slot, (t, n) in
+                 enumerate(zip(ins, sizes))] if v == 4 and texread.enabled(dev) else [None]
+        tex = all(w is not None for w, t in zip(views, ins) if t is not None)
+        if tex:
+            src, words = views, words[:2] + [0, 0, 0] + words[5:]
+        k = Kernel.of("layernorm_cpu", entry, V=v, VT=vt, RN=1 << (-(-L // v) - 1).bit_length(),
+                      HSUM="dot(v, vec4<f32>(1.0))" if v == 4 else "v",
+                      IN_DECLS=texread.decls({"X": 1, "W": 2, "G": 2, "B": 3, "WB": 3}, tex, vt))
+        dev.dispatch(k, [b if b is not None else src[0] for b in src] + outs, words,
+                     groups_1d(R, 64))
+    return True
 
 
 def _backward_with_wb(xc, g, wc, mean, rstd):
@@ -282,19 +296,16 @@ def _backward_with_wb(xc, g, wc, mean, rstd):
     L = xc.numel() // R if R else 0
     sg = cpu_subgroup(dev)
     chunks = -(-R // sg) if sg else 0  # (colsum loops over the chunks)
-    woff = wc.offset if wc is not None else 0
-    k = _ln_cpu(dev, "bwd_wb_rowc", L, R, (xc.offset, g.offset, woff))  # (dx, part: offset 0)
-    if k is None or chunks > LOOP_BUDGET:
+    if not sg or chunks > LOOP_BUDGET:
         return None
     dx = Tensor.empty(xc.shape, dev, float32)
     part = Tensor.empty((2, chunks, L), dev, float32)
-    xb = xc._storage.buffer
-    dev.dispatch(k,
-                 [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
-                  dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
-                  part._storage.buffer],
-                 [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset, part.offset],
-                 groups_1d(R, 64))
+    words = [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0, int(wc is not None),
+             dx.offset, part.offset]
+    if not _ln_cpu(dev, "bwd_wb_rowc", L, R, [xc, g, wc],
+                   [dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
+                    part._storage.buffer], words):
+        return None
     return dx, _sum_parts(part, L, chunks)
 
 
