@@ -17,6 +17,7 @@ import functools
 import math
 
 from ..autograd.tape import no_grad
+from ..ops import texread
 from ..ops.creation import zeros
 from ..runtime.adapters import is_cpu_adapter
 from ..runtime.capture import refuse
@@ -29,6 +30,8 @@ MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 param
 # adapter type, 1 on GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam.
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
+CPU_CHUNK_QUAD = 128  # ... where the update runs a quad at a time (quick GPT's 106K parameters,
+# read through textures: 2.07 ms against 2.43 with 32, process CPU; BENCHMARKS.md)
 CPU_WG = 64
 
 
@@ -133,7 +136,7 @@ class Adam(Optimizer):
             x % 4 == 0 for p, g, st in batch for x in (
                 p.numel(), p.offset, g.offset, st["exp_avg"].offset,
                 st["exp_avg_sq"].offset)) else 1
-        chunk //= q
+        chunk = (CPU_CHUNK_QUAD if q == 4 and CPU_CHUNK is None else chunk) // q
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
@@ -152,8 +155,18 @@ class Adam(Optimizer):
         refresh = self._refresh([(p, st) for _, st, p in rows], words, steps)
         amp = steps is not None
         if chunk > 1 or q == 4:
-            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp, q == 4), bufs, words(),
-                            -(-end // chunk), CPU_WG, refresh=refresh)
+            with dev.lock:  # (the operand textures hold p, g, m, v until the dispatch)
+                tex = q == 4 and texread.enabled(dev)
+                views = [texread.operand(t, 4 * j + i, p.numel()) for j, (p, g, st) in
+                         enumerate(batch) for i, t in enumerate(
+                             (g, p, st["exp_avg"], st["exp_avg_sq"]))] if tex else []
+                tex = tex and None not in views
+                if tex:  # g's view in g's binding, p's, m's and v's after the rest
+                    for j in range(len(batch)):
+                        bufs[4 * j + 1] = views[4 * j]
+                    bufs += [w for i, w in enumerate(views) if i % 4]
+                dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp, q == 4, tex), bufs,
+                                words(), -(-end // chunk), CPU_WG, refresh=refresh)
         else:
             dev.dispatch_1d(multi_kernel(len(batch), amp), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
@@ -215,17 +228,30 @@ _ADAM_BRANCH = """        let s = part_({j}u);
 
 
 @functools.cache
-def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = False) -> Kernel:
+def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = False,
+               tex: bool = False) -> Kernel:
     """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements (``quad``:
     quads of elements, vec4 arrays) per invocation, ``wg`` invocations per workgroup: a branch
     per parameter whose loop updates the chunk (at most ``chunk`` iterations, far below
-    llvmpipe's 65,535 loop cap)."""
-    body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))")
+    llvmpipe's 65,535 loop cap). ``tex`` (quads): p, g, m and v read through textures holding
+    copies of them (ops/texread.py): g's in place of its storage binding, p's, m's and v's
+    after the other bindings; p, m and v stored as before."""
+    rd = "ld_{x}T{j}(e)" if tex else "{x}{j}[s.{xl} + e]"
+    body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))",
+                               **{x: rd.format(x=x, j=j, xl=x.lower()) for x in "PGMV"})
             for j in range(k)]
     decls = multi_tensor_decls(k, 1, _ARRAYS)
+    if quad:
+        decls = decls.replace("array<f32>", "array<vec4<f32>>")
+    if tex:
+        base = 4 * k + 1 + int(amp)
+        decls = "\n".join(line for line in decls.split("\n") if "> G" not in line)
+        decls += "\n" + texread.decls({f"{x}T{j}": b for j in range(k) for x, b in (
+            ("G", 4 * j + 2), ("P", base + 3 * j), ("M", base + 3 * j + 1),
+            ("V", base + 3 * j + 2))}, True)
     return Kernel.of("adam_multi", "cpu", BODY="", CPU_BODY="\n".join(body), CHUNK=chunk,
                      CPU_WG=wg, AMP=_amp(k, amp), AT="vec4<f32>" if quad else "f32",
-                     DECLS=decls.replace("array<f32>", "array<vec4<f32>>") if quad else decls)
+                     DECLS=decls)
 
 
 _CPU_BRANCH = """    if (c0 < end_({j}u)) {{
@@ -234,8 +260,7 @@ _CPU_BRANCH = """    if (c0 < end_({j}u)) {{
         let s = part_({j}u);
         for (var t = 0u; t < n; t++) {{
             let e = e0 + t;
-            let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e],
-                          s.step_size, s.bc2_sqrt);
+            let r = adam_({P}, {G}, {M}, {V}, s.step_size, s.bc2_sqrt);
             P{j}[s.p + e] = r.p;
             M{j}[s.m + e] = r.m;
             V{j}[s.v + e] = r.v;
