@@ -289,9 +289,9 @@ def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool) -> str:
     decls = ["@group(0) @binding(3) var<storage, read_write> C: array<vec4<f32>>;"]
     z = "x" + (" + C[i >> 2u]" if acc else "")
     e = "(i - pu(11u) + pu(14u)) >> 2u"  # the quad's index in RES / PRE
-    if bias:
+    if bias:  # (the caller loads the column quad's bias once: bq, _cpu_code)
         decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<vec4<f32>>;")
-        z += " + BIAS[(pu(13u) + n) >> 2u]"
+        z += " + b"
     if residual:
         decls.append(f"@group(0) @binding({4 + bias}) var<storage, read> RES: array<vec4<f32>>;")
         z += f" + RES[{e}]"
@@ -302,8 +302,9 @@ def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool) -> str:
         body.append(f"PRE[{e}] = z;")
     ret = "z" if not act else "vec4<f32>(" + ", ".join(
         act.format(z=f"z.{q}") for q in _Q) + ")"
-    return "\n".join(decls) + ("\nfn fin4(i: u32, n: u32, x: vec4<f32>) -> vec4<f32> {\n    "
-                               + "\n    ".join(body) + f"\n    return {ret};\n}}")
+    args = ", b: vec4<f32>" if bias else ""
+    return "\n".join(decls) + (f"\nfn fin4(i: u32, n: u32, x: vec4<f32>{args}) -> vec4<f32> {{"
+                               "\n    " + "\n    ".join(body) + f"\n    return {ret};\n}}")
 
 
 def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
@@ -536,10 +537,11 @@ _Q = "xyzw"
 
 
 def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
-              sg: int = 0, v4: bool = False) -> dict:
+              sg: int = 0, v4: bool = False, bias: bool = False) -> dict:
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
     loaded value stays a named register); ``sg``: the subgroup size that shares A's rows;
-    ``v4``: C stored a quad at a time (fin4)."""
+    ``v4``: C stored a quad at a time (fin4), with ``bias`` each column quad's bias loaded once
+    (a storage read costs llvmpipe a loop over the lanes: not once per row)."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
     if sg and am == 0:  # lane l fetches rows m0 + l, m0 + sg + l, ...
         setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
@@ -595,12 +597,15 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
     store = []
+    if v4 and bias:  # (a quad past N loads the last one; its sums are never stored)
+        store += [f"let bq{q} = BIAS[(pu(13u) + min(n0 + {4 * q}u, N - 4u)) >> 2u];"
+                  for q in range(tn // 4)]
     for i in range(tm):
         store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * cr;")
         for j in range(0, tn, 4) if v4 else range(tn):  # v4: N % 4 == 0, whole quads
             n = f"n0 + {j}u"
             store.append(f"    if ({n} < N) {{ C[(r{i} + {n}) >> 2u] = fin4(r{i} + {n}, {n}, "
-                         f"c{i}_{j // 4}); }}" if v4 else
+                         f"c{i}_{j // 4}{f', bq{j // 4}' if bias else ''}); }}" if v4 else
                          f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
                          f"c{i}_{j // 4}.{_Q[j % 4]}); }}")
         store.append("}")
@@ -652,7 +657,7 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
                      SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
                      FIN=_fin_code(t, acc, epilogue, v4),
-                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg, v4))
+                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg, v4, epilogue[1]))
 
 
 def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int,
