@@ -158,3 +158,26 @@ def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off, tex):
     tol = 1e-3 if R > 1000 else 1e-4
     for got, want in zip([y] + [grads.get(t) for t in [xt] + ts], _ln_ref(x, w, b, g)):
         np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol * (1 + R // 10000))
+
+
+def _xent_grad_ref(a, t):
+    e = np.exp(a - a.max(1, keepdims=True))
+    p = e / e.sum(1, keepdims=True)
+    p[np.arange(len(t)), t] -= 1
+    return p / len(t)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("N,C", [(5, 7), (2, 32768), (64 * 65535 + 7, 2)])
+def test_cross_entropy_backward_rows(monkeypatch, rng, N, C):
+    """cross_entropy's gradient with a row an invocation (thread row mode, xent.wgsl bwd_rows):
+    odd sizes, a row at the loop budget (32,768 classes), 64 * 65,535 + 7 rows (the launch
+    folds into (x, y) workgroups); ignored rows get 0 (the default-mode test_nnops cases)."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    a = rng.standard_normal((N, C)).astype(np.float32)
+    t = rng.integers(0, C, N).astype(np.int32)
+    x = wr.tensor(a, requires_grad=True)
+    got = wr.autograd.backward(nnops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
+    np.testing.assert_allclose(got, _xent_grad_ref(a.astype(np.float64), t), rtol=1e-3,
+                               atol=1e-6 / N ** 0.5)

@@ -467,12 +467,13 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
         g = contiguous(g)
         dx = Tensor.empty((N, C), dev, float32)
         cnt = count if count is not None else g
-        if N * C:
-            dev.dispatch_1d(Kernel.of("xent", "bwd", WG=32),
-                            [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
-                             dev.asserts.buffer, g._storage.buffer, cnt._storage.buffer],
-                            [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
-                             g.offset, cnt.offset], N * C)
+        if N * C:  # CPU adapters: a row an invocation (xent.wgsl bwd_rows)
+            rows = row_mode(dev) == "thread" and C <= LOOP_BUDGET
+            dev.dispatch(Kernel.of("xent", "bwd_rows" if rows else "bwd", WG=32),
+                         [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
+                          dev.asserts.buffer, g._storage.buffer, cnt._storage.buffer],
+                         [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
+                          g.offset, cnt.offset], groups_1d(N, 64) if rows else groups_1d(N * C))
         return (dx,)
     record("cross_entropy", out, [lg], bw, saved=[lg, tt])
     return reshape(out, tshape) if reduction == "none" else out
