@@ -181,3 +181,31 @@ def test_cross_entropy_backward_rows(monkeypatch, rng, N, C):
     got = wr.autograd.backward(nnops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
     np.testing.assert_allclose(got, _xent_grad_ref(a.astype(np.float64), t), rtol=1e-3,
                                atol=1e-6 / N ** 0.5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("off", [0, 1, 3])
+@pytest.mark.parametrize("tex", [None, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
+    """softmax forward and backward through shaders/softmax_cpu.wgsl (thread row mode), the
+    input a view at element offset ``off``: read through textures whose first element sits
+    at that offset's place in its quad (texread.elements), or from storage (ENABLED False)."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(nnops.texread, "ENABLED", tex)
+    R, L = 7, 9
+    x = rng.standard_normal((R, L)).astype(np.float32)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
+    xt.requires_grad = True
+    y = nnops.softmax(xt, -1, scale=0.5, causal=causal)
+    dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(xt).numpy()
+    s = x * 0.5
+    if causal:
+        s = np.where(np.arange(L)[None, :] <= np.arange(R)[:, None] + L - R, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(y.numpy(), p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, 0.5 * p * (g - (g * p).sum(-1, keepdims=True)), rtol=1e-4,
+                               atol=1e-6)

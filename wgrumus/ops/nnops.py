@@ -108,8 +108,9 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         xb, ob = xc._storage.buffer, out._storage.buffer
         fast = rowops.plan(dev, "sm_fwd", L, R, (xc.offset, out.offset), log)
         k, groups = fast or plan
-        dev.dispatch(k, [xb, xb, xb, ob] if fast else [xb, ob],
-                     [R, L, xc.offset, out.offset, scale, tq], groups)
+        words = [R, L, xc.offset, out.offset, scale, tq]
+        if fast or not _cached_softmax(k, {"X": xc}, [ob], words, R * L):
+            dev.dispatch(k, [xb, xb, xb, ob] if fast else [xb, ob], words, groups)
 
     o = saved_output(out)  # no cycle out -> node -> closure -> out
     record("log_softmax" if log else "softmax", out, [xc],
@@ -137,8 +138,30 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
         if plan is None:
             raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
                              f"workgroup can reduce; use softmax() (it splits such rows)")
-        dev.dispatch(plan[0], [yb, db, gb], words, plan[1])
+        if not _cached_softmax(plan[0], {"YS": out, "G": g}, [db], words, R * L):
+            dev.dispatch(plan[0], [yb, db, gb], words, plan[1])
     return dx
+
+
+def _cached_softmax(k: Kernel, ins: dict, outs, words, n: int) -> bool:
+    """Where ``k`` is a cached row entry of softmax.wgsl (*_rowc, CPU adapters), run it from
+    shaders/softmax_cpu.wgsl instead, the inputs {name: tensor of n elements} (offset words
+    2, 3) read through textures (ops/texread.py) where they fit; False otherwise."""
+    if not k.entry.endswith("_rowc"):
+        return False
+    dev = next(iter(ins.values())).device
+    with dev.lock:  # (the operand textures hold the inputs until this dispatch has read them)
+        got = [texread.elements(t, slot, n) for slot, t in enumerate(ins.values())] \
+            if texread.enabled(dev) else [None]
+        tex = None not in got
+        bufs = [g[0] for g in got] if tex else [t._storage.buffer for t in ins.values()]
+        if tex:
+            words = words[:2] + [g[1] for g in got] + words[2 + len(got):]
+        kc = Kernel.of("softmax_cpu", k.entry, LOG=dict(k.defines)["LOG"],
+                       IN_DECLS=texread.decls({"X": 1, "YS": 1, "G": 3}, tex, "f32",
+                                              elements=True))  # (the output at 2)
+        dev.dispatch(kc, bufs[:1] + outs + bufs[1:], words, groups_1d(words[0], 64))
+    return True
 
 
 def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:

@@ -22,17 +22,22 @@ def enabled(dev) -> bool:
     return is_cpu_adapter(dev) if ENABLED is None else ENABLED
 
 
-def decls(names: dict, tex: bool, vt: str = "vec4<f32>") -> str:
+def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False) -> str:
     """WGSL declarations of read-only operands {name: binding} and their quad loads
-    ``ld_<name>(q)``: textures (``tex``) or storage arrays of ``vt``."""
+    ``ld_<name>(q)``: textures (``tex``) or storage arrays of ``vt``; with ``elements`` (vt
+    f32) also element loads ``ex_<name>(i)`` (from a texture: a texel load and a component)."""
     sh = TEX_W.bit_length() - 1
     if tex:
-        return "\n".join(f"@group(0) @binding({b}) var {n}: texture_2d<f32>;\n"
-                         f"fn ld_{n}(q: u32) -> vec4<f32> {{ return textureLoad({n}, "
-                         f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}"
-                         for n, b in names.items())
-    return "\n".join(f"@group(0) @binding({b}) var<storage, read> {n}: array<{vt}>;\n"
-                     f"fn ld_{n}(q: u32) -> {vt} {{ return {n}[q]; }}" for n, b in names.items())
+        out = [f"@group(0) @binding({b}) var {n}: texture_2d<f32>;\n"
+               f"fn ld_{n}(q: u32) -> vec4<f32> {{ return textureLoad({n}, "
+               f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}" for n, b in names.items()]
+    else:
+        out = [f"@group(0) @binding({b}) var<storage, read> {n}: array<{vt}>;\n"
+               f"fn ld_{n}(q: u32) -> {vt} {{ return {n}[q]; }}" for n, b in names.items()]
+    if elements:
+        out += [f"fn ex_{n}(i: u32) -> f32 {{ return "
+                + (f"ld_{n}(i >> 2u)[i & 3u]; }}" if tex else f"ld_{n}(i); }}") for n in names]
+    return "\n".join(out)
 
 
 def operand(t: Tensor, slot: int, n: int):
@@ -41,11 +46,19 @@ def operand(t: Tensor, slot: int, n: int):
     the device's operand texture ``slot``; None where it does not fit (then the caller reads
     storage). Call under the device lock, with the dispatch that reads it: another
     operand_texture call for the same slot refills the texture."""
-    if t.dtype != float32 or t.offset % 4 or n <= 0:
+    got = elements(t, slot, n) if t.offset % 4 == 0 else None
+    return got and got[0]
+
+
+def elements(t: Tensor, slot: int, n: int):
+    """(view, shift) as ``operand`` for any offset: the texture starts at the 16-byte boundary
+    at or below t.offset, which is element ``shift`` there; None where it does not fit."""
+    if t.dtype != float32 or n <= 0:
         return None
-    texels = -(-n // 4)
+    start = t.offset & ~3
+    texels = -(-(t.offset - start + n) // 4)
     buf = t._storage.buffer
     rows_max = t.device.limits["max-texture-dimension-2d"]
-    if t.offset * 4 + texels * 16 > buf.size or -(-texels // TEX_W) > rows_max:
+    if start * 4 + texels * 16 > buf.size or -(-texels // TEX_W) > rows_max:
         return None
-    return t.device.operand_texture(slot, buf, t.offset * 4, texels)
+    return t.device.operand_texture(slot, buf, start * 4, texels), t.offset - start
