@@ -555,32 +555,33 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         setup += [f"let nq{q} = bbase + min(n0 + {4 * q}u, lqn);" for q in range(tn // 4)]
     setup += [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
 
-    def fmas(a_of, bq_of, rs):
+    def fmas(a_of, bq_of, rs, rows=None):
+        if rows is None:
+            return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
+                    for r in rs for i in range(tm) for q in range(tn // 4)]
         return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
-                for r in rs for i in range(tm) for q in range(tn // 4)]
+                for i in rows for q in range(tn // 4) for r in rs]
 
     def bcols(name, q, suffix=""):
         return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
 
     body4 = []
-    if k4:
+    if k4:  # B's loads, A's shared texels, then per row group its A values and its FMAs
         if am == 0 and sg:
             body4 += [f"let s{j} = ld(qa((sa{j} + k) >> 2u));" for j in range(tm // sg)]
-            body4 += [f"let a{i} = subgroupBroadcast(s{i // sg}, {i % sg}u);" for i in range(tm)]
-            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+            a_defs = lambda g: [f"let a{g} = subgroupBroadcast(s{g // sg}, {g % sg}u);"]
         elif am == 0:
-            body4 += [f"let a{i} = ld(qa((ra{i} + k) >> 2u));" for i in range(tm)]
-            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+            a_defs = lambda g: [f"let a{g} = ld(qa((ra{g} + k) >> 2u));"]
         elif sg:
             body4 += [f"let s{r} = ld(qa((sq + (k + {r}u) * ac) >> 2u));"
                       for r in range(4)]
-            body4 += [f"let a{q}_{r} = subgroupBroadcast(s{r}, {q}u);"
-                      for r in range(4) for q in range(tm // 4)]
-            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
+            a_defs = lambda g: [f"let a{g}_{r} = subgroupBroadcast(s{r}, {g}u);"
+                                for r in range(4)]
         else:
-            body4 += [f"let a{q}_{r} = ld(qa((mq{q} + (k + {r}u) * ac) >> 2u));"
-                      for r in range(4) for q in range(tm // 4)]
-            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
+            a_defs = lambda g: [f"let a{g}_{r} = ld(qa((mq{g} + (k + {r}u) * ac) >> 2u));"
+                                for r in range(4)]
+        a_of = (lambda i, r: f"a{i}.{_Q[r]}") if am == 0 else (
+            lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}")
         if bm == 0:
             body4 += [f"let b{r}_{q} = ld(qb((nq{q} + (k + {r}u) * br) >> 2u));"
                       for r in range(4) for q in range(tn // 4)]
@@ -588,7 +589,12 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         else:
             body4 += [f"let b{j} = ld(qb((cb{j} + k) >> 2u));" for j in range(tn)]
             bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
-        body4 += fmas(a_of, bq_of, range(4))
+        # A row group's values are defined right before its FMAs, and each accumulator takes
+        # its 4 k steps in a row: short live ranges (llvmpipe keeps every lane value of a
+        # vec4 in its own vector register; TM x TN accumulators already spill)
+        per = 1 if am == 0 else 4
+        for g in range(tm // per):
+            body4 += a_defs(g) + fmas(a_of, bq_of, range(4), range(g * per, (g + 1) * per))
     body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
     if vec and bm == 0:  # B's quads along n, one k at a time
         body1 += [f"let b{q} = ld(qb((nq{q} + k * br) >> 2u));" for q in range(tn // 4)]
