@@ -209,3 +209,27 @@ def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
     np.testing.assert_allclose(y.numpy(), p, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dx, 0.5 * p * (g - (g * p).sum(-1, keepdims=True)), rtol=1e-4,
                                atol=1e-6)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("tex", [None, False])
+@pytest.mark.parametrize("n", [37, 70_001 * 16 + 5])
+def test_map_texture_inputs_match_numpy(monkeypatch, rng, tex, n):
+    """The chunked CPU map (16 outputs an invocation) reading contiguous f32 inputs through
+    textures (views at offsets 1 and 2: their first element's place in the texture) unless
+    texread.ENABLED is False; an in-place add (the input bound as the output) and a strided
+    input read storage. 70,001 * 16 + 5 outputs: past 65,535 workgroups of 16 invocations."""
+    from wgrumus.ops import launch, texread
+    monkeypatch.setattr(launch, "CPU_CHUNK", 16)
+    monkeypatch.setattr(launch, "CPU_WG", 1 if n > 1000 else 64)
+    monkeypatch.setattr(texread, "ENABLED", tex)
+    a, b = (rng.standard_normal(n + 3).astype(np.float32) for _ in range(2))
+    ta, tb = wr.tensor(a)[1:n + 1], wr.tensor(b)[2:n + 2]
+    np.testing.assert_allclose((ta * tb + 1.5).numpy(), a[1:n + 1] * b[2:n + 2] + 1.5,
+                               rtol=1e-6, atol=1e-6)
+    c = wr.tensor(a[:n].copy())
+    c += tb
+    np.testing.assert_allclose(c.numpy(), a[:n] + b[2:n + 2], rtol=1e-6, atol=1e-6)
+    m = rng.standard_normal((5, 6)).astype(np.float32)
+    np.testing.assert_allclose((wr.tensor(m).T + wr.tensor(m.T.copy())).numpy(), 2 * m.T,
+                               rtol=1e-6)
