@@ -1,5 +1,5 @@
 // Row softmax / log_softmax for CPU adapters (thread row mode, rows of at most ROWC elements):
-// entries fwd_rowc / bwd_rowc of softmax.wgsl's words and bindings (X 1 and Y 2; backward YS 1,
+// entries fwd_rowc / bwd_rowc with softmax.wgsl's words and bindings (X 1 and Y 2; backward YS 1,
 // DX 2, G 3), one invocation a row, the row read once into private arrays (on llvmpipe a
 // storage read is a loop over the SIMD lanes, a private array indexed by the shared loop
 // counter one vector load). IN_DECLS: the inputs and their element loads ex_X, ex_YS, ex_G

@@ -555,10 +555,7 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         setup += [f"let nq{q} = bbase + min(n0 + {4 * q}u, lqn);" for q in range(tn // 4)]
     setup += [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
 
-    def fmas(a_of, bq_of, rs, rows=None):
-        if rows is None:
-            return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
-                    for r in rs for i in range(tm) for q in range(tn // 4)]
+    def fmas(a_of, bq_of, rs, rows=range(tm)):  # each accumulator's k steps in a row
         return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
                 for i in rows for q in range(tn // 4) for r in rs]
 

@@ -144,8 +144,8 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
 
 
 def _cached_softmax(k: Kernel, ins: dict, outs, words, n: int) -> bool:
-    """Where ``k`` is a cached row entry of softmax.wgsl (*_rowc, CPU adapters), run it from
-    shaders/softmax_cpu.wgsl instead, the inputs {name: tensor of n elements} (offset words
+    """Where row_kernel picked a cached row entry (*_rowc: CPU adapters, thread row mode), run
+    it from shaders/softmax_cpu.wgsl, the inputs {name: tensor of n elements} (offset words
     2, 3) read through textures (ops/texread.py) where they fit; False otherwise."""
     if not k.entry.endswith("_rowc"):
         return False
