@@ -151,9 +151,8 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
             idx = f"i + pu({w + 8}u)" if m == "c" else f"pu({w + 8}u)"
         body.append(f"        let i{x} = {idx};")
         if k:
-            load = f"ex_B{binds[k]}" if binds[k] in tex else f"B{binds[k]}"
-            body.append(f"        let {x} = {load}[i{x}];" if binds[k] not in tex else
-                        f"        let {x} = {load}(i{x});")
+            load = f"ex_B{binds[k]}(i{x})" if binds[k] in tex else f"B{binds[k]}[i{x}]"
+            body.append(f"        let {x} = {load};")
     body.append(f"        B{binds[0]}[io] = {types[0]}({expr});")
     d = dict(base.defines)
     decls = d["DECLS"]
