@@ -233,3 +233,30 @@ def test_map_texture_inputs_match_numpy(monkeypatch, rng, tex, n):
     m = rng.standard_normal((5, 6)).astype(np.float32)
     np.testing.assert_allclose((wr.tensor(m).T + wr.tensor(m.T.copy())).numpy(), 2 * m.T,
                                rtol=1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kpass", [None, (16, 16)])
+@pytest.mark.parametrize("tex", [None, False])
+def test_residual_through_texture_matches_numpy(monkeypatch, rng, kpass, tex):
+    """Texture operands with quad stores: the residual read from a third operand texture too
+    (in the last K pass only) unless texread.ENABLED is False; odd M and K."""
+    from wgrumus.ops import texread
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", True)
+    monkeypatch.setattr(texread, "ENABLED", tex)
+    if kpass:
+        monkeypatch.setattr(mm, "CPU_KPASS", kpass)
+    seen = []
+    orig = mm.cpu_kernel_for
+    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: seen.append(
+        (kw.get("epilogue", (None, False, False))[2], kw.get("rtex"))) or orig(*a, **kw))
+    M, K, N = 37, 41, 12
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    wt = rng.standard_normal((K, N)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((M, N)).astype(np.float32)
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b), wr.tensor(r))
+    np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ wt + b + r, rtol=1e-4,
+                               atol=1e-4)
+    assert all(rt == (res and tex is None) for res, rt in seen) and seen[-1][0]

@@ -11,6 +11,7 @@ from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
+from . import texread
 from .elementwise import cast, contiguous, unbroadcast
 from .launch import broadcast_shapes, run_map
 from .precision import autocast_dtype, in_forward_precision
@@ -272,9 +273,10 @@ def _epilogue_defines(act, bias: bool, residual: bool, pre: bool = False) -> dic
             "EPI_PRE": f"let z = {z}; PRE[i - pu(11u) + pu(14u)] = z; "}
 
 
-def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool) -> str:
+def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool, rtex: bool = False) -> str:
     """FIN of matmul_cpu.wgsl: C's declaration and the stored value, fin(i, n, x) per element
-    or (``v4``, f32) fin4(i, n, x) per quad of a row, the epilogue's operands read as quads."""
+    or (``v4``, f32) fin4(i, n, x) per quad of a row, the epilogue's operands read as quads
+    (``rtex``: the residual from a texture holding a copy of it, ops/texread.py)."""
     act, bias, residual, *pre = epilogue
     if not v4:
         d = {"EPI_PRE": "", **_epilogue_defines(act, bias, residual, *pre)}
@@ -293,8 +295,8 @@ def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool) -> str:
         decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<vec4<f32>>;")
         z += " + b"
     if residual:
-        decls.append(f"@group(0) @binding({4 + bias}) var<storage, read> RES: array<vec4<f32>>;")
-        z += f" + RES[{e}]"
+        decls.append(texread.decls({"RES": 4 + bias}, rtex))
+        z += f" + ld_RES({e})"
     body = [f"let z = {z};"]
     if pre:
         decls.append(f"@group(0) @binding({4 + bias}) var<storage, read_write> PRE: "
@@ -635,7 +637,7 @@ def _operand_decls(t: str, tex: bool) -> str:
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
                    acc: bool = False, tex: bool = False, sg: bool = False,
-                   r16: bool = False, v4: bool = False) -> Kernel:
+                   r16: bool = False, v4: bool = False, rtex: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
     invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
     operands in storage buffers or (``tex``, f32 only) textures; ``sg``: A's rows shared over
@@ -643,7 +645,7 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
     same rows; the caller checks the subgroup size), else ignored; ``r16``: f32 operands
     rounded to f16 as they are read; ``v4``: C (f32) stored a quad at a time, which needs C's
     rows, offset and strides and the epilogue operands' offsets to be multiples of 4 (the
-    caller checks them: _quad_store)."""
+    caller checks them); ``rtex``: with v4, the residual read from a texture."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     if tex and f16:
@@ -659,7 +661,7 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc),
                      LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
                      SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
-                     FIN=_fin_code(t, acc, epilogue, v4),
+                     FIN=_fin_code(t, acc, epilogue, v4, rtex),
                      **_cpu_code(tm, tn, am, bm, vec, k4, t, sg, v4, epilogue[1]))
 
 
@@ -686,16 +688,16 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
-                inner=(1, 0, 0), cst=None):
+                inner=(1, 0, 0), cst=None, res=None):
     # Under the device lock: another thread's matmul must not refill the operand textures
     # between this one's copies and its dispatches.
     with a.device.lock:
         _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16, inner, cst)
+                           r16, inner, cst, res)
 
 
 def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                       r16, inner=(1, 0, 0), cst=None):
+                       r16, inner=(1, 0, 0), cst=None, res=None):
     tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
@@ -713,8 +715,13 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
     cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
     v4 = CPU_V4 is not False and not f16 and N % 4 == 0 and all(
         w % 4 == 0 for w in (out.offset, *cst, *extra))
+    # the residual ([M, N], contiguous) through a texture too (slot 2), with quad stores
+    view = (res is not None and v4 and tex and texread.enabled(a.device)
+            and texread.operand(res, 2, M * N))
+    if view:
+        bufs, extra = bufs[:3 + epi[1]] + [view] + bufs[4 + epi[1]:], [extra[0], 0]
     k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex, sg=sg,
-                       r16=r16, v4=v4)
+                       r16=r16, v4=v4, rtex=bool(view))
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
@@ -725,7 +732,7 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
                                epilogue=epi if last else (None, False, False), tex=tex, sg=sg,
-                               r16=r16, v4=v4)
+                               r16=r16, v4=v4, rtex=bool(view) and last)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:
@@ -764,7 +771,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
                          tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16, inner, cst)
+                           r16, inner, cst, residual)
     if pre is not None or inner[0] != 1 or cst is not None:
         raise ValueError("matmul: the pre-activation store and two-level batches are CPU-kernel "
                          "features only")
