@@ -20,8 +20,10 @@ fn part_(k: u32) -> Part {
     return Part(pu(w + 1u), pu(w + 2u), pu(w + 3u), pu(w + 4u), c.x, c.y);
 }
 
-// (p, exp_avg, exp_avg_sq) after one step.
-fn adam_(p0: f32, g0: f32, m0: f32, v0: f32, step_size: f32, bc2_sqrt: f32) -> vec3<f32> {
+// (p, exp_avg, exp_avg_sq) after one step, of one element (AT f32) or of a quad of them (AT
+// vec4<f32>: entry `cpu` with VEC 4, every storage access a vec4).
+struct Upd { p: {{AT}}, m: {{AT}}, v: {{AT}} }
+fn adam_(p0: {{AT}}, g0: {{AT}}, m0: {{AT}}, v0: {{AT}}, step_size: f32, bc2_sqrt: f32) -> Upd {
     var p = p0;
     var g = g0;
     let wd = pf(4u);
@@ -31,7 +33,7 @@ fn adam_(p0: f32, g0: f32, m0: f32, v0: f32, step_size: f32, bc2_sqrt: f32) -> v
     let m = m0 + (1.0 - b1) * (g - m0);
     let v = b2 * v0 + (1.0 - b2) * g * g;
     let denom = sqrt(v) / bc2_sqrt + pf(3u);
-    return vec3<f32>(p - step_size * (m / denom), m, v);
+    return Upd(p - step_size * (m / denom), m, v);
 }
 
 @compute @workgroup_size(256)
@@ -48,6 +50,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 // Parameter k occupies [start_k, end_k) of the launch's index space, start_0 = 0 and start_k =
 // end_{k-1} rounded up to CHUNK, so no chunk spans two parameters (the ends in the words are
 // in that space). Python generates CPU_BODY (empty in the `main` kernel, as BODY is in `cpu`).
+// VEC 4 (every parameter's size and offsets multiples of 4): the index space, offsets and ends
+// count quads, the arrays are of vec4 (llvmpipe pays its per-lane loop over a storage access
+// once per quad instead of once per element).
 const CHUNK: u32 = {{CHUNK}}u;
 
 fn start_(end_prev: u32) -> u32 { return (end_prev + CHUNK - 1u) / CHUNK * CHUNK; }

@@ -28,6 +28,13 @@ fn group_idx(ids: Launch) -> u32 { return group_id(ids.wid, ids.nwg); }
 // private arrays; ops/nnops.py ROWC is the same number.
 const ROWC: u32 = 256u;
 
+// Number of unmasked keys of a causal softmax's row r (L without a mask: tq 0): row r is
+// query r % tq of tq against L keys aligned at the end (softmax, softmax_cpu, rowops).
+fn keys(r: u32, L: u32, tq: u32) -> u32 {
+    if (tq == 0u) { return L; }
+    return u32(clamp(i32(r % tq) + i32(L) - i32(tq) + 1, 0, i32(L)));
+}
+
 // Online (max, sum of exp(x - max)) of a row: add value v to ms = (m, s). A -inf value adds
 // exp(-inf) = 0. Start from (LOWEST_F32, 0).
 const LOWEST_F32: f32 = -3.4028234663852886e38;

@@ -27,17 +27,14 @@
 // (AM 1) and subgroupBroadcast hands them to every lane (an extract and a splat on llvmpipe),
 // so an invocation fetches TM / 8 (AM 1: 4) texels of A a 4-k step instead of TM.
 {{OPERANDS}}
-@group(0) @binding(3) var<storage, read_write> C: array<{{T}}>;
-{{EPI_DECLS}}
+// C and the epilogue: FIN (ops/matmul.py, _fin_code) declares C and defines the stored value,
+// fin(i, n, x) of one accumulator or (V4: C's rows, offsets and strides all multiples of 4)
+// fin4(i, n, x) of a quad of them, stored as one vec4 (llvmpipe pays its per-lane store loop
+// once per quad instead of once per element). ACC 1 (passes after the first over a long K)
+// adds C's value so far; the epilogue act(z + bias + residual), z's store for the backward
+// (EPI_PRE: fused GELU-type linears) included, runs in the last pass only.
+{{FIN}}
 
-// EPI_PRE (fused GELU-type linears): stores the activation's argument z for the backward.
-fn epi(i: u32, n: u32, x: f32) -> f32 { {{EPI_PRE}}return {{EPI}}; }
-// The stored value: ACC 1 (passes after the first over a long K) adds C's value so far; the
-// epilogue is the identity except in the last pass.
-fn fin(i: u32, n: u32, x: f32) -> {{T}} {
-    if ({{ACC}}u == 1u) { return {{T}}(epi(i, n, x + f32(C[i]))); }
-    return {{T}}(epi(i, n, x));
-}
 // An operand quad as read: LD is vec4<f32>(v), or rounds v to f16 first (R16: autocast's
 // float32 operands, converted on load instead of by a cast pass of their own).
 fn ld(v: vec4<{{T}}>) -> vec4<f32> { return {{LD}}; }

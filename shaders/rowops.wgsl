@@ -70,11 +70,6 @@ fn row_at(ids: Launch) -> RowAt {
 // Quad index of the row's start in the operand whose element offset is word w.
 fn row_base(at: RowAt, w: u32) -> u32 { return pu(w) / V + at.r * (at.L / V); }
 
-fn keys(r: u32, L: u32, tq: u32) -> u32 {
-    if (tq == 0u) { return L; }
-    return u32(clamp(i32(r % tq) + i32(L) - i32(tq) + 1, 0, i32(L)));
-}
-
 fn neg_inf() -> f32 { return bitcast<f32>(0xff800000u); }
 
 // Online (max, sum exp) with the scaled quad s added.

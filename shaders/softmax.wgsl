@@ -20,12 +20,6 @@
 const WG: u32 = {{WG}}u;
 const LOG: bool = {{LOG}};
 
-// Number of unmasked keys of row r (L without a mask).
-fn keys(r: u32, L: u32, tq: u32) -> u32 {
-    if (tq == 0u) { return L; }
-    return u32(clamp(i32(r % tq) + i32(L) - i32(tq) + 1, 0, i32(L)));
-}
-
 var<workgroup> sm: array<f32, WG>;
 var<workgroup> ss: array<f32, WG>;
 
@@ -128,65 +122,4 @@ fn bwd_rows(ids: Launch) {
     let K = keys(r, L, pu(6u));
     let dot = bwd_dot(pu(2u) + r * L, pu(3u) + r * L, K, 0u, 1u);
     bwd_write(pu(2u) + r * L, pu(3u) + r * L, pu(4u) + r * L, K, L, pf(5u), dot, 0u, 1u);
-}
-
-// fwd_rowc / bwd_rowc: the row kernels for rows of at most ROWC elements (CPU adapters), each
-// row read from storage once into private arrays (see layernorm.wgsl: on llvmpipe a storage
-// read is a loop over the SIMD lanes, a private array indexed by the shared loop counter one
-// vector load).
-
-@compute @workgroup_size(64)
-fn fwd_rowc(ids: Launch) {
-    let r = thread_idx(ids, 64u);
-    if (r >= pu(0u)) { return; }
-    let L = pu(1u);
-    let K = keys(r, L, pu(5u));
-    let xb = pu(2u) + r * L;
-    let yb = pu(3u) + r * L;
-    var xs: array<f32, ROWC>;
-    var ms = vec2<f32>(LOWEST_F32, 0.0);
-    for (var j = 0u; j < K; j++) {
-        let x = X[xb + j] * pf(4u);
-        xs[j] = x;
-        ms = lse_push(ms, x);
-    }
-    if (LOG) {
-        let lse = ms.x + log(ms.y);
-        for (var j = 0u; j < K; j++) { Y[yb + j] = xs[j] - lse; }
-        for (var j = K; j < L; j++) { Y[yb + j] = bitcast<f32>(0xff800000u); }
-    } else {
-        let inv = 1.0 / ms.y;
-        for (var j = 0u; j < K; j++) { Y[yb + j] = exp(xs[j] - ms.x) * inv; }
-        for (var j = K; j < L; j++) { Y[yb + j] = 0.0; }
-    }
-}
-
-@compute @workgroup_size(64)
-fn bwd_rowc(ids: Launch) {
-    let r = thread_idx(ids, 64u);
-    if (r >= pu(0u)) { return; }
-    let L = pu(1u);
-    let K = keys(r, L, pu(6u));
-    let yb = pu(2u) + r * L;
-    let gb = pu(3u) + r * L;
-    let db = pu(4u) + r * L;
-    let sc = pf(5u);
-    var ys: array<f32, ROWC>;
-    var gs: array<f32, ROWC>;
-    var dot = 0.0;
-    for (var j = 0u; j < K; j++) {
-        let y = YS[yb + j];
-        let g = G[gb + j];
-        ys[j] = y;
-        gs[j] = g;
-        if (LOG) { dot += g; } else { dot += g * y; }
-    }
-    for (var j = 0u; j < K; j++) {
-        if (LOG) {
-            DX[db + j] = sc * (gs[j] - exp(ys[j]) * dot);
-        } else {
-            DX[db + j] = sc * ys[j] * (gs[j] - dot);
-        }
-    }
-    for (var j = K; j < L; j++) { DX[db + j] = 0.0; }
 }

@@ -131,6 +131,32 @@ fn bwd(ids: Launch) {
     LOSS[i] = dx;
 }
 
+// bwd_rows: bwd with one invocation a row (CPU adapters, thread row mode, C within the loop
+// budget): the row's target, scale and log-sum-exp read once, not once per element (llvmpipe
+// pays a loop over the lanes for every storage read).
+@compute @workgroup_size(64)
+fn bwd_rows(ids: Launch) {
+    let r = thread_idx(ids, 64u);
+    if (r >= pu(0u)) { return; }
+    let C = pu(1u);
+    let t = T[pu(3u) + r];
+    let ob = r * C;
+    if (t == pi(4u)) {
+        for (var j = 0u; j < C; j++) { LOSS[ob + j] = 0.0; }
+        return;
+    }
+    let mode = pu(6u);
+    var scale = GR[pu(7u)];
+    if (mode == 0u) { scale /= CNT[pu(8u)]; } else if (mode == 2u) { scale = GR[pu(7u) + r]; }
+    let eps = pf(5u);
+    let lse = LSE[r];
+    let xb = pu(2u) + ob;
+    for (var j = 0u; j < C; j++) {
+        let p = exp(X[xb + j] - lse);
+        LOSS[ob + j] = scale * (p - select(0.0, 1.0 - eps, i32(j) == t) - eps / f32(C));
+    }
+}
+
 @compute @workgroup_size(64)
 fn fwd_rows(ids: Launch) {
     let r = thread_idx(ids, 64u);

@@ -112,3 +112,30 @@ def test_chunked_map_past_65535_workgroups(monkeypatch, rng):
     monkeypatch.setattr(launch, "CPU_WG", 1)
     a = rng.standard_normal((117, 1200)).astype(np.float32)
     np.testing.assert_array_equal(wr.tensor(a).transpose(0, 1).contiguous().numpy(), a.T)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("chunk,wg,shapes", [(4, 64, [(4, 8), (64,), (12, 4), (256,)]),
+                                             (16, 64, [(8,), (36, 4)]),
+                                             (4, 1, [(280_004,), (4,)])])
+@pytest.mark.parametrize("tex", [None, False])
+def test_quad_adam_matches_reference(monkeypatch, rng, chunk, wg, shapes, tex):
+    """Every size and offset a multiple of 4: the update a quad at a time (vec4 arrays; ends
+    and offsets in quads; p, g, m, v read through textures unless texread.ENABLED is False),
+    against the reference and the element-wise kernel's choice when a gradient sits at offset
+    3; (4, 1): 70,001 workgroups of one quad fold into (x, y)."""
+    from wgrumus.ops import texread
+    monkeypatch.setattr(texread, "ENABLED", tex)
+    seen = []
+    orig = adam.cpu_kernel
+    monkeypatch.setattr(adam, "cpu_kernel", lambda *a: seen.append(a[4]) or seen.append(
+        a[5] == (a[4] and tex is None)) or orig(*a))
+    for views in (False, True):
+        p0, gs, ps = _run(monkeypatch, chunk, wg, shapes, optim.AdamW,
+                          dict(lr=0.02, weight_decay=0.1), 2, rng, views=views)
+        for j, p in enumerate(ps):
+            want = ref_adam(p0[j], [g[j].astype(np.float64) for g in gs], lr=0.02,
+                            weight_decay=0.1, decoupled=True)
+            np.testing.assert_allclose(p.numpy(), want, rtol=2e-5, atol=2e-6)
+        assert seen[::2] and all(q == (not views) for q in seen[::2]) and all(seen[1::2])
+        seen.clear()

@@ -20,6 +20,7 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
+from . import texread
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, run_map, saved_output
@@ -142,9 +143,24 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     bufs = [g._storage.buffer, zt._storage.buffer,
             b._storage.buffer if b is not None else _dummy(dev, 0),
             dz._storage.buffer if has_act else _dummy(dev, 1), part._storage.buffer]
-    dev.dispatch(Kernel.of("linear", "bwd", ACT_GRAD=grad_expr), bufs,
-                 [R, L, g.offset, zt.offset, b.offset if b is not None else 0, rows, chunks,
-                  int(b is not None), int(has_act)], (-(-L // 64), chunks, 1))
+    offs = [g.offset, zt.offset, b.offset if b is not None else 0]
+    # CPU adapters: a quad of columns an invocation, one SIMD vector (8 lanes) a group, g and
+    # z read through textures (ops/texread.py) where they fit
+    v, wg = ((4, 8) if use_cpu_kernel(dev) and all(w % 4 == 0 for w in [L, *offs])
+             else (1, 64))
+    grad_v = "act_grad(g, z)" if v == 1 else "vec4<f32>({})".format(", ".join(
+        f"act_grad(g.{q}, z.{q})" for q in "xyzw"))
+    vt = "f32" if v == 1 else "vec4<f32>"
+    with dev.lock:  # (the operand textures hold g and z until this dispatch has read them)
+        tex = v == 4 and texread.enabled(dev)
+        views = tex and [texread.operand(t, s, R * L) for s, t in enumerate((g, zt))]
+        tex = bool(views) and None not in views
+        if tex:
+            bufs[:2], offs[:2] = views, [0, 0]
+        k = Kernel.of("linear", "bwd", ACT_GRAD=grad_expr, V=v, WG=wg, VT=vt,
+                      ACT_GRAD_V=grad_v, IN_DECLS=texread.decls({"G": 1, "U": 2}, tex, vt))
+        dev.dispatch(k, bufs, [R, L, *offs, rows, chunks, int(b is not None), int(has_act)],
+                     (-(-L // (v * wg)), chunks, 1))
     if not want_db:
         return dz, None
     if chunks == 1:

@@ -14,6 +14,7 @@ from ..runtime.adapters import is_cpu_adapter
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, check_same_device
+from . import texread
 
 MAXD = 8
 SCALAR_BASE = 48
@@ -126,10 +127,12 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
 
 @functools.lru_cache(maxsize=4096)
 def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
-                wg: int, named: tuple = ()) -> Kernel:
+                wg: int, named: tuple = (), tex: tuple = ()) -> Kernel:
     """map_cpu.wgsl for one specialisation (as ``_kernel``), ``chunk`` outputs per invocation:
     strided operands keep a running offset ``s<name>``, stepped along the innermost dimension
-    and recomputed where it wraps."""
+    and recomputed where it wraps. ``tex``: the bindings of contiguous f32 inputs read from
+    textures holding copies of them (ops/texread.py; their offset words: the first element's
+    place in the texture)."""
     base = _kernel(expr, types, modes, binds)
     setup = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
              for k, (name, kind) in enumerate(named)]
@@ -148,14 +151,38 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
             idx = f"i + pu({w + 8}u)" if m == "c" else f"pu({w + 8}u)"
         body.append(f"        let i{x} = {idx};")
         if k:
-            body.append(f"        let {x} = B{binds[k]}[i{x}];")
+            load = f"ex_B{binds[k]}(i{x})" if binds[k] in tex else f"B{binds[k]}[i{x}]"
+            body.append(f"        let {x} = {load};")
     body.append(f"        B{binds[0]}[io] = {types[0]}({expr});")
     d = dict(base.defines)
-    defines = {"DECLS": d["DECLS"], "SETUP": "\n".join(setup), "WRAP": "\n".join(wrap),
+    decls = d["DECLS"]
+    if tex:  # those bindings' storage declarations give way to textures
+        decls = "\n".join([line for line in decls.split("\n") if not any(
+            f"> B{b}:" in line for b in tex)] + [texread.decls(
+                {f"B{b}": b for b in tex}, True, elements=True)])
+    defines = {"DECLS": decls, "SETUP": "\n".join(setup), "WRAP": "\n".join(wrap),
                "BODY": "\n".join(body), "STEP": "\n".join(step), "CHUNK": chunk, "WG": wg}
     if "F16" in d:
         defines["F16"] = "1"
     return Kernel.of("map_cpu", **defines)
+
+
+def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tuple:
+    """CPU adapters: contiguous f32 inputs bound alone read through textures (ops/texread.py):
+    their buffers in ``buffers`` become texture views and their offset words their first
+    element's place there. The bindings so read."""
+    if not texread.enabled(dev):
+        return ()
+    tex = []
+    for k, t in enumerate(inputs, 1):
+        b = binds[k]
+        if modes[k] != "c" or types[k] != "f32" or binds.count(b) > 1:
+            continue
+        got = texread.elements(t, k - 1, n)
+        if got is not None:
+            buffers[b - 1], params[18 + 9 * k] = got
+            tex.append(b)
+    return tuple(tex)
 
 
 def cpu_chunk(dev) -> int:
@@ -240,8 +267,10 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     params.extend(scalars)
     chunk = cpu_chunk(dev)
     if chunk > 1:
-        k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names)
-        dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)
+        with dev.lock:  # (the operand textures hold the inputs until this dispatch read them)
+            tex = _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n)
+            k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names, tex)
+            dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)
     else:
         dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names, head[1]),
                         buffers, params, n)

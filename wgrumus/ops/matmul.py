@@ -11,6 +11,7 @@ from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
+from . import texread
 from .elementwise import cast, contiguous, unbroadcast
 from .launch import broadcast_shapes, run_map
 from .precision import autocast_dtype, in_forward_precision
@@ -281,6 +282,42 @@ def _epilogue_defines(act, bias: bool, residual: bool, pre: bool = False) -> dic
             "EPI_PRE": f"let z = {z}; PRE[i - pu(11u) + pu(14u)] = z; "}
 
 
+def _fin_code(t: str, acc: bool, epilogue: tuple, v4: bool, rtex: bool = False) -> str:
+    """FIN of matmul_cpu.wgsl: C's declaration and the stored value, fin(i, n, x) per element
+    or (``v4``, f32) fin4(i, n, x) per quad of a row, the epilogue's operands read as quads
+    (``rtex``: the residual from a texture holding a copy of it, ops/texread.py)."""
+    act, bias, residual, *pre = epilogue
+    if not v4:
+        d = {"EPI_PRE": "", **_epilogue_defines(act, bias, residual, *pre)}
+        c = f"{t}(epi(i, n, x + f32(C[i])))" if acc else f"{t}(epi(i, n, x))"
+        return (f"@group(0) @binding(3) var<storage, read_write> C: array<{t}>;\n"
+                f"{d['EPI_DECLS']}\n"
+                f"fn epi(i: u32, n: u32, x: f32) -> f32 {{ {d['EPI_PRE']}return {d['EPI']}; }}\n"
+                f"fn fin(i: u32, n: u32, x: f32) -> {t} {{ return {c}; }}")
+    if t != "f32" or (pre and (residual or not act)):
+        raise ValueError("matmul_cpu: quad stores are f32 only; the pre-activation store needs "
+                         "an activation and no residual")
+    decls = ["@group(0) @binding(3) var<storage, read_write> C: array<vec4<f32>>;"]
+    z = "x" + (" + C[i >> 2u]" if acc else "")
+    e = "(i - pu(11u) + pu(14u)) >> 2u"  # the quad's index in RES / PRE
+    if bias:  # (the caller loads the column quad's bias once: bq, _cpu_code)
+        decls.append("@group(0) @binding(4) var<storage, read> BIAS: array<vec4<f32>>;")
+        z += " + b"
+    if residual:
+        decls.append(texread.decls({"RES": 4 + bias}, rtex))
+        z += f" + ld_RES({e})"
+    body = [f"let z = {z};"]
+    if pre:
+        decls.append(f"@group(0) @binding({4 + bias}) var<storage, read_write> PRE: "
+                     "array<vec4<f32>>;")
+        body.append(f"PRE[{e}] = z;")
+    ret = "z" if not act else "vec4<f32>(" + ", ".join(
+        act.format(z=f"z.{q}") for q in _Q) + ")"
+    args = ", b: vec4<f32>" if bias else ""
+    return "\n".join(decls) + (f"\nfn fin4(i: u32, n: u32, x: vec4<f32>{args}) -> vec4<f32> {{"
+                               "\n    " + "\n    ".join(body) + f"\n    return {ret};\n}}")
+
+
 def linear_2d(x: Tensor, wt: Tensor, bias: Tensor | None = None, residual: Tensor | None = None,
               activation: str | None = None, r16: bool = False, pre: Tensor | None = None
               ) -> Tensor:
@@ -474,6 +511,7 @@ CPU_WG = (4, 4)  # WGX, WGY
 # FMAs per load); BENCHMARKS.md, lavapipe section.
 CPU_SIDE16 = 64
 CPU_FLAT = (1, 4, 1, 64, 1)  # tiny batched matrices: one row an invocation, 64 a workgroup
+CPU_V4 = None  # None: C stored a quad at a time where aligned (f32); False: per element
 CPU_TEX_WG = 8  # invocations a workgroup with texture operands: one AVX2 SIMD vector
 CPU_SG = None  # None: A's rows shared over the subgroup where cpu_subgroup knows its size
 # Texture operands: 16-row blocks where they still make this many workgroups (work for every
@@ -532,9 +570,11 @@ _Q = "xyzw"
 
 
 def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
-              sg: int = 0) -> dict:
+              sg: int = 0, v4: bool = False, bias: bool = False) -> dict:
     """Register code of matmul_cpu.wgsl, unrolled with literal indices (every accumulator and
-    loaded value stays a named register); ``sg``: the subgroup size that shares A's rows."""
+    loaded value stays a named register); ``sg``: the subgroup size that shares A's rows;
+    ``v4``: C stored a quad at a time (fin4), with ``bias`` each column quad's bias loaded once
+    (a storage read costs llvmpipe a loop over the lanes: not once per row)."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
     if sg and am == 0:  # lane l fetches rows m0 + l, m0 + sg + l, ...
         setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
@@ -548,32 +588,30 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         setup += [f"let nq{q} = bbase + min(n0 + {4 * q}u, lqn);" for q in range(tn // 4)]
     setup += [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
 
-    def fmas(a_of, bq_of, rs):
+    def fmas(a_of, bq_of, rs, rows=range(tm)):  # each accumulator's k steps in a row
         return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
-                for r in rs for i in range(tm) for q in range(tn // 4)]
+                for i in rows for q in range(tn // 4) for r in rs]
 
     def bcols(name, q, suffix=""):
         return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
 
     body4 = []
-    if k4:
+    if k4:  # B's loads, A's shared texels, then per row group its A values and its FMAs
         if am == 0 and sg:
             body4 += [f"let s{j} = ld(qa((sa{j} + k) >> 2u));" for j in range(tm // sg)]
-            body4 += [f"let a{i} = subgroupBroadcast(s{i // sg}, {i % sg}u);" for i in range(tm)]
-            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+            a_defs = lambda g: [f"let a{g} = subgroupBroadcast(s{g // sg}, {g % sg}u);"]
         elif am == 0:
-            body4 += [f"let a{i} = ld(qa((ra{i} + k) >> 2u));" for i in range(tm)]
-            a_of = lambda i, r: f"a{i}.{_Q[r]}"
+            a_defs = lambda g: [f"let a{g} = ld(qa((ra{g} + k) >> 2u));"]
         elif sg:
             body4 += [f"let s{r} = ld(qa((sq + (k + {r}u) * ac) >> 2u));"
                       for r in range(4)]
-            body4 += [f"let a{q}_{r} = subgroupBroadcast(s{r}, {q}u);"
-                      for r in range(4) for q in range(tm // 4)]
-            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
+            a_defs = lambda g: [f"let a{g}_{r} = subgroupBroadcast(s{r}, {g}u);"
+                                for r in range(4)]
         else:
-            body4 += [f"let a{q}_{r} = ld(qa((mq{q} + (k + {r}u) * ac) >> 2u));"
-                      for r in range(4) for q in range(tm // 4)]
-            a_of = lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}"
+            a_defs = lambda g: [f"let a{g}_{r} = ld(qa((mq{g} + (k + {r}u) * ac) >> 2u));"
+                                for r in range(4)]
+        a_of = (lambda i, r: f"a{i}.{_Q[r]}") if am == 0 else (
+            lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}")
         if bm == 0:
             body4 += [f"let b{r}_{q} = ld(qb((nq{q} + (k + {r}u) * br) >> 2u));"
                       for r in range(4) for q in range(tn // 4)]
@@ -581,7 +619,12 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         else:
             body4 += [f"let b{j} = ld(qb((cb{j} + k) >> 2u));" for j in range(tn)]
             bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
-        body4 += fmas(a_of, bq_of, range(4))
+        # A row group's values are defined right before its FMAs, and each accumulator takes
+        # its 4 k steps in a row: short live ranges (llvmpipe keeps every lane value of a
+        # vec4 in its own vector register; TM x TN accumulators already spill)
+        per = 1 if am == 0 else 4
+        for g in range(tm // per):
+            body4 += a_defs(g) + fmas(a_of, bq_of, range(4), range(g * per, (g + 1) * per))
     body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
     if vec and bm == 0:  # B's quads along n, one k at a time
         body1 += [f"let b{q} = ld(qb((nq{q} + k * br) >> 2u));" for q in range(tn // 4)]
@@ -590,11 +633,16 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
         body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
     store = []
+    if v4 and bias:  # (a quad past N loads the last one; its sums are never stored)
+        store += [f"let bq{q} = BIAS[(pu(13u) + min(n0 + {4 * q}u, N - 4u)) >> 2u];"
+                  for q in range(tn // 4)]
     for i in range(tm):
         store.append(f"if (m0 + {i}u < M) {{\n    let r{i} = c0 + (m0 + {i}u) * cr;")
-        for j in range(tn):
+        for j in range(0, tn, 4) if v4 else range(tn):  # v4: N % 4 == 0, whole quads
             n = f"n0 + {j}u"
-            store.append(f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
+            store.append(f"    if ({n} < N) {{ C[(r{i} + {n}) >> 2u] = fin4(r{i} + {n}, {n}, "
+                         f"c{i}_{j // 4}{f', bq{j // 4}' if bias else ''}); }}" if v4 else
+                         f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
                          f"c{i}_{j // 4}.{_Q[j % 4]}); }}")
         store.append("}")
     ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
@@ -620,13 +668,15 @@ def _operand_decls(t: str, tex: bool) -> str:
 def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat: bool = False,
                    f16: bool = False, epilogue: tuple = (None, False, False),
                    acc: bool = False, tex: bool = False, sg: bool = False,
-                   r16: bool = False) -> Kernel:
+                   r16: bool = False, v4: bool = False, rtex: bool = False) -> Kernel:
     """The barrier-free CPU-adapter matmul (shaders/matmul_cpu.wgsl): TM x TN outputs per
     invocation, WGX x WGY invocations per workgroup, load modes AM/BM (2: element-wise),
     operands in storage buffers or (``tex``, f32 only) textures; ``sg``: A's rows shared over
     the subgroup (texture operands, vec4 loads, the workgroup one subgroup of WGX lanes on the
     same rows; the caller checks the subgroup size), else ignored; ``r16``: f32 operands
-    rounded to f16 as they are read."""
+    rounded to f16 as they are read; ``v4``: C (f32) stored a quad at a time, which needs C's
+    rows, offset and strides and the epilogue operands' offsets to be multiples of 4 (the
+    caller checks them); ``rtex``: with v4, the residual read from a texture."""
     if tn % 4 or (tm % 4 and not flat) or (flat and (tm != 1 or wgx != 1)):
         raise ValueError(f"CPU matmul block {tm}x{tn} (flat={flat}) is not a supported shape")
     if tex and f16:
@@ -642,8 +692,8 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      FLAT=int(flat), T=t, F16=int(f16 or r16), ACC=int(acc),
                      LD=_load(r16, "f32"), OPERANDS=_operand_decls(t, tex),
                      SG_ARGS=",\n        @builtin(subgroup_invocation_id) lane: u32" if sg else "",
-                     **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
-                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg))
+                     FIN=_fin_code(t, acc, epilogue, v4, rtex),
+                     **_cpu_code(tm, tn, am, bm, vec, k4, t, sg, v4, epilogue[1]))
 
 
 def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int,
@@ -669,16 +719,16 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
-                inner=(1, 0, 0), cst=None):
+                inner=(1, 0, 0), cst=None, res=None):
     # Under the device lock: another thread's matmul must not refill the operand textures
     # between this one's copies and its dispatches.
     with a.device.lock:
         _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16, inner, cst)
+                           r16, inner, cst, res)
 
 
 def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                       r16, inner=(1, 0, 0), cst=None):
+                       r16, inner=(1, 0, 0), cst=None, res=None):
     tm, tn, wgx, wgy, flat = tile[:5]
     f16 = a.dtype == float16
     words = [M, N, K, a.offset, sa, a.strides[-2], a.strides[-1], b.offset, sb,
@@ -693,20 +743,27 @@ def _launch_cpu_locked(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, 
             bufs = [ta[0], tb[0]] + bufs[2:]
             words[3], words[7] = ta[1], tb[1]
     sg = tex and (tile[6] if len(tile) > 6 else True) and cpu_subgroup(a.device) == wgx
+    cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
+    v4 = CPU_V4 is not False and not f16 and N % 4 == 0 and all(
+        w % 4 == 0 for w in (out.offset, *cst, *extra))
+    # the residual ([M, N], contiguous) through a texture too (slot 2), with quad stores
+    view = (res is not None and v4 and tex and texread.enabled(a.device)
+            and texread.operand(res, 2, M * N))
+    if view:
+        bufs, extra = bufs[:3 + epi[1]] + [view] + bufs[4 + epi[1]:], [extra[0], 0]
     k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, epilogue=epi, tex=tex, sg=sg,
-                       r16=r16)
+                       r16=r16, v4=v4, rtex=bool(view))
     gx, gy = -(-N // (tn * wgx)), -(-M // (tm * wgy))
     if gx > MAX_WG_PER_DIM or (gy > MAX_WG_PER_DIM and not flat):
         raise ShapeError(f"matmul output {M}x{N} is too large for one dispatch")
     rows, bound = nbatch * M, bufs
-    cst = cst or (inner[0] * M * N, M * N, N)  # C's outer / inner batch and row strides
     span = CPU_KPASS[dict(k.defines)["VEC"] == "1"]
     for kb in range(0, K, span):  # bound over K: under llvmpipe's loop cap, adding up in C
         if K > span:  # the first pass stores, later ones add; the epilogue runs in the last
             last = kb + span >= K
             k = cpu_kernel_for(tm, tn, wgx, wgy, am, bm, flat, f16=f16, acc=kb > 0,
                                epilogue=epi if last else (None, False, False), tex=tex, sg=sg,
-                               r16=r16)
+                               r16=r16, v4=v4, rtex=bool(view) and last)
             bound = bufs if last else bufs[:3]
         ks = [kb, min(K, kb + span)]
         if flat:
@@ -745,7 +802,7 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
                          tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):
         return _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile,
-                           r16, inner, cst)
+                           r16, inner, cst, residual)
     two = inner[0] != 1 or cst is not None
     if two and epi != (None, False, False):
         raise ValueError("matmul: a two-level batch or strided output takes no epilogue")

@@ -21,7 +21,7 @@ from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Storage, Tensor, check_same_device, float32, int32
-from . import rowops
+from . import rowops, texread
 from .bounds import LOOP_BUDGET, chunk_rows
 from .elementwise import _f32, contiguous, map_op, saved_output, unbroadcast
 from .random import next_seed
@@ -108,8 +108,9 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         xb, ob = xc._storage.buffer, out._storage.buffer
         fast = rowops.plan(dev, "sm_fwd", L, R, (xc.offset, out.offset), log)
         k, groups = fast or plan
-        dev.dispatch(k, [xb, xb, xb, ob] if fast else [xb, ob],
-                     [R, L, xc.offset, out.offset, scale, tq], groups)
+        words = [R, L, xc.offset, out.offset, scale, tq]
+        if fast or not _cached_softmax(k, {"X": xc}, [ob], words, R * L):
+            dev.dispatch(k, [xb, xb, xb, ob] if fast else [xb, ob], words, groups)
 
     o = saved_output(out)  # no cycle out -> node -> closure -> out
     record("log_softmax" if log else "softmax", out, [xc],
@@ -137,8 +138,30 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
         if plan is None:
             raise ShapeError(f"softmax_backward: rows of {L} elements are longer than one "
                              f"workgroup can reduce; use softmax() (it splits such rows)")
-        dev.dispatch(plan[0], [yb, db, gb], words, plan[1])
+        if not _cached_softmax(plan[0], {"YS": out, "G": g}, [db], words, R * L):
+            dev.dispatch(plan[0], [yb, db, gb], words, plan[1])
     return dx
+
+
+def _cached_softmax(k: Kernel, ins: dict, outs, words, n: int) -> bool:
+    """Where row_kernel picked a cached row entry (*_rowc: CPU adapters, thread row mode), run
+    it from shaders/softmax_cpu.wgsl, the inputs {name: tensor of n elements} (offset words
+    2, 3) read through textures (ops/texread.py) where they fit; False otherwise."""
+    if not k.entry.endswith("_rowc"):
+        return False
+    dev = next(iter(ins.values())).device
+    with dev.lock:  # (the operand textures hold the inputs until this dispatch has read them)
+        got = [texread.elements(t, slot, n) for slot, t in enumerate(ins.values())] \
+            if texread.enabled(dev) else [None]
+        tex = None not in got
+        bufs = [g[0] for g in got] if tex else [t._storage.buffer for t in ins.values()]
+        if tex:
+            words = words[:2] + [g[1] for g in got] + words[2 + len(got):]
+        kc = Kernel.of("softmax_cpu", k.entry, LOG=dict(k.defines)["LOG"],
+                       IN_DECLS=texread.decls({"X": 1, "YS": 1, "G": 3}, tex, "f32",
+                                              elements=True))  # (the output at 2)
+        dev.dispatch(kc, bufs[:1] + outs + bufs[1:], words, groups_1d(words[0], 64))
+    return True
 
 
 def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
@@ -212,14 +235,15 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         xb = xc._storage.buffer
         offs = (xc.offset, wc.offset if wc is not None else 0,
                 bc.offset if bc is not None else 0, out.offset)
-        k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
-        dev.dispatch(k,
-                     [xb, wc._storage.buffer if wc is not None else xb,
-                      bc._storage.buffer if bc is not None else xb, out._storage.buffer,
-                      mean._storage.buffer, rstd._storage.buffer],
-                     [R, L, xc.offset, wc.offset if wc is not None else 0,
-                      bc.offset if bc is not None else 0, out.offset, float(eps),
-                      int(wc is not None), int(bc is not None)], groups)
+        words = [R, L, xc.offset, wc.offset if wc is not None else 0,
+                 bc.offset if bc is not None else 0, out.offset, float(eps),
+                 int(wc is not None), int(bc is not None)]
+        outs = [out._storage.buffer, mean._storage.buffer, rstd._storage.buffer]
+        if not _ln_cpu(dev, "fwd_rowc", L, R, [xc, wc, bc], outs, words):
+            k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
+            dev.dispatch(k,
+                         [xb, wc._storage.buffer if wc is not None else xb,
+                          bc._storage.buffer if bc is not None else xb] + outs, words, groups)
 
     def bw(g):
         g = contiguous(g)
@@ -257,6 +281,34 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
     return dx
 
 
+def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
+    """Run entry ``entry`` of shaders/layernorm_cpu.wgsl on R rows of L elements: the inputs
+    ``ins`` (bindings 1-3, their offsets words 2-4; None: the first bound in its place, unread),
+    then the buffers ``outs`` (fresh tensors: offset 0). vec4 accesses where L and the inputs'
+    offsets are multiples of 4, the inputs then read through textures (ops/texread.py) where
+    they fit. False (nothing run): not a CPU adapter with known subgroups in thread row mode,
+    or rows longer than ROWC."""
+    from .matmul import cpu_subgroup
+    if not (R and L and cpu_subgroup(dev)) or row_mode(dev) != "thread" or L > ROWC:
+        return False
+    v = 4 if L % 4 == 0 and all(t.offset % 4 == 0 for t in ins if t is not None) else 1
+    vt = "vec4<f32>" if v == 4 else "f32"
+    sizes = (R * L, R * L if entry == "bwd_wb_rowc" else L, L)
+    with dev.lock:  # (the operand textures hold the inputs until this dispatch has read them)
+        src = [None if t is None else t._storage.buffer for t in ins]
+        views = [None if t is None else texread.operand(t, slot, n) for slot, (t, n) in
+                 enumerate(zip(ins, sizes))] if v == 4 and texread.enabled(dev) else [None]
+        tex = all(w is not None for w, t in zip(views, ins) if t is not None)
+        if tex:
+            src, words = views, words[:2] + [0, 0, 0] + words[5:]
+        k = Kernel.of("layernorm_cpu", entry, V=v, VT=vt, RN=1 << (-(-L // v) - 1).bit_length(),
+                      HSUM="dot(v, vec4<f32>(1.0))" if v == 4 else "v",
+                      IN_DECLS=texread.decls({"X": 1, "W": 2, "G": 2, "B": 3, "WB": 3}, tex, vt))
+        dev.dispatch(k, [b if b is not None else src[0] for b in src] + outs, words,
+                     groups_1d(R, 64))
+    return True
+
+
 def _backward_with_wb(xc, g, wc, mean, rstd):
     """(d(input), [2, L] weight and bias gradients) in two kernels on CPU adapters with known
     subgroups (thread row mode, rows up to ROWC): shaders/layernorm_cpu.wgsl, then the column
@@ -267,18 +319,16 @@ def _backward_with_wb(xc, g, wc, mean, rstd):
     L = xc.numel() // R if R else 0
     sg = cpu_subgroup(dev)
     chunks = -(-R // sg) if sg else 0  # (colsum loops over the chunks)
-    if not (R and L and sg) or row_mode(dev) != "thread" or L > ROWC or chunks > LOOP_BUDGET:
+    if not sg or chunks > LOOP_BUDGET:
         return None
     dx = Tensor.empty(xc.shape, dev, float32)
     part = Tensor.empty((2, chunks, L), dev, float32)
-    xb = xc._storage.buffer
-    woff = wc.offset if wc is not None else 0
-    dev.dispatch(Kernel.of("layernorm_cpu", "bwd_wb_rowc"),
-                 [xb, g._storage.buffer, wc._storage.buffer if wc is not None else xb,
-                  dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
-                  part._storage.buffer],
-                 [R, L, xc.offset, g.offset, woff, int(wc is not None), dx.offset, part.offset],
-                 groups_1d(R, 64))
+    words = [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0, int(wc is not None),
+             dx.offset, part.offset]
+    if not _ln_cpu(dev, "bwd_wb_rowc", L, R, [xc, g, wc],
+                   [dx._storage.buffer, mean._storage.buffer, rstd._storage.buffer,
+                    part._storage.buffer], words):
+        return None
     return dx, _sum_parts(part, L, chunks)
 
 
@@ -440,12 +490,13 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
         g = contiguous(g)
         dx = Tensor.empty((N, C), dev, float32)
         cnt = count if count is not None else g
-        if N * C:
-            dev.dispatch_1d(Kernel.of("xent", "bwd", WG=32),
-                            [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
-                             dev.asserts.buffer, g._storage.buffer, cnt._storage.buffer],
-                            [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
-                             g.offset, cnt.offset], N * C)
+        if N * C:  # CPU adapters: a row an invocation (xent.wgsl bwd_rows)
+            rows = row_mode(dev) == "thread" and C <= LOOP_BUDGET
+            dev.dispatch(Kernel.of("xent", "bwd_rows" if rows else "bwd", WG=32),
+                         [lg._storage.buffer, tb, dx._storage.buffer, lse._storage.buffer,
+                          dev.asserts.buffer, g._storage.buffer, cnt._storage.buffer],
+                         [N, C, lg.offset, tt.offset, int(ignore_index), eps, mode,
+                          g.offset, cnt.offset], groups_1d(N, 64) if rows else groups_1d(N * C))
         return (dx,)
     record("cross_entropy", out, [lg], bw, saved=[lg, tt])
     return reshape(out, tshape) if reduction == "none" else out

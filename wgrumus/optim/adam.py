@@ -17,6 +17,7 @@ import functools
 import math
 
 from ..autograd.tape import no_grad
+from ..ops import texread
 from ..ops.creation import zeros
 from ..runtime.adapters import is_cpu_adapter
 from ..runtime.capture import refuse
@@ -29,6 +30,8 @@ MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 param
 # adapter type, 1 on GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam.
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
+CPU_CHUNK_QUAD = 128  # ... where the update runs a quad at a time (quick GPT's 106K parameters,
+# read through textures: 2.07 ms against 2.43 with 32, process CPU; BENCHMARKS.md)
 CPU_WG = 64
 
 
@@ -128,11 +131,17 @@ class Adam(Optimizer):
         """One dispatch for the (param, grad, state) triples of ``batch``."""
         dev = batch[0][0].device
         chunk = cpu_chunk(dev)
+        # CPU adapters: quads where every size and offset allows (ends and offsets in quads)
+        q = 4 if chunk > 1 and chunk % 4 == 0 and all(
+            x % 4 == 0 for p, g, st in batch for x in (
+                p.numel(), p.offset, g.offset, st["exp_avg"].offset,
+                st["exp_avg_sq"].offset)) else 1
+        chunk = (CPU_CHUNK_QUAD if q == 4 and CPU_CHUNK is None else chunk) // q
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
-            end = -(-end // chunk) * chunk + p.numel()  # a parameter starts a chunk
-            rows.append(([end, p.offset, g.offset, m.offset, v.offset], st, p))
+            end = -(-end // chunk) * chunk + p.numel() // q  # a parameter starts a chunk
+            rows.append(([end] + [t.offset // q for t in (p, g, m, v)], st, p))
             bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
         if steps is not None:
             bufs.append(steps[dev][0]._storage.buffer)
@@ -145,9 +154,19 @@ class Adam(Optimizer):
 
         refresh = self._refresh([(p, st) for _, st, p in rows], words, steps)
         amp = steps is not None
-        if chunk > 1:
-            dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp), bufs, words(),
-                            -(-end // chunk), CPU_WG, refresh=refresh)
+        if chunk > 1 or q == 4:
+            with dev.lock:  # (the operand textures hold p, g, m, v until the dispatch)
+                tex = q == 4 and texread.enabled(dev)
+                views = [texread.operand(t, 4 * j + i, p.numel()) for j, (p, g, st) in
+                         enumerate(batch) for i, t in enumerate(
+                             (g, p, st["exp_avg"], st["exp_avg_sq"]))] if tex else []
+                tex = tex and None not in views
+                if tex:  # g's view in g's binding, p's, m's and v's after the rest
+                    for j in range(len(batch)):
+                        bufs[4 * j + 1] = views[4 * j]
+                    bufs += [w for i, w in enumerate(views) if i % 4]
+                dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp, q == 4, tex), bufs,
+                                words(), -(-end // chunk), CPU_WG, refresh=refresh)
         else:
             dev.dispatch_1d(multi_kernel(len(batch), amp), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
@@ -193,7 +212,7 @@ def multi_kernel(k: int, amp: bool = False) -> Kernel:
     """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each
     (amp: reading the device step counts bound after them, optim/skip.py)."""
     return multi_tensor_kernel("adam_multi", k, 1, _ARRAYS, _ADAM_BRANCH, CPU_BODY="", CHUNK=1,
-                               CPU_WG=1, AMP=_amp(k, amp))
+                               CPU_WG=1, AMP=_amp(k, amp), AT="f32")
 
 
 def _amp(k: int, amp: bool) -> str:
@@ -203,20 +222,36 @@ def _amp(k: int, amp: bool) -> str:
 _ADAM_BRANCH = """        let s = part_({j}u);
         let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e], s.step_size,
                       s.bc2_sqrt);
-        P{j}[s.p + e] = r.x;
-        M{j}[s.m + e] = r.y;
-        V{j}[s.v + e] = r.z;"""
+        P{j}[s.p + e] = r.p;
+        M{j}[s.m + e] = r.m;
+        V{j}[s.v + e] = r.v;"""
 
 
 @functools.cache
-def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False) -> Kernel:
-    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements per
-    invocation, ``wg`` invocations per workgroup: a branch per parameter whose loop updates the
-    chunk (at most ``chunk`` iterations, far below llvmpipe's 65,535 loop cap)."""
-    body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))")
+def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = False,
+               tex: bool = False) -> Kernel:
+    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements (``quad``:
+    quads of elements, vec4 arrays) per invocation, ``wg`` invocations per workgroup: a branch
+    per parameter whose loop updates the chunk (at most ``chunk`` iterations, far below
+    llvmpipe's 65,535 loop cap). ``tex`` (quads): p, g, m and v read through textures holding
+    copies of them (ops/texread.py): g's in place of its storage binding, p's, m's and v's
+    after the other bindings; p, m and v stored as before."""
+    rd = "ld_{x}T{j}(e)" if tex else "{x}{j}[s.{xl} + e]"
+    body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))",
+                               **{x: rd.format(x=x, j=j, xl=x.lower()) for x in "PGMV"})
             for j in range(k)]
-    return Kernel.of("adam_multi", "cpu", DECLS=multi_tensor_decls(k, 1, _ARRAYS), BODY="",
-                     CPU_BODY="\n".join(body), CHUNK=chunk, CPU_WG=wg, AMP=_amp(k, amp))
+    decls = multi_tensor_decls(k, 1, _ARRAYS)
+    if quad:
+        decls = decls.replace("array<f32>", "array<vec4<f32>>")
+    if tex:
+        base = 4 * k + 1 + int(amp)
+        decls = "\n".join(line for line in decls.split("\n") if "> G" not in line)
+        decls += "\n" + texread.decls({f"{x}T{j}": b for j in range(k) for x, b in (
+            ("G", 4 * j + 2), ("P", base + 3 * j), ("M", base + 3 * j + 1),
+            ("V", base + 3 * j + 2))}, True)
+    return Kernel.of("adam_multi", "cpu", BODY="", CPU_BODY="\n".join(body), CHUNK=chunk,
+                     CPU_WG=wg, AMP=_amp(k, amp), AT="vec4<f32>" if quad else "f32",
+                     DECLS=decls)
 
 
 _CPU_BRANCH = """    if (c0 < end_({j}u)) {{
@@ -225,11 +260,10 @@ _CPU_BRANCH = """    if (c0 < end_({j}u)) {{
         let s = part_({j}u);
         for (var t = 0u; t < n; t++) {{
             let e = e0 + t;
-            let r = adam_(P{j}[s.p + e], G{j}[s.g + e], M{j}[s.m + e], V{j}[s.v + e],
-                          s.step_size, s.bc2_sqrt);
-            P{j}[s.p + e] = r.x;
-            M{j}[s.m + e] = r.y;
-            V{j}[s.v + e] = r.z;
+            let r = adam_({P}, {G}, {M}, {V}, s.step_size, s.bc2_sqrt);
+            P{j}[s.p + e] = r.p;
+            M{j}[s.m + e] = r.m;
+            V{j}[s.v + e] = r.v;
         }}
         return;
     }}"""

@@ -1,0 +1,262 @@
+"""The CPU matmul's quad stores (issue 20): C and the epilogue's operands written / read a vec4
+at a time where C's rows, offsets and strides are multiples of 4, per element elsewhere; both
+against numpy, the choice checked, on whatever adapter runs the tests (the CPU kernel forced)."""
+import importlib
+
+import numpy as np
+import pytest
+
+import wgrumus as wr
+from wgrumus.ops.matmul import linear_2d, matmul_into
+from wgrumus.tensor import Tensor
+
+mm = importlib.import_module("wgrumus.ops.matmul")  # (wgrumus.ops.matmul is also the function)
+
+
+@pytest.fixture
+def quads(monkeypatch):
+    """Forces the CPU kernel; returns the list of v4 flags of the kernels launched."""
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    seen = []
+    orig = mm.cpu_kernel_for
+
+    def spy(*a, **kw):
+        seen.append(kw.get("v4", False))
+        return orig(*a, **kw)
+    monkeypatch.setattr(mm, "cpu_kernel_for", spy)
+    return seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("M,K,N", [(37, 13, 20), (130, 9, 68), (5, 3, 4), (9, 11, 10)])
+@pytest.mark.parametrize("v4", [None, False])
+@pytest.mark.parametrize("epi", ["none", "bias_relu", "residual", "pre_gelu"])
+def test_epilogues_match_numpy(monkeypatch, quads, rng, M, K, N, v4, epi):
+    """Every epilogue, odd M and K; N a multiple of 4 takes quads unless CPU_V4 is False."""
+    monkeypatch.setattr(mm, "CPU_V4", v4)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    wt = rng.standard_normal((K, N)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((M, N)).astype(np.float32)
+    z = x.astype(np.float64) @ wt
+    pre = Tensor.empty((M, N)) if epi == "pre_gelu" else None
+    args = {"none": (None, None, None), "bias_relu": (b, None, "max({z}, 0.0)"),
+            "residual": (b, r, None), "pre_gelu": (b, None, "gelu_({z})")}[epi]
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), *(wr.tensor(t) if t is not None else None
+                                                 for t in args[:2]), args[2], pre=pre)
+    want = {"none": z, "bias_relu": np.maximum(z + b, 0), "residual": z + b + r}.get(epi)
+    if epi == "pre_gelu":
+        from math import erf
+        np.testing.assert_allclose(pre.numpy(), z + b, rtol=1e-4, atol=1e-4)
+        want = (z + b) * 0.5 * (1 + np.vectorize(erf)((z + b) / np.sqrt(2)))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert quads == [v4 is None and N % 4 == 0]
+
+
+@pytest.mark.timeout(120)
+def test_misaligned_operands_store_per_element(quads, rng):
+    """A bias view at an offset that is not a multiple of 4, and a strided C at such an offset:
+    per-element stores, still exact."""
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    wt = rng.standard_normal((5, 8)).astype(np.float32)
+    b = rng.standard_normal(9).astype(np.float32)
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b)[1:])
+    np.testing.assert_allclose(y.numpy(), x @ wt + b[1:], rtol=1e-5, atol=1e-5)
+    a = rng.standard_normal((1, 2, 3, 5)).astype(np.float32)
+    w = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    big = Tensor.empty((1 + 3 * 2 * 4,))
+    out = Tensor(big._storage, (1, 2, 3, 4), (24, 4, 8, 1), 1)  # [B, T, H, d] at offset 1
+    matmul_into(wr.tensor(a), wr.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), a @ w, rtol=1e-5, atol=1e-5)
+    assert quads == [False, False]
+
+
+@pytest.mark.timeout(180)
+def test_quads_with_k_in_passes(monkeypatch, quads, rng):
+    """K in passes (llvmpipe's loop cap, here 16 a pass): the later passes add C's quads."""
+    monkeypatch.setattr(mm, "CPU_KPASS", (16, 16))
+    x = rng.standard_normal((9, 70)).astype(np.float32)
+    wt = rng.standard_normal((70, 12)).astype(np.float32)
+    b = rng.standard_normal(12).astype(np.float32)
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b), None, "max({z}, 0.0)")
+    np.testing.assert_allclose(y.numpy(), np.maximum(x.astype(np.float64) @ wt + b, 0),
+                               rtol=1e-4, atol=1e-4)
+    assert len(quads) == 6 and all(quads)  # the first launch, then one kernel per pass
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("R,L", [(7, 12), (300, 8), (5, 10)])
+@pytest.mark.parametrize("cpu", [True, False])
+@pytest.mark.parametrize("act", [None, "gelu_tanh"])
+@pytest.mark.parametrize("tex", [None, False])
+def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act, tex):
+    """fused._epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad an
+    invocation on CPU adapters where L and the offsets are multiples of 4, g and z read
+    through textures (ops/texread.py) unless ENABLED is False (R 300: two row chunks, partial
+    sums added by colsum), a column an invocation elsewhere."""
+    fused = importlib.import_module("wgrumus.ops.fused")
+    monkeypatch.setattr(fused, "use_cpu_kernel", lambda dev: cpu)
+    monkeypatch.setattr(fused.texread, "ENABLED", tex)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    z = rng.standard_normal((R, L)).astype(np.float32)
+    b = rng.standard_normal(L).astype(np.float32)
+    grad = fused.ACTIVATIONS[act][1]
+    dz, db = fused._epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
+                                  wr.tensor(b) if act else None, grad, True, act is not None)
+    want = g
+    if act:
+        u = (z + b).astype(np.float64)
+        t = np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3))
+        want = g * (0.5 * (1 + t) + 0.5 * u * (1 - t ** 2) * np.sqrt(2 / np.pi)
+                    * (1 + 3 * 0.044715 * u ** 2))
+    np.testing.assert_allclose(dz.numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(db.numpy(), want.sum(0), rtol=1e-4, atol=1e-3)
+
+
+def _ln_ref(x, w, b, g):
+    m, v = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    rstd = 1 / np.sqrt(v + 1e-5)
+    xh = (x - m) * rstd
+    gw = g * w
+    dx = rstd * (gw - gw.mean(-1, keepdims=True) - xh * (gw * xh).mean(-1, keepdims=True))
+    return xh * w + b, dx, (g * xh).sum(0), g.sum(0)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("R,L,off,tex", [(37, 12, 0, None), (37, 12, 0, False), (9, 64, 0, None),
+                                         (5, 12, 1, None), (11, 10, 0, None),
+                                         (64 * 65535 + 7, 4, 0, None)])
+def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off, tex):
+    """layer_norm forward and gradients through shaders/layernorm_cpu.wgsl: quads where L and
+    the offsets are multiples of 4, the inputs read through textures unless texread.ENABLED
+    is False (off 1: the input a view at offset 1, element-wise from storage), odd R;
+    64 * 65,535 + 7 rows: the launch folds into (x, y) workgroups."""
+    from wgrumus.ops import nnops
+    if not mm.cpu_subgroup(wr.devices()[0]):
+        pytest.skip("needs a CPU adapter with known subgroups")
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(nnops.texread, "ENABLED", tex)
+    seen = []
+    orig = nnops.Kernel.of
+
+    def of(family, entry="main", **d):
+        if family == "layernorm_cpu":
+            seen.append((d["V"], "texture_2d" in d["IN_DECLS"]))
+        return orig(family, entry, **d)
+    monkeypatch.setattr(nnops.Kernel, "of", staticmethod(of))
+    x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
+    w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
+    ts = [wr.tensor(a, requires_grad=True) for a in (w, b)]
+    xt.requires_grad = True
+    y = nnops.layer_norm(xt, L, *ts)
+    grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
+    quad = L % 4 == off == 0
+    from wgrumus.ops.bounds import LOOP_BUDGET  # (more subgroup partials: the `wb` pass)
+    assert seen == [(4 if quad else 1, quad and tex is None)] * (1 + (R <= 8 * LOOP_BUDGET))
+    tol = 1e-3 if R > 1000 else 1e-4
+    for got, want in zip([y] + [grads.get(t) for t in [xt] + ts], _ln_ref(x, w, b, g)):
+        np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol * (1 + R // 10000))
+
+
+def _xent_grad_ref(a, t):
+    e = np.exp(a - a.max(1, keepdims=True))
+    p = e / e.sum(1, keepdims=True)
+    p[np.arange(len(t)), t] -= 1
+    return p / len(t)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("N,C", [(5, 7), (2, 32768), (64 * 65535 + 7, 2)])
+def test_cross_entropy_backward_rows(monkeypatch, rng, N, C):
+    """cross_entropy's gradient with a row an invocation (thread row mode, xent.wgsl bwd_rows):
+    odd sizes, a row at the loop budget (32,768 classes), 64 * 65,535 + 7 rows (the launch
+    folds into (x, y) workgroups); ignored rows get 0 (the default-mode test_nnops cases)."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    a = rng.standard_normal((N, C)).astype(np.float32)
+    t = rng.integers(0, C, N).astype(np.int32)
+    x = wr.tensor(a, requires_grad=True)
+    got = wr.autograd.backward(nnops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
+    np.testing.assert_allclose(got, _xent_grad_ref(a.astype(np.float64), t), rtol=1e-3,
+                               atol=1e-6 / N ** 0.5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("off", [0, 1, 3])
+@pytest.mark.parametrize("tex", [None, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
+    """softmax forward and backward through shaders/softmax_cpu.wgsl (thread row mode), the
+    input a view at element offset ``off``: read through textures whose first element sits
+    at that offset's place in its quad (texread.elements), or from storage (ENABLED False)."""
+    from wgrumus.ops import nnops
+    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(nnops.texread, "ENABLED", tex)
+    R, L = 7, 9
+    x = rng.standard_normal((R, L)).astype(np.float32)
+    g = rng.standard_normal((R, L)).astype(np.float32)
+    xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
+    xt.requires_grad = True
+    y = nnops.softmax(xt, -1, scale=0.5, causal=causal)
+    dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(xt).numpy()
+    s = x * 0.5
+    if causal:
+        s = np.where(np.arange(L)[None, :] <= np.arange(R)[:, None] + L - R, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    np.testing.assert_allclose(y.numpy(), p, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, 0.5 * p * (g - (g * p).sum(-1, keepdims=True)), rtol=1e-4,
+                               atol=1e-6)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("tex", [None, False])
+@pytest.mark.parametrize("n", [37, 70_001 * 16 + 5])
+def test_map_texture_inputs_match_numpy(monkeypatch, rng, tex, n):
+    """The chunked CPU map (16 outputs an invocation) reading contiguous f32 inputs through
+    textures (views at offsets 1 and 2: their first element's place in the texture) unless
+    texread.ENABLED is False; an in-place add (the input bound as the output) and a strided
+    input read storage. 70,001 * 16 + 5 outputs: past 65,535 workgroups of 16 invocations."""
+    from wgrumus.ops import launch, texread
+    monkeypatch.setattr(launch, "CPU_CHUNK", 16)
+    monkeypatch.setattr(launch, "CPU_WG", 1 if n > 1000 else 64)
+    monkeypatch.setattr(texread, "ENABLED", tex)
+    a, b = (rng.standard_normal(n + 3).astype(np.float32) for _ in range(2))
+    ta, tb = wr.tensor(a)[1:n + 1], wr.tensor(b)[2:n + 2]
+    np.testing.assert_allclose((ta * tb + 1.5).numpy(), a[1:n + 1] * b[2:n + 2] + 1.5,
+                               rtol=1e-6, atol=1e-6)
+    c = wr.tensor(a[:n].copy())
+    c += tb
+    np.testing.assert_allclose(c.numpy(), a[:n] + b[2:n + 2], rtol=1e-6, atol=1e-6)
+    m = rng.standard_normal((5, 6)).astype(np.float32)
+    np.testing.assert_allclose((wr.tensor(m).T + wr.tensor(m.T.copy())).numpy(), 2 * m.T,
+                               rtol=1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kpass", [None, (16, 16)])
+@pytest.mark.parametrize("tex", [None, False])
+def test_residual_through_texture_matches_numpy(monkeypatch, rng, kpass, tex):
+    """Texture operands with quad stores: the residual read from a third operand texture too
+    (in the last K pass only) unless texread.ENABLED is False; odd M and K."""
+    from wgrumus.ops import texread
+    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(mm, "CPU_TEX", True)
+    monkeypatch.setattr(texread, "ENABLED", tex)
+    if kpass:
+        monkeypatch.setattr(mm, "CPU_KPASS", kpass)
+    seen = []
+    orig = mm.cpu_kernel_for
+    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: seen.append(
+        (kw.get("epilogue", (None, False, False))[2], kw.get("rtex"))) or orig(*a, **kw))
+    M, K, N = 37, 41, 12
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    wt = rng.standard_normal((K, N)).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+    r = rng.standard_normal((M, N)).astype(np.float32)
+    y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b), wr.tensor(r))
+    np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ wt + b + r, rtol=1e-4,
+                               atol=1e-4)
+    assert all(rt == (res and tex is None) for res, rt in seen) and seen[-1][0]

@@ -1,0 +1,64 @@
+"""Read-only operands of CPU-adapter kernels through textures (issue 20).
+
+llvmpipe 22.3 reads a storage buffer in a loop over the SIMD lanes with a branch per lane and
+component, built through memory: ~7 ns a float on the 2-core CI machine, vec4 or not, while
+its stores cost ~1 ns a float as vec4. A ``textureLoad`` of an rgba32float texel is
+straight-line code, one 16-byte load a lane: reading 256K floats took 0.35 ms with the copy
+into the texture against 1.85 ms from storage (BENCHMARKS.md, 2026-11-24 third session). So
+CPU kernels whose reads dominate take their inputs as copies in the device's operand textures
+(``Device.operand_texture``, as the CPU matmul does), quad q of an operand at texel
+(q % TEX_W, q / TEX_W).
+"""
+from __future__ import annotations
+
+from ..runtime.adapters import is_cpu_adapter
+from ..runtime.device import TEX_W
+from ..tensor import Tensor, float32
+
+ENABLED = None  # None: on CPU adapters; True/False force it (tests cover both)
+
+
+def enabled(dev) -> bool:
+    return is_cpu_adapter(dev) if ENABLED is None else ENABLED
+
+
+def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False) -> str:
+    """WGSL declarations of read-only operands {name: binding} and their quad loads
+    ``ld_<name>(q)``: textures (``tex``) or storage arrays of ``vt``; with ``elements`` (vt
+    f32) also element loads ``ex_<name>(i)`` (from a texture: a texel load and a component)."""
+    sh = TEX_W.bit_length() - 1
+    if tex:
+        out = [f"@group(0) @binding({b}) var {n}: texture_2d<f32>;\n"
+               f"fn ld_{n}(q: u32) -> vec4<f32> {{ return textureLoad({n}, "
+               f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}" for n, b in names.items()]
+    else:
+        out = [f"@group(0) @binding({b}) var<storage, read> {n}: array<{vt}>;\n"
+               f"fn ld_{n}(q: u32) -> {vt} {{ return {n}[q]; }}" for n, b in names.items()]
+    if elements:
+        out += [f"fn ex_{n}(i: u32) -> f32 {{ return "
+                + (f"ld_{n}(i >> 2u)[i & 3u]; }}" if tex else f"ld_{n}(i); }}") for n in names]
+    return "\n".join(out)
+
+
+def operand(t: Tensor, slot: int, n: int):
+    """The texture view holding elements [t.offset, t.offset + n) of float32 ``t``'s buffer
+    (t.offset a multiple of 4: quad q of the view is elements 4q.. from t.offset), copied into
+    the device's operand texture ``slot``; None where it does not fit (then the caller reads
+    storage). Call under the device lock, with the dispatch that reads it: another
+    operand_texture call for the same slot refills the texture."""
+    got = elements(t, slot, n) if t.offset % 4 == 0 else None
+    return got and got[0]
+
+
+def elements(t: Tensor, slot: int, n: int):
+    """(view, shift) as ``operand`` for any offset: the texture starts at the 16-byte boundary
+    at or below t.offset, which is element ``shift`` there; None where it does not fit."""
+    if t.dtype != float32 or n <= 0:
+        return None
+    start = t.offset & ~3
+    texels = -(-(t.offset - start + n) // 4)
+    buf = t._storage.buffer
+    rows_max = t.device.limits["max-texture-dimension-2d"]
+    if start * 4 + texels * 16 > buf.size or -(-texels // TEX_W) > rows_max:
+        return None
+    return t.device.operand_texture(slot, buf, start * 4, texels), t.offset - start
