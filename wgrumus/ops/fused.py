@@ -24,7 +24,7 @@ from . import texread
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .elementwise import _f32, cast, contiguous, run_map, saved_output
-from .matmul import linear_2d, matmul, matmul_into
+from .matmul import linear_2d, matmul, matmul_into, use_cpu_kernel
 from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
