@@ -122,8 +122,10 @@ def test_matmul_into_rejects_what_it_cannot_store(monkeypatch):
     a, b = wr.ones((2, 3, 4, 5)), wr.ones((2, 3, 5, 6))
     with pytest.raises(wr.WgrumusError, match="row-contiguous"):
         mm.matmul_into(a, b, Tensor.empty((2, 3, 6, 4)).transpose(-1, -2))
-    with pytest.raises(wr.WgrumusError, match="K > 0"):
+    with pytest.raises(wr.WgrumusError, match="got .2, 3, 4, 5. @ .2, 3, 5, 6. into .2, 3, 5"):
         mm.matmul_into(a, b, Tensor.empty((2, 3, 5, 6)))
+    out = Tensor.empty((2, 3, 4, 6))  # K = 0: an empty sum
+    assert (mm.matmul_into(wr.ones((2, 3, 4, 0)), wr.ones((2, 3, 0, 6)), out).numpy() == 0).all()
 
 
 def _attention_ref(x, H, g):

@@ -319,14 +319,35 @@ def test_causal_matmul_parts_match_numpy(variant, rng, T):
     np.testing.assert_allclose(s[:, :, lower], (qn @ kn.transpose(0, 1, 3, 2))[:, :, lower],
                                rtol=1e-4, atol=1e-4)
     p = rng.standard_normal((B, H, T, T)).astype(np.float32)
-    for part, a in (("a_lower", np.tril(p)), ("a_upper", np.triu(p))):
+    tile = 16 * mm.VARIANTS[variant]["tm"]  # whole row tiles past the diagonal's hold NaN: the
+    i, j = np.indices((T, T))  # kernel must not read them (the zeros it sums stand in for them)
+    for part, keep, skip in (("a_lower", j <= i, j >= (i // tile + 1) * tile),
+                             ("a_upper", j >= i, j < (i // tile) * tile)):
+        a = np.where(keep, p, 0).astype(np.float32)
         y = wr.Tensor.empty((B, T, H, d))
-        mm.matmul_into(wr.tensor(a), q, y.permute(0, 2, 1, 3), part)
+        mm.matmul_into(wr.tensor(np.where(skip, np.nan, a).astype(np.float32)), q,
+                       y.permute(0, 2, 1, 3), part)
         np.testing.assert_allclose(y.numpy(), (a @ qn).transpose(0, 2, 1, 3), rtol=1e-4,
                                    atol=1e-4)
     with pytest.raises(wr.WgrumusError, match="part 'a_lower' needs"):
         mm.matmul_into(q, k.transpose(-1, -2)[..., :d, :], wr.Tensor.empty((B, H, T, T)),
                        "a_lower")
+
+
+@pytest.mark.parametrize("rows", [None, "v4", "v4sgr_q1"])
+def test_causal_softmax_backward_ignores_masked_gradients(monkeypatch, rng, rows):
+    """The gradient above a causal mask may be unwritten memory (the scores' matmul skips it):
+    NaN there leaves d(input) finite, with the adapter's kernels and forced GPU row variants
+    (whose last quad of a row straddles the mask)."""
+    from wgrumus.ops.nnops import softmax_backward
+    monkeypatch.setattr(rowops, "FORCE", rows)
+    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)
+    T = 132
+    y = rng.standard_normal((3, T, T)).astype(np.float32)
+    upper = np.triu(np.ones((T, T), bool), 1)
+    got = softmax_backward(wr.tensor(np.where(upper, 0, y)), wr.tensor(np.where(upper, np.nan, y)),
+                           False, 1.0, T).numpy()
+    assert np.isfinite(got).all() and (got[:, upper] == 0).all()
 
 
 @pytest.mark.timeout(300)

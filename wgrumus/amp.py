@@ -123,6 +123,9 @@ class GradScaler:
         self._state: Tensor | None = None  # created on the first device used
         self._found_inf: dict = {}  # id(optimizer) -> {device: flag}, since the last update()
 
+    def is_enabled(self) -> bool:
+        return self.enabled
+
     def _lazy_state(self, dev) -> Tensor:
         if self._state is None:
             self._state = _new_state(dev, self._init_scale, self._init_tracker)

@@ -45,7 +45,7 @@ def read(path: str):
                          f"{os.path.dirname(path)!r} first)")
     try:
         arrays, meta = load_numpy(path)
-    except CheckpointError as e:  # corrupt header / truncated file / checksum
+    except (CheckpointError, OSError) as e:  # corrupt / truncated / unreadable file
         raise UsageError(f"--resume: {path!r} is not a readable checkpoint ({e})") from None
     if meta.get("format") not in (FORMAT, LEGACY):
         raise UsageError(f"--resume: {path!r} is not a wgrumus train checkpoint")

@@ -12,7 +12,7 @@ from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
 from . import texread
-from .elementwise import cast, contiguous, unbroadcast
+from .elementwise import cast, contiguous, fill_, unbroadcast
 from .launch import broadcast_shapes, run_map
 from .precision import autocast_dtype, in_forward_precision
 from .shape import expand, reshape, transpose
@@ -89,7 +89,6 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     out = Tensor.empty(batch + (M, N), a.device, ae.dtype)
     if out.numel():
         if K == 0:
-            from .elementwise import fill_
             fill_(out, 0.0)
         else:
             _launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16,
@@ -129,16 +128,18 @@ def matmul_into(a: Tensor, b: Tensor, out: Tensor, part: str | None = None) -> T
     B, H, M, K = a.shape
     N = b.shape[-1]
     if (b.shape != (B, H, K, N) or out.shape != (B, H, M, N) or out.strides[-1] != 1
-            or out.dtype != float32 or K == 0):
-        raise ShapeError(f"matmul_into: [B, H, M, K] @ [B, H, K, N] (K > 0) into a "
-                         f"row-contiguous [B, H, M, N] f32 view, got {a.shape} @ {b.shape} into "
-                         f"{out.shape} with strides {out.strides}")
+            or out.dtype != float32):
+        raise ShapeError(f"matmul_into: [B, H, M, K] @ [B, H, K, N] into a row-contiguous "
+                         f"[B, H, M, N] f32 view, got {a.shape} @ {b.shape} into {out.shape} "
+                         f"with strides {out.strides}")
     if part is not None and (part not in CAUSAL_PARTS or M != (N if part == "out" else K)):
         raise ShapeError(f"matmul_into: part {part!r} needs T x T scores (out) or a T x T a, "
                          f"got {a.shape} @ {b.shape}")
     check_same_device(a, b, out, op="matmul_into")
     if not out.numel():
         return out
+    if K == 0:  # an empty sum
+        return fill_(out, 0.0)
     a, b = (t if t.dtype == float32 else cast(t, float32) for t in (a, b))
     two = _two_level(a, b, 2)  # (one outer dim always has a stride)
     cst = (out.strides[0] if B > 1 else 0, out.strides[1] if H > 1 else 0, out.strides[2])

@@ -19,11 +19,14 @@ class LRScheduler:
         self.last_epoch = last_epoch
         self.step()
 
+    def factor(self, t: int) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     def lr_at(self, t: int) -> list:
         return [self._lr(base, t) for base in self.base_lrs]
 
-    def _lr(self, base: float, t: int) -> float:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def _lr(self, base: float, t: int) -> float:
+        return base * self.factor(t)
 
     def _apply(self) -> None:
         """Write the rates for ``last_epoch`` into the optimizer's param groups."""
@@ -65,8 +68,8 @@ class StepLR(LRScheduler):
         self.step_size, self.gamma = step_size, gamma
         super().__init__(optimizer, last_epoch)
 
-    def _lr(self, base, t):
-        return base * self.gamma ** (t // self.step_size)
+    def factor(self, t):
+        return self.gamma ** (t // self.step_size)
 
 
 class LinearWarmup(LRScheduler):
@@ -78,8 +81,8 @@ class LinearWarmup(LRScheduler):
         self.warmup_steps, self.start_factor = warmup_steps, start_factor
         super().__init__(optimizer, last_epoch)
 
-    def _lr(self, base, t):
-        return base * _warm(t, self.warmup_steps, self.start_factor)
+    def factor(self, t):
+        return _warm(t, self.warmup_steps, self.start_factor)
 
 
 class CosineAnnealingLR(LRScheduler):

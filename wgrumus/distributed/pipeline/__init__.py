@@ -9,7 +9,7 @@ from .._lazy import lazy_getattr
 from .actions import (BI, BW, Action, B, F, Schedule, ScheduleError, add_send_recv,
                       make_schedule, parse_actions)
 from .schedules import SCHEDULES, get_schedule, gpipe, interleaved, one_f_one_b, zb_h1
-from .timeline import SimResult, Slot, peak_in_flight, render, simulate, validate
+from .timeline import SimResult, Slot, format_timeline, peak_in_flight, render, simulate, validate
 
 # The executor half needs tensors and autograd (so wgpu): loaded on first use, so that the
 # schedules stay importable without them.
@@ -24,7 +24,8 @@ __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 __all__ = ["Action", "F", "B", "BI", "BW", "Schedule", "ScheduleError", "make_schedule",
            "parse_actions", "add_send_recv", "SCHEDULES", "get_schedule", "gpipe", "one_f_one_b",
-           "interleaved", "zb_h1", "validate", "simulate", "render", "peak_in_flight",
+           "interleaved", "zb_h1", "validate", "simulate", "render", "format_timeline",
+           "peak_in_flight",
            "SimResult", "Slot", "PipelineStage", "PipelineExecutor", "PipelineError",
            "PipelineShapeError", "PipelineConfigError", "PipelineTimeoutError", "ActionRecord",
            "PipelineTrace", "StageChain", "balanced_partition", "split_sequential", "split_gpt",

@@ -460,6 +460,9 @@ def render(
     return "\n".join(rows)
 
 
+format_timeline = render  # (the earlier name, kept for user code)
+
+
 def _slot_length(res: SimResult) -> Fraction:
     """The largest time unit every duration is a whole multiple of (their rational gcd), so
     each action fills whole columns of the chart."""

@@ -60,8 +60,8 @@ class _ParallelLinear(_TPModule):
     """What Column and Row share: the dense weight (given, or seeded so every rank draws the
     same one) is cut by ``tp_modes``, so the shards are always slices of one dense layer."""
 
-    def __init__(self, in_features, out_features, group, bias=True, *, sequence_parallel=False,
-                 weight=None, bias_value=None, seed=0, device=None):
+    def __init__(self, in_features, out_features, group, bias, sequence_parallel, weight,
+                 bias_value, seed, device):
         super().__init__()
         world, rank = F.world_rank(group)
         self.group, self.sequence_parallel = group, sequence_parallel
@@ -85,8 +85,10 @@ class ColumnParallelLinear(_ParallelLinear):
     W[r*out/tp:(r+1)*out/tp]. ``gather_output`` all-gathers Y's features on every rank."""
     tp_modes = {"weight": COLUMN, "bias": COLUMN}
 
-    def __init__(self, in_features, out_features, group, bias=True, gather_output=False, **kw):
-        super().__init__(in_features, out_features, group, bias, **kw)
+    def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
+                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
+        super().__init__(in_features, out_features, group, bias, sequence_parallel, weight,
+                         bias_value, seed, device)
         self.gather_output = gather_output
 
     def forward(self, x, activation=None):
@@ -102,8 +104,9 @@ class RowParallelLinear(_ParallelLinear):
     tp_modes = {"weight": ROW, "bias": REPLICATE}
 
     def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
-                 **kw):
-        super().__init__(in_features, out_features, group, bias, **kw)
+                 sequence_parallel=False, weight=None, bias_value=None, seed=0, device=None):
+        super().__init__(in_features, out_features, group, bias, sequence_parallel, weight,
+                         bias_value, seed, device)
         self.input_is_parallel = input_is_parallel
 
     def forward(self, x):
