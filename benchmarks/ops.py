@@ -104,6 +104,19 @@ def bench_elementwise(rows, dev, n, th):
     rows.add("add", f"{n}", "GB/s", ours, ref_np, ref_t)
 
 
+def gpu_seconds(dev, fn, n: int = 20):
+    """Seconds per call inside compute passes (timestamp queries), or None without them."""
+    from wgrumus.runtime.gpu_timer import GpuTimer
+    if "timestamp-query" not in dev.features:
+        return None
+    fn()
+    dev.synchronize()
+    with GpuTimer(dev) as t:
+        for _ in range(n):
+            fn()
+    return t.seconds / n
+
+
 def bench_rows(rows, dev, r, L, th):
     """softmax and layer_norm over rows of L: GB/s counting one read and one write."""
     try:
@@ -135,6 +148,15 @@ def bench_rows(rows, dev, r, L, th):
         ref_np = nbytes / timeit(np_fn) / 1e9
         ref_t = nbytes / timeit(t_fn, th.cuda.synchronize) / 1e9 if th is not None else None
         rows.add(name, f"{r}x{L}", "GB/s", ours, ref_np, ref_t)
+        kernel = gpu_seconds(dev, ours_fn)
+        if kernel is not None:  # the kernels alone: no per-call host time in either figure
+            ref_k = None
+            if th is not None and th.cuda.is_available():
+                from _kernel_sweep import cuda_event_seconds
+                t_fn()
+                ref_k = nbytes / cuda_event_seconds(th, t_fn, 20) / 1e9
+            rows.add(f"{name} (kernel)", f"{r}x{L}", "GB/s", nbytes / kernel / 1e9, None, ref_k,
+                     note="GPU time: timestamp queries / CUDA events")
 
 
 def bench_adam(rows, dev, n, th):
