@@ -78,6 +78,10 @@ def bench_matmul(rows, dev, sizes, th):
             ref_t = flop / timeit(lambda: x @ y, th.cuda.synchronize) / 1e9
         rows.add("matmul", f"{n}", "GFLOP/s", ours, ref_np, ref_t)
         rows.add("matmul A@B^T", f"{n}", "GFLOP/s", ours_t, None, ref_t)
+        kernel = gpu_seconds(dev, lambda: a @ b)
+        if kernel is not None:  # the kernels alone: no per-call host time in either figure
+            rows.add("matmul (kernel)", f"{n}", "GFLOP/s", flop / kernel / 1e9, None,
+                     torch_kernel(th, lambda: x @ y, flop), note="GPU time")
         if n == sizes[-1] and "shader-f16" in dev.features:
             # f16 storage, f32 accumulation; torch's f16 runs on tensor cores
             ah, bh = a.half(), b.half()
@@ -105,7 +109,8 @@ def bench_elementwise(rows, dev, n, th):
 
 
 def gpu_seconds(dev, fn, n: int = 20):
-    """Seconds per call inside compute passes (timestamp queries), or None without them."""
+    """Seconds per call inside compute passes (timestamp queries around 20 calls), or None
+    without them."""
     from wgrumus.runtime.gpu_timer import GpuTimer
     if "timestamp-query" not in dev.features:
         return None
@@ -115,6 +120,15 @@ def gpu_seconds(dev, fn, n: int = 20):
         for _ in range(n):
             fn()
     return t.seconds / n
+
+
+def torch_kernel(th, fn, work: float):
+    """work per second of fn's CUDA kernels (CUDA events around 20 calls), or None."""
+    if th is None or not th.cuda.is_available():
+        return None
+    from _kernel_sweep import cuda_event_seconds
+    fn()
+    return work / cuda_event_seconds(th, fn, 20) / 1e9
 
 
 def bench_rows(rows, dev, r, L, th):
@@ -150,13 +164,8 @@ def bench_rows(rows, dev, r, L, th):
         rows.add(name, f"{r}x{L}", "GB/s", ours, ref_np, ref_t)
         kernel = gpu_seconds(dev, ours_fn)
         if kernel is not None:  # the kernels alone: no per-call host time in either figure
-            ref_k = None
-            if th is not None and th.cuda.is_available():
-                from _kernel_sweep import cuda_event_seconds
-                t_fn()
-                ref_k = nbytes / cuda_event_seconds(th, t_fn, 20) / 1e9
-            rows.add(f"{name} (kernel)", f"{r}x{L}", "GB/s", nbytes / kernel / 1e9, None, ref_k,
-                     note="GPU time: timestamp queries / CUDA events")
+            rows.add(f"{name} (kernel)", f"{r}x{L}", "GB/s", nbytes / kernel / 1e9, None,
+                     torch_kernel(th, t_fn, nbytes), note="GPU time")
 
 
 def bench_adam(rows, dev, n, th):
