@@ -72,6 +72,10 @@ def bench_matmul(rows, dev, sizes, th):
         ours_t = flop / timeit(lambda: a @ bt.T, dev.synchronize) / 1e9
         an, bn = a.numpy(), b.numpy()
         ref_np = flop / timeit(lambda: an @ bn, min_s=0.1, min_n=1) / 1e9
+        # OpenBLAS's worker threads spin ~0.1 s after a product before they park: on a CPU
+        # adapter they took a core from the next size's wgrumus row (lavapipe 512: 41 -> 30
+        # GFLOP/s right after numpy's 256 product; BENCHMARKS.md)
+        time.sleep(0.2)
         ref_t = None
         if th is not None:
             x, y = th.from_numpy(an).cuda(), th.from_numpy(bn).cuda()

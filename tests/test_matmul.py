@@ -14,7 +14,8 @@ TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # tiled kernel: (TM, BK, swizzle ro
 CPU_TILES = [(8, 8, 4, 4, 0, False, False), (4, 8, 2, 8, 0, False, False),
              (1, 4, 1, 64, 1, False, False), (16, 8, 8, 1, 0, True, False),
              (8, 4, 4, 2, 0, True, False), (1, 4, 1, 64, 1, True, False),
-             (32, 4, 8, 1, 0, True, True), (8, 4, 8, 1, 0, True, True)]
+             (32, 4, 8, 1, 0, True, True), (8, 4, 8, 1, 0, True, True),
+             (32, 8, 8, 1, 0, True, True)]
 # a storage-operand block that steps K one at a time (slow to compile: one test)
 CPU_K1 = (16, 16, 4, 4, 0, False, False)
 

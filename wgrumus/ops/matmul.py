@@ -547,15 +547,18 @@ def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False, sg: bool = False) 
     smaller ones on thin sides so that fewer lanes idle. Texture operands (cheaper loads):
     16 x 8 blocks (8 x 8 where that leaves few workgroups), 8 invocations along n (fewer on
     narrow outputs, the rest along m); with A's rows shared over a subgroup of CPU_TEX_WG lanes
-    (``sg``: A read as vec4) 32 x 4 blocks (16 or 8 rows where that leaves few workgroups).
+    (``sg``: A read as vec4) 32 x 8 blocks (32 x 4 on outputs under 64 wide: every lane busy;
+    16 or 8 rows where that leaves few workgroups; 32 x 8 ran 1.02-1.4x 32 x 4 on 512^2, 256^2
+    and a training step's products, 32 x 16 below 32 x 8: BENCHMARKS.md).
     Batches of matrices of a few rows run FLAT (lanes over all batches' rows).
     benchmarks/_cpu_sweep.py measures the alternatives."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
         return CPU_FLAT + (tex, False)
     groups = lambda tm, tn, wgx, wgy: nbatch * -(-N // (tn * wgx)) * -(-M // (tm * wgy))
     if sg and N > 4 * (CPU_TEX_WG - 1):  # every lane of the subgroup on a column quad
-        tm = next((t for t in (32, 16) if groups(t, 4, CPU_TEX_WG, 1) >= CPU_TEX_GROUPS), 8)
-        return (tm, 4, CPU_TEX_WG, 1, 0, True, True)
+        tn = 8 if N >= 8 * CPU_TEX_WG else 4  # two quads a lane where all 8 lanes get them
+        tm = next((t for t in (32, 16) if groups(t, tn, CPU_TEX_WG, 1) >= CPU_TEX_GROUPS), 8)
+        return (tm, tn, CPU_TEX_WG, 1, 0, True, True)
     if tex:
         tn = 8 if N >= 32 else 4
         wgx = min(CPU_TEX_WG, 1 << (-(-N // tn) - 1).bit_length())
