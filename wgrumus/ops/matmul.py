@@ -530,8 +530,11 @@ def cpu_subgroup(dev) -> int:
     subgroup feature, or with CPU_SG False."""
     if CPU_SG is False or "subgroup" not in dev.features:
         return 0
-    m = re.search(r"llvmpipe\b.*\b(\d+) bits", str(dev.adapter_info.get("device", "")))
-    return int(m.group(1)) // 32 if m else 0
+    lanes = getattr(dev, "_cpu_lanes", None)  # (asked on every CPU launch: parsed once)
+    if lanes is None:
+        m = re.search(r"llvmpipe\b.*\b(\d+) bits", str(dev.adapter_info.get("device", "")))
+        lanes = dev._cpu_lanes = int(m.group(1)) // 32 if m else 0
+    return lanes
 
 
 def use_cpu_textures(dev, f16: bool, work: int = CPU_TEX_MIN) -> bool:

@@ -289,7 +289,7 @@ def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
     they fit. False (nothing run): not a CPU adapter with known subgroups in thread row mode,
     or rows longer than ROWC."""
     from .matmul import cpu_subgroup
-    if not (R and L and cpu_subgroup(dev)) or row_mode(dev) != "thread" or L > ROWC:
+    if row_mode(dev) != "thread" or not (R and L and cpu_subgroup(dev)) or L > ROWC:
         return False
     v = 4 if L % 4 == 0 and all(t.offset % 4 == 0 for t in ins if t is not None) else 1
     vt = "vec4<f32>" if v == 4 else "f32"
