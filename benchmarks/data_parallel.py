@@ -79,6 +79,8 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="small shapes (lavapipe, CI)")
     ap.add_argument("--jit", action="store_true",
                     help="also run every row with wr.jit captured steps (rows '<mode>+jit')")
+    ap.add_argument("--polling-wait", action="store_true",
+                    help="map waits poll instead of blocking (runtime/native.py BLOCKING_WAIT)")
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
     a = ap.parse_args(argv)
     if a.quick:
@@ -219,6 +221,9 @@ def main(argv=None) -> int:
     if a.backend == "threads":  # logical devices share an adapter when there are fewer
         os.environ.setdefault("WGRUMUS_DEVICES", str(max(a.devices)))
     import wgrumus as wr
+    if a.polling_wait:
+        from wgrumus.runtime import native
+        native.BLOCKING_WAIT = False
     group = None
     devs = wr.devices()
     if a.backend == "mpi":

@@ -87,7 +87,32 @@ PRIMS = {
     "barrier": lambda g: g.barrier(),
     "recv": lambda g: g.recv((g.rank + 1) % g.world_size),
     "all_reduce_async": lambda g: g.all_reduce_async(np.ones(1000, np.float32)).wait(),
+    "all_reduce_shared": lambda g: g.all_reduce(np.ones(5 << 20, np.float32), strategy="native"),
 }
+
+
+def shared(g):
+    """Native all-reduces from 256 KiB go through the node's shared window (all ranks of these
+    tests run on one host), in 8 MiB chunks: results against numpy, the same bits everywhere."""
+    from wgrumus.distributed.transport import node_shm
+    n, r = g.world_size, g.rank
+    cases = [(((3 << 20) + 7,), np.float32), ((70_001, 3), np.float64),
+             (((3 << 20) + 3,), np.int32)]
+    for shape, dtype in cases:
+        xs = [(data(q, shape) * 100 + (1 << 24 if dtype == np.int32 else 0)).astype(dtype)
+              for q in range(n)]
+        ops = ("sum", "max", "min") + (("mean",) if dtype != np.int32 else ())
+        for op in ops:
+            got = g.all_reduce(xs[r], op, strategy="native")
+            assert got.shape == shape and got.dtype == dtype
+            wide = np.stack(xs).astype(np.int64 if dtype == np.int32 else np.float64)
+            ref = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op](wide, 0)
+            if dtype == np.int32:
+                assert np.array_equal(got, ref), op  # values past 2^24: exact
+            else:
+                np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4, err_msg=op)
+            check_same_everywhere(g, got, f"shared {dtype.__name__} {op}")
+    assert isinstance(g._t._node_ar, node_shm.NodeAllReduce)
 
 
 def async_collectives(g):
@@ -150,6 +175,15 @@ def fault(g, kind, prim, timeout):
             os._exit(3)
         if kind == "late":
             time.sleep(2 * timeout)
+        if kind == "mid_chunk":  # its first chunk goes through, then it is gone
+            from wgrumus.distributed.transport.node_shm import NodeAllReduce
+            first = NodeAllReduce._chunk
+
+            def chunk(self, *a):
+                if self.chunks:
+                    sys.exit(0)
+                first(self, *a)
+            NodeAllReduce._chunk = chunk
     t0 = time.monotonic()
     try:
         PRIMS[prim](g)
@@ -178,6 +212,8 @@ def main():
         res = dist.spawn(lambda grp: grp.rank * 10, g.world_size, backend="mpi",
                          timeout=timeout)
         assert res == [q * 10 for q in range(g.world_size)], res
+    elif scenario == "shared":
+        shared(g)
     elif scenario == "async":
         async_collectives(g)
     elif scenario == "zero_d":

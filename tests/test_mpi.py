@@ -53,6 +53,14 @@ def test_collectives_all_strategies(n):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
+def test_large_all_reduce_through_shared_memory(n):
+    rc, out, err = launch(n, "shared", timeout=30)
+    assert rc == 0, out + err
+    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
 def test_all_reduce_async(n):
     rc, out, err = launch(n, "async", timeout=20)
     assert rc == 0, out + err
@@ -89,6 +97,8 @@ T = 0.8  # collective timeout inside the workers
     ("exit", "recv"),
     ("late", "all_gather"),         # never arrives within the timeout
     ("late", "reduce_scatter_native"),
+    ("exit", "all_reduce_shared"),  # through the shared window
+    ("mid_chunk", "all_reduce_shared"),  # leaves between the chunks of the shared window
 ])
 def test_faulty_rank_makes_the_others_raise(kind, prim):
     rc, out, err = launch(3, "fault", kind, prim, timeout=T)

@@ -198,6 +198,9 @@ class ProcessGroup:
         check_op(op, arr.dtype)
         if strategy is None and self.config.num_nodes is not None and self.world_size > 1:
             return from_numpy(self._hierarchical_all_reduce(arr, op), dev)
+        if strategy is None and self.config.local_all_reduce.kind == "auto" and \
+                getattr(self._t, "native_shared", lambda n: False)(arr.nbytes):
+            strategy = "native"  # processes of one host: through their shared memory
         strat = self.config.select_all_reduce(arr.nbytes, self.world_size, strategy)
         out = self._run("all_reduce", arr.nbytes,
                         lambda tag, dl: C.all_reduce(self._t, arr, op, strat, tag, dl),

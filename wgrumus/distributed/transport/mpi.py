@@ -1,10 +1,13 @@
 """The MPI backend's transport: ranks are processes under ``mpiexec``. Sends and receives are
 nonblocking (Isend/Irecv/Iprobe) and polled against a deadline, because a blocking MPI call cannot
-time out; collectives of the "native" strategy use MPI's nonblocking collectives the same way. A
-failing rank sends an abort notice on a reserved tag that every waiting rank polls for."""
+time out; collectives of the "native" strategy use MPI's nonblocking collectives the same way,
+except large all-reduces between the processes of one host, which go through shared memory
+(node_shm.py). A failing rank sends an abort notice on a reserved tag that every waiting rank
+polls for."""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import numpy as np
@@ -18,6 +21,7 @@ from . import (
     decode_header,
     encode_header,
     mismatch_error,
+    node_shm,
     split_bounds,
 )
 
@@ -91,6 +95,17 @@ class MPITransport(_Liveness):
         self.timeout = float(timeout)
         self.state = self._live = state or _MPIState(comm)
         self.tag_ub = self.state.abort_tag - 1
+        # Ranks all on this host (and WGRUMUS_MPI_SHARED not 0): large native all-reduces go
+        # through a shared window, made at the first one (``_node``). Split_type is collective,
+        # as is making this transport.
+        self._node_comm = None
+        if os.environ.get("WGRUMUS_MPI_SHARED", "1") != "0":
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            if node.Get_size() == self.size:
+                self._node_comm = node
+            else:
+                node.Free()
+        self._node_ar = None  # NodeAllReduce, False (none), or None (not made yet)
         self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
                       "bytes_received": 0}
 
@@ -228,6 +243,8 @@ class MPITransport(_Liveness):
             raise CollectiveError(f"rank {self.rank}: MPI {what} failed: {e}") from e
 
     def native_all_reduce(self, arr, op, deadline):
+        if self.native_shared(arr.nbytes) and (node := self._node(deadline)) is not None:
+            return node.all_reduce(arr, op, deadline)
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr)
         self._run(lambda: self.comm.Iallreduce([arr, t], [out, t], self._op(op)), deadline,
@@ -235,6 +252,23 @@ class MPITransport(_Liveness):
         if op == "mean":
             np.divide(out, self.size, out=out)
         return out
+
+    def native_shared(self, nbytes: int) -> bool:
+        """Whether a native all-reduce of ``nbytes`` goes through the host's shared memory
+        (the Auto strategy then picks it: bit-identical on every rank, and faster than MPI's)."""
+        return self._node_comm is not None and nbytes >= node_shm.MIN_BYTES
+
+    def _node(self, deadline):
+        """The shared-memory all-reduce (made at the first large native all-reduce, after the
+        ranks agreed on it), or None: ranks on several hosts, an MPI without shared windows."""
+        if self._node_ar is None:
+            self._node_ar = False
+            if self._node_comm is not None:
+                try:
+                    self._node_ar = node_shm.NodeAllReduce(self, self._node_comm, deadline)
+                except self.MPI.Exception:
+                    self._node_comm = None
+        return self._node_ar or None
 
     def native_reduce(self, arr, op, root, deadline):
         t = self._mpi_type(arr.dtype)

@@ -1,0 +1,78 @@
+"""All-reduce between the MPI processes of one host through a shared-memory window.
+
+MPICH's Iallreduce between two processes of one host moved 13 MB at ~2 GB/s and 52 MB at ~1.1 GB/s
+(H100 host, `benchmarks/_mpi_allreduce_probe.py`): it streams the data through small cells and
+progresses only inside Test. Here every rank copies its chunk into its own slot of an MPI-3
+shared window (``Win.Allocate_shared``), rank r reduces the r-th slice of the chunk over all
+slots in rank order into slot 0, and every rank copies slot 0 out: each element is combined once,
+in a fixed order, so all ranks get the same bits. Two slot sets alternate between chunks (and
+across calls), so a chunk needs two barriers (written; reduced): a set is written again only
+after every rank passed the next chunk's first barrier, i.e. finished copying it out. Copies and
+reductions are split over the staging copy threads (numpy releases the interpreter lock).
+Barriers are polled Ibarriers: a rank that dies mid-chunk leaves the others with a
+CollectiveError at their deadline, never a hang.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...runtime.staging import par_ranges
+from ..barrier import _UFUNCS
+from . import split_bounds
+
+CHUNK = 8 << 20  # bytes per slot
+MIN_BYTES = 256 << 10  # below this MPI's own all-reduce has the lower latency
+PIECE = 1 << 18  # items per copy/reduce thread
+
+
+class NodeAllReduce:
+    """The shared window of one communicator whose ranks all run on this host."""
+
+    def __init__(self, transport, node_comm, deadline):
+        MPI = transport.MPI
+        self.t, self.comm = transport, node_comm
+        self.rank, self.size = node_comm.Get_rank(), node_comm.Get_size()
+        transport.native_barrier(deadline)  # all present, so the blocking calls below return
+        self.win = MPI.Win.Allocate_shared(2 * CHUNK, 1, comm=node_comm)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.chunks = 0  # chunks reduced so far: the slot set alternates across calls too
+        self.slots = []  # [rank][set] -> uint8 array of CHUNK bytes
+        for r in range(self.size):
+            mem, _ = self.win.Shared_query(r)
+            flat = np.frombuffer(mem, np.uint8, 2 * CHUNK)
+            self.slots.append((flat[:CHUNK], flat[CHUNK:]))
+
+    def _fence(self, deadline):
+        self.win.Sync()
+        self.t._run(self.comm.Ibarrier, deadline, "Ibarrier (shared-memory all-reduce)")
+        self.win.Sync()
+
+    def all_reduce(self, arr: np.ndarray, op: str, deadline) -> np.ndarray:
+        src = np.ascontiguousarray(arr).reshape(-1)
+        out = np.empty_like(src)
+        per = CHUNK // src.dtype.itemsize
+        for lo in range(0, src.size, per):
+            hi = min(lo + per, src.size)
+            self._chunk(src[lo:hi], out[lo:hi], op, deadline)
+        return out.reshape(arr.shape)
+
+    def _chunk(self, src, out, op, deadline) -> None:
+        n, k = src.size, self.chunks
+        self.chunks += 1
+        views = [s[k % 2][:src.nbytes].view(src.dtype) for s in self.slots]
+        mine, dst = views[self.rank], views[0]
+        par_ranges(lambda a, b: np.copyto(mine[a:b], src[a:b]), n, PIECE)
+        self._fence(deadline)
+        bounds = split_bounds(n, self.size)
+        lo, ufunc = bounds[self.rank], _UFUNCS[op]
+
+        def reduce(a, b):
+            part = dst[lo + a:lo + b]
+            for v in views[1:]:
+                ufunc(part, v[lo + a:lo + b], out=part)
+            if op == "mean":
+                np.divide(part, self.size, out=part)
+        if self.size > 1:
+            par_ranges(reduce, bounds[self.rank + 1] - lo, PIECE)
+        self._fence(deadline)
+        par_ranges(lambda a, b: np.copyto(out[a:b], dst[a:b]), n, PIECE)
