@@ -88,7 +88,13 @@ PRIMS = {
     "recv": lambda g: g.recv((g.rank + 1) % g.world_size),
     "all_reduce_async": lambda g: g.all_reduce_async(np.ones(1000, np.float32)).wait(),
     "all_reduce_shared": lambda g: g.all_reduce(np.ones(5 << 20, np.float32), strategy="native"),
+    "all_reduce_shared_device": lambda g: g.all_reduce(_device_ones(5 << 20)),
 }
+
+
+def _device_ones(n):
+    import wgrumus as wr
+    return wr.tensor(np.ones(n, np.float32))
 
 
 def shared(g):
@@ -113,6 +119,18 @@ def shared(g):
                 np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-4, err_msg=op)
             check_same_everywhere(g, got, f"shared {dtype.__name__} {op}")
     assert isinstance(g._t._node_ar, node_shm.NodeAllReduce)
+    import wgrumus as wr  # device tensors: pipelined staging with the window as host step
+    dev = wr.devices()[r % len(wr.devices())]
+    x = data(r, ((2 << 20) + 5,))
+    for op in ("sum", "mean", "max"):
+        t = wr.tensor(x, device=dev)
+        got = g.all_reduce(t, op)
+        assert got.device is dev and got.shape == x.shape
+        assert np.array_equal(got.numpy(), g.all_reduce(x, op)), op  # the host path's bits
+        check_same_everywhere(g, got.numpy(), f"shared device {op}")
+        assert np.array_equal(t.numpy(), x)  # the input is left alone
+    got = g.all_reduce_async(wr.tensor(x, device=dev), "sum").wait()
+    np.testing.assert_allclose(got.numpy(), sum(data(q, x.shape) for q in range(n)), rtol=1e-5)
 
 
 def async_collectives(g):

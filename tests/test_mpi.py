@@ -99,6 +99,7 @@ T = 0.8  # collective timeout inside the workers
     ("late", "reduce_scatter_native"),
     ("exit", "all_reduce_shared"),  # through the shared window
     ("mid_chunk", "all_reduce_shared"),  # leaves between the chunks of the shared window
+    ("mid_chunk", "all_reduce_shared_device"),  # the same inside the pipelined staging engine
 ])
 def test_faulty_rank_makes_the_others_raise(kind, prim):
     rc, out, err = launch(3, "fault", kind, prim, timeout=T)

@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -194,18 +195,38 @@ class ProcessGroup:
         if strategy is None and is_tensor(x) and \
                 (out := on_devices(self, "all_reduce", x, op=op)) is not None:
             return out
+        shared = strategy is None and self.config.local_all_reduce.kind == "auto" and \
+            self.config.num_nodes is None and getattr(self._t, "native_shared", None)
+        if shared and (s := movable_slice(x)) is not None and shared(s.nbytes):
+            return self._shared_device_all_reduce(x, s, op)
         arr, dev = to_numpy(x)
         check_op(op, arr.dtype)
         if strategy is None and self.config.num_nodes is not None and self.world_size > 1:
             return from_numpy(self._hierarchical_all_reduce(arr, op), dev)
-        if strategy is None and self.config.local_all_reduce.kind == "auto" and \
-                getattr(self._t, "native_shared", lambda n: False)(arr.nbytes):
+        if shared and shared(arr.nbytes):
             strategy = "native"  # processes of one host: through their shared memory
         strat = self.config.select_all_reduce(arr.nbytes, self.world_size, strategy)
         out = self._run("all_reduce", arr.nbytes,
                         lambda tag, dl: C.all_reduce(self._t, arr, op, strat, tag, dl),
                         detail=_detail(arr, op=op, strategy=strat))
         return from_numpy(out.reshape(arr.shape), dev)  # (some paths make 0-d arrays 1-d)
+
+    def _shared_device_all_reduce(self, x, s, op):
+        """MPI ranks of one host, a device tensor: its chunks go device -> mapped staging ->
+        the host's shared window -> staging -> a new tensor, pipelined (no numpy round trip)."""
+        check_op(op, s.dtype)
+        from ..tensor import Tensor
+        out = Tensor.empty(tuple(x.shape), s.device, s.dtype)
+        strat = self.config.select_all_reduce(s.nbytes, self.world_size, "native")
+        spec = SimpleNamespace(shape=tuple(x.shape), dtype=s.dtype)  # as the host path's array
+
+        def run(tag, dl):
+            if self._t.device_all_reduce(s, out.buffer_slice(), op, dl):
+                return out
+            arr, dev = to_numpy(x)  # no shared window after all (the same on every rank)
+            return from_numpy(self._t.native_all_reduce(arr, op, dl).reshape(arr.shape), dev)
+        return self._run("all_reduce", s.nbytes, run,
+                         detail=_detail(spec, op=op, strategy=strat))
 
     def all_reduce_async(self, x, op: str = "sum") -> Work:
         """Start ``all_reduce(x, op)`` and return at once; ``Work.wait(timeout)`` returns the

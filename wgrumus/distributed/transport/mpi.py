@@ -258,6 +258,16 @@ class MPITransport(_Liveness):
         (the Auto strategy then picks it: bit-identical on every rank, and faster than MPI's)."""
         return self._node_comm is not None and nbytes >= node_shm.MIN_BYTES
 
+    def device_all_reduce(self, src, dst, op, deadline) -> bool:
+        """All-reduce BufferSlice ``src`` into ``dst`` through the pipelined staging engine
+        with the shared window as its host step; False (nothing done) without a window."""
+        node = self._node(deadline)
+        if node is None:
+            return False
+        from ..pipelined import all_reduce
+        all_reduce(src, node, node.rank, op, dst=dst, chunk_bytes=node_shm.CHUNK)
+        return True
+
     def _node(self, deadline):
         """The shared-memory all-reduce (made at the first large native all-reduce, after the
         ranks agreed on it), or None: ranks on several hosts, an MPI without shared windows."""

@@ -1,18 +1,25 @@
 """All-reduce between the MPI processes of one host through a shared-memory window.
 
-MPICH's Iallreduce between two processes of one host moved 13 MB at ~2 GB/s and 52 MB at ~1.1 GB/s
-(H100 host, `benchmarks/_mpi_allreduce_probe.py`): it streams the data through small cells and
-progresses only inside Test. Here every rank copies its chunk into its own slot of an MPI-3
-shared window (``Win.Allocate_shared``), rank r reduces the r-th slice of the chunk over all
-slots in rank order into slot 0, and every rank copies slot 0 out: each element is combined once,
-in a fixed order, so all ranks get the same bits. Two slot sets alternate between chunks (and
-across calls), so a chunk needs two barriers (written; reduced): a set is written again only
-after every rank passed the next chunk's first barrier, i.e. finished copying it out. Copies and
+On the H100 host, two processes all-reduced 13 / 52 MB in 7.6-9.3 / 65-69 ms with the tree
+algorithm over Isend/Irecv (the Auto choice) and 6.4 / ~45 ms with MPICH's Iallreduce: both
+stream the data through MPI's small shared-memory cells. Here every rank copies its chunk into
+its own slot of an MPI-3 shared window (``Win.Allocate_shared``), rank r reduces the r-th slice
+of the chunk over all slots in rank order into slot 0, and every rank copies slot 0 out: 3.6-3.8
+/ 17.8-18.2 ms (`benchmarks/_mpi_allreduce_probe.py`). Each element is combined once, in a fixed
+order, so all ranks get the same bits. Two slot sets alternate between chunks (and across
+calls), so a chunk needs two barriers (written; reduced): a set is written again only after
+every rank passed the next chunk's first barrier, i.e. finished copying it out. Copies and
 reductions are split over the staging copy threads (numpy releases the interpreter lock).
-Barriers are polled Ibarriers: a rank that dies mid-chunk leaves the others with a
-CollectiveError at their deadline, never a hang.
+Device tensors go through the pipelined staging engine with this as its host step
+(``exchange``): chunks come from and go to mapped staging memory, no other copies. Barriers
+are polled Ibarriers: a rank that dies mid-chunk leaves the others with a CollectiveError at
+their deadline, never a hang.
 """
 from __future__ import annotations
+
+import atexit
+import contextlib
+import time
 
 import numpy as np
 
@@ -35,12 +42,31 @@ class NodeAllReduce:
         transport.native_barrier(deadline)  # all present, so the blocking calls below return
         self.win = MPI.Win.Allocate_shared(2 * CHUNK, 1, comm=node_comm)
         self.win.Lock_all(MPI.MODE_NOCHECK)
+        atexit.register(self._unlock)  # before mpi4py's MPI_Finalize (atexit runs LIFO)
         self.chunks = 0  # chunks reduced so far: the slot set alternates across calls too
         self.slots = []  # [rank][set] -> uint8 array of CHUNK bytes
         for r in range(self.size):
             mem, _ = self.win.Shared_query(r)
             flat = np.frombuffer(mem, np.uint8, 2 * CHUNK)
             self.slots.append((flat[:CHUNK], flat[CHUNK:]))
+
+    def _unlock(self) -> None:
+        """End the window's access epoch (local; freeing it would be collective, and a rank
+        that failed must not make the others hang at exit)."""
+        with contextlib.suppress(Exception):
+            self.win.Unlock_all()
+
+    @property
+    def timeout(self) -> float:
+        return self.t.timeout
+
+    def abort(self, err) -> None:
+        """(The pipelined engine's call on a local failure: the group tells the peers.)"""
+
+    def exchange(self, length, dtype, rank, item, item_at, out, out_at, op) -> None:
+        """One all-reduce chunk of the pipelined staging engine (distributed/pipelined.py):
+        ``item`` and ``out`` are this rank's mapped download and upload buffers."""
+        self._chunk(item, out, op, time.monotonic() + self.timeout)
 
     def _fence(self, deadline):
         self.win.Sync()
