@@ -19,11 +19,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def make(batch, dev_index):
+def make(batch, dev_index, model="gpt"):
     import data_parallel as dpm
 
     import wgrumus as wr
-    a = dpm.parse_args(["--batch", str(batch)])
+    tiny = ["--n-layer", "2", "--n-embd", "64", "--vocab", "16"] if model == "mlp" else []
+    a = dpm.parse_args(["--batch", str(batch), "--model", model, *tiny])
     return dpm.plain_step(dpm.Task(a), wr.devices()[dev_index], a, jit=True)
 
 
@@ -36,12 +37,12 @@ def loop(step, n, out, start=None):
     out.append((1e3 * (time.perf_counter() - t0) / n, 1e3 * (time.thread_time() - c0) / n))
 
 
-def proc(i, batch, n, barrier, q):
+def proc(i, batch, n, barrier, q, model):
     """Loop ``i`` in a process of its own: adapter i, or the one adapter (a device each)."""
     os.environ["WGRUMUS_DEVICES"] = "1"
     from wgrumus.runtime.adapters import select_adapters
     os.environ["WGRUMUS_ADAPTER"] = str(i if len(select_adapters("")) > 1 else 0)
-    step = make(batch, 0)
+    step = make(batch, 0, model)
     for s in range(5):
         step(s)
     out = []
@@ -55,10 +56,12 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--model", choices=["gpt", "mlp"], default="gpt",
+                    help="mlp: a tiny 2-layer MLP, so the step is host time only")
     a = ap.parse_args()
     import wgrumus as wr
     devs = wr.devices()
-    steps = [make(a.batch, i) for i in range(min(2, len(devs)))]
+    steps = [make(a.batch, i, a.model) for i in range(min(2, len(devs)))]
     for s in range(5):
         for st in steps:
             st(s)
@@ -85,7 +88,8 @@ def main():
     if len(devs) > 1:
         ctx = mp.get_context("spawn")
         barrier, q = ctx.Barrier(2), ctx.Queue()
-        ps = [ctx.Process(target=proc, args=(i, a.batch, a.steps, barrier, q)) for i in range(2)]
+        ps = [ctx.Process(target=proc, args=(i, a.batch, a.steps, barrier, q, a.model))
+              for i in range(2)]
         for p in ps:
             p.start()
         for _ in ps:
