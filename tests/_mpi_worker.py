@@ -12,6 +12,9 @@ import numpy as np
 
 from wgrumus import distributed as dist
 from wgrumus.distributed import CollectiveError, ProcessGroupManager, ThreeDParallelismConfig
+from wgrumus.distributed.transport import node_shm
+
+node_shm.CHUNK = 1 << 20  # small shared windows (a container's /dev/shm), many chunks
 
 STRATEGIES = ["ring", "tree", "tree:3", "centralized", "native"]
 
@@ -99,8 +102,7 @@ def _device_ones(n):
 
 def shared(g):
     """Native all-reduces from 256 KiB go through the node's shared window (all ranks of these
-    tests run on one host), in 8 MiB chunks: results against numpy, the same bits everywhere."""
-    from wgrumus.distributed.transport import node_shm
+    tests run on one host), in 1 MiB chunks: results against numpy, the same bits everywhere."""
     n, r = g.world_size, g.rank
     cases = [(((3 << 20) + 7,), np.float32), ((70_001, 3), np.float64),
              (((3 << 20) + 3,), np.int32)]
@@ -220,6 +222,8 @@ def say(line):
 def main():
     scenario = sys.argv[1]
     timeout = float(os.environ.get("WGRUMUS_TEST_TIMEOUT", "10"))
+    if scenario == "shared_refused" and os.environ.get("PMI_RANK") == "1":
+        os.environ["WGRUMUS_MPI_SHARED"] = "0"  # one rank says no: none may use the window
     g = dist.init_process_group("mpi", timeout=timeout)
     assert g.backend == "mpi"
     if scenario == "collectives":
@@ -232,6 +236,12 @@ def main():
         assert res == [q * 10 for q in range(g.world_size)], res
     elif scenario == "shared":
         shared(g)
+    elif scenario == "shared_refused":
+        x = data(g.rank, (3 << 20,))
+        got = g.all_reduce(x, "sum")
+        np.testing.assert_allclose(got, sum(data(q, x.shape) for q in range(g.world_size)),
+                                   rtol=1e-5, atol=1e-5)
+        assert g._t._node_comm is None and not g._t._node_ar
     elif scenario == "async":
         async_collectives(g)
     elif scenario == "zero_d":

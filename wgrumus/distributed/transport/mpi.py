@@ -95,16 +95,16 @@ class MPITransport(_Liveness):
         self.timeout = float(timeout)
         self.state = self._live = state or _MPIState(comm)
         self.tag_ub = self.state.abort_tag - 1
-        # Ranks all on this host (and WGRUMUS_MPI_SHARED not 0): large native all-reduces go
-        # through a shared window, made at the first one (``_node``). Split_type is collective,
-        # as is making this transport.
-        self._node_comm = None
-        if os.environ.get("WGRUMUS_MPI_SHARED", "1") != "0":
-            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-            if node.Get_size() == self.size:
-                self._node_comm = node
-            else:
-                node.Free()
+        # Ranks all on this host, WGRUMUS_MPI_SHARED not 0 and room for the window in /dev/shm
+        # on every rank: large native all-reduces go through a shared window, made at the first
+        # one (``_node``). Split_type and the agreement are collective, as is making this
+        # transport, so every rank takes them whatever its own environment says.
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        wanted = (os.environ.get("WGRUMUS_MPI_SHARED", "1") != "0"
+                  and node.Get_size() == self.size and node_shm.fits(self.size))
+        self._node_comm = node if comm.allreduce(int(wanted), op=MPI.MIN) else None
+        if self._node_comm is None:
+            node.Free()
         self._node_ar = None  # NodeAllReduce, False (none), or None (not made yet)
         self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
                       "bytes_received": 0}

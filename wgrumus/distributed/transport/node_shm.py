@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import time
 
 import numpy as np
@@ -30,6 +31,17 @@ from . import split_bounds
 CHUNK = 8 << 20  # bytes per slot
 MIN_BYTES = 256 << 10  # below this MPI's own all-reduce has the lower latency
 PIECE = 1 << 18  # items per copy/reduce thread
+
+
+def fits(ranks: int) -> bool:
+    """Whether /dev/shm has room for a window of ``ranks`` ranks, twice over (MPICH backs it
+    there; a window larger than the free space dies with SIGBUS at first touch, e.g. in a
+    container's 64 MiB default). True where /dev/shm cannot be asked."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return True
+    return st.f_bavail * st.f_frsize >= 2 * ranks * 2 * CHUNK
 
 
 class NodeAllReduce:
