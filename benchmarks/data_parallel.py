@@ -31,8 +31,8 @@ Columns:
              (communication not hidden, packing, the replicas' threads competing for the CPU);
   buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
 'no-comm' rows run K plain loops at once (a thread and a device each, no DataParallel, no
-communication): the ceiling of data parallelism on these devices; on logical devices sharing
-one adapter it is below K x one device, since the driver time-slices their contexts.
+communication): the ceiling of data parallelism on these devices and this process (the loops
+share one interpreter; logical devices also share their adapter's time).
 With ``--one-bucket`` each K > 1 is also run with a single bucket launched after backward (no
 overlap), to show what the overlap saves. With ``--jit`` every row is also run with captured
 steps (``wr.jit`` for the plain loop, ``DataParallel(jit=True)``: each replica replays its whole
