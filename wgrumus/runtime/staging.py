@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import wgpu
@@ -308,7 +308,10 @@ def par_ranges(fn, n: int, piece: int = 1 << 20) -> None:
         _COPY_POOL[:] = [ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="wgrumus-copy")]
     step = (-(-n // nt) + 1023) & ~1023
     futs = [_COPY_POOL[0].submit(fn, i, min(i + step, n)) for i in range(step, n, step)]
-    fn(0, min(step, n))
+    try:
+        fn(0, min(step, n))
+    finally:
+        wait(futs)  # no piece runs on once this returns or raises (the arrays may be unmapped)
     for f in futs:
         f.result()
 
