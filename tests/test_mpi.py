@@ -53,21 +53,24 @@ def errors_by_rank(out):
     return found
 
 
+def every_rank_ok(n, scenario, timeout):
+    """Run ``scenario`` on ``n`` ranks: the job succeeds and every rank reports OK."""
+    rc, out, err = launch(n, scenario, timeout=timeout)
+    assert rc == 0, out + err
+    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_collectives_all_strategies(n):
-    rc, out, err = launch(n, "collectives", timeout=20)
-    assert rc == 0, out + err
-    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+    every_rank_ok(n, "collectives", 20)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(not shm_room(), reason="/dev/shm too small for the shared windows")
 @pytest.mark.parametrize("n", [2, 3])
 def test_large_all_reduce_through_shared_memory(n):
-    rc, out, err = launch(n, "shared", timeout=30)
-    assert rc == 0, out + err
-    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+    every_rank_ok(n, "shared", 30)
 
 
 @pytest.mark.timeout(60)
@@ -79,9 +82,7 @@ def test_a_rank_without_shared_memory_makes_every_rank_go_without():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", [2, 3])
 def test_all_reduce_async(n):
-    rc, out, err = launch(n, "async", timeout=20)
-    assert rc == 0, out + err
-    assert sorted(int(r) for r in re.findall(r"OK (\d+)", out)) == list(range(n)), out + err
+    every_rank_ok(n, "async", 20)
 
 
 @pytest.mark.timeout(60)
