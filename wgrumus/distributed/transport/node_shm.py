@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ...runtime.staging import par_ranges
-from ..barrier import _UFUNCS
+from ..barrier import reduce_into
 from . import split_bounds
 
 CHUNK = 8 << 20  # bytes per slot
@@ -102,14 +102,10 @@ class NodeAllReduce:
         par_ranges(lambda a, b: np.copyto(mine[a:b], src[a:b]), n, PIECE)
         self._fence(deadline)
         bounds = split_bounds(n, self.size)
-        lo, ufunc = bounds[self.rank], _UFUNCS[op]
+        lo = bounds[self.rank]
 
-        def reduce(a, b):
-            part = dst[lo + a:lo + b]
-            for v in views[1:]:
-                ufunc(part, v[lo + a:lo + b], out=part)
-            if op == "mean":
-                np.divide(part, self.size, out=part)
+        def reduce(a, b):  # into slot 0 itself, which is the first input
+            reduce_into(dst[lo + a:lo + b], [v[lo + a:lo + b] for v in views], op, self.size)
         if self.size > 1:
             par_ranges(reduce, bounds[self.rank + 1] - lo, PIECE)
         self._fence(deadline)
