@@ -3,7 +3,8 @@
 #   bash benchmarks/multi_adapter.sh /tmp/out            # all parts
 #   PARTS="comm dp" bash benchmarks/multi_adapter.sh     # some of them
 # mpi parts need mpiexec on PATH (pip's `mpich` wheel: MPI4PY_MPIABI=mpich and its lib/ on
-# LD_LIBRARY_PATH); each rank gets its own adapter through WGRUMUS_ADAPTER (MPMD form).
+# LD_LIBRARY_PATH); each rank gets its own adapter through WGRUMUS_ADAPTER (MPMD form; plain
+# mpiexec -n 2 does the same now: init_process_group opens the local rank's adapter only).
 set -u
 OUT=${1:-benchmarks/results}
 PY=${PYTHON:-python3}

@@ -226,6 +226,12 @@ def main():
     timeout = float(os.environ.get("WGRUMUS_TEST_TIMEOUT", "10"))
     if scenario == "shared_refused" and os.environ.get("PMI_RANK") == "1":
         os.environ["WGRUMUS_MPI_SHARED"] = "0"  # one rank says no: none may use the window
+    if scenario == "pinned":  # three adapters, no device count: each rank opens one
+        os.environ.pop("WGRUMUS_DEVICES", None)
+        from wgrumus.runtime import context
+        fake = [context.select_adapters()[0] for _ in range(3)]
+        assert len({id(a) for a in fake}) == 3
+        context.select_adapters = lambda spec=None: fake
     g = dist.init_process_group("mpi", timeout=timeout)
     assert g.backend == "mpi"
     if scenario == "collectives":
@@ -244,7 +250,13 @@ def main():
         np.testing.assert_allclose(got, sum(data(q, x.shape) for q in range(g.world_size)),
                                    rtol=1e-5, atol=1e-5)
         assert g._t._node_comm is None and not g._t._node_ar
-    elif scenario == "async":
+    elif scenario == "pinned":
+        import wgrumus as wr
+        local = g._t.local_rank
+        assert local == g.rank, (local, g.rank)  # one host
+        assert [d.adapter for d in wr.devices()] == [fake[local % 3]], wr.devices()
+        x = wr.tensor(np.full(4, g.rank + 1.0, np.float32))
+        assert g.all_reduce(x, "sum").numpy().tolist() == [3.0] * 4
         async_collectives(g)
     elif scenario == "zero_d":
         zero_d(g)

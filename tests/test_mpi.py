@@ -74,6 +74,13 @@ def test_large_all_reduce_through_shared_memory(n):
 
 
 @pytest.mark.timeout(60)
+def test_each_rank_opens_only_its_own_adapter():
+    """Three adapters, two ranks, no WGRUMUS_DEVICES: rank r's process makes one device, on
+    adapter r (not one on every adapter, as a first wave's rank did)."""
+    every_rank_ok(2, "pinned", 20)
+
+
+@pytest.mark.timeout(60)
 def test_a_rank_without_shared_memory_makes_every_rank_go_without():
     rc, out, err = launch(3, "shared_refused", timeout=20)
     assert rc == 0 and len(re.findall(r"OK \d", out)) == 3, out + err

@@ -210,11 +210,12 @@ class DataParallel:
                              "yet: the captured optimizer step updates every parameter; use "
                              "one of the two")
         self.backend, self.timeout = backend, float(timeout)
-        all_devs = MultiGpuContext.get().devices
         if backend == "mpi":
-            if group is None:
+            if group is None:  # first: it may open this rank's adapter only
                 from .launch import init_process_group
                 group = init_process_group("mpi", timeout=timeout)
+        all_devs = MultiGpuContext.get().devices
+        if backend == "mpi":
             self.world_size = group.world_size
             devs = [get_device(devices[0])] if devices else [
                 group.device or all_devs[group.rank % len(all_devs)]]

@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+from ..runtime.context import MultiGpuContext
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
 from .process_group import ProcessGroup
@@ -118,8 +119,10 @@ def _note(exc: BaseException, text: str) -> None:
 def init_process_group(backend: str = "mpi", timeout: float = 60.0,
                        config: CollectiveConfig | None = None, device=None) -> ProcessGroup:
     """This process's group under ``mpiexec -n N`` (rank = MPI rank). Calling it again returns the
-    same group. An uncaught exception in this process tells the other ranks before exiting, so
-    they raise CollectiveError at once instead of at their timeout."""
+    same group. Called before any device exists, with several adapters, no ``device`` and
+    WGRUMUS_DEVICES unset, it opens only adapter ``local rank % adapters`` (the rank's device
+    ``wr.devices()[0]``). An uncaught exception in this process tells the other ranks before
+    exiting, so they raise CollectiveError at once instead of at their timeout."""
     global _mpi_group
     if backend != "mpi":
         raise ValueError(f"init_process_group supports backend='mpi' (got {backend!r}); for "
@@ -133,6 +136,8 @@ def init_process_group(backend: str = "mpi", timeout: float = 60.0,
                           "pip install 'wgrumus[mpi]' (mpi4py + the mpich wheel)") from e
     comm = MPI.COMM_WORLD
     t = MPITransport(comm, timeout)
+    if device is None:  # before any device exists: this rank's adapter only
+        MultiGpuContext.pin_local(t.local_rank)
     _mpi_group = ProcessGroup(t, _config(config, comm.Get_size(), timeout, "mpi"), device,
                               "world")
     _install_excepthook(_mpi_group)

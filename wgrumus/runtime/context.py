@@ -45,6 +45,23 @@ class MultiGpuContext:
             return cls._instance
 
     @classmethod
+    def pin_local(cls, local_rank: int) -> bool:
+        """One process per adapter (MPI): make this process's context on adapter
+        ``local_rank % adapters`` alone, so N ranks on a host of N GPUs open N devices in all
+        rather than N each (a device costs every GPU memory and a context). Only where no
+        context exists yet and WGRUMUS_DEVICES is unset (a count asks for the usual
+        round-robin); returns whether it pinned."""
+        with cls._lock:
+            if cls._instance is not None or \
+                    parse_device_count(os.environ.get("WGRUMUS_DEVICES", "")) is not None:
+                return False
+            adapters = select_adapters()
+            if len(adapters) < 2:
+                return False
+            cls._instance = cls([adapters[local_rank % len(adapters)]])
+            return True
+
+    @classmethod
     def reset(cls, count: int | None = None, adapter: str | None = None) -> MultiGpuContext:
         """Replace the process context (tests and the CLI's --devices). Old tensors stay valid
         on their old devices but cannot be mixed with the new ones."""

@@ -100,6 +100,7 @@ class MPITransport(_Liveness):
         # one (``_node``). Split_type and the agreement are collective, as is making this
         # transport, so every rank takes them whatever its own environment says.
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_rank = node.Get_rank()  # rank among this host's processes
         wanted = (os.environ.get("WGRUMUS_MPI_SHARED", "1") != "0"
                   and node.Get_size() == self.size and node_shm.fits(self.size))
         self._node_comm = node if comm.allreduce(int(wanted), op=MPI.MIN) else None
