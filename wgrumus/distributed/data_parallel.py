@@ -211,15 +211,16 @@ class DataParallel:
                              "one of the two")
         self.backend, self.timeout = backend, float(timeout)
         if backend == "mpi":
-            if group is None:  # first: it may open this rank's adapter only
+            devs = [get_device(devices[0])] if devices else None
+            if group is None:  # before any device: it opens this rank's adapter only
                 from .launch import init_process_group
                 group = init_process_group("mpi", timeout=timeout)
-        all_devs = MultiGpuContext.get().devices
-        if backend == "mpi":
             self.world_size = group.world_size
-            devs = [get_device(devices[0])] if devices else [
-                group.device or all_devs[group.rank % len(all_devs)]]
+            if devs is None:
+                all_devs = MultiGpuContext.get().devices
+                devs = [group.device or all_devs[group.rank % len(all_devs)]]
         else:
+            all_devs = MultiGpuContext.get().devices
             devs = [get_device(d) for d in (devices if devices is not None else all_devs)]
             if not devs:
                 raise ValueError("DataParallel needs at least one device; pass devices= or "
