@@ -26,6 +26,7 @@ from .pipeline.schedules import get_schedule
 from .tensor_parallel.functional import vocab_parallel_cross_entropy
 from .tensor_parallel.layers import dense_name, shard_gpt
 from .tensor_parallel.shard import COLUMN, QKV, REPLICATE, ROW, VOCAB
+from .transport import split_bounds
 
 __all__ = ["GPTConfig", "dense_gpt_state", "gpt_shard_plan", "stage_blocks", "validate_layout",
            "train_3d", "Layout3DError", "RankTrainer", "GPTChunk"]
@@ -59,8 +60,7 @@ def gpt_shard_plan(names) -> dict:
 
 def stage_blocks(n_layers: int, pp: int) -> list[range]:
     """Contiguous, balanced ranges of block indices per pipeline stage."""
-    base, extra = divmod(n_layers, pp)
-    cuts = [s * base + min(s, extra) for s in range(pp + 1)]
+    cuts = split_bounds(n_layers, pp)
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 

@@ -1,8 +1,6 @@
-"""The thread backend's transport: ranks are threads of this process (a ThreadWorld holds what
-they share). Each destination has a mailbox of bounded per-source queues; a message is a numpy
-array (copied on send unless the sender hands over an array it will never touch again), matched
-by (source, tag). Liveness is known exactly: a rank whose thread ended or failed wakes every rank
-waiting on it."""
+"""The thread backend's transport: ranks are threads sharing a ThreadWorld, each destination a
+mailbox of bounded per-source queues matched by tag. A rank whose thread ended or failed wakes
+every rank waiting on it."""
 from __future__ import annotations
 
 import collections
@@ -25,10 +23,8 @@ class _Mailbox:
 
 
 class ThreadWorld:
-    """State shared by the ranks (threads) of one in-process group: mailboxes, the barrier the
-    native collectives use, liveness, the subgroups split off it, and for asynchronous device
-    collectives one CommThread per rank joined by a barrier of their own (so they never mix
-    with the synchronous collectives' rounds; ``close()`` stops those threads)."""
+    """What the ranks (threads) of one group share: mailboxes, liveness, subgroups, the barrier of
+    the native collectives and a separate one for the ranks' CommThreads (async collectives)."""
 
     def __init__(self, size: int, timeout: float = 60.0, depth: int = QUEUE_DEPTH,
                  name: str = "world"):
@@ -49,8 +45,7 @@ class ThreadWorld:
         return ThreadTransport(self, rank)
 
     def comm_thread(self, rank: int, device):
-        """Rank ``rank``'s CommThread (created on first use, on ``device``). Its requests run in
-        submission order, so every rank's asynchronous collectives meet in the same rounds."""
+        """Rank ``rank``'s CommThread on ``device`` (requests run in submission order)."""
         from ..comm import CommThread
         with self._lock:
             c = self._comm_threads.get(rank) or self._comm_threads.setdefault(
@@ -61,8 +56,7 @@ class ThreadWorld:
         return c
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop the CommThreads of this world and its subgroups (queued requests finish), and
-        the barriers' helper threads."""
+        """Stop the CommThreads of this world and its subgroups, and the barriers' helpers."""
         with self._lock:
             comms = list(self._comm_threads.values())
             children = [w for w, _ in self._children.values()]
@@ -140,8 +134,7 @@ class ThreadTransport(_Liveness):
 
     # -- point to point
     def isend(self, dst: int, tag: int, arr: np.ndarray, deadline: float, owned: bool = False):
-        """Queue ``arr`` for ``dst``. Unless ``owned`` (the caller never touches it again) the
-        array is copied, so the caller may reuse its buffer at once, as after an MPI send."""
+        """Queue ``arr`` for ``dst``, copied unless ``owned`` (the caller never touches it)."""
         w = self.world
         if not owned:
             arr = np.array(arr, copy=True, order="C")
@@ -181,8 +174,8 @@ class ThreadTransport(_Liveness):
         return self.recv(src, tag, deadline)
 
     def _wait(self, cond, deadline, peer: int, doing: str, tag, what: str) -> None:
-        """One wait on ``cond`` for ``peer``: raises at once if the world failed or the peer
-        ended, and past ``deadline`` with ``what`` did not happen."""
+        """One wait on ``cond`` for ``peer``; raises if the world failed, the peer ended or
+        ``deadline`` passed."""
         w = self.world
         w.raise_if_failed()
         if peer in w.exited:
@@ -195,8 +188,8 @@ class ThreadTransport(_Liveness):
         cond.wait(remaining)
 
     def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
-        """Check this rank's collective number ``seq`` against the first rank's without
-        waiting: the rank that differs raises (and the group then fails everywhere)."""
+        """Check collective ``seq`` against the first rank's without waiting (a differing rank
+        raises, and the group then fails everywhere)."""
         w = self.world
         with w._lock:
             entry = w._calls.setdefault(seq, [(self.rank, name, detail), 0])
@@ -254,8 +247,7 @@ class ThreadTransport(_Liveness):
 
 
 def _take_tagged(q, tag):
-    """Remove and return the first message with ``tag`` from the queue ``q`` (messages with
-    other tags stay, in order), or None when there is none yet."""
+    """Remove and return the first message with ``tag`` from ``q``, or None."""
     for i, (t, a) in enumerate(q):
         if t == tag:
             del q[i]
