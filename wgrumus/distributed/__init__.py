@@ -1,9 +1,5 @@
-"""wgrumus.distributed: collectives, process groups and launchers for training on several devices
-(threads of one process) and several processes (MPI).
-
-Pipeline, tensor-parallel, FSDP and data-parallel names are loaded on first use, so importing the
-collectives never pulls in the layers built on them (or modules still being written).
-"""
+"""wgrumus.distributed: collectives, process groups and launchers over threads of one process or
+MPI processes; the layers built on them are loaded on first use."""
 from __future__ import annotations
 
 from ._lazy import lazy_getattr
