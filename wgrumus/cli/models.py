@@ -1,9 +1,6 @@
-"""The three models of `wgrumus train` and their data: everything a run needs to know about
-*what* it trains, independent of *how* (the layout).
-
-A Task builds its model from the seed alone and draws batch ``k`` from (seed, k) alone, so every
-layout and a resumed run see the same weights and the same batches.
-"""
+"""The three models of `wgrumus train` and their data, independent of the layout: a Task builds
+its model from the seed and batch ``k`` from (seed, k) alone, so every layout and a resumed run
+see the same weights and batches."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,15 +36,13 @@ class Task:
     x_test: np.ndarray
     y_test: np.ndarray | None
     extra: dict = field(default_factory=dict)
-    # around every optimizer step (cli/optimizing.py); total_steps is set once the run's
-    # length is known
+    # around every optimizer step (cli/optimizing.py); total_steps is set once it is known
     clip: float | None = None
     lr_schedule: str = "constant"
     warmup: int = 0
     total_steps: int = 1
     activation_checkpointing: bool = False
 
-    # ---------------------------------------------------------------- model, loss, optimizer
     def make_model(self, device):
         wr.manual_seed(self.seed)  # same initial weights in every layout
         return self.build(device)
@@ -59,16 +54,14 @@ class Task:
         return F.cross_entropy(out, y)
 
     def make_optimizer(self, params, clip: bool = True, group=None, counted_elsewhere=()):
-        """The optimizer over ``params`` at the scheduled rate, clipping to --clip unless
-        ``clip`` is False (the caller clips: pipeline stages share one norm). ``group`` and
-        ``counted_elsewhere``: see optim.clip_grad_norm_ (sharded layouts)."""
+        """The optimizer over ``params`` at the scheduled rate, clipping to --clip unless the
+        caller clips (``clip=False``: pipeline stages share one norm)."""
         cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}[self.optimizer]
         opt = cls(params, lr=self.lr, momentum=0.9) if self.optimizer == "sgd" else \
             cls(params, lr=self.lr)
         return TrainOptimizer(opt, self.lr_schedule, self.warmup, self.total_steps,
                               self.clip if clip else None, group, counted_elsewhere)
 
-    # ---------------------------------------------------------------------------- batches
     def steps_per_epoch(self, batch: int) -> int:
         n = len(self.x_train) if self.name != "gpt" else len(self.x_train) // self.units_per_sample
         return max(1, n // batch)
@@ -88,7 +81,6 @@ class Task:
         idx = perm[k * batch:(k + 1) * batch]
         return self.x_train[idx], self.y_train[idx]
 
-    # ------------------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict:
         """Held-out figures from the trained weights (trainer.predict runs forward only)."""
         if self.name != "gpt":
@@ -127,7 +119,6 @@ def build(cfg) -> Task:
     return task
 
 
-# ------------------------------------------------------------------------------- digits
 def _digits_task(cfg, lr) -> Task:
     x, y = load_digits()  # float32 [n, 64] pixel counts 0..16, int32 labels
     x = x / 16.0
@@ -152,7 +143,6 @@ def _cnn(device):
         nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
 
 
-# ---------------------------------------------------------------------------------- gpt
 def _gpt_task(cfg, lr) -> Task:
     corpus = CharCorpus()
     chars, ids = corpus.chars, corpus.encode(corpus.text)

@@ -180,7 +180,6 @@ class CollectiveBarrier:
         self._helpers = _Helpers(self.helpers, "wgrumus-reduce")
         weakref.finalize(self, self._helpers.close, False)
 
-    # ------------------------------------------------------------------ public API
     @property
     def generation(self) -> int:
         """Number of rounds that have filled so far."""
@@ -265,7 +264,6 @@ class CollectiveBarrier:
                 self._break(self._gone_error(self._round))
             self._cond.notify_all()
 
-    # ------------------------------------------------------------------ rendezvous
     def _meet(self, timeout, kind, op, item, rank, out=None, **kw) -> tuple[_Round, float]:
         """Join the current round and wait until every participant has: (round, timeout)."""
         t = self.timeout if timeout is None else float(timeout)
@@ -494,7 +492,6 @@ class CollectiveBarrier:
         rnd.done = True
         rnd.items = rnd.outs = rnd.flats = rnd.out = rnd.copies = None  # let the arrays go
 
-    # ------------------------------------------------------------------ failures
     def _break(self, err: CollectiveError) -> CollectiveError:
         """Break the barrier with ``err`` (the first one sticks) and end the helpers."""
         if self._broken is None:

@@ -18,7 +18,6 @@ from .errors import CollectiveError
 from .transport import owned_copy, split_bounds
 
 
-# ============================================================================ strategies
 @dataclass(frozen=True)
 class _Strategy:
     kind: str
@@ -164,7 +163,6 @@ class CollectiveConfig:
         return cls.Direct if world_size <= 2 else cls.Tree(self.tree_arity)
 
 
-# ============================================================================ tree topology
 @dataclass(frozen=True)
 class TreeRole:
     """Role of a rank in a k-ary tree rooted at 0: 'root', 'internal' or 'leaf'."""
@@ -196,7 +194,6 @@ def tree_depth(world_size: int, arity: int) -> int:
     return d
 
 
-# ============================================================================ algorithms
 def _combine(a, b, op, into=None):
     """op(a, b) into ``into`` (a private array) or a fresh one: never into a received array,
     which may be shared with other ranks."""

@@ -41,7 +41,6 @@ class ReplicaError(WgrumusError):
         self.replica, self.phase = replica, phase
 
 
-# ---------------------------------------------------------------------------------- replicas
 def _walk_tensors(obj, found: dict, seen: set) -> None:
     """Every Tensor reachable from a module through attributes, lists, tuples and dicts."""
     if id(obj) in seen:
@@ -119,7 +118,6 @@ def _rows(x, lo: int, hi: int, device):
     return tensor(np.ascontiguousarray(np.asarray(x)[lo:hi]), device=device)
 
 
-# ---------------------------------------------------------------------------------- workers
 class _Worker:
     """The thread of one replica: runs jobs with this replica's own autograd tape."""
 
@@ -163,7 +161,6 @@ def _check_loss(loss):
     return loss
 
 
-# ---------------------------------------------------------------------------------- the wrapper
 class DataParallel:
     """Replicas of ``module`` (replica 0, moved to ``devices[0]``) on ``devices``.
 
@@ -234,7 +231,6 @@ class DataParallel:
         return (f"DataParallel({type(self.module).__name__}, {self.world_size} replicas, "
                 f"{self.backend}, {len(self.plan)} buckets)")
 
-    # ------------------------------------------------------------------ lifecycle
     def _thread_groups(self) -> list:
         """A fresh ThreadWorld and one ProcessGroup per replica (a broken group stays broken)."""
         if self._world is not None:
@@ -292,7 +288,6 @@ class DataParallel:
     def eval(self):
         return self.train(False)
 
-    # ------------------------------------------------------------------ weights
     def broadcast_weights(self) -> None:
         """Copy replica (rank) 0's state to the others, after it changed outside a step."""
         def job(w):
@@ -301,7 +296,6 @@ class DataParallel:
                     copy_into(p, self.groups[w.rank].broadcast(p, root=0))
         self._run(job)
 
-    # ------------------------------------------------------------------ sharding
     def _shards(self, batch):
         n = int(batch.shape[0] if hasattr(batch, "shape") else len(batch))
         return n, np.cumsum([0] + shard_sizes(n, self.world_size))
@@ -359,7 +353,6 @@ class DataParallel:
             msg += f" [also: {others}]"
         return ReplicaError(msg, r, phase), err
 
-    # ------------------------------------------------------------------ forward only
     def forward(self, batch):
         """Scatter ``batch`` on dim 0, run the replicas, gather the outputs on device 0 (mpi: on
         every rank). Records gradients when the caller does, so a backward from the output
@@ -386,7 +379,6 @@ class DataParallel:
         r = self.groups[k].rank
         return int(bounds[r]), int(bounds[r + 1])
 
-    # ------------------------------------------------------------------ training
     @contextlib.contextmanager
     def no_sync(self):
         """Gradient accumulation: steps inside only add to a per-replica sum, which the next step
@@ -558,7 +550,6 @@ class DataParallel:
             if g is not None:
                 self._accum[k].accumulate(p, g)
 
-    # ------------------------------------------------------------------ checks
     def replicas_identical(self) -> bool:
         """Every replica's (rank's) parameters equal replica 0's bit for bit (for tests)."""
         def digests(w):

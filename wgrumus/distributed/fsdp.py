@@ -177,7 +177,6 @@ class FSDP:
         self._order: list = []  # units in the order the last forward entered them
         self._seen: list = []
 
-    # ------------------------------------------------------------------ parameters
     def parameters(self):
         """The shards: what the optimizer updates."""
         return [f.shard for f in self._flats]
@@ -197,7 +196,6 @@ class FSDP:
     def eval(self):
         return self.train(False)
 
-    # ------------------------------------------------------------------ collectives
     def _pad_rows(self, rows: np.ndarray, per: int) -> np.ndarray:
         """``rows`` zero-padded along dim 0 to ``per * world`` rows (equal shards)."""
         padded = np.zeros((per * self.world,) + rows.shape[1:], np.float32)
@@ -226,7 +224,6 @@ class FSDP:
         out = self._wait(self.group.run_async(lambda: self.group.reduce_scatter(padded, "mean")))
         return tensor(out, device=self.device)
 
-    # ------------------------------------------------------------------ unit order
     def _entered(self, unit: _Unit) -> None:
         if unit not in self._seen:
             self._seen.append(unit)
@@ -239,7 +236,6 @@ class FSDP:
         i = order.index(unit) + step
         return order[i] if 0 <= i < len(order) else None
 
-    # ------------------------------------------------------------------ forward
     def __call__(self, *args, **kw):
         return self.forward(*args, **kw)
 
@@ -259,7 +255,6 @@ class FSDP:
             return (gs,)
         return bw
 
-    # ------------------------------------------------------------------ checkpoints
     def full_state_dict(self) -> dict:
         """Dense parameters and buffers as numpy arrays (every rank calls it)."""
         out = {f.name: self._wait(self._submit_gather([f]))[0] for f in self._flats}

@@ -100,7 +100,6 @@ class ProcessGroup:
     def max_user_tag(self) -> int:
         return self._coll_base - 1
 
-    # ------------------------------------------------------------------ plumbing
     def _run(self, name: str, nbytes, fn, collective: bool = True, detail: str = ""):
         """One operation under the group's deadline, with stats; any error breaks the group.
         Collectives take the next sequence number as tag (every rank counts the same ones) and
@@ -174,7 +173,6 @@ class ProcessGroup:
             raise ValueError(f"{what} must be a rank in [0, {self.world_size}), got {r!r}")
         return int(r)
 
-    # ------------------------------------------------------------------ collectives
     def all_reduce(self, x, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks (op: sum, mean, max, min); every rank gets the result."""
         if _captured(x):
@@ -361,7 +359,6 @@ class ProcessGroup:
         """Return once every rank of the group has called barrier()."""
         self._run("barrier", 0, lambda tag, dl: self._t.native_barrier(dl))
 
-    # ------------------------------------------------------------------ point to point
     def isend(self, x, dst: int, tag: int = 0) -> Work:
         """Start sending ``x`` to ``dst`` (under MPI keep ``x`` unchanged until ``wait()``)."""
         if _captured(x):
@@ -402,7 +399,6 @@ class ProcessGroup:
             raise ValueError(f"tag must be an int in [0, {self.max_user_tag}], got {tag!r}")
         return int(tag)
 
-    # ------------------------------------------------------------------ objects, subgroups
     def all_gather_object(self, obj) -> list:
         """Every rank's picklable ``obj``, in rank order."""
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
@@ -445,7 +441,6 @@ class ProcessGroup:
         inside = self.rank in ranks
         return self.split(0 if inside else None, ranks.index(self.rank) if inside else None, name)
 
-    # ------------------------------------------------------------------ hierarchical
     def _hierarchical_all_reduce(self, arr, op):
         """Multi-node: reduce in each node, all-reduce among node leaders, broadcast in nodes."""
         cfg = self.config
@@ -476,7 +471,6 @@ class ProcessGroup:
         return self._run("all_reduce", arr.nbytes, go,
                          detail=_detail(arr, op=op, strategy="hierarchical"))
 
-    # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
         """Calls, payload bytes and seconds per operation and in total, plus the transport's."""
         ops = {k: {"calls": v[0], "bytes": v[1], "seconds": v[2]} for k, v in self._ops.items()}

@@ -168,7 +168,6 @@ class PipelineExecutor:
         self._jits: dict = {}  # (stage thread, loss_fn) -> wr.jit of its actions
         self._live: list = [None] * self.num_stages  # each stage thread's _StageWork this run
 
-    # ------------------------------------------------------------------ configuration
     def _make_schedule(self, schedule, num_chunks) -> Schedule:
         n, m = len(self.stages), self.num_micro_batches
         try:
@@ -212,7 +211,6 @@ class PipelineExecutor:
                                       f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
         return sched
 
-    # ------------------------------------------------------------------ inputs
     def _split(self, data, what: str, device):
         """``data`` cut into m equal micro-batches along dim 0, on ``device``."""
         m = self.num_micro_batches
@@ -241,7 +239,6 @@ class PipelineExecutor:
                 out.append(piece.clone() if piece.device is device else piece.to(device))
         return out
 
-    # ------------------------------------------------------------------ run
     def run(self, inputs, targets, loss_fn, optimizers=None, accumulate_grad: bool = False):
         """One training step over ``inputs`` (m micro-batches along dim 0): ``(mean loss,
         GradientStore)``. ``accumulate_grad`` also adds to ``.grad``; ``optimizers`` (one per
@@ -349,7 +346,6 @@ class PipelineExecutor:
             cls = PipelineTimeoutError
         raise cls(f"{where} failed: {type(exc).__name__}: {exc}", s, a) from exc
 
-    # ------------------------------------------------------------------ one stage thread
     def _stage_main(self, s: int, run: _Run) -> None:
         work = _StageWork(self, run, s)
         if self.jit:
