@@ -143,16 +143,12 @@ class _Round:
         self.outs: list = [None] * world_size
         self.arrived: list[int] = []
         self.kind = self.op = self.ranked = self.shape = self.dtype = None
-        self.full = False
-        self.done = False
-        self.result = None
-        self.out = self.flats = None
+        self.full = self.done = False
+        self.result = self.out = self.flats = None
         self.copies: list = []
         self.shared = True
-        self.nchunks = 0
         self.claims = self.started = self.ended = None  # split rounds: see _split
-        self.chunk = 0
-        self.length = self.nbytes = 0
+        self.nchunks = self.chunk = self.length = self.nbytes = 0
         self.item_at: list = [0] * world_size  # exchange rounds: where items and outs sit
         self.out_at: list = [0] * world_size
 

@@ -90,6 +90,10 @@ class _Liveness:
     def abort(self, err: BaseException) -> None:
         self._live.abort(err)
 
+    def _count(self, way: str, nbytes: int) -> None:
+        self.stats[f"messages_{way}"] += 1
+        self.stats[f"bytes_{way}"] += nbytes
+
     @property
     def failed(self) -> CollectiveError | None:
         return self._live.error

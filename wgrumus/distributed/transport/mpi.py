@@ -98,10 +98,9 @@ class MPITransport(_Liveness):
         if self._node_comm is None:
             node.Free()
         self._node_ar = None  # NodeAllReduce, False (none), or None (not made yet)
-        self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
-                      "bytes_received": 0}
+        self.stats = dict.fromkeys(("messages_sent", "bytes_sent", "messages_received",
+                                    "bytes_received"), 0)
 
-    # -- polling: the only way to give an MPI wait a deadline
     def _poll(self, test, deadline: float, what: str, peer=None):
         # A timed-out request stays pending: cancelling a receive made MPICH kill the process at
         # MPI_Finalize, and the group is broken from here on anyway.
@@ -121,12 +120,10 @@ class MPITransport(_Liveness):
     def _bytes(self, arr):
         return [arr, self.MPI.BYTE]
 
-    # -- point to point
     def isend(self, dst, tag, arr, deadline, owned=False):
         arr = np.ascontiguousarray(arr)
         req = self.comm.Isend(self._bytes(arr), dst, tag)
-        self.stats["messages_sent"] += 1
-        self.stats["bytes_sent"] += arr.nbytes
+        self._count("sent", arr.nbytes)
         return (req, arr)  # keep the buffer alive until the request completes
 
     def wait_all(self, reqs, deadline):
@@ -142,8 +139,7 @@ class MPITransport(_Liveness):
             buf = self._recv_known(src, tag, deadline, np.empty(shape, dtype=dtype))
         else:
             buf = self._recv_probed(src, tag, deadline, dtype, shape)
-        self.stats["messages_received"] += 1
-        self.stats["bytes_received"] += buf.nbytes
+        self._count("received", buf.nbytes)
         return buf
 
     def _recv_known(self, src, tag, deadline, buf):
@@ -211,8 +207,6 @@ class MPITransport(_Liveness):
             raise mismatch_error(seq, "world" if self.comm is self.state.comm else "subgroup",
                                  (r, *b), (0, *a))
 
-    # -- native collectives: MPI's own, nonblocking and polled (ProcessGroup's agree() has
-    #    checked that the ranks pass the same dtype and shape)
     def _mpi_type(self, dtype):
         # Predefined types only: MPI defines reductions on those, not on derived duplicates.
         t = self.MPI._typedict.get(np.dtype(dtype).char)
@@ -312,7 +306,6 @@ class MPITransport(_Liveness):
     def native_barrier(self, deadline):
         self._run(self.comm.Ibarrier, deadline, "Ibarrier")
 
-    # -- lifecycle
     def split(self, key, color, members):
         MPI = self.MPI
         # Every member just took part in the all-gather that chose the colors, so this blocking

@@ -129,10 +129,9 @@ class ThreadTransport(_Liveness):
             raise ValueError(f"rank {rank} outside world of size {world.size}")
         self.world, self.rank, self.size = world, rank, world.size
         self._live = world
-        self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
-                      "bytes_received": 0}
+        self.stats = dict.fromkeys(("messages_sent", "bytes_sent", "messages_received",
+                                    "bytes_received"), 0)
 
-    # -- point to point
     def isend(self, dst: int, tag: int, arr: np.ndarray, deadline: float, owned: bool = False):
         """Queue ``arr`` for ``dst``, copied unless ``owned`` (the caller never touches it)."""
         w = self.world
@@ -147,8 +146,7 @@ class ThreadTransport(_Liveness):
                            f"rank {dst} did not drain its mailbox")
             q.append((tag, arr))
             box.cond.notify_all()
-        self.stats["messages_sent"] += 1
-        self.stats["bytes_sent"] += arr.nbytes
+        self._count("sent", arr.nbytes)
         return _DONE
 
     def recv(self, src: int, tag: int, deadline: float, dtype=None, shape=None) -> np.ndarray:
@@ -160,8 +158,7 @@ class ThreadTransport(_Liveness):
                            f"no message from rank {src} (tag {tag})")
             box.cond.notify_all()  # a sender may wait for room
         check_received(a, dtype, shape, src, f"rank {self.rank} receiving tag {tag}")
-        self.stats["messages_received"] += 1
-        self.stats["bytes_received"] += a.nbytes
+        self._count("received", a.nbytes)
         return a
 
     def wait_all(self, reqs, deadline: float) -> None:
@@ -200,8 +197,6 @@ class ThreadTransport(_Liveness):
         if first[1:] != (name, detail):
             raise mismatch_error(seq, w.name, (self.rank, name, detail), first)
 
-    # -- native collectives: the world's shared-memory barrier (ProcessGroup's agree() has
-    #    checked that the ranks pass the same dtype and shape)
     def _left(self, deadline):
         return max(deadline - time.monotonic(), 1e-6)
 
@@ -239,7 +234,6 @@ class ThreadTransport(_Liveness):
     def native_barrier(self, deadline):
         self.world.barrier.wait(self.rank, self._left(deadline))
 
-    # -- lifecycle
     def split(self, key, color, members: list[int]):
         if color is None:
             return None
