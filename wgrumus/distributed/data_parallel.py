@@ -428,26 +428,23 @@ class DataParallel:
             loss = _check_loss(loss_fn(out, y))
             w.phase = "backward"
             self.events.record(k, "backward_start")
-            acc = self._accum[k]
             reducer = None
             if sync and self.world_size > 1:  # one replica has nothing to average with
-                reducer = self._averager(k).start(acc)
+                reducer = self._averager(k).start(self._accum[k])
             grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
                                        on_leaf_grad=reducer.on_leaf_grad if reducer else None)
             self.events.record(k, "backward_end")
-            if not sync:
-                self._accumulate(k, grads)
-                return loss.item() * (hi - lo)
-            if reducer is None:  # this step's gradients plus any no_sync accumulation
+            if reducer is None:  # no_sync, or one replica: added to the running sum
                 self._accumulate(k, grads)
                 avg = self._accum[k]
             else:
                 w.phase = "all-reduce"
                 avg = reducer.finish(self.timeout)
-            w.phase = "optimizer step"
-            optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
-                self.groups[k].rank, self._params[k], avg))
-            self.events.record(k, "step_end")
+            if sync:
+                w.phase = "optimizer step"
+                optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
+                    self.groups[k].rank, self._params[k], avg))
+                self.events.record(k, "step_end")
             return loss.item() * (hi - lo)
 
         try:
