@@ -9,7 +9,6 @@ data.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -19,14 +18,12 @@ from ..tensor import Tensor, tensor
 __all__ = ["FSDP"]
 
 
-@dataclass(slots=True, eq=False)
 class _ShardedParam:
     """One managed parameter: its shard (leaf) and the full parameter it is gathered into."""
-    name: str
-    param: Tensor
-    shard: Tensor
-    rows: int
-    shape: tuple
+    __slots__ = ("name", "param", "shard", "rows", "shape")
+
+    def __init__(self, name, param, shard, rows, shape):
+        self.name, self.param, self.shard, self.rows, self.shape = name, param, shard, rows, shape
 
 
 class _Unit:
