@@ -28,6 +28,7 @@ from .averaging import EventLog, GradientAverager
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
+from .pipeline.stage import moved_to
 from .process_group import ProcessGroup
 from .transport import ThreadWorld
 from .zero import OptimizerSharding
@@ -83,10 +84,7 @@ def replicate(module, device):
     memo = {id(t): _copy_tensor(t, device) for t in tensors.values()}
     for d in MultiGpuContext.get().devices:
         memo[id(d)] = d
-    rep = copy.deepcopy(module, memo)
-    if hasattr(rep, "to"):
-        rep = rep.to(device) or rep
-    return rep
+    return moved_to(copy.deepcopy(module, memo), device)
 
 
 def _state_tensors(module) -> list:
@@ -203,8 +201,7 @@ class DataParallel:
                                  "distinct devices (WGRUMUS_DEVICES=N makes N logical ones)")
             self.world_size = len(devs)
         self.devices = devs
-        moved = module.to(devs[0]) if hasattr(module, "to") else module
-        self.module = moved if moved is not None else module
+        self.module = moved_to(module, devs[0])
         self.replicas = [self.module] + [replicate(self.module, d) for d in devs[1:]]
         self._params = [list(r.parameters()) for r in self.replicas]
         names = [n for n, _ in self.module.named_parameters()] \
@@ -257,11 +254,9 @@ class DataParallel:
         if self._stop(self.timeout):
             self._free_jits()
 
-    def __del__(self):
-        try:
-            self._stop(0)  # forgotten close(): the threads end without waiting on them here
-        except Exception:  # interpreter shutdown, or a half-built object
-            pass
+    def __del__(self):  # forgotten close(): the threads end without waiting on them here
+        with contextlib.suppress(Exception):  # interpreter shutdown, or a half-built object
+            self._stop(0)
 
     def __enter__(self):
         return self
