@@ -146,9 +146,8 @@ class PipelineExecutor:
             raise PipelineConfigError("PipelineExecutor needs at least one PipelineStage")
         for i, st in enumerate(self.stages):
             if not isinstance(st, PipelineStage):
-                raise PipelineConfigError(
-                    f"stages[{i}] is a {type(st).__name__}, not a PipelineStage; wrap it: "
-                    f"PipelineStage(module, device)")
+                raise PipelineConfigError(f"stages[{i}] is a {type(st).__name__}, not a "
+                                          "PipelineStage; wrap it: PipelineStage(module, device)")
         m = num_micro_batches
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise PipelineConfigError(f"num_micro_batches must be an int >= 1, got {m!r}")

@@ -76,17 +76,14 @@ def interleaved(p: int, m: int, v: int = 2) -> Schedule:
     due on stage 0); backward steps take the forward order with the chunks reversed."""
     _check_sizes("interleaved", p, m)
     if not isinstance(v, int) or isinstance(v, bool) or v < 2:
-        raise ScheduleError(
-            f"interleaved: needs v >= 2 model chunks per stage, got v={v!r} "
-            f"(with one chunk per stage use the '1f1b' schedule)"
-        )
+        raise ScheduleError(f"interleaved: needs v >= 2 model chunks per stage, got v={v!r} "
+                            f"(with one chunk per stage use the '1f1b' schedule)")
     if m % p:
         lower = m - m % p
         options = f"m={lower} or m={lower + p}" if lower else f"m={p}"
-        raise ScheduleError(
-            f"interleaved: the number of micro-batches m={m} must be a multiple of the number of "
-            f"stages p={p} (micro-batches are issued in groups of p); use e.g. {options}"
-        )
+        raise ScheduleError(f"interleaved: the number of micro-batches m={m} must be a multiple "
+                            f"of the number of stages p={p} (micro-batches are issued in groups "
+                            f"of p); use e.g. {options}")
     total = m * v
 
     def forward_step(k: int) -> Action:
@@ -152,10 +149,8 @@ def get_schedule(name: str, p: int, m: int, **kwargs) -> Schedule:
     allowed = {"interleaved": {"v"}}.get(key, set())
     unknown = set(kwargs) - allowed
     if unknown:
-        raise ScheduleError(
-            f"schedule {key!r} takes no argument(s) {sorted(unknown)}"
-            + (f"; it accepts {sorted(allowed)}" if allowed else "")
-        )
+        raise ScheduleError(f"schedule {key!r} takes no argument(s) {sorted(unknown)}"
+                            + (f"; it accepts {sorted(allowed)}" if allowed else ""))
     sched = builder(p, m, **kwargs)
     validate(sched)
     return sched

@@ -131,8 +131,7 @@ def split_gpt(gpt, p: int, devices=None) -> list:
     """Cut an ``nn.GPT`` (embedding, blocks, final norm, head) into ``p`` balanced stages."""
     layers = [GPTEmbedding(gpt), *gpt.blocks, gpt.ln_f, gpt.lm_head]
     if len(layers) < p:
-        raise ValueError(
-            f"split_gpt: the model has {len(layers)} layers (embedding, {len(layers) - 2} "
-            f"blocks/norm, head) and cannot be cut into {p} stages; use at most {len(layers)} "
-            f"stages or more blocks")
+        raise ValueError(f"split_gpt: the model has {len(layers)} layers (embedding, "
+                         f"{len(layers) - 2} blocks/norm, head) and cannot be cut into {p} stages; "
+                         f"use at most {len(layers)} stages or more blocks")
     return split_sequential(layers, p, devices)

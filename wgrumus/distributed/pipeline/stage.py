@@ -16,9 +16,8 @@ class PipelineStage:
 
     def __init__(self, module_or_fn: Any, device):
         if not callable(module_or_fn):
-            raise TypeError(
-                f"PipelineStage needs a module or a function (something callable), got "
-                f"{type(module_or_fn).__name__}")
+            raise TypeError("PipelineStage needs a module or a function (something callable), got "
+                            f"{type(module_or_fn).__name__}")
         self.device = get_device(device)
         self.module = moved_to(module_or_fn, self.device)
         self._check_placement()
