@@ -254,8 +254,7 @@ def _divergence(cfg, task, losses, start) -> str:
 
 
 class StopOnInterrupt:
-    """Ctrl-C stops the loop after the current step (no half-updated checkpoint); a second one
-    interrupts at once."""
+    """Ctrl-C stops after the current step (no half-updated checkpoint); a second one at once."""
 
     def __init__(self):
         self.requested = False

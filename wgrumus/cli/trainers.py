@@ -11,8 +11,7 @@ from .common import UsageError
 
 
 def make_trainer(cfg, task):
-    """gpt: every layout (1x1x1 too) runs the 3D engine, so all agree step by step; mlp/cnn: one
-    device, DataParallel, or pipelines (x dp)."""
+    """gpt: every layout (1x1x1 too) runs the 3D engine, so all agree step by step."""
     lay = cfg.layout
     if cfg.model == "gpt":
         from .trainers_3d import ThreeDTrainer

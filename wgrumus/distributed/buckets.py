@@ -52,8 +52,7 @@ class BucketPlan:
 
 def plan_buckets(params, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  names=None) -> BucketPlan:
-    """Bucket plan for ``params`` in ``module.parameters()`` order (frozen ones left out); a dtype
-    change starts a new bucket."""
+    """Bucket plan for ``params`` in ``module.parameters()`` order (frozen ones left out)."""
     if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
         raise ValueError(f"bucket sizes must be > 0 MB, got bucket_cap_mb={bucket_cap_mb}, "
                          f"first_bucket_mb={first_bucket_mb}")

@@ -138,8 +138,7 @@ class CollectiveConfig:
 
     def select_all_reduce(self, nbytes: int, world_size: int,
                           strategy=None) -> AllReduceStrategy:
-        """``strategy`` (default ``local_all_reduce``) with Auto resolved: Tree below
-        ``tree_threshold_bytes`` or under 4 ranks, else Ring."""
+        """Auto: Tree below ``tree_threshold_bytes`` or under 4 ranks, else Ring."""
         s = self.local_all_reduce if strategy is None else AllReduceStrategy.parse(strategy)
         if s.kind != "auto":
             return s
@@ -281,8 +280,7 @@ def _virtual(t, root):
 
 
 def tree_reduce(t, x, op, root, arity, tag, deadline):
-    """k-ary tree reduce to ``root``: own value, then each child's in child order. Root returns
-    the result, others None."""
+    """k-ary tree reduce to ``root`` (own value, then children's in order); None off the root."""
     n, v, real = _virtual(t, root)
     flat = np.ascontiguousarray(x).reshape(-1)
     acc = flat

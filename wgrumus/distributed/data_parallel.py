@@ -471,8 +471,7 @@ class DataParallel:
         return optimizers
 
     def optimizer_state_dict(self, optimizers) -> dict:
-        """The whole model's optimizer state as one replica's ``state_dict()`` (ZeRO-1: each
-        parameter's state from its owner)."""
+        """The whole model's optimizer state as one ``state_dict()`` (ZeRO-1: from the owners)."""
         opts = self._resolve_optimizers(optimizers)
         sd = opts[0].state_dict()
         if self.sharding is None:

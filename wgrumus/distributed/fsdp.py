@@ -93,8 +93,7 @@ class _Unit:
         return out
 
     def _regather_on_backward(self, out: Tensor) -> Tensor:
-        """Alias of ``out`` whose backward (the unit's first) re-gathers its parameters and
-        prefetches the next unit's."""
+        """Alias of ``out`` whose backward re-gathers the unit and prefetches the next one."""
         if not out.requires_grad or not self.flats:
             return out
         alias = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)

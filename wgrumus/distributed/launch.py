@@ -49,8 +49,7 @@ def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: 
 
 
 def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
-    """One daemon thread per rank (a rank stuck outside collectives cannot keep the process
-    alive)."""
+    """One daemon thread per rank (one stuck outside collectives cannot keep the process up)."""
     from ..ops.random import get_rng_state, use_thread_generator
     world = ThreadWorld(world_size, cfg.timeout)
     results = [None] * world_size

@@ -199,8 +199,7 @@ class RankTrainer:
         return self._dp_mean(grads)
 
     def _dp_mean(self, grads: dict) -> dict:
-        """Gradients averaged over the data-parallel group only (TP and PP peers hold other
-        shards), by the one GradientAverager."""
+        """Gradients averaged over the data-parallel group only (TP/PP peers hold other shards)."""
         if self.pgm.config.dp == 1:
             return grads
         if self._dp_avg is None:

@@ -67,8 +67,7 @@ def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
 
 def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
                    chunk_bytes: int | None = None, inflight: int | None = None) -> None:
-    """Reduce every rank's ``src`` and write elements [parts[rank], parts[rank+1]) of the result
-    into this rank's ``dst``."""
+    """Elements [parts[rank], parts[rank+1]) of the reduced ``src`` into this rank's ``dst``."""
     check_op(op, src.dtype)
     chunks = _scatter_gather("reduce_scatter", dst, src, rank, parts, chunk_bytes)
     _run(barrier, rank, src.dtype, op, [_Chunk(c.length, c.up, c.out_at, c.down, c.item_at)
@@ -77,8 +76,7 @@ def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
 
 def all_gather(src, dst, barrier, rank: int, parts, chunk_bytes: int | None = None,
                inflight: int | None = None) -> None:
-    """Write every rank's ``src`` side by side into each rank's ``dst``: rank r's elements go to
-    [parts[r], parts[r+1])."""
+    """Every rank's ``src`` side by side in each rank's ``dst`` (rank r's at parts[r])."""
     chunks = _scatter_gather("all_gather", src, dst, rank, parts, chunk_bytes)
     _run(barrier, rank, src.dtype, None, chunks, src, dst, inflight)
 

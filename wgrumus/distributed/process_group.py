@@ -409,8 +409,7 @@ class ProcessGroup:
                 for i in range(self.world_size)]
 
     def split(self, color: int | None, key: int | None = None, name: str | None = None):
-        """MPI_Comm_split: ranks of one ``color`` form a group ordered by (key, rank); None for
-        color None."""
+        """MPI_Comm_split: ranks of one ``color`` form a group ordered by (key, rank)."""
         if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
             raise ValueError(f"color must be an int >= 0 or None, got {color!r}")
         with self._lock:

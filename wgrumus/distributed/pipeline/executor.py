@@ -314,8 +314,7 @@ class PipelineExecutor:
         return loss, store
 
     def _join(self, threads, run: _Run) -> None:
-        """Wait for every stage thread; after a failure one inside a long kernel gets
-        ``timeout + 5`` seconds."""
+        """Wait for every stage thread (after a failure, ``timeout + 5`` s at most)."""
         deadline = None
         for t in threads:
             while t.is_alive():

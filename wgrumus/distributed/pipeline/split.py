@@ -91,8 +91,7 @@ def _chain(layers: list):
 
 
 def split_sequential(model, p: int, devices=None) -> list:
-    """``p`` stages of a ``Sequential`` (or list of layers) balanced by parameter count; with
-    ``devices`` (one per stage), as PipelineStages."""
+    """``p`` stages of a Sequential balanced by parameter count (PipelineStages on ``devices``)."""
     layers = _layers_of(model)
     n = len(layers)
     # Primary: parameter count; each layer also weighs 1/(n+1) of a parameter so that

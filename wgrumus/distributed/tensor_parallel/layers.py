@@ -51,8 +51,7 @@ class _TPModule(nn.Module):
 
 
 class _ParallelLinear(_TPModule):
-    """Column and Row: the dense weight (given, or seeded alike on every rank) cut by
-    ``tp_modes``."""
+    """Column and Row: the dense weight (given, or seeded alike) cut by ``tp_modes``."""
 
     def __init__(self, in_features, out_features, group, bias, sequence_parallel, weight,
                  bias_value, seed, device):
@@ -130,8 +129,7 @@ class ParallelMLP(nn.Module):
 
 
 class ParallelSelfAttention(_TPModule):
-    """Causal self-attention with heads split across TP ranks: a fused QKV projection
-    (column-parallel by heads) and an output projection (row-parallel)."""
+    """Self-attention with heads split across TP ranks (QKV by heads, output row-parallel)."""
     tp_modes = {"qkv_weight": QKV, "qkv_bias": QKV, "proj_weight": ROW, "proj_bias": REPLICATE}
 
     def __init__(self, embed_dim, num_heads, group, qkv_weight, qkv_bias, proj_weight, proj_bias,

@@ -171,8 +171,7 @@ class ThreadTransport(_Liveness):
         return self.recv(src, tag, deadline)
 
     def _wait(self, cond, deadline, peer: int, doing: str, tag, what: str) -> None:
-        """One wait on ``cond`` for ``peer``; raises if the world failed, the peer ended or
-        ``deadline`` passed."""
+        """One wait for ``peer``; raises if the world failed, the peer ended or time is up."""
         w = self.world
         w.raise_if_failed()
         if peer in w.exited:
