@@ -49,9 +49,7 @@ class _Rank:
         self.opt = task.make_optimizer([self.params[n] for n in self.names],
                                        **self._clip_scope(task, group))
         self.amp = Precision(precision, self.device)
-        self._jit = None
-        if jit:
-            self._jit = wr.jit(self._captured_step, devices=[self.device])
+        self._jit = wr.jit(self._captured_step, devices=[self.device]) if jit else None
 
     def _clip_scope(self, task, group) -> dict:
         """--clip's norm over this replica's tp x pp ranks (whose shards make up the model), with
@@ -90,9 +88,6 @@ class _Rank:
         mbs = [t for mb in self.rank.micro_batches(tokens) for t in mb]
         run = self._jit or self._captured_step
         self.rank.mb_losses = with_bookkeeping([self.opt], lambda: run(*mbs))
-        return self._loss()
-
-    def _loss(self):
         loss = self.rank.loss()
         return loss if self.coords == (0, 0, self.lay.pp - 1) else None
 

@@ -60,7 +60,6 @@ class _Aborted(Exception):
     """Another stage failed; this one stops quietly."""
 
 
-
 class _Channel:
     """Bounded queue between neighbouring virtual stages; messages for other micro-batches than
     the one asked for are stashed, so any order the schedule asks for works."""
@@ -107,7 +106,6 @@ class _Channel:
             self._stash[got] = value
 
 
-
 @dataclass
 class _Run:
     m: int
@@ -130,7 +128,6 @@ class _Run:
             if self.error is None:
                 self.error = (stage, action, exc)
         self.abort.set()
-
 
 
 class PipelineExecutor:

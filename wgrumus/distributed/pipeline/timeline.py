@@ -70,7 +70,6 @@ class SimResult:
         return self.makespan - self.busy[stage]
 
 
-
 def validate(schedule: ScheduleLike, num_microbatches: int | None = None,
              num_chunks: int | None = None) -> Schedule:
     """``schedule`` (also raw lists of Actions or strings like ``"F0"``) as a :class:`Schedule`,
@@ -160,7 +159,6 @@ def _micro_batch_problems(s: int, pos: dict, mb: int, c: int, v: int) -> list[st
         problems.append(f"stage {s}: {bw!r} (position {pos[bw]}) comes before {bi!r} "
                         f"(position {pos[bi]}); the weight gradient needs the input-gradient pass")
     return problems
-
 
 
 def _needs(sched: Schedule, stage: int, a: Action) -> list[tuple[tuple, str]]:
@@ -261,7 +259,6 @@ def _find_cycle(waits: dict[int, int]) -> list[int]:
     return []
 
 
-
 def peak_in_flight(schedule: ScheduleLike) -> tuple[int, ...]:
     """Per stage, the most (micro-batch, chunk) activations held at once (order only)."""
     sched = make_schedule(schedule).compute()
@@ -308,7 +305,6 @@ def simulate(schedule: ScheduleLike, f_time: float = 1, b_time: float = 2,
     return SimResult(sched, tuple(tuple(tl) for tl in timelines), makespan, busy, fractions,
                      sum(fractions) / len(fractions), peak_in_flight(sched), d[FORWARD],
                      d[BACKWARD], d[BACKWARD_INPUT], d[BACKWARD_WEIGHT], comm_time)
-
 
 
 def _as_fraction(x: float) -> Fraction:
