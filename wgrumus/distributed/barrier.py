@@ -197,9 +197,7 @@ class CollectiveBarrier:
                                     out.flags.c_contiguous):
             raise ValueError(f"out must be a writeable C-contiguous {arr.dtype} array of shape "
                              f"{arr.shape}")
-        rnd, t = self._meet(timeout, "reduce", op, arr, rank, out)
-        if not rnd.done:
-            self._help_reduce(rnd, time.monotonic() + t, t)
+        rnd = self._meet(timeout, "reduce", op, arr, rank, out)
         return out if out is not None else rnd.result
 
     def exchange(self, length: int, dtype, rank: int, item=None, item_at: int = 0, out=None,
@@ -223,19 +221,17 @@ class CollectiveBarrier:
         if op is not None and item is not None and (item_at or item.size != length):
             raise ValueError(f"with op={op!r} every item covers the whole space ({length} "
                              f"elements), got {item.size} at {item_at}")
-        rnd, t = self._meet(timeout, "exchange", op or "copy", (item, item_at, out, out_at), rank,
-                            shape=(int(length),), dtype=dtype)
-        if not rnd.done:
-            self._help_reduce(rnd, time.monotonic() + t, t)
+        self._meet(timeout, "exchange", op or "copy", (item, item_at, out, out_at), rank,
+                   shape=(int(length),), dtype=dtype)
 
     def gather(self, obj, rank: int | None = None, timeout: float | None = None,
                tag: str | None = None) -> list:
         """Every participant's object (shared, not copied); all pass the same ``tag``."""
-        return list(self._meet(timeout, "gather", tag, obj, rank)[0].result)
+        return list(self._meet(timeout, "gather", tag, obj, rank).result)
 
     def wait(self, rank: int | None = None, timeout: float | None = None) -> int:
         """Plain barrier: return once every participant arrived; returns the round number."""
-        return self._meet(timeout, "wait", None, None, rank)[0].gen
+        return self._meet(timeout, "wait", None, None, rank).gen
 
     def close(self) -> None:
         """End the helper threads (rounds after this run on the participants alone)."""
@@ -260,8 +256,8 @@ class CollectiveBarrier:
                 self._break(self._gone_error(self._round))
             self._cond.notify_all()
 
-    def _meet(self, timeout, kind, op, item, rank, out=None, **kw) -> tuple[_Round, float]:
-        """Join the current round and wait until every participant has: (round, timeout)."""
+    def _meet(self, timeout, kind, op, item, rank, out=None, **kw) -> _Round:
+        """Join the current round, wait until every participant has, help reduce it."""
         t = self.timeout if timeout is None else float(timeout)
         if not t > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -269,7 +265,9 @@ class CollectiveBarrier:
         with self._cond:
             rnd = self._join(kind, op, item, rank, out, **kw)
             self._wait_full(rnd, deadline, t)
-        return rnd, t
+        if not rnd.done:
+            self._help_reduce(rnd, time.monotonic() + t, t)
+        return rnd
 
     def _join(self, kind, op, item, rank, out=None, shape=None, dtype=None) -> _Round:
         self._raise_if_broken()
