@@ -13,22 +13,16 @@ from .launch import init_process_group, spawn
 from .process_group import ProcessGroup, Work
 from .transport import MPITransport, ThreadTransport, ThreadWorld
 
-_LAZY = {
-    "PipelineStage": ".pipeline", "PipelineExecutor": ".pipeline",
-    "ColumnParallelLinear": ".tensor_parallel", "RowParallelLinear": ".tensor_parallel",
-    "FSDP": ".fsdp", "DataParallel": ".data_parallel", "AllReduceSync": ".averaging",
-    "GradientAverager": ".averaging",
-}
-
-__all__ = [
-    "CollectiveBarrier", "CollectiveError", "CollectiveConfig", "AllReduceStrategy",
-    "ReduceStrategy", "BroadcastStrategy", "TreeRole", "compute_role", "parent_rank",
-    "child_ranks", "tree_depth", "ProcessGroup", "Work", "ThreeDParallelismConfig",
-    "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
-    "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
-    "BufferSlice", "PipelineStage", "PipelineExecutor", "ColumnParallelLinear",
-    "RowParallelLinear", "FSDP", "DataParallel", "AllReduceSync", "GradientAverager",
-]
-
-
+_LAZY = {"PipelineStage": ".pipeline", "PipelineExecutor": ".pipeline",
+         "ColumnParallelLinear": ".tensor_parallel", "RowParallelLinear": ".tensor_parallel",
+         "FSDP": ".fsdp", "DataParallel": ".data_parallel", "AllReduceSync": ".averaging",
+         "GradientAverager": ".averaging"}
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
+
+__all__ = ["CollectiveBarrier", "CollectiveError", "CollectiveConfig", "AllReduceStrategy",
+           "ReduceStrategy", "BroadcastStrategy", "TreeRole", "compute_role", "parent_rank",
+           "child_ranks", "tree_depth", "ProcessGroup", "Work", "ThreeDParallelismConfig",
+           "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
+           "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
+           "BufferSlice", "PipelineStage", "PipelineExecutor", "ColumnParallelLinear",
+           "RowParallelLinear", "FSDP", "DataParallel", "AllReduceSync", "GradientAverager"]
