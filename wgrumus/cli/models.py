@@ -69,12 +69,8 @@ class Task:
     def batch(self, step: int, batch: int):
         """Global batch number ``step``: a function of (seed, step) only."""
         if self.name == "gpt":
-            T = self.units_per_sample
-            rng = np.random.default_rng([self.seed, step])
-            starts = rng.integers(0, len(self.x_train) - T - 1, size=batch)
-            x = np.stack([self.x_train[s:s + T] for s in starts]).astype(np.int32)
-            y = np.stack([self.x_train[s + 1:s + T + 1] for s in starts]).astype(np.int32)
-            return x, y
+            return _windows(self.x_train, self.units_per_sample,
+                            np.random.default_rng([self.seed, step]), batch)
         per_epoch = self.steps_per_epoch(batch)
         epoch, k = divmod(step, per_epoch)
         perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.x_train))
@@ -86,11 +82,8 @@ class Task:
         if self.name != "gpt":
             logits = trainer.predict(self.x_test)
             return {"accuracy": float((logits.argmax(axis=1) == self.y_test).mean())}
-        T = self.units_per_sample
-        rng = np.random.default_rng(TEST_SPLIT_SEED)
-        starts = rng.integers(0, len(self.x_test) - T - 1, size=16)
-        x = np.stack([self.x_test[s:s + T] for s in starts]).astype(np.int32)
-        y = np.stack([self.x_test[s + 1:s + T + 1] for s in starts])
+        x, y = _windows(self.x_test, self.units_per_sample, np.random.default_rng(TEST_SPLIT_SEED),
+                        16)
         logits = trainer.predict(x).astype(np.float64)
         logp = logits - logits.max(-1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
@@ -109,6 +102,13 @@ class Task:
             out.append(itos[nxt])
             ctx.append(nxt)
         return "".join(out)
+
+
+def _windows(ids, T: int, rng, n: int) -> tuple:
+    """``n`` random windows of ``T`` ids and their next-character targets."""
+    starts = rng.integers(0, len(ids) - T - 1, size=n)
+    return (np.stack([ids[s:s + T] for s in starts]).astype(np.int32),
+            np.stack([ids[s + 1:s + T + 1] for s in starts]).astype(np.int32))
 
 
 def build(cfg) -> Task:
