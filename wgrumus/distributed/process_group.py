@@ -417,11 +417,8 @@ class ProcessGroup:
                   self.rank]
             table = self.all_gather(np.array([me], dtype=np.int64))
             self._splits += 1
-            if color is None:
-                members = []
-            else:
-                rows = sorted((int(k), int(r)) for c, k, r in table if c == color)
-                members = [r for _, r in rows]
+            members = [] if color is None else [  # ordered by (key, rank)
+                r for _, r in sorted((int(k), int(r)) for c, k, r in table if c == color)]
             sub = self._t.split(("split", self._splits, color), color, members)
         if sub is None:
             return None
