@@ -209,7 +209,5 @@ def _step_stages(opts, store, clip=None) -> None:
 
 def _busy_by_stage(ex):
     """Share of the last step each stage spent computing (the executor's recorded trace)."""
-    tr = getattr(ex, "last_trace", None)
-    if tr is None:
-        return None
-    return [1.0 - b for b in tr.stage_bubble_fractions()]
+    tr = ex.last_trace  # None after a jit replay
+    return None if tr is None else [1.0 - b for b in tr.stage_bubble_fractions()]
