@@ -10,6 +10,7 @@ CollectiveError.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -74,10 +75,8 @@ class _Helpers:
                     self.threads[j] = t
                     t.start()
                 self.jobs[j].append(job)
-                try:
+                with contextlib.suppress(RuntimeError):  # already signalled: it takes every job
                     self.go[j].release()
-                except RuntimeError:  # already signalled: the helper takes every queued job
-                    pass
 
     def close(self, join: bool = True) -> None:
         """Stop every helper (one mid-chunk finishes it first); ``join``: wait for them."""
@@ -86,10 +85,8 @@ class _Helpers:
             threads = [t for t in self.threads if t is not None]
             for j in range(self.count):
                 self.jobs[j].clear()
-                try:
+                with contextlib.suppress(RuntimeError):
                     self.go[j].release()
-                except RuntimeError:
-                    pass
         me = threading.current_thread()
         for t in threads if join else ():
             if t is not me:
