@@ -381,10 +381,8 @@ class CollectiveBarrier:
         self._split(rnd, length, length * rnd.dtype.itemsize)
 
     def _helper(self, rnd: _Round) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the barrier is broken; participants report it
             self._help_reduce(rnd, time.monotonic() + self.timeout, self.timeout, wait=False)
-        except Exception:  # noqa: BLE001 - the barrier is broken; participants report it
-            pass
 
     def _reduce_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
         """Reduce elements [lo, hi) once, then write them to the outputs while cached."""

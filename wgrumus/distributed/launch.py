@@ -2,6 +2,7 @@
 ``init_process_group`` (this process's group under mpiexec)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -135,10 +136,8 @@ def _install_excepthook(group: ProcessGroup) -> None:
 
     def hook(exc_type, exc, tb):
         if not issubclass(exc_type, KeyboardInterrupt):
-            try:
+            with contextlib.suppress(Exception):  # never hide the original error
                 group.abort(exc)
-            except Exception:  # never hide the original error
-                pass
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

@@ -7,6 +7,7 @@ Inside a ``wr.jit`` capture a call on tensors is a ``capture.host_op`` the repla
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -154,10 +155,8 @@ class ProcessGroup:
     def _fail(self, err: CollectiveError) -> None:
         if self._broken is None:
             self._broken = err
-        try:
+        with contextlib.suppress(Exception):  # telling peers is best effort; we raise anyway
             self._t.abort(err)
-        except Exception:  # telling peers is best effort; this rank raises either way
-            pass
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Break the group on purpose: peers waiting in a collective raise at once."""
