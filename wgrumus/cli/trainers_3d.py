@@ -12,8 +12,8 @@ import numpy as np
 
 import wgrumus as wr
 
-from ..autograd import GradientStore
 from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
+from ..distributed.averaging import store_of
 from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
 from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
 from ..nn import GPTConfig
@@ -68,10 +68,7 @@ class _Rank:
             self.rank.loss_scale = self.amp.scaler.scale(ones((), device=self.device))
         with self.amp.autocast():
             grads = self.rank.step_gradients(list(zip(mbs[::2], mbs[1::2])))
-        store = GradientStore()
-        for n in self.names:
-            store.accumulate(self.params[n], grads[n])
-        self.amp.step(self.opt, store)
+        self.amp.step(self.opt, store_of((self.params[n], grads[n]) for n in self.names))
         return self.rank.mb_losses
 
     def close(self) -> None:

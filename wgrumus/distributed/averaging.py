@@ -50,6 +50,15 @@ class EventLog:
         return max(0.0, done[-1].t - end[-1].t) if end and done else 0.0
 
 
+def store_of(pairs, into: GradientStore | None = None) -> GradientStore:
+    """``into`` (default: a new store) plus the (parameter, gradient) pairs that have a gradient."""
+    out = GradientStore() if into is None else into
+    for p, g in pairs:
+        if g is not None:
+            out.accumulate(p, g)
+    return out
+
+
 def flat_view(flat: Tensor, shape, offset: int) -> Tensor:
     """A contiguous view of ``flat`` (1-D) holding ``shape`` at element ``offset``."""
     return flat._view(tuple(shape), contiguous_strides(shape), flat.offset + offset)
@@ -136,11 +145,7 @@ class GradientAverager:
 
     def store(self, views) -> GradientStore:
         """``views`` (aligned with ``params``) as a GradientStore keyed by ``params``."""
-        out = GradientStore()
-        for p, v in zip(self.params, views):
-            if v is not None:
-                out.accumulate(p, v)
-        return out
+        return store_of(zip(self.params, views))
 
     def _finish_views(self, timeout: float | None) -> list:
         self._remaining = [0] * len(self._remaining)

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..autograd import GradientStore, backward_with_grad, install_tape, is_grad_enabled, no_grad
+from ..autograd import backward_with_grad, install_tape, is_grad_enabled, no_grad
 from ..autograd.tape import Tape
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
@@ -24,7 +24,7 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
-from .averaging import EventLog, GradientAverager
+from .averaging import EventLog, GradientAverager, store_of
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
@@ -534,12 +534,7 @@ class DataParallel:
 
     def _accumulate(self, k: int, grads) -> None:
         """Add replica ``k``'s gradients to its ``no_sync`` running sum."""
-        if self._accum[k] is None:
-            self._accum[k] = GradientStore()
-        for p in self._params[k]:
-            g = grads.get(p)
-            if g is not None:
-                self._accum[k].accumulate(p, g)
+        self._accum[k] = store_of(((p, grads.get(p)) for p in self._params[k]), self._accum[k])
 
     def replicas_identical(self) -> bool:
         """Every replica's (rank's) parameters equal replica 0's bit for bit (for tests)."""

@@ -7,7 +7,7 @@ import numpy as np
 from ..autograd import GradientStore, no_grad
 from ..ops.elementwise import copy_into
 from ..tensor import Tensor
-from .averaging import flat_view
+from .averaging import flat_view, store_of
 
 
 class OptimizerSharding:
@@ -28,12 +28,7 @@ class OptimizerSharding:
 
     def owned_grads(self, rank: int, params, grads: GradientStore) -> GradientStore:
         """The part of ``grads`` this replica's optimizer steps."""
-        out = GradientStore()
-        for i in self.owned[rank]:
-            g = grads.get(params[i])
-            if g is not None:
-                out.accumulate(params[i], g)
-        return out
+        return store_of((params[i], grads.get(params[i])) for i in self.owned[rank])
 
     def _packed(self, r: int, params, flat: Tensor | None = None) -> tuple:
         """Owner ``r``'s parameters with their views of one flat buffer (``flat``, or new)."""
