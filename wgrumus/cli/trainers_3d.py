@@ -91,10 +91,8 @@ class _Rank:
     def state(self) -> dict:
         """This rank's shards (numpy) of parameters and optimizer state, keyed by name."""
         osd = self.opt.state_dict()
-        opt = {}
-        for i, n in enumerate(self.names):
-            st = osd["state"].get(i, {})
-            opt[n] = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in st.items()}
+        opt = {n: {k: (v.numpy() if hasattr(v, "numpy") else v)
+                   for k, v in osd["state"].get(i, {}).items()} for i, n in enumerate(self.names)}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in osd["param_groups"]]
         return {"coords": self.coords, "params": {n: self.params[n].numpy() for n in self.names},
                 "opt": opt, "groups": groups}
@@ -110,11 +108,8 @@ class _Rank:
             for n in self.names:
                 copy_into(self.params[n], wr.tensor(shard(n, dense["params"][n]),
                                                           device=self.device))
-        state = {}
-        for i, n in enumerate(self.names):
-            st = dense["opt"].get(n, {})
-            state[i] = {k: (shard(n, v) if isinstance(v, np.ndarray) and v.ndim > 0 else v)
-                        for k, v in st.items()}
+        state = {i: {k: (shard(n, v) if isinstance(v, np.ndarray) and v.ndim > 0 else v)
+                     for k, v in dense["opt"].get(n, {}).items()} for i, n in enumerate(self.names)}
         groups = [dict(g, params=list(range(len(self.names)))) for g in dense["groups"]]
         self.opt.load_state_dict({"state": state, "param_groups": groups})
 
