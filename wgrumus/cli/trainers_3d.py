@@ -130,12 +130,9 @@ def _dense(states: list, gcfg, lay) -> dict:
         for n in shards[0]["params"]:
             kw = {"is_bias": n.endswith("bias"), "num_heads": gcfg.n_head}
             params[n] = unshard_arrays([s["params"][n] for s in shards], plan[n], **kw)
-            opt[n] = {}
-            for k, v in shards[0]["opt"].get(n, {}).items():
-                if isinstance(v, np.ndarray) and v.ndim > 0:
-                    opt[n][k] = unshard_arrays([s["opt"][n][k] for s in shards], plan[n], **kw)
-                else:
-                    opt[n][k] = v
+            opt[n] = {k: unshard_arrays([s["opt"][n][k] for s in shards], plan[n], **kw)
+                      if isinstance(v, np.ndarray) and v.ndim > 0 else v
+                      for k, v in shards[0]["opt"].get(n, {}).items()}
     return {"params": params, "opt": opt, "groups": by[(0, 0, 0)]["groups"]}
 
 
