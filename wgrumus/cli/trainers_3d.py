@@ -252,13 +252,10 @@ class ThreeDTrainer(TrainerBase):
         return logits[..., :self.task.config["vocab_size"]]
 
     def device_stats(self, seconds: float) -> list[dict]:
-        rows = []
-        for s in sorted(self._all("stats"), key=lambda s: s["device"]):
-            dp, tp, pp = s["coords"]
-            rows.append({"device": s["device"], "role": f"dp {dp} tp {tp} pp {pp}",
-                         "dispatches": s["dispatches"],
-                         "comm share": min(1.0, s["comm_seconds"] / seconds) if seconds else 0.0})
-        return rows
+        return [{"device": s["device"], "role": "dp {} tp {} pp {}".format(*s["coords"]),
+                 "dispatches": s["dispatches"],
+                 "comm share": min(1.0, s["comm_seconds"] / seconds) if seconds else 0.0}
+                for s in sorted(self._all("stats"), key=lambda s: s["device"])]
 
     def close(self) -> None:
         if self.lay.backend == "mpi":

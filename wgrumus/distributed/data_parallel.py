@@ -479,12 +479,9 @@ class DataParallel:
         if self.backend == "mpi":
             raise WgrumusError("optimizer_state_dict with shard_optimizer_state under mpi: "
                                "each process holds its own part; save it per rank")
-        state = {}
-        for i, r in enumerate(self.sharding.owner):
-            own = opts[r].state_dict()["state"]
-            if i in own:
-                state[i] = own[i]
-        return dict(sd, state=state)
+        own = [o.state_dict()["state"] for o in opts]
+        return dict(sd, state={i: own[r][i] for i, r in enumerate(self.sharding.owner)
+                               if i in own[r]})
 
     def _captured_step(self, k: int, x, y, loss_fn, scale: float, opt):
         """Replica ``k``'s step replayed from one ``wr.jit`` capture of the eager step; a replay

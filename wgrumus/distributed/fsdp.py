@@ -205,12 +205,9 @@ class FSDP:
         """All-gather ``flats``' shards into dense arrays on the group's background thread."""
         local = [f.shard.numpy() for f in flats]
 
-        def go():
-            out = []
-            for f, arr in zip(flats, local):
-                full = self.group.all_gather(arr)  # [per * world, ...] in rank order
-                out.append(np.ascontiguousarray(full[:f.rows]).reshape(f.shape))
-            return out
+        def go():  # each gather: [per * world, ...] in rank order; the padding is dropped
+            return [np.ascontiguousarray(self.group.all_gather(arr)[:f.rows]).reshape(f.shape)
+                    for f, arr in zip(flats, local)]
         return self.group.run_async(go)
 
     def _reduce_scatter(self, f: _ShardedParam, g: Tensor) -> Tensor:

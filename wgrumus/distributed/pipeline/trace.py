@@ -76,10 +76,9 @@ class PipelineTrace:
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
     def format(self) -> str:
-        lines = []
-        for s, recs in enumerate(self.records):
-            cells = " ".join(f"{r.action!r}@{1e3 * (r.start - self.start):.1f}ms" for r in recs)
-            lines.append(f"stage {s}: {cells}")
-        return "\n".join(lines)
+        t0 = self.start
+        return "\n".join(f"stage {s}: " + " ".join(f"{r.action!r}@{1e3 * (r.start - t0):.1f}ms"
+                                                   for r in recs)
+                         for s, recs in enumerate(self.records))
 
     __str__ = format

@@ -81,12 +81,9 @@ def unshard_arrays(shards, mode: str, *, is_bias=False, num_heads=None) -> np.nd
 
 def shard_state_dict(state: dict, plan: dict, world: int, rank: int, num_heads=None) -> dict:
     """Shard a dense state dict: ``plan`` maps parameter name -> mode (default replicate)."""
-    out = {}
-    for name, arr in state.items():
-        mode = plan.get(name, REPLICATE)
-        out[name] = shard_array(np.asarray(arr), mode, world, rank,
-                                is_bias=name.endswith("bias"), num_heads=num_heads)
-    return out
+    return {name: shard_array(np.asarray(arr), plan.get(name, REPLICATE), world, rank,
+                              is_bias=name.endswith("bias"), num_heads=num_heads)
+            for name, arr in state.items()}
 
 
 def unshard_state_dicts(states: list, plan: dict, num_heads=None) -> dict:
