@@ -41,12 +41,10 @@ class _TPModule(nn.Module):
         out = {}
         for name, p in self.named_parameters():
             mode = self.tp_modes.get(name, REPLICATE)
-            if mode == REPLICATE or self.group is None or self.group.world_size == 1:
-                out[name] = p.numpy()
-                continue
-            shards = self.group.all_gather_object(p.numpy())
-            out[name] = unshard_arrays(shards, mode, is_bias=name.endswith("bias"),
-                                       num_heads=self.num_heads)
+            whole = mode == REPLICATE or self.group is None or self.group.world_size == 1
+            out[name] = p.numpy() if whole else unshard_arrays(
+                self.group.all_gather_object(p.numpy()), mode, is_bias=name.endswith("bias"),
+                num_heads=self.num_heads)
         return out
 
 
