@@ -1,9 +1,6 @@
-"""The `wgrumus` command: devices | train | bench | demo.
-
-Every subcommand lives in its own module with ``add_parser(sub)`` and ``run(args) -> int``.
-Argument problems raise UsageError (exit 2, one line); a missing adapter or another wgrumus error
-is one line and exit 1; Ctrl-C exits 130 after the subcommand has cleaned up.
-"""
+"""The `wgrumus` command: devices | train | bench | demo, each a module with ``add_parser(sub)``
+and ``run(args) -> int``. Exit 2 for bad arguments, 1 for a wgrumus error, 130 for Ctrl-C, each
+with one line."""
 from __future__ import annotations
 
 import os

@@ -1,10 +1,5 @@
-"""`wgrumus bench`: run the benchmark scripts of a source checkout (benchmarks/*.py).
-
-Each benchmark is a script that measures wgrumus and, in the same run, its references (numpy,
-torch where importable) and prints its own table with the ratios. Each runs in its own Python
-process: a benchmark picks its device count (WGRUMUS_DEVICES) before wgrumus starts, and the
-device set of a process is fixed once made.
-"""
+"""`wgrumus bench`: run the benchmark scripts of a source checkout (benchmarks/*.py), each in its
+own process (a benchmark picks its device count before wgrumus makes the devices)."""
 from __future__ import annotations
 
 import json
@@ -18,9 +13,8 @@ from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
 NOT_IN_ALL = {"reliability", "soak"}  # fault and leak campaigns, not performance benchmarks
-# `wgrumus bench` (all of them, quick): arguments that keep the whole run within about two
-# minutes on lavapipe and keep the multi-device rows (the scripts make the logical devices
-# they need). A benchmark not listed runs with --quick when it has that flag.
+# `wgrumus bench` (all, quick): about two minutes on lavapipe with the multi-device rows kept;
+# a benchmark not listed runs with --quick when it has that flag.
 QUICK = {
     "ops": ["--quick", "--sizes", "256", "--mb", "4"],
     "train_step": ["--quick", "--repeats", "1", "--warmup", "2", "--steps", "2"],
@@ -66,8 +60,7 @@ def add_parser(sub) -> None:
 
 
 def _run_script(path: Path, argv: list, capture: bool = False) -> tuple[int, str]:
-    """The benchmark in a child process: (exit status, its stdout if ``capture``, else the
-    output is streamed to ours)."""
+    """The benchmark in a child process: (exit status, its stdout if ``capture``)."""
     env = dict(os.environ)
     root = str(path.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "")

@@ -1,10 +1,6 @@
-"""Training checkpoints of `wgrumus train --checkpoint DIR`: one safetensors file holding the
-model and optimizer state, the step, the loss history and what was trained (model, sizes,
-seed), written atomically (temporary file, fsync, rename), so a crash or Ctrl-C mid-save leaves
-the previous checkpoint intact.
-
-Nested state (optimizer state dicts) is split into arrays plus a JSON skeleton stored in the
-file's metadata (``io.split_state``, as ``io.save_checkpoint`` does)."""
+"""Training checkpoints of `wgrumus train --checkpoint DIR`: one safetensors file (state, step,
+losses, what was trained; nested state as a JSON skeleton in its metadata), written atomically so
+a crash mid-save leaves the previous one intact."""
 from __future__ import annotations
 
 import json
@@ -79,8 +75,7 @@ def load(trainer, meta, arrays):
 
 
 def _legacy_state(skel, arrays):
-    """A format-1 skeleton ({"__dict__": [[key or {"__int__": key}, value], ...]},
-    {"__list__": [...], "tuple": bool}, {"__array__": name}) with its arrays put back."""
+    """A format-1 skeleton (__dict__ pairs, __list__, __array__) with its arrays put back."""
     if isinstance(skel, dict):
         if "__array__" in skel:
             return arrays[skel["__array__"]]

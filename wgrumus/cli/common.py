@@ -40,8 +40,7 @@ def positive(kind=int, allow_zero: bool = False):
 
 
 def env_rank() -> int:
-    """This process's rank under mpiexec (MPICH / Open MPI / Slurm env), 0 otherwise. Read from
-    the environment so that even argument errors are printed by rank 0 only."""
+    """This process's rank under mpiexec (from the environment, so argument errors print once)."""
     for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         v = os.environ.get(k)
         if v and v.isdigit():
@@ -62,8 +61,7 @@ def console(stderr: bool = False):
 
 
 def print_json(obj) -> None:
-    """Exactly one JSON document on stdout (rank 0 only). Strict JSON: a NaN or infinity
-    becomes null (bare NaN / Infinity would break most JSON readers)."""
+    """Exactly one strict JSON document on stdout (rank 0 only; NaN and infinities as null)."""
     if is_main_rank():
         sys.stdout.write(json.dumps(finite_or_none(obj), allow_nan=False) + "\n")
         sys.stdout.flush()

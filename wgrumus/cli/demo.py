@@ -1,6 +1,4 @@
-"""`wgrumus demo`: the out-of-the-box run. A small model trained for a short while with data
-parallelism and pipeline parallelism on logical devices of whatever adapter exists (lavapipe
-included), with the live progress bar and the summary."""
+"""`wgrumus demo`: a short data + pipeline parallel run on logical devices of any adapter."""
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,5 @@
-"""The training loop behind `wgrumus train` and `wgrumus demo`: validate the arguments, build the
-task and the trainer for the layout, run the steps with a live progress bar, checkpoint, and
-report (summary table, loss curve, or one JSON object)."""
+"""The training loop behind `wgrumus train` and `wgrumus demo`: check the arguments, build task
+and trainer, run the steps with a progress bar, checkpoint and report."""
 from __future__ import annotations
 
 import math
@@ -112,8 +111,8 @@ def config_from_args(args) -> TrainConfig:
 
 
 def _check_f16(model: str, layout: Layout) -> None:
-    """--precision f16 needs shader-f16, and runs where one rank's inf/NaN check decides
-    for all: one device, or (gpt) data parallelism, whose replicas see the same gradients."""
+    """--precision f16 needs shader-f16 and one inf/NaN check for all ranks (one device, or gpt
+    replicas, which see the same gradients)."""
     import wgrumus as wr
     if model == "gpt" and (layout.tp > 1 or layout.pp > 1):
         raise UsageError("--precision f16 runs the gpt with --dp only (tensor and pipeline "
@@ -142,8 +141,7 @@ def _check_gpt_sizes(args) -> None:
 
 
 def _check_devices(args, layout: Layout, create: bool = True) -> None:
-    """Enough devices (or MPI processes) for the layout; --devices N (re)creates N devices in
-    this process (unless ``create`` is False: only check that there are enough)."""
+    """Enough devices (or MPI processes) for the layout; ``create``: --devices N makes them."""
     import wgrumus as wr
     if layout.backend == "mpi":
         size = _mpi_size()
@@ -154,8 +152,7 @@ def _check_devices(args, layout: Layout, create: bool = True) -> None:
         if args.devices < layout.world:
             raise UsageError(f"{layout.product()} devices needed, but --devices is "
                              f"{args.devices}; pass --devices {layout.world} or more")
-        # --devices overrides WGRUMUS_DEVICES: the environment's count is never read (nor
-        # its devices made) when the flag is given
+        # --devices overrides WGRUMUS_DEVICES (whose devices are then never made)
         ctx = getattr(wr.MultiGpuContext, "_instance", None)
         if create and (ctx is None or len(ctx.devices) != args.devices):
             wr.MultiGpuContext.reset(count=args.devices)
@@ -194,7 +191,6 @@ def _check_writable(path: str) -> None:
                          f"({e.strerror or e})") from None
 
 
-# ---------------------------------------------------------------------------------- the loop
 def train(cfg: TrainConfig) -> int:
     from . import checkpoint, models, report, trainers
     task = models.build(cfg)
@@ -258,8 +254,7 @@ def _divergence(cfg, task, losses, start) -> str:
 
 
 class StopOnInterrupt:
-    """Ctrl-C asks the loop to stop after the current step, so weights and optimizer state are
-    never half-updated when the checkpoint is written; a second Ctrl-C interrupts at once."""
+    """Ctrl-C stops after the current step (no half-updated checkpoint); a second one at once."""
 
     def __init__(self):
         self.requested = False

@@ -1,9 +1,6 @@
-"""The three models of `wgrumus train` and their data: everything a run needs to know about
-*what* it trains, independent of *how* (the layout).
-
-A Task builds its model from the seed alone and draws batch ``k`` from (seed, k) alone, so every
-layout and a resumed run see the same weights and the same batches.
-"""
+"""The three models of `wgrumus train` and their data, independent of the layout: a Task builds
+its model from the seed and batch ``k`` from (seed, k) alone, so every layout and a resumed run
+see the same weights and batches."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,15 +36,13 @@ class Task:
     x_test: np.ndarray
     y_test: np.ndarray | None
     extra: dict = field(default_factory=dict)
-    # around every optimizer step (cli/optimizing.py); total_steps is set once the run's
-    # length is known
+    # around every optimizer step (cli/optimizing.py); total_steps is set once it is known
     clip: float | None = None
     lr_schedule: str = "constant"
     warmup: int = 0
     total_steps: int = 1
     activation_checkpointing: bool = False
 
-    # ---------------------------------------------------------------- model, loss, optimizer
     def make_model(self, device):
         wr.manual_seed(self.seed)  # same initial weights in every layout
         return self.build(device)
@@ -59,16 +54,14 @@ class Task:
         return F.cross_entropy(out, y)
 
     def make_optimizer(self, params, clip: bool = True, group=None, counted_elsewhere=()):
-        """The optimizer over ``params`` at the scheduled rate, clipping to --clip unless
-        ``clip`` is False (the caller clips: pipeline stages share one norm). ``group`` and
-        ``counted_elsewhere``: see optim.clip_grad_norm_ (sharded layouts)."""
+        """The optimizer over ``params`` at the scheduled rate, clipping to --clip unless the
+        caller clips (``clip=False``: pipeline stages share one norm)."""
         cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW}[self.optimizer]
         opt = cls(params, lr=self.lr, momentum=0.9) if self.optimizer == "sgd" else \
             cls(params, lr=self.lr)
         return TrainOptimizer(opt, self.lr_schedule, self.warmup, self.total_steps,
                               self.clip if clip else None, group, counted_elsewhere)
 
-    # ---------------------------------------------------------------------------- batches
     def steps_per_epoch(self, batch: int) -> int:
         n = len(self.x_train) if self.name != "gpt" else len(self.x_train) // self.units_per_sample
         return max(1, n // batch)
@@ -76,29 +69,21 @@ class Task:
     def batch(self, step: int, batch: int):
         """Global batch number ``step``: a function of (seed, step) only."""
         if self.name == "gpt":
-            T = self.units_per_sample
-            rng = np.random.default_rng([self.seed, step])
-            starts = rng.integers(0, len(self.x_train) - T - 1, size=batch)
-            x = np.stack([self.x_train[s:s + T] for s in starts]).astype(np.int32)
-            y = np.stack([self.x_train[s + 1:s + T + 1] for s in starts]).astype(np.int32)
-            return x, y
+            return _windows(self.x_train, self.units_per_sample,
+                            np.random.default_rng([self.seed, step]), batch)
         per_epoch = self.steps_per_epoch(batch)
         epoch, k = divmod(step, per_epoch)
         perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.x_train))
         idx = perm[k * batch:(k + 1) * batch]
         return self.x_train[idx], self.y_train[idx]
 
-    # ------------------------------------------------------------------------- evaluation
     def evaluate(self, trainer) -> dict:
         """Held-out figures from the trained weights (trainer.predict runs forward only)."""
         if self.name != "gpt":
             logits = trainer.predict(self.x_test)
             return {"accuracy": float((logits.argmax(axis=1) == self.y_test).mean())}
-        T = self.units_per_sample
-        rng = np.random.default_rng(TEST_SPLIT_SEED)
-        starts = rng.integers(0, len(self.x_test) - T - 1, size=16)
-        x = np.stack([self.x_test[s:s + T] for s in starts]).astype(np.int32)
-        y = np.stack([self.x_test[s + 1:s + T + 1] for s in starts])
+        x, y = _windows(self.x_test, self.units_per_sample, np.random.default_rng(TEST_SPLIT_SEED),
+                        16)
         logits = trainer.predict(x).astype(np.float64)
         logp = logits - logits.max(-1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
@@ -119,6 +104,13 @@ class Task:
         return "".join(out)
 
 
+def _windows(ids, T: int, rng, n: int) -> tuple:
+    """``n`` random windows of ``T`` ids and their next-character targets."""
+    starts = rng.integers(0, len(ids) - T - 1, size=n)
+    return (np.stack([ids[s:s + T] for s in starts]).astype(np.int32),
+            np.stack([ids[s + 1:s + T + 1] for s in starts]).astype(np.int32))
+
+
 def build(cfg) -> Task:
     lr = cfg.lr or DEFAULT_LR[cfg.optimizer]
     task = _digits_task(cfg, lr) if cfg.model in ("mlp", "cnn") else _gpt_task(cfg, lr)
@@ -127,7 +119,6 @@ def build(cfg) -> Task:
     return task
 
 
-# ------------------------------------------------------------------------------- digits
 def _digits_task(cfg, lr) -> Task:
     x, y = load_digits()  # float32 [n, 64] pixel counts 0..16, int32 labels
     x = x / 16.0
@@ -152,7 +143,6 @@ def _cnn(device):
         nn.Flatten(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
 
 
-# ---------------------------------------------------------------------------------- gpt
 def _gpt_task(cfg, lr) -> Task:
     corpus = CharCorpus()
     chars, ids = corpus.chars, corpus.encode(corpus.text)

@@ -1,10 +1,6 @@
-"""What `wgrumus train` does around every optimizer step, whatever the layout: the learning rate
-of the step from the schedule (--lr-schedule, --warmup) and gradient clipping (--clip).
-
-``TrainOptimizer`` wraps the optimizer each trainer builds (one per replica, stage or rank; each
-steps once per global step). The step count lives in the parameter groups (``lr_step``), so it
-is saved in checkpoints with the optimizer state and a resumed run sets the rates an
-uninterrupted one would."""
+"""What `wgrumus train` does around every optimizer step in any layout: the scheduled learning
+rate (--lr-schedule, --warmup) and clipping (--clip). The step count lives in the parameter
+groups (``lr_step``), so checkpoints keep it and a resumed run sets the same rates."""
 from __future__ import annotations
 
 from ..optim import lr_scheduler
@@ -13,9 +9,8 @@ SCHEDULES = ("constant", "cosine")
 
 
 class TrainOptimizer:
-    """``opt`` stepping at the scheduled rate after clipping the gradients to ``clip``
-    (None: no clipping) over ``group`` (the ranks holding the other shards of the model; None
-    on one device or for replicas that hold whole, identical gradients)."""
+    """``opt`` stepping at the scheduled rate after clipping to ``clip`` over ``group`` (the
+    ranks holding the model's other shards)."""
 
     def __init__(self, opt, schedule: str, warmup: int, total_steps: int, clip=None,
                  group=None, counted_elsewhere=()):
@@ -47,8 +42,7 @@ class TrainOptimizer:
         return getattr(self.opt, "_step_supports_amp_scaling", False)
 
     def clip_and_step(self, grads=None, found_inf=None) -> None:
-        """The device work of a step (what a ``wr.jit`` capture replays); ``found_inf``: a
-        GradScaler's flags, which skip the update on the device."""
+        """The device work of a step (what ``wr.jit`` replays); ``found_inf``: GradScaler's."""
         if self.clip is not None:
             from ..optim import clip_grad_norm_
             clip_grad_norm_(self.params, self.clip, grads=grads, group=self.group,

@@ -21,20 +21,13 @@ class Progress:
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-            from rich.progress import Progress as RichProgress
-            self._bar = RichProgress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss [cyan]{task.fields[loss]}"),
-                TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                TimeRemainingColumn(), console=console(stderr=True), transient=False,
-                refresh_per_second=4)
+            import rich.progress as rp
+            self._bar = rp.Progress(
+                rp.TextColumn("[bold]{task.description}"), rp.BarColumn(),
+                rp.MofNCompleteColumn(), rp.TextColumn("loss [cyan]{task.fields[loss]}"),
+                rp.TextColumn("{task.fields[speed]}"), rp.TimeElapsedColumn(),
+                rp.TextColumn("ETA"), rp.TimeRemainingColumn(), console=console(stderr=True),
+                transient=False, refresh_per_second=4)
             self._bar.__enter__()
             self._id = self._bar.add_task("train", total=self.steps, completed=self.start,
                                           loss="-", speed="")

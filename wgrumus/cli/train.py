@@ -1,10 +1,5 @@
-"""`wgrumus train`: train mlp / cnn / gpt on one device or with dp x tp x pp parallelism.
-
-The loop is layout-agnostic: ``models.build`` makes the task (model, data, loss, metrics) from
-the seed alone, and ``trainers.make_trainer`` picks the parallel engine for the layout. So the
-same seed gives the same initial weights and data order in every layout, and runs can be
-compared step by step.
-"""
+"""`wgrumus train`: train mlp / cnn / gpt on one device or with dp x tp x pp parallelism (the
+same seed gives the same weights and data order in every layout: loop.py, models.py)."""
 from __future__ import annotations
 
 import argparse

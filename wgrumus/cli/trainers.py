@@ -1,15 +1,6 @@
-"""Trainers: one object per parallel layout, all with the same small interface, so the loop in
-loop.py never looks at the layout:
-
-    step(x, y) -> float         one optimizer step on the global batch; its (global-batch) loss
-    predict(x) -> np.ndarray    forward only, dense logits (evaluation, sampling)
-    state_dict() / load_state_dict(sd)   model + optimizer state, gathered to dense arrays
-    agree_stop(flag) -> bool    every rank stops at the same step (MPI)
-    device_stats(seconds)       rows for the summary's per-device table
-    is_main, close()
-
-``make_trainer`` picks the engine for (dp, tp, pp, backend).
-"""
+"""Trainers: one per parallel layout behind one interface, so loop.py never looks at the layout:
+``step(x, y) -> loss``, ``predict(x)``, dense ``state_dict``/``load_state_dict``,
+``agree_stop(flag)``, ``device_stats(seconds)``, ``is_main``, ``close()``."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +11,7 @@ from .common import UsageError
 
 
 def make_trainer(cfg, task):
-    """gpt: every layout (1x1x1 included) runs the 3D engine, so all layouts start from the same
-    weights and agree step by step. mlp/cnn: one device, DataParallel, or pipelines (x dp)."""
+    """gpt: every layout (1x1x1 too) runs the 3D engine, so all agree step by step."""
     lay = cfg.layout
     if cfg.model == "gpt":
         from .trainers_3d import ThreeDTrainer
@@ -43,8 +33,7 @@ def to_tensor(arr: np.ndarray, device):
 
 
 def eval_forward(model, x, device) -> np.ndarray:
-    """Dense outputs of ``model`` on ``x`` in eval mode without recording gradients; the model
-    is back in train mode afterwards."""
+    """Dense outputs of ``model`` on ``x`` in eval mode, without gradients."""
     model.eval()
     with wr.no_grad():
         out = model(to_tensor(x, device)).numpy()
@@ -53,8 +42,7 @@ def eval_forward(model, x, device) -> np.ndarray:
 
 
 def with_bookkeeping(opts, run):
-    """``run()`` between the optimizers' host bookkeeping (the schedule's rate and step count),
-    which a replayed wr.jit capture skips (idempotent with the captured call's)."""
+    """``run()`` between the optimizers' host bookkeeping, which a wr.jit replay skips."""
     ts = [o.begin_step() for o in opts]
     out = run()
     for o, t in zip(opts, ts):
@@ -63,9 +51,8 @@ def with_bookkeeping(opts, run):
 
 
 class TrainerBase:
-    """Defaults shared by the trainers: rank 0 prints; under MPI (``group`` set, one process
-    per rank) every process must stop after the same step, or the others would wait in the
-    next step's collectives for a rank that left."""
+    """Defaults shared by the trainers: rank 0 prints; under MPI every process stops after the
+    same step (others would wait for a rank that left)."""
     is_main = True
     group = None
 
@@ -75,8 +62,7 @@ class TrainerBase:
         return flag
 
     def join_mpi(self, timeout: float):
-        """--backend mpi: this process's rank joins the group (``self.group``; rank 0 prints);
-        returns the device of the rank (rank % devices)."""
+        """--backend mpi: join the group; returns this rank's device (rank % devices)."""
         from ..distributed import init_process_group
         self.group = init_process_group("mpi", timeout=timeout)
         self.is_main = self.group.rank == 0
@@ -89,8 +75,7 @@ class TrainerBase:
 
 class Precision:
     """--precision of a trainer: f32, or f16 (autocast + dynamic loss scaling, f32 master
-    weights): ``with p.autocast():`` around the forward (and backward), ``p.scaler.scale(loss)``
-    before backward, ``p.step(opt, grads)`` instead of ``opt.step(grads)``."""
+    weights) through ``autocast()``, ``scaler.scale(loss)`` and ``step(opt, grads)``."""
 
     def __init__(self, precision: str, device):
         self.f16 = precision == "f16"
@@ -101,9 +86,7 @@ class Precision:
         return wr.autocast(enabled=self.f16, device=self.device)
 
     def step(self, opt, grads) -> None:
-        """The device work of the optimizer step (``opt.clip_and_step``: what a wr.jit capture
-        replays) through the scaler; the schedule's host bookkeeping runs around it
-        (``with_bookkeeping``)."""
+        """The optimizer's device work (``clip_and_step``) through the scaler."""
         self.scaler.step(_DeviceWork(opt), grads)
         self.scaler.update()
 
@@ -153,8 +136,7 @@ class SingleTrainer(TrainerBase):
         self.opt.load_state_dict(sd["optimizer"])
 
     def close(self) -> None:
-        """Give the captured step's buffers back to the pool (--jit) now, not at some later
-        garbage collection (the trainer and its jitted method form a cycle)."""
+        """Free the captured step's buffers now (the trainer and its jit form a cycle)."""
         if hasattr(self._step, "free"):
             self._step.free()
 

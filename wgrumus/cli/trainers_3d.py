@@ -1,14 +1,7 @@
-"""The gpt trainer: dp x tp x pp (1x1x1 included) on wgrumus.distributed.parallel3d.RankTrainer.
-
-Every rank holds the tensor-parallel shards of its pipeline chunks' layers, follows its stage's
-schedule (any of gpipe, 1f1b, interleaved, zb-h1) each step, averages gradients over its
-data-parallel group only, and steps its own optimizer on its shards. Ranks are long-lived:
-threads started once through dist.spawn that take one command at a time ("step", "state",
-"load", "stats"), or, under mpiexec, this process itself. Checkpoints are dense (shards
-gathered with the TP shard plan), so a run can be resumed in another layout. With --jit each
-rank replays its whole step from a wr.jit capture of its device; the pipeline sends and
-receives and the TP all-reduces run between the replayed segments (capture.host_op), the DP
-buckets' all-reduces start there and are waited for before clipping (capture.host_launch).
+"""The gpt trainer: dp x tp x pp (1x1x1 included) on parallel3d.RankTrainer, with long-lived
+ranks (threads from dist.spawn taking one command at a time, or this MPI process) that keep their
+shards and optimizer state. Checkpoints are dense, so a run resumes in any layout; --jit replays
+each rank's step from a wr.jit capture, its communication between the replayed segments.
 """
 from __future__ import annotations
 
@@ -19,8 +12,8 @@ import numpy as np
 
 import wgrumus as wr
 
-from ..autograd import GradientStore
 from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
+from ..distributed.averaging import store_of
 from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
 from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
 from ..nn import GPTConfig
@@ -37,8 +30,7 @@ STEP_TIMEOUT = 900.0        # the longest the driver waits for one command on al
 def gpt_config(cfg, task):
     g = cfg.gpt
     vocab = task.config["vocab_size"]
-    # Pad the vocabulary to a multiple of 8 so tp in {1, 2, 4, 8} can split it, and so every
-    # layout trains the same model (the extra rows are never a target).
+    # A multiple of 8, so tp in {1, 2, 4, 8} splits it and every layout trains the same model.
     padded = -(-vocab // 8) * 8
     return GPTConfig(vocab_size=padded, block_size=g["block_size"], n_layer=g["n_layer"],
                      n_head=g["n_head"], n_embd=g["n_embd"])
@@ -57,14 +49,11 @@ class _Rank:
         self.opt = task.make_optimizer([self.params[n] for n in self.names],
                                        **self._clip_scope(task, group))
         self.amp = Precision(precision, self.device)
-        self._jit = None
-        if jit:
-            self._jit = wr.jit(self._captured_step, devices=[self.device])
+        self._jit = wr.jit(self._captured_step, devices=[self.device]) if jit else None
 
     def _clip_scope(self, task, group) -> dict:
-        """--clip takes one norm over the tp x pp ranks of this replica (its shards make up
-        the model; dp replicas hold the same averaged gradients): a group of them, and the
-        TP-replicated parameters (LayerNorms, row-parallel biases) counted on tp rank 0 only."""
+        """--clip's norm over this replica's tp x pp ranks (whose shards make up the model), with
+        TP-replicated parameters counted on tp rank 0 only."""
         if task.clip is None or self.lay.tp * self.lay.pp == 1:
             return {}
         model = group.split(self.map.dp_rank, name=f"model-dp{self.map.dp_rank}")
@@ -73,19 +62,13 @@ class _Rank:
         return {"group": model, "counted_elsewhere": dup}
 
     def _captured_step(self, *mbs):
-        """The rank's step on device micro-batches (inputs, targets alternating): the schedule's
-        actions, the data-parallel mean, clipping and the optimizer step, with no read back to
-        the host. Captured per rank by --jit: pipeline sends and receives, tensor-parallel and
-        data-parallel all-reduces run between the replayed segments. Returns the micro-batch
-        losses (device tensors on last-stage ranks, None elsewhere)."""
+        """The rank's whole step on device micro-batches (inputs, targets alternating) with no
+        host read, as --jit captures it; returns the micro-batch losses (last stage)."""
         if self.amp.f16:  # the scale stays on the device, so a replay follows its updates
             self.rank.loss_scale = self.amp.scaler.scale(ones((), device=self.device))
         with self.amp.autocast():
             grads = self.rank.step_gradients(list(zip(mbs[::2], mbs[1::2])))
-        store = GradientStore()
-        for n in self.names:
-            store.accumulate(self.params[n], grads[n])
-        self.amp.step(self.opt, store)
+        self.amp.step(self.opt, store_of((self.params[n], grads[n]) for n in self.names))
         return self.rank.mb_losses
 
     def close(self) -> None:
@@ -98,28 +81,20 @@ class _Rank:
         return self.rank.coords
 
     def step(self, tokens: np.ndarray):
-        """One optimizer step on the global batch ``tokens`` [B, T+1]; returns the global loss
-        on the rank (dp 0, tp 0, last stage), None elsewhere. Without --jit the captured step
-        runs eagerly, as a wr.jit warm-up call does."""
+        """One optimizer step on ``tokens`` [B, T+1]; the global loss on rank (0, 0, last)."""
         mbs = [t for mb in self.rank.micro_batches(tokens) for t in mb]
         run = self._jit or self._captured_step
         self.rank.mb_losses = with_bookkeeping([self.opt], lambda: run(*mbs))
-        return self._loss()
-
-    def _loss(self):
         loss = self.rank.loss()
         return loss if self.coords == (0, 0, self.lay.pp - 1) else None
 
     def state(self) -> dict:
         """This rank's shards (numpy) of parameters and optimizer state, keyed by name."""
         osd = self.opt.state_dict()
-        opt = {}
-        for i, n in enumerate(self.names):
-            st = osd["state"].get(i, {})
-            opt[n] = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in st.items()}
+        opt = {n: {k: (v.numpy() if hasattr(v, "numpy") else v)
+                   for k, v in osd["state"].get(i, {}).items()} for i, n in enumerate(self.names)}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in osd["param_groups"]]
-        return {"coords": self.coords, "params": {n: self.params[n].numpy()
-                                                  for n in self.names},
+        return {"coords": self.coords, "params": {n: self.params[n].numpy() for n in self.names},
                 "opt": opt, "groups": groups}
 
     def load(self, dense: dict) -> None:
@@ -133,11 +108,8 @@ class _Rank:
             for n in self.names:
                 copy_into(self.params[n], wr.tensor(shard(n, dense["params"][n]),
                                                           device=self.device))
-        state = {}
-        for i, n in enumerate(self.names):
-            st = dense["opt"].get(n, {})
-            state[i] = {k: (shard(n, v) if isinstance(v, np.ndarray) and v.ndim > 0 else v)
-                        for k, v in st.items()}
+        state = {i: {k: (shard(n, v) if isinstance(v, np.ndarray) and v.ndim > 0 else v)
+                     for k, v in dense["opt"].get(n, {}).items()} for i, n in enumerate(self.names)}
         groups = [dict(g, params=list(range(len(self.names)))) for g in dense["groups"]]
         self.opt.load_state_dict({"state": state, "param_groups": groups})
 
@@ -149,8 +121,7 @@ class _Rank:
 
 
 def _dense(states: list, gcfg, lay) -> dict:
-    """Merge every rank's shards (from replica dp=0) into dense parameters and optimizer
-    state, keyed by name."""
+    """Replica 0's shards merged into dense parameters and optimizer state."""
     by = {s["coords"]: s for s in states}
     params, opt = {}, {}
     for pp in range(lay.pp):
@@ -159,18 +130,14 @@ def _dense(states: list, gcfg, lay) -> dict:
         for n in shards[0]["params"]:
             kw = {"is_bias": n.endswith("bias"), "num_heads": gcfg.n_head}
             params[n] = unshard_arrays([s["params"][n] for s in shards], plan[n], **kw)
-            opt[n] = {}
-            for k, v in shards[0]["opt"].get(n, {}).items():
-                if isinstance(v, np.ndarray) and v.ndim > 0:
-                    opt[n][k] = unshard_arrays([s["opt"][n][k] for s in shards], plan[n], **kw)
-                else:
-                    opt[n][k] = v
+            opt[n] = {k: unshard_arrays([s["opt"][n][k] for s in shards], plan[n], **kw)
+                      if isinstance(v, np.ndarray) and v.ndim > 0 else v
+                      for k, v in shards[0]["opt"].get(n, {}).items()}
     return {"params": params, "opt": opt, "groups": by[(0, 0, 0)]["groups"]}
 
 
 class ThreeDTrainer(TrainerBase):
-    """The gpt trainer for every layout: long-lived ranks (threads taking commands, or this MPI
-    process) keep their shards and optimizer state from step to step."""
+    """The gpt trainer for every layout (see the module docstring)."""
 
     def __init__(self, cfg, task):
         self.cfg, self.task, self.lay = cfg, task, cfg.layout
@@ -194,7 +161,6 @@ class ThreeDTrainer(TrainerBase):
         return RankMapping.from_3d_coords(ThreeDParallelismConfig(self.lay.dp, self.lay.tp,
                                                                   self.lay.pp), dp, tp, pp)
 
-    # ------------------------------------------------------------------ thread ranks
     def _start_threads(self, devices):
         world = self.lay.world
         self._inbox = [queue.Queue() for _ in range(world)]
@@ -257,7 +223,6 @@ class ThreeDTrainer(TrainerBase):
             q.put((cmd, args))
         return self._collect(cmd)
 
-    # ------------------------------------------------------------------ interface
     def step(self, x, y) -> float:
         tokens = np.concatenate([x, y[:, -1:]], axis=1).astype(np.int32)
         self._dense_model = None
@@ -287,13 +252,10 @@ class ThreeDTrainer(TrainerBase):
         return logits[..., :self.task.config["vocab_size"]]
 
     def device_stats(self, seconds: float) -> list[dict]:
-        rows = []
-        for s in sorted(self._all("stats"), key=lambda s: s["device"]):
-            dp, tp, pp = s["coords"]
-            rows.append({"device": s["device"], "role": f"dp {dp} tp {tp} pp {pp}",
-                         "dispatches": s["dispatches"],
-                         "comm share": min(1.0, s["comm_seconds"] / seconds) if seconds else 0.0})
-        return rows
+        return [{"device": s["device"], "role": "dp {} tp {} pp {}".format(*s["coords"]),
+                 "dispatches": s["dispatches"],
+                 "comm share": min(1.0, s["comm_seconds"] / seconds) if seconds else 0.0}
+                for s in sorted(self._all("stats"), key=lambda s: s["device"])]
 
     def close(self) -> None:
         if self.lay.backend == "mpi":

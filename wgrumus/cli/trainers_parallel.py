@@ -1,13 +1,5 @@
-"""Data-parallel and pipeline-parallel trainers for the mlp / cnn models (interface in
-trainers.py).
-
-DataParallelTrainer: distributed.DataParallel (one replica per device, bucketed all-reduce
-overlapped with backward). PipelineTrainer: the model cut into --pp stages run by
-dist.PipelineExecutor with the chosen schedule; with --dp as well, one pipeline per replica run
-concurrently, each averaging its gradients over the replicas with the one GradientAverager (a
-group per stage piece) before every replica steps, so replicas stay identical. --jit: DataParallel's
-replicas, and each pipeline stage thread, replay their device work from wr.jit captures.
-"""
+"""Data-parallel (distributed.DataParallel) and pipeline-parallel (PipelineExecutor, one pipeline
+per --dp replica averaging with the GradientAverager) trainers for the mlp / cnn models."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +24,7 @@ def _copy_weights(src, dst) -> None:
 
 
 class DataParallelTrainer(TrainerBase):
-    """threads: one replica per device of this process. mpi: this process is one replica (on
-    device rank % devices); every process draws the same global batch and takes its rows."""
+    """One replica per device (threads) or per process (mpi, on device rank % devices)."""
 
     def __init__(self, cfg, task):
         self.task = task
@@ -108,8 +99,7 @@ class PipelineTrainer(TrainerBase):
             self._build_averagers()
 
     def _build_averagers(self) -> None:
-        """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks); replica r
-        averages its pieces' gradients in piece order, like every other replica."""
+        """Stage piece k of every replica forms a group (a ThreadWorld of dp ranks)."""
         for k in range(len(self.stages[0])):
             if not self.stages[0][k].parameters():
                 continue
@@ -164,8 +154,7 @@ class PipelineTrainer(TrainerBase):
             return h.numpy()
 
     def state_dict(self) -> dict:
-        """Dense: the stages' optimizer states merged as one optimizer over the whole model's
-        parameters (stage s's parameters follow stage s-1's), so any layout can resume it."""
+        """The stages' optimizer states as one dense optimizer's, so any layout resumes it."""
         state, off, groups = {}, 0, []
         for st, o in zip(self.stages[0], self.opts[0]):
             if o is not None:
@@ -210,9 +199,7 @@ class PipelineTrainer(TrainerBase):
 
 
 def _step_stages(opts, store, clip=None) -> None:
-    """Clip ``store`` to the global norm ``clip`` over every stage's gradients (each on its
-    stage's device), then step every stage's optimizer (None for a stage without
-    parameters)."""
+    """Clip ``store`` to one norm over all stages, then step each stage's optimizer."""
     opts = [o for o in opts if o is not None]
     if clip is not None:
         clip_grad_norm_([p for o in opts for p in o.params], clip, grads=store)
@@ -222,7 +209,5 @@ def _step_stages(opts, store, clip=None) -> None:
 
 def _busy_by_stage(ex):
     """Share of the last step each stage spent computing (the executor's recorded trace)."""
-    tr = getattr(ex, "last_trace", None)
-    if tr is None:
-        return None
-    return [1.0 - b for b in tr.stage_bubble_fractions()]
+    tr = ex.last_trace  # None after a jit replay
+    return None if tr is None else [1.0 - b for b in tr.stage_bubble_fractions()]

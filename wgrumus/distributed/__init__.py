@@ -1,9 +1,5 @@
-"""wgrumus.distributed: collectives, process groups and launchers for training on several devices
-(threads of one process) and several processes (MPI).
-
-Pipeline, tensor-parallel, FSDP and data-parallel names are loaded on first use, so importing the
-collectives never pulls in the layers built on them (or modules still being written).
-"""
+"""wgrumus.distributed: collectives, process groups and launchers over threads of one process or
+MPI processes; the layers built on them are loaded on first use."""
 from __future__ import annotations
 
 from ._lazy import lazy_getattr
@@ -17,22 +13,16 @@ from .launch import init_process_group, spawn
 from .process_group import ProcessGroup, Work
 from .transport import MPITransport, ThreadTransport, ThreadWorld
 
-_LAZY = {
-    "PipelineStage": ".pipeline", "PipelineExecutor": ".pipeline",
-    "ColumnParallelLinear": ".tensor_parallel", "RowParallelLinear": ".tensor_parallel",
-    "FSDP": ".fsdp", "DataParallel": ".data_parallel", "AllReduceSync": ".averaging",
-    "GradientAverager": ".averaging",
-}
-
-__all__ = [
-    "CollectiveBarrier", "CollectiveError", "CollectiveConfig", "AllReduceStrategy",
-    "ReduceStrategy", "BroadcastStrategy", "TreeRole", "compute_role", "parent_rank",
-    "child_ranks", "tree_depth", "ProcessGroup", "Work", "ThreeDParallelismConfig",
-    "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
-    "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
-    "BufferSlice", "PipelineStage", "PipelineExecutor", "ColumnParallelLinear",
-    "RowParallelLinear", "FSDP", "DataParallel", "AllReduceSync", "GradientAverager",
-]
-
-
+_LAZY = {"PipelineStage": ".pipeline", "PipelineExecutor": ".pipeline",
+         "ColumnParallelLinear": ".tensor_parallel", "RowParallelLinear": ".tensor_parallel",
+         "FSDP": ".fsdp", "DataParallel": ".data_parallel", "AllReduceSync": ".averaging",
+         "GradientAverager": ".averaging"}
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
+
+__all__ = ["CollectiveBarrier", "CollectiveError", "CollectiveConfig", "AllReduceStrategy",
+           "ReduceStrategy", "BroadcastStrategy", "TreeRole", "compute_role", "parent_rank",
+           "child_ranks", "tree_depth", "ProcessGroup", "Work", "ThreeDParallelismConfig",
+           "RankMapping", "ProcessGroupManager", "spawn", "init_process_group", "ThreadWorld",
+           "ThreadTransport", "MPITransport", "CommThread", "async_allreduce", "AllReduceHandle",
+           "BufferSlice", "PipelineStage", "PipelineExecutor", "ColumnParallelLinear",
+           "RowParallelLinear", "FSDP", "DataParallel", "AllReduceSync", "GradientAverager"]

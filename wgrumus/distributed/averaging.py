@@ -1,16 +1,5 @@
-"""Gradient averaging over a ProcessGroup: the one averager every data-parallel path uses.
-
-- ``GradientAverager``: one rank's bucketed mean of its gradients (PyTorch DDP's reducer). As
-  each parameter's gradient becomes final (``on_leaf_grad``, the autograd hook) it joins its
-  bucket; a complete bucket is packed into one flat device buffer and launched with
-  ``group.all_reduce_async`` while backward goes on. Buckets launch in plan order on every rank
-  (a ready bucket waits for the ones before it), so all ranks issue the same collectives in the
-  same order. ``average(grads)`` is the same for callers whose backward is over. Serves
-  DataParallel, the 3D trainer's data-parallel group and pipelines with dp > 1.
-- ``AllReduceSync``: RUMUS-style averaging of whole GradientStores after backward (no overlap),
-  one GradientAverager per device.
-- ``EventLog``: timestamped events (bucket launches, backward ends) that tests and benchmarks read.
-"""
+"""The one gradient averager every data-parallel path uses (GradientAverager), the RUMUS-style
+AllReduceSync built on it, and the EventLog that tests and benchmarks read."""
 from __future__ import annotations
 
 import threading
@@ -23,7 +12,6 @@ from ..tensor import Tensor, contiguous_strides
 from .buckets import plan_buckets
 
 
-# ---------------------------------------------------------------------------------- events
 @dataclass(frozen=True)
 class Event:
     t: float        # time.perf_counter()
@@ -62,21 +50,25 @@ class EventLog:
         return max(0.0, done[-1].t - end[-1].t) if end and done else 0.0
 
 
-# ---------------------------------------------------------------------------------- averager
+def store_of(pairs, into: GradientStore | None = None) -> GradientStore:
+    """``into`` (default: a new store) plus the (parameter, gradient) pairs that have a gradient."""
+    out = GradientStore() if into is None else into
+    for p, g in pairs:
+        if g is not None:
+            out.accumulate(p, g)
+    return out
+
+
 def flat_view(flat: Tensor, shape, offset: int) -> Tensor:
     """A contiguous view of ``flat`` (1-D) holding ``shape`` at element ``offset``."""
     return flat._view(tuple(shape), contiguous_strides(shape), flat.offset + offset)
 
 
 class GradientAverager:
-    """Bucketed, overlapped mean of one rank's gradients of ``params`` over ``group``.
-
-    ``params``: this rank's parameters in the same order on every rank (anything with ``shape``
-    and ``dtype`` when only ``average`` of a list is used); ``plan`` defaults to
-    ``plan_buckets(params, bucket_cap_mb, first_bucket_mb, names)``. One backward is
-    ``start(accumulated)`` -> ``on_leaf_grad`` per gradient -> ``finish(timeout)``. Buckets
-    live on ``device`` (default: the first parameter's). ``events``/``replica``: where bucket
-    launches are recorded (DataParallel's EventLog)."""
+    """Bucketed mean of one rank's gradients over ``group`` (PyTorch DDP's reducer): as each
+    gradient becomes final (``on_leaf_grad``) it joins its bucket, and complete buckets launch
+    with ``all_reduce_async`` in plan order (the same collectives on every rank) while backward
+    goes on. One backward: ``start`` -> ``on_leaf_grad``... -> ``finish``."""
 
     def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  names=None, plan=None, device=None, events: EventLog | None = None,
@@ -91,8 +83,7 @@ class GradientAverager:
         self.start()
 
     def start(self, accumulated: GradientStore | None = None) -> GradientAverager:
-        """Begin one backward; ``accumulated``: earlier micro-steps' gradients (no_sync), added
-        to this backward's before they are averaged."""
+        """Begin one backward; ``accumulated``: earlier micro-steps' gradients (no_sync)."""
         self.accumulated = accumulated
         self._grads: list = [None] * len(self.params)
         self._remaining = [len(b.params) for b in self.plan.buckets]
@@ -132,8 +123,7 @@ class GradientAverager:
         self._works[b] = self.group.all_reduce_async(flat, "mean")
 
     def pack(self, b: int, grad_of) -> Tensor:
-        """Bucket ``b``'s gradients (``grad_of(i)`` of parameter i; None: zero) in one flat
-        device buffer."""
+        """Bucket ``b``'s gradients (``grad_of(i)``; None: zero) in one flat device buffer."""
         bucket = self.plan.buckets[b]
         with no_grad():
             flat = Tensor.empty((bucket.numel,), self.device, bucket.dtype)
@@ -155,11 +145,7 @@ class GradientAverager:
 
     def store(self, views) -> GradientStore:
         """``views`` (aligned with ``params``) as a GradientStore keyed by ``params``."""
-        out = GradientStore()
-        for p, v in zip(self.params, views):
-            if v is not None:
-                out.accumulate(p, v)
-        return out
+        return store_of(zip(self.params, views))
 
     def _finish_views(self, timeout: float | None) -> list:
         self._remaining = [0] * len(self._remaining)
@@ -173,13 +159,11 @@ class GradientAverager:
         return views
 
     def finish(self, timeout: float | None = None) -> GradientStore:
-        """Backward is over: launch what is left (gradients never produced count as zero), wait
-        for every bucket, and return the averaged gradients keyed by ``params``."""
+        """Launch what is left (missing gradients count as zero) and return the averages."""
         return self.store(self._finish_views(timeout))
 
     def average(self, grads, timeout: float | None = None):
-        """The mean over the group of finished gradients: a GradientStore keyed by ``params``
-        (returns one), or a list aligned with ``params`` (returns a list; None: zero)."""
+        """The mean of finished gradients: a GradientStore, or a list aligned with ``params``."""
         self.start()
         aligned = isinstance(grads, (list, tuple))
         for i in self.plan.bucket_of:
@@ -189,12 +173,9 @@ class GradientAverager:
         return self._finish_views(timeout) if aligned else self.finish(timeout)
 
 
-# ---------------------------------------------------------------------------------- RUMUS style
 class AllReduceSync:
-    """Average whole GradientStores across devices after backward (RUMUS's AllReduceSync), on
-    the machinery everything else uses: one rank per device (``dist.spawn``), each averaging its
-    store with a GradientAverager over the group. No overlap with backward: ``DataParallel``
-    does that; this is the simple baseline."""
+    """RUMUS's AllReduceSync: average whole GradientStores across devices after backward (one
+    spawned rank per device with a GradientAverager); the simple baseline of DataParallel."""
 
     def __init__(self, devices, timeout: float = 60.0):
         self.devices, self.timeout = list(devices), timeout
@@ -202,10 +183,8 @@ class AllReduceSync:
             raise ValueError("AllReduceSync needs at least one device")
 
     def all_reduce(self, grad_stores, params) -> list:
-        """``grad_stores[k]`` holds device k's gradients of ``params[k]`` (one parameter list per
-        device, the replicas, in the same order). Returns one GradientStore per device with the
-        averaged gradients, keyed by that device's parameters. A gradient missing from a store
-        (parameter unused there) counts as zero."""
+        """Per device k, the averages of ``grad_stores[k]`` keyed by ``params[k]`` (the replicas'
+        lists in one order); a missing gradient counts as zero."""
         from .launch import spawn
         k_dev = len(self.devices)
         if len(grad_stores) != k_dev or len(params) != k_dev:

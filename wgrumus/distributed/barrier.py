@@ -1,27 +1,16 @@
 """CollectiveBarrier: an in-process rendezvous that reduces one array per participant, round after
 round.
 
-Each call joins the *current round*; the arrival that fills it swaps in a fresh round object
-before anyone leaves, so a fast participant that comes straight back joins the next round and can
-never read the previous round's result (the defect of the original design, which kept one shared
-result slot). Participants hold their own round object, and ``generation`` counts the rounds.
-
-The reduction runs once per round, never once per participant: small arrays are reduced by the last
-arrival; large ones are cut into chunks that every participant of the round, and the barrier's
-own helper threads on spare cores, claim and reduce (numpy releases the GIL, so chunks run in
-parallel; claims take no lock, and each helper is woken by one lock release). Inputs are
-reduced in rank order when ranks are given, so the bits of the result do not depend on who arrived
-first. Every participant receives the same read-only array, or, with ``out=``, its own copy written
-chunk by chunk while the chunk is still in cache (``out`` may be the caller's input: in-place
-all-reduce; or mapped staging memory, which is written and never read).
-
-Every wait has a deadline. A participant that does not arrive within ``timeout`` makes the others
-raise CollectiveError naming the missing ranks; ``abort(exc)`` wakes everyone with CollectiveError.
-Both break the barrier for good: later calls raise at once. The helper threads are daemons that
-end when the barrier is closed, broken or collected, or after HELPER_IDLE_S without a round.
+The arrival that fills a round swaps in a fresh round object before anyone leaves, so a fast
+participant that comes straight back can never read the previous round's result (the original
+design's defect). A round is reduced once, in rank order (bits independent of arrival order):
+large ones in chunks claimed without a lock by the participants and helper threads on spare cores
+(numpy releases the GIL). A missing participant or ``abort`` breaks the barrier for good with a
+CollectiveError.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -39,20 +28,12 @@ _UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
 CHUNK_BYTES = 1 << 20       # a chunk fits in L2 and still amortises the per-chunk bookkeeping
 PARALLEL_MIN_BYTES = 1 << 19  # below this one thread is faster than waking the others
 SPLIT_MIN_BYTES = 1 << 17     # large rounds are cut into at least one piece per thread, to here
-# One core moves ~10 GB/s; a 2-rank all-reduce at 10 GB/s moves ~40 GB/s of host memory (two
-# inputs read, two outputs written), so a round wants about a dozen threads on a large host.
-MAX_REDUCE_THREADS = 12
-# A helper thread joins a round per this many bytes: waking one costs about what it reduces of
-# a few MB (H100 host, 2 ranks, with a thread pool: 4 MB rounds ran 5.0 GB/s with no helper, 3.4
-# with ten; 64 MB rounds 4.7 with none, 11.9 with six; BENCHMARKS.md). The barrier's own helper
-# threads (below) are woken by one lock release each.
+MAX_REDUCE_THREADS = 12  # a 2-rank round at 10 GB/s moves ~40 GB/s of memory; a core ~10 GB/s
+# A helper joins a round per this many bytes: waking one costs about what it reduces of a few MB
+# (H100 host, BENCHMARKS.md: 4 MB rounds 5.0 GB/s with no helper, 3.4 with ten).
 HELPER_BYTES = 4 << 20
-# A participant that would block (waiting for the others, or for the round's last chunk) first
-# polls for this long, yielding the GIL between polls, so that a wake-up on the critical path
-# costs no sleeping thread's wake latency. Helpers do not poll between rounds (a dozen threads
-# taking the GIL in turn would slow the ranks' own Python). Off until measured where cores are
-# spare (benchmarks/_barrier_rounds.py --spin, collectives.py --spin-us): on the 2-core CI
-# machine polling 50 us made 4 KiB rounds 38 -> 50 us (BENCHMARKS.md).
+# A participant about to block first polls this long (no wake latency on the critical path); off:
+# on the 2-core CI machine polling 50 us made 4 KiB rounds 38 -> 50 us (BENCHMARKS.md).
 SPIN_S = 0.0
 HELPER_IDLE_S = 10.0  # a helper with no round for this long ends (started again when needed)
 HELPER_JOIN_S = 5.0  # close() waits this long for each helper to finish its chunk
@@ -69,11 +50,8 @@ def _spin(ready) -> bool:
 
 
 class _Helpers:
-    """Daemon threads owned by one barrier that reduce chunks of its large rounds alongside the
-    participants: each is woken by a release of its own lock (no pool submit, no shared queue)
-    and claims chunks like a participant. They end on ``close()`` (the barrier's close, break or
-    garbage collection) or after HELPER_IDLE_S without a round. Holds no reference to the
-    barrier, so a dropped barrier is collected and its helpers end."""
+    """A barrier's daemon threads that claim chunks of large rounds, each woken by a release of
+    its own lock; no reference to the barrier, so a dropped barrier is collected."""
 
     def __init__(self, count: int, name: str):
         self.count, self.name = count, name
@@ -97,10 +75,8 @@ class _Helpers:
                     self.threads[j] = t
                     t.start()
                 self.jobs[j].append(job)
-                try:
+                with contextlib.suppress(RuntimeError):  # already signalled: it takes every job
                     self.go[j].release()
-                except RuntimeError:  # already signalled: the helper takes every queued job
-                    pass
 
     def close(self, join: bool = True) -> None:
         """Stop every helper (one mid-chunk finishes it first); ``join``: wait for them."""
@@ -109,10 +85,8 @@ class _Helpers:
             threads = [t for t in self.threads if t is not None]
             for j in range(self.count):
                 self.jobs[j].clear()
-                try:
+                with contextlib.suppress(RuntimeError):
                     self.go[j].release()
-                except RuntimeError:
-                    pass
         me = threading.current_thread()
         for t in threads if join else ():
             if t is not me:
@@ -166,16 +140,12 @@ class _Round:
         self.outs: list = [None] * world_size
         self.arrived: list[int] = []
         self.kind = self.op = self.ranked = self.shape = self.dtype = None
-        self.full = False
-        self.done = False
-        self.result = None
-        self.out = self.flats = None
+        self.full = self.done = False
+        self.result = self.out = self.flats = None
         self.copies: list = []
         self.shared = True
-        self.nchunks = 0
         self.claims = self.started = self.ended = None  # split rounds: see _split
-        self.chunk = 0
-        self.length = self.nbytes = 0
+        self.nchunks = self.chunk = self.length = self.nbytes = 0
         self.item_at: list = [0] * world_size  # exchange rounds: where items and outs sit
         self.out_at: list = [0] * world_size
 
@@ -185,8 +155,7 @@ class CollectiveBarrier:
 
     def __init__(self, world_size: int, timeout: float = 60.0, chunk_bytes: int = CHUNK_BYTES,
                  helpers: int | None = None):
-        """``helpers``: extra threads that reduce chunks of large rounds alongside the
-        participants (default: spare cores, up to MAX_REDUCE_THREADS threads in all)."""
+        """``helpers``: extra reducing threads (default: spare cores up to MAX_REDUCE_THREADS)."""
         if int(world_size) < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not timeout > 0:
@@ -204,7 +173,6 @@ class CollectiveBarrier:
         self._helpers = _Helpers(self.helpers, "wgrumus-reduce")
         weakref.finalize(self, self._helpers.close, False)
 
-    # ------------------------------------------------------------------ public API
     @property
     def generation(self) -> int:
         """Number of rounds that have filled so far."""
@@ -216,15 +184,9 @@ class CollectiveBarrier:
 
     def reduce(self, array, op: str = "mean", rank: int | None = None,
                timeout: float | None = None, out: np.ndarray | None = None) -> np.ndarray:
-        """Join this round with ``array``; return the reduction over all participants.
-
-        ``rank`` (0..world_size-1) names the caller, so a timeout can name the missing ranks and
-        inputs are combined in rank order; without it arrival order is used. All participants of a
-        round must pass arrays of the same shape and dtype and the same op, and either all pass a
-        rank or none does; otherwise every participant raises CollectiveError. Without ``out`` the
-        result is the round's shared read-only array; with it (a writeable C-contiguous array like
-        ``array``, possibly ``array`` itself) the result is written there and ``out`` returned.
-        """
+        """Join this round with ``array``; return the reduction (a shared read-only array, or
+        written into ``out``, which may be ``array``). ``rank`` orders the inputs and names the
+        missing ones on a timeout; all or none of a round's participants pass it."""
         arr = np.ascontiguousarray(array)
         check_op(op, arr.dtype)
         if out is not None and not (isinstance(out, np.ndarray) and out.shape == arr.shape and
@@ -232,24 +194,15 @@ class CollectiveBarrier:
                                     out.flags.c_contiguous):
             raise ValueError(f"out must be a writeable C-contiguous {arr.dtype} array of shape "
                              f"{arr.shape}")
-        rnd, t = self._meet(timeout, "reduce", op, arr, rank, out)
-        if not rnd.done:
-            self._help_reduce(rnd, time.monotonic() + t, t)
+        rnd = self._meet(timeout, "reduce", op, arr, rank, out)
         return out if out is not None else rnd.result
 
     def exchange(self, length: int, dtype, rank: int, item=None, item_at: int = 0, out=None,
                  out_at: int = 0, op: str | None = None, timeout: float | None = None) -> None:
-        """One round over a space of ``length`` elements of ``dtype``, in which every participant
-        brings part of the input and takes part of the result (the device collectives' chunk
-        step; arrays may be mapped staging memory: outputs are written, never read).
-
-        With ``op``, every ``item`` covers the whole space and the result is their reduction in
-        rank order (all-reduce, reduce-scatter); without, the items are disjoint pieces
-        (``item`` at element ``item_at``, or None) that together cover the space, and the result
-        is the pieces side by side (all-gather, broadcast). The result's elements
-        ``[out_at, out_at + out.size)`` are written into ``out`` (or nothing, with None). The
-        work is split over participants and helper threads; when the call returns or raises,
-        no thread touches ``item`` or ``out`` any more."""
+        """One round over ``length`` elements in which each participant brings part of the input
+        and takes ``[out_at, out_at + out.size)`` of the result (the device collectives' step).
+        With ``op`` every item covers the space and is reduced; without, the items are disjoint
+        pieces that tile it. Outputs are written, never read (mapped staging memory)."""
         if op is not None:
             check_op(op, dtype)
         dtype = np.dtype(dtype)
@@ -265,21 +218,17 @@ class CollectiveBarrier:
         if op is not None and item is not None and (item_at or item.size != length):
             raise ValueError(f"with op={op!r} every item covers the whole space ({length} "
                              f"elements), got {item.size} at {item_at}")
-        rnd, t = self._meet(timeout, "exchange", op or "copy", (item, item_at, out, out_at), rank,
-                            shape=(int(length),), dtype=dtype)
-        if not rnd.done:
-            self._help_reduce(rnd, time.monotonic() + t, t)
+        self._meet(timeout, "exchange", op or "copy", (item, item_at, out, out_at), rank,
+                   shape=(int(length),), dtype=dtype)
 
     def gather(self, obj, rank: int | None = None, timeout: float | None = None,
                tag: str | None = None) -> list:
-        """Join this round with any object; return every participant's object (rank order when
-        ranks are given, else arrival order). Objects are shared, not copied. Participants must
-        pass the same ``tag``: rounds of different purposes do not mix silently."""
-        return list(self._meet(timeout, "gather", tag, obj, rank)[0].result)
+        """Every participant's object (shared, not copied); all pass the same ``tag``."""
+        return list(self._meet(timeout, "gather", tag, obj, rank).result)
 
     def wait(self, rank: int | None = None, timeout: float | None = None) -> int:
         """Plain barrier: return once every participant arrived; returns the round number."""
-        return self._meet(timeout, "wait", None, None, rank)[0].gen
+        return self._meet(timeout, "wait", None, None, rank).gen
 
     def close(self) -> None:
         """End the helper threads (rounds after this run on the participants alone)."""
@@ -297,17 +246,15 @@ class CollectiveBarrier:
             self._break(err)
 
     def mark_gone(self, rank: int) -> None:
-        """Rank ``rank`` will never arrive again (its thread ended): fail the rounds that wait on it
-        now instead of at the timeout."""
+        """Rank ``rank``'s thread ended: fail the rounds that wait on it now, not at the timeout."""
         with self._cond:
             self._gone.add(rank)
             if self._round.arrived:
                 self._break(self._gone_error(self._round))
             self._cond.notify_all()
 
-    # ------------------------------------------------------------------ rendezvous
-    def _meet(self, timeout, kind, op, item, rank, out=None, **kw) -> tuple[_Round, float]:
-        """Join the current round and wait until every participant has: (round, timeout)."""
+    def _meet(self, timeout, kind, op, item, rank, out=None, **kw) -> _Round:
+        """Join the current round, wait until every participant has, help reduce it."""
         t = self.timeout if timeout is None else float(timeout)
         if not t > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
@@ -315,7 +262,9 @@ class CollectiveBarrier:
         with self._cond:
             rnd = self._join(kind, op, item, rank, out, **kw)
             self._wait_full(rnd, deadline, t)
-        return rnd, t
+        if not rnd.done:
+            self._help_reduce(rnd, time.monotonic() + t, t)
+        return rnd
 
     def _join(self, kind, op, item, rank, out=None, shape=None, dtype=None) -> _Round:
         self._raise_if_broken()
@@ -356,8 +305,7 @@ class CollectiveBarrier:
         return rnd
 
     def _wait_full(self, rnd: _Round, deadline: float, timeout: float) -> None:
-        """Until every participant joined ``rnd`` (called holding the lock, once: it polls for
-        SPIN_S without it before blocking)."""
+        """Until every participant joined ``rnd`` (called holding the lock)."""
         if not rnd.full and SPIN_S > 0:
             self._cond.release()
             try:
@@ -433,15 +381,11 @@ class CollectiveBarrier:
         self._split(rnd, length, length * rnd.dtype.itemsize)
 
     def _helper(self, rnd: _Round) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the barrier is broken; participants report it
             self._help_reduce(rnd, time.monotonic() + self.timeout, self.timeout, wait=False)
-        except Exception:  # noqa: BLE001 - the barrier is broken; participants report it
-            pass
 
     def _reduce_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
-        """Reduce elements [lo, hi) once, then copy them to the outputs while cached. Outputs
-        are only written, never read back: they may be mapped staging memory, which is slow to
-        read (write-combined)."""
+        """Reduce elements [lo, hi) once, then write them to the outputs while cached."""
         if rnd.kind == "exchange":
             self._exchange_chunk(rnd, lo, hi)
             return
@@ -479,10 +423,8 @@ class CollectiveBarrier:
 
     def _help_reduce(self, rnd: _Round, deadline: float, timeout: float,
                      wait: bool = True) -> None:
-        """Claim and reduce chunks of this round until all are claimed, then (``wait``) until
-        all are done. Claims and completions are counted without the lock (``next`` of an
-        itertools.count and list.append are atomic under the GIL): only the thread of the last
-        chunk takes it, to finish the round and wake the waiting."""
+        """Claim and reduce chunks until none is left, then (``wait``) until all are done; counts
+        are lock-free (atomic under the GIL), only the last chunk's thread takes the lock."""
         while rnd.claims is not None and self._broken is None:
             i = next(rnd.claims)
             if i >= rnd.nchunks:
@@ -527,8 +469,7 @@ class CollectiveBarrier:
                 self._cond.notify_all()  # the round's waiters, or participants draining it
 
     def _drain(self, rnd: _Round, deadline: float) -> None:
-        """The barrier broke mid-reduction: wait (a chunk's time) until no thread writes into the
-        round's outputs any more, so a participant may free its output once it has raised."""
+        """Broken mid-round: wait until no thread writes the outputs, so callers may free them."""
         while rnd.started is not None and len(rnd.started) != len(rnd.ended) and \
                 time.monotonic() < deadline:
             self._cond.wait(max(0.0, deadline - time.monotonic()))
@@ -540,10 +481,8 @@ class CollectiveBarrier:
         rnd.done = True
         rnd.items = rnd.outs = rnd.flats = rnd.out = rnd.copies = None  # let the arrays go
 
-    # ------------------------------------------------------------------ failures
     def _break(self, err: CollectiveError) -> CollectiveError:
-        """Break the barrier with ``err`` (the first one sticks); returns ``err`` to raise. The
-        helper threads end (those mid-chunk finish it first)."""
+        """Break the barrier with ``err`` (the first one sticks) and end the helpers."""
         if self._broken is None:
             self._broken = err
             self._helpers.close(join=False)

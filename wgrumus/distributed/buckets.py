@@ -1,9 +1,6 @@
-"""Gradient buckets the way PyTorch DDP makes them: parameters in *reverse* order (the order
-backward produces their gradients), packed into buckets of about ``first_bucket_mb`` (the first,
-so communication starts early) and then ``bucket_cap_mb`` each. The plan is plain data, made once
-from the parameter list, identical on every replica (so every replica launches the same
-all-reduces in the same order), and printable with ``describe()``.
-"""
+"""Gradient buckets as PyTorch DDP makes them: parameters in reverse order (as backward produces
+their gradients), a small first bucket so communication starts early, then ``bucket_cap_mb``
+each; plain data, identical on every replica, printable with ``describe()``."""
 from __future__ import annotations
 
 import math
@@ -55,9 +52,7 @@ class BucketPlan:
 
 def plan_buckets(params, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  names=None) -> BucketPlan:
-    """Bucket plan for ``params`` (tensors, or anything with ``shape`` and ``dtype``), in
-    ``module.parameters()`` order. Parameters that do not require grad are left out. A parameter
-    larger than the cap gets a bucket of its own; a dtype change starts a new bucket."""
+    """Bucket plan for ``params`` in ``module.parameters()`` order (frozen ones left out)."""
     if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
         raise ValueError(f"bucket sizes must be > 0 MB, got bucket_cap_mb={bucket_cap_mb}, "
                          f"first_bucket_mb={first_bucket_mb}")

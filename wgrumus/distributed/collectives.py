@@ -1,15 +1,9 @@
-"""Collective strategies and their algorithms over a point-to-point transport (ported from
-pmetal, a Rust framework whose CollectiveConfig picks a strategy per message size and world).
-
-Strategies: ``AllReduceStrategy.Ring`` (reduce-scatter + all-gather, bandwidth-optimal),
-``Tree(arity)`` (k-ary reduce then broadcast, latency-optimal), ``Centralized`` (everyone to rank
-0 and back), ``Native`` (the backend's own collective: the shared-memory barrier in-process, MPI's
-Iallreduce across processes) and ``Auto`` (resolved by ``CollectiveConfig.select_all_reduce``).
-
-Every algorithm is written against ``transport.isend / recv`` only, so it runs unchanged between
-threads and between MPI processes. Results agree bit-for-bit on all ranks: each element is combined
-exactly once, in a fixed order, by one rank, and then copied to the others. Arrays are never
-modified after they were sent (thread transports hand them over by reference).
+"""Collective strategies (Ring: bandwidth-optimal, Tree(arity): latency-optimal, Centralized,
+Native: the backend's own, Auto: by size) and their algorithms, written against the transport's
+``isend``/``recv`` only so they run between threads and MPI processes alike. CollectiveConfig is
+ported from pmetal, a Rust framework that picks a strategy per message size and world. Each element
+is combined once, in a fixed order, by one rank, so all ranks agree bit for bit; sent arrays are
+never modified (thread transports pass them by reference).
 """
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ from .errors import CollectiveError
 from .transport import owned_copy, split_bounds
 
 
-# ============================================================================ strategies
 @dataclass(frozen=True)
 class _Strategy:
     kind: str
@@ -43,8 +36,7 @@ class _Strategy:
 
     @classmethod
     def parse(cls, s):
-        """Accept a strategy, or a name: 'ring', 'tree', 'tree:4', 'centralized', 'direct',
-        'native', 'auto'."""
+        """A strategy, or a name: 'ring', 'tree:4', 'centralized', 'direct', 'native', 'auto'."""
         if isinstance(s, cls):
             return s
         if isinstance(s, str):
@@ -89,11 +81,8 @@ for _cls in (AllReduceStrategy, ReduceStrategy, BroadcastStrategy):
 
 @dataclass
 class CollectiveConfig:
-    """Which algorithm each collective uses, and the knobs of the choice.
-
-    ``num_nodes`` set means a hierarchical all-reduce: reduce inside each node of ``num_devices``
-    consecutive ranks, all-reduce among node leaders with the global strategy, broadcast back.
-    """
+    """Which algorithm each collective uses; ``num_nodes`` set means a hierarchical all-reduce
+    (inside each node of ``num_devices`` ranks, then among node leaders with the global ones)."""
     num_devices: int = 1
     local_all_reduce: AllReduceStrategy = AllReduceStrategy.Auto
     local_reduce: ReduceStrategy = ReduceStrategy.Auto
@@ -107,15 +96,11 @@ class CollectiveConfig:
     timeout: float = 60.0
 
     def __post_init__(self):
-        self.local_all_reduce = AllReduceStrategy.parse(self.local_all_reduce)
-        self.local_reduce = ReduceStrategy.parse(self.local_reduce)
-        self.local_broadcast = BroadcastStrategy.parse(self.local_broadcast)
-        if self.global_all_reduce is not None:
-            self.global_all_reduce = AllReduceStrategy.parse(self.global_all_reduce)
-        if self.global_reduce is not None:
-            self.global_reduce = ReduceStrategy.parse(self.global_reduce)
-        if self.global_broadcast is not None:
-            self.global_broadcast = BroadcastStrategy.parse(self.global_broadcast)
+        for name, cls in (("all_reduce", AllReduceStrategy), ("reduce", ReduceStrategy),
+                          ("broadcast", BroadcastStrategy)):
+            setattr(self, "local_" + name, cls.parse(getattr(self, "local_" + name)))
+            if (g := getattr(self, "global_" + name)) is not None:
+                setattr(self, "global_" + name, cls.parse(g))
 
     @classmethod
     def single_node(cls, num_devices: int, **kw) -> CollectiveConfig:
@@ -153,8 +138,7 @@ class CollectiveConfig:
 
     def select_all_reduce(self, nbytes: int, world_size: int,
                           strategy=None) -> AllReduceStrategy:
-        """``strategy`` (default ``local_all_reduce``) with Auto resolved: Tree below
-        ``tree_threshold_bytes`` or under 4 ranks, else Ring."""
+        """Auto: Tree below ``tree_threshold_bytes`` or under 4 ranks, else Ring."""
         s = self.local_all_reduce if strategy is None else AllReduceStrategy.parse(strategy)
         if s.kind != "auto":
             return s
@@ -163,24 +147,21 @@ class CollectiveConfig:
         return AllReduceStrategy.Ring
 
     def select_reduce(self, nbytes: int, world_size: int, strategy=None) -> ReduceStrategy:
-        """Auto: Direct for up to 2 ranks, else Tree(tree_arity)."""
-        s = self.local_reduce if strategy is None else ReduceStrategy.parse(strategy)
-        if s.kind != "auto":
-            return s
-        return ReduceStrategy.Direct if world_size <= 2 else ReduceStrategy.Tree(self.tree_arity)
+        return self._rooted(ReduceStrategy, self.local_reduce, world_size, strategy)
 
     def select_broadcast(self, nbytes: int, world_size: int,
                          strategy=None) -> BroadcastStrategy:
-        """Auto: Direct for up to 2 ranks, else Tree(tree_arity). Does not depend on ``nbytes``,
-        which ranks other than the root may not know."""
-        s = self.local_broadcast if strategy is None else BroadcastStrategy.parse(strategy)
+        return self._rooted(BroadcastStrategy, self.local_broadcast, world_size, strategy)
+
+    def _rooted(self, cls, default, world_size: int, strategy):
+        """Auto: Direct for up to 2 ranks, else Tree(tree_arity); never by size, which ranks
+        other than the root may not know."""
+        s = default if strategy is None else cls.parse(strategy)
         if s.kind != "auto":
             return s
-        return (BroadcastStrategy.Direct if world_size <= 2
-                else BroadcastStrategy.Tree(self.tree_arity))
+        return cls.Direct if world_size <= 2 else cls.Tree(self.tree_arity)
 
 
-# ============================================================================ tree topology
 @dataclass(frozen=True)
 class TreeRole:
     """Role of a rank in a k-ary tree rooted at 0: 'root', 'internal' or 'leaf'."""
@@ -212,7 +193,6 @@ def tree_depth(world_size: int, arity: int) -> int:
     return d
 
 
-# ============================================================================ algorithms
 def _combine(a, b, op, into=None):
     """op(a, b) into ``into`` (a private array) or a fresh one: never into a received array,
     which may be shared with other ranks."""
@@ -237,10 +217,8 @@ def _exchange(t, dst, arr, src, tag, deadline, dtype, shape, owned):
 
 
 def _ring_reduce_scatter_parts(t, parts, op, tag, deadline):
-    """Ring reduce-scatter over n parts; rank r ends with part r reduced (mean divided).
-
-    Step s: send part (r-s-1), receive part (r-s-2) and add own piece after it, so part c is
-    summed along ranks c+1, c+2, ..., c: the same order whoever computes it."""
+    """Ring reduce-scatter: rank r ends with part r reduced, summed along ranks r+1, r+2, ..., r
+    (step s sends part r-s-1 and adds its own piece to the received part r-s-2)."""
     n, r = t.size, t.rank
     if n == 1:
         return _finish_mean(_fresh(parts[0]), op, 1)
@@ -255,8 +233,7 @@ def _ring_reduce_scatter_parts(t, parts, op, tag, deadline):
 
 
 def _ring_all_gather_parts(t, own, tag, deadline, shape_of, owned=False):
-    """Ring all-gather: rank r contributes ``own``; returns the list of all parts by rank.
-    ``shape_of(i)``: the shape rank i's part must have (-1 in dim 0: any number of rows).
+    """Ring all-gather: all ranks' parts; ``shape_of(i)``: rank i's part's shape (-1: any rows);
     ``owned``: ``own`` is private to this call (sent without a copy)."""
     n, r = t.size, t.rank
     parts = [None] * n
@@ -303,8 +280,7 @@ def _virtual(t, root):
 
 
 def tree_reduce(t, x, op, root, arity, tag, deadline):
-    """k-ary tree reduce to ``root``: own value, then each child's in child order. Root returns
-    the result, others None."""
+    """k-ary tree reduce to ``root`` (own value, then children's in order); None off the root."""
     n, v, real = _virtual(t, root)
     flat = np.ascontiguousarray(x).reshape(-1)
     acc = flat
@@ -333,9 +309,8 @@ def direct_reduce(t, x, op, root, tag, deadline):
 
 
 def tree_broadcast(t, x, root, arity, tag, deadline, like=None, fresh=False):
-    """k-ary tree broadcast from ``root``. ``like`` = (dtype, shape) when every rank knows the
-    shape; otherwise shape and dtype travel with the data. ``fresh``: root's ``x`` is private to
-    this call. Returns a private array on every rank."""
+    """k-ary tree broadcast from ``root`` (a private array on every rank); ``like``: (dtype,
+    shape) when every rank knows them; ``fresh``: root's ``x`` is private to this call."""
     n, v, real = _virtual(t, root)
     if v == 0:
         data = x if fresh else _fresh(x)

@@ -1,11 +1,6 @@
-"""CommThread: one thread per device that all-reduces device buffers in the background, through
-the pipelined staging engine (pipelined.py: chunk k+1's download, chunk k's host reduction and
-chunk k-1's upload overlap on every rank).
-
-The compute thread calls ``async_allreduce(comm, x, barrier)`` and goes on recording work;
-``AllReduceHandle.wait()`` returns once the result is in place (queued before any later GPU work)
-and re-raises whatever failed. Do not modify the buffer between ``async_allreduce`` and ``wait()``.
-"""
+"""CommThread: one thread per device that all-reduces device buffers in the background through
+the pipelined staging engine, so the compute thread goes on recording work until
+``AllReduceHandle.wait()`` (leave the buffer alone until then)."""
 from __future__ import annotations
 
 import queue
@@ -19,8 +14,7 @@ from .errors import CollectiveError
 
 
 def storage_of(x) -> BufferSlice:
-    """The device buffer region holding ``x``: a BufferSlice, or a tensor exposing one through
-    ``buffer_slice()``."""
+    """The BufferSlice holding ``x`` (a BufferSlice, or a tensor's ``buffer_slice()``)."""
     if isinstance(x, BufferSlice):
         return x
     fn = getattr(x, "buffer_slice", None)
@@ -42,9 +36,8 @@ class AllReduceHandle:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None):
-        """Block until the reduced values are in place; return the all-reduced object. Re-raises
-        the comm thread's failure. With ``timeout``, raises CollectiveError(timed_out=True) when
-        it is not done yet (the operation goes on; wait again)."""
+        """The all-reduced object once in place, or the comm thread's failure; a timeout raises
+        CollectiveError(timed_out=True) while the operation goes on."""
         if not self._done.wait(timeout):
             raise CollectiveError(f"all-reduce not finished within {timeout} s (still running)",
                                   timed_out=True)
@@ -67,10 +60,8 @@ class _Request:
 
 
 class CommThread:
-    """A dedicated communication thread for one device (runtime ``Device``).
-
-    ``rank`` is this device's participant number in the barriers it joins (default: the
-    device's index). Requests run in submission order; ``close()`` stops the thread."""
+    """A communication thread for one device; ``rank``: its participant number in the barriers
+    (default the device's index). Requests run in submission order."""
 
     def __init__(self, device, rank: int | None = None, chunk_bytes: int | None = None,
                  depth: int = 16, inflight: int | None = None):
@@ -119,7 +110,6 @@ class CommThread:
             self._requests.put(None)
         self._thread.join(timeout)
 
-    # ------------------------------------------------------------------ comm thread
     def _loop(self) -> None:
         while True:
             req = self._requests.get()

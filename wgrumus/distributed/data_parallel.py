@@ -1,17 +1,7 @@
-"""DataParallel: one replica of a module per device, one thread per replica, gradients averaged
-in buckets that are all-reduced while backward is still running (PyTorch DDP's scheme, on
-wgrumus devices: the ``threads`` backend for the devices of this process, ``mpi`` for one process
-per adapter or host behind the same API).
-
-A step (``train_step``) is, on every replica's own thread with its own tape: take the replica's
-shard of the global batch -> forward -> loss -> backward, during which finished buckets start
-their all-reduce on the device's CommThread -> wait for the buckets -> optimizer step with the
-averaged gradients. Every replica steps with bit-identical gradients from bit-identical weights,
-so the replicas stay identical without re-broadcasting.
-
-The replicas always talk through ProcessGroups: with ``threads`` one per replica over a
-ThreadWorld of this DataParallel, with ``mpi`` the given one; GradientAverager (averaging.py)
-launches the buckets with ``group.all_reduce_async``.
+"""DataParallel: one replica per device (``threads``) or process (``mpi``), each on its own thread
+and tape, gradients all-reduced in buckets while backward still runs (PyTorch DDP's scheme).
+Every replica steps with bit-identical gradients, so replicas stay identical without
+re-broadcasting.
 """
 from __future__ import annotations
 
@@ -24,7 +14,7 @@ import time
 
 import numpy as np
 
-from ..autograd import GradientStore, backward_with_grad, install_tape, is_grad_enabled, no_grad
+from ..autograd import backward_with_grad, install_tape, is_grad_enabled, no_grad
 from ..autograd.tape import Tape
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
@@ -34,10 +24,11 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
-from .averaging import EventLog, GradientAverager
+from .averaging import EventLog, GradientAverager, store_of
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
+from .pipeline.stage import moved_to
 from .process_group import ProcessGroup
 from .transport import ThreadWorld
 from .zero import OptimizerSharding
@@ -51,7 +42,6 @@ class ReplicaError(WgrumusError):
         self.replica, self.phase = replica, phase
 
 
-# ---------------------------------------------------------------------------------- replicas
 def _walk_tensors(obj, found: dict, seen: set) -> None:
     """Every Tensor reachable from a module through attributes, lists, tuples and dicts."""
     if id(obj) in seen:
@@ -74,8 +64,7 @@ def _walk_tensors(obj, found: dict, seen: set) -> None:
 
 
 def _copy_tensor(t: Tensor, device) -> Tensor:
-    """A fresh tensor of the same class (Parameter stays Parameter) with ``t``'s values on
-    ``device``, its own storage and its own GradId."""
+    """``t``'s class and values on ``device``, with its own storage and GradId."""
     with no_grad():
         data = clone(t.detach()) if t.device is device else t.detach().to(device)
     new = copy.copy(t)
@@ -88,18 +77,14 @@ def _copy_tensor(t: Tensor, device) -> Tensor:
 
 
 def replicate(module, device):
-    """A deep copy of ``module`` whose tensors all live on ``device`` (weights copied, each
-    parameter with its own GradId); devices themselves are shared, not copied."""
+    """A deep copy of ``module`` on ``device`` (devices themselves are shared, not copied)."""
     device = get_device(device)
     tensors: dict = {}
     _walk_tensors(module, tensors, set())
     memo = {id(t): _copy_tensor(t, device) for t in tensors.values()}
     for d in MultiGpuContext.get().devices:
         memo[id(d)] = d
-    rep = copy.deepcopy(module, memo)
-    if hasattr(rep, "to"):
-        rep = rep.to(device) or rep
-    return rep
+    return moved_to(copy.deepcopy(module, memo), device)
 
 
 def _state_tensors(module) -> list:
@@ -131,7 +116,6 @@ def _rows(x, lo: int, hi: int, device):
     return tensor(np.ascontiguousarray(np.asarray(x)[lo:hi]), device=device)
 
 
-# ---------------------------------------------------------------------------------- workers
 class _Worker:
     """The thread of one replica: runs jobs with this replica's own autograd tape."""
 
@@ -175,26 +159,15 @@ def _check_loss(loss):
     return loss
 
 
-# ---------------------------------------------------------------------------------- the wrapper
 class DataParallel:
-    """Replicas of ``module`` on ``devices``; see the module docstring for what a step does.
+    """Replicas of ``module`` (replica 0, moved to ``devices[0]``) on ``devices``.
 
-    ``module`` is moved to ``devices[0]`` and is replica 0 (the master); the others are deep
-    copies made from it, so all start identical. ``backend="mpi"``: this process holds one
-    replica (on ``devices[0]``, default the device ``rank % len(wr.devices())``) and ``group``
-    (default ``dist.init_process_group("mpi")``) connects the replicas; every process passes the
-    same global batch and takes its own rows. ``timeout`` bounds every wait on another replica.
-
-    ``shard_optimizer_state=True`` is ZeRO-1 (``zero.OptimizerSharding``): each replica's
-    optimizer steps, and so keeps state for, only the parameters that replica owns (about 1/N of
-    them), and the updated parameters are then copied from their owners to the other replicas.
-    The losses are those of the unsharded run; ``optimizer_state_dict()`` gathers the state.
-
-    ``jit=True``: ``train_step`` replays each replica's whole step from a ``wr.jit`` capture:
-    the same results, no Python per op, and each bucket's all-reduce still starts as soon as
-    the replay has submitted the backward work that completes it, overlapping the rest of the
-    backward; the replay waits for the buckets before the optimizer step. Steps inside
-    ``no_sync`` run eagerly.
+    ``backend="mpi"``: this process holds one replica (default device ``rank % len(wr.devices())``)
+    and ``group`` (default ``init_process_group("mpi")``) connects them; every process passes the
+    same global batch. ``shard_optimizer_state=True`` is ZeRO-1: each replica's optimizer keeps
+    state for the ~1/N parameters it owns, which are then copied to the others. ``jit=True``
+    replays each replica's step from a ``wr.jit`` capture, bucket all-reduces still overlapping
+    backward (steps inside ``no_sync`` run eagerly).
     """
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
@@ -230,8 +203,7 @@ class DataParallel:
                                  "distinct devices (WGRUMUS_DEVICES=N makes N logical ones)")
             self.world_size = len(devs)
         self.devices = devs
-        moved = module.to(devs[0]) if hasattr(module, "to") else module
-        self.module = moved if moved is not None else module
+        self.module = moved_to(module, devs[0])
         self.replicas = [self.module] + [replicate(self.module, d) for d in devs[1:]]
         self._params = [list(r.parameters()) for r in self.replicas]
         names = [n for n, _ in self.module.named_parameters()] \
@@ -258,10 +230,8 @@ class DataParallel:
         return (f"DataParallel({type(self.module).__name__}, {self.world_size} replicas, "
                 f"{self.backend}, {len(self.plan)} buckets)")
 
-    # ------------------------------------------------------------------ lifecycle
     def _thread_groups(self) -> list:
-        """A fresh ThreadWorld of the local replicas and one ProcessGroup per replica (after a
-        failed step too: a broken group stays broken by design)."""
+        """A fresh ThreadWorld and one ProcessGroup per replica (a broken group stays broken)."""
         if self._world is not None:
             self._world.close(0)
         self._world = ThreadWorld(len(self.devices), self.timeout, name="data-parallel")
@@ -286,11 +256,9 @@ class DataParallel:
         if self._stop(self.timeout):
             self._free_jits()
 
-    def __del__(self):
-        try:
-            self._stop(0)  # forgotten close(): the threads end without waiting on them here
-        except Exception:  # interpreter shutdown, or a half-built object
-            pass
+    def __del__(self):  # forgotten close(): the threads end without waiting on them here
+        with contextlib.suppress(Exception):  # interpreter shutdown, or a half-built object
+            self._stop(0)
 
     def __enter__(self):
         return self
@@ -317,25 +285,21 @@ class DataParallel:
     def eval(self):
         return self.train(False)
 
-    # ------------------------------------------------------------------ weights
     def broadcast_weights(self) -> None:
-        """Copy replica 0's (rank 0's, with mpi) parameters into every other replica: needed
-        only when the master was changed outside the training step (loaded, edited)."""
+        """Copy replica (rank) 0's state to the others, after it changed outside a step."""
         def job(w):
             with no_grad():
                 for p in _state_tensors(self.replicas[w.rank]):
                     copy_into(p, self.groups[w.rank].broadcast(p, root=0))
         self._run(job)
 
-    # ------------------------------------------------------------------ sharding
     def _shards(self, batch):
         n = int(batch.shape[0] if hasattr(batch, "shape") else len(batch))
         return n, np.cumsum([0] + shard_sizes(n, self.world_size))
 
     def _run(self, job) -> list:
-        """Run ``job(worker)`` on every local replica's thread; return the results in replica
-        order. The first failure aborts communication at once (no replica is left waiting on
-        it) and is raised, after every replica stopped, as a ReplicaError naming it."""
+        """``job(worker)`` on every replica's thread, results in replica order; the first failure
+        aborts communication (no replica waits on it) and is raised as a ReplicaError."""
         if self._closed:
             raise WgrumusError("this DataParallel was closed; create a new one to keep "
                                "training")
@@ -374,8 +338,7 @@ class DataParallel:
         return out
 
     def _replica_error(self, failures) -> tuple:
-        """(ReplicaError, cause) naming the root cause: a replica's own error, not the other
-        replicas' "collective aborted" errors that it triggered."""
+        """(ReplicaError, cause) naming a replica's own error, not the aborts it triggered."""
         own = [f for f in failures if not isinstance(f[2], CollectiveError)] or failures
         rank, phase, err = own[0]
         r = self.groups[rank].rank
@@ -387,16 +350,10 @@ class DataParallel:
             msg += f" [also: {others}]"
         return ReplicaError(msg, r, phase), err
 
-    # ------------------------------------------------------------------ forward only
     def forward(self, batch):
-        """Scatter ``batch`` along dim 0, run every replica on its thread, gather the outputs
-        on device 0 (concatenated along dim 0; with mpi every rank gets all rows).
-
-        When the caller's thread records gradients, so does this forward: a backward from the
-        gathered output (on the caller's thread) reaches every replica's parameters, each
-        getting its shard's part of the gradient -- the RUMUS workflow (then sum or average
-        them with AllReduceSync, step, ``broadcast_weights()``). ``train_step`` is the fast
-        path: backward on the replicas' threads, overlapped with the all-reduce."""
+        """Scatter ``batch`` on dim 0, run the replicas, gather the outputs on device 0 (mpi: on
+        every rank). Records gradients when the caller does, so a backward from the output
+        reaches every replica (the RUMUS workflow: then AllReduceSync, step, broadcast_weights)."""
         bounds = self._shards(batch)[1]
         grad = is_grad_enabled()
 
@@ -419,12 +376,10 @@ class DataParallel:
         r = self.groups[k].rank
         return int(bounds[r]), int(bounds[r + 1])
 
-    # ------------------------------------------------------------------ training
     @contextlib.contextmanager
     def no_sync(self):
-        """Gradient accumulation: steps inside skip the all-reduce and the optimizer step and
-        add their gradients to a per-replica sum; the next step outside all-reduces the sum
-        together with its own gradients and steps once."""
+        """Gradient accumulation: steps inside only add to a per-replica sum, which the next step
+        outside all-reduces with its own gradients."""
         prev = self._sync
         self._sync = False
         try:
@@ -433,16 +388,10 @@ class DataParallel:
             self._sync = prev
 
     def train_step(self, batch, targets, loss_fn, optimizers):
-        """One optimizer step on the global batch: scatter -> forward -> ``loss_fn(out, target)``
-        (the mean over the shard) -> backward with overlapped bucket all-reduce -> every
-        replica's optimizer steps with the averaged gradients. Returns the global-batch loss
-        (shard losses weighted by shard size: equal to the single-device loss).
-
-        ``optimizers``: one optimizer per replica (built on ``replicas[k].parameters()``), or a
-        callable ``params -> optimizer`` (called once per replica on first use, and the
-        optimizers reused while the same factory is passed: pass one factory object, not a new
-        lambda every step), or with mpi / one replica a single optimizer. Inside ``no_sync``
-        gradients only accumulate."""
+        """One optimizer step on the global batch (``loss_fn`` gives the mean over a shard);
+        returns the global-batch loss, equal to the single-device one. ``optimizers``: one per
+        replica, a factory ``params -> optimizer`` (its optimizers are kept while the same factory
+        object is passed), or with mpi / one replica a single optimizer."""
         refuse("DataParallel.train_step", "data-parallel replicas do not compose with wr.jit "
                "yet (their steps run on worker threads around host all-reduces); run "
                "DataParallel without wr.jit")
@@ -476,26 +425,23 @@ class DataParallel:
             loss = _check_loss(loss_fn(out, y))
             w.phase = "backward"
             self.events.record(k, "backward_start")
-            acc = self._accum[k]
             reducer = None
             if sync and self.world_size > 1:  # one replica has nothing to average with
-                reducer = self._averager(k).start(acc)
+                reducer = self._averager(k).start(self._accum[k])
             grads = backward_with_grad(loss, full(loss.shape, scale, device=loss.device),
                                        on_leaf_grad=reducer.on_leaf_grad if reducer else None)
             self.events.record(k, "backward_end")
-            if not sync:
-                self._accumulate(k, grads)
-                return loss.item() * (hi - lo)
-            if reducer is None:  # this step's gradients plus any no_sync accumulation
+            if reducer is None:  # no_sync, or one replica: added to the running sum
                 self._accumulate(k, grads)
                 avg = self._accum[k]
             else:
                 w.phase = "all-reduce"
                 avg = reducer.finish(self.timeout)
-            w.phase = "optimizer step"
-            optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
-                self.groups[k].rank, self._params[k], avg))
-            self.events.record(k, "step_end")
+            if sync:
+                w.phase = "optimizer step"
+                optimizers[k].step(avg if self.sharding is None else self.sharding.owned_grads(
+                    self.groups[k].rank, self._params[k], avg))
+                self.events.record(k, "step_end")
             return loss.item() * (hi - lo)
 
         try:
@@ -527,9 +473,7 @@ class DataParallel:
         return optimizers
 
     def optimizer_state_dict(self, optimizers) -> dict:
-        """The state of the whole model's optimizer as one replica's ``state_dict()`` (indices
-        over ``parameters()``): with ZeRO-1 each parameter's state is taken from its owner
-        (threads backend: every replica's optimizer is in this process)."""
+        """The whole model's optimizer state as one ``state_dict()`` (ZeRO-1: from the owners)."""
         opts = self._resolve_optimizers(optimizers)
         sd = opts[0].state_dict()
         if self.sharding is None:
@@ -537,20 +481,13 @@ class DataParallel:
         if self.backend == "mpi":
             raise WgrumusError("optimizer_state_dict with shard_optimizer_state under mpi: "
                                "each process holds its own part; save it per rank")
-        state = {}
-        for i, r in enumerate(self.sharding.owner):
-            own = opts[r].state_dict()["state"]
-            if i in own:
-                state[i] = own[i]
-        return dict(sd, state=state)
+        own = [o.state_dict()["state"] for o in opts]
+        return dict(sd, state={i: own[r][i] for i, r in enumerate(self.sharding.owner)
+                               if i in own[r]})
 
     def _captured_step(self, k: int, x, y, loss_fn, scale: float, opt):
-        """Replica ``k``'s step with ``jit=True``: one capture of the eager step (forward, loss,
-        backward with the GradientAverager launching each complete bucket's all-reduce, waiting
-        for the buckets, the optimizer step). A replay launches bucket b's all-reduce as soon as
-        the work that packs it is submitted and keeps submitting the backward; it waits for the
-        buckets only before the optimizer step (``capture.host_launch``). Returns the loss
-        tensor; the replay's launches and waits go into ``events``."""
+        """Replica ``k``'s step replayed from one ``wr.jit`` capture of the eager step; a replay
+        launches each bucket's all-reduce once its work is submitted (``capture.host_launch``)."""
         key = (k, loss_fn, id(opt))
         jf = self._jits.get(key)
         if jf is None:
@@ -573,8 +510,7 @@ class DataParallel:
         return loss
 
     def _averager(self, k: int) -> GradientAverager:
-        """Replica ``k``'s GradientAverager for eager steps: made once per group (a failed step
-        replaces the thread groups) instead of once per step."""
+        """Replica ``k``'s GradientAverager, made once per group (a failed step replaces them)."""
         avg = self._averagers[k]
         if avg is None or avg.group is not self.groups[k]:
             avg = self._averagers[k] = GradientAverager(
@@ -582,9 +518,7 @@ class DataParallel:
         return avg
 
     def _replay_events(self, k: int, trace) -> None:
-        """A replayed step's bucket launches and waits as ``events``: allreduce_start per
-        bucket, backward_end when the replay first waited (the captured backward was
-        submitted), sync_end when the last bucket was in."""
+        """A replay's bucket launches and waits as ``events`` (backward_end: its first wait)."""
         joins = [e for e in trace or () if e[0] == "join"]
         for e in trace or ():
             if e[0] == "launch":
@@ -598,19 +532,11 @@ class DataParallel:
             self._jits.popitem()[1].free()
 
     def _accumulate(self, k: int, grads) -> None:
-        """Inside ``no_sync``: add replica ``k``'s gradients to its running sum, which the next
-        synced step's reducer all-reduces together with that step's own gradients."""
-        if self._accum[k] is None:
-            self._accum[k] = GradientStore()
-        for p in self._params[k]:
-            g = grads.get(p)
-            if g is not None:
-                self._accum[k].accumulate(p, g)
+        """Add replica ``k``'s gradients to its ``no_sync`` running sum."""
+        self._accum[k] = store_of(((p, grads.get(p)) for p in self._params[k]), self._accum[k])
 
-    # ------------------------------------------------------------------ checks
     def replicas_identical(self) -> bool:
-        """True when every replica's parameters equal replica 0's bit for bit (threads), or
-        every rank's equal rank 0's (mpi). Reads every parameter back: for tests."""
+        """Every replica's (rank's) parameters equal replica 0's bit for bit (for tests)."""
         def digests(w):
             h = hashlib.sha256()
             for p in self._params[w.rank]:

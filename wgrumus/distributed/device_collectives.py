@@ -1,14 +1,6 @@
-"""The thread backend's collectives on device tensors: each rank's Tensor stays on its device and
-moves through the pipelined staging engine (pipelined.py), instead of being read into a fresh
-numpy array, reduced, and uploaded again.
-
-ProcessGroup calls ``on_devices`` first when it was handed a Tensor (a broadcast: always, since
-non-root ranks may pass nothing). The ranks then agree in one round: when every rank passed a
-contiguous tensor on a runtime device, with pieces the engine can move (4-byte aligned), the engine
-runs; otherwise every rank takes the host path together. In all_reduce, reduce_scatter and
-all_gather all ranks must pass tensors, or all arrays: a rank passing an array while others pass
-tensors makes the call fail with CollectiveError.
-"""
+"""The thread backend's collectives on device tensors, through the pipelined staging engine
+instead of a numpy round trip. The ranks first agree in one round: the engine runs only when every
+rank passed a movable tensor; otherwise all take the host path together."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +23,7 @@ def movable_slice(x):
 
 
 def on_devices(group, name: str, x, **kw):
-    """The result Tensor of collective ``name`` through the engine, or None when this call takes
-    the host path (not the thread backend, or not every rank passed a movable tensor)."""
+    """The result Tensor of collective ``name`` through the engine, or None for the host path."""
     barrier = getattr(getattr(group._t, "world", None), "barrier", None)
     if barrier is None or group.config.num_nodes is not None or group.world_size == 1:
         return None

@@ -1,22 +1,13 @@
-"""CollectiveError: the one exception every collective failure surfaces as.
-
-Callers catch a single type whether a peer raised, exited, timed out, sent mismatched data or the
-group was aborted; the message says which ranks and what happened, and ``__cause__`` keeps the
-original exception when there is one.
-"""
+"""CollectiveError: the one exception every collective failure surfaces as."""
 from __future__ import annotations
 
 from ..runtime.errors import WgrumusError
 
 
 class CollectiveError(WgrumusError):
-    """A collective or point-to-point operation could not complete.
-
-    ``missing`` lists the ranks that did not arrive (when known), ``rank`` the rank that failed
-    first (when known), ``timed_out`` whether this rank gave up waiting (rather than learning of
-    a failure). After a CollectiveError the group or barrier it came from is broken: every
-    later call raises at once, because peers may be stuck half-way through the failed operation.
-    """
+    """A collective could not complete; ``missing``: ranks that did not arrive, ``rank``: the one
+    that failed first, ``timed_out``: this rank gave up waiting. Its group stays broken (peers may
+    be stuck half-way)."""
 
     def __init__(self, message: str, *, missing=None, rank=None, timed_out: bool = False):
         super().__init__(message)

@@ -1,30 +1,10 @@
-"""FSDP: fully sharded data parallel over a data-parallel ProcessGroup.
-
-Every parameter of the wrapped module is split along dim 0 into ``world`` equal shards (rows
-padded with zeros up to a multiple of ``world``); this rank keeps only its shard, a leaf that the
-optimizer updates (``FSDP.parameters()`` are the shards).
-
-Parameters are gathered and freed by *units*: with ``auto_wrap`` (module classes, e.g. the
-transformer block) every outermost submodule of those classes is one unit, and the parameters
-outside them form the root unit; without it the whole module is one unit. Around each unit's
-forward:
-
-    all-gather its shards -> the module's parameter storage (gather node: shard -> full param)
-    run the unit                                            (ops save views of the full params)
-    free the full parameters' device buffers
-    backward: the unit's output node re-gathers them first (before any op that uses them),
-              each param's gather node reduce-scatters its gradient (mean over ranks, like
-              data parallel) into the shard's gradient as soon as that gradient is final, and
-              frees the full buffer again.
-
-So at peak a rank holds one unit's full parameters (plus the root's) and 1/world of the rest.
-All of a rank's FSDP collectives run in order on the group's background thread: while a unit
-computes, the gather of the next unit (in forward order, or in backward order the one before)
-is already under way (prefetch); every rank issues the same collectives in the same order.
-
-The module's Parameter objects stay in place; only their Storage's device buffer comes and
-goes, so the views saved for backward see the re-gathered data. Buffers (e.g. BatchNorm
-running statistics) are not parameters and stay whole on every rank.
+"""FSDP: each rank keeps a dim-0 shard of every parameter (zero-padded to equal shards), which
+its optimizer updates. Parameters are gathered and freed by *units* (each outermost ``auto_wrap``
+submodule, plus the root's rest) around the unit's forward; in backward the unit re-gathers them
+and each gradient is reduce-scattered (mean) to its shard once final. So a rank holds at most one
+unit's full parameters, and the next unit's gather runs ahead on the group's background thread.
+Only the Parameters' device buffers come and go, so views saved for backward see the re-gathered
+data.
 """
 from __future__ import annotations
 
@@ -113,8 +93,7 @@ class _Unit:
         return out
 
     def _regather_on_backward(self, out: Tensor) -> Tensor:
-        """Alias of ``out`` whose backward (the first of this unit's to run) re-gathers the
-        parameters the unit's ops saved and prefetches the unit whose backward comes next."""
+        """Alias of ``out`` whose backward re-gathers the unit and prefetches the next one."""
         if not out.requires_grad or not self.flats:
             return out
         alias = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
@@ -149,12 +128,9 @@ def _wrap_targets(module, auto_wrap) -> list:
 
 
 class FSDP:
-    """Wrap ``module`` (built identically on every rank of ``group``, e.g. from one seed) so
-    that each rank stores 1/world of every parameter. Call it like the module.
-
-    ``auto_wrap``: a module class, a tuple of them, or a predicate ``module -> bool``; each
-    outermost submodule it selects is gathered and freed on its own (per-block FSDP, e.g.
-    ``auto_wrap=TransformerBlock``). None: the whole module is one unit."""
+    """``module`` (built identically on every rank) with 1/world of every parameter per rank;
+    ``auto_wrap`` (a class, tuple of them or predicate) picks the submodules gathered on their
+    own, e.g. ``TransformerBlock``."""
 
     def __init__(self, module, group, device=None, auto_wrap=None):
         self.module = module
@@ -197,7 +173,6 @@ class FSDP:
         self._order: list = []  # units in the order the last forward entered them
         self._seen: list = []
 
-    # ------------------------------------------------------------------ parameters
     def parameters(self):
         """The shards: what the optimizer updates."""
         return [f.shard for f in self._flats]
@@ -217,7 +192,6 @@ class FSDP:
     def eval(self):
         return self.train(False)
 
-    # ------------------------------------------------------------------ collectives
     def _pad_rows(self, rows: np.ndarray, per: int) -> np.ndarray:
         """``rows`` zero-padded along dim 0 to ``per * world`` rows (equal shards)."""
         padded = np.zeros((per * self.world,) + rows.shape[1:], np.float32)
@@ -228,17 +202,12 @@ class FSDP:
         return work.wait(self.group.timeout * 2)
 
     def _submit_gather(self, flats) -> object:
-        """All-gather ``flats``' shards (downloaded now) into dense arrays, padding dropped, on
-        the group's background thread after every collective submitted before (so gathers can
-        run ahead)."""
+        """All-gather ``flats``' shards into dense arrays on the group's background thread."""
         local = [f.shard.numpy() for f in flats]
 
-        def go():
-            out = []
-            for f, arr in zip(flats, local):
-                full = self.group.all_gather(arr)  # [per * world, ...] in rank order
-                out.append(np.ascontiguousarray(full[:f.rows]).reshape(f.shape))
-            return out
+        def go():  # each gather: [per * world, ...] in rank order; the padding is dropped
+            return [np.ascontiguousarray(self.group.all_gather(arr)[:f.rows]).reshape(f.shape)
+                    for f, arr in zip(flats, local)]
         return self.group.run_async(go)
 
     def _reduce_scatter(self, f: _ShardedParam, g: Tensor) -> Tensor:
@@ -248,7 +217,6 @@ class FSDP:
         out = self._wait(self.group.run_async(lambda: self.group.reduce_scatter(padded, "mean")))
         return tensor(out, device=self.device)
 
-    # ------------------------------------------------------------------ unit order
     def _entered(self, unit: _Unit) -> None:
         if unit not in self._seen:
             self._seen.append(unit)
@@ -261,14 +229,10 @@ class FSDP:
         i = order.index(unit) + step
         return order[i] if 0 <= i < len(order) else None
 
-    # ------------------------------------------------------------------ forward
     def __call__(self, *args, **kw):
         return self.forward(*args, **kw)
 
     def forward(self, *args, **kw):
-        """The wrapped module's forward with each unit's parameters gathered for its own call
-        only, so between calls a rank holds just its shards; backward re-gathers what the
-        units' ops saved and reduce-scatters each gradient back to its shard."""
         for u in self.units:  # a prefetch of the last step that no backward consumed
             u.drop_prefetch()
         self._seen = []
@@ -284,10 +248,8 @@ class FSDP:
             return (gs,)
         return bw
 
-    # ------------------------------------------------------------------ checkpoints
     def full_state_dict(self) -> dict:
-        """Dense parameters (gathered; every rank must call it) plus the module's buffers,
-        as numpy arrays: loadable into the unwrapped module on one device."""
+        """Dense parameters and buffers as numpy arrays (every rank calls it)."""
         out = {f.name: self._wait(self._submit_gather([f]))[0] for f in self._flats}
         if hasattr(self.module, "state_dict"):
             for k, v in self.module.state_dict().items():
@@ -296,13 +258,11 @@ class FSDP:
         return out
 
     def close(self) -> None:
-        """Nothing of its own to stop: the collectives run on the group's background thread
-        (``group.close()`` stops it)."""
+        """Nothing to stop: the collectives run on the group's thread (``group.close()``)."""
 
 
 def _free(p: Tensor) -> None:
-    """Give the parameter's device buffer back to the pool (the Storage object stays, so views
-    of it see the buffer a later gather puts back)."""
+    """Give the parameter's device buffer back (its Storage stays for a later gather)."""
     st = p._storage
     if st.buffer is not None:
         st.device.pool.release(st.buffer)

@@ -1,13 +1,6 @@
-"""3D parallelism: data x tensor x pipeline groups (the layout of torsh, a Rust framework that
-described these groups; here they carry real communication).
-
-Rank layout follows Megatron: tensor-parallel ranks are adjacent (fastest varying), then data
-parallel, then pipeline stages: ``rank = pp * (dp_size * tp_size) + dp * tp_size + tp``. TP
-exchanges the most data per step, so its ranks share a node (and consecutive devices).
-
-``ProcessGroupManager`` splits the world group into a real subgroup for every DP, TP and PP slice
-(each with its own transport, ranks and world size; not aliases of the world group) and offers the
-collectives each dimension needs.
+"""3D parallelism: data x tensor x pipeline subgroups of a world group (the layout of torsh, a
+Rust framework). Ranks follow Megatron, ``rank = pp * (dp_size * tp_size) + dp * tp_size + tp``:
+TP exchanges the most data, so its ranks are adjacent (one node, consecutive devices).
 """
 from __future__ import annotations
 
@@ -30,16 +23,15 @@ class ThreeDParallelismConfig:
         return self.dp * self.tp * self.pp
 
     def validate(self, world_size: int | None = None) -> ThreeDParallelismConfig:
-        """Raise ValueError unless every size is a positive int and, when ``world_size`` is
-        given, dp * tp * pp equals it. Returns self."""
+        """Self, or a ValueError unless all sizes are ints >= 1 with product ``world_size``."""
         for name in ("dp", "tp", "pp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         if world_size is not None and self.world_size != world_size:
-            raise ValueError(
-                f"dp * tp * pp = {self.dp} * {self.tp} * {self.pp} = {self.world_size} does not "
-                f"match the world size {world_size}; choose sizes whose product is {world_size}")
+            raise ValueError(f"dp * tp * pp = {self.dp} * {self.tp} * {self.pp} = "
+                             f"{self.world_size} does not match the world size {world_size}; "
+                             f"choose sizes whose product is {world_size}")
         return self
 
 
@@ -130,7 +122,6 @@ class ProcessGroupManager:
     def __repr__(self):
         return f"ProcessGroupManager({self.config}, {self.mapping})"
 
-    # ------------------------------------------------------------------ pipeline
     def _stage(self, delta: int) -> int:
         s = self.mapping.pp_rank + delta
         if not 0 <= s < self.config.pp:
@@ -153,7 +144,6 @@ class ProcessGroupManager:
     def recv_from_next_stage(self, tag: int = 0, device=None):
         return self.pp_group.recv(self._stage(+1), tag, device)
 
-    # ------------------------------------------------------------------ data / tensor parallel
     def all_reduce_dp(self, x, op: str = "mean", strategy=None):
         """Average (by default) gradients across data-parallel replicas."""
         return self.dp_group.all_reduce(x, op, strategy)

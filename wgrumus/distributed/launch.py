@@ -2,6 +2,7 @@
 ``init_process_group`` (this process's group under mpiexec)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -16,9 +17,8 @@ _mpi_group: ProcessGroup | None = None
 
 
 def _config(config, world_size, timeout, backend):
-    """The caller's config, or the backend's best default: threads share memory, so their own
-    (native) collectives beat message passing; across processes the size-based Auto rule
-    (CollectiveConfig.select_all_reduce) applies."""
+    """The caller's config, or the backend's best: threads share memory, so their native
+    collectives beat message passing; processes take the size-based Auto rule."""
     if config is not None:
         cfg = config
     elif backend == "threads":
@@ -33,15 +33,9 @@ def _config(config, world_size, timeout, backend):
 
 def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: float = 60.0,
           config: CollectiveConfig | None = None) -> list:
-    """Run ``fn(group)`` on ``world_size`` ranks and return the results in rank order.
-
-    threads: one thread per rank, ``group.device = devices[rank]`` when devices are given. When a
-    rank raises, the group is aborted so every rank blocked in a collective stops at once; spawn
-    waits until every rank has stopped (at most ``timeout`` more for ranks stuck outside
-    collectives) and re-raises the first failure, with every rank's outcome in its notes.
-
-    mpi: call it in every process under ``mpiexec -n world_size``; runs ``fn`` on this process's
-    rank and returns everyone's results (they must be picklable)."""
+    """``fn(group)`` on ``world_size`` ranks, results in rank order: threads of this process (a
+    rank's failure aborts the group and is re-raised with every rank's outcome in its notes), or
+    under ``mpiexec -n world_size`` this process's rank (results must be picklable)."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     if devices is not None and len(devices) < world_size:
@@ -57,8 +51,7 @@ def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: 
 
 
 def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
-    """One daemon thread per rank (a rank stuck outside collectives cannot keep the process
-    alive); the first failure aborts the world and is re-raised with every rank's outcome."""
+    """One daemon thread per rank (one stuck outside collectives cannot keep the process up)."""
     from ..ops.random import get_rng_state, use_thread_generator
     world = ThreadWorld(world_size, cfg.timeout)
     results = [None] * world_size
@@ -118,11 +111,10 @@ def _note(exc: BaseException, text: str) -> None:
 
 def init_process_group(backend: str = "mpi", timeout: float = 60.0,
                        config: CollectiveConfig | None = None, device=None) -> ProcessGroup:
-    """This process's group under ``mpiexec -n N`` (rank = MPI rank). Calling it again returns the
-    same group. Called before any device exists, with several adapters, no ``device`` and
-    WGRUMUS_DEVICES unset, it opens only adapter ``local rank % adapters`` (the rank's device
-    ``wr.devices()[0]``). An uncaught exception in this process tells the other ranks before
-    exiting, so they raise CollectiveError at once instead of at their timeout."""
+    """This process's group under ``mpiexec -n N`` (the same one on every call). Called before
+    any device exists, with several adapters, no ``device`` and WGRUMUS_DEVICES unset, it opens
+    only adapter ``local rank % adapters``. An uncaught exception tells the other ranks before
+    exiting, so they do not wait out their timeout."""
     global _mpi_group
     if backend != "mpi":
         raise ValueError(f"init_process_group supports backend='mpi' (got {backend!r}); for "
@@ -149,10 +141,8 @@ def _install_excepthook(group: ProcessGroup) -> None:
 
     def hook(exc_type, exc, tb):
         if not issubclass(exc_type, KeyboardInterrupt):
-            try:
+            with contextlib.suppress(Exception):  # never hide the original error
                 group.abort(exc)
-            except Exception:  # never hide the original error
-                pass
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook

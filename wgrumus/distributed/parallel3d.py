@@ -1,15 +1,8 @@
-"""3D-parallel GPT training: data x tensor x pipeline parallel in one run.
-
-Each rank (a thread from ``dist.spawn`` or an MPI process) is a :class:`RankTrainer`: it builds
-``nn.GPT`` from the seed, keeps the blocks of its pipeline chunks (one chunk, or ``v = 2`` for the
-interleaved schedule), and shards them over its TP group (``tensor_parallel.shard_gpt``). Per
-step it runs its stage's action list -- the schedule with its SEND/RECV (``add_send_recv``) --
-through the one schedule interpreter (``pipeline.runtime.StageRunner``) over the pipeline
-group's send/recv; the last chunk computes the vocab-parallel loss. Gradients are then averaged
-over the DP group only, and every rank updates its own shards.
-
-Every layout (including 1x1x1, the single-device run) starts from the same dense model and sees
-the same global batch in the same order: the loss curves of all layouts agree.
+"""3D-parallel GPT training: each rank (thread or MPI process) is a :class:`RankTrainer` that
+builds ``nn.GPT`` from the seed, keeps its pipeline chunks' blocks sharded over its TP group, runs
+its action list through the one schedule interpreter over the pipeline group's send/recv and
+averages gradients over its DP group. Every layout starts from the same dense model and batches,
+so the loss curves of all layouts agree.
 """
 from __future__ import annotations
 
@@ -33,6 +26,7 @@ from .pipeline.schedules import get_schedule
 from .tensor_parallel.functional import vocab_parallel_cross_entropy
 from .tensor_parallel.layers import dense_name, shard_gpt
 from .tensor_parallel.shard import COLUMN, QKV, REPLICATE, ROW, VOCAB
+from .transport import split_bounds
 
 __all__ = ["GPTConfig", "dense_gpt_state", "gpt_shard_plan", "stage_blocks", "validate_layout",
            "train_3d", "Layout3DError", "RankTrainer", "GPTChunk"]
@@ -48,8 +42,7 @@ def chunks_per_stage(schedule: str) -> int:
 
 
 def dense_gpt_state(cfg: GPTConfig, seed: int = 0, device=None) -> dict:
-    """The dense GPT's parameters (numpy): ``nn.GPT`` built from ``seed``, so every layout,
-    and the plain single-device model, starts from the same weights."""
+    """The dense ``nn.GPT``'s parameters (numpy) from ``seed``, where every layout starts."""
     return {k: v.numpy() for k, v in cfg.build(seed, device).state_dict().items()}
 
 
@@ -67,8 +60,7 @@ def gpt_shard_plan(names) -> dict:
 
 def stage_blocks(n_layers: int, pp: int) -> list[range]:
     """Contiguous, balanced ranges of block indices per pipeline stage."""
-    base, extra = divmod(n_layers, pp)
-    cuts = [s * base + min(s, extra) for s in range(pp + 1)]
+    cuts = split_bounds(n_layers, pp)
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
@@ -113,10 +105,9 @@ def synthetic_tokens(cfg: GPTConfig, n: int, seed: int) -> np.ndarray:
     return ((start + stride * np.arange(cfg.block_size + 1)) % cfg.vocab_size).astype(np.int32)
 
 
-# ---------------------------------------------------------------------------- one rank
 class GPTChunk:
-    """One virtual pipeline stage of an ``nn.GPT``: its blocks ``blocks``, with the embedding on
-    the first one and the final norm, LM head and (vocab-parallel) loss on the last one."""
+    """One virtual pipeline stage of an ``nn.GPT``: its ``blocks``, the embedding on the first,
+    the final norm, head and vocab-parallel loss on the last."""
 
     def __init__(self, model, blocks: range, first: bool, last: bool, tp_group,
                  checkpoint: bool = False):
@@ -136,9 +127,8 @@ class GPTChunk:
 
 
 class RankTrainer:
-    """One rank of a dp x tp x pp GPT run: its shards of the model (``params``: dense name ->
-    tensor), its action list, and :meth:`gradients` for one step (the caller steps its
-    optimizer on them). Every rank of ``group`` builds one."""
+    """One rank of a dp x tp x pp GPT run: its shards (``params``: dense name -> tensor), its
+    action list and :meth:`gradients` (the caller steps its optimizer on them)."""
     loss_scale = 1.0  # a GradScaler's scale (mixed precision): multiplies the backward's seed
 
     def __init__(self, group, cfg: GPTConfig, dp: int, tp: int, pp: int,
@@ -177,13 +167,11 @@ class RankTrainer:
         return (self.mapping.dp_rank, self.mapping.tp_rank, self.mapping.pp_rank)
 
     def gradients(self, tokens: np.ndarray) -> dict:
-        """One step's gradients of this rank's shards for the global batch ``tokens``
-        [B, T + 1]: the schedule's actions, then the mean over the data-parallel group."""
+        """One step's gradients of this rank's shards for the global batch ``tokens`` [B, T+1]."""
         return self.step_gradients(self.micro_batches(tokens))
 
     def micro_batches(self, tokens: np.ndarray) -> list:
-        """This replica's equal share of the global batch ``tokens`` cut into ``m`` micro-batches
-        (the layout check makes both divisions exact), as (inputs, targets) device tensors."""
+        """This replica's share of ``tokens`` as ``m`` (inputs, targets) device micro-batches."""
         per = len(tokens) // self.pgm.config.dp
         size, start = per // self.m, self.mapping.dp_rank * per
         mbs = [tokens[start + k * size:start + (k + 1) * size] for k in range(self.m)]
@@ -191,9 +179,8 @@ class RankTrainer:
                 for mb in mbs]
 
     def step_gradients(self, mbs: list) -> dict:
-        """:meth:`gradients` from device micro-batches, with no read back to the host (what a
-        ``wr.jit`` capture of a rank's step replays; the communication runs between the
-        replayed segments). ``mb_losses`` holds the micro-batch losses as device tensors."""
+        """:meth:`gradients` from device micro-batches without a host read (what ``wr.jit``
+        captures); ``mb_losses`` gets the micro-batch losses as device tensors."""
         self.mb_losses = [None] * self.m
         runner = StageRunner(_RankWork(self, mbs), self.pgm.config.pp, self.nv,
                              self.mapping.pp_rank)
@@ -212,9 +199,7 @@ class RankTrainer:
         return self._dp_mean(grads)
 
     def _dp_mean(self, grads: dict) -> dict:
-        """Gradients averaged over the data-parallel group only (TP and PP peers hold other
-        shards) by the one gradient averager: flat device buckets through the group's
-        ``all_reduce_async``, planned once for this rank's parameters."""
+        """Gradients averaged over the data-parallel group only (TP/PP peers hold other shards)."""
         if self.pgm.config.dp == 1:
             return grads
         if self._dp_avg is None:
@@ -234,8 +219,7 @@ class RankTrainer:
 
 
 class _RankWork:
-    """What the schedule interpreter asks of a 3D rank: chunk forwards on its micro-batches,
-    and sends/receives over the pipeline group (tags name micro-batch and virtual stage)."""
+    """A 3D rank's work for the interpreter: chunk forwards, pipeline-group sends/receives."""
 
     def __init__(self, trainer: RankTrainer, mbs: list):
         self.t, self.mbs = trainer, mbs
@@ -264,24 +248,15 @@ class _RankWork:
         return self.t.pgm.pp_group.recv(src % self.t.pgm.config.pp, tag, self.t.device)
 
 
-# ---------------------------------------------------------------------------- entry point
 def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, pp: int = 1,
              steps: int = 10, batch_size: int = 8, micro_batches: int | None = None,
              lr: float = 0.1, seed: int = 0, devices=None, data=None, schedule: str = "1f1b",
              backend: str = "threads", timeout: float = 60.0, on_step=None,
              optimizer=None, return_details: bool = False):
-    """Train the GPT with dp x tp x pp ranks; returns the loss of every step (the global-batch
-    mean cross-entropy), identical across layouts up to float32 rounding.
-
-    devices: one per rank (dp * tp * pp of them; default the first dp*tp*pp of wr.devices();
-    under backend="mpi", run in every process of ``mpiexec -n dp*tp*pp``, rank r uses this
-    process's device r mod n).
-    data: int array [N, block_size + 1] (default: a seeded synthetic corpus). micro_batches:
-    pipeline micro-batches per replica (default pp). on_step(rank, step): called on every rank
-    before each step (fault injection, progress). optimizer: params -> Optimizer, called on
-    every rank with its shards (default ``wr.optim.SGD(params, lr)``). Invalid layouts raise
-    Layout3DError before any rank starts; a failure in one rank stops all ranks and raises it
-    (CollectiveError for the ranks that were waiting on it)."""
+    """Train the GPT with dp x tp x pp ranks; returns every step's global-batch loss, the same
+    in every layout up to float32 rounding. ``data``: int rows [N, block_size + 1] (default
+    synthetic); ``on_step(rank, step)`` runs before each step; ``optimizer``: params ->
+    Optimizer (default SGD). Bad layouts raise Layout3DError before any rank starts."""
     cfg = _config(config)
     world = dp * tp * pp
     if devices is None:
@@ -294,11 +269,8 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     def fn(group):
         rank = RankTrainer(group, cfg, dp, tp, pp, schedule, micro_batches, seed)
         params = [rank.params[n] for n in rank.names]
-        if optimizer is None:
-            from ..optim import SGD
-            opt = SGD(params, lr=lr)
-        else:
-            opt = optimizer(params)
+        from ..optim import SGD
+        opt = SGD(params, lr=lr) if optimizer is None else optimizer(params)
         losses, t0 = [], time.perf_counter()
         for step in range(steps):
             if on_step is not None:
@@ -318,16 +290,14 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     if not return_details:
         return losses
     secs = max(r["seconds"] for r in results)
-    return {"losses": losses, "seconds": secs, "layout": {"dp": dp, "tp": tp, "pp": pp,
-                                                          "schedule": schedule,
-                                                          "devices": world},
+    return {"losses": losses, "seconds": secs,
+            "layout": {"dp": dp, "tp": tp, "pp": pp, "schedule": schedule, "devices": world},
             "tokens_per_s": steps * batch_size * cfg.block_size / secs if secs else math.inf,
             "config": asdict(cfg), "ranks": results}
 
 
 def _default_devices(world: int, backend: str) -> list:
-    """The first ``world`` devices; under MPI (one process per rank) rank r takes this host's
-    device r mod n. Fewer devices than ranks is left for ``validate_layout`` to report."""
+    """The first ``world`` devices; under MPI rank r takes this host's device r mod n."""
     from ..runtime import devices as _devs
     devs = _devs()
     if backend == "mpi":

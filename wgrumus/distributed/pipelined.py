@@ -1,19 +1,9 @@
-"""Device collectives through pipelined staging: the engine under CommThread and under the thread
-backend's device collectives (all_reduce, reduce_scatter, all_gather, broadcast).
+"""Device collectives through pipelined staging (under CommThread and the thread backend).
 
-Adapters of one host have no peer-to-peer path in WebGPU, so a collective between devices goes
-device -> mapped staging -> host -> staging -> device. Every participant (one thread per device)
-cuts its part of the work into the same chunks and keeps ``inflight`` chunk downloads queued on its
-device; each map is tracked on its own (runtime/staging.py), so chunk k+1's download, chunk k's
-host step and chunk k-1's upload overlap on every rank. The host step is one
-``CollectiveBarrier.exchange`` round per chunk: it reads every rank's chunk in place in its mapped
-download buffer and writes the result straight into each rank's mapped upload buffer, split over
-several threads (no other host copies). One submit carries chunk k's upload and the download of
-chunk k + inflight; upload buffers rotate past the downloads in flight (``Staging.writer``'s
-``spare``), so filling one never waits on a later chunk's download.
-
-On failure the staging buffers a call holds are unmapped and dropped, the barrier is broken (the
-other ranks raise CollectiveError at once) and the error propagates.
+WebGPU has no peer-to-peer path between adapters, so data goes device -> mapped staging -> host
+-> staging -> device, in chunks: with ``inflight`` downloads queued, chunk k+1's download, chunk
+k's host step (one ``CollectiveBarrier.exchange`` round, reading and writing mapped memory in
+place) and chunk k-1's upload overlap. A failure unmaps what the call holds and breaks the barrier.
 """
 from __future__ import annotations
 
@@ -26,15 +16,10 @@ import numpy as np
 from .barrier import check_op
 from .errors import CollectiveError
 
-# Per chunk the engine pays two map requests, one submit and one barrier round; the chunk must
-# be large enough to hide that and small enough that the pipeline fills quickly.
-# benchmarks/collectives.py --backend comm --chunks compares sizes: on the H100 host (2 ranks,
-# helper threads from a pool) 16 MB chunks ran a 64 MB all-reduce at 5.5 GB/s, 8 MB 4.8, 4 MB
-# 3.7, 2 MB 2.0 (BENCHMARKS.md, 2026-11-24).
+# Large enough to hide a chunk's two maps, submit and barrier round: on the H100 host 16 MB
+# chunks ran a 64 MB all-reduce at 5.5 GB/s, 2 MB at 2.0 (BENCHMARKS.md, 2026-11-24).
 CHUNK_BYTES = 16 << 20
-# Chunk downloads queued ahead of the one being reduced: this many bytes' worth (3 chunks of 16
-# MB, as measured), at least INFLIGHT and at most MAX_INFLIGHT chunks, so small chunks keep the
-# link as busy as large ones.
+# Downloads queued ahead: this many bytes' worth, so small chunks keep the link as busy.
 INFLIGHT_BYTES = 48 << 20
 INFLIGHT = 3
 MAX_INFLIGHT = 12
@@ -42,8 +27,8 @@ MAX_INFLIGHT = 12
 
 @dataclass(frozen=True)
 class _Chunk:
-    """One round: its space (elements), what this rank downloads into it (byte offset in src,
-    bytes; at element item_at) and uploads from it (byte offset in dst, bytes; from out_at)."""
+    """One round's space (elements), this rank's download into it ((src byte offset, bytes), at
+    element item_at) and upload from it ((dst byte offset, bytes), from out_at)."""
     length: int
     down: tuple | None
     item_at: int
@@ -52,8 +37,7 @@ class _Chunk:
 
 
 def _spans(length: int, chunk_bytes: int | None, dtype) -> list[tuple]:
-    """Element ranges [c0, c1) of ``length`` elements in chunks of ``chunk_bytes`` (None: the
-    module's CHUNK_BYTES, read at call time); one empty range for nothing."""
+    """Element ranges of ``chunk_bytes`` (None: CHUNK_BYTES at call time); one empty for none."""
     chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     chunk = max(256, chunk_bytes // 256 * 256) // np.dtype(dtype).itemsize
     return [(c, min(c + chunk, length)) for c in range(0, length, chunk)] or [(0, 0)]
@@ -68,8 +52,7 @@ def inflight_of(chunk_bytes: int, inflight: int | None = None) -> int:
 
 def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
                chunk_bytes: int | None = None, inflight: int | None = None) -> None:
-    """All-reduce BufferSlice ``src`` over the barrier's participants into ``dst`` (default: in
-    place); every participant calls it with its own device's slices."""
+    """All-reduce every participant's BufferSlice ``src`` into its ``dst`` (default: in place)."""
     dst = src if dst is None else dst
     if dst.device is not src.device or dst.nbytes != src.nbytes or dst.dtype != src.dtype:
         raise ValueError(f"dst ({dst.nbytes} bytes of {dst.dtype} on {dst.device!r}) must match "
@@ -84,8 +67,7 @@ def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
 
 def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
                    chunk_bytes: int | None = None, inflight: int | None = None) -> None:
-    """Reduce every rank's ``src`` and write elements [parts[rank], parts[rank+1]) of the result
-    into this rank's ``dst``."""
+    """Elements [parts[rank], parts[rank+1]) of the reduced ``src`` into this rank's ``dst``."""
     check_op(op, src.dtype)
     chunks = _scatter_gather("reduce_scatter", dst, src, rank, parts, chunk_bytes)
     _run(barrier, rank, src.dtype, op, [_Chunk(c.length, c.up, c.out_at, c.down, c.item_at)
@@ -94,16 +76,14 @@ def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
 
 def all_gather(src, dst, barrier, rank: int, parts, chunk_bytes: int | None = None,
                inflight: int | None = None) -> None:
-    """Write every rank's ``src`` side by side into each rank's ``dst``: rank r's elements go to
-    [parts[r], parts[r+1])."""
+    """Every rank's ``src`` side by side in each rank's ``dst`` (rank r's at parts[r])."""
     chunks = _scatter_gather("all_gather", src, dst, rank, parts, chunk_bytes)
     _run(barrier, rank, src.dtype, None, chunks, src, dst, inflight)
 
 
 def _scatter_gather(name, part, whole, rank, parts, chunk_bytes) -> list:
-    """All-gather's chunks: this rank downloads its ``part`` (elements [parts[rank],
-    parts[rank+1]) of the space) where a chunk holds some of it, and uploads every chunk into
-    ``whole``. Reduce-scatter's are the same with the directions swapped."""
+    """All-gather's chunks (reduce-scatter's, directions swapped): this rank downloads its
+    ``part`` where a chunk holds some, and uploads every chunk into ``whole``."""
     isz = part.dtype.itemsize
     lo, hi = parts[rank], parts[rank + 1]
     if part.nbytes != (hi - lo) * isz or whole.nbytes != parts[-1] * isz:
@@ -132,8 +112,7 @@ def broadcast(buf, barrier, rank: int, root: int, chunk_bytes: int | None = None
 
 
 def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
-    """The pipeline over ``chunks``: downloads up to ``inflight`` ahead, one exchange round and
-    one upload per chunk."""
+    """The pipeline over ``chunks``: downloads ``inflight`` ahead, a round and upload each."""
     for c in chunks:
         for part in (c.down, c.up):
             if part is not None and (part[0] % 4 or part[1] % 4):

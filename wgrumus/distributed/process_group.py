@@ -1,18 +1,13 @@
 """ProcessGroup: the collectives one rank calls, over either transport (threads or MPI).
 
-Every method takes a numpy array or a wgrumus Tensor and *returns* the result (Tensor in, Tensor
-out on the same device); inputs are never modified. Like MPI communicators and NCCL, all ranks of
-a group must call the same collectives in the same order. Each call has a deadline
-(``config.timeout``): if any rank fails, exits or never arrives, every other rank raises
-CollectiveError instead of hanging, and the group is broken from then on.
-
-Inside a ``wr.jit`` capture of the tensor's device, a call on tensors is a ``capture.host_op``:
-every replay runs it again between the replayed segments. ``all_reduce_async`` is replayed
-asynchronously: started after the work before it is submitted, waited for where the capture
-called ``Work.wait`` (``capture.host_launch``); other nonblocking calls complete at once.
+Methods take a numpy array or a Tensor and *return* the result (Tensor in, Tensor out on its
+device). As with MPI and NCCL, all ranks call the same collectives in the same order; a rank that
+fails or never arrives makes the others raise CollectiveError by the deadline and breaks the group.
+Inside a ``wr.jit`` capture a call on tensors is a ``capture.host_op`` the replay runs again.
 """
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import time
@@ -32,10 +27,8 @@ from .interop import from_numpy, is_tensor, to_numpy
 
 
 class Work:
-    """Handle of a nonblocking operation (isend, all_reduce_async): ``wait(timeout=None)`` blocks
-    until it completed and returns its result (None for a send). Without ``timeout`` the wait
-    ends at the group's deadline counted from the start of the operation. A failure or a
-    timed-out wait breaks the group, like a failed blocking call."""
+    """Handle of a nonblocking operation: ``wait(timeout=None)`` returns its result (by default
+    waiting until the group's deadline); a failure or timeout breaks the group."""
 
     def __init__(self, group, finish, deadline, name: str | None = None, nbytes: int = 0):
         self._group, self._finish, self._deadline = group, finish, deadline
@@ -108,15 +101,10 @@ class ProcessGroup:
     def max_user_tag(self) -> int:
         return self._coll_base - 1
 
-    # ------------------------------------------------------------------ plumbing
     def _run(self, name: str, nbytes, fn, collective: bool = True, detail: str = ""):
-        """Run one operation under the group's deadline, with measured stats and failure policy:
-        any error once communication started breaks the group and tells the peers.
-
-        Collectives take the next sequence number as their tag; every rank counts the same
-        collectives, so tags agree. Point-to-point calls must not advance it. Before a
-        collective moves data the ranks compare ``name`` and ``detail`` (op, root, strategy,
-        dtype, shape): a mismatch is a CollectiveError, not a hang or a wrong result."""
+        """One operation under the group's deadline, with stats; any error breaks the group.
+        Collectives take the next sequence number as tag (every rank counts the same ones) and
+        first compare ``name`` and ``detail``, so a mismatch is an error, not a hang."""
         with self._lock:
             self._check_usable()
             if collective:
@@ -167,14 +155,11 @@ class ProcessGroup:
     def _fail(self, err: CollectiveError) -> None:
         if self._broken is None:
             self._broken = err
-        try:
+        with contextlib.suppress(Exception):  # telling peers is best effort; we raise anyway
             self._t.abort(err)
-        except Exception:  # telling peers is best effort; this rank raises either way
-            pass
 
     def abort(self, exc: BaseException | None = None) -> None:
-        """Break the group on purpose (e.g. this rank hit an error): peers waiting in a collective
-        raise CollectiveError at once instead of at the timeout."""
+        """Break the group on purpose: peers waiting in a collective raise at once."""
         err = exc if isinstance(exc, CollectiveError) else CollectiveError(
             f"rank {self.rank} aborted: {type(exc).__name__}: {exc}" if exc is not None
             else f"rank {self.rank} aborted", rank=self.rank)
@@ -187,7 +172,6 @@ class ProcessGroup:
             raise ValueError(f"{what} must be a rank in [0, {self.world_size}), got {r!r}")
         return int(r)
 
-    # ------------------------------------------------------------------ collectives
     def all_reduce(self, x, op: str = "sum", strategy=None):
         """Reduce ``x`` over all ranks (op: sum, mean, max, min); every rank gets the result."""
         if _captured(x):
@@ -212,8 +196,7 @@ class ProcessGroup:
         return from_numpy(out.reshape(arr.shape), dev)  # (some paths make 0-d arrays 1-d)
 
     def _shared_device_all_reduce(self, x, s, op):
-        """MPI ranks of one host, a device tensor: its chunks go device -> mapped staging ->
-        the host's shared window -> staging -> a new tensor, pipelined (no numpy round trip)."""
+        """MPI ranks of one host: a device tensor through the host's shared window, pipelined."""
         check_op(op, s.dtype)
         from ..tensor import Tensor
         out = Tensor.empty(tuple(x.shape), s.device, s.dtype)
@@ -229,13 +212,9 @@ class ProcessGroup:
                          detail=_detail(spec, op=op, strategy=strat))
 
     def all_reduce_async(self, x, op: str = "sum") -> Work:
-        """Start ``all_reduce(x, op)`` and return at once; ``Work.wait(timeout)`` returns the
-        result. Every rank's asynchronous collectives run in the order they were started, on a
-        communication thread, while the caller goes on; all ranks must pass Tensors, or all
-        arrays. Threads backend, device tensors: the rank's CommThread moves them through the
-        pipelined staging engine into a new tensor (no numpy round trip); otherwise (MPI, arrays)
-        ``all_reduce`` runs on the group's background thread. Do not change ``x`` before
-        ``wait()``, nor call other collectives of this group in between."""
+        """Start ``all_reduce(x, op)`` in order on a communication thread (threads backend, device
+        tensors: the rank's CommThread, no numpy round trip); ``Work.wait`` returns the result.
+        Leave ``x`` and this group alone until then."""
         self._check_usable()
         if _captured(x):  # replays start it here and wait where (and as long as) this waits
             return capture.host_launch(x.device, lambda t: self.all_reduce_async(t, op), x)
@@ -258,8 +237,7 @@ class ProcessGroup:
                     s.nbytes)
 
     def run_async(self, fn) -> Work:
-        """Run ``fn()`` (calls on this group) on the group's background thread, after what was
-        started there before; ``Work.wait(timeout)`` returns its result."""
+        """Run ``fn()`` on the group's background thread after what was started there."""
         self._check_usable()
         with self._lock:
             if self._pool is None:
@@ -268,9 +246,7 @@ class ProcessGroup:
         return Work(self, lambda dl: fut.result(_left(dl)), time.monotonic() + self.config.timeout)
 
     def close(self) -> None:
-        """Stop the background threads of this group and the groups split off it (queued
-        operations are cancelled; a later call starts a new one). Threads backend:
-        ``ThreadWorld.close()`` stops the ranks' CommThreads."""
+        """Stop the background threads of this group and its subgroups (queued calls cancelled)."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
@@ -298,8 +274,7 @@ class ProcessGroup:
                                     detail=_detail(arr, op=op, root=root, strategy=strat)), dev)
 
     def broadcast(self, x=None, root: int = 0, strategy=None):
-        """Return root's ``x`` on every rank. Other ranks may pass None (shape and dtype come with
-        the data) or an array/Tensor of the expected shape and dtype (checked)."""
+        """Root's ``x`` on every rank; others pass None or a like-shaped array (checked)."""
         if _captured(x):
             return capture.host_op(x.device, lambda t: self.broadcast(t, root, strategy), x)
         if x is None and capture.recording(self.device):
@@ -330,8 +305,7 @@ class ProcessGroup:
                                     detail=f"root {root} strategy {strat!r}"), dev)
 
     def all_gather(self, x, axis: int = 0, strategy=None):
-        """Concatenate every rank's ``x`` along ``axis`` (dim 0 by default) in rank order.
-        Sizes along ``axis`` may differ between ranks; everything else must match."""
+        """Every rank's ``x`` concatenated along ``axis`` in rank order (sizes there may differ)."""
         if _captured(x):
             return capture.host_op(x.device, lambda t: self.all_gather(t, axis, strategy), x)
         if strategy is None and is_tensor(x) and \
@@ -344,11 +318,7 @@ class ProcessGroup:
             lambda front, tag, dl: C.ring_all_gather(self._t, front, tag, dl)), dev)
 
     def reduce_scatter(self, x, op: str = "sum", axis: int = 0, strategy=None):
-        """Reduce ``x`` over all ranks and return this rank's part of it along ``axis``.
-
-        The axis is split into world_size parts by numpy.array_split's rule: with n = size % world,
-        ranks 0..n-1 get one more row than the rest (so uneven sizes are allowed, and all_gather
-        of the parts restores the full array)."""
+        """This rank's part along ``axis`` (numpy.array_split rule) of the reduction of ``x``."""
         if _captured(x):
             return capture.host_op(x.device,
                                    lambda t: self.reduce_scatter(t, op, axis, strategy), x)
@@ -365,9 +335,7 @@ class ProcessGroup:
             lambda front, tag, dl: C.ring_reduce_scatter(self._t, front, op, tag, dl)), dev)
 
     def _along_axis(self, name: str, arr, axis: int, strategy, detail: str, native, ring):
-        """All-gather / reduce-scatter: the backend's own ``native(front, deadline)`` or (strategy
-        'ring') ``ring(front, tag, deadline)`` under :meth:`_run`. The transports split and join
-        along axis 0 only: ``axis`` moves to the front and back."""
+        """All-gather / reduce-scatter by ``native`` or ``ring`` on ``axis`` moved to the front."""
         if strategy is None:
             use_native = self.config.local_all_reduce.kind == "native"
         elif str(strategy).lower() in ("ring", "native"):
@@ -390,11 +358,8 @@ class ProcessGroup:
         """Return once every rank of the group has called barrier()."""
         self._run("barrier", 0, lambda tag, dl: self._t.native_barrier(dl))
 
-    # ------------------------------------------------------------------ point to point
     def isend(self, x, dst: int, tag: int = 0) -> Work:
-        """Start sending ``x`` (shape and dtype travel along) to ``dst``; returns a Work handle.
-        The data is taken at once (copied or in flight), so ``x`` may be reused immediately only
-        under threads; under MPI keep it unchanged until ``wait()``."""
+        """Start sending ``x`` to ``dst`` (under MPI keep ``x`` unchanged until ``wait()``)."""
         if _captured(x):
             capture.host_op(x.device, lambda t: self.isend(t, dst, tag).wait(), x)
             return Work(self, lambda dl: None, time.monotonic() + self.config.timeout)
@@ -433,7 +398,6 @@ class ProcessGroup:
             raise ValueError(f"tag must be an int in [0, {self.max_user_tag}], got {tag!r}")
         return int(tag)
 
-    # ------------------------------------------------------------------ objects, subgroups
     def all_gather_object(self, obj) -> list:
         """Every rank's picklable ``obj``, in rank order."""
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
@@ -444,8 +408,7 @@ class ProcessGroup:
                 for i in range(self.world_size)]
 
     def split(self, color: int | None, key: int | None = None, name: str | None = None):
-        """MPI_Comm_split: every rank calls it; ranks with the same ``color`` form a new group,
-        ordered by (key, rank). Returns the new group, or None for color None."""
+        """MPI_Comm_split: ranks of one ``color`` form a group ordered by (key, rank)."""
         if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
             raise ValueError(f"color must be an int >= 0 or None, got {color!r}")
         with self._lock:
@@ -453,11 +416,8 @@ class ProcessGroup:
                   self.rank]
             table = self.all_gather(np.array([me], dtype=np.int64))
             self._splits += 1
-            if color is None:
-                members = []
-            else:
-                rows = sorted((int(k), int(r)) for c, k, r in table if c == color)
-                members = [r for _, r in rows]
+            members = [] if color is None else [  # ordered by (key, rank)
+                r for _, r in sorted((int(k), int(r)) for c, k, r in table if c == color)]
             sub = self._t.split(("split", self._splits, color), color, members)
         if sub is None:
             return None
@@ -469,15 +429,13 @@ class ProcessGroup:
         return child
 
     def new_group(self, ranks, name: str | None = None):
-        """A group of ``ranks`` (in that order); every rank of this group must call it. Returns
-        None on ranks outside it."""
+        """A group of ``ranks`` in that order (None outside it); every rank calls it."""
         ranks = [self._check_rank(r, "ranks[i]") for r in ranks]
         if len(set(ranks)) != len(ranks):
             raise ValueError(f"new_group: ranks must be distinct, got {ranks}")
         inside = self.rank in ranks
         return self.split(0 if inside else None, ranks.index(self.rank) if inside else None, name)
 
-    # ------------------------------------------------------------------ hierarchical
     def _hierarchical_all_reduce(self, arr, op):
         """Multi-node: reduce in each node, all-reduce among node leaders, broadcast in nodes."""
         cfg = self.config
@@ -508,10 +466,8 @@ class ProcessGroup:
         return self._run("all_reduce", arr.nbytes, go,
                          detail=_detail(arr, op=op, strategy="hierarchical"))
 
-    # ------------------------------------------------------------------ stats
     def stats(self) -> dict:
-        """Measured counters: operations, payload bytes and seconds spent, per operation and in
-        total, plus the transport's messages and bytes on the wire."""
+        """Calls, payload bytes and seconds per operation and in total, plus the transport's."""
         ops = {k: {"calls": v[0], "bytes": v[1], "seconds": v[2]} for k, v in self._ops.items()}
         out = {"operations": sum(v["calls"] for v in ops.values()),
                "bytes": sum(v["bytes"] for v in ops.values()),

@@ -2,18 +2,18 @@
 only, and the owners' updated parameters then reach the other replicas."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd import GradientStore, no_grad
 from ..ops.elementwise import copy_into
 from ..tensor import Tensor
-from .averaging import flat_view
+from .averaging import flat_view, store_of
 
 
 class OptimizerSharding:
-    """ZeRO stage 1 (DeepSpeed; PyTorch's ZeroRedundancyOptimizer): every parameter has one
-    owner replica, the owners' parameter counts balanced greedily (largest first). After the
-    gradient all-reduce each replica steps only the parameters it owns, so its optimizer creates
-    state (Adam's moments) for about 1/N of the model; then every owner's updated parameters
-    reach the other replicas (one packed buffer per owner), so all replicas stay identical."""
+    """ZeRO stage 1 (DeepSpeed; PyTorch's ZeroRedundancyOptimizer): each parameter has one owner
+    (counts balanced greedily), whose optimizer alone steps it and keeps its state; the owners
+    then broadcast their updated parameters, one packed buffer each."""
 
     def __init__(self, params, world: int):
         self.world = world
@@ -28,39 +28,27 @@ class OptimizerSharding:
 
     def owned_grads(self, rank: int, params, grads: GradientStore) -> GradientStore:
         """The part of ``grads`` this replica's optimizer steps."""
-        out = GradientStore()
-        for i in self.owned[rank]:
-            g = grads.get(params[i])
-            if g is not None:
-                out.accumulate(params[i], g)
-        return out
+        return store_of((params[i], grads.get(params[i])) for i in self.owned[rank])
 
-    def _pack(self, rank: int, params) -> Tensor:
-        ps = [params[i] for i in self.owned[rank]]
-        flat = Tensor.empty((sum(p.numel() for p in ps),), params[0].device)
-        off = 0
-        with no_grad():
-            for p in ps:
-                copy_into(flat_view(flat, p.shape, off), p)
-                off += p.numel()
-        return flat
-
-    def _unpack(self, rank: int, params, flat: Tensor) -> None:
-        off = 0
-        with no_grad():
-            for i in self.owned[rank]:
-                copy_into(params[i], flat_view(flat, params[i].shape, off))
-                off += params[i].numel()
+    def _packed(self, r: int, params, flat: Tensor | None = None) -> tuple:
+        """Owner ``r``'s parameters with their views of one flat buffer (``flat``, or new)."""
+        ps = [params[i] for i in self.owned[r]]
+        if flat is None:
+            flat = Tensor.empty((sum(p.numel() for p in ps),), params[0].device)
+        offs = np.cumsum([0] + [p.numel() for p in ps])
+        return flat, [(p, flat_view(flat, p.shape, int(o))) for p, o in zip(ps, offs)]
 
     def gather_group(self, group, params) -> None:
-        """Each owner broadcasts its packed parameters to this replica's group (every replica
-        calls it with its own group and parameters)."""
+        """Each owner broadcasts its packed parameters (every replica calls it on its group)."""
         for r in range(self.world):
             if not self.owned[r]:
                 continue
-            if group.rank == r:
-                group.broadcast(self._pack(r, params), root=r)
-            else:
-                n = sum(params[i].numel() for i in self.owned[r])
-                like = Tensor.empty((n,), params[0].device)
-                self._unpack(r, params, group.broadcast(like, root=r))
+            flat, views = self._packed(r, params)
+            with no_grad():
+                if group.rank == r:
+                    for p, v in views:
+                        copy_into(v, p)
+                    group.broadcast(flat, root=r)
+                else:
+                    for p, v in self._packed(r, params, group.broadcast(flat, root=r))[1]:
+                        copy_into(p, v)

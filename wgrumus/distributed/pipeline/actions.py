@@ -1,32 +1,15 @@
-"""Pipeline actions and schedules as plain, inspectable data.
-
-A schedule is nothing more than, for every pipeline stage, the ordered list of actions that stage
-performs in one training step. Keeping it as data (rather than as control flow inside an executor)
-is what lets a test print a schedule, compare it with a hand-written list, validate it and simulate
-it before a single kernel runs -- the approach of ``torch.distributed.pipelining``. The executor
-then only has to follow the list.
-
-Kinds of action:
-
-``F``   forward of one micro-batch through one model chunk;
-``B``   full backward (input gradient and weight gradient together);
-``BI``  input-gradient half of a split backward (what the previous stage waits for);
-``BW``  weight-gradient half of a split backward (nobody waits for it, so it can fill bubbles).
-
-Communication is part of the list too (:func:`add_send_recv`, one pass over the compute actions,
-as PyTorch's ``_add_send_recv``): ``SF``/``RF`` send/receive the activation of a micro-batch to/from
-the next/previous virtual stage, ``SB``/``RB`` its gradient to/from the previous/next one.
-
-Model chunks exist for the interleaved schedule: with ``v`` chunks per stage, chunk ``c`` on stage
-``s`` is virtual stage ``c * p + s`` (Megatron-LM's layout), so a micro-batch visits stages
-0..p-1 with chunk 0, then 0..p-1 again with chunk 1, and so on.
+"""Pipeline actions and schedules as data, so a test can print, validate and simulate a schedule
+before a kernel runs (as ``torch.distributed.pipelining``). Kinds: ``F`` forward, ``B`` full
+backward, ``BI``/``BW`` its input/weight-gradient halves (nobody waits for ``BW``), and the
+communication ``SF``/``RF``/``SB``/``RB`` that :func:`add_send_recv` adds. Chunk ``c`` on stage
+``s`` is virtual stage ``c * p + s`` (Megatron-LM's interleaved layout).
 """
-
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 FORWARD = "F"
 BACKWARD = "B"
@@ -39,20 +22,12 @@ KINDS = COMPUTE_KINDS + COMM_KINDS
 
 
 class ScheduleError(ValueError):
-    """An action list that cannot be executed (or a schedule that cannot be built).
-
-    A ``ValueError`` so that callers passing bad ``(p, m)`` can catch the usual exception type.
-    """
+    """An action list that cannot be executed (a ValueError, what bad ``(p, m)`` raise)."""
 
 
 @dataclass(frozen=True, order=True)
 class Action:
-    """One step of one stage: ``kind`` on micro-batch ``mb`` for model chunk ``chunk``.
-
-    ``repr`` is the compact notation used in charts and tests: ``F0``, ``B3``, ``BI2``, and a
-    ``.c`` suffix for chunks other than 0 (``F2.1`` is the forward of micro-batch 2 on chunk 1).
-    """
-
+    """``kind`` on micro-batch ``mb`` of model chunk ``chunk``; repr ``F0``, ``BI2``, ``F2.1``."""
     kind: str
     mb: int
     chunk: int = 0
@@ -60,10 +35,9 @@ class Action:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ScheduleError(f"unknown action kind {self.kind!r}; expected one of {KINDS}")
-        if not isinstance(self.mb, int) or isinstance(self.mb, bool) or self.mb < 0:
-            raise ScheduleError(f"micro-batch index must be an int >= 0, got {self.mb!r}")
-        if not isinstance(self.chunk, int) or isinstance(self.chunk, bool) or self.chunk < 0:
-            raise ScheduleError(f"chunk index must be an int >= 0, got {self.chunk!r}")
+        for what, v in (("micro-batch", self.mb), ("chunk", self.chunk)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ScheduleError(f"{what} index must be an int >= 0, got {v!r}")
 
     def __repr__(self) -> str:
         return f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
@@ -75,13 +49,11 @@ class Action:
         return self.kind in COMM_KINDS
 
     @property
-    def sends_input_grad(self) -> bool:
-        """True for the actions that produce the gradient the previous stage waits for."""
+    def sends_input_grad(self) -> bool:  # the gradient the previous stage waits for
         return self.kind in (BACKWARD, BACKWARD_INPUT)
 
     @property
-    def frees_activations(self) -> bool:
-        """True for the action after which this micro-batch's activations are no longer needed."""
+    def frees_activations(self) -> bool:  # the micro-batch's activations are no longer needed
         return self.kind in (BACKWARD, BACKWARD_WEIGHT)
 
     @classmethod
@@ -89,29 +61,16 @@ class Action:
         """Inverse of ``repr``: ``"F0"``, ``"B3"``, ``"BI2"``, ``"BW2.1"``, ``"F2.1"``."""
         m = _ACTION_RE.fullmatch(text.strip())
         if not m:
-            raise ScheduleError(
-                f"cannot parse action {text!r}; expected e.g. 'F0', 'B3', 'BI2', 'BW2', 'F2.1'"
-            )
+            raise ScheduleError(f"cannot parse action {text!r}; expected e.g. 'F0', 'B3', 'BI2', "
+                                f"'BW2', 'F2.1'")
         return cls(m.group(1), int(m.group(2)), int(m.group(3) or 0))
 
 
 _ACTION_RE = re.compile(r"(BI|BW|SF|RF|SB|RB|F|B)(\d+)(?:\.(\d+))?")
 
 
-def F(mb: int, chunk: int = 0) -> Action:  # noqa: N802 - reads like the notation
-    return Action(FORWARD, mb, chunk)
-
-
-def B(mb: int, chunk: int = 0) -> Action:  # noqa: N802
-    return Action(BACKWARD, mb, chunk)
-
-
-def BI(mb: int, chunk: int = 0) -> Action:  # noqa: N802
-    return Action(BACKWARD_INPUT, mb, chunk)
-
-
-def BW(mb: int, chunk: int = 0) -> Action:  # noqa: N802
-    return Action(BACKWARD_WEIGHT, mb, chunk)
+# F(mb, chunk=0) etc.: the notation, for writing expected lists
+F, B, BI, BW = (partial(Action, k) for k in COMPUTE_KINDS)
 
 
 ActionLike = Action | str
@@ -133,13 +92,8 @@ def parse_actions(text: str) -> tuple[Action, ...]:
 
 @dataclass(frozen=True)
 class Schedule:
-    """The per-stage action lists of one training step, plus the sizes they were built for.
-
-    Behaves like a read-only sequence of stages: ``sched[s]`` is stage ``s``'s tuple of actions,
-    ``len(sched)`` is the number of stages. ``num_microbatches`` and ``num_chunks`` are stored
-    (not inferred) so that validation can notice a micro-batch missing on every stage.
-    """
-
+    """Per-stage action lists (``sched[s]``), with the sizes stored so that validation notices a
+    micro-batch missing on every stage."""
     name: str
     num_stages: int
     num_microbatches: int
@@ -178,9 +132,8 @@ class Schedule:
 
     def format(self) -> str:
         """One line per stage: ``stage 0: F0 F1 B0 B1``."""
-        return "\n".join(
-            f"stage {s}: " + " ".join(repr(a) for a in acts) for s, acts in enumerate(self.stages)
-        )
+        return "\n".join(f"stage {s}: " + " ".join(map(repr, acts))
+                         for s, acts in enumerate(self.stages))
 
     __str__ = format
 
@@ -191,11 +144,8 @@ class Schedule:
 
 
 def add_send_recv(sched: Schedule) -> Schedule:
-    """The schedule with its communication: each forward of virtual stage k > 0 receives its
-    input right before it (``RF``) and each one of k < last sends its output right after (``SF``);
-    each input-gradient backward (B, BI) receives from k + 1 before and sends to k - 1 after.
-    Sends are buffered, so receiving just before use cannot deadlock a schedule that
-    ``validate`` accepts."""
+    """The schedule with its communication: a receive right before each F, B or BI that needs one,
+    a send right after; sends are buffered, so a valid schedule cannot deadlock."""
     last = sched.num_virtual_stages - 1
     stages = []
     for s, acts in enumerate(sched.compute()):
@@ -215,17 +165,10 @@ def add_send_recv(sched: Schedule) -> Schedule:
                     tuple(stages))
 
 
-def make_schedule(
-    stages: Schedule | Iterable[StageActions],
-    num_microbatches: int | None = None,
-    num_chunks: int | None = None,
-    name: str = "custom",
-) -> Schedule:
-    """Normalise a :class:`Schedule` or a raw list of per-stage lists (Actions or strings).
-
-    For raw lists the number of micro-batches and chunks is inferred from the largest indices seen
-    unless given; pass them explicitly to catch a micro-batch that is missing on every stage.
-    """
+def make_schedule(stages: Schedule | Iterable[StageActions], num_microbatches: int | None = None,
+                  num_chunks: int | None = None, name: str = "custom") -> Schedule:
+    """A :class:`Schedule` from raw per-stage lists (Actions or strings); sizes not given are
+    inferred from the largest indices."""
     if isinstance(stages, Schedule):
         if num_microbatches is None and num_chunks is None:
             return stages

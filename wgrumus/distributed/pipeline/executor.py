@@ -1,22 +1,10 @@
-"""PipelineExecutor: one thread per pipeline stage, following a schedule's action list exactly.
-
-Each stage thread runs its list with communication (``add_send_recv``) through the one schedule
-interpreter, :class:`~.runtime.StageRunner`, which the 3D ranks use too. Activations travel
-forward and gradients backward through bounded ``queue.Queue`` channels, one per pair of
-neighbouring (virtual) stages, already copied to the receiving stage's device; the last stage
-computes ``loss_fn(out, target) / m``, so the summed gradients equal those of the mean loss.
-
-``jit=True``: each stage thread replays its whole action list from a ``wr.jit`` capture of its
-device's work (one per stage thread and loss function); its sends and receives are host
-operations between the replayed segments (activations and gradients travel as host arrays,
-uploaded by the receiving stage on its own device). The gradients and losses come back as
-tensors; merging them and the optimizer steps run eagerly, as without jit. Replayed steps leave
-no per-action trace (``last_trace`` is None).
-
-Faults: an exception in any stage sets a shared abort event; every thread polls it while waiting
-on a channel (short timeouts), so all of them stop, and ``run`` raises one
-:class:`PipelineError` naming the stage, the action and the micro-batch, chained to the original.
-Every wait has a timeout; no stage thread outlives ``run``.
+"""PipelineExecutor: one thread per pipeline stage, each running its schedule list (with
+``add_send_recv``'s communication) through the one interpreter, :class:`~.runtime.StageRunner`,
+over bounded queue channels between neighbouring virtual stages. The last stage computes
+``loss_fn(out, target) / m``, so summed gradients are those of the mean loss. ``jit=True`` replays
+each stage thread's actions from a ``wr.jit`` capture, its sends and receives as host operations.
+A failing stage sets an abort event every channel wait polls, so ``run`` raises one PipelineError
+naming stage, action and micro-batch.
 """
 from __future__ import annotations
 
@@ -72,17 +60,9 @@ class _Aborted(Exception):
     """Another stage failed; this one stops quietly."""
 
 
-# ---------------------------------------------------------------------------------------------
-# channels
-# ---------------------------------------------------------------------------------------------
-
-
 class _Channel:
-    """Bounded queue from one virtual stage to its neighbour, messages tagged by micro-batch.
-
-    Only the receiving stage thread calls ``get``; messages for other micro-batches than the one
-    asked for are parked in ``_stash`` so any per-stage order the schedule asks for works.
-    """
+    """Bounded queue between neighbouring virtual stages; messages for other micro-batches than
+    the one asked for are stashed, so any order the schedule asks for works."""
 
     def __init__(self, name: str, capacity: int, abort: threading.Event, timeout: float):
         # The abort event and timeout, not the run: a channel -> run -> channel cycle would leave
@@ -94,9 +74,8 @@ class _Channel:
         self._timeout = timeout
 
     def _poll(self, attempt, empty, t0: float, timeout_message: str):
-        """Retry ``attempt`` (a queue call with a ``_POLL`` timeout) until it succeeds, so a
-        waiting stage notices another stage's failure (``_Aborted``) within ``_POLL`` and gives
-        up ``timeout`` s after ``t0`` instead of hanging."""
+        """Retry ``attempt`` (a queue call with a ``_POLL`` timeout), noticing an abort within
+        ``_POLL`` and giving up ``timeout`` s after ``t0``."""
         while True:
             if self._abort.is_set():
                 raise _Aborted
@@ -127,11 +106,6 @@ class _Channel:
             self._stash[got] = value
 
 
-# ---------------------------------------------------------------------------------------------
-# per-run state shared by the stage threads
-# ---------------------------------------------------------------------------------------------
-
-
 @dataclass
 class _Run:
     m: int
@@ -156,23 +130,10 @@ class _Run:
         self.abort.set()
 
 
-# ---------------------------------------------------------------------------------------------
-# the executor
-# ---------------------------------------------------------------------------------------------
-
-
 class PipelineExecutor:
-    """Run ``stages`` (a list of :class:`PipelineStage`, in model order) as a pipeline.
-
-    ``schedule``: "1f1b" (default), "gpipe", "interleaved", "zb_h1" / "zb-h1", or a ready
-    :class:`Schedule`. For "interleaved", ``stages`` holds ``p * num_chunks`` model chunks in
-    model order (``num_chunks`` defaults to 2); stage thread ``s`` owns chunks
-    ``s, s + p, s + 2p, ...`` (Megatron's layout) and ``m`` must be a multiple of ``p``.
-
-    ``timeout``: the longest any stage waits for a neighbour (and ``run`` for stopping threads
-    after a failure), in seconds. ``synchronize``: wait for each action's GPU work before taking
-    its end timestamp, so the recorded trace measures real work and real bubbles.
-    """
+    """Run ``stages`` (PipelineStages in model order) as a pipeline with ``schedule`` (a name or
+    a :class:`Schedule`); "interleaved" takes ``p * num_chunks`` stages (default 2 chunks).
+    ``synchronize``: wait for each action's device work, so the trace measures real bubbles."""
 
     def __init__(self, stages, num_micro_batches: int, schedule="1f1b", timeout: float = 60.0,
                  num_chunks: int | None = None, synchronize: bool = True,
@@ -182,9 +143,8 @@ class PipelineExecutor:
             raise PipelineConfigError("PipelineExecutor needs at least one PipelineStage")
         for i, st in enumerate(self.stages):
             if not isinstance(st, PipelineStage):
-                raise PipelineConfigError(
-                    f"stages[{i}] is a {type(st).__name__}, not a PipelineStage; wrap it: "
-                    f"PipelineStage(module, device)")
+                raise PipelineConfigError(f"stages[{i}] is a {type(st).__name__}, not a "
+                                          "PipelineStage; wrap it: PipelineStage(module, device)")
         m = num_micro_batches
         if not isinstance(m, int) or isinstance(m, bool) or m < 1:
             raise PipelineConfigError(f"num_micro_batches must be an int >= 1, got {m!r}")
@@ -204,7 +164,6 @@ class PipelineExecutor:
         self._jits: dict = {}  # (stage thread, loss_fn) -> wr.jit of its actions
         self._live: list = [None] * self.num_stages  # each stage thread's _StageWork this run
 
-    # ------------------------------------------------------------------ configuration
     def _make_schedule(self, schedule, num_chunks) -> Schedule:
         n, m = len(self.stages), self.num_micro_batches
         try:
@@ -248,7 +207,6 @@ class PipelineExecutor:
                                       f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
         return sched
 
-    # ------------------------------------------------------------------ inputs
     def _split(self, data, what: str, device):
         """``data`` cut into m equal micro-batches along dim 0, on ``device``."""
         m = self.num_micro_batches
@@ -277,16 +235,10 @@ class PipelineExecutor:
                 out.append(piece.clone() if piece.device is device else piece.to(device))
         return out
 
-    # ------------------------------------------------------------------ run
     def run(self, inputs, targets, loss_fn, optimizers=None, accumulate_grad: bool = False):
-        """One training step over ``inputs`` (split into m micro-batches along dim 0).
-
-        ``loss_fn(output, target) -> one-element tensor`` (mean over the micro-batch). Returns
-        ``(mean loss as a float, GradientStore of all stages)``. With ``accumulate_grad`` the
-        gradients are also added to each parameter's ``.grad``; with ``optimizers`` (one per
-        PipelineStage, None to skip one) each is stepped with its stage's gradients after the
-        whole pipeline has finished successfully.
-        """
+        """One training step over ``inputs`` (m micro-batches along dim 0): ``(mean loss,
+        GradientStore)``. ``accumulate_grad`` also adds to ``.grad``; ``optimizers`` (one per
+        stage, None skips one) step after the whole pipeline succeeded."""
         if not callable(loss_fn):
             raise PipelineConfigError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
         if optimizers is not None:
@@ -304,8 +256,7 @@ class PipelineExecutor:
             self._busy.release()
 
     def _new_run(self, inputs, targets, loss_fn) -> _Run:
-        """This step's state: the split micro-batches and fresh channels between neighbouring
-        virtual stages (new every step, so nothing of a failed step leaks into the next)."""
+        """This step's micro-batches and fresh channels (nothing of a failed step leaks on)."""
         m, p, nv = self.num_micro_batches, self.num_stages, len(self.stages)
         run = _Run(
             m=m, timeout=self.timeout,
@@ -360,8 +311,7 @@ class PipelineExecutor:
         return loss, store
 
     def _join(self, threads, run: _Run) -> None:
-        """Wait for every stage thread. After a failure the others stop at their next channel
-        wait; one busy inside a long kernel gets ``timeout + 5`` seconds before we give up."""
+        """Wait for every stage thread (after a failure, ``timeout + 5`` s at most)."""
         deadline = None
         for t in threads:
             while t.is_alive():
@@ -391,7 +341,6 @@ class PipelineExecutor:
             cls = PipelineTimeoutError
         raise cls(f"{where} failed: {type(exc).__name__}: {exc}", s, a) from exc
 
-    # ------------------------------------------------------------------ one stage thread
     def _stage_main(self, s: int, run: _Run) -> None:
         work = _StageWork(self, run, s)
         if self.jit:
@@ -410,8 +359,7 @@ class PipelineExecutor:
             runner.clear()
 
     def _captured_stage_main(self, s: int, run: _Run, work) -> None:
-        """Stage thread ``s`` with ``jit=True``: its actions from its capture, then its pieces'
-        gradients into the run's stores and its losses into the run's."""
+        """Stage thread ``s`` with ``jit=True``: replay its actions, collect grads and losses."""
         from ...jit import jit
         loss_fn = run.loss_fn
         jf = self._jits.get((s, loss_fn))
@@ -440,9 +388,8 @@ class PipelineExecutor:
                 run.losses[mb] = loss
 
     def _stage_actions(self, s: int, loss_fn, inputs, targets):
-        """What stage thread ``s`` does in a step, on device micro-batches (captured by
-        ``jit=True``): its actions, the communication through the live run's channels. Returns
-        ({virtual stage: gradients aligned with its parameters}, micro-batch losses)."""
+        """Stage thread ``s``'s step as ``jit=True`` captures it: ({virtual stage: gradients in
+        parameter order}, micro-batch losses)."""
         m = self.num_micro_batches
         feed = _Feed(m, inputs or [None] * m, targets or [None] * m, loss_fn)
         runner = StageRunner(_CapturedStageWork(self, feed, s), self.num_stages,
@@ -466,8 +413,7 @@ class PipelineExecutor:
 
 
 def _activation_bytes(tape: Tape, x, out, stage: PipelineStage) -> int:
-    """Bytes of distinct storages this micro-batch keeps alive on the stage: the tensors saved
-    for backward, the input and the output; parameters do not count (they live anyway)."""
+    """Bytes of distinct non-parameter storages this micro-batch keeps alive on the stage."""
     params = {id(p._storage) for p in stage.parameters()}
     seen: dict = {}
     tensors = [x, out] + [t for n in tape.nodes for t, _ in n.saved]
@@ -479,8 +425,7 @@ def _activation_bytes(tape: Tape, x, out, stage: PipelineStage) -> int:
 
 
 class _StageWork:
-    """What the runtime asks of one stage thread: its chunks' forwards (and the loss on the last
-    virtual stage), the queue channels to its neighbours, and its trace records."""
+    """What the runtime asks of one stage thread: forwards, loss, channels, trace records."""
 
     def __init__(self, ex: PipelineExecutor, run: _Run, s: int):
         self.ex, self.run, self.s = ex, run, s
@@ -568,9 +513,8 @@ class _Feed:
 
 
 class _CapturedStageWork(_StageWork):
-    """A stage's work inside its ``wr.jit`` capture: forwards on the capture's micro-batches;
-    each send and receive a host operation on the live run's channels, moving host arrays (the
-    sender reads its device, the receiver uploads to its own)."""
+    """A stage's work inside its ``wr.jit`` capture: sends and receives are host operations on
+    the live run's channels, moving host arrays."""
 
     def _now(self) -> _StageWork:
         return self.ex._live[self.s]

@@ -1,18 +1,11 @@
-"""The one schedule interpreter: walks a stage's action list (compute and SEND/RECV, from
-``add_send_recv``) for every caller -- the in-process PipelineExecutor (queue channels between
-stage threads) and the 3D ranks (the pipeline group's send/recv).
+"""The one schedule interpreter: walks a stage's action list (compute and SEND/RECV) for the
+in-process PipelineExecutor and the 3D ranks alike, through a caller's ``work`` object
+(``forward(action, k, x)``, ``send``, ``recv``, optional ``activation_bytes``).
 
-The caller supplies a ``work`` object: ``forward(action, k, x)`` (x is None on virtual stage 0,
-which reads its own input; the last virtual stage returns the micro-batch's loss already
-scaled for the sum over micro-batches), ``send(action, k, tensor)`` and ``recv(action, k)``,
-and optionally ``activation_bytes(tape, x, out, k)`` for memory accounting.
-
-Autograd per micro-batch: each forward records on a fresh tape; a received activation is
-detached and marked as requiring grad, so the backward seeded with the gradient from downstream
-yields exactly the gradient to send upstream plus this chunk's weight gradients. ``BI`` runs the
-whole backward (the engine computes an op's input and weight gradients in one call) and sends
-the input gradient at once; ``BW`` then adds the held weight gradients: ZB-H1's order, with
-1F1B's amount of work per slot.
+Each forward records on a fresh tape with the received activation as a leaf, so its backward
+yields exactly the gradient to send upstream. ``BI`` runs the whole backward (the engine computes
+input and weight gradients in one call) and ``BW`` adds the held weight gradients: ZB-H1's order
+with 1F1B's work per slot.
 """
 from __future__ import annotations
 
@@ -35,8 +28,7 @@ __all__ = ["StageRunner", "ScheduleExecutionError"]
 
 
 class ScheduleExecutionError(RuntimeError):
-    """An action list that does not fit together (a backward before its forward, a send of
-    nothing): hand-made schedules only, ``validate`` rejects these."""
+    """A hand-made action list that does not fit together (``validate`` rejects these)."""
 
 
 @dataclass

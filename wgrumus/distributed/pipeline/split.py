@@ -1,26 +1,18 @@
-"""Cut a model into p pipeline stages of about equal parameter count.
-
-A pipeline runs at the pace of its slowest stage, and for stacks of similar layers parameter
-count is a good proxy for work, so the cut minimises the largest stage's parameter count
-(contiguous layers only: activations flow stage to stage in model order).
-"""
+"""Cut a model into p contiguous pipeline stages minimising the largest stage's parameter count
+(a pipeline runs at its slowest stage's pace, and parameters proxy work)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from ...nn import Module, Sequential
-from .stage import PipelineStage, moved_to, parameters_of
+from .stage import PipelineStage, moved_to, num_parameters, parameters_of
 
 __all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", "num_parameters"]
 
 
 class StageChain:
-    """Layers applied in order: a stage made of consecutive layers of a bigger model.
-
-    Used when not every layer is an ``nn.Module`` (else ``nn.Sequential``); it has the two
-    things :class:`PipelineStage` needs, ``to(device)`` and ``parameters()``. The layers are the
-    model's own objects (not copies), so training the stages trains the model.
-    """
+    """The model's own consecutive layers applied in order, for stages with a layer that is no
+    ``nn.Module`` (else ``nn.Sequential``)."""
 
     def __init__(self, layers: Sequence):
         self.layers = list(layers)
@@ -52,16 +44,9 @@ class StageChain:
         return "StageChain(" + ", ".join(type(l).__name__ for l in self.layers) + ")"
 
 
-def num_parameters(layer) -> int:
-    return sum(int(p.numel()) for p in parameters_of(layer))
-
-
 def balanced_partition(weights: Sequence[int], p: int) -> list[int]:
-    """Split ``weights`` into ``p`` non-empty contiguous parts minimising the largest part sum.
-
-    Returns the ``p + 1`` cut positions ``[0, c1, ..., len(weights)]``. Exact (dynamic
-    programming, O(n^2 p)), so two runs always give the same cut.
-    """
+    """The ``p + 1`` cuts ``[0, ..., len(weights)]`` of ``p`` non-empty contiguous parts
+    minimising the largest part sum (exact dynamic programming, so deterministic)."""
     n = len(weights)
     if not isinstance(p, int) or p < 1:
         raise ValueError(f"number of stages must be an int >= 1, got {p!r}")
@@ -99,19 +84,14 @@ def _layers_of(model) -> list:
 
 
 def _chain(layers: list):
-    """``nn.Sequential`` when every layer is a Module (so state_dict, train/eval work on the
-    stage); otherwise a :class:`StageChain`."""
+    """``nn.Sequential`` when every layer is a Module (state_dict, train/eval), else a chain."""
     if all(isinstance(l, Module) for l in layers):
         return Sequential(*layers)
     return StageChain(layers)
 
 
 def split_sequential(model, p: int, devices=None) -> list:
-    """Cut a ``Sequential`` (or a list of layers) into ``p`` stages balanced by parameter count.
-
-    Returns ``p`` callables (``nn.Sequential`` when available, else :class:`StageChain`), or,
-    with ``devices`` (one per stage), ready :class:`PipelineStage` objects on those devices.
-    """
+    """``p`` stages of a Sequential balanced by parameter count (PipelineStages on ``devices``)."""
     layers = _layers_of(model)
     n = len(layers)
     # Primary: parameter count; each layer also weighs 1/(n+1) of a parameter so that
@@ -135,13 +115,8 @@ def _place(stages: list, devices):
     return [PipelineStage(st, d) for st, d in zip(stages, devices)]
 
 
-# ---------------------------------------------------------------------------------------------
-# GPT
-# ---------------------------------------------------------------------------------------------
-
 class GPTEmbedding(Module):
-    """The first piece of an ``nn.GPT``: its ``embed`` (token + position embeddings, dropout),
-    holding the two embeddings (so they are its parameters and move with it)."""
+    """An ``nn.GPT``'s ``embed`` as a module holding (and moving) its embeddings."""
 
     def __init__(self, gpt):
         super().__init__()
@@ -152,12 +127,10 @@ class GPTEmbedding(Module):
 
 
 def split_gpt(gpt, p: int, devices=None) -> list:
-    """Cut an ``nn.GPT`` into ``p`` stages -- its embedding, each block, final norm and head --
-    balanced by parameter count (the embedding and the head are often the heaviest pieces)."""
+    """Cut an ``nn.GPT`` (embedding, blocks, final norm, head) into ``p`` balanced stages."""
     layers = [GPTEmbedding(gpt), *gpt.blocks, gpt.ln_f, gpt.lm_head]
     if len(layers) < p:
-        raise ValueError(
-            f"split_gpt: the model has {len(layers)} layers (embedding, {len(layers) - 2} "
-            f"blocks/norm, head) and cannot be cut into {p} stages; use at most {len(layers)} "
-            f"stages or more blocks")
+        raise ValueError(f"split_gpt: the model has {len(layers)} layers (embedding, "
+                         f"{len(layers) - 2} blocks/norm, head) and cannot be cut into {p} stages; "
+                         f"use at most {len(layers)} stages or more blocks")
     return split_sequential(layers, p, devices)

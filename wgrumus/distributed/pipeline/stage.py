@@ -1,9 +1,5 @@
-"""PipelineStage: one piece of the model pinned to one device.
-
-The stage owns the placement: its parameters are moved to its device once, when the stage is
-built, and every forward runs there (an activation arriving from another device is copied over
-first). The executor only ever calls :meth:`PipelineStage.forward`.
-"""
+"""PipelineStage: one piece of the model, moved to its device once, that runs every forward there
+(copying activations that arrive from another device)."""
 from __future__ import annotations
 
 from typing import Any
@@ -15,28 +11,22 @@ __all__ = ["PipelineStage"]
 
 
 class PipelineStage:
-    """Wrap ``module_or_fn`` (an ``nn.Module``, any object with ``.to(device)`` and
-    ``.parameters()``, or a plain callable) so that it lives and runs on ``device``.
-
-    ``device`` is a :class:`~wgrumus.runtime.Device` or an index into ``wr.devices()``.
-    """
+    """``module_or_fn`` (a Module, anything with ``to``/``parameters``, or a callable) living and
+    running on ``device`` (a Device or an index into ``wr.devices()``)."""
 
     def __init__(self, module_or_fn: Any, device):
         if not callable(module_or_fn):
-            raise TypeError(
-                f"PipelineStage needs a module or a function (something callable), got "
-                f"{type(module_or_fn).__name__}")
+            raise TypeError("PipelineStage needs a module or a function (something callable), got "
+                            f"{type(module_or_fn).__name__}")
         self.device = get_device(device)
         self.module = moved_to(module_or_fn, self.device)
         self._check_placement()
 
-    # ------------------------------------------------------------------ parameters
     def parameters(self) -> list:
-        """The stage's trainable tensors (empty for a plain function)."""
         return parameters_of(self.module)
 
     def num_parameters(self) -> int:
-        return sum(int(p.numel()) for p in self.parameters())
+        return num_parameters(self.module)
 
     def _check_placement(self) -> None:
         for i, p in enumerate(self.parameters()):
@@ -47,11 +37,8 @@ class PipelineStage:
                     f"{self.device.index}); its .to() must move every parameter it returns "
                     f"from .parameters()")
 
-    # ------------------------------------------------------------------ forward
     def forward(self, x):
-        """Run the wrapped module on this stage's device (inputs on other devices are copied)."""
-        x = _to_device(x, self.device)
-        return self.module(x)
+        return self.module(_to_device(x, self.device))
 
     __call__ = forward
 
@@ -61,8 +48,7 @@ class PipelineStage:
 
 
 def moved_to(obj, device):
-    """``obj.to(device)`` for anything with a ``to``: nn.Module.to moves in place and returns
-    self; a functional wrapper may return a new object, which is then the moved one."""
+    """``obj.to(device)`` where it has one (a wrapper's ``to`` may return a new object)."""
     to = getattr(obj, "to", None)
     moved = to(device) if callable(to) else None
     return moved if moved is not None and callable(moved) else obj
@@ -72,6 +58,10 @@ def parameters_of(obj) -> list:
     """``obj.parameters()`` as a list; empty for an object without (a plain function)."""
     ps = getattr(obj, "parameters", None)
     return list(ps()) if callable(ps) else []
+
+
+def num_parameters(obj) -> int:
+    return sum(int(p.numel()) for p in parameters_of(obj))
 
 
 def _to_device(x, device):

@@ -1,8 +1,7 @@
 """Validate, simulate and draw pipeline schedules before anything runs.
 
-Dependency model (the same one the interpreter obeys; the SEND/RECV actions of
-``add_send_recv`` follow from it and are left out here). With ``p`` stages and ``v`` chunks
-there are ``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual stage ``c * p + s``.
+Dependencies (those the interpreter obeys; SEND/RECV follow from them), with chunk ``c`` on stage
+``s`` as virtual stage ``c * p + s``:
 
 * ``F(mb)`` on virtual stage ``k > 0`` needs ``F(mb)`` on virtual stage ``k - 1`` (its activation).
 * ``B(mb)`` / ``BI(mb)`` on virtual stage ``k`` needs its own ``F(mb)`` (the saved activations) and,
@@ -10,26 +9,10 @@ there are ``V = p * v`` virtual stages; chunk ``c`` on stage ``s`` is virtual st
   virtual stage ``k + 1`` -- produced by ``B`` or ``BI`` there.
 * ``BW(mb)`` needs ``BI(mb)`` of the same (stage, chunk); nothing waits for ``BW``.
 
-Timing model of :func:`simulate` (exact, no approximation): every stage executes its list strictly
-in order, one action at a time, and starts each action as soon as the previous one on the stage
-has finished and all its dependencies have finished (``+ comm_time`` when the dependency ran on
-another stage). Durations are per action: ``F = f_time``, ``B = b_time``, ``BI = bi_time`` and
-``BW = bw_time`` (by default each half of ``b_time``, so a split backward costs the same as a fused
-one). For interleaved schedules the times are per chunk; to compare with a non-interleaved
-schedule of the same model, divide them by ``v``. Sends never block (the executor's channels are
-sized for every in-flight micro-batch).
-
-Derived quantities:
-
-* ``makespan``: end of the last action on any stage (all stages start at time 0);
-* bubble fraction of a stage: ``(makespan - busy) / makespan``; ``bubble_fraction`` is the mean
-  over stages. With ``comm_time = 0`` this model gives exactly ``(p-1)/(m+p-1)`` for GPipe and
-  1F1B and ``(p-1)/(v*m+p-1)`` for interleaved, whatever the ratio of ``b_time`` to ``f_time``;
-  ZB-H1 idles ``(p-1)*(f+bi-bw)`` per stage when ``m >= p`` and ``bw <= min(f, bi)``
-  (the tests check all of these);
-* peak in-flight of a stage: the largest number of (micro-batch, chunk) pairs whose forward has
-  run and whose activations have not yet been released (by ``B``, or by ``BW`` for a split
-  backward), counted along the stage's list -- it depends only on the order, not on the timing.
+Timing model of :func:`simulate` (exact): each stage runs its list in order, starting an action
+once the previous one and its dependencies (``+ comm_time`` across stages) are done; sends never
+block. Bubble fraction of a stage: ``(makespan - busy) / makespan``; peak in-flight: the most
+(micro-batch, chunk) activations alive along the stage's list (order only).
 """
 
 from __future__ import annotations
@@ -53,16 +36,12 @@ from .actions import (
 )
 
 ScheduleLike = Schedule | Iterable[StageActions]
-
-# Keys of completed work: ("F", mb, vstage) activation ready, ("G", mb, vstage) input grad ready,
-# ("W", mb, vstage) weight grad done.
 _MAX_PROBLEMS = 12
 
 
 @dataclass(frozen=True)
 class Slot:
     """One action placed on the time axis of its stage."""
-
     action: Action
     start: float
     end: float
@@ -74,7 +53,6 @@ class Slot:
 @dataclass(frozen=True)
 class SimResult:
     """Outcome of :func:`simulate`; see the module docstring for the exact definitions."""
-
     schedule: Schedule
     timelines: tuple[tuple[Slot, ...], ...]
     makespan: float
@@ -92,31 +70,11 @@ class SimResult:
         return self.makespan - self.busy[stage]
 
 
-# ---------------------------------------------------------------------------------------------
-# validation
-# ---------------------------------------------------------------------------------------------
-
-
-def validate(
-    schedule: ScheduleLike,
-    num_microbatches: int | None = None,
-    num_chunks: int | None = None,
-) -> Schedule:
-    """Check that an action list can be executed; return it as a :class:`Schedule`.
-
-    Raises :class:`ScheduleError` (a ``ValueError``) listing every problem found:
-
-    * indices out of range, unknown kinds;
-    * per stage, every (micro-batch, chunk) has exactly one ``F`` and exactly one backward -- a
-      ``B``, or a ``BI`` and a ``BW`` -- and no duplicates;
-    * per stage, each backward comes after its own forward and each ``BW`` after its ``BI``;
-    * across stages, the dependencies can be met: the schedule is executed with unit-time actions
-      (``BI`` and ``BW`` half a unit each) and if every stage ends up blocked on an action whose
-      dependency sits behind another blocked action, the deadlock cycle is reported.
-
-    Raw lists are accepted (Actions or strings such as ``"F0"``); the number of micro-batches is
-    then inferred unless ``num_microbatches`` is given.
-    """
+def validate(schedule: ScheduleLike, num_microbatches: int | None = None,
+             num_chunks: int | None = None) -> Schedule:
+    """``schedule`` (also raw lists of Actions or strings like ``"F0"``) as a :class:`Schedule`,
+    or a ScheduleError listing every problem: per stage, each (micro-batch, chunk) needs one F
+    and one B (or BI then BW) after it; across stages, a deadlock is reported with its cycle."""
     full = make_schedule(schedule, num_microbatches, num_chunks)
     sched = full.compute()  # communication (add_send_recv) follows from the compute actions
     problems = _static_problems(sched)
@@ -137,8 +95,7 @@ def _format_problems(sched: Schedule, problems: list[str]) -> str:
 
 
 def _static_problems(sched: Schedule) -> list[str]:
-    """Problems visible in each stage's list alone (before any dependency is followed), each
-    naming the stage, the action and what to change."""
+    """Problems visible in each stage's list alone, each naming the stage and the action."""
     m, v = sched.num_microbatches, sched.num_chunks
     if m < 1:
         return ["the schedule has no micro-batches (m must be >= 1)"]
@@ -165,15 +122,11 @@ def _range_problems(s: int, acts, m: int, v: int) -> list[str]:
     problems = []
     for i, a in enumerate(acts):
         if a.mb >= m:
-            problems.append(
-                f"stage {s}: {a!r} (position {i}) refers to micro-batch {a.mb}, "
-                f"but there are only m={m} micro-batches (0..{m - 1})"
-            )
+            problems.append(f"stage {s}: {a!r} (position {i}) refers to micro-batch {a.mb}, "
+                            f"but there are only m={m} micro-batches (0..{m - 1})")
         if a.chunk >= v:
-            problems.append(
-                f"stage {s}: {a!r} (position {i}) refers to chunk {a.chunk}, "
-                f"but there are only v={v} chunk(s) per stage"
-            )
+            problems.append(f"stage {s}: {a!r} (position {i}) refers to chunk {a.chunk}, "
+                            f"but there are only v={v} chunk(s) per stage")
     return problems
 
 
@@ -190,34 +143,22 @@ def _micro_batch_problems(s: int, pos: dict, mb: int, c: int, v: int) -> list[st
         problems.append(f"stage {s}: missing {f!r}")
     if b in pos and (bi in pos or bw in pos):
         split = " and ".join(repr(x) for x in (bi, bw) if x in pos)
-        problems.append(
-            f"stage {s}: micro-batch {mb} has both a full backward {b!r} and {split}; "
-            f"use either B or the BI+BW pair"
-        )
+        problems.append(f"stage {s}: micro-batch {mb} has both a full backward {b!r} and "
+                        f"{split}; use either B or the BI+BW pair")
     elif no_backward:
-        problems.append(
-            f"stage {s}: missing backward for {f!r} (need {b!r}, or {bi!r} and {bw!r})"
-        )
+        problems.append(f"stage {s}: missing backward for {f!r} (need {b!r}, or {bi!r} and "
+                        f"{bw!r})")
     elif b not in pos and (bi in pos) != (bw in pos):
         have, lack = (bi, bw) if bi in pos else (bw, bi)
         problems.append(f"stage {s}: {have!r} without {lack!r}")
     for back in (b, bi):
         if back in pos and f in pos and pos[back] < pos[f]:
-            problems.append(
-                f"stage {s}: {back!r} (position {pos[back]}) comes before its "
-                f"forward {f!r} (position {pos[f]})"
-            )
+            problems.append(f"stage {s}: {back!r} (position {pos[back]}) comes before its "
+                            f"forward {f!r} (position {pos[f]})")
     if bw in pos and bi in pos and pos[bw] < pos[bi]:
-        problems.append(
-            f"stage {s}: {bw!r} (position {pos[bw]}) comes before {bi!r} "
-            f"(position {pos[bi]}); the weight gradient needs the input-gradient pass"
-        )
+        problems.append(f"stage {s}: {bw!r} (position {pos[bw]}) comes before {bi!r} "
+                        f"(position {pos[bi]}); the weight gradient needs the input-gradient pass")
     return problems
-
-
-# ---------------------------------------------------------------------------------------------
-# the execution engine shared by validate() and simulate()
-# ---------------------------------------------------------------------------------------------
 
 
 def _needs(sched: Schedule, stage: int, a: Action) -> list[tuple[tuple, str]]:
@@ -242,12 +183,8 @@ def _needs(sched: Schedule, stage: int, a: Action) -> list[tuple[tuple, str]]:
 
 def _produces(sched: Schedule, stage: int, a: Action) -> list[tuple]:
     k = sched.virtual_stage(stage, a.chunk)
-    return {
-        FORWARD: [("F", a.mb, k)],
-        BACKWARD: [("G", a.mb, k), ("W", a.mb, k)],
-        BACKWARD_INPUT: [("G", a.mb, k)],
-        BACKWARD_WEIGHT: [("W", a.mb, k)],
-    }[a.kind]
+    return {FORWARD: [("F", a.mb, k)], BACKWARD: [("G", a.mb, k), ("W", a.mb, k)],
+            BACKWARD_INPUT: [("G", a.mb, k)], BACKWARD_WEIGHT: [("W", a.mb, k)]}[a.kind]
 
 
 def _execute(sched: Schedule, durations: dict, comm_time: float) -> list[list[Slot]]:
@@ -322,11 +259,6 @@ def _find_cycle(waits: dict[int, int]) -> list[int]:
     return []
 
 
-# ---------------------------------------------------------------------------------------------
-# simulation
-# ---------------------------------------------------------------------------------------------
-
-
 def peak_in_flight(schedule: ScheduleLike) -> tuple[int, ...]:
     """Per stage, the most (micro-batch, chunk) activations held at once (order only)."""
     sched = make_schedule(schedule).compute()
@@ -357,20 +289,11 @@ def _durations(f_time, b_time, bi_time, bw_time) -> dict:
     return d
 
 
-def simulate(
-    schedule: ScheduleLike,
-    f_time: float = 1,
-    b_time: float = 2,
-    bi_time: float | None = None,
-    bw_time: float | None = None,
-    comm_time: float = 0,
-) -> SimResult:
-    """Validate ``schedule`` and time it under the model in the module docstring.
-
-    Returns per-stage timelines (start/end of each action), the makespan, the bubble fraction
-    (idle / makespan per stage, averaged over stages) and the peak in-flight micro-batches.
-    ``bi_time``/``bw_time`` default to half of ``b_time`` each (or to ``b_time`` minus the other).
-    """
+def simulate(schedule: ScheduleLike, f_time: float = 1, b_time: float = 2,
+             bi_time: float | None = None, bw_time: float | None = None,
+             comm_time: float = 0) -> SimResult:
+    """Validate ``schedule`` and time it under the module docstring's model; ``bi_time`` and
+    ``bw_time`` default to half of ``b_time`` each (or ``b_time`` minus the other)."""
     sched = validate(schedule).compute()
     if comm_time < 0:
         raise ScheduleError(f"comm_time must be >= 0, got {comm_time!r}")
@@ -379,48 +302,20 @@ def simulate(
     makespan = max((tl[-1].end for tl in timelines if tl), default=0.0)
     busy = tuple(sum(sl.end - sl.start for sl in tl) for tl in timelines)
     fractions = tuple((makespan - b) / makespan if makespan else 0.0 for b in busy)
-    return SimResult(
-        schedule=sched,
-        timelines=tuple(tuple(tl) for tl in timelines),
-        makespan=makespan,
-        busy=busy,
-        stage_bubble_fractions=fractions,
-        bubble_fraction=sum(fractions) / len(fractions),
-        peak_in_flight=peak_in_flight(sched),
-        f_time=d[FORWARD],
-        b_time=d[BACKWARD],
-        bi_time=d[BACKWARD_INPUT],
-        bw_time=d[BACKWARD_WEIGHT],
-        comm_time=comm_time,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# ASCII chart
-# ---------------------------------------------------------------------------------------------
+    return SimResult(sched, tuple(tuple(tl) for tl in timelines), makespan, busy, fractions,
+                     sum(fractions) / len(fractions), peak_in_flight(sched), d[FORWARD],
+                     d[BACKWARD], d[BACKWARD_INPUT], d[BACKWARD_WEIGHT], comm_time)
 
 
 def _as_fraction(x: float) -> Fraction:
     return Fraction(x).limit_denominator(10_000)
 
 
-def render(
-    schedule: ScheduleLike | SimResult,
-    f_time: float | None = None,
-    b_time: float | None = None,
-    bi_time: float | None = None,
-    bw_time: float | None = None,
-    comm_time: float = 0,
-    header: bool = True,
-) -> str:
-    """Draw the timeline as text: one row per stage, one column per time slot.
-
-    By default every action (F, B, BI, BW) takes exactly one slot, which gives the most compact
-    chart; pass durations (as for :func:`simulate`) to draw proportions, e.g. ``b_time=2``.
-    A pre-computed :class:`SimResult` is drawn as is; a schedule with communication actions
-    (:func:`add_send_recv`) is also listed action by action below the chart. Cells show the
-    action (``F0``, ``B3``, ``F2.1``); ``--`` continues a multi-slot action and ``.`` is idle
-    time::
+def render(schedule: ScheduleLike | SimResult, f_time: float | None = None,
+           b_time: float | None = None, bi_time: float | None = None,
+           bw_time: float | None = None, comm_time: float = 0, header: bool = True) -> str:
+    """The timeline as text, one row per stage and one slot per action unless durations are
+    given (as for :func:`simulate`); a schedule with SEND/RECV is also listed below it::
 
         1f1b: p=2 m=3 (F=1 B=1): makespan 8, bubble 25.0%
         t   0  1  2  3  4  5  6  7
@@ -464,8 +359,7 @@ format_timeline = render  # (the earlier name, kept for user code)
 
 
 def _slot_length(res: SimResult) -> Fraction:
-    """The largest time unit every duration is a whole multiple of (their rational gcd), so
-    each action fills whole columns of the chart."""
+    """The rational gcd of the durations, so each action fills whole columns of the chart."""
     durs = [res.f_time, res.b_time, res.bi_time, res.bw_time]
     if res.comm_time:
         durs.append(res.comm_time)
@@ -474,14 +368,12 @@ def _slot_length(res: SimResult) -> Fraction:
         fd = _as_fraction(d)
         slot = fd if slot == 0 else Fraction(
             math.gcd(slot.numerator * fd.denominator, fd.numerator * slot.denominator),
-            slot.denominator * fd.denominator,
-        )
+            slot.denominator * fd.denominator)
     return slot
 
 
 def _title(res: SimResult, slot: Fraction) -> str:
-    """The chart's first line: the schedule, the durations of the kinds it uses, makespan and
-    bubble."""
+    """The chart's first line: schedule, durations of the kinds it uses, makespan, bubble."""
     sched = res.schedule
     kinds = {a.kind for acts in sched for a in acts}
     times = {FORWARD: res.f_time, BACKWARD: res.b_time, BACKWARD_INPUT: res.bi_time,

@@ -1,8 +1,5 @@
-"""What a pipeline run actually did: per stage, the executed actions with timestamps.
-
-Kept apart from the executor so that tests and benchmarks can check the order that ran against
-the schedule, and measure bubbles and activation memory, without knowing how threads work.
-"""
+"""What a pipeline run did (per stage, the executed actions with timestamps), so tests and
+benchmarks check order, bubbles and memory without knowing the threads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,16 +11,9 @@ __all__ = ["ActionRecord", "PipelineTrace"]
 
 @dataclass(frozen=True)
 class ActionRecord:
-    """One executed action. Times are seconds since the run started (``time.perf_counter``).
-
-    ``wait`` is the part of ``[start, end]`` spent blocked on a channel (waiting for an
-    activation or a gradient, or for room to send one): idle time, not work.
-    ``live_bytes`` is the stage's activation memory held right after the action.
-    ``received`` is when its input from a neighbour arrived, ``sent`` when its output was handed
-    to the channel (None where there is none): the receiver's ``received`` is never earlier than
-    the sender's ``sent``.
-    """
-
+    """One executed action, times in seconds since the run started; ``wait``: the part spent
+    blocked on a channel; ``live_bytes``: activation memory held after it; ``received``/``sent``:
+    when its input arrived / its output was handed on."""
     stage: int
     action: Action
     start: float
@@ -41,7 +31,6 @@ class ActionRecord:
 @dataclass(frozen=True)
 class PipelineTrace:
     """Per-stage action records of one ``PipelineExecutor.run`` (also of a failed one)."""
-
     schedule: Schedule
     records: tuple[tuple[ActionRecord, ...], ...]
 
@@ -75,8 +64,7 @@ class PipelineTrace:
         return sum(fr) / len(fr) if fr else 0.0
 
     def peak_activation_bytes(self) -> tuple[int, ...]:
-        """Most activation bytes each stage held at once (inputs, outputs and tensors saved for
-        backward of the micro-batches in flight; parameters excluded)."""
+        """Most activation bytes each stage held at once (parameters excluded)."""
         return tuple(max((r.live_bytes for r in recs), default=0) for recs in self.records)
 
     def mean_durations(self) -> dict[str, float]:
@@ -88,10 +76,9 @@ class PipelineTrace:
         return {k: sum(v) / len(v) for k, v in sums.items()}
 
     def format(self) -> str:
-        lines = []
-        for s, recs in enumerate(self.records):
-            cells = " ".join(f"{r.action!r}@{1e3 * (r.start - self.start):.1f}ms" for r in recs)
-            lines.append(f"stage {s}: {cells}")
-        return "\n".join(lines)
+        t0 = self.start
+        return "\n".join(f"stage {s}: " + " ".join(f"{r.action!r}@{1e3 * (r.start - t0):.1f}ms"
+                                                   for r in recs)
+                         for s, recs in enumerate(self.records))
 
     __str__ = format

@@ -1,9 +1,5 @@
-"""Tensor-parallel computations on shards: the math of the parallel layers, as functions of
-(input, weight shard, bias, group) so they can be tested and reused without modules.
-
-Shapes follow PyTorch: a Linear weight is [out, in]. ``group`` is the TP ProcessGroup (None or a
-group of one rank = plain dense computation).
-"""
+"""Tensor-parallel math on shards as functions of (input, weight shard, bias, group), testable
+without modules; weights are [out, in] as PyTorch's, and a group of None or one rank is dense."""
 from __future__ import annotations
 
 from ...autograd.tape import no_grad, record
@@ -31,9 +27,8 @@ def world_rank(group) -> tuple[int, int]:
 
 def column_parallel_linear(x, weight, bias, group, gather_output=False,
                            sequence_parallel=False, seq_axis=1, activation=None):
-    """Y_r = act(X @ W_r.T + b_r) with W split by output features (nn's fused ``F.linear``).
-    The input enters the TP region (copy, or all-gather of the sequence under sequence
-    parallelism); ``gather_output`` all-gathers the output features on every rank."""
+    """Y_r = act(X @ W_r.T + b_r) with W split by output features; ``gather_output``
+    all-gathers the output features on every rank."""
     if sequence_parallel:
         x = gather_from_sequence_parallel_region(x, group, seq_axis)
     else:
@@ -59,12 +54,9 @@ def row_parallel_linear(x, weight, bias, group, input_is_parallel=True,
 
 def parallel_self_attention(x, qkv_weight, qkv_bias, proj_weight, proj_bias, num_heads,
                             group, causal=True):
-    """Self-attention with the heads split across TP ranks.
-
-    x: [B, T, E] replicated. qkv_weight: this rank's [3 * E / tp, E] rows laid out as
-    (q of my heads, k of my heads, v of my heads) (``shard.shard_array(w, "qkv", ...)`` makes
-    it from PyTorch's in_proj layout). proj_weight: [E, E / tp] (row-parallel). Returns
-    [B, T, E] on every rank."""
+    """Self-attention of replicated x [B, T, E] with heads split across TP ranks: qkv_weight is
+    this rank's (q, k, v) rows of its heads (``shard_array(w, "qkv", ...)``), proj_weight
+    [E, E / tp] row-parallel."""
     h = check_heads(num_heads, world_rank(group)[0])
     qkv = column_parallel_linear(x, qkv_weight, qkv_bias, group)  # [B, T, 3 * E / tp]
     o = causal_self_attention(qkv, h, causal)  # nn's attention node, on my heads
@@ -97,8 +89,7 @@ def vocab_range(vocab: int, group) -> tuple[int, int]:
 
 
 def vocab_parallel_embedding(ids: Tensor, weight: Tensor, group) -> Tensor:
-    """Embedding rows split by vocabulary: each rank looks up the ids it holds (a one-hot
-    matmul on its shard, zero for the others) and the partial rows are summed over TP."""
+    """Embedding split by vocabulary: a one-hot matmul on each shard, summed over TP."""
     vs = weight.shape[0]
     start = world_rank(group)[1] * vs
     oh = _one_hot_shard(ids, start, vs)
@@ -107,9 +98,8 @@ def vocab_parallel_embedding(ids: Tensor, weight: Tensor, group) -> Tensor:
 
 
 def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
-    """Mean cross-entropy of logits split by vocabulary ([..., V / tp] on each rank) against
-    integer targets [...]. Only [N]-sized vectors cross ranks (max, sum of exp, target logit),
-    never the logits. Backward: (softmax_shard - onehot_shard) / N on each rank."""
+    """Mean cross-entropy of logits split by vocabulary ([..., V / tp] per rank): only [N]-sized
+    vectors cross ranks, never the logits; backward (softmax - onehot) / N on each shard."""
     vs = logits.shape[-1]
     n = logits.numel() // vs
     if targets.numel() != n:

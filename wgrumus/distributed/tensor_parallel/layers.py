@@ -1,10 +1,5 @@
-"""Tensor-parallel layers (nn.Module subclasses): each holds only this rank's shard and runs
-the shard math of ``functional`` with the rank's TP group.
-
-Build one from a dense layer (``from_dense`` / ``shard.shard_linear``) so a TP model starts
-from exactly the dense model's weights; ``dense_state_dict`` gathers the shards back. Each layer
-names how its parameters are split in ``tp_modes`` (used by ``gather_state_dict``).
-"""
+"""Tensor-parallel layers holding only this rank's shard (split as their ``tp_modes`` say),
+built ``from_dense`` so a TP model starts from the dense model's weights."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +24,7 @@ def _param(arr, device):
 
 
 def _dense_init(out_f, in_f, bias, seed):
-    """PyTorch's Linear init (kaiming-uniform weight, uniform bias, bound 1/sqrt(in)), made
-    whole on every rank from ``seed`` so the shards are slices of one dense layer."""
+    """PyTorch's Linear init, whole on every rank from ``seed``: shards of one dense layer."""
     rs = np.random.default_rng(seed)
     k = 1.0 / np.sqrt(in_f)
     w = rs.uniform(-k, k, (out_f, in_f)).astype(np.float32)
@@ -47,18 +41,15 @@ class _TPModule(nn.Module):
         out = {}
         for name, p in self.named_parameters():
             mode = self.tp_modes.get(name, REPLICATE)
-            if mode == REPLICATE or self.group is None or self.group.world_size == 1:
-                out[name] = p.numpy()
-                continue
-            shards = self.group.all_gather_object(p.numpy())
-            out[name] = unshard_arrays(shards, mode, is_bias=name.endswith("bias"),
-                                       num_heads=self.num_heads)
+            whole = mode == REPLICATE or self.group is None or self.group.world_size == 1
+            out[name] = p.numpy() if whole else unshard_arrays(
+                self.group.all_gather_object(p.numpy()), mode, is_bias=name.endswith("bias"),
+                num_heads=self.num_heads)
         return out
 
 
 class _ParallelLinear(_TPModule):
-    """What Column and Row share: the dense weight (given, or seeded so every rank draws the
-    same one) is cut by ``tp_modes``, so the shards are always slices of one dense layer."""
+    """Column and Row: the dense weight (given, or seeded alike) cut by ``tp_modes``."""
 
     def __init__(self, in_features, out_features, group, bias, sequence_parallel, weight,
                  bias_value, seed, device):
@@ -81,8 +72,7 @@ class _ParallelLinear(_TPModule):
 
 
 class ColumnParallelLinear(_ParallelLinear):
-    """Y = X @ W.T + b with W [out, in] split by output features: this rank holds
-    W[r*out/tp:(r+1)*out/tp]. ``gather_output`` all-gathers Y's features on every rank."""
+    """Y = X @ W.T + b with W [out, in] split by output features."""
     tp_modes = {"weight": COLUMN, "bias": COLUMN}
 
     def __init__(self, in_features, out_features, group, bias=True, gather_output=False,
@@ -98,9 +88,7 @@ class ColumnParallelLinear(_ParallelLinear):
 
 
 class RowParallelLinear(_ParallelLinear):
-    """Y = sum_r X_r @ W_r.T + b with W [out, in] split by input features; the bias is whole on
-    every rank and added once after the SUM. ``input_is_parallel=False`` splits a replicated
-    input first."""
+    """Y = sum_r X_r @ W_r.T + b with W split by input features (bias whole, added once)."""
     tp_modes = {"weight": ROW, "bias": REPLICATE}
 
     def __init__(self, in_features, out_features, group, bias=True, input_is_parallel=True,
@@ -139,8 +127,7 @@ class ParallelMLP(nn.Module):
 
 
 class ParallelSelfAttention(_TPModule):
-    """Causal self-attention with heads split across TP ranks: a fused QKV projection
-    (column-parallel by heads) and an output projection (row-parallel)."""
+    """Self-attention with heads split across TP ranks (QKV by heads, output row-parallel)."""
     tp_modes = {"qkv_weight": QKV, "qkv_bias": QKV, "proj_weight": ROW, "proj_bias": REPLICATE}
 
     def __init__(self, embed_dim, num_heads, group, qkv_weight, qkv_bias, proj_weight, proj_bias,
@@ -206,9 +193,8 @@ def shard_linear(dense, group, mode: str, **kw):
 
 
 def shard_gpt(model, group):
-    """An ``nn.GPT`` (or the pieces of it a pipeline rank kept: missing ones are None) turned,
-    in place, into this rank's TP shards: vocabulary-split embedding and LM head, attention
-    split by heads, MLP split by hidden columns. Its forward is unchanged; returns ``model``."""
+    """``model``, an ``nn.GPT`` (or a pipeline rank's pieces of it), turned in place into this
+    rank's TP shards; its forward is unchanged."""
     if model.wte is not None:
         model.wte = VocabParallelEmbedding.from_dense(model.wte, group)
     for blk in model.blocks:
@@ -225,8 +211,7 @@ _NN_NAMES = {"attn.qkv_weight": "attn.in_proj_weight", "attn.qkv_bias": "attn.in
 
 
 def dense_name(name: str) -> str:
-    """The dense ``nn.GPT`` name of a parameter of a ``shard_gpt`` model (checkpoints and the
-    shard plan use the dense names)."""
+    """The dense ``nn.GPT`` name of a ``shard_gpt`` model's parameter."""
     for tp, nn_ in _NN_NAMES.items():
         if tp in name:
             return name.replace(tp, nn_)
@@ -234,9 +219,7 @@ def dense_name(name: str) -> str:
 
 
 def gather_state_dict(module) -> dict:
-    """Dense state dict (numpy) of a module containing TP layers: every TP layer's shards are
-    gathered over its group; other parameters are taken as they are (replicated).
-    Every rank of the TP group must call it."""
+    """Dense state dict (numpy) of a module with TP layers (every TP rank calls it)."""
     out = {}
     for name, sub in module.named_modules():
         if isinstance(sub, _TPModule):

@@ -1,8 +1,5 @@
-"""The Megatron mappings: every collective that crosses autograd, one forward/backward pair each.
-
-``group`` is the rank's tensor-parallel ProcessGroup (``pgm.tp_group``); every rank of it must
-call the same mappings in the same order (forward and backward), as with any collective. Inputs
-and outputs are Tensors on the rank's device. A group of one rank makes every mapping an identity.
+"""The Megatron mappings: every collective that crosses autograd, one forward/backward pair each
+(identities for a group of one rank):
 
     copy_to_tp_region       identity           | all-reduce SUM   (input of a column-parallel op)
     reduce_from_tp_region   all-reduce SUM     | identity         (output of a row-parallel op)
@@ -45,8 +42,7 @@ def _single(group) -> bool:
 
 
 def _mapping(name: str, x: Tensor, group, forward, backward) -> Tensor:
-    """Run ``forward`` and record ``backward`` as its gradient; a group of one rank (or none)
-    makes every mapping an identity, so single-device code pays nothing."""
+    """Run ``forward`` and record ``backward`` as its gradient (identity without a group)."""
     if _single(group):
         return x
     out = forward(x)
@@ -55,8 +51,7 @@ def _mapping(name: str, x: Tensor, group, forward, backward) -> Tensor:
 
 
 def copy_to_tp_region(x: Tensor, group) -> Tensor:
-    """Identity forward; backward sums the input gradient over the TP ranks (each rank's
-    column-parallel shard contributes a partial gradient of the replicated input)."""
+    """Identity forward; backward sums the input's partial gradients over the TP ranks."""
     return _mapping("copy_to_tp_region", x, group, _alias,
                     lambda g: group.all_reduce(g, "sum"))
 
@@ -86,16 +81,14 @@ def scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tens
 
 
 def gather_from_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
-    """All-gather the sequence ``axis`` (entering a TP region); backward reduce-scatters SUM:
-    every rank's TP region produced a partial gradient of the whole sequence."""
+    """All-gather the sequence ``axis``; backward reduce-scatters the partial gradients (SUM)."""
     return _mapping("gather_from_sequence_parallel_region", x, group,
                     lambda t: _gather(t, axis, group),
                     lambda g: group.reduce_scatter(g, "sum", axis=axis % g.ndim))
 
 
 def reduce_scatter_to_sequence_parallel_region(x: Tensor, group, axis: int = 1) -> Tensor:
-    """Reduce-scatter SUM along the sequence ``axis`` (leaving a row-parallel region: the sum
-    of partial results, each rank keeping its part of the sequence); backward all-gathers."""
+    """Reduce-scatter SUM along the sequence ``axis``; backward all-gathers."""
     def forward(t):
         part_size(t.shape[axis % t.ndim], group.world_size,  # equal parts, as Megatron's
                   f"reduce-scatter of axis {axis} of shape {t.shape}")

@@ -1,11 +1,6 @@
-"""Dense weights <-> tensor-parallel shards (numpy in, numpy out), so a dense checkpoint can be
-split for TP training and a TP-trained model gathered back into a dense checkpoint.
-
-Layouts (PyTorch's): Linear weight [out, in]. Column-parallel splits rows (out features) and the
-bias; row-parallel splits columns (in features) and keeps the whole bias. A fused QKV projection
-[3E, E] (q rows, then k rows, then v rows) is split by heads: rank r gets the q, k and v rows of
-its heads, stacked as (q, k, v). Embeddings and LM heads split rows (the vocabulary).
-"""
+"""Dense weights <-> tensor-parallel shards (numpy): column splits rows of [out, in] and the bias,
+row splits columns and keeps the bias, vocab splits rows, and a fused QKV [3E, E] splits by heads
+(rank r: the q, k and v rows of its heads)."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,12 +81,9 @@ def unshard_arrays(shards, mode: str, *, is_bias=False, num_heads=None) -> np.nd
 
 def shard_state_dict(state: dict, plan: dict, world: int, rank: int, num_heads=None) -> dict:
     """Shard a dense state dict: ``plan`` maps parameter name -> mode (default replicate)."""
-    out = {}
-    for name, arr in state.items():
-        mode = plan.get(name, REPLICATE)
-        out[name] = shard_array(np.asarray(arr), mode, world, rank,
-                                is_bias=name.endswith("bias"), num_heads=num_heads)
-    return out
+    return {name: shard_array(np.asarray(arr), plan.get(name, REPLICATE), world, rank,
+                              is_bias=name.endswith("bias"), num_heads=num_heads)
+            for name, arr in state.items()}
 
 
 def unshard_state_dicts(states: list, plan: dict, num_heads=None) -> dict:

@@ -1,16 +1,10 @@
-"""Point-to-point transports (and each backend's own collectives) under one small interface:
-threads.py (ranks are threads) and mpi.py (ranks are processes); here the helpers both share.
-
-Interface used by ``collectives`` and ``process_group``::
+"""Transports (threads.py, mpi.py) under one interface, and the helpers both share::
 
     isend(dst, tag, arr, deadline, owned=False) -> request     (arr unchanged until waited)
     recv(src, tag, deadline, dtype, shape) -> ndarray           (shape[0] may be -1: any rows)
     wait_all(requests, deadline); send_array / recv_array       (shape and dtype travel along)
     native_* collectives; split(key, color, members) -> child transport or None;
     check() / abort(err) / failed                               (liveness)
-
-Received arrays may be shared with other ranks (threads) and are then read-only: an algorithm that
-returns one must copy it (``owned_copy``).
 """
 from __future__ import annotations
 
@@ -25,16 +19,13 @@ _DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "
            "uint16", "uint32", "uint64", "bool", "complex64", "complex128")
 
 
-# ---------------------------------------------------------------------------- helpers
 def owned_copy(a: np.ndarray) -> np.ndarray:
-    """A private writeable copy of a *received* array when it may be shared with other ranks
-    (thread transports hand arrays over by reference and mark them read-only)."""
+    """A received array made private (thread transports share them, read-only)."""
     return a if a.flags.writeable else np.array(a, copy=True)
 
 
 def split_bounds(n: int, parts: int) -> list[int]:
-    """Boundaries of ``parts`` near-equal pieces of ``n`` items; the first n % parts pieces get one
-    more item (numpy.array_split's rule). Piece i is [b[i], b[i+1])."""
+    """Piece i of ``n`` items is [b[i], b[i+1]) (numpy.array_split's rule)."""
     q, r = divmod(n, parts)
     return [i * q + min(i, r) for i in range(parts + 1)]
 
@@ -75,8 +66,7 @@ _SIG_BYTES = 192  # bytes of a collective's description compared between MPI ran
 
 
 def mismatch_error(seq: int, group: str, mine: tuple, first: tuple) -> CollectiveError:
-    """Ranks disagree on collective number ``seq``: (rank, name, detail) of the rank that
-    noticed and of the rank it is compared with."""
+    """Ranks disagree on collective ``seq``: (rank, name, detail) of this rank and the first."""
     (r, name, detail), (r0, name0, detail0) = mine, first
     if name != name0:
         what = (f"ranks called different collectives (#{seq} of group {group}): rank {r} "
@@ -92,16 +82,17 @@ _DONE = object()  # the request of a send that already completed (thread transpo
 
 
 class _Liveness:
-    """``check()`` / ``abort(err)`` / ``failed`` of a transport: delegated to the failure state it
-    shares with its peers and subgroups (``self._live``: ``raise_if_failed()``, ``abort(err)``,
-    ``error``)."""
+    """A transport's liveness, delegated to the failure state ``_live`` shared with its peers."""
 
     def check(self) -> None:
-        """Raise CollectiveError if the group failed (a peer aborted, ended or timed out)."""
         self._live.raise_if_failed()
 
     def abort(self, err: BaseException) -> None:
         self._live.abort(err)
+
+    def _count(self, way: str, nbytes: int) -> None:
+        self.stats[f"messages_{way}"] += 1
+        self.stats[f"bytes_{way}"] += nbytes
 
     @property
     def failed(self) -> CollectiveError | None:

@@ -1,9 +1,6 @@
-"""The MPI backend's transport: ranks are processes under ``mpiexec``. Sends and receives are
-nonblocking (Isend/Irecv/Iprobe) and polled against a deadline, because a blocking MPI call cannot
-time out; collectives of the "native" strategy use MPI's nonblocking collectives the same way,
-except large all-reduces between the processes of one host, which go through shared memory
-(node_shm.py). A failing rank sends an abort notice on a reserved tag that every waiting rank
-polls for."""
+"""The MPI backend's transport: every call is nonblocking and polled against a deadline (a
+blocking MPI call cannot time out); large all-reduces within one host go through shared memory
+(node_shm.py). A failing rank sends an abort notice on a reserved tag that waiting ranks poll."""
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +24,8 @@ from . import (
 
 
 class _MPIState:
-    """Process-wide MPI facts: the world communicator, its abort tag, and whether a peer aborted.
-    Shared by the world transport and every subgroup split off it."""
+    """Process-wide MPI facts (world communicator, abort tag, a peer's abort), shared by every
+    transport split off the world."""
 
     def __init__(self, comm):
         from mpi4py import MPI
@@ -54,11 +51,8 @@ class _MPIState:
                                   timed_out=e.timed_out) from e
 
     def abort(self, err: BaseException) -> None:
-        """Tell every other rank (best effort: small eager messages) that this rank failed.
-
-        Not sent when this rank merely timed out: the others wait on the same missing rank and
-        time out too, and notices that two exiting ranks never receive made MPICH kill
-        uninvolved ranks at MPI_Finalize."""
+        """Tell every other rank (best effort) that this rank failed; not on a mere timeout (the
+        others time out too, and notices never received made MPICH kill ranks at Finalize)."""
         if self.error is not None and self.error.rank != self.comm.rank:
             return  # we are failing because of someone else's abort: they already told everyone
         if isinstance(err, CollectiveError) and err.timed_out:
@@ -95,10 +89,8 @@ class MPITransport(_Liveness):
         self.timeout = float(timeout)
         self.state = self._live = state or _MPIState(comm)
         self.tag_ub = self.state.abort_tag - 1
-        # Ranks all on this host, WGRUMUS_MPI_SHARED not 0 and room for the window in /dev/shm
-        # on every rank: large native all-reduces go through a shared window, made at the first
-        # one (``_node``). Split_type and the agreement are collective, as is making this
-        # transport, so every rank takes them whatever its own environment says.
+        # All ranks on this host, WGRUMUS_MPI_SHARED not 0 and room in /dev/shm everywhere: large
+        # native all-reduces use a shared window. Collective: every rank takes these steps.
         node = comm.Split_type(MPI.COMM_TYPE_SHARED)
         self.local_rank = node.Get_rank()  # rank among this host's processes
         wanted = (os.environ.get("WGRUMUS_MPI_SHARED", "1") != "0"
@@ -107,10 +99,9 @@ class MPITransport(_Liveness):
         if self._node_comm is None:
             node.Free()
         self._node_ar = None  # NodeAllReduce, False (none), or None (not made yet)
-        self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
-                      "bytes_received": 0}
+        self.stats = dict.fromkeys(("messages_sent", "bytes_sent", "messages_received",
+                                    "bytes_received"), 0)
 
-    # -- polling: the only way to give an MPI wait a deadline
     def _poll(self, test, deadline: float, what: str, peer=None):
         # A timed-out request stays pending: cancelling a receive made MPICH kill the process at
         # MPI_Finalize, and the group is broken from here on anyway.
@@ -130,12 +121,10 @@ class MPITransport(_Liveness):
     def _bytes(self, arr):
         return [arr, self.MPI.BYTE]
 
-    # -- point to point
     def isend(self, dst, tag, arr, deadline, owned=False):
         arr = np.ascontiguousarray(arr)
         req = self.comm.Isend(self._bytes(arr), dst, tag)
-        self.stats["messages_sent"] += 1
-        self.stats["bytes_sent"] += arr.nbytes
+        self._count("sent", arr.nbytes)
         return (req, arr)  # keep the buffer alive until the request completes
 
     def wait_all(self, reqs, deadline):
@@ -146,14 +135,12 @@ class MPITransport(_Liveness):
                        "send did not complete (receiver not receiving)")
 
     def recv(self, src, tag, deadline, dtype=None, shape=None):
-        """The message from ``src`` with ``tag``: of exactly ``shape`` when it is known,
-        otherwise sized from the message (rows of ``shape[1:]``, or flat bytes)."""
+        """The message from ``src`` with ``tag``, of ``shape`` or sized from the message."""
         if shape is not None and dtype is not None and all(s >= 0 for s in shape):
             buf = self._recv_known(src, tag, deadline, np.empty(shape, dtype=dtype))
         else:
             buf = self._recv_probed(src, tag, deadline, dtype, shape)
-        self.stats["messages_received"] += 1
-        self.stats["bytes_received"] += buf.nbytes
+        self._count("received", buf.nbytes)
         return buf
 
     def _recv_known(self, src, tag, deadline, buf):
@@ -203,8 +190,7 @@ class MPITransport(_Liveness):
         return self.recv(src, tag, deadline, dtype, shape)
 
     def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
-        """Every rank learns every rank's collective number ``seq`` (one small all-gather) and
-        all raise on a difference, before any data moves."""
+        """All ranks compare their collective ``seq`` (one small all-gather) before data moves."""
         raw = f"{name}|{detail}".encode()
         if len(raw) > _SIG_BYTES:  # keep the start readable, and any difference visible
             raw = raw[:_SIG_BYTES - 17] + b"#" + hashlib.sha1(raw).hexdigest()[:16].encode()
@@ -222,8 +208,6 @@ class MPITransport(_Liveness):
             raise mismatch_error(seq, "world" if self.comm is self.state.comm else "subgroup",
                                  (r, *b), (0, *a))
 
-    # -- native collectives: MPI's own, nonblocking and polled (ProcessGroup's agree() has
-    #    checked that the ranks pass the same dtype and shape)
     def _mpi_type(self, dtype):
         # Predefined types only: MPI defines reductions on those, not on derived duplicates.
         t = self.MPI._typedict.get(np.dtype(dtype).char)
@@ -255,13 +239,11 @@ class MPITransport(_Liveness):
         return out
 
     def native_shared(self, nbytes: int) -> bool:
-        """Whether a native all-reduce of ``nbytes`` goes through the host's shared memory
-        (the Auto strategy then picks it: bit-identical on every rank, and faster than MPI's)."""
+        """A native all-reduce of ``nbytes`` goes through the host's shared memory (faster)."""
         return self._node_comm is not None and nbytes >= node_shm.MIN_BYTES
 
     def device_all_reduce(self, src, dst, op, deadline) -> bool:
-        """All-reduce BufferSlice ``src`` into ``dst`` through the pipelined staging engine
-        with the shared window as its host step; False (nothing done) without a window."""
+        """All-reduce BufferSlice ``src`` into ``dst`` via the shared window; False without."""
         node = self._node(deadline)
         if node is None:
             return False
@@ -270,8 +252,7 @@ class MPITransport(_Liveness):
         return True
 
     def _node(self, deadline):
-        """The shared-memory all-reduce (made at the first large native all-reduce, after the
-        ranks agreed on it), or None: ranks on several hosts, an MPI without shared windows."""
+        """The shared-memory all-reduce (made at first use), or None where there is none."""
         if self._node_ar is None:
             self._node_ar = False
             if self._node_comm is not None:
@@ -326,7 +307,6 @@ class MPITransport(_Liveness):
     def native_barrier(self, deadline):
         self._run(self.comm.Ibarrier, deadline, "Ibarrier")
 
-    # -- lifecycle
     def split(self, key, color, members):
         MPI = self.MPI
         # Every member just took part in the all-gather that chose the colors, so this blocking

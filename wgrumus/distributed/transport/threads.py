@@ -1,8 +1,6 @@
-"""The thread backend's transport: ranks are threads of this process (a ThreadWorld holds what
-they share). Each destination has a mailbox of bounded per-source queues; a message is a numpy
-array (copied on send unless the sender hands over an array it will never touch again), matched
-by (source, tag). Liveness is known exactly: a rank whose thread ended or failed wakes every rank
-waiting on it."""
+"""The thread backend's transport: ranks are threads sharing a ThreadWorld, each destination a
+mailbox of bounded per-source queues matched by tag. A rank whose thread ended or failed wakes
+every rank waiting on it."""
 from __future__ import annotations
 
 import collections
@@ -25,10 +23,8 @@ class _Mailbox:
 
 
 class ThreadWorld:
-    """State shared by the ranks (threads) of one in-process group: mailboxes, the barrier the
-    native collectives use, liveness, the subgroups split off it, and for asynchronous device
-    collectives one CommThread per rank joined by a barrier of their own (so they never mix
-    with the synchronous collectives' rounds; ``close()`` stops those threads)."""
+    """What the ranks (threads) of one group share: mailboxes, liveness, subgroups, the barrier of
+    the native collectives and a separate one for the ranks' CommThreads (async collectives)."""
 
     def __init__(self, size: int, timeout: float = 60.0, depth: int = QUEUE_DEPTH,
                  name: str = "world"):
@@ -49,8 +45,7 @@ class ThreadWorld:
         return ThreadTransport(self, rank)
 
     def comm_thread(self, rank: int, device):
-        """Rank ``rank``'s CommThread (created on first use, on ``device``). Its requests run in
-        submission order, so every rank's asynchronous collectives meet in the same rounds."""
+        """Rank ``rank``'s CommThread on ``device`` (requests run in submission order)."""
         from ..comm import CommThread
         with self._lock:
             c = self._comm_threads.get(rank) or self._comm_threads.setdefault(
@@ -61,8 +56,7 @@ class ThreadWorld:
         return c
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop the CommThreads of this world and its subgroups (queued requests finish), and
-        the barriers' helper threads."""
+        """Stop the CommThreads of this world and its subgroups, and the barriers' helpers."""
         with self._lock:
             comms = list(self._comm_threads.values())
             children = [w for w, _ in self._children.values()]
@@ -135,13 +129,11 @@ class ThreadTransport(_Liveness):
             raise ValueError(f"rank {rank} outside world of size {world.size}")
         self.world, self.rank, self.size = world, rank, world.size
         self._live = world
-        self.stats = {"messages_sent": 0, "bytes_sent": 0, "messages_received": 0,
-                      "bytes_received": 0}
+        self.stats = dict.fromkeys(("messages_sent", "bytes_sent", "messages_received",
+                                    "bytes_received"), 0)
 
-    # -- point to point
     def isend(self, dst: int, tag: int, arr: np.ndarray, deadline: float, owned: bool = False):
-        """Queue ``arr`` for ``dst``. Unless ``owned`` (the caller never touches it again) the
-        array is copied, so the caller may reuse its buffer at once, as after an MPI send."""
+        """Queue ``arr`` for ``dst``, copied unless ``owned`` (the caller never touches it)."""
         w = self.world
         if not owned:
             arr = np.array(arr, copy=True, order="C")
@@ -154,8 +146,7 @@ class ThreadTransport(_Liveness):
                            f"rank {dst} did not drain its mailbox")
             q.append((tag, arr))
             box.cond.notify_all()
-        self.stats["messages_sent"] += 1
-        self.stats["bytes_sent"] += arr.nbytes
+        self._count("sent", arr.nbytes)
         return _DONE
 
     def recv(self, src: int, tag: int, deadline: float, dtype=None, shape=None) -> np.ndarray:
@@ -167,8 +158,7 @@ class ThreadTransport(_Liveness):
                            f"no message from rank {src} (tag {tag})")
             box.cond.notify_all()  # a sender may wait for room
         check_received(a, dtype, shape, src, f"rank {self.rank} receiving tag {tag}")
-        self.stats["messages_received"] += 1
-        self.stats["bytes_received"] += a.nbytes
+        self._count("received", a.nbytes)
         return a
 
     def wait_all(self, reqs, deadline: float) -> None:
@@ -181,8 +171,7 @@ class ThreadTransport(_Liveness):
         return self.recv(src, tag, deadline)
 
     def _wait(self, cond, deadline, peer: int, doing: str, tag, what: str) -> None:
-        """One wait on ``cond`` for ``peer``: raises at once if the world failed or the peer
-        ended, and past ``deadline`` with ``what`` did not happen."""
+        """One wait for ``peer``; raises if the world failed, the peer ended or time is up."""
         w = self.world
         w.raise_if_failed()
         if peer in w.exited:
@@ -195,8 +184,8 @@ class ThreadTransport(_Liveness):
         cond.wait(remaining)
 
     def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
-        """Check this rank's collective number ``seq`` against the first rank's without
-        waiting: the rank that differs raises (and the group then fails everywhere)."""
+        """Check collective ``seq`` against the first rank's without waiting (a differing rank
+        raises, and the group then fails everywhere)."""
         w = self.world
         with w._lock:
             entry = w._calls.setdefault(seq, [(self.rank, name, detail), 0])
@@ -207,8 +196,6 @@ class ThreadTransport(_Liveness):
         if first[1:] != (name, detail):
             raise mismatch_error(seq, w.name, (self.rank, name, detail), first)
 
-    # -- native collectives: the world's shared-memory barrier (ProcessGroup's agree() has
-    #    checked that the ranks pass the same dtype and shape)
     def _left(self, deadline):
         return max(deadline - time.monotonic(), 1e-6)
 
@@ -246,7 +233,6 @@ class ThreadTransport(_Liveness):
     def native_barrier(self, deadline):
         self.world.barrier.wait(self.rank, self._left(deadline))
 
-    # -- lifecycle
     def split(self, key, color, members: list[int]):
         if color is None:
             return None
@@ -254,8 +240,7 @@ class ThreadTransport(_Liveness):
 
 
 def _take_tagged(q, tag):
-    """Remove and return the first message with ``tag`` from the queue ``q`` (messages with
-    other tags stay, in order), or None when there is none yet."""
+    """Remove and return the first message with ``tag`` from ``q``, or None."""
     for i, (t, a) in enumerate(q):
         if t == tag:
             del q[i]
