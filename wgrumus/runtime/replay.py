@@ -5,8 +5,8 @@ The recording's parameter words go, once, into a uniform buffer of its own (one 
 per dispatch), and its bind groups are built once against that buffer; only the slots whose
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
 constant buffers filled once, so they run in order with the dispatches; copies into the
-device's operand textures (CPU adapters' matmul) stay where the capture made them, right before
-the dispatches that read them. Command buffers are single-use in WebGPU, so each replay encodes
+device's operand textures (CPU adapters' kernels) go into textures of the replay's own, grouped
+in blocks before few compute passes (texplan.py). Command buffers are single-use in WebGPU, so each replay encodes
 anew: begin pass, then per dispatch set pipeline (when it changes), set bind group, dispatch. A
 recording with host operations (communication, ``capture.host_op``) replays as parts: the
 device work up to a host operation is submitted, the operation runs and its result is copied
@@ -29,6 +29,7 @@ import wgpu
 
 from .device import SLOT, bind_entries, copy_to_texture, pack_words
 from .errors import CaptureError
+from . import texplan
 from .native import RawReplay, c_api
 
 _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
@@ -39,12 +40,18 @@ _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
 # this lock (thread CPU 3.2 -> 2.5 ms a step); the devices still run both replicas' kernels at
 # once. Never held across host operations (a replica's all-reduce waits for the others).
 _ENCODE = threading.Lock()
+# Texture copies grouped into blocks before few passes, each operand in a texture of the
+# replay's own (texplan.py); False: where the capture made them, in the device's textures.
+GROUP_TEXTURES = True
 
 
 class Replay:
     def __init__(self, recording):
         dev = self.device = recording.device
         ops = recording.ops
+        if GROUP_TEXTURES and any(op[0] == "t" for op in ops):
+            ops = texplan.plan(ops, {id(v): t for t, v in dev._textures.values()},
+                               dev.new_operand_texture)
         n = sum(op[0] == "d" for op in ops)
         self.dispatches = n
         self._arena = dev.wgpu.create_buffer(  # bound as the device's own arena is
@@ -58,7 +65,7 @@ class Replay:
         self._parts = [segs]  # lists of segments, with host operations between them
         for op in ops:
             if op[0] == "d":
-                _, pipe, layout, dynamic, bufs, words, groups, refresh = op
+                _, pipe, layout, dynamic, bufs, words, groups, refresh, _ = op
                 self._words[slot] = np.frombuffer(words, np.uint32)
                 if refresh is not None:
                     self._refresh.append((slot, refresh))
