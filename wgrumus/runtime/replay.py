@@ -138,28 +138,34 @@ class Replay:
                     rows = self._words[lo:hi]
                     words = (lo * SLOT, rows if sub is None else rows.copy())  # as queued
                 pre, post = before if i == 0 else (), after if i == last else ()
-                if sub is not None:
-                    sub.put(self._submit, i, words, pre, post)
+                if sub is not None:  # encoded here, meanwhile the thread runs earlier steps
+                    sub.put(self._submit, i, words, self._encode(i, pre, post))
                 else:
                     with _ENCODE:
-                        self._submit(i, words, pre, post)
+                        self._submit(i, words, self._encode(i, pre, post))
             trace.append(("submit", i // 2, self._dispatches_of[i // 2]))
         dev.dispatches += self.dispatches
 
-    def _submit(self, i: int, words, before, after) -> None:
-        """Part ``i``'s queue work: its rewritten parameter words (``words``: (offset, rows) or
-        None), then its commands."""
+    def _encode(self, i: int, before, after):
+        """Part ``i``'s command buffer (None where it has no commands)."""
         dev = self.device
-        if words is not None:
-            dev.queue.write_buffer(self._arena, *words)
         if not (self._parts[i] or before or after):
-            return
+            return None
         enc = dev.wgpu.create_command_encoder()
         if self._raw is not None:
             self._raw[i // 2].encode(enc, dev.begin_pass, before, after)
         else:
             self._encode_api(enc, self._parts[i], before, after)
-        dev._submit(enc.finish())
+        return enc.finish()
+
+    def _submit(self, i: int, words, commands) -> None:
+        """Part ``i``'s queue work: its rewritten parameter words (``words``: (offset, rows) or
+        None), then its command buffer."""
+        dev = self.device
+        if words is not None:
+            dev.queue.write_buffer(self._arena, *words)
+        if commands is not None:
+            dev._submit(commands)
 
     def _host(self, op, pending: dict, trace: list) -> None:
         """A recorded host operation, again: a launch is started and left running; a plain one's
