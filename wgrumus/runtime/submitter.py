@@ -4,8 +4,8 @@ On a CPU adapter (llvmpipe) ``queue.submit`` runs the kernels in the calling thr
 replayed ``wr.jit`` step would cost the host its whole device time. There, replays
 (``replay.Replay.run``) hand their queue work (the parameter words they rewrite, then the
 submit of their command buffer, which the host encodes while the thread runs earlier steps) to
-this per-device thread, at most ``DEPTH`` steps ahead of the host; small host writes made meanwhile (``Device.write``: the next step's inputs)
-queue behind them. Every other queue operation of the device (an eager batch's submit, and so
+this per-device thread, at most ``DEPTH`` steps ahead of the host; small host writes made
+meanwhile (``Device.write``: the next step's inputs) queue behind them. Every other queue operation of the device (an eager batch's submit, and so
 every read, map and synchronize) first waits for the thread to drain (``drain``), so the queue
 sees the device's work in program order; buffers freed to the pool meanwhile are therefore
 safe to reuse, as in an eager batch (whatever reuses one is queued behind the work on it). A
