@@ -4,16 +4,16 @@ three of wgpu-native's C calls per dispatch.
 The recording's parameter words go, once, into a uniform buffer of its own (one 256-byte slot
 per dispatch), and its bind groups are built once against that buffer; only the slots whose
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
-constant buffers filled once, so they run in order with the dispatches; copies into the
-device's operand textures (CPU adapters' kernels) go into textures of the replay's own, grouped
-in blocks before few compute passes (texplan.py). Command buffers are single-use in WebGPU, so each replay encodes
-anew: begin pass, then per dispatch set pipeline (when it changes), set bind group, dispatch. A
-recording with host operations (communication, ``capture.host_op``) replays as parts: the
-device work up to a host operation is submitted, the operation runs and its result is copied
-into the captured buffer, then the next part follows. An asynchronous one
-(``capture.host_launch``) is started at its launch and the replay goes on submitting parts;
-only its join waits for it (with the timeout the capture waited with) and copies its result in.
-On a CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
+constant buffers filled once, so they run in order with the dispatches; copies into the device's
+operand textures (CPU adapters' kernels) go into textures of the replay's own, grouped in blocks
+before few compute passes (texplan.py). Command buffers are single-use in WebGPU, so each replay
+encodes anew: begin pass, then per dispatch set pipeline (when it changes), set bind group,
+dispatch. A recording with host operations (communication, ``capture.host_op``) replays as
+parts: the device work up to a host operation is submitted, the operation runs and its result is
+copied into the captured buffer, then the next part follows. An asynchronous one
+(``capture.host_launch``) is started at its launch and the replay goes on submitting parts; only
+its join waits for it (with the timeout the capture waited with) and copies its result in. On a
+CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
 operations is handed to the device's submission thread (runtime/submitter.py): the caller
 returns while the step runs. ``trace`` lists what the last run did, in order: ("submit", part,
 dispatches), ("launch", slot, t), ("join", slot, t_wait, t_done), ("host", t, t_done)
@@ -27,9 +27,9 @@ import time
 import numpy as np
 import wgpu
 
+from . import texplan
 from .device import SLOT, bind_entries, copy_to_texture, pack_words
 from .errors import CaptureError
-from . import texplan
 from .native import RawReplay, c_api
 
 _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
