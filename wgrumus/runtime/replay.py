@@ -153,7 +153,8 @@ class Replay:
             return None
         enc = dev.wgpu.create_command_encoder()
         if self._raw is not None:
-            self._raw[i // 2].encode(enc, dev.begin_pass, before, after)
+            self._raw[i // 2].encode(enc, dev.begin_pass if dev._timer is not None else None,
+                                     before, after)
         else:
             self._encode_api(enc, self._parts[i], before, after)
         return enc.finish()
