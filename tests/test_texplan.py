@@ -86,7 +86,9 @@ def test_plan_breaks_a_pass_only_where_a_source_was_written(dev):
     assert [op[5] for op in two] == [0, 1] and two[0][4] is two[1][4]
 
 
-def test_plan_shares_textures_between_operands_whose_uses_do_not_overlap(dev):
+def test_plan_shares_textures_between_operands_whose_uses_do_not_overlap(dev, monkeypatch):
+    """Operands in use at once get textures of their own, later ones reuse them; a block of
+    copies fills at most BLOCK_BYTES of textures (then the pass breaks)."""
     a, b = dev.alloc(1 << 16), dev.alloc(1 << 16)
     t0, v0 = dev.operand_texture(0, a, 0, 4) and dev._textures[(0, 1)]
     dev.synchronize()
@@ -94,6 +96,10 @@ def test_plan_shares_textures_between_operands_whose_uses_do_not_overlap(dev):
     planned = _check(dev, ops)  # each dispatch writes a; copies of b: all in one block
     assert _passes(planned) == 1
     assert len({id(op[4]) for op in planned if op[0] == "t"}) == 6
+    monkeypatch.setattr(texplan, "BLOCK_BYTES", 2 * t0.size[0] * 16)  # two textures a block
+    planned = _check(dev, ops)
+    assert "".join(op[0] for op in planned) == "ttdd" * 3
+    assert len({id(op[4]) for op in planned if op[0] == "t"}) == 2
     chain = [op for _ in range(6) for op in (_op_t(a, t0), _op_d([v0, a]))]
     planned = _check(dev, chain)  # each copy reads what the last dispatch wrote
     assert _passes(planned) == 6

@@ -7,22 +7,33 @@ around ~280 copies, and on lavapipe every pass break and every copy between pass
 of microseconds. ``plan`` rewrites a recording's ops so each operand gets a texture of the
 replay's own and its copy moves back into a block of copies as early as its sources allow:
 before the current pass unless a dispatch of that pass wrote a source buffer, in which case
-the pass ends there. A replay then runs few passes, each after one block of copies.
-Textures are shared between operands whose uses do not overlap (interval allocation).
+the pass ends there. A replay then runs few passes, each after one block of copies (the quick
+GPT step: 48 passes instead of 70, the fewest its dependencies allow, since every pass break
+left is a copy of what the pass before wrote). Textures are shared between operands whose uses
+do not overlap (interval allocation); a block fills at most BLOCK_BYTES of them.
 """
 from __future__ import annotations
 
 import wgpu
 
+# Texture bytes a block of copies fills at most (then the pass breaks and later blocks reuse
+# its textures): what a replay's own textures can take besides the device's buffers.
+BLOCK_BYTES = 64 << 20
+
+
+def _bytes(texture) -> int:
+    return texture.size[0] * texture.size[1] * 16  # rgba32float
+
 
 class _Operand:
-    """One filling of a texture: its copy regions ("t" ops) and the stages of its copy and of
-    its last reader."""
-    __slots__ = ("regions", "height", "first", "last", "texture")
+    """One filling of a texture: its copy regions ("t" ops), the device texture it was made
+    for (its size), the stages of its copy and of its last reader, and the replay's texture
+    holding it."""
+    __slots__ = ("regions", "texture", "first", "last", "own")
 
-    def __init__(self, regions: list, height: int, stage: int):
-        self.regions, self.height, self.first, self.last = regions, height, stage, stage
-        self.texture = None
+    def __init__(self, regions: list, texture, stage: int):
+        self.regions, self.texture, self.first, self.last = regions, texture, stage, stage
+        self.own = None
 
 
 def plan(ops: list, texture_of: dict, new_texture) -> list:
@@ -42,14 +53,17 @@ def plan(ops: list, texture_of: dict, new_texture) -> list:
 
     def place(fills: list) -> None:
         """Copies for the fillings not yet placed, in the open stage's block (after a pass
-        break where a dispatch of the open pass wrote a source)."""
-        if any(f[1] is None and any(id(r[1]) in dirty for r in f[0][1:]) for f in fills):
+        break where a dispatch of the open pass wrote a source, or where the block's textures
+        would pass BLOCK_BYTES)."""
+        new = [f for f in fills if f[1] is None]
+        if any(id(r[1]) in dirty for f in new for r in f[0][1:]) or copies and sum(
+                _bytes(f[0][0]) for f in new) + sum(_bytes(o.texture) for o in copies) > \
+                BLOCK_BYTES:
             close()
-        for f in fills:
-            if f[1] is None:
-                f[1] = _Operand(f[0][1:], f[0][0].size[1], len(stages))
-                operands.append(f[1])
-                copies.append(f[1])
+        for f in new:
+            f[1] = _Operand(f[0][1:], f[0][0], len(stages))
+            operands.append(f[1])
+            copies.append(f[1])
 
     for op in ops:
         if op[0] == "t":
@@ -81,10 +95,9 @@ def plan(ops: list, texture_of: dict, new_texture) -> list:
     out = []
     for copies, items in stages:
         for o in copies:
-            tex = o.texture[0]
-            out += [(*r[:4], tex, *r[5:]) for r in o.regions]
+            out += [(*r[:4], o.own[0], *r[5:]) for r in o.regions]
         out += [op if op[0] != "d" else (*op[:4], tuple(
-            b.texture[1] if isinstance(b, _Operand) else b for b in op[4]), *op[5:])
+            b.own[1] if isinstance(b, _Operand) else b for b in op[4]), *op[5:])
             for op in items]
     return out
 
@@ -94,7 +107,8 @@ def _allocate(operands: list, new_texture) -> None:
     through last reader) do not overlap."""
     free: dict = {}  # height -> [(last stage, (texture, view))]
     for o in sorted(operands, key=lambda o: o.first):
-        pool = free.setdefault(o.height, [])
+        height = o.texture.size[1]
+        pool = free.setdefault(height, [])
         k = next((k for k, (last, _) in enumerate(pool) if last < o.first), None)
-        o.texture = pool.pop(k)[1] if k is not None else new_texture(o.height)
-        pool.append((o.last, o.texture))
+        o.own = pool.pop(k)[1] if k is not None else new_texture(height)
+        pool.append((o.last, o.own))
