@@ -37,10 +37,9 @@ KEEP = ("TILEM", "TILEN", "BK", "SPLIT", "AM", "BM", "AK", "BR", "BC", "WG", "VE
 def kernel_names(dev) -> dict:
     """id(pipeline) -> 'family:entry' plus the few defines that tell specialisations apart."""
     names = {}
-    for (key, _nbuf), (pipe, _layout, _dyn) in dev._pipelines.items():
-        family, entry, defines = key
-        extra = " ".join(f"{k}={v}" for k, v in defines if k in KEEP)
-        names[id(pipe)] = f"{family}:{entry}" + (f" [{extra}]" if extra else "")
+    for (kernel, _nbuf), (pipe, _layout, _dyn) in dev._pipelines.items():
+        extra = " ".join(f"{k}={v}" for k, v in kernel.defines if k in KEEP)
+        names[id(pipe)] = f"{kernel.family}:{kernel.entry}" + (f" [{extra}]" if extra else "")
     return names
 
 

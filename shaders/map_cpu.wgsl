@@ -29,3 +29,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         j++;
     }
 }
+
+// quads: every operand contiguous f32 and in quads (the inputs read through textures, the
+// output stored a quad at a time as B1Q): CHUNK / 4 quads an invocation, the expression
+// applied per component (QBODY). llvmpipe pays a storage access per lane and element, vec4 or
+// not: a quad store is one access for four elements.
+@compute @workgroup_size({{WG}})
+fn quads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i0 = linear_id(wid, nwg, lid, {{WG}}u) * CHUNK;
+    let n = pu(0u);
+    if (i0 >= n) { return; }
+    let q1 = min(n, i0 + CHUNK) / 4u;
+    let qo = pu(18u) / 4u;
+{{QSETUP}}
+    for (var q = i0 / 4u; q < q1; q++) {
+{{QBODY}}
+    }
+}

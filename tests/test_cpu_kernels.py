@@ -126,6 +126,7 @@ def test_quad_adam_matches_reference(monkeypatch, rng, chunk, wg, shapes, tex):
     3; (4, 1): 70,001 workgroups of one quad fold into (x, y)."""
     from wgrumus.ops import texread
     monkeypatch.setattr(texread, "ENABLED", tex)
+    monkeypatch.setattr(adam, "CPU_TEX_MIN", 0)  # textures for the small shapes too
     seen = []
     orig = adam.cpu_kernel
     on = texread.enabled(wr.devices()[0])  # (None: CPU adapters only)
@@ -140,3 +141,23 @@ def test_quad_adam_matches_reference(monkeypatch, rng, chunk, wg, shapes, tex):
             np.testing.assert_allclose(p.numpy(), want, rtol=2e-5, atol=2e-6)
         assert seen[::2] and all(q == (not views) for q in seen[::2]) and all(seen[1::2])
         seen.clear()
+
+
+@pytest.mark.timeout(120)
+def test_quad_adam_mixes_texture_and_storage_reads(monkeypatch, rng):
+    """Parameters below CPU_TEX_MIN elements read storage and the others textures, in one
+    dispatch (a branch each), against the reference."""
+    from wgrumus.ops import texread
+    monkeypatch.setattr(texread, "ENABLED", True)
+    monkeypatch.setattr(adam, "CPU_TEX_MIN", 16)
+    seen = []
+    orig = adam.cpu_kernel
+    monkeypatch.setattr(adam, "cpu_kernel", lambda *a: seen.append(a[5]) or orig(*a))
+    shapes = [(4, 8), (8,), (12, 4), (4,), (16,)]
+    p0, gs, ps = _run(monkeypatch, 4, 64, shapes, optim.AdamW, dict(lr=0.02, weight_decay=0.1),
+                      2, rng)
+    for j, p in enumerate(ps):
+        want = ref_adam(p0[j], [g[j].astype(np.float64) for g in gs], lr=0.02,
+                        weight_decay=0.1, decoupled=True)
+        np.testing.assert_allclose(p.numpy(), want, rtol=2e-5, atol=2e-6)
+    assert seen == [(True, False, True, False, True)] * 2

@@ -261,3 +261,32 @@ def test_residual_through_texture_matches_numpy(monkeypatch, rng, kpass, tex):
                                atol=1e-4)
     on = texread.enabled(wr.devices()[0])  # (None: CPU adapters only)
     assert all(rt == (res and on) for res, rt in seen) and seen[-1][0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [4 * 13, 4 * 70_001])
+def test_map_quads_match_numpy(monkeypatch, rng, n):
+    """The chunked CPU map a quad at a time (entry `quads`: every input read through a texture
+    from its start, the output a vec4 store) where every size and offset is in quads, the
+    expression per component (named scalars, the element index i); per element where an input
+    or the output starts mid-quad. 4 * 70,001 outputs with one quad an invocation: past 65,535
+    workgroups."""
+    from wgrumus.ops import launch, texread
+    from wgrumus.ops.launch import run_map
+    monkeypatch.setattr(texread, "ENABLED", True)
+    monkeypatch.setattr(launch, "CPU_CHUNK", 4 if n > 1000 else 8)
+    monkeypatch.setattr(launch, "CPU_WG", 1 if n > 1000 else 64)
+    a, b, c = (rng.standard_normal(n + 4).astype(np.float32) for _ in range(3))
+    ta, tb, tc = (wr.tensor(x) for x in (a, b, c))
+    out = wr.zeros((n + 4,))
+    seen = []
+    orig = launch._cpu_kernel
+    monkeypatch.setattr(launch, "_cpu_kernel", lambda *a: seen.append(a[8]) or orig(*a))
+    got = run_map("a * b + s * c + f32(i % 3u)", Tensor.empty((n,), ta.device, wr.float32),
+                  [ta[4:], tb[:n], tc[4:]], {"s": 0.5})
+    want = a[4:] * b[:n] + 0.5 * c[4:] + np.arange(n) % 3
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose((ta[1:n + 1] - tb[:n]).numpy(), a[1:n + 1] - b[:n], rtol=1e-6)
+    run_map("a - b", out[4:], [ta[:n], tb[:n]])
+    np.testing.assert_allclose(out.numpy()[4:], a[:n] - b[:n], rtol=1e-6)
+    assert seen == [True, False, True]

@@ -1,6 +1,7 @@
 """wr.jit on CPU adapters with texture operands: captures record the matmuls' buffer-to-texture
 copies where eager runs them (right before the kernels that read the textures), so replays use
-the same texture kernels as eager and give the same losses."""
+the same texture kernels as eager and give the same losses (replays move the copies into
+blocks: test_texplan.py)."""
 import importlib
 
 import numpy as np
@@ -62,8 +63,9 @@ def test_texture_replay_matches_eager(dev, rng, textures, kind):
 
 def test_replay_encodes_texture_copies_between_passes(dev, rng, textures, monkeypatch):
     """The recording, as plain data: texture copies, each followed by the dispatch that reads
-    it; the replay lowers them to copy segments in the same places, through wgpu-native's C
-    calls and (without the raw copy) through wgpu-py's API, with the same losses. (The
+    it; the replay lowers them to copy segments (grouped before few passes: texplan.py),
+    through wgpu-native's C calls and (without the raw copy) through wgpu-py's API, with the
+    same losses. (The
     matmuls' copies: the other CPU kernels read storage here, texread.ENABLED False;
     test_texture_replay_matches_eager replays them all.)"""
     monkeypatch.setattr(importlib.import_module("wgrumus.ops.texread"), "ENABLED", False)

@@ -127,17 +127,30 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
 
 @functools.lru_cache(maxsize=4096)
 def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
-                wg: int, named: tuple = (), tex: tuple = ()) -> Kernel:
+                wg: int, named: tuple = (), tex: tuple = (), quads: bool = False) -> Kernel:
     """map_cpu.wgsl for one specialisation (as ``_kernel``), ``chunk`` outputs per invocation:
     strided operands keep a running offset ``s<name>``, stepped along the innermost dimension
     and recomputed where it wraps. ``tex``: the bindings of contiguous f32 inputs read from
     textures holding copies of them (ops/texread.py; their offset words: the first element's
-    place in the texture)."""
+    place in the texture). ``quads`` (entry `quads`; every input in ``tex`` at its texture's
+    start, the output f32 at a quad's start, chunk and size in quads): a quad at a time."""
     base = _kernel(expr, types, modes, binds)
     setup = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
              for k, (name, kind) in enumerate(named)]
-    wrap, body, step = [], [], []
     names = ["o", "a", "b", "c"]
+    if quads:
+        body = [f"        let q{names[k]} = ld_B{b}(q);" for k, b in enumerate(binds) if k]
+        body.append("        var r: vec4<f32>;")
+        for e, comp in enumerate("xyzw"):
+            lets = "".join(f" let {names[k]} = q{names[k]}.{comp};" for k in range(1, len(binds)))
+            body.append(f"        {{ let i = 4u * q + {e}u;{lets} r.{comp} = f32({expr}); }}")
+        body.append(f"        B{binds[0]}Q[qo + q] = r;")
+        decls = "\n".join([f"@group(0) @binding({binds[0]}) var<storage, read_write> "
+                           f"B{binds[0]}Q: array<vec4<f32>>;",
+                           texread.decls({f"B{b}": b for b in tex}, True)])
+        return Kernel.of("map_cpu", "quads", DECLS=decls, QSETUP="\n".join(setup), SETUP="",
+                         WRAP="", BODY="", STEP="", QBODY="\n".join(body), CHUNK=chunk, WG=wg)
+    wrap, body, step = [], [], []
     for k, m in enumerate(modes):
         x, w = names[k], 10 + 9 * k
         if m == "s":
@@ -161,7 +174,8 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
             f"> B{b}:" in line for b in tex)] + [texread.decls(
                 {f"B{b}": b for b in tex}, True, elements=True)])
     defines = {"DECLS": decls, "SETUP": "\n".join(setup), "WRAP": "\n".join(wrap),
-               "BODY": "\n".join(body), "STEP": "\n".join(step), "CHUNK": chunk, "WG": wg}
+               "BODY": "\n".join(body), "STEP": "\n".join(step), "CHUNK": chunk, "WG": wg,
+               "QSETUP": "", "QBODY": ""}
     if "F16" in d:
         defines["F16"] = "1"
     return Kernel.of("map_cpu", **defines)
@@ -269,7 +283,11 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     if chunk > 1:
         with dev.lock:  # (the operand textures hold the inputs until this dispatch read them)
             tex = _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n)
-            k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names, tex)
+            quads = (len(tex) == len(inputs) and types[0] == "f32" and set(modes) == {"c"}
+                     and not (n % 4 or chunk % 4 or out.offset % 4)
+                     and not any(params[27 + 9 * k] for k in range(len(inputs))))
+            k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names, tex,
+                            quads)
             dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)
     else:
         dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names, head[1]),

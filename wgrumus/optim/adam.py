@@ -33,6 +33,10 @@ CPU_CHUNK_DEFAULT = 32
 CPU_CHUNK_QUAD = 128  # ... where the update runs a quad at a time (quick GPT's 106K parameters,
 # read through textures: 2.07 ms against 2.43 with 32, process CPU; BENCHMARKS.md)
 CPU_WG = 64
+# ... parameters of fewer elements read storage, not texture copies: a copy costs lavapipe ~5
+# us whatever its size (the quick GPT's 18 bias and norm vectors: 72 of its step's 282
+# copies), storage reads ~7 ns an element
+CPU_TEX_MIN = 1024
 
 
 class Adam(Optimizer):
@@ -156,15 +160,16 @@ class Adam(Optimizer):
         amp = steps is not None
         if chunk > 1 or q == 4:
             with dev.lock:  # (the operand textures hold p, g, m, v until the dispatch)
-                tex = q == 4 and texread.enabled(dev)
-                views = [texread.operand(t, 4 * j + i, p.numel()) for j, (p, g, st) in
-                         enumerate(batch) for i, t in enumerate(
-                             (g, p, st["exp_avg"], st["exp_avg_sq"]))] if tex else []
-                tex = tex and None not in views
-                if tex:  # g's view in g's binding, p's, m's and v's after the rest
-                    for j in range(len(batch)):
-                        bufs[4 * j + 1] = views[4 * j]
-                    bufs += [w for i, w in enumerate(views) if i % 4]
+                on = q == 4 and texread.enabled(dev)
+                views = [[texread.operand(t, 4 * j + i, p.numel()) for i, t in enumerate(
+                    (g, p, st["exp_avg"], st["exp_avg_sq"]))] if on and p.numel() >= CPU_TEX_MIN
+                    else [None] for j, (p, g, st) in enumerate(batch)]
+                tex = tuple(None not in vs for vs in views)
+                for j, vs in enumerate(views):  # g's view in g's binding, p's, m's and v's
+                    if tex[j]:  # after the rest
+                        bufs[4 * j + 1] = vs[0]
+                        bufs += vs[1:]
+                tex = tex[0] if len(set(tex)) == 1 else tex  # one bool where all agree
                 dev.dispatch_1d(cpu_kernel(len(batch), chunk, CPU_WG, amp, q == 4, tex), bufs,
                                 words(), -(-end // chunk), CPU_WG, refresh=refresh)
         else:
@@ -229,26 +234,30 @@ _ADAM_BRANCH = """        let s = part_({j}u);
 
 @functools.cache
 def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = False,
-               tex: bool = False) -> Kernel:
+               tex=False) -> Kernel:
     """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements (``quad``:
     quads of elements, vec4 arrays) per invocation, ``wg`` invocations per workgroup: a branch
     per parameter whose loop updates the chunk (at most ``chunk`` iterations, far below
-    llvmpipe's 65,535 loop cap). ``tex`` (quads): p, g, m and v read through textures holding
-    copies of them (ops/texread.py): g's in place of its storage binding, p's, m's and v's
-    after the other bindings; p, m and v stored as before."""
-    rd = "ld_{x}T{j}(e)" if tex else "{x}{j}[s.{xl} + e]"
+    llvmpipe's 65,535 loop cap). ``tex`` (quads; one bool, or one per parameter): p, g, m and
+    v read through textures holding copies of them (ops/texread.py): g's in place of its
+    storage binding, p's, m's and v's after the other bindings (in parameter order); p, m and
+    v stored as before."""
+    tex = (tex,) * k if isinstance(tex, bool) else tex
+    reads = ("{x}{j}[s.{xl} + e]", "ld_{x}T{j}(e)")
     body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))",
-                               **{x: rd.format(x=x, j=j, xl=x.lower()) for x in "PGMV"})
-            for j in range(k)]
+                               **{x: reads[tex[j]].format(x=x, j=j, xl=x.lower())
+                                  for x in "PGMV"}) for j in range(k)]
     decls = multi_tensor_decls(k, 1, _ARRAYS)
     if quad:
         decls = decls.replace("array<f32>", "array<vec4<f32>>")
-    if tex:
+    on = [j for j in range(k) if tex[j]]
+    if on:
         base = 4 * k + 1 + int(amp)
-        decls = "\n".join(line for line in decls.split("\n") if "> G" not in line)
-        decls += "\n" + texread.decls({f"{x}T{j}": b for j in range(k) for x, b in (
-            ("G", 4 * j + 2), ("P", base + 3 * j), ("M", base + 3 * j + 1),
-            ("V", base + 3 * j + 2))}, True)
+        decls = "\n".join(line for line in decls.split("\n")
+                          if not any(f"> G{j}:" in line for j in on))
+        decls += "\n" + texread.decls({f"{x}T{j}": b for i, j in enumerate(on) for x, b in (
+            ("G", 4 * j + 2), ("P", base + 3 * i), ("M", base + 3 * i + 1),
+            ("V", base + 3 * i + 2))}, True)
     return Kernel.of("adam_multi", "cpu", BODY="", CPU_BODY="\n".join(body), CHUNK=chunk,
                      CPU_WG=wg, AMP=_amp(k, amp), AT="vec4<f32>" if quad else "f32",
                      DECLS=decls)

@@ -51,9 +51,10 @@ def _user_frame() -> str:
 class Recording:
     """The ordered device work of one capture on one device.
 
-    ops: ("d", pipeline, layout, dynamic, buffers, words, groups, refresh) dispatches (words: the
-    256-byte parameter slot; refresh: None, or a callable giving the slot's parameter list anew
-    at every replay, e.g. an optimizer's bias corrections; buffers may hold texture views),
+    ops: ("d", pipeline, layout, dynamic, buffers, words, groups, refresh, written) dispatches
+    (words: the 256-byte parameter slot; refresh: None, or a callable giving the slot's
+    parameter list anew at every replay, e.g. an optimizer's bias corrections; buffers may hold
+    texture views; written: the bindings the kernel may write, None for all),
     ("c", src, src_off, dst, dst_off, nbytes) copies, ("t", src, src_off, bytes_per_row,
     texture, y, width, rows) buffer-to-texture copies (Device.operand_texture), ("w", dst,
     offset, data) host writes, ("h", fn, args, out) host
@@ -65,9 +66,10 @@ class Recording:
         self.ops: list = []
         self.launches = 0
 
-    def dispatch(self, pipe, layout, dynamic, buffers, words: bytes, groups, refresh) -> None:
+    def dispatch(self, pipe, layout, dynamic, buffers, words: bytes, groups, refresh,
+                 written=None) -> None:
         self.ops.append(("d", pipe, layout, dynamic, tuple(buffers), words, tuple(groups),
-                         refresh))
+                         refresh, written))
 
     def copy(self, src, src_off: int, dst, dst_off: int, nbytes: int) -> None:
         self.ops.append(("c", src, src_off, dst, dst_off, nbytes))

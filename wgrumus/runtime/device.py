@@ -11,6 +11,7 @@ dispatches, copies and writes it runs, and refuses reads back to the host.
 """
 from __future__ import annotations
 
+import functools
 import re
 import struct
 import threading
@@ -228,7 +229,7 @@ class Device(HostTransfers):
             if self.recorder is not None:
                 self.recorder.dispatch(pipe, layout, dynamic, buffers,
                                        bytes(self._params_bytes[slot * SLOT:(slot + 1) * SLOT]),
-                                       groups, refresh)
+                                       groups, refresh, written_bindings(kernel))
             cp = self._open_pass()
             if dynamic and self._raw is not None:
                 self._raw.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
@@ -260,10 +261,7 @@ class Device(HostTransfers):
             key = (slot, height)
             tv = self._textures.get(key)
             if tv is None:
-                tex = self.wgpu.create_texture(
-                    size=(TEX_W, height, 1), format=wgpu.TextureFormat.rgba32float,
-                    usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
-                tv = self._textures[key] = (tex, tex.create_view())
+                tv = self._textures[key] = self.new_operand_texture(height)
             enc = self._close_pass()
             full, rest = divmod(texels, TEX_W)
             for y, n, w in ((0, full, TEX_W), (full, 1 if rest else 0, rest)):
@@ -275,6 +273,14 @@ class Device(HostTransfers):
                 (self._raw_copy.copy if self._raw_copy is not None else copy_to_texture)(
                     enc, *region)
         return tv[1]
+
+    def new_operand_texture(self, height: int):
+        """(texture, view): an rgba32float texture of TEX_W x ``height`` texels that buffer
+        copies fill and kernels read."""
+        tex = self.wgpu.create_texture(
+            size=(TEX_W, height, 1), format=wgpu.TextureFormat.rgba32float,
+            usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
+        return tex, tex.create_view()
 
     def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
                     refresh=None) -> None:
@@ -350,6 +356,14 @@ class Device(HostTransfers):
                 f"({self.max_binding:,} bytes, limit max-storage-buffer-binding-size on "
                 f"{self.name}); split the tensor or use an adapter with a higher limit")
         return self.pool.acquire(max(nbytes, 4))
+
+
+@functools.cache
+def written_bindings(kernel: Kernel):
+    """The bindings ``kernel`` declares read_write (None where its source declares none that
+    this can read: then every buffer counts as written)."""
+    decl = _BINDING.findall(kernel.source())
+    return frozenset(int(b) for b, _, access in decl if access == "read_write") if decl else None
 
 
 def bind_entries(arena, offset: int, buffers) -> list:

@@ -34,7 +34,9 @@ TESTED = (WGPU_TESTED[0], (WGPU_TESTED[1][0], WGPU_TESTED[1][1] - 1))  # (major,
 _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
             "wgpuBufferGetMappedRange", "wgpuBufferUnmap", "wgpuComputePassEncoderSetPipeline",
             "wgpuComputePassEncoderSetBindGroup", "wgpuComputePassEncoderDispatchWorkgroups",
-            "wgpuCommandEncoderCopyBufferToBuffer", "wgpuQueueGetTimestampPeriod")
+            "wgpuCommandEncoderCopyBufferToBuffer", "wgpuQueueGetTimestampPeriod",
+            "wgpuCommandEncoderBeginComputePass", "wgpuComputePassEncoderEnd",
+            "wgpuComputePassEncoderRelease")
 MAP_READ, MAP_WRITE = 1, 2  # WGPUMapMode bits
 # Waiting for a map: a blocking wgpuDevicePoll holds the device's fence lock (read) until the
 # submission is done, and every queue submit needs it (write; wgpu-core Device::maintain and
@@ -207,6 +209,9 @@ class RawReplay:
 
     def __init__(self, capi, segs, ndispatch: int):
         self.lib, ffi = capi.lib, capi.ffi
+        self._pass_desc = capi.new_struct_p("WGPUComputePassDescriptor *",
+                                            label=capi.to_c_string_view(""),
+                                            timestampWrites=ffi.NULL)
         self._offsets = ffi.new("uint32_t[]", max(ndispatch, 1))
         self.segs, k = [], 0
         for kind, body in segs:
@@ -232,8 +237,11 @@ class RawReplay:
 
     def encode(self, enc, open_pass, before, after) -> None:
         """Into encoder ``enc``: the ``before`` copies, the segments (passes opened by
-        ``open_pass(enc)``), the ``after`` copies."""
+        ``open_pass(enc)``, or None: untimed passes through the C calls, ~16 us less host time
+        a pass than wgpu-py's wrapper), the ``after`` copies."""
         lib = self.lib
+        begin, end = lib.wgpuCommandEncoderBeginComputePass, lib.wgpuComputePassEncoderEnd
+        release = lib.wgpuComputePassEncoderRelease
         copy = lib.wgpuCommandEncoderCopyBufferToBuffer
         texture_copy = lib.wgpuCommandEncoderCopyBufferToTexture
         set_pipe = lib.wgpuComputePassEncoderSetPipeline
@@ -249,14 +257,18 @@ class RawReplay:
             if kind == self.TEXTURE:
                 texture_copy(e, *body)
                 continue
-            cp = open_pass(enc)
-            h = cp._internal
+            cp = open_pass(enc) if open_pass is not None else None
+            h = cp._internal if cp is not None else begin(e, self._pass_desc)
             for pipe, bg, n, offs, gx, gy, gz in body:
                 if pipe is not None:
                     set_pipe(h, pipe)
                 set_bg(h, 0, bg, n, offs)
                 dispatch(h, gx, gy, gz)
-            cp.end()
+            if cp is not None:
+                cp.end()
+            else:
+                end(h)
+                release(h)
         for src, so, dst, do, nb in after:
             copy(e, src._internal, so, dst._internal, do, nb)
 

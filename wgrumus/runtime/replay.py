@@ -4,16 +4,16 @@ three of wgpu-native's C calls per dispatch.
 The recording's parameter words go, once, into a uniform buffer of its own (one 256-byte slot
 per dispatch), and its bind groups are built once against that buffer; only the slots whose
 dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
-constant buffers filled once, so they run in order with the dispatches; copies into the
-device's operand textures (CPU adapters' matmul) stay where the capture made them, right before
-the dispatches that read them. Command buffers are single-use in WebGPU, so each replay encodes
-anew: begin pass, then per dispatch set pipeline (when it changes), set bind group, dispatch. A
-recording with host operations (communication, ``capture.host_op``) replays as parts: the
-device work up to a host operation is submitted, the operation runs and its result is copied
-into the captured buffer, then the next part follows. An asynchronous one
-(``capture.host_launch``) is started at its launch and the replay goes on submitting parts;
-only its join waits for it (with the timeout the capture waited with) and copies its result in.
-On a CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
+constant buffers filled once, so they run in order with the dispatches; copies into the device's
+operand textures (CPU adapters' kernels) go into textures of the replay's own, grouped in blocks
+before few compute passes (texplan.py). Command buffers are single-use in WebGPU, so each replay
+encodes anew: begin pass, then per dispatch set pipeline (when it changes), set bind group,
+dispatch. A recording with host operations (communication, ``capture.host_op``) replays as
+parts: the device work up to a host operation is submitted, the operation runs and its result is
+copied into the captured buffer, then the next part follows. An asynchronous one
+(``capture.host_launch``) is started at its launch and the replay goes on submitting parts; only
+its join waits for it (with the timeout the capture waited with) and copies its result in. On a
+CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
 operations is handed to the device's submission thread (runtime/submitter.py): the caller
 returns while the step runs. ``trace`` lists what the last run did, in order: ("submit", part,
 dispatches), ("launch", slot, t), ("join", slot, t_wait, t_done), ("host", t, t_done)
@@ -27,6 +27,7 @@ import time
 import numpy as np
 import wgpu
 
+from . import texplan
 from .device import SLOT, bind_entries, copy_to_texture, pack_words
 from .errors import CaptureError
 from .native import RawReplay, c_api
@@ -39,12 +40,18 @@ _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
 # this lock (thread CPU 3.2 -> 2.5 ms a step); the devices still run both replicas' kernels at
 # once. Never held across host operations (a replica's all-reduce waits for the others).
 _ENCODE = threading.Lock()
+# Texture copies grouped into blocks before few passes, each operand in a texture of the
+# replay's own (texplan.py); False: where the capture made them, in the device's textures.
+GROUP_TEXTURES = True
 
 
 class Replay:
     def __init__(self, recording):
         dev = self.device = recording.device
         ops = recording.ops
+        if GROUP_TEXTURES and any(op[0] == "t" for op in ops):
+            ops = texplan.plan(ops, {id(v): t for t, v in dev._textures.values()},
+                               dev.new_operand_texture)
         n = sum(op[0] == "d" for op in ops)
         self.dispatches = n
         self._arena = dev.wgpu.create_buffer(  # bound as the device's own arena is
@@ -58,7 +65,7 @@ class Replay:
         self._parts = [segs]  # lists of segments, with host operations between them
         for op in ops:
             if op[0] == "d":
-                _, pipe, layout, dynamic, bufs, words, groups, refresh = op
+                _, pipe, layout, dynamic, bufs, words, groups, refresh, _ = op
                 self._words[slot] = np.frombuffer(words, np.uint32)
                 if refresh is not None:
                     self._refresh.append((slot, refresh))
@@ -131,28 +138,35 @@ class Replay:
                     rows = self._words[lo:hi]
                     words = (lo * SLOT, rows if sub is None else rows.copy())  # as queued
                 pre, post = before if i == 0 else (), after if i == last else ()
-                if sub is not None:
-                    sub.put(self._submit, i, words, pre, post)
+                if sub is not None:  # encoded here, meanwhile the thread runs earlier steps
+                    sub.put(self._submit, i, words, self._encode(i, pre, post))
                 else:
                     with _ENCODE:
-                        self._submit(i, words, pre, post)
+                        self._submit(i, words, self._encode(i, pre, post))
             trace.append(("submit", i // 2, self._dispatches_of[i // 2]))
         dev.dispatches += self.dispatches
 
-    def _submit(self, i: int, words, before, after) -> None:
+    def _encode(self, i: int, before, after):
+        """Part ``i``'s command buffer (None where it has no commands)."""
+        dev = self.device
+        if not (self._parts[i] or before or after):
+            return None
+        enc = dev.wgpu.create_command_encoder()
+        if self._raw is not None:
+            self._raw[i // 2].encode(enc, dev.begin_pass if dev._timer is not None else None,
+                                     before, after)
+        else:
+            self._encode_api(enc, self._parts[i], before, after)
+        return enc.finish()
+
+    def _submit(self, i: int, words, commands) -> None:
         """Part ``i``'s queue work: its rewritten parameter words (``words``: (offset, rows) or
-        None), then its commands."""
+        None), then its command buffer."""
         dev = self.device
         if words is not None:
             dev.queue.write_buffer(self._arena, *words)
-        if not (self._parts[i] or before or after):
-            return
-        enc = dev.wgpu.create_command_encoder()
-        if self._raw is not None:
-            self._raw[i // 2].encode(enc, dev.begin_pass, before, after)
-        else:
-            self._encode_api(enc, self._parts[i], before, after)
-        dev._submit(enc.finish())
+        if commands is not None:
+            dev._submit(commands)
 
     def _host(self, op, pending: dict, trace: list) -> None:
         """A recorded host operation, again: a launch is started and left running; a plain one's
