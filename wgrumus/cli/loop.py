@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .common import UsageError, print_json
+from .common import UsageError, env_rank, print_json
 
 
 @dataclass
@@ -264,6 +264,9 @@ class StopOnInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if env_rank() == 0:  # said at once: the step may take a while to finish
+            print("interrupted: stopping after this step (Ctrl-C again stops at once)",
+                  file=sys.stderr, flush=True)
 
     def __enter__(self):
         import signal
