@@ -1,11 +1,6 @@
-"""Fused attention (FlashAttention): softmax(scale q k^T) v in one kernel that streams K/V tiles
-with an online softmax, so memory is O(T) (the output and one logsumexp per query) instead of
-the [Tq, Tk] score matrix; the backward recomputes the scores from the saved logsumexp. Two
-kernel families: FlashAttention-2 tiles (ops/attention_tiles.py, shaders/flash_attention2.wgsl)
-and the row kernel (shaders/flash_attention.wgsl, one row per invocation, no workgroup memory),
-chosen per adapter, head size and length (``_tiles``). ``attention_forward`` /
-``attention_backward`` are the kernel launches without autograd (ops/fused.py builds its
-packed-qkv node on them); ``flash_attention`` is the autograd op on [..., T, d] tensors.
+"""Fused attention (FlashAttention): K/V tiles streamed with an online softmax, O(T) memory; the
+backward recomputes the scores from the saved logsumexp. FlashAttention-2 tiles
+(attention_tiles.py) or the row kernel (no workgroup memory), chosen by ``_tiles``.
 """
 from __future__ import annotations
 
@@ -71,10 +66,8 @@ CPU_TILES_MIN_D = 32
 
 
 def _tiles(dev, d: int, T: int):
-    """FlashAttention-2 tiles per role (ops/attention_tiles.py), or None for the row kernel:
-    where the workgroup memory holds no tile, and on CPU adapters below CPU_TILES_MIN_D or
-    below one query block (T: the longer side). nnops.ROW_MODE forces the choice ('wg':
-    tiles, 'thread': rows; tests, sweeps)."""
+    """Tiles per role, or None for the row kernel (no tile fits; CPU adapters below
+    CPU_TILES_MIN_D or one query block). nnops.ROW_MODE forces the choice."""
     forced = nnops.ROW_MODE
     if forced == "thread":
         return None
@@ -115,9 +108,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
 
 
 def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
-    """(dq, dk, dv), f32 and shaped like q, k, v, of attention_forward's output given its
-    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels, both recomputing the scores
-    from ``lse``: dq per query block (and the row sums dO . O), then dk and dv per key block
+    """(dq, dk, dv) f32 given ``do``: dq per query block, then dk and dv per key block
     (FlashAttention-2's split: no atomics, deterministic)."""
     BH, Tq, d = q.shape
     Tk = k.shape[1]
@@ -195,10 +186,8 @@ def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "at
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                     scale: float | None = None, compute_dtype=None) -> Tensor:
-    """softmax(scale * q k^T, causal) v for q [..., Tq, d], k and v [..., Tk, d]; float32
-    output. ``scale`` defaults to 1/sqrt(d). ``compute_dtype`` float16 (default under
-    autocast) casts the inputs to f16 for the kernel (accumulation stays f32); gradients are
-    float32."""
+    """softmax(scale q k^T, causal) v over [..., T, d], f32 out (``scale``: 1/sqrt(d));
+    ``compute_dtype`` f16 (autocast's default) casts the inputs for the kernel."""
     check_attention(q, k, v, causal, "flash_attention")
     lead, Tq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     BH = math.prod(lead)

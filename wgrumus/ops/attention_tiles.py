@@ -1,10 +1,9 @@
 """FlashAttention-2 kernels for GPUs (shaders/flash_attention2.wgsl): tile variants, the
 generated register code of each entry point, and the choice of tiles per adapter.
 
-A role's tiles are (R, S, TM, TN): R resident rows per workgroup (queries in fwd and bwd_q,
-keys in bwd_kv), S streamed rows per tile, TM x TN scores per invocation (NY = R / TM by
-NX = S / TN invocations). The register code is unrolled here with literal indices (shader
-compilers keep such values in registers; ops/matmul.py does the same).
+A role's tiles are (R, S, TM, TN): R resident rows per workgroup, S streamed rows per tile,
+TM x TN scores per invocation. The register code is unrolled with literal indices so compilers
+keep it in registers.
 """
 from __future__ import annotations
 
@@ -195,9 +194,8 @@ def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
 
 
 def _streamed(sh, entries, first: str) -> tuple:
-    """(before the loop, at the top of a tile, after its staging barrier): the staging of the
-    streamed tiles (entries of _tile_loads, row0 = t); with PF, tile t + S is loaded into
-    registers while tile t is computed (its global latency hidden), stored at the next top."""
+    """(before the loop, top of a tile, after its barrier): staging of the streamed tiles;
+    with PF tile t + S is loaded into registers while tile t is computed."""
     if not sh["PF"]:
         return [], [_guarded(g, f"{d} = {v('t')};") for g, d, v in entries], []
     before, top, after, nxt = [], [], [], f"t + {sh['S']}u"
@@ -209,9 +207,8 @@ def _streamed(sh, entries, first: str) -> tuple:
 
 
 def _head(sh, heavy_last: bool = False) -> list:
-    """The entry's first lines. heavy_last: the resident blocks of a causal kernel run the
-    more tiles the later they lie (fwd, bwd_q), so each (batch, head) takes them from the last
-    (the dispatch ends on light workgroups: a shorter tail)."""
+    """The entry's first lines. heavy_last: causal blocks taken from the last (the heaviest),
+    so the dispatch ends on light workgroups."""
     blk = ("select(g % pu(10u), pu(10u) - 1u - g % pu(10u), pu(9u) != 0u)" if heavy_last
            else "g % pu(10u)")
     return [f"@compute @workgroup_size({sh['NT']})",

@@ -1,9 +1,5 @@
-"""conv2d (im2col kernel + the tiled matmul), max_pool2d and avg_pool2d over NCHW tensors.
-
-Kernels in shaders/conv.wgsl. conv2d is a composition of recorded ops: ``im2col`` (backward:
-the col2im kernel), matmul (backward: two matmuls give dweight and dcols) and a permute that is
-made contiguous while the bias is added. Pool gradients are gathers over the windows covering
-each input position (the max pool routes to the argmax saved by the forward kernel).
+"""conv2d (im2col + the tiled matmul, as recorded ops), max_pool2d and avg_pool2d over NCHW.
+Pool gradients are gathers over the windows covering each input position (no atomics).
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Elementwise ops: unary, binary (numpy broadcasting), scalar variants, where, casts.
-
-Each op is one table row: its WGSL expression and its backward rule side by side. Backward
-rules are themselves fused map kernels (e.g. relu' is one kernel reading grad and input).
+"""Elementwise ops: unary, binary (numpy broadcasting), scalar variants, where, casts. Each op
+is one table row: its WGSL expression and its backward rule (itself a fused map kernel).
 """
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ def _fresh(shape, like: Tensor, dtype=float32) -> Tensor:
 
 
 def saved_output(out: Tensor) -> Tensor:
-    """An alias of ``out`` (same storage, no autograd node) for a backward rule that reads the
-    output: capturing ``out`` itself would make a cycle out -> node -> closure -> out, which
-    only the cyclic GC frees, so activations would not go back to the pool promptly."""
+    """An alias of ``out`` without a node for a backward that reads it (``out`` itself would
+    make a cycle only the GC frees, delaying the activations' return to the pool)."""
     return Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
 
 

@@ -1,8 +1,5 @@
-"""GPU variants of the row ops (shaders/rowops.wgsl): vec4 loads, subgroup reductions, several
-short rows per workgroup, the row held in registers. ROW_TABLE picks one per adapter class, op
-and row length; where it names none, ops/nnops.py runs the kernels of softmax.wgsl,
-layernorm.wgsl and xent.wgsl (CPU adapters always do). benchmarks/_kernel_sweep.py times the
-variants against torch.
+"""GPU variants of the row ops (shaders/rowops.wgsl: vec4 loads, subgroup reductions, rows in
+registers), picked by ROW_TABLE per adapter class, op and row length (else ops/nnops.py's own).
 """
 from __future__ import annotations
 
@@ -67,9 +64,8 @@ def _variant(dev, op: str, L: int):
 
 
 def plan(dev, op: str, L: int, R: int, offsets=(), log: bool = False):
-    """(kernel, workgroups) of rowops.wgsl's entry ``op`` over R rows of L elements, or None
-    (no variant picked, or the row too long for one workgroup): the caller runs its own
-    kernel. ``offsets``: element offsets of every operand (vec4 loads need multiples of 4)."""
+    """(kernel, workgroups) of entry ``op`` over R rows of L, or None (the caller's own
+    kernel). ``offsets``: every operand's (vec4 loads need multiples of 4)."""
     aligned = L % 4 == 0 and all(o % 4 == 0 for o in offsets)
     global _plans_for
     if _plans_for != (ROW_TABLE, FORCE, SUBGROUP_MAX):  # a table changed (tests, the sweep)
