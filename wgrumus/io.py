@@ -27,7 +27,6 @@ class CheckpointWriteError(CheckpointError, OSError):
     """A checkpoint could not be written (also an OSError, for callers catching that)."""
 
 
-# ----------------------------------------------------------------------------- atomic write
 def _temp_prefix(path: str, pid: int | None = None) -> str:
     return f".tmp-{os.path.basename(path)}-{os.getpid() if pid is None else pid}-"
 
@@ -88,7 +87,6 @@ def atomic_write(path, data: bytes) -> None:
         os.close(dfd)
 
 
-# ----------------------------------------------------------------------------- tensors
 def _to_numpy(name, v) -> np.ndarray:
     if isinstance(v, Tensor):
         v = v.numpy()
@@ -230,7 +228,6 @@ def _tensor(a: np.ndarray, dev) -> Tensor:
     return t.reshape(a.shape) if a.ndim != 1 else t  # 0-d arrays stay 0-d
 
 
-# ----------------------------------------------------------------------------- training checkpoints
 def split_state(obj, prefix, tensors):
     """Replace tensors/arrays in a nested dict/list by {"__tensor__": key}; collect them."""
     if isinstance(obj, dict):

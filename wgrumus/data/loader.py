@@ -53,7 +53,6 @@ class DataLoader:
         self.epoch, self.batch = 0, 0  # position of the next batch
         self._active = None
 
-    # ------------------------------------------------------------------ order and position
     def __len__(self):
         n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -78,7 +77,6 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.batch = int(epoch), 0
 
-    # ------------------------------------------------------------------ batches
     def _make(self, idx):
         ds = self.dataset
         if self.collate_fn is None and hasattr(ds, "take"):

@@ -26,7 +26,6 @@ def _empty(shape, device):
     return Tensor.empty(shape, get_device(device))
 
 
-# ----------------------------------------------------------------------------- containers
 class Sequential(Module):
     def __init__(self, *modules):
         super().__init__()
@@ -110,7 +109,6 @@ class Identity(Module):
         return x
 
 
-# ----------------------------------------------------------------------------- linear, embedding
 class Linear(Module):
     """y = x @ W.T + b; W [out, in] ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform a=sqrt(5))."""
 
@@ -152,7 +150,6 @@ class Embedding(Module):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
-# ----------------------------------------------------------------------------- normalisation
 class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None):
@@ -215,7 +212,6 @@ class BatchNorm2d(Module):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
-# ----------------------------------------------------------------------------- activations etc.
 class ReLU(Module):
     def forward(self, x):
         return F.relu(x)
@@ -268,7 +264,6 @@ class Flatten(Module):
         return x.flatten(self.start_dim, self.end_dim)
 
 
-# ----------------------------------------------------------------------------- convolution
 class Conv2d(Module):
     """weight [out, in, kh, kw] ~ kaiming_uniform(a=sqrt(5)); bias U(+-1/sqrt(in*kh*kw))."""
 

@@ -70,7 +70,6 @@ class Module:
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
 
-    # ------------------------------------------------------------------ registration
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise WgrumusError(f"{type(self).__name__}.__init__ must call super().__init__() "
@@ -121,7 +120,6 @@ class Module:
     def add_module(self, name: str, module) -> None:
         setattr(self, name, module)
 
-    # ------------------------------------------------------------------ traversal
     def named_modules(self, prefix: str = "", memo=None):
         memo = set() if memo is None else memo
         if id(self) in memo:
@@ -170,7 +168,6 @@ class Module:
         fn(self)
         return self
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> OrderedDict[str, Tensor]:
         """name -> tensor (sharing storage with the module: copy before mutating)."""
         out = OrderedDict()
@@ -215,7 +212,6 @@ class Module:
                 _assign(dst, state_dict[k], k)
         return missing, unexpected
 
-    # ------------------------------------------------------------------ modes, devices, grads
     def train(self, mode: bool = True):
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
@@ -249,7 +245,6 @@ class Module:
             p.requires_grad_(flag)
         return self
 
-    # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 

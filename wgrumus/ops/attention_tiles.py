@@ -169,8 +169,6 @@ def _loads(v4: bool) -> str:
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------- register code generation
-
 def _tile_loads(sh, dst: str, load: str, base: str, n: str, rows: int, scale: str = ""):
     """(guard, destination, value of row0) per pass of staging rows [row0, row0 + rows) of a
     [T, D] block into a row tile (pitch RP quads, zero past n rows and past D), unrolled over

@@ -9,8 +9,6 @@ from ..autograd.tape import needs_grad, record
 from ..tensor import Tensor, float32, int32
 from .launch import broadcast_shapes, run_map
 
-# --------------------------------------------------------------------------- helpers
-
 
 def _wrap(x, like: Tensor):
     """Tensors and numpy arrays -> a tensor on ``like``'s device; Python/numpy scalars -> None."""
@@ -50,7 +48,6 @@ def unbroadcast(g: Tensor, shape) -> Tensor:
     return r.reshape(shape)
 
 
-# --------------------------------------------------------------------------- unary
 # name: (forward expr of a, backward: (grad expr of b=grad, a=input, c=output) or None)
 UNARY = {
     "neg": ("-a", "-a"),
@@ -121,7 +118,6 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     return out
 
 
-# --------------------------------------------------------------------------- binary
 _ANY_NAN = "isnan_(a) || isnan_(b)"
 # d maximum(x, y) / dx as an expression of g=a, x=b, y=c: PyTorch's rule (half to each at a tie,
 # all to both where either is NaN, since the NaN output came from both); minimum mirrors it.
@@ -330,9 +326,6 @@ def clamp(x: Tensor, min=None, max=None) -> Tensor:
         "select(0.0, a, b >= lo && b <= hi && !isnan_(b))", [g, x], scalars=bounds),),
         saved=[x])
     return out
-
-
-# --------------------------------------------------------------------------- copies and casts
 
 
 def cast(x: Tensor, dtype) -> Tensor:

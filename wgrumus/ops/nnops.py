@@ -82,8 +82,6 @@ def _along_last(x: Tensor, axis: int, fn):
     return permute(fn(permute(x, perm)), inv)
 
 
-# --------------------------------------------------------------------------- softmax
-
 def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False) -> Tensor:
     xc = contiguous(_f32(x))
     L = xc.shape[-1]
@@ -193,8 +191,6 @@ def log_softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0,
     _check_causal(axis, x, causal)
     return _along_last(x, axis, lambda t: _softmax_last(t, True, scale, causal))
 
-
-# --------------------------------------------------------------------------- layer_norm
 
 def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
     """PyTorch's layer_norm over the trailing ``normalized_shape`` dims (biased variance)."""
@@ -347,8 +343,6 @@ def _sum_parts(part, L, chunks):
     return both[0], both[1]
 
 
-# --------------------------------------------------------------------------- dropout
-
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tensor:
     """Inverted dropout; the mask is a pure function of (seed, index), so backward regenerates
     it instead of storing it (``seed=None``: the global generator)."""
@@ -369,8 +363,6 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tens
     record("dropout", out, [x], lambda g: (map_op(expr, [g], shape=x.shape, scalars=scalars),))
     return out
 
-
-# --------------------------------------------------------------------------- losses
 
 _REDUCTIONS = ("mean", "sum", "none")
 

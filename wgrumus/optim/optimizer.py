@@ -78,7 +78,6 @@ class Optimizer:
         group.setdefault("initial_lr", group["lr"])
         self.param_groups.append(group)
 
-    # ------------------------------------------------------------------ stepping
     @staticmethod
     def _grad(p, grads):
         g = p.grad if grads is None else grads.get(p)
@@ -126,7 +125,6 @@ class Optimizer:
             for p in group["params"]:
                 p.grad = None
 
-    # ------------------------------------------------------------------ state
     def _index(self):
         return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
 

@@ -103,7 +103,6 @@ class Device(HostTransfers):
     def __repr__(self):
         return f"Device({self.index}: {self.name})"
 
-    # ------------------------------------------------------------------ pipelines
     def pipeline(self, kernel: Kernel, nbuf: int | None = None):
         """(pipeline, bind group layout, dynamic): an explicit layout (dynamic parameter offset:
         one bind group per buffer set) where the source's bindings parse, else wgpu's auto."""
@@ -174,7 +173,6 @@ class Device(HostTransfers):
             self._bind_groups[key] = bg
         return bg
 
-    # ------------------------------------------------------------------ recording
     def begin_pass(self, encoder):
         """A compute pass on ``encoder`` (this device's), timed while a GpuTimer is open."""
         writes = self._timer._pass_writes() if self._timer is not None else None
@@ -330,7 +328,6 @@ class Device(HostTransfers):
                                                       | wgpu.BufferUsage.COPY_SRC)
         self.read(self._fence, 0, 4)
 
-    # ------------------------------------------------------------------ memory
     def alloc(self, nbytes: int):
         if nbytes > self.max_binding:
             raise AdapterLimitError(

@@ -283,7 +283,6 @@ class _Native:
         ffi.new("WGPUBufferMapCallbackInfo *", {"mode": self._mode, "callback": self._cb,
                                                 "userdata1": ffi.NULL})
 
-    # ------------------------------------------------------------------ submissions
     def submit(self, queue, command_buffer) -> int:
         """Submit one command buffer; return its submission index."""
         cbs = self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal])
@@ -298,7 +297,6 @@ class _Native:
         """Non-blocking: fire the callbacks of whatever has completed."""
         self._poll(device._internal, 0, self.ffi.NULL)
 
-    # ------------------------------------------------------------------ mapping
     def map_async(self, buffer, mode: int, size: int, index=None) -> MapRequest:
         req = MapRequest(buffer, mode, size, index)
         key = next(self._keys)
