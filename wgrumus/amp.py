@@ -9,6 +9,7 @@ import functools
 import numpy as np
 
 from .autograd import no_grad
+from .autograd.store import grads_of, set_grad
 from .ops.elementwise import contiguous, fill_
 from .ops.precision import autocast_as
 from .runtime import get_device
@@ -154,9 +155,7 @@ class GradScaler:
         if id(optimizer) in self._found_inf:
             raise WgrumusError("GradScaler.unscale_ was already called for this optimizer since "
                                "the last update(); call it once per step, before step()")
-        pairs = [(p, p.grad if grads is None else grads.get(p))
-                 for g in optimizer.param_groups for p in g["params"]]
-        pairs = [(p, g) for p, g in pairs if g is not None]
+        pairs = grads_of([p for g in optimizer.param_groups for p in g["params"]], grads)
         flags = {}
         with no_grad():
             for dev in {id(g.device): g.device for _, g in pairs}.values():
@@ -166,11 +165,7 @@ class GradScaler:
                     state = state.to(dev)
                 us, flags[dev] = unscale_check([g for _, g in mine], state)
                 for (p, _), u in zip(mine, us):
-                    if grads is None:
-                        p.grad = u
-                    else:
-                        grads.remove(p)
-                        grads.accumulate(p, u)
+                    set_grad(p, u, grads)
             if len(flags) > 1 or any(d is not self._state.device for d in flags):
                 self._agree(flags)
         self._found_inf[id(optimizer)] = flags

@@ -150,7 +150,7 @@ class _Capture:
                                "under its own wr.jit)")
         dev = used[0].device if used else (inputs[0].device if inputs else devices[0])
         outs = []
-        spec = _flatten(out, outs)
+        spec = _rebuild(out, None, outs)  # the tensors moved to outs
         for t in inputs + outs:
             if t.device is not dev:
                 raise CaptureError(f"wr.jit: a tensor argument or result lives on {t.device}, "
@@ -223,27 +223,15 @@ def _signature(obj, tensors: list):
     return (type(obj), obj)
 
 
-def _flatten(obj, tensors: list):
-    """``obj`` (nested lists, tuples, dicts) with each tensor moved to ``tensors`` and a
-    placeholder left in its place."""
-    if isinstance(obj, Tensor):
-        tensors.append(obj)
-        return _TENSOR
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_flatten(o, tensors) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _flatten(v, tensors) for k, v in obj.items()}
-    return obj
-
-
-def _rebuild(obj, it):
-    """``obj`` with its tensors (or placeholders), in order, replaced by those of ``it``."""
+def _rebuild(obj, it, moved=None):
+    """``obj`` (nested lists, tuples, dicts) with its tensors (or placeholders), in order,
+    replaced by those of ``it`` (or, with ``moved``, appended there and replaced by _TENSOR)."""
     if isinstance(obj, Tensor) or obj is _TENSOR:
-        return next(it)
+        return next(it) if moved is None else moved.append(obj) or _TENSOR
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_rebuild(o, it) for o in obj)
+        return type(obj)(_rebuild(o, it, moved) for o in obj)
     if isinstance(obj, dict):
-        return {k: _rebuild(v, it) for k, v in obj.items()}
+        return {k: _rebuild(v, it, moved) for k, v in obj.items()}
     return obj
 
 

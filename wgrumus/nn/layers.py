@@ -26,7 +26,25 @@ def _empty(shape, device):
     return Tensor.empty(shape, get_device(device))
 
 
-class Sequential(Module):
+class _Container(Module):
+    """Sequential's and ModuleList's shared list behaviour."""
+
+    def append(self, m: Module):
+        self.add_module(str(len(self._modules)), m)
+        return self
+
+    def __getitem__(self, i):
+        mods = list(self._modules.values())
+        return self._of(mods[i]) if isinstance(i, slice) else mods[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class Sequential(_Container):
     def __init__(self, *modules):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], dict):
@@ -50,21 +68,7 @@ class Sequential(Module):
             i += 1
         return x
 
-    def __getitem__(self, i):
-        mods = list(self._modules.values())
-        if isinstance(i, slice):
-            return Sequential(*mods[i])
-        return mods[i]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-    def append(self, m: Module):
-        self.add_module(str(len(self._modules)), m)
-        return self
+    _of = classmethod(lambda cls, mods: cls(*mods))  # (a slice of one, as a new container)
 
 
 def _fusable(m, nxt):
@@ -78,30 +82,17 @@ def _fusable(m, nxt):
     return None
 
 
-class ModuleList(Module):
+class ModuleList(_Container):
     def __init__(self, modules=()):
         super().__init__()
-        for m in modules:
-            self.append(m)
+        self.extend(modules)
 
-    def append(self, m: Module):
-        self.add_module(str(len(self._modules)), m)
-        return self
+    _of = classmethod(lambda cls, mods: cls(mods))
 
     def extend(self, ms):
         for m in ms:
             self.append(m)
         return self
-
-    def __getitem__(self, i):
-        mods = list(self._modules.values())
-        return ModuleList(mods[i]) if isinstance(i, slice) else mods[i]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
 
 
 class Identity(Module):

@@ -4,6 +4,7 @@ Sharded layouts clip with the whole model's norm: each rank's partial is all-red
 (``counted_elsewhere``)."""
 from __future__ import annotations
 
+from ..autograd.store import grads_of, set_grad
 from ..autograd.tape import no_grad
 from ..ops.elementwise import abs_, map_op
 from ..ops.reduce import max as _max
@@ -20,8 +21,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=N
     at most ``max_norm``; returns the norm before clipping as a device tensor. ``group``: the
     ranks whose shards make up the model (all call this at the same point)."""
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
-    pairs = [(p, p.grad if grads is None else grads.get(p)) for p in params]
-    pairs = [(p, g) for p, g in pairs if g is not None]
+    pairs = grads_of(params, grads)
     if not pairs and group is None:
         raise WgrumusError("clip_grad_norm_: none of the parameters has a gradient")
     skip = {id(p) for p in counted_elsewhere}
@@ -48,12 +48,7 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=N
             c = coefs.get(g.device)
             if c is None:
                 c = coefs[g.device] = coef.to(g.device)
-            scaled = map_op("a * b", [g, c])
-            if grads is None:
-                p.grad = scaled
-            else:
-                grads.remove(p)
-                grads.accumulate(p, scaled)
+            set_grad(p, map_op("a * b", [g, c]), grads)
     return total
 
 
