@@ -19,10 +19,8 @@ from .shape import reshape
 
 WG = 64  # row kernel: rows (queries, or keys in bwd_kv) per workgroup, one per invocation
 MAX_HEAD_DIM = 128
-# llvmpipe stops a shader loop after 65,535 iterations per invocation, counting the loops it
-# does not unroll: the row kernel's per-vec4 loops unroll up to 16 vec4s, its block loops count
-# about one iteration per streamed row (the tiles' loops <= 9 per tile of >= 16 rows). CPU
-# adapters therefore take head sizes <= 64 and <= 60,000 rows.
+# llvmpipe's 65,535-iteration loop cap (the row kernel's block loops count about one per
+# streamed row; its vec4 loops unroll up to d 64) bounds CPU adapters' shapes.
 CPU_MAX_HEAD_DIM = 64
 CPU_MAX_ROWS = 60_000
 
@@ -59,9 +57,8 @@ def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=No
                  groups_1d(BH * blocks, 1))
 
 
-# CPU adapters take the tiles from this head size and one query block of rows up; below, the
-# row kernel (lavapipe, causal f+b: d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's
-# rate; 70,000 (batch, head) pairs of 2 rows 7x its time; benchmarks/_attn_sweep.py's rows).
+# CPU adapters take the tiles from this head size and one query block up, else the row kernel
+# (lavapipe, causal f+b: tiles at d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's rate).
 CPU_TILES_MIN_D = 32
 
 
@@ -126,12 +123,9 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
-# Where the [Tq, Tk] scores fit, the unfused composition (matmuls around the fused softmax,
-# skipping what a causal mask hides) is the faster one: forward + backward at 8x8x1024x64
-# causal ran at 18.2 TFLOP/s unfused vs 11.3 fused (FlashAttention-2 tiles) on the H100,
-# torch's SDPA 22.7 (benchmarks/ops.py --only attention, 2026-11-24); 0.96 vs 0.36 GFLOP/s at
-# 1x2x256x64 on lavapipe. The fused kernel takes over where the scores would be large (its
-# memory is O(T): 8 MiB against 776 at 1x1x8192x64) or pass one binding.
+# Where the scores fit, the unfused composition is faster (8x8x1024x64 causal f+b on the H100:
+# 18.2 TFLOP/s unfused vs 11.3 fused, torch SDPA 22.7; lavapipe 0.96 vs 0.36 GFLOP/s); the fused
+# kernel takes over where the scores would be large (O(T) memory) or pass one binding.
 FUSED_SCORE_BYTES = 512 << 20
 
 

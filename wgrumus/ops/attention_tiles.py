@@ -12,13 +12,10 @@ import functools
 from ..runtime.kernels import Kernel
 from .matmul import adapter_class
 
-# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise
-# with [, PF]; "kv" (bwd_kv): (keys, queries per tile, TM, TN[, PF]). SG 1 (forward): the row
-# max and row sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX
-# invocations (K and V then staged side by side: 3 barriers per tile instead of 4), else
-# ignored. PF 1 (backward): the next streamed tile loaded into registers during this one. A role
-# whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
-# FALLBACK[role] that does.
+# name -> tiles per role: (resident rows, streamed rows per tile, TM, TN[, flag]); the flag is
+# SG for "fwd" (row reductions by subgroup shuffles where subgroups hold a row: 3 barriers a tile
+# instead of 4) and PF for "q"/"kv" (the next tile prefetched into registers). A role whose tiles
+# do not fit the workgroup memory takes the first of FALLBACK[role] that does.
 VARIANTS = {
     # Along the H100's trend (more invocations, 1-2 rows each; the sweep picks a role's tiles
     # on their own, so the roles differ): up to 512 invocations, subgroup forwards.
@@ -48,18 +45,14 @@ FALLBACK = {
     "kv": [(32, 32, 4, 4), (32, 16, 4, 4), (16, 32, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
            (8, 16, 2, 2)],
 }
-# Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
-# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}, or
-# one name per role {"fwd": name, "q": name, "kv": name} (a role's tiles are independent of
-# the others'). benchmarks/_attn_sweep.py times every role of every variant and prints the
-# entry to paste.
+# The variant per adapter class ("gpu": any other): a VARIANTS name, {"fwd": .., "bwd": ..} or
+# one per role (benchmarks/_attn_sweep.py times them and prints the entry to paste).
 ATTN_TABLE: dict = {"gpu": "a64",  # nvidia: the H100 sweep's suggestion (BENCHMARKS.md)
                     "nvidia": {"fwd": "a32t2", "q": "a32t2pf", "kv": "a32t2pf"}}
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
 SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
-# Subgroup sizes known per adapter class: wgpu reports placeholder bounds (4..128) on Vulkan
-# (the H100 sweep's adapter info), while NVIDIA's subgroups are always warps of 32
-# consecutive invocations.
+# Subgroup sizes per adapter class (wgpu reports placeholder bounds 4..128 on Vulkan; NVIDIA's
+# are always warps of 32).
 KNOWN_SUBGROUP_MIN = {"nvidia": 32}
 
 

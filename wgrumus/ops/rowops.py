@@ -23,11 +23,9 @@ ROW_VARIANTS = {
     "v4sgr4_q2": dict(vec=True, sg=True, reg=True, rpw=4, qpi=2),
     "v4r8": dict(vec=True, sg=False, reg=True, rpw=8, qpi=4),
 }
-# {(adapter class, op): ((largest row length L, variant name), ...)}: the first row L fits
-# wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd", "xe_stats" (cross-entropy's row pass).
-# No row (or "default"): the caller's own kernel. Filled from the sweep's "best" lines (H100,
-# 2026-11-23, benchmarks/results/h100_kernel_sweep_20261123.txt); rows longer than the longest
-# measured (4096) keep the default kernels.
+# {(adapter class, op): ((largest row length L, variant), ...)}: the first L that fits wins;
+# none (or "default"): the caller's kernel. From the H100 sweep's "best" lines
+# (benchmarks/results/h100_kernel_sweep_20261123.txt; rows past 4096 keep the defaults).
 ROW_TABLE: dict = {
     ("nvidia", "sm_fwd"): ((256, "v4sgr4_q2"), (768, "v4"), (1024, "v4sgr_q2"), (4096, "v4r")),
     ("nvidia", "sm_bwd"): ((256, "v4sgr_q1"), (1024, "v4sgr_q1"), (4096, "v4sgr_q2")),

@@ -27,9 +27,8 @@ from .pool import BufferPool
 from .staging import HostTransfers
 
 SLOT = 256  # bytes of parameters per dispatch
-# Dispatches per submitted batch (the arena holds one batch's parameters). Small enough that the
-# GPU starts on a step while the host still records it (a GPT-mini step is ~200 dispatches),
-# large enough that the submit cost stays small.
+# Dispatches per batch: the GPU starts on a step while the host records the rest (a GPT-mini
+# step is ~200 dispatches), and the submit cost stays small.
 ARENA_SLOTS = 128
 MAX_WG_PER_DIM = 65535
 BIND_GROUP_CACHE = 4096  # bind groups kept per device (keyed by layout + buffers)
@@ -39,9 +38,8 @@ _TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*textur
 # needs rows of a multiple of 256 bytes), quad q of a region at (q % TEX_W, q // TEX_W).
 TEX_W = 1024
 OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")  # requested where offered
-# Kernel families whose every access is range-checked by the kernel itself: compiled without
-# wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
-# register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
+# Families that range-check every access themselves, compiled without wgpu's injected checks
+# (which block unrolling: the 4096 matmul ran 24.7 vs 31.7 TFLOP/s on an H100).
 TRUSTED_FAMILIES = frozenset({"matmul", "flash_attention2"})
 # Lavapipe (Mesa 22.x) inlines uniform values that steer loops into a specialised copy of the
 # shader at every dispatch and never frees it (+512 KB per matmul dispatch, issue 15 item 9), so

@@ -22,12 +22,9 @@ from .errors import CaptureError
 from .native import RawReplay, c_api
 
 _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
-# One thread at a time encodes and submits a replay part. The encode loop and wgpu-py's
-# calls release the interpreter lock at every C call, so replica threads replaying at once
-# handed it over at each of their calls: on one H100 (two logical devices) two threads replaying
-# GPT-mini steps took 10.3-10.5 ms a step pair with fine-grained hand-offs and 8.1-8.2 ms with
-# this lock (thread CPU 3.2 -> 2.5 ms a step); the devices still run both replicas' kernels at
-# once. Never held across host operations (a replica's all-reduce waits for the others).
+# One thread at a time encodes and submits a replay part: replica threads otherwise hand the
+# interpreter lock over at every C call (two GPT-mini replicas on one H100: 10.4 ms a step pair
+# against 8.1 with this lock). Never held across host operations (all-reduces wait for peers).
 _ENCODE = threading.Lock()
 # Texture copies grouped into blocks before few passes, each operand in a texture of the
 # replay's own (texplan.py); False: where the capture made them, in the device's textures.
