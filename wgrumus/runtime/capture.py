@@ -143,10 +143,17 @@ def paused(device=None):
         _local.open = n
 
 
-def _check_result(out, device) -> None:
+def _run_paused(device, call) -> tuple:
+    """(the recording, ``call()``) run with the recording paused, once what the capture ran so
+    far has reached the device."""
+    rec = device.recorder
+    device.flush()
+    with paused(device):
+        out = call()
     if out is not None and (out.device is not device or not out.is_contiguous()):
         raise CaptureError(f"a communication result on {out.device} (contiguous: "
                            f"{out.is_contiguous()}) cannot be replayed into {device}")
+    return rec, out
 
 
 def host_op(device, fn, *args):
@@ -155,11 +162,7 @@ def host_op(device, fn, *args):
     buffers and copies its result into this call's result buffer."""
     if not recording(device):
         return fn(*args)
-    rec = device.recorder
-    device.flush()  # what the capture ran so far reaches the device before fn reads it
-    with paused(device):
-        out = fn(*args)
-    _check_result(out, device)
+    rec, out = _run_paused(device, lambda: fn(*args))
     rec.host(fn, tuple(a.detach() for a in args), None if out is None else out.detach())
     return out
 
@@ -170,11 +173,7 @@ def host_launch(device, launch, *args):
     ``Launched``; a replay launches here and waits where ``Launched.wait`` was called."""
     if not recording(device):
         return launch(*args)
-    rec = device.recorder
-    device.flush()
-    with paused(device):
-        out = launch(*args).wait(None)
-    _check_result(out, device)
+    rec, out = _run_paused(device, lambda: launch(*args).wait(None))
     slot = rec.launch(launch, tuple(a.detach() for a in args))
     return Launched(rec, slot, None if out is None else out.detach())
 
