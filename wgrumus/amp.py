@@ -57,8 +57,7 @@ def _new_state(dev, scale: float, tracker: int = 0) -> Tensor:
 
 
 class autocast:
-    """``with wr.autocast(dtype=wr.float16):`` (this thread; also a decorator). ``device`` is
-    checked for ``shader-f16`` on entry."""
+    """``with wr.autocast(dtype=wr.float16):`` (this thread; also a decorator)."""
 
     def __init__(self, dtype=float16, enabled: bool = True, device=None):
         if np.dtype(dtype) != float16:

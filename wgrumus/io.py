@@ -139,8 +139,7 @@ def _serialize(tensors: dict, metadata=None) -> bytes:
 
 
 def save(obj, path, metadata=None) -> None:
-    """Write a tensor or a dict name -> tensor (or array) to ``path``; ``load`` gives back
-    the same kind of object."""
+    """Write a tensor or a dict name -> tensor (or array); ``load`` gives back the same kind."""
     if isinstance(obj, (Tensor, np.ndarray)):
         obj, metadata = {SINGLE_NAME: obj}, {**(metadata or {}), SINGLE_KEY: SINGLE_NAME}
     elif not isinstance(obj, dict):

@@ -54,8 +54,7 @@ def unfused_attention(q, k, v, mask=None, dropout_p: float = 0.0, training: bool
 
 
 class MultiheadAttention(Module):
-    """Self-attention with PyTorch's parameter layout, batch_first [B, T, E]; forward returns
-    the output only (no attention weights)."""
+    """Self-attention in PyTorch's parameter layout, batch_first; returns no attention weights."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, batch_first: bool = True, device=None, seed=None):

@@ -60,8 +60,7 @@ def _assign(dst: Tensor, value, name: str) -> None:
 
 
 class Module:
-    """Base of every layer: Parameters, Modules and buffers tracked by name, so state_dict keys
-    match PyTorch's."""
+    """Base of every layer: Parameters, Modules and buffers tracked by name (PyTorch's keys)."""
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())

@@ -34,8 +34,7 @@ _dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _dummy(dev, k: int):
-    """A one-element buffer for unused slot k (one per slot: a read_write buffer may not be
-    bound twice in a dispatch)."""
+    """A buffer for unused slot k (one per slot: no read_write buffer may be bound twice)."""
     ts = _dummies.get(dev)
     if ts is None:
         ts = _dummies[dev] = [Tensor.empty((1,), dev) for _ in range(2)]

@@ -44,8 +44,7 @@ class Adam(Optimizer):
         self._device_steps = DeviceSteps()
 
     def step(self, grads=None, found_inf=None) -> None:
-        """As Optimizer.step, several parameters per dispatch (``multi_kernel``) where the
-        adapter's storage-buffer limit allows."""
+        """As Optimizer.step, several parameters per dispatch where the binding limit allows."""
         flags = device_flags(found_inf)
         with no_grad():
             for group in self.param_groups:

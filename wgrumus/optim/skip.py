@@ -121,8 +121,7 @@ class DeviceSteps:
 
     @staticmethod
     def _sync(state, buf, slot: int, view) -> None:
-        """A host count (fresh or loaded) is written into its slot once; the state then
-        refers to the slot."""
+        """A host count (fresh or loaded) is written into its slot once; the state then views it."""
         if state.get("step") is view:
             return
         refuse("an optimizer step with found_inf moving a step count to the device",

@@ -144,8 +144,7 @@ def paused(device=None):
 
 
 def _run_paused(device, call) -> tuple:
-    """(the recording, ``call()``) run with the recording paused, once what the capture ran so
-    far has reached the device."""
+    """(recording, ``call()``): run paused, after flushing what the capture ran so far."""
     rec = device.recorder
     device.flush()
     with paused(device):

@@ -77,8 +77,7 @@ def mapped_range(buffer, size: int) -> memoryview:
 
 
 def map_read_async(buffer, size: int):
-    """Map for reading without the empty submit of wgpu-py's "READ" (the copy was just
-    submitted)."""
+    """Map for reading without the empty submit of wgpu-py's "READ" (the copy was submitted)."""
     return buffer.map_async("READ_NOSYNC" if c_api() else "READ", 0, size)
 
 
@@ -182,8 +181,7 @@ class RawTextureCopy:
 
 
 class RawReplay:
-    """A replay's segments (PASS, COPY, TEXTURE) lowered once to wgpu-native handles and
-    encoded with the C calls at every replay."""
+    """A replay's segments lowered once to wgpu-native handles, encoded by C calls per replay."""
     PASS, COPY, TEXTURE = 0, 1, 2
 
     def __init__(self, capi, segs, ndispatch: int):

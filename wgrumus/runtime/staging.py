@@ -258,8 +258,7 @@ class Upload:
 
 
 class _MappedHost:
-    """Owns a mapped staging range: numpy views collapse their base to it, so it lives exactly
-    as long as some view."""
+    """Owns a mapped staging range; numpy views collapse their base to it (it lives as they do)."""
 
     def __init__(self, device, staging, size: int, skip: int, nbytes: int, dtype):
         self._d, self._s = device, staging
