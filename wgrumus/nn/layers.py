@@ -27,7 +27,7 @@ def _empty(shape, device):
 
 
 class _Container(Module):
-    """Sequential's and ModuleList's shared list behaviour."""
+    """Sequential's and ModuleList's list behaviour (a slice is a new one, via ``_of``)."""
 
     def append(self, m: Module):
         self.add_module(str(len(self._modules)), m)
@@ -68,7 +68,7 @@ class Sequential(_Container):
             i += 1
         return x
 
-    _of = classmethod(lambda cls, mods: cls(*mods))  # (a slice of one, as a new container)
+    _of = classmethod(lambda cls, mods: cls(*mods))
 
 
 def _fusable(m, nxt):
