@@ -7,7 +7,6 @@ assembles the heads with at most one copy each way.
 from __future__ import annotations
 
 import math
-import weakref
 
 from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
@@ -16,6 +15,7 @@ from ..tensor import Tensor, check_same_device, float32
 from . import texread
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
+from .creation import dummy_buffer
 from .elementwise import _f32, cast, contiguous, run_map, saved_output
 from .matmul import linear_2d, matmul, matmul_into, use_cpu_kernel
 from .nnops import softmax, softmax_backward
@@ -29,17 +29,6 @@ ACTIVATIONS = {
     "gelu": ("gelu_({z})", "g * gelu_grad_(z)"),
     "gelu_tanh": ("gelu_tanh_({z})", "g * gelu_tanh_grad_(z)"),
 }
-
-_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _dummy(dev, k: int):
-    """A buffer for unused slot k (one per slot: no read_write buffer may be bound twice)."""
-    ts = _dummies.get(dev)
-    if ts is None:
-        ts = _dummies[dev] = [Tensor.empty((1,), dev) for _ in range(2)]
-    return ts[k]._storage.buffer
-
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            activation: str | None = None, residual: Tensor | None = None) -> Tensor:
@@ -130,8 +119,8 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     part = Tensor.empty((chunks, L), dev, float32)
     zt = z if z is not None else g
     bufs = [g._storage.buffer, zt._storage.buffer,
-            b._storage.buffer if b is not None else _dummy(dev, 0),
-            dz._storage.buffer if has_act else _dummy(dev, 1), part._storage.buffer]
+            b._storage.buffer if b is not None else dummy_buffer(dev, 0),
+            dz._storage.buffer if has_act else dummy_buffer(dev, 1), part._storage.buffer]
     offs = [g.offset, zt.offset, b.offset if b is not None else 0]
     # CPU adapters: a quad of columns an invocation, one SIMD vector (8 lanes) a group, g and
     # z read through textures (ops/texread.py) where they fit

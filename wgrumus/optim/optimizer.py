@@ -2,27 +2,15 @@
 Subclasses implement ``_update(p, g, state, group)`` as one fused in-place dispatch."""
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from ..autograd.tape import no_grad
-from ..ops.creation import zeros
+from ..ops.creation import dummy_buffer
 from ..ops.elementwise import contiguous
 from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
 from .skip import FLAG_OPTIM, HOST_OPTIM, device_flags
-
-_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def dummy_buffer(device):
-    """A 4-byte buffer bound where a kernel's state slot is unused (e.g. SGD without momentum)."""
-    b = _dummies.get(device)
-    if b is None:
-        b = _dummies[device] = zeros(1, device=device)
-    return b._storage.buffer
 
 
 def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None, skip=None) -> None:
