@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import no_grad
+from ..ops.conv import pair
 from ..ops.creation import ones, zeros
 from ..ops.launch import run_map
 from ..runtime import get_device
@@ -11,10 +12,6 @@ from ..tensor import Tensor, as_shape, int32
 from . import functional as F
 from . import init
 from .module import Module, Parameter
-
-
-def _pair(v):
-    return (int(v), int(v)) if isinstance(v, int) else tuple(int(a) for a in v)
 
 
 def _sub(seed, k):
@@ -261,9 +258,10 @@ class Conv2d(Module):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  bias: bool = True, device=None, seed=None):
         super().__init__()
-        kh, kw = _pair(kernel_size)
+        kh, kw = pair(kernel_size, "kernel_size")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride, self.padding = (kh, kw), _pair(stride), _pair(padding)
+        self.kernel_size, self.padding = (kh, kw), pair(padding, "padding")
+        self.stride = pair(stride, "stride")
         self.weight = Parameter(init.kaiming_uniform_(
             _empty((out_channels, in_channels, kh, kw), device), a=math.sqrt(5),
             seed=_sub(seed, 0)))
@@ -284,9 +282,9 @@ class Conv2d(Module):
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
-        self.kernel_size = _pair(kernel_size)
-        self.stride = self.kernel_size if stride is None else _pair(stride)
-        self.padding = _pair(padding)
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else pair(stride, "stride")
+        self.padding = pair(padding, "padding")
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)

@@ -12,7 +12,7 @@ from .matmul import matmul
 from .shape import permute, reshape
 
 
-def _pair(v, name: str) -> tuple:
+def pair(v, name: str) -> tuple:
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{name} must be an int or a pair, got {v!r}")
@@ -24,8 +24,8 @@ def _geometry(x: Tensor, k, stride, padding, dilation, op: str) -> dict:
     if x.ndim != 4:
         raise ShapeError(f"{op}: input must be NCHW (4-D), got shape {x.shape}")
     N, C, H, W = x.shape
-    (KH, KW), (SH, SW) = _pair(k, "kernel_size"), _pair(stride, "stride")
-    (PH, PW), (DH, DW) = _pair(padding, "padding"), _pair(dilation, "dilation")
+    (KH, KW), (SH, SW) = pair(k, "kernel_size"), pair(stride, "stride")
+    (PH, PW), (DH, DW) = pair(padding, "padding"), pair(dilation, "dilation")
     if min(KH, KW, SH, SW, DH, DW) < 1 or min(PH, PW) < 0:
         raise ValueError(f"{op}: kernel {KH}x{KW}, stride {SH}x{SW} and dilation {DH}x{DW} must "
                          f"be positive and padding {PH}x{PW} non-negative")
