@@ -219,9 +219,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         xb = xc._storage.buffer
         offs = (xc.offset, wc.offset if wc is not None else 0,
                 bc.offset if bc is not None else 0, out.offset)
-        words = [R, L, xc.offset, wc.offset if wc is not None else 0,
-                 bc.offset if bc is not None else 0, out.offset, float(eps),
-                 int(wc is not None), int(bc is not None)]
+        words = [R, L, *offs, float(eps), int(wc is not None), int(bc is not None)]
         outs = [out._storage.buffer, mean._storage.buffer, rstd._storage.buffer]
         if not _ln_cpu(dev, "fwd_rowc", L, R, [xc, wc, bc], outs, words):
             k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
