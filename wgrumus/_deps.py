@@ -1,6 +1,5 @@
-"""Refuse, at import, a wgpu-py release outside the tested range: wgrumus reaches into
-wgpu-py internals, and 0.20-0.26 fail mid-training ('coroutine' object has no attribute
-'sync_wait') instead of at the start. The range is the one pyproject.toml pins."""
+"""Refuse at import a wgpu-py outside the range pyproject.toml pins (older ones fail mid-training
+instead of at the start)."""
 from __future__ import annotations
 
 WGPU_TESTED = ((0, 27), (0, 33))  # [lowest, first untested) minor versions

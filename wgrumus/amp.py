@@ -1,11 +1,6 @@
-"""Mixed precision as in PyTorch: ``autocast`` runs the matmul-heavy ops (matmul, linear, conv,
-attention) in float16 and ``GradScaler`` scales the loss so small gradients survive f16.
-
-Parameters, optimizer state and the autograd graph stay float32 (the master weights): under
-autocast those ops round their float32 inputs to f16 on the way into the kernel (f32
-accumulation) and return float32, and their backward runs in f16 the same way, so gradients
-reach the parameters in float32. Reductions, softmax statistics, layer norm and losses are
-float32 throughout. Needs the adapter feature ``shader-f16``.
+"""Mixed precision as in PyTorch: ``autocast`` runs matmul, linear, conv and attention in
+float16 (f32 in and out, f32 accumulation, so parameters, optimizer state and gradients stay f32
+master copies); ``GradScaler`` scales the loss so small gradients survive f16.
 """
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ import functools
 import numpy as np
 
 from .autograd import no_grad
+from .autograd.store import grads_of, set_grad
 from .ops.elementwise import contiguous, fill_
 from .ops.precision import autocast_as
 from .runtime import get_device
@@ -28,9 +24,8 @@ _STATE_WORDS = 4  # shaders/amp.wgsl: scale (f32 bits), found inf/NaN, growth tr
 
 
 def unscale_check(grads: list, scale) -> tuple:
-    """(grads / scale as new tensors, 1-element int32 device flag: nonzero if any held an inf
-    or NaN), in ceil(n / K) dispatches on the grads' device. ``scale``: a GradScaler's state
-    tensor (on that device; its found word is set too), or a float inverse scale."""
+    """(grads / scale as new tensors, int32 device flag: nonzero on inf/NaN) in multi-tensor
+    dispatches. ``scale``: a GradScaler's state tensor (its found word set too) or a float."""
     dev = grads[0].device
     state = scale if isinstance(scale, Tensor) else _new_state(dev, 1.0 / float(scale))
     lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
@@ -62,9 +57,7 @@ def _new_state(dev, scale: float, tracker: int = 0) -> Tensor:
 
 
 class autocast:
-    """``with wr.autocast(dtype=wr.float16):`` runs matmul / linear / conv / attention in f16
-    inside the block (this thread). Also a decorator. ``device`` (default: the default
-    device) is checked for ``shader-f16`` on entry."""
+    """``with wr.autocast(dtype=wr.float16):`` (this thread; also a decorator)."""
 
     def __init__(self, dtype=float16, enabled: bool = True, device=None):
         if np.dtype(dtype) != float16:
@@ -96,19 +89,11 @@ class autocast:
 
 
 class GradScaler:
-    """Dynamic loss scaling (PyTorch's defaults): ``scale(loss)`` multiplies by the scale;
-    ``step(opt)`` unscales the gradients (unless ``unscale_`` already did, e.g. before
-    clipping) and skips the update when one is inf/NaN; ``update()`` halves the scale after a
-    skipped step and doubles it after ``growth_interval`` clean steps in a row.
-
-    Gradients are ``p.grad``, or those of a GradientStore passed as ``grads`` (as to
-    ``optimizer.step(grads)``). The scale, growth tracker and inf/NaN flags live on the device
-    (the device of the first scaled loss or unscaled gradients, as torch.cuda.amp's), and so
-    does every decision: unscaling and the check are one multi-tensor kernel
-    (shaders/unscale.wgsl), the optimizer skips its update on the device where the flag is set
-    (optim/skip.py) and ``update`` grows or backs off the scale there (shaders/amp.wgsl). No
-    value is read back inside a step, so ``wr.jit`` captures it whole; ``get_scale``,
-    ``skipped_steps`` and ``state_dict`` read the device (call them outside a jitted step)."""
+    """Dynamic loss scaling with PyTorch's defaults and methods (gradients: ``p.grad`` or a
+    GradientStore ``grads``). The scale, growth tracker and inf/NaN flags live on the device
+    and every decision is made there (unscale kernel, optim/skip.py, shaders/amp.wgsl), so
+    ``wr.jit`` captures a step whole; ``get_scale``, ``skipped_steps`` and ``state_dict`` read
+    the device (call them outside a jitted step)."""
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
@@ -162,17 +147,14 @@ class GradScaler:
         return outputs * scale
 
     def unscale_(self, optimizer, grads=None) -> None:
-        """Divide this optimizer's gradients by the scale (new tensors, as clip_grad_norm_
-        writes) and note on the device whether any is inf/NaN. Once per optimizer between
-        updates."""
+        """Divide this optimizer's gradients by the scale (new tensors) and flag inf/NaN on the
+        device; once per optimizer between updates."""
         if not self.enabled:
             return
         if id(optimizer) in self._found_inf:
             raise WgrumusError("GradScaler.unscale_ was already called for this optimizer since "
                                "the last update(); call it once per step, before step()")
-        pairs = [(p, p.grad if grads is None else grads.get(p))
-                 for g in optimizer.param_groups for p in g["params"]]
-        pairs = [(p, g) for p, g in pairs if g is not None]
+        pairs = grads_of([p for g in optimizer.param_groups for p in g["params"]], grads)
         flags = {}
         with no_grad():
             for dev in {id(g.device): g.device for _, g in pairs}.values():
@@ -182,18 +164,13 @@ class GradScaler:
                     state = state.to(dev)
                 us, flags[dev] = unscale_check([g for _, g in mine], state)
                 for (p, _), u in zip(mine, us):
-                    if grads is None:
-                        p.grad = u
-                    else:
-                        grads.remove(p)
-                        grads.accumulate(p, u)
+                    set_grad(p, u, grads)
             if len(flags) > 1 or any(d is not self._state.device for d in flags):
                 self._agree(flags)
         self._found_inf[id(optimizer)] = flags
 
     def _agree(self, flags: dict) -> None:
-        """Gradients on several devices, or not on the scaler's: every device's flag and the
-        scaler's found word become the OR of them all, through the host (eager only)."""
+        """Grads on several devices, or not on the scaler's: OR the flags through the host."""
         found = int(any(f.item() for f in flags.values()))
         for f in flags.values():
             fill_(f, found)
@@ -201,10 +178,8 @@ class GradScaler:
             fill_(self._state[1:2], 1)
 
     def step(self, optimizer, grads=None):
-        """``optimizer.step(grads)`` unless a gradient is inf/NaN, in which case parameters
-        and optimizer state stay as they were. Optimizers that take ``found_inf`` (this
-        package's) skip on the device; others are stepped or not after a host read of the
-        flag. Returns what ``optimizer.step`` returns."""
+        """``optimizer.step(grads)`` unless a gradient is inf/NaN: on the device for optimizers
+        taking ``found_inf`` (this package's), after a host read for others."""
         if not self.enabled:
             return optimizer.step(grads)
         if id(optimizer) not in self._found_inf:

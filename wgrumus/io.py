@@ -1,13 +1,6 @@
-"""Checkpoints in the safetensors format (no pickle), written atomically.
-
-``save``/``load`` move a flat name -> tensor dict; files open with ``safetensors.numpy`` and a
-PyTorch state_dict saved with safetensors loads into the matching module. Training checkpoints
-add optimizer and scheduler state, the step, the RNG state and the data loader position: tensors
-go in the tensor section, everything else as JSON in the header's ``__metadata__``.
-
-A write goes to a temporary file in the target's folder, is fsynced, renamed over the target
-(``os.replace``, atomic on POSIX and Windows) and the folder is fsynced, so a crash at any point
-leaves either the old file or the new one, never a torn one.
+"""Checkpoints in the safetensors format (no pickle, interchangeable with PyTorch's), written
+atomically and checksummed. Training checkpoints add optimizer, scheduler, RNG and data loader
+state: tensors in the tensor section, the rest as JSON in ``__metadata__``.
 """
 from __future__ import annotations
 
@@ -31,18 +24,15 @@ class CheckpointError(WgrumusError):
 
 
 class CheckpointWriteError(CheckpointError, OSError):
-    """A checkpoint could not be written (unwritable folder, path is a folder, disk full).
-    Also an OSError, so callers catching OSError keep working."""
+    """A checkpoint could not be written (also an OSError, for callers catching that)."""
 
 
-# ----------------------------------------------------------------------------- atomic write
 def _temp_prefix(path: str, pid: int | None = None) -> str:
     return f".tmp-{os.path.basename(path)}-{os.getpid() if pid is None else pid}-"
 
 
 def _remove_stale_temps(path: str, folder: str) -> None:
-    """Delete temporaries of ``path`` left by writers that were killed mid-write (their pid,
-    part of the name, no longer runs): without this every kill -9 leaves a full-size file."""
+    """Delete temporaries of ``path`` whose writer (pid in the name) was killed mid-write."""
     if os.name != "posix":  # os.kill(pid, 0) probes a process only on POSIX
         return
     head = f".tmp-{os.path.basename(path)}-"
@@ -68,9 +58,8 @@ def _remove_stale_temps(path: str, folder: str) -> None:
 
 
 def atomic_write(path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash at any point leaves the old file or the new
-    one, never a torn one (temporary file, fsync, rename, fsync of the folder). Both ``save``
-    and the ``wgrumus train`` checkpoints write through here."""
+    """Write ``data`` so a crash leaves the old file or the new one, never a torn one
+    (temporary file, fsync, rename, fsync of the folder)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -98,7 +87,6 @@ def atomic_write(path, data: bytes) -> None:
         os.close(dfd)
 
 
-# ----------------------------------------------------------------------------- tensors
 def _to_numpy(name, v) -> np.ndarray:
     if isinstance(v, Tensor):
         v = v.numpy()
@@ -120,8 +108,8 @@ def _regions(data: bytes):
 
 
 def with_checksum(data: bytes) -> bytes:
-    """A safetensors file with the sha256 of its tensor bytes added to its metadata, so that
-    a flipped bit in the weights is an error on load instead of silently different weights."""
+    """The file with the sha256 of its tensor bytes in its metadata (a flipped bit: an error
+    on load, not silently different weights)."""
     header, body = _regions(data)
     header.setdefault("__metadata__", {})[CHECKSUM_KEY] = hashlib.sha256(body).hexdigest()
     head = json.dumps(header, separators=(",", ":")).encode()
@@ -130,8 +118,7 @@ def with_checksum(data: bytes) -> bytes:
 
 
 def verify_checksum(data: bytes, path) -> None:
-    """Raise CheckpointError when the file records a checksum its tensor bytes do not match
-    (files written elsewhere, without one, are not checked)."""
+    """Raise CheckpointError when the recorded checksum (if any) does not match."""
     header, body = _regions(data)
     want = (header.get("__metadata__") or {}).get(CHECKSUM_KEY)
     if want is not None and hashlib.sha256(body).hexdigest() != want:
@@ -152,9 +139,7 @@ def _serialize(tensors: dict, metadata=None) -> bytes:
 
 
 def save(obj, path, metadata=None) -> None:
-    """Write a tensor, or a dict name -> tensor (or numpy array), to ``path`` as safetensors,
-    atomically, with a checksum of the tensor data in the metadata. ``load`` gives back the
-    same kind of object."""
+    """Write a tensor or a dict name -> tensor (or array); ``load`` gives back the same kind."""
     if isinstance(obj, (Tensor, np.ndarray)):
         obj, metadata = {SINGLE_NAME: obj}, {**(metadata or {}), SINGLE_KEY: SINGLE_NAME}
     elif not isinstance(obj, dict):
@@ -174,8 +159,7 @@ def save(obj, path, metadata=None) -> None:
 
 
 def load_numpy(path) -> tuple:
-    """(name -> numpy array, metadata dict) of a safetensors file without touching a device,
-    with a clear error for a bad file."""
+    """(name -> numpy array, metadata) of a safetensors file, without a device."""
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path} is a folder, not a file; pass the path of the "
@@ -206,9 +190,8 @@ def load_numpy(path) -> tuple:
 
 
 def _device_array(a: np.ndarray, name: str = "") -> np.ndarray:
-    """numpy array in a dtype wgrumus tensors hold (int64 -> int32, float64 -> float32).
-    Values float32 cannot hold (finite ones that would become inf, non-zero ones that would
-    become 0) are an error, not a silent change."""
+    """``a`` in a dtype tensors hold (int64 -> int32, float64 -> float32); values that would
+    change (overflow, flush to 0) are an error."""
     if a.dtype.kind == "f" and a.dtype != np.float16:
         with np.errstate(over="ignore"):  # overflow is checked (and named) below
             b = a.astype(np.float32, copy=False)
@@ -232,8 +215,7 @@ def _device_array(a: np.ndarray, name: str = "") -> np.ndarray:
 
 
 def load(path, device=None):
-    """name -> Tensor on ``device`` (the default device when None), or the one Tensor when
-    ``save`` was given a tensor."""
+    """name -> Tensor on ``device``, or the one Tensor ``save`` was given."""
     arrays, meta = load_numpy(path)
     dev = get_device(device)
     out = {k: _tensor(_device_array(a, k), dev) for k, a in arrays.items()}
@@ -245,7 +227,6 @@ def _tensor(a: np.ndarray, dev) -> Tensor:
     return t.reshape(a.shape) if a.ndim != 1 else t  # 0-d arrays stay 0-d
 
 
-# ----------------------------------------------------------------------------- training checkpoints
 def split_state(obj, prefix, tensors):
     """Replace tensors/arrays in a nested dict/list by {"__tensor__": key}; collect them."""
     if isinstance(obj, dict):
@@ -289,8 +270,7 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, step: int = 0, 
 
 def load_checkpoint(path, model, optimizer=None, scheduler=None, data_loader=None,
                     restore_rng: bool = True) -> dict:
-    """Restore what ``save_checkpoint`` wrote into the given objects; returns
-    {"step": int, "extra": ...}."""
+    """Restore ``save_checkpoint``'s file into the objects; returns {"step", "extra"}."""
     arrays, meta = load_numpy(path)
     if "wgrumus" not in meta:
         raise CheckpointError(f"{path} is a plain safetensors file, not a wgrumus training "

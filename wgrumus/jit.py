@@ -9,32 +9,21 @@
         opt.step()
         return loss
 
-The first call per input signature (shapes, dtypes, devices of the tensor arguments and the
-values of the others) runs eagerly: it compiles the kernels and creates lazily made state such
-as Adam's moments. The second runs eagerly too while the device records what it executes
-(runtime/capture.py). Every later call with the same signature copies the new input data into
-the capture's input buffers and replays the recording (runtime/replay.py): no autograd, op
-dispatch or allocation in Python, ~3 C calls per dispatch. Outputs come back as new tensors with
-the values the eager call would return (without autograd history). On a CPU adapter the call
-returns once the replay is queued on the device's submission thread (runtime/submitter.py, at
-most 8 steps ahead); reading a result, or any other read or eager work on that device, waits
-for the queued steps first.
+The first call per input signature (shapes, dtypes, devices of the tensors, values of the other
+arguments) runs eagerly, compiling kernels and making lazy state (Adam's moments); the second
+runs eagerly while the device records its work (runtime/capture.py); later calls copy the new
+inputs into the capture's buffers and replay the recording (runtime/replay.py: no Python per op).
+Outputs are new tensors without autograd history. On a CPU adapter a call returns once the replay
+is queued (runtime/submitter.py); any read of that device waits for the queue.
 
-What a replay reproduces: device work on tensors, including in-place updates of parameters and
-optimizer state; optimizer step counts, bias corrections and learning rates (re-read from the
-param groups each replay); communication through a ProcessGroup on the captured device's
-tensors (``capture.host_op``: run again, eagerly, between the replayed segments, so each rank of
-a parallel run captures its own step; an ``all_reduce_async`` is started where the capture
-started it and waited for where the capture waited, so gradient buckets still overlap the
-replayed backward). What it does not, and therefore refuses with a
-``CaptureError`` naming the call at capture time (no silent fallback): reading a value to the
-host (``.item()``, ``.numpy()``, ``bool(t)``, so Python control flow on tensor values), random
-ops drawing from the global generator (pass ``seed=``), a learning-rate scheduler step (call it
-outside the jitted function), creating parameters or optimizer state. Other Python side effects
-of ``fn`` (prints, counters, tensors built from host data, which become constants of the
-capture) run only at capture. Tensor arguments are inputs: their data is copied in at each call;
-state the step updates in place (model, optimizer) must be reached through closures or
-non-tensor arguments.
+A replay reproduces device work (in-place parameter and optimizer updates), optimizer step
+counts and learning rates (re-read each replay) and ProcessGroup communication
+(``capture.host_op``: run again between the replayed segments, async all-reduces started and
+waited where the capture did). It refuses at capture, with a ``CaptureError`` naming the call,
+what it cannot reproduce: host reads (``.item()``, ``.numpy()``, ``bool(t)``), random ops on the
+global generator (pass ``seed=``), scheduler steps, creating parameters or optimizer state. Other
+Python side effects run only at capture. Tensor arguments are inputs copied in at each call;
+state updated in place must be reached through closures or non-tensor arguments.
 """
 from __future__ import annotations
 
@@ -161,7 +150,7 @@ class _Capture:
                                "under its own wr.jit)")
         dev = used[0].device if used else (inputs[0].device if inputs else devices[0])
         outs = []
-        spec = _flatten(out, outs)
+        spec = _rebuild(out, None, outs)  # the tensors moved to outs
         for t in inputs + outs:
             if t.device is not dev:
                 raise CaptureError(f"wr.jit: a tensor argument or result lives on {t.device}, "
@@ -234,27 +223,15 @@ def _signature(obj, tensors: list):
     return (type(obj), obj)
 
 
-def _flatten(obj, tensors: list):
-    """``obj`` (nested lists, tuples, dicts) with each tensor moved to ``tensors`` and a
-    placeholder left in its place."""
-    if isinstance(obj, Tensor):
-        tensors.append(obj)
-        return _TENSOR
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_flatten(o, tensors) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _flatten(v, tensors) for k, v in obj.items()}
-    return obj
-
-
-def _rebuild(obj, it):
-    """``obj`` with its tensors (or placeholders), in order, replaced by those of ``it``."""
+def _rebuild(obj, it, moved=None):
+    """``obj`` (nested lists, tuples, dicts) with its tensors (or placeholders), in order,
+    replaced by those of ``it`` (or, with ``moved``, appended there and replaced by _TENSOR)."""
     if isinstance(obj, Tensor) or obj is _TENSOR:
-        return next(it)
+        return next(it) if moved is None else moved.append(obj) or _TENSOR
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_rebuild(o, it) for o in obj)
+        return type(obj)(_rebuild(o, it, moved) for o in obj)
     if isinstance(obj, dict):
-        return {k: _rebuild(v, it) for k, v in obj.items()}
+        return {k: _rebuild(v, it, moved) for k, v in obj.items()}
     return obj
 
 

@@ -1,7 +1,5 @@
-"""Tensor: a view (shape, strides, offset) of a Storage that lives on one Device.
-
-The methods that run ops are listed in ``METHODS`` below; ``wgrumus.ops`` (the room above this
-one) implements them and attaches them with ``register``, which checks it gave exactly these.
+"""Tensor: a view (shape, strides, offset) of a Storage on one Device. The methods that run ops
+are listed in ``METHODS``; ``wgrumus.ops`` (the room above) attaches them with ``register``.
 """
 from __future__ import annotations
 
@@ -122,7 +120,6 @@ class Tensor:
         if requires_grad:
             self.requires_grad_(True)
 
-    # ------------------------------------------------------------------ construction
     @staticmethod
     def empty(shape, device=None, dtype=float32) -> Tensor:
         dev = get_device(device)
@@ -154,7 +151,6 @@ class Tensor:
             t.requires_grad_(True)
         return t
 
-    # ------------------------------------------------------------------ properties
     @property
     def device(self):
         return self._storage.device
@@ -222,7 +218,6 @@ class Tensor:
     def _view(self, shape, strides, offset) -> Tensor:
         return Tensor(self._storage, shape, strides, offset, self.dtype)
 
-    # ------------------------------------------------------------------ host transfer
     def numpy(self) -> np.ndarray:
         if self.is_contiguous():
             t = self
@@ -282,9 +277,8 @@ class Tensor:
 
 
 def activation_leaf(t: Tensor) -> Tensor:
-    """``t`` (a fresh detached tensor) marked as requiring grad: the leaf where a received or
-    recomputed graph starts. Unlike a new parameter this is fine inside a ``wr.jit`` capture
-    (a replay runs no autograd, and nothing trains the leaf)."""
+    """``t`` (fresh, detached) requiring grad: where a received or recomputed graph starts
+    (allowed inside a ``wr.jit`` capture, unlike a new parameter)."""
     with paused():
         return t.requires_grad_(True)
 

@@ -21,11 +21,8 @@ def backward(loss, on_leaf_grad=None) -> GradientStore:
 
 def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
     """Gradients of all leaves that require grad, seeded with d(out) = ``grad``.
-
-    ``on_leaf_grad(grad_id, grad)``, when given, is called once per leaf as soon as its gradient
-    is final (the last node feeding it has run), while the rest of backward is still to come:
-    data parallelism starts all-reducing finished gradients there, overlapping backward. Leaves
-    whose every contribution was None get no call."""
+    ``on_leaf_grad(grad_id, grad)``: called once per leaf as soon as its gradient is final
+    (data parallelism starts all-reducing there, overlapping the rest of backward)."""
     if not getattr(out, "requires_grad", False):
         raise AutogradError("backward: the output does not require grad (no input of the ops "
                             "that produced it requires grad, or it was computed under no_grad)")

@@ -6,6 +6,21 @@ import weakref
 from ..runtime.errors import ShapeError
 
 
+def grads_of(params, grads=None) -> list:
+    """(param, gradient) of ``params`` having one (``p.grad``, or from GradientStore ``grads``)."""
+    pairs = [(p, p.grad if grads is None else grads.get(p)) for p in params]
+    return [(p, g) for p, g in pairs if g is not None]
+
+
+def set_grad(p, g, grads=None) -> None:
+    """Replace ``p``'s gradient (``p.grad``, or its entry in GradientStore ``grads``) by ``g``."""
+    if grads is None:
+        p.grad = g
+    else:
+        grads.remove(p)
+        grads.accumulate(p, g)
+
+
 def _key(x) -> int:
     if isinstance(x, int):
         return x

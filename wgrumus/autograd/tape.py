@@ -1,8 +1,7 @@
 """The tape: recorded ops of one thread, GradIds from one process-wide counter, no_grad.
 
-A recorded op is a ``Node`` held strongly by its output tensor (and by the nodes downstream of
-it) and weakly by the tape, so a forward whose outputs are dropped without backward frees
-itself; the tape's order is the topological order that backward walks in reverse.
+A ``Node`` is held strongly by its output and weakly by the tape, so a forward dropped without
+backward frees itself; the tape's order is the topological order backward walks in reverse.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""DataLoader: seeded shuffling (or a sampler's order), batching, a background prefetch thread
-and, for datasets whose ``__getitem__`` is slow, worker threads building batches in parallel.
+"""DataLoader: seeded order, batching, a prefetch thread and worker threads.
 
-The order of epoch ``e`` is ``default_rng([seed, e]).permutation(n)``: a function of the seed
-and the epoch only, so a resumed loader (``state_dict``/``load_state_dict``: epoch and batch
-position) yields exactly the batches an uninterrupted one would. The prefetch thread prepares
-host (numpy) batches ahead; moving a batch to the device happens in the consumer's thread.
-Every wait has a timeout, and closing an iterator stops and joins its thread.
-
-``num_workers=k`` builds up to ``2k`` batches at once on ``k`` threads (each batch by one
-thread, handed out in order). Threads, not processes: they overlap a ``__getitem__`` that waits
-(file or network reads, decompression and numpy work that release the interpreter lock); a
-``__getitem__`` that computes in pure Python holds the lock and gains nothing from them.
+Epoch ``e``'s order is ``default_rng([seed, e]).permutation(n)``, so a resumed loader (epoch and
+batch position) yields exactly the batches an uninterrupted one would. Workers are threads, not
+processes: they overlap a ``__getitem__`` that waits or releases the interpreter lock (I/O,
+numpy). Every wait has a timeout; closing an iterator joins its thread.
 """
 from __future__ import annotations
 
@@ -39,13 +32,9 @@ def default_collate(samples):
 
 
 class DataLoader:
-    """Batches of ``dataset`` in a seeded order, prepared ahead by a background thread.
-
-    ``iter(loader)`` continues the current epoch from the next batch not yet handed out (a
-    finished pass moves on to the next epoch), so breaking out of a loop and iterating again
-    resumes rather than repeats. ``prefetch=0`` builds batches in the caller's thread; with a
-    ``device`` each batch arrives as tensors on it. ``sampler`` (e.g. a DistributedSampler)
-    gives the indices instead of ``shuffle``; its epoch follows the loader's."""
+    """Batches of ``dataset`` in a seeded order. ``iter(loader)`` resumes the current epoch
+    where the last iterator stopped. ``prefetch=0``: built in the caller's thread; ``device``:
+    batches arrive as tensors on it; ``sampler`` (e.g. DistributedSampler) replaces ``shuffle``."""
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = False,
                  drop_last: bool = False, seed: int = 0, prefetch: int = 2, device=None,
@@ -64,7 +53,6 @@ class DataLoader:
         self.epoch, self.batch = 0, 0  # position of the next batch
         self._active = None
 
-    # ------------------------------------------------------------------ order and position
     def __len__(self):
         n = len(self.dataset) if self.sampler is None else len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
@@ -89,7 +77,6 @@ class DataLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.batch = int(epoch), 0
 
-    # ------------------------------------------------------------------ batches
     def _make(self, idx):
         ds = self.dataset
         if self.collate_fn is None and hasattr(ds, "take"):

@@ -1,10 +1,8 @@
 """DistributedSampler: each data-parallel rank its own shard of the dataset's indices.
 
-PyTorch's semantics: epoch ``e``'s order is the seeded permutation ``default_rng([seed, e])``
-(the DataLoader's own shuffle), padded by repeating its first indices to a multiple of
-``num_replicas`` (or cut down to one with ``drop_last``), and rank ``r`` takes every
-``num_replicas``-th index from ``r``. Call ``set_epoch(e)`` before each epoch (a DataLoader
-with ``sampler=`` does it for you) so every epoch reshuffles, identically on every rank."""
+PyTorch's semantics over the DataLoader's seeded permutation: padded by wrapping (or cut with
+``drop_last``) to a multiple of ``num_replicas``, rank ``r`` taking every ``num_replicas``-th index
+from ``r``. A DataLoader with ``sampler=`` calls ``set_epoch`` each epoch."""
 from __future__ import annotations
 
 import numpy as np

@@ -25,9 +25,8 @@ def causal_mask(T: int, device) -> Tensor:
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
                                  training: bool = False, is_causal: bool = False):
-    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d] tensors. Without a mask or active
-    dropout this is the fused attention kernel (O(T) memory, ops/attention.py) where the
-    scores would be large and it takes the shapes; otherwise the unfused composition."""
+    """softmax(q k^T / sqrt(d) + mask) v over [..., T, d]: the fused kernel where the scores
+    would be large and no mask or dropout applies, else ``unfused_attention``."""
     Tq, Tk = q.shape[-2], k.shape[-2]
     if (mask is None and (dropout_p == 0.0 or not training) and (not is_causal or Tq == Tk)
             and prefer_fused(q.device, math.prod(q.shape[:-2]), q.shape[-1], Tq, Tk)):
@@ -37,11 +36,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
 
 def unfused_attention(q, k, v, mask=None, dropout_p: float = 0.0, training: bool = False,
                       is_causal: bool = False):
-    """scaled_dot_product_attention through a [..., Tq, Tk] score matrix: explicit masks and
-    dropout on the attention weights need it (and it is the reference the fused kernel is
-    tested against). The scaling and the causal mask are fused into the softmax kernel;
-    without a mask or dropout, float32 [B, H, T, d] inputs take one autograd node whose
-    matmuls skip what a causal mask hides (ops/fused.head_attention)."""
+    """Attention through the [..., Tq, Tk] scores (masks and dropout need it; the fused
+    kernel's reference); f32 [B, H, T, d] without either take one node (head_attention)."""
     if (mask is None and (dropout_p == 0.0 or not training) and q.ndim == 4
             and q.shape[:2] == k.shape[:2] == v.shape[:2] and q.numel() and k.numel()
             and q.dtype == k.dtype == v.dtype == float32):
@@ -58,11 +54,7 @@ def unfused_attention(q, k, v, mask=None, dropout_p: float = 0.0, training: bool
 
 
 class MultiheadAttention(Module):
-    """Self-attention with PyTorch's parameter layout (in_proj_weight [3E, E], in_proj_bias,
-    out_proj), batch_first inputs [B, T, E].
-
-    forward(query, key=None, value=None, attn_mask=None, is_causal=None) returns the output
-    tensor only (no attention weights)."""
+    """Self-attention in PyTorch's parameter layout, batch_first; returns no attention weights."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, batch_first: bool = True, device=None, seed=None):

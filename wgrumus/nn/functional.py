@@ -1,8 +1,4 @@
-"""Stateless layer functions with PyTorch's names and signatures.
-
-The kernels live in ``wgrumus.ops`` (nnops, indexing, conv); this module re-exports the ops
-whose signatures already are PyTorch's, adapts the others, and adds the few compositions that
-need no kernel of their own (linear, batch_norm)."""
+"""Stateless layer functions with PyTorch's names and signatures, over ``wgrumus.ops``."""
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
@@ -22,10 +18,8 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            activation: str | None = None, residual: Tensor | None = None) -> Tensor:
-    """act(x @ weight.T + bias), weight [out, in] like PyTorch; ``activation`` (None, "relu",
-    "gelu", "gelu_tanh") is a wgrumus extension. One autograd node (ops/fused.py): leading dims
-    fold into one GEMM, the bias and activation are one kernel each way, and the weight
-    gradient comes out as [out, in]. ``residual`` (extension): added in the bias kernel."""
+    """x @ weight.T + bias in one fused node (ops/fused.py); ``activation`` and ``residual``
+    are wgrumus extensions fused into the same kernels."""
     from ..ops.fused import linear as _linear
     return _linear(x, weight, bias, activation, residual)
 

@@ -94,10 +94,8 @@ class GPT(Module):
         return pos
 
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, seed=None):
-        """Append ``max_new_tokens`` sampled tokens to ``idx`` [B, T] and return the result.
-
-        Sampling runs on the device with the Gumbel-max trick (argmax of logits / temperature
-        plus Gumbel noise from the seeded generator); temperature 0 is greedy decoding."""
+        """``idx`` [B, T] with ``max_new_tokens`` sampled tokens appended: Gumbel-max on the
+        device (seeded); temperature 0 is greedy."""
         if not isinstance(idx, Tensor):
             idx = tensor(np.asarray(idx, np.int32), device=self.wte.weight.device)
         if idx.dtype != int32:

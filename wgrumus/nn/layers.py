@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import no_grad
+from ..ops.conv import pair
 from ..ops.creation import ones, zeros
 from ..ops.launch import run_map
 from ..runtime import get_device
@@ -11,10 +12,6 @@ from ..tensor import Tensor, as_shape, int32
 from . import functional as F
 from . import init
 from .module import Module, Parameter
-
-
-def _pair(v):
-    return (int(v), int(v)) if isinstance(v, int) else tuple(int(a) for a in v)
 
 
 def _sub(seed, k):
@@ -26,8 +23,25 @@ def _empty(shape, device):
     return Tensor.empty(shape, get_device(device))
 
 
-# ----------------------------------------------------------------------------- containers
-class Sequential(Module):
+class _Container(Module):
+    """Sequential's and ModuleList's list behaviour (a slice is a new one, via ``_of``)."""
+
+    def append(self, m: Module):
+        self.add_module(str(len(self._modules)), m)
+        return self
+
+    def __getitem__(self, i):
+        mods = list(self._modules.values())
+        return self._of(mods[i]) if isinstance(i, slice) else mods[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+
+class Sequential(_Container):
     def __init__(self, *modules):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], dict):
@@ -51,21 +65,7 @@ class Sequential(Module):
             i += 1
         return x
 
-    def __getitem__(self, i):
-        mods = list(self._modules.values())
-        if isinstance(i, slice):
-            return Sequential(*mods[i])
-        return mods[i]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-    def append(self, m: Module):
-        self.add_module(str(len(self._modules)), m)
-        return self
+    _of = classmethod(lambda cls, mods: cls(*mods))
 
 
 def _fusable(m, nxt):
@@ -79,30 +79,17 @@ def _fusable(m, nxt):
     return None
 
 
-class ModuleList(Module):
+class ModuleList(_Container):
     def __init__(self, modules=()):
         super().__init__()
-        for m in modules:
-            self.append(m)
+        self.extend(modules)
 
-    def append(self, m: Module):
-        self.add_module(str(len(self._modules)), m)
-        return self
+    _of = classmethod(lambda cls, mods: cls(mods))
 
     def extend(self, ms):
         for m in ms:
             self.append(m)
         return self
-
-    def __getitem__(self, i):
-        mods = list(self._modules.values())
-        return ModuleList(mods[i]) if isinstance(i, slice) else mods[i]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
 
 
 class Identity(Module):
@@ -110,7 +97,6 @@ class Identity(Module):
         return x
 
 
-# ----------------------------------------------------------------------------- linear, embedding
 class Linear(Module):
     """y = x @ W.T + b; W [out, in] ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform a=sqrt(5))."""
 
@@ -152,7 +138,6 @@ class Embedding(Module):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
-# ----------------------------------------------------------------------------- normalisation
 class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
                  bias: bool = True, device=None):
@@ -215,7 +200,6 @@ class BatchNorm2d(Module):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
 
 
-# ----------------------------------------------------------------------------- activations etc.
 class ReLU(Module):
     def forward(self, x):
         return F.relu(x)
@@ -268,16 +252,16 @@ class Flatten(Module):
         return x.flatten(self.start_dim, self.end_dim)
 
 
-# ----------------------------------------------------------------------------- convolution
 class Conv2d(Module):
     """weight [out, in, kh, kw] ~ kaiming_uniform(a=sqrt(5)); bias U(+-1/sqrt(in*kh*kw))."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
                  bias: bool = True, device=None, seed=None):
         super().__init__()
-        kh, kw = _pair(kernel_size)
+        kh, kw = pair(kernel_size, "kernel_size")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride, self.padding = (kh, kw), _pair(stride), _pair(padding)
+        self.kernel_size, self.padding = (kh, kw), pair(padding, "padding")
+        self.stride = pair(stride, "stride")
         self.weight = Parameter(init.kaiming_uniform_(
             _empty((out_channels, in_channels, kh, kw), device), a=math.sqrt(5),
             seed=_sub(seed, 0)))
@@ -298,9 +282,9 @@ class Conv2d(Module):
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0):
         super().__init__()
-        self.kernel_size = _pair(kernel_size)
-        self.stride = self.kernel_size if stride is None else _pair(stride)
-        self.padding = _pair(padding)
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else pair(stride, "stride")
+        self.padding = pair(padding, "padding")
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)

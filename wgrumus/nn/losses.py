@@ -7,9 +7,7 @@ from .module import Module
 
 
 class CrossEntropyLoss(Module):
-    """F.cross_entropy: logits [N, C] (or [N, C, d...]) and integer class targets [N]
-    ([N, d...]); ``reduction`` is "mean" (over the targets that are not ``ignore_index``),
-    "sum" or "none"."""
+    """F.cross_entropy as a module (integer class targets)."""
 
     def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0):

@@ -13,10 +13,8 @@ from ..tensor import Tensor, float32, tensor
 
 
 class Parameter(Tensor):
-    """A leaf tensor that requires grad and that a Module registers as trainable.
-
-    It shares the storage of the tensor it wraps; its identity (and GradId) is stable for the
-    life of the module, so optimizers and GradientStores can key on it."""
+    """A trainable leaf sharing the wrapped tensor's storage; its identity (and GradId) is
+    stable for the module's life, so optimizers and GradientStores key on it."""
     __slots__ = ()
 
     def __init__(self, data, requires_grad: bool = True):
@@ -62,9 +60,7 @@ def _assign(dst: Tensor, value, name: str) -> None:
 
 
 class Module:
-    """Base class of every layer: attributes that are Parameters, Modules or registered buffers
-    are tracked by name, so state_dict keys match PyTorch's (``0.weight``,
-    ``blocks.1.ln1.bias``)."""
+    """Base of every layer: Parameters, Modules and buffers tracked by name (PyTorch's keys)."""
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -73,7 +69,6 @@ class Module:
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
 
-    # ------------------------------------------------------------------ registration
     def __setattr__(self, name, value):
         if "_parameters" not in self.__dict__:
             raise WgrumusError(f"{type(self).__name__}.__init__ must call super().__init__() "
@@ -124,7 +119,6 @@ class Module:
     def add_module(self, name: str, module) -> None:
         setattr(self, name, module)
 
-    # ------------------------------------------------------------------ traversal
     def named_modules(self, prefix: str = "", memo=None):
         memo = set() if memo is None else memo
         if id(self) in memo:
@@ -173,7 +167,6 @@ class Module:
         fn(self)
         return self
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> OrderedDict[str, Tensor]:
         """name -> tensor (sharing storage with the module: copy before mutating)."""
         out = OrderedDict()
@@ -187,10 +180,8 @@ class Module:
         return out
 
     def load_state_dict(self, state_dict, strict: bool = True):
-        """Copy values (Tensors or numpy arrays) into this module's tensors in place.
-
-        Every problem is reported at once: missing keys and unexpected keys (when ``strict``)
-        and shape mismatches (always). Returns (missing, unexpected) like PyTorch."""
+        """Copy values (Tensors or arrays) in place, reporting every problem at once; returns
+        (missing, unexpected) like PyTorch."""
         own = self.state_dict()
         missing = [k for k in own if k not in state_dict]
         unexpected = [k for k in state_dict if k not in own]
@@ -220,7 +211,6 @@ class Module:
                 _assign(dst, state_dict[k], k)
         return missing, unexpected
 
-    # ------------------------------------------------------------------ modes, devices, grads
     def train(self, mode: bool = True):
         for m in self.modules():
             object.__setattr__(m, "training", bool(mode))
@@ -230,8 +220,7 @@ class Module:
         return self.train(False)
 
     def to(self, device):
-        """Move every parameter and buffer to ``device`` in place: Parameter objects keep their
-        identity, so optimizers built before the move stay valid."""
+        """Move parameters and buffers in place (optimizers built before stay valid)."""
         dev = get_device(device)
         with no_grad():
             for m in self.modules():
@@ -255,7 +244,6 @@ class Module:
             p.requires_grad_(flag)
         return self
 
-    # ------------------------------------------------------------------ calling
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 

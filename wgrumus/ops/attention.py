@@ -1,11 +1,6 @@
-"""Fused attention (FlashAttention): softmax(scale q k^T) v in one kernel that streams K/V tiles
-with an online softmax, so memory is O(T) (the output and one logsumexp per query) instead of
-the [Tq, Tk] score matrix; the backward recomputes the scores from the saved logsumexp. Two
-kernel families: FlashAttention-2 tiles (ops/attention_tiles.py, shaders/flash_attention2.wgsl)
-and the row kernel (shaders/flash_attention.wgsl, one row per invocation, no workgroup memory),
-chosen per adapter, head size and length (``_tiles``). ``attention_forward`` /
-``attention_backward`` are the kernel launches without autograd (ops/fused.py builds its
-packed-qkv node on them); ``flash_attention`` is the autograd op on [..., T, d] tensors.
+"""Fused attention (FlashAttention): K/V tiles streamed with an online softmax, O(T) memory; the
+backward recomputes the scores from the saved logsumexp. FlashAttention-2 tiles
+(attention_tiles.py) or the row kernel (no workgroup memory), chosen by ``_tiles``.
 """
 from __future__ import annotations
 
@@ -24,10 +19,8 @@ from .shape import reshape
 
 WG = 64  # row kernel: rows (queries, or keys in bwd_kv) per workgroup, one per invocation
 MAX_HEAD_DIM = 128
-# llvmpipe stops a shader loop after 65,535 iterations per invocation, counting the loops it
-# does not unroll: the row kernel's per-vec4 loops unroll up to 16 vec4s, its block loops count
-# about one iteration per streamed row (the tiles' loops <= 9 per tile of >= 16 rows). CPU
-# adapters therefore take head sizes <= 64 and <= 60,000 rows.
+# llvmpipe's 65,535-iteration loop cap (the row kernel's block loops count about one per
+# streamed row; its vec4 loops unroll up to d 64) bounds CPU adapters' shapes.
 CPU_MAX_HEAD_DIM = 64
 CPU_MAX_ROWS = 60_000
 
@@ -64,17 +57,14 @@ def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=No
                  groups_1d(BH * blocks, 1))
 
 
-# CPU adapters take the tiles from this head size and one query block of rows up; below, the
-# row kernel (lavapipe, causal f+b: d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's
-# rate; 70,000 (batch, head) pairs of 2 rows 7x its time; benchmarks/_attn_sweep.py's rows).
+# CPU adapters take the tiles from this head size and one query block up, else the row kernel
+# (lavapipe, causal f+b: tiles at d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's rate).
 CPU_TILES_MIN_D = 32
 
 
 def _tiles(dev, d: int, T: int):
-    """FlashAttention-2 tiles per role (ops/attention_tiles.py), or None for the row kernel:
-    where the workgroup memory holds no tile, and on CPU adapters below CPU_TILES_MIN_D or
-    below one query block (T: the longer side). nnops.ROW_MODE forces the choice ('wg':
-    tiles, 'thread': rows; tests, sweeps)."""
+    """Tiles per role, or None for the row kernel (no tile fits; CPU adapters below
+    CPU_TILES_MIN_D or one query block). nnops.ROW_MODE forces the choice."""
     forced = nnops.ROW_MODE
     if forced == "thread":
         return None
@@ -115,9 +105,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
 
 
 def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
-    """(dq, dk, dv), f32 and shaped like q, k, v, of attention_forward's output given its
-    gradient ``do`` (contiguous f32 [BH, Tq, d]). Two kernels, both recomputing the scores
-    from ``lse``: dq per query block (and the row sums dO . O), then dk and dv per key block
+    """(dq, dk, dv) f32 given ``do``: dq per query block, then dk and dv per key block
     (FlashAttention-2's split: no atomics, deterministic)."""
     BH, Tq, d = q.shape
     Tk = k.shape[1]
@@ -135,12 +123,9 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
-# Where the [Tq, Tk] scores fit, the unfused composition (matmuls around the fused softmax,
-# skipping what a causal mask hides) is the faster one: forward + backward at 8x8x1024x64
-# causal ran at 18.2 TFLOP/s unfused vs 11.3 fused (FlashAttention-2 tiles) on the H100,
-# torch's SDPA 22.7 (benchmarks/ops.py --only attention, 2026-11-24); 0.96 vs 0.36 GFLOP/s at
-# 1x2x256x64 on lavapipe. The fused kernel takes over where the scores would be large (its
-# memory is O(T): 8 MiB against 776 at 1x1x8192x64) or pass one binding.
+# Where the scores fit, the unfused composition is faster (8x8x1024x64 causal f+b on the H100:
+# 18.2 TFLOP/s unfused vs 11.3 fused, torch SDPA 22.7; lavapipe 0.96 vs 0.36 GFLOP/s); the fused
+# kernel takes over where the scores would be large (O(T) memory) or pass one binding.
 FUSED_SCORE_BYTES = 512 << 20
 
 
@@ -195,10 +180,8 @@ def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "at
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
                     scale: float | None = None, compute_dtype=None) -> Tensor:
-    """softmax(scale * q k^T, causal) v for q [..., Tq, d], k and v [..., Tk, d]; float32
-    output. ``scale`` defaults to 1/sqrt(d). ``compute_dtype`` float16 (default under
-    autocast) casts the inputs to f16 for the kernel (accumulation stays f32); gradients are
-    float32."""
+    """softmax(scale q k^T, causal) v over [..., T, d], f32 out (``scale``: 1/sqrt(d));
+    ``compute_dtype`` f16 (autocast's default) casts the inputs for the kernel."""
     check_attention(q, k, v, causal, "flash_attention")
     lead, Tq, d = q.shape[:-2], q.shape[-2], q.shape[-1]
     BH = math.prod(lead)

@@ -1,10 +1,9 @@
 """FlashAttention-2 kernels for GPUs (shaders/flash_attention2.wgsl): tile variants, the
 generated register code of each entry point, and the choice of tiles per adapter.
 
-A role's tiles are (R, S, TM, TN): R resident rows per workgroup (queries in fwd and bwd_q,
-keys in bwd_kv), S streamed rows per tile, TM x TN scores per invocation (NY = R / TM by
-NX = S / TN invocations). The register code is unrolled here with literal indices (shader
-compilers keep such values in registers; ops/matmul.py does the same).
+A role's tiles are (R, S, TM, TN): R resident rows per workgroup, S streamed rows per tile,
+TM x TN scores per invocation. The register code is unrolled with literal indices so compilers
+keep it in registers.
 """
 from __future__ import annotations
 
@@ -13,13 +12,10 @@ import functools
 from ..runtime.kernels import Kernel
 from .matmul import adapter_class
 
-# name -> tiles per role. "fwd": (queries, keys per tile, TM, TN[, SG]); "q" (bwd_q) likewise
-# with [, PF]; "kv" (bwd_kv): (keys, queries per tile, TM, TN[, PF]). SG 1 (forward): the row
-# max and row sum reduced by subgroup shuffles where the adapter's subgroups hold a row's NX
-# invocations (K and V then staged side by side: 3 barriers per tile instead of 4), else
-# ignored. PF 1 (backward): the next streamed tile loaded into registers during this one. A role
-# whose tiles do not fit the head size into the adapter's workgroup memory takes the first of
-# FALLBACK[role] that does.
+# name -> tiles per role: (resident rows, streamed rows per tile, TM, TN[, flag]); the flag is
+# SG for "fwd" (row reductions by subgroup shuffles where subgroups hold a row: 3 barriers a tile
+# instead of 4) and PF for "q"/"kv" (the next tile prefetched into registers). A role whose tiles
+# do not fit the workgroup memory takes the first of FALLBACK[role] that does.
 VARIANTS = {
     # Along the H100's trend (more invocations, 1-2 rows each; the sweep picks a role's tiles
     # on their own, so the roles differ): up to 512 invocations, subgroup forwards.
@@ -49,18 +45,14 @@ FALLBACK = {
     "kv": [(32, 32, 4, 4), (32, 16, 4, 4), (16, 32, 4, 4), (16, 16, 4, 4), (16, 16, 2, 2),
            (8, 16, 2, 2)],
 }
-# Which variant runs per adapter class (ops/matmul.adapter_class; "gpu": any other), for the
-# forward and for both backward kernels: a VARIANTS name, or {"fwd": name, "bwd": name}, or
-# one name per role {"fwd": name, "q": name, "kv": name} (a role's tiles are independent of
-# the others'). benchmarks/_attn_sweep.py times every role of every variant and prints the
-# entry to paste.
+# The variant per adapter class ("gpu": any other): a VARIANTS name, {"fwd": .., "bwd": ..} or
+# one per role (benchmarks/_attn_sweep.py times them and prints the entry to paste).
 ATTN_TABLE: dict = {"gpu": "a64",  # nvidia: the H100 sweep's suggestion (BENCHMARKS.md)
                     "nvidia": {"fwd": "a32t2", "q": "a32t2pf", "kv": "a32t2pf"}}
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
 SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
-# Subgroup sizes known per adapter class: wgpu reports placeholder bounds (4..128) on Vulkan
-# (the H100 sweep's adapter info), while NVIDIA's subgroups are always warps of 32
-# consecutive invocations.
+# Subgroup sizes per adapter class (wgpu reports placeholder bounds 4..128 on Vulkan; NVIDIA's
+# are always warps of 32).
 KNOWN_SUBGROUP_MIN = {"nvidia": 32}
 
 
@@ -170,8 +162,6 @@ def _loads(v4: bool) -> str:
     return "\n".join(out)
 
 
-# ---------------------------------------------------------------- register code generation
-
 def _tile_loads(sh, dst: str, load: str, base: str, n: str, rows: int, scale: str = ""):
     """(guard, destination, value of row0) per pass of staging rows [row0, row0 + rows) of a
     [T, D] block into a row tile (pitch RP quads, zero past n rows and past D), unrolled over
@@ -195,9 +185,8 @@ def _stage(sh, dst: str, load: str, base: str, row0: str, n: str, rows: int,
 
 
 def _streamed(sh, entries, first: str) -> tuple:
-    """(before the loop, at the top of a tile, after its staging barrier): the staging of the
-    streamed tiles (entries of _tile_loads, row0 = t); with PF, tile t + S is loaded into
-    registers while tile t is computed (its global latency hidden), stored at the next top."""
+    """(before the loop, top of a tile, after its barrier): staging of the streamed tiles;
+    with PF tile t + S is loaded into registers while tile t is computed."""
     if not sh["PF"]:
         return [], [_guarded(g, f"{d} = {v('t')};") for g, d, v in entries], []
     before, top, after, nxt = [], [], [], f"t + {sh['S']}u"
@@ -209,9 +198,8 @@ def _streamed(sh, entries, first: str) -> tuple:
 
 
 def _head(sh, heavy_last: bool = False) -> list:
-    """The entry's first lines. heavy_last: the resident blocks of a causal kernel run the
-    more tiles the later they lie (fwd, bwd_q), so each (batch, head) takes them from the last
-    (the dispatch ends on light workgroups: a shorter tail)."""
+    """The entry's first lines. heavy_last: causal blocks taken from the last (the heaviest),
+    so the dispatch ends on light workgroups."""
     blk = ("select(g % pu(10u), pu(10u) - 1u - g % pu(10u), pu(9u) != 0u)" if heavy_last
            else "g % pu(10u)")
     return [f"@compute @workgroup_size({sh['NT']})",

@@ -1,9 +1,6 @@
-"""Loop bounds of kernels. llvmpipe (Mesa's CPU Vulkan driver, the adapter CI runs on) silently
-ends every shader loop once an invocation has run 65,535 loop iterations in total (Mesa's
-gallivm loop limiter), so a kernel whose loops grow with the data returns a wrong result past
-that. Kernels here split such work over invocations, chunks or passes so that no invocation
-runs more than LOOP_BUDGET iterations (leaving room for the short loops around them). The same
-split is used on every adapter: the results do not depend on which one runs them."""
+"""Loop bounds of kernels: llvmpipe silently ends every shader loop once an invocation has run
+65,535 iterations in total, so kernels split work so no invocation runs more than LOOP_BUDGET
+(the same split on every adapter: results do not depend on which runs them)."""
 from __future__ import annotations
 
 LOOP_BUDGET = 32768

@@ -1,9 +1,5 @@
-"""conv2d (im2col kernel + the tiled matmul), max_pool2d and avg_pool2d over NCHW tensors.
-
-Kernels in shaders/conv.wgsl. conv2d is a composition of recorded ops: ``im2col`` (backward:
-the col2im kernel), matmul (backward: two matmuls give dweight and dcols) and a permute that is
-made contiguous while the bias is added. Pool gradients are gathers over the windows covering
-each input position (the max pool routes to the argmax saved by the forward kernel).
+"""conv2d (im2col + the tiled matmul, as recorded ops), max_pool2d and avg_pool2d over NCHW.
+Pool gradients are gathers over the windows covering each input position (no atomics).
 """
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from .matmul import matmul
 from .shape import permute, reshape
 
 
-def _pair(v, name: str) -> tuple:
+def pair(v, name: str) -> tuple:
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
             raise ValueError(f"{name} must be an int or a pair, got {v!r}")
@@ -28,8 +24,8 @@ def _geometry(x: Tensor, k, stride, padding, dilation, op: str) -> dict:
     if x.ndim != 4:
         raise ShapeError(f"{op}: input must be NCHW (4-D), got shape {x.shape}")
     N, C, H, W = x.shape
-    (KH, KW), (SH, SW) = _pair(k, "kernel_size"), _pair(stride, "stride")
-    (PH, PW), (DH, DW) = _pair(padding, "padding"), _pair(dilation, "dilation")
+    (KH, KW), (SH, SW) = pair(k, "kernel_size"), pair(stride, "stride")
+    (PH, PW), (DH, DW) = pair(padding, "padding"), pair(dilation, "dilation")
     if min(KH, KW, SH, SW, DH, DW) < 1 or min(PH, PW) < 0:
         raise ValueError(f"{op}: kernel {KH}x{KW}, stride {SH}x{SW} and dilation {DH}x{DW} must "
                          f"be positive and padding {PH}x{PW} non-negative")
@@ -120,21 +116,8 @@ def max_pool2d(x: Tensor, kernel_size, stride=None, padding=0, dilation=1) -> Te
     """Window max (stride defaults to kernel_size; padding counts as -inf). Backward routes
     each gradient to the window's first maximum, found by the forward kernel."""
     x = _f32(x)
-    g = _pool_geometry(x, kernel_size, stride, padding, dilation, "max_pool2d")
-    shape = (g["N"], g["C"], g["OH"], g["OW"])
-    out = Tensor.empty(shape, x.device, float32)
-    arg = Tensor.empty(shape, x.device, "int32")
-    _run(x.device, "maxpool", g, out.numel(),
-         [x._storage.buffer, out._storage.buffer, arg._storage.buffer], x.strides, x.offset)
-
-    def bw(gr):
-        gr = contiguous(gr)
-        dx = Tensor.empty(x.shape, gr.device, float32)
-        _run(gr.device, "maxpool_bwd", g, dx.numel(),
-             [gr._storage.buffer, dx._storage.buffer, arg._storage.buffer], off=gr.offset)
-        return (dx,)
-    record("max_pool2d", out, [x], bw)
-    return out
+    return _pool(x, _pool_geometry(x, kernel_size, stride, padding, dilation, "max_pool2d"),
+                 "maxpool", "max_pool2d")
 
 
 @_unbatched
@@ -143,17 +126,25 @@ def avg_pool2d(x: Tensor, kernel_size, stride=None, padding=0,
     """Window mean (stride defaults to kernel_size). With count_include_pad (PyTorch's
     default) the divisor is always KH*KW; otherwise only the taps inside the input count."""
     x = _f32(x)
-    g = _pool_geometry(x, kernel_size, stride, padding, 1, "avg_pool2d")
-    flag = int(bool(count_include_pad))
-    out = Tensor.empty((g["N"], g["C"], g["OH"], g["OW"]), x.device, float32)
-    _run(x.device, "avgpool", g, out.numel(), [x._storage.buffer, out._storage.buffer],
+    return _pool(x, _pool_geometry(x, kernel_size, stride, padding, 1, "avg_pool2d"),
+                 "avgpool", "avg_pool2d", int(bool(count_include_pad)))
+
+
+def _pool(x: Tensor, g: dict, entry: str, name: str, flag: int = 0) -> Tensor:
+    """Pooling kernel ``entry`` and its backward ``entry``_bwd (max: with the argmax tensor)."""
+    shape = (g["N"], g["C"], g["OH"], g["OW"])
+    out = Tensor.empty(shape, x.device, float32)
+    arg = [Tensor.empty(shape, x.device, "int32")] if entry == "maxpool" else []  # (kept alive)
+    _run(x.device, entry, g, out.numel(),
+         [x._storage.buffer, out._storage.buffer] + [a._storage.buffer for a in arg],
          x.strides, x.offset, flag)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
-        _run(gr.device, "avgpool_bwd", g, dx.numel(), [gr._storage.buffer, dx._storage.buffer],
+        _run(gr.device, entry + "_bwd", g, dx.numel(),
+             [gr._storage.buffer, dx._storage.buffer] + [a._storage.buffer for a in arg],
              off=gr.offset, flag=flag)
         return (dx,)
-    record("avg_pool2d", out, [x], bw)
+    record(name, out, [x], bw)
     return out

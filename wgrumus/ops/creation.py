@@ -1,22 +1,19 @@
 """Constructors: filled, ranged and random tensors, all written by device kernels."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..tensor import Tensor, as_dtype, float32, int32
+from .dims import varargs
 from .elementwise import fill_
 from .launch import run_map
 from .random import next_seed
 
 
-def _shape(shape):
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
-    return tuple(shape)
-
-
 def empty(*shape, device=None, dtype=float32) -> Tensor:
-    return Tensor.empty(_shape(shape), device, as_dtype(dtype))
+    return Tensor.empty(varargs(shape), device, as_dtype(dtype))
 
 
 def full(shape, value, device=None, dtype=float32, requires_grad=False) -> Tensor:
@@ -26,11 +23,23 @@ def full(shape, value, device=None, dtype=float32, requires_grad=False) -> Tenso
 
 
 def zeros(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
-    return full(_shape(shape), 0, device, dtype, requires_grad)
+    return full(varargs(shape), 0, device, dtype, requires_grad)
 
 
 def ones(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
-    return full(_shape(shape), 1, device, dtype, requires_grad)
+    return full(varargs(shape), 1, device, dtype, requires_grad)
+
+
+_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def dummy_buffer(dev, k: int = 0):
+    """The k-th (0 or 1) one-element zero buffer of ``dev``, bound where a kernel slot is unused
+    (one per slot: a read_write buffer may not be bound twice in a dispatch)."""
+    ts = _dummies.get(dev)
+    if ts is None:
+        ts = _dummies[dev] = [zeros(1, device=dev) for _ in range(2)]
+    return ts[k]._storage.buffer
 
 
 def zeros_like(x: Tensor, dtype=None) -> Tensor:
@@ -59,13 +68,13 @@ def arange(start, stop=None, step=1, device=None, dtype=None) -> Tensor:
 
 def rand(*shape, device=None, seed=None, low=0.0, high=1.0, requires_grad=False) -> Tensor:
     """Uniform in (low, high); identical for the same seed on every device."""
-    t = uniform_into(Tensor.empty(_shape(shape), device, float32), low, high, seed)
+    t = uniform_into(Tensor.empty(varargs(shape), device, float32), low, high, seed)
     return t.requires_grad_(True) if requires_grad else t
 
 
 def randn(*shape, device=None, seed=None, mean=0.0, std=1.0, requires_grad=False) -> Tensor:
     """Normal(mean, std) by Box-Muller on two independent uniform streams."""
-    t = normal_into(Tensor.empty(_shape(shape), device, float32), mean, std, seed)
+    t = normal_into(Tensor.empty(varargs(shape), device, float32), mean, std, seed)
     return t.requires_grad_(True) if requires_grad else t
 
 

@@ -1,5 +1,5 @@
-"""PyTorch's argument names (``dim=``, ``keepdim=``) with numpy's (``axis=``, ``keepdims=``)
-accepted as aliases, resolved in one place so every op reports a clash the same way."""
+"""Argument conventions resolved in one place: PyTorch's names (``dim=``, ``keepdim=``) with
+numpy's (``axis=``, ``keepdims=``) as aliases, and sizes given as ``f(2, 3)`` or ``f((2, 3))``."""
 from __future__ import annotations
 
 
@@ -10,6 +10,11 @@ def pick(dim, axis, default=None, name: str = "dim", alias: str = "axis"):
             raise TypeError(f"give {name}= or {alias}= (its numpy alias), not both")
         return axis
     return default if dim is None else dim
+
+
+def varargs(args) -> tuple:
+    """``f(2, 3)`` and ``f((2, 3))`` alike: the one tuple or list given, else the arguments."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
 
 
 def keep(keepdim, keepdims) -> bool:

@@ -1,7 +1,5 @@
-"""Elementwise ops: unary, binary (numpy broadcasting), scalar variants, where, casts.
-
-Each op is one table row: its WGSL expression and its backward rule side by side. Backward
-rules are themselves fused map kernels (e.g. relu' is one kernel reading grad and input).
+"""Elementwise ops: unary, binary (numpy broadcasting), scalar variants, where, casts. Each op
+is one table row: its WGSL expression and its backward rule (itself a fused map kernel).
 """
 from __future__ import annotations
 
@@ -10,8 +8,6 @@ import numpy as np
 from ..autograd.tape import needs_grad, record
 from ..tensor import Tensor, float32, int32
 from .launch import broadcast_shapes, run_map
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _wrap(x, like: Tensor):
@@ -29,9 +25,8 @@ def _fresh(shape, like: Tensor, dtype=float32) -> Tensor:
 
 
 def saved_output(out: Tensor) -> Tensor:
-    """An alias of ``out`` (same storage, no autograd node) for a backward rule that reads the
-    output: capturing ``out`` itself would make a cycle out -> node -> closure -> out, which
-    only the cyclic GC frees, so activations would not go back to the pool promptly."""
+    """An alias of ``out`` without a node for a backward that reads it (``out`` itself would
+    make a cycle only the GC frees, delaying the activations' return to the pool)."""
     return Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
 
 
@@ -53,7 +48,6 @@ def unbroadcast(g: Tensor, shape) -> Tensor:
     return r.reshape(shape)
 
 
-# --------------------------------------------------------------------------- unary
 # name: (forward expr of a, backward: (grad expr of b=grad, a=input, c=output) or None)
 UNARY = {
     "neg": ("-a", "-a"),
@@ -124,7 +118,6 @@ def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
     return out
 
 
-# --------------------------------------------------------------------------- binary
 _ANY_NAN = "isnan_(a) || isnan_(b)"
 # d maximum(x, y) / dx as an expression of g=a, x=b, y=c: PyTorch's rule (half to each at a tie,
 # all to both where either is NaN, since the NaN output came from both); minimum mirrors it.
@@ -333,9 +326,6 @@ def clamp(x: Tensor, min=None, max=None) -> Tensor:
         "select(0.0, a, b >= lo && b <= hi && !isnan_(b))", [g, x], scalars=bounds),),
         saved=[x])
     return out
-
-
-# --------------------------------------------------------------------------- copies and casts
 
 
 def cast(x: Tensor, dtype) -> Tensor:

@@ -1,20 +1,12 @@
-"""Fused layer ops for training steps: Linear with its bias and activation, and the core of
-causal self-attention from a packed qkv projection.
-
-Each is one autograd node whose forward and backward call kernels directly (under no_grad),
-so a step records a few nodes instead of dozens of views, copies and broadcasts. What this
-saves per layer, next to composing ``matmul``, ``+ bias`` and an activation:
-- the bias gradient is one kernel fused with the activation's backward (no transposed copy
-  and reduction of the gradient);
-- the weight gradient comes out as [out, in] (no transposed copy in the optimizer);
-- attention splits q, k, v into heads with one copy and assembles d(qkv) with one kernel,
-  instead of a reshape copy per head tensor, zero-filled slice gradients and their sums (on
-  CPU adapters with no copy at all: the CPU matmul reads and stores the heads in place).
+"""Fused layer ops: Linear with bias, activation and residual, and causal self-attention from a
+packed qkv projection. Each is one autograd node calling kernels directly, so a step records a
+few nodes instead of dozens of views, copies and broadcasts: the bias gradient is fused with
+the activation's backward, the weight gradient comes out [out, in], and attention splits and
+assembles the heads with at most one copy each way.
 """
 from __future__ import annotations
 
 import math
-import weakref
 
 from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
@@ -23,6 +15,7 @@ from ..tensor import Tensor, check_same_device, float32
 from . import texread
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
+from .creation import dummy_buffer
 from .elementwise import _f32, cast, contiguous, run_map, saved_output
 from .matmul import linear_2d, matmul, matmul_into, use_cpu_kernel
 from .nnops import softmax, softmax_backward
@@ -37,24 +30,10 @@ ACTIVATIONS = {
     "gelu_tanh": ("gelu_tanh_({z})", "g * gelu_tanh_grad_(z)"),
 }
 
-_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _dummy(dev, k: int):
-    """The k-th one-element buffer of ``dev``, bound where a kernel slot is unused (distinct
-    ones per slot: a buffer bound read_write may not be bound twice in one dispatch)."""
-    ts = _dummies.get(dev)
-    if ts is None:
-        ts = _dummies[dev] = [Tensor.empty((1,), dev) for _ in range(2)]
-    return ts[k]._storage.buffer
-
-
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            activation: str | None = None, residual: Tensor | None = None) -> Tensor:
-    """act(x @ weight.T + bias) with weight [out, in] (PyTorch's layout); ``activation`` is
-    None, "relu", "gelu" (erf) or "gelu_tanh". Leading dims of x are folded into one GEMM.
-    ``residual`` (no activation; the output's shape) is added in the same kernel as the bias:
-    ``residual + linear(x, weight, bias)`` of a transformer block in one node."""
+    """act(x @ weight.T + bias) with weight [out, in]; ``activation``: None, "relu", "gelu"
+    or "gelu_tanh". ``residual`` (no activation) is added in the same kernel as the bias."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {list(ACTIVATIONS)}, "
                          f"got {activation!r}")
@@ -125,10 +104,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 
 def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str,
                    want_db: bool, has_act: bool):
-    """(dz, db) of y = act(z + b) for contiguous [R, L] g: one kernel computes dz and partial
-    column sums of it over row chunks, a second adds the partials when there are several.
-    ``z`` is the pre-bias matmul output (or, for relu, the output y itself: relu'(z) and
-    relu'(y) agree); ``b`` is bound only when z excludes the bias."""
+    """(dz, db) of y = act(z + b) for contiguous [R, L] g: dz and per-chunk column sums in one
+    kernel, the partials summed by a second. ``z``: the pre-bias output (relu: y itself);
+    ``b``: bound only when z excludes the bias."""
     if not has_act and not want_db:
         return g, None
     R, L = g.shape
@@ -141,8 +119,8 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     part = Tensor.empty((chunks, L), dev, float32)
     zt = z if z is not None else g
     bufs = [g._storage.buffer, zt._storage.buffer,
-            b._storage.buffer if b is not None else _dummy(dev, 0),
-            dz._storage.buffer if has_act else _dummy(dev, 1), part._storage.buffer]
+            b._storage.buffer if b is not None else dummy_buffer(dev, 0),
+            dz._storage.buffer if has_act else dummy_buffer(dev, 1), part._storage.buffer]
     offs = [g.offset, zt.offset, b.offset if b is not None else 0]
     # CPU adapters: a quad of columns an invocation, one SIMD vector (8 lanes) a group, g and
     # z read through textures (ops/texread.py) where they fit
@@ -173,12 +151,9 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
 
 def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
                           compute_dtype=None) -> Tensor:
-    """softmax(q k^T / sqrt(d), causal) v for a packed projection qkv [B, T, 3E] (q, k, v
-    side by side, heads of d = E / n_head consecutive features, like PyTorch's
-    MultiheadAttention); returns [B, T, E] with the heads merged back. Large [T, T] scores go
-    through the fused kernel (ops/attention.py, O(T) memory), others through two matmuls
-    around the fused softmax (faster where the scores fit: ``prefer_fused``).
-    ``compute_dtype`` float16 (default under autocast) runs it on f16 copies of q, k, v."""
+    """softmax(q k^T / sqrt(d), causal) v from a packed qkv [B, T, 3E] (PyTorch's layout) to
+    [B, T, E]: the fused kernel where the [T, T] scores are large (``prefer_fused``), else two
+    matmuls around the fused softmax. ``compute_dtype`` f16 (autocast's default) casts q, k, v."""
     if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
         raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
                          f"{n_head} heads, got {qkv.shape}")
@@ -241,9 +216,8 @@ def _part(causal: bool, Tq: int, Tk: int):
 
 
 def _attend(q, k, v, y, scale: float, causal: bool) -> Tensor:
-    """The unfused attention on [B, H, T, d] float32 views: y (a view too) receives
-    softmax(q k^T scale, causal) v; returns the probabilities, which the backward reads. The
-    matmuls read and write the views in place, and skip what a causal mask hides."""
+    """y (a view) = softmax(q k^T scale, causal) v on [B, H, T, d] f32 views, in place and
+    skipping what the mask hides; returns the probabilities (the backward reads them)."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[-2]
     part = _part(causal, Tq, Tk)
@@ -268,9 +242,7 @@ def _attend_backward(q, k, v, p, go, out, scale: float, causal: bool) -> None:
 
 
 def head_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-    """softmax(q k^T / sqrt(d), causal) v for float32 [B, H, T, d] tensors (any strides)
-    through the [Tq, Tk] scores, in one autograd node: the unfused attention of
-    nn.scaled_dot_product_attention, whose matmuls skip what a causal mask hides."""
+    """Unfused attention of f32 [B, H, T, d] tensors (any strides) in one autograd node."""
     B, H, Tq, d = q.shape
     scale = 1.0 / math.sqrt(d)
     with no_grad():

@@ -1,11 +1,8 @@
-"""Indexing by integer tensors: index_select (also ``x[idx]`` with a list / array / tensor),
-gather (torch.gather), embedding. Kernels in shaders/index.wgsl.
+"""Indexing by integer tensors: index_select (also ``x[idx]``), gather, embedding.
 
-Backward rules are scatter-adds written as gathers (each gradient element sums the entries that
-point at it), so they need no float atomics and give the same bits on every run. Indices given
-on the host are range-checked before upload (a clear error); indices already on the device
-are checked by the forward kernels, which clamp a bad one and set the device's assert flag: the
-next host read raises (runtime/asserts.py).
+Backward scatter-adds are written as gathers: no float atomics, the same bits every run. Host
+indices are range-checked before upload; device indices by the forward kernels, which clamp a
+bad one and set the assert flag the next host read raises (runtime/asserts.py).
 """
 from __future__ import annotations
 
@@ -64,9 +61,8 @@ def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = Tru
 
 def _dispatch_checked(dev, kernel, bufs: list, params: list, groups, idx, op: str,
                       allow_negative: bool = True) -> None:
-    """Dispatch a forward index kernel with the device assert flag bound (words 6-7: op code,
-    negatives allowed). Indices held on the device arm the check of the next read, after the
-    dispatch: a read recorded in between misses nothing, the flag is read by a later one."""
+    """Dispatch a forward index kernel with the assert flag bound; device indices arm the
+    check of the next read (after the dispatch, so no read in between misses it)."""
     dev.dispatch(kernel, bufs + [dev.asserts.buffer],
                  params + [CODES[op], int(allow_negative)], groups)
     if isinstance(idx, Tensor):
@@ -75,9 +71,7 @@ def _dispatch_checked(dev, kernel, bufs: list, params: list, groups, idx, op: st
 
 def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
                  _negative: bool = True) -> Tensor:
-    """Rows ``idx`` of ``x`` along ``axis``: shape x.shape[:axis] + idx.shape +
-    x.shape[axis+1:] (numpy ``take``; torch's index_select for 1-D idx). Negative indices count
-    from the end."""
+    """numpy's ``take`` along ``axis`` (torch's index_select for 1-D idx)."""
     axis = _norm_axis(axis, x.ndim)
     A = x.shape[axis]
     it = as_index(idx, x, A, _op, _negative)

@@ -1,8 +1,5 @@
-"""Launching the generic strided map kernel (shaders/map.wgsl).
-
-Every elementwise op, copy, cast, fill and the scatter of a gradient into a view goes through
-``run_map``: operands are views (shape/strides/offset) broadcast to the output shape, so
-broadcasting, transposes and slices cost no copies.
+"""The generic strided map kernel (shaders/map.wgsl): every elementwise op, copy, cast and fill
+goes through ``run_map`` on views broadcast to the output shape, so views cost no copies.
 """
 from __future__ import annotations
 
@@ -87,13 +84,10 @@ def coalesce(shape, strides_list):
 @functools.lru_cache(maxsize=4096)
 def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = (),
             nd: int = 0) -> Kernel:
-    """The map kernel for one specialisation (cached: building it costs more than a launch).
-    types: WGSL storage type per operand (0 = output); modes: 'c' contiguous, 's' strided,
-    'b' broadcast scalar; binds: binding slot per operand (operands sharing a buffer share one);
-    named: (name, "f" | "i" | "u") of each named scalar, in word order from SCALAR_BASE;
-    nd: dimensions of the (coalesced) launch shape. Strided operands share one unrolled
-    decomposition of ``i`` into coordinates: a loop over a runtime rank, once per operand, ran
-    a permuting copy at a quarter of a plain copy's bandwidth on an H100."""
+    """The map kernel for one specialisation (cached). types: WGSL type per operand (0: out);
+    modes: 'c' contiguous, 's' strided, 'b' broadcast; binds: binding per operand; named:
+    (name, kind) scalars from SCALAR_BASE; nd: launch rank. Strided operands share one unrolled
+    index decomposition (a runtime-rank loop per operand ran a permuting copy at 1/4 speed)."""
     decls, seen = [], set()
     for k, (ty, b) in enumerate(zip(types, binds)):
         if b in seen:
@@ -128,12 +122,9 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
 @functools.lru_cache(maxsize=4096)
 def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
                 wg: int, named: tuple = (), tex: tuple = (), quads: bool = False) -> Kernel:
-    """map_cpu.wgsl for one specialisation (as ``_kernel``), ``chunk`` outputs per invocation:
-    strided operands keep a running offset ``s<name>``, stepped along the innermost dimension
-    and recomputed where it wraps. ``tex``: the bindings of contiguous f32 inputs read from
-    textures holding copies of them (ops/texread.py; their offset words: the first element's
-    place in the texture). ``quads`` (entry `quads`; every input in ``tex`` at its texture's
-    start, the output f32 at a quad's start, chunk and size in quads): a quad at a time."""
+    """map_cpu.wgsl (as ``_kernel``), ``chunk`` outputs per invocation, strided operands
+    stepping a running offset. ``tex``: bindings read through textures (ops/texread.py);
+    ``quads``: all inputs textured and aligned, a quad at a time."""
     base = _kernel(expr, types, modes, binds)
     setup = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
              for k, (name, kind) in enumerate(named)]
@@ -182,9 +173,8 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
 
 
 def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tuple:
-    """CPU adapters: contiguous f32 inputs bound alone read through textures (ops/texread.py):
-    their buffers in ``buffers`` become texture views and their offset words their first
-    element's place there. The bindings so read."""
+    """CPU adapters: swap contiguous f32 inputs bound alone for texture views (in ``buffers``
+    and ``params``); returns the bindings so read."""
     if not texread.enabled(dev):
         return ()
     tex = []
@@ -213,8 +203,8 @@ _LAYOUTS: dict = {}  # (out shape, strides of every operand) -> (modes, paramete
 
 
 def _layout(shape, strides_list) -> tuple:
-    """Coalesced launch layout of one shape/strides combination, cached: the same layouts
-    recur every training step, and working them out costs more than the rest of a launch."""
+    """Coalesced launch layout, cached (the same layouts recur every step, and working one
+    out costs more than the rest of a launch)."""
     key = (shape, *strides_list)
     hit = _LAYOUTS.get(key)
     if hit is not None:
@@ -245,10 +235,9 @@ def scalar_kind(value) -> str:
 
 
 def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
-    """out[...] = expr(a, b, c) elementwise; inputs broadcast to out.shape; ``i`` is the
-    element's linear index. ``scalars`` {name: value} are read by name in ``expr`` (Python
-    floats as f32, ints as i32, np.uint32 as u32); a list instead is raw words from
-    SCALAR_BASE (pf(48u), ...). Bumps out's storage version (a write)."""
+    """out[...] = expr(a, b, c) with inputs broadcast to out.shape (``i``: the linear index).
+    ``scalars``: {name: value} read by name (float f32, int i32, np.uint32 u32), or raw words
+    from SCALAR_BASE. Bumps out's storage version."""
     n = out.numel()
     if n == 0:
         return out

@@ -1,10 +1,8 @@
 """Boolean-mask indexing, ``x[mask]`` and ``x[mask] = v``, as in PyTorch.
 
-Tensors have no bool dtype: comparisons return float32 masks (1.0 where true), and a float
-tensor used as an index is read as such a mask; numpy bool arrays work too.
-An int32 tensor index gathers rows (``x[idx]``), as in PyTorch, so ``mask.int()`` is not a
-mask. Selecting needs the count of true entries to size the result, so ``x[mask]`` reads the
-mask to the host (PyTorch synchronises here too); the rows are gathered on the device.
+There is no bool dtype: a float32 tensor index (comparisons give 1.0/0.0) or a numpy bool array
+is a mask; an int32 one gathers rows. ``x[mask]`` reads the mask to the host to size the result
+(PyTorch synchronises too); the rows are gathered on the device.
 """
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """Neural-network ops: softmax, log_softmax, layer_norm, dropout, cross_entropy, mse_loss.
 
-Each op is a fused WGSL kernel (shaders/softmax.wgsl, layernorm.wgsl, xent.wgsl, or one map
-kernel) recorded with its backward rule, itself a fused kernel. Row ops work on a contiguous
-[R, L] block (another axis is moved last with a permute and at most one copy): one workgroup per
-row on GPUs, one invocation per row on CPU adapters (see ``row_mode``) while the row fits one
-invocation's loop budget (ops/bounds.py); rows too long for a workgroup are composed of chunked
-reductions. On GPUs, ops/rowops.py's variants (vec4 loads, subgroup reductions) take the row
-passes where its table names one. Nothing here reads device data back to the host.
+Each op is a fused kernel with a fused backward. Row ops work on a contiguous [R, L] block: a
+workgroup per row on GPUs, an invocation per row on CPU adapters (``row_mode``) within the loop
+budget; rows too long for a workgroup are composed of chunked reductions; ops/rowops.py's GPU
+variants take the passes its table names. Nothing here reads device data back to the host.
 """
 from __future__ import annotations
 
@@ -42,9 +39,8 @@ ROW_MODE = None  # None: pick per adapter; "wg" or "thread" forces one (tests co
 
 
 def row_mode(dev) -> str:
-    """'wg' (one workgroup per row, tree reduction) on GPUs; 'thread' (one invocation per
-    row, no barriers) on CPU adapters such as lavapipe, where each barrier costs microseconds
-    per workgroup and the rows are spread over few cores anyway."""
+    """'wg' (a workgroup per row) on GPUs; 'thread' (an invocation per row, no barriers) on
+    CPU adapters, where each barrier costs microseconds and there are few cores anyway."""
     if ROW_MODE is not None:
         return ROW_MODE
     mode = getattr(dev, "_nn_row_mode", None)
@@ -60,12 +56,9 @@ ROWC = 256
 
 def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, cached: bool = False,
                **defines):
-    """(kernel, workgroups) of a row op over R rows of length L in the device's row mode, or
-    None when a row is too long for one workgroup (the caller then composes the op of
-    reductions). ``loops``: passes the kernel makes over a row. Rows too long for one
-    invocation's loop budget take a workgroup per row in either mode. ``cached``: the family
-    has an entry ``<entry>_rowc`` that reads a row of at most ROWC elements from storage once
-    (into private arrays), taken in thread mode where the row fits."""
+    """(kernel, workgroups) of a row op in the device's row mode, or None when a row is too
+    long for a workgroup (the caller composes reductions). ``loops``: passes over a row;
+    ``cached``: use ``<entry>_rowc`` (a row of <= ROWC read once) in thread mode."""
     if row_mode(dev) == "thread" and loops * L <= LOOP_BUDGET:
         rows = "_rowc" if cached and L <= ROWC else "_rows"
         return Kernel.of(family, entry + rows, WG=32, **defines), groups_1d(R, 64)
@@ -88,8 +81,6 @@ def _along_last(x: Tensor, axis: int, fn):
     inv = tuple(int(i) for i in np.argsort(perm))
     return permute(fn(permute(x, perm)), inv)
 
-
-# --------------------------------------------------------------------------- softmax
 
 def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False) -> Tensor:
     xc = contiguous(_f32(x))
@@ -120,8 +111,8 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
 
 def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1.0,
                      tq: int = 0) -> Tensor:
-    """d(input) of a last-axis (log_)softmax from its contiguous output and d(output), with
-    the forward's ``scale`` and causal query count ``tq`` (0: no mask). One kernel."""
+    """d(input) of a last-axis (log_)softmax from its output, with the forward's ``scale`` and
+    causal query count ``tq`` (0: no mask). One kernel."""
     g = contiguous(g)
     L = out.shape[-1]
     R = out.numel() // L if L else 0
@@ -144,9 +135,8 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
 
 
 def _cached_softmax(k: Kernel, ins: dict, outs, words, n: int) -> bool:
-    """Where row_kernel picked a cached row entry (*_rowc: CPU adapters, thread row mode), run
-    it from shaders/softmax_cpu.wgsl, the inputs {name: tensor of n elements} (offset words
-    2, 3) read through textures (ops/texread.py) where they fit; False otherwise."""
+    """Run a cached row entry (*_rowc) from softmax_cpu.wgsl, inputs through textures where
+    they fit; False where row_kernel picked another entry."""
     if not k.entry.endswith("_rowc"):
         return False
     dev = next(iter(ins.values())).device
@@ -165,8 +155,7 @@ def _cached_softmax(k: Kernel, ins: dict, outs, words, n: int) -> bool:
 
 
 def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
-    """(log_)softmax of rows too long for one workgroup, composed of chunked reductions and
-    elementwise ops (autograd differentiates the composition)."""
+    """(log_)softmax of rows too long for a workgroup, composed of autograd ops."""
     from ..autograd.tape import no_grad
     from .elementwise import div, exp, mul, sub
     from .elementwise import log as log_
@@ -190,26 +179,21 @@ def _check_causal(axis, x, causal):
 
 
 def softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0, causal: bool = False) -> Tensor:
-    """exp(x - max) / sum(exp(x - max)) along ``axis`` (rows that are all -inf give NaN).
-    Fused options for attention: ``scale`` multiplies x first; ``causal`` masks key j of query
-    i when j > i + (keys - queries), taking [..., queries, keys] (masked entries are 0)."""
+    """Softmax along ``axis`` (all -inf rows give NaN). For attention: ``scale`` multiplies x
+    first; ``causal`` masks key j of query i where j > i + keys - queries ([..., q, k])."""
     _check_causal(axis, x, causal)
     return _along_last(x, axis, lambda t: _softmax_last(t, False, scale, causal))
 
 
 def log_softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0,
                 causal: bool = False) -> Tensor:
-    """x - logsumexp(x) along ``axis``, computed without forming softmax (stable); ``scale``
-    and ``causal`` as in softmax (masked entries are -inf)."""
+    """x - logsumexp(x) along ``axis`` (stable); ``scale``, ``causal`` as in softmax."""
     _check_causal(axis, x, causal)
     return _along_last(x, axis, lambda t: _softmax_last(t, True, scale, causal))
 
 
-# --------------------------------------------------------------------------- layer_norm
-
 def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
-    """PyTorch's layer_norm: normalise over the trailing ``normalized_shape`` dims (biased
-    variance), then scale by ``weight`` and shift by ``bias`` (both of that shape, optional)."""
+    """PyTorch's layer_norm over the trailing ``normalized_shape`` dims (biased variance)."""
     ns = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) \
         else tuple(int(s) for s in normalized_shape)
     if len(ns) > x.ndim or x.shape[x.ndim - len(ns):] != ns:
@@ -235,9 +219,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         xb = xc._storage.buffer
         offs = (xc.offset, wc.offset if wc is not None else 0,
                 bc.offset if bc is not None else 0, out.offset)
-        words = [R, L, xc.offset, wc.offset if wc is not None else 0,
-                 bc.offset if bc is not None else 0, out.offset, float(eps),
-                 int(wc is not None), int(bc is not None)]
+        words = [R, L, *offs, float(eps), int(wc is not None), int(bc is not None)]
         outs = [out._storage.buffer, mean._storage.buffer, rstd._storage.buffer]
         if not _ln_cpu(dev, "fwd_rowc", L, R, [xc, wc, bc], outs, words):
             k, groups = rowops.plan(dev, "ln_fwd", L, R, offs) or plan
@@ -264,8 +246,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
 
 
 def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -> Tensor:
-    """d(input) of layer_norm over the R = mean.numel() rows of contiguous ``xc``, from the
-    contiguous d(output) ``g``, the weight (or None) and the forward's row statistics."""
+    """d(input) of layer_norm from d(output), the weight (or None) and the row statistics."""
     dev = xc.device
     R = mean.numel()
     L = xc.numel() // R if R else 0
@@ -282,12 +263,9 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
 
 
 def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
-    """Run entry ``entry`` of shaders/layernorm_cpu.wgsl on R rows of L elements: the inputs
-    ``ins`` (bindings 1-3, their offsets words 2-4; None: the first bound in its place, unread),
-    then the buffers ``outs`` (fresh tensors: offset 0). vec4 accesses where L and the inputs'
-    offsets are multiples of 4, the inputs then read through textures (ops/texread.py) where
-    they fit. False (nothing run): not a CPU adapter with known subgroups in thread row mode,
-    or rows longer than ROWC."""
+    """Run ``entry`` of layernorm_cpu.wgsl on ``ins`` (bindings 1-3; None: unread) and
+    ``outs``, vec4 and through textures where aligned. False (nothing run): not a CPU adapter
+    with known subgroups in thread row mode, or rows longer than ROWC."""
     from .matmul import cpu_subgroup
     if row_mode(dev) != "thread" or not (R and L and cpu_subgroup(dev)) or L > ROWC:
         return False
@@ -310,9 +288,7 @@ def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
 
 
 def _backward_with_wb(xc, g, wc, mean, rstd):
-    """(d(input), [2, L] weight and bias gradients) in two kernels on CPU adapters with known
-    subgroups (thread row mode, rows up to ROWC): shaders/layernorm_cpu.wgsl, then the column
-    sums of its per-subgroup partials (shaders/colsum.wgsl); None elsewhere."""
+    """(d(input), weight and bias gradients) in two kernels where _ln_cpu runs; else None."""
     from .matmul import cpu_subgroup
     dev = xc.device
     R = mean.numel()
@@ -333,8 +309,7 @@ def _backward_with_wb(xc, g, wc, mean, rstd):
 
 
 def _layer_norm_long(xc, wc, bc, R, L, eps):
-    """layer_norm of rows too long for one workgroup, composed of chunked reductions and
-    elementwise ops (autograd differentiates the composition)."""
+    """layer_norm of rows too long for a workgroup, composed of autograd ops."""
     from .elementwise import add, mul, rsqrt, square, sub
     from .reduce import mean as mean_
     x2 = reshape(xc, (R, L))
@@ -345,11 +320,9 @@ def _layer_norm_long(xc, wc, bc, R, L, eps):
 
 
 def _weight_bias_grads(xc, g, mean, rstd, R, L):
-    """[2, L]: sum over rows of g * xhat (dweight) and of g (dbias), in two deterministic
-    passes: per-chunk partial column sums, then a sum over the chunks."""
+    """dweight, dbias: column sums of g * xhat and g in two deterministic passes."""
     dev = xc.device
-    # chunks of >= 32 rows: enough chunks to fill a GPU, few enough that the second pass
-    # (one invocation per column, looping over the chunks) stays short
+    # enough chunks to fill a GPU, few enough that the second pass's loop stays short
     rows = chunk_rows(R, 32)
     chunks = -(-R // rows)
     part = Tensor.empty((2, chunks, L), dev, float32)
@@ -361,19 +334,16 @@ def _weight_bias_grads(xc, g, mean, rstd, R, L):
 
 
 def _sum_parts(part, L, chunks):
-    """(dweight, dbias) [L] each: the sums over the chunks of partials [2, chunks, L]."""
+    """(dweight, dbias): sums over the chunks of partials [2, chunks, L]."""
     both = Tensor.empty((2, L), part.device, float32)
     part.device.dispatch(Kernel.of("colsum"), [part._storage.buffer, both._storage.buffer],
                          [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
     return both[0], both[1]
 
 
-# --------------------------------------------------------------------------- dropout
-
 def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tensor:
-    """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p). The mask is
-    a pure function of (seed, element index), so backward regenerates it instead of storing it.
-    ``seed=None`` takes the next seed of the global generator (``wr.manual_seed``)."""
+    """Inverted dropout; the mask is a pure function of (seed, index), so backward regenerates
+    it instead of storing it (``seed=None``: the global generator)."""
     p = float(p)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -392,8 +362,6 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True, seed=None) -> Tens
     return out
 
 
-# --------------------------------------------------------------------------- losses
-
 _REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -403,8 +371,8 @@ def _check_reduction(reduction):
 
 
 def _targets(targets, like: Tensor):
-    """(int32 class indices on ``like``'s device, the host array or None): host data can be
-    range-checked before upload; device data cannot be checked without a round trip."""
+    """(int32 targets on ``like``'s device, the host array or None: host data is range-checked
+    before upload, device data by the kernel)."""
     if isinstance(targets, Tensor):
         if targets.dtype != int32:
             raise WgrumusError(f"cross_entropy targets must be int32 class indices, got "
@@ -424,10 +392,8 @@ def _targets(targets, like: Tensor):
 
 def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
-    """PyTorch's cross_entropy with integer targets: logits [N, C] (or [C], or [N, C, d...])
-    and targets [N] ([], [N, d...]). Rows whose target is ``ignore_index`` contribute 0 and are
-    left out of the mean. A target outside [0, C) raises: host targets at once, targets held
-    on the device at the next host read (their loss is NaN)."""
+    """PyTorch's cross_entropy with integer targets (logits [N, C], [C] or [N, C, d...]). A
+    target outside [0, C) raises: host targets at once, device targets at the next host read."""
     _check_reduction(reduction)
     eps = float(label_smoothing)
     if not 0.0 <= eps <= 1.0:
@@ -503,8 +469,7 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
 
 
 def _cross_entropy_long(lg: Tensor, tt: Tensor, ignore: int, eps: float, reduction: str):
-    """cross_entropy of [N, C] logits with C or N past the bounds of the fused kernels, composed
-    of log_softmax, gather and chunked sums (autograd differentiates the composition)."""
+    """cross_entropy past the fused kernels' bounds, composed of autograd ops."""
     from .elementwise import add, div, mul, neg
     from .indexing import gather
     from .reduce import mean as mean_
@@ -523,7 +488,7 @@ def _cross_entropy_long(lg: Tensor, tt: Tensor, ignore: int, eps: float, reducti
 
 
 def mse_loss(a: Tensor, b: Tensor, reduction: str = "mean") -> Tensor:
-    """mean / sum / elementwise (a - b)^2 (a and b broadcast together, as in PyTorch)."""
+    """(a - b)^2, reduced (a and b broadcast together, as in PyTorch)."""
     _check_reduction(reduction)
     if not isinstance(b, Tensor):
         from ..tensor import tensor

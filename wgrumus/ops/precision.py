@@ -1,11 +1,8 @@
 """The autocast state the ops read (``wgrumus.amp.autocast`` sets it; ops cannot import amp).
 
-Under autocast the f16 ops (matmul, linear, conv through matmul, attention) take float32
-tensors, compute with their values rounded to float16 (float32 accumulation) and return
-float32, so the autograd graph, the parameters and their gradients stay float32. Matmul rounds
-its operands as its kernel reads them (no f16 copies: no cast passes, nothing to keep in step
-with the weights); attention casts its packed input. The backward of such an op runs under
-the precision of its forward, as PyTorch's does. Per thread, like PyTorch's.
+Under autocast the f16 ops take and return float32 and round to f16 inside (matmul as its
+kernel reads the operands: no cast copies; attention casts its packed input). Their backward
+runs under the forward's precision, as PyTorch's. Per thread.
 """
 from __future__ import annotations
 

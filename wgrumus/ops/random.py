@@ -1,13 +1,8 @@
 """Seeded random numbers generated on the device (counter-based hash, see common.wgsl).
 
-With ``seed=None`` each call takes the next seed of a generator whose state
-(``get_rng_state`` / ``set_rng_state``) goes into training checkpoints.
-
-Which generator: the main thread uses the process's. Any other thread gets its own as soon as it
-seeds (``manual_seed`` / ``set_rng_state``), and ``distributed.spawn`` gives each rank thread
-one (a copy of the spawning thread's): ranks that run as threads then draw the same numbers as
-ranks that run as processes, whatever order their threads are scheduled in. A thread that never
-seeds shares the process's generator.
+With ``seed=None`` each call takes the next seed of a generator (its state goes into
+checkpoints). A thread that seeds gets a generator of its own (``distributed.spawn`` gives each
+rank thread a copy), so thread ranks draw what process ranks would, whatever the scheduling.
 """
 from __future__ import annotations
 

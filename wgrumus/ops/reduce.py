@@ -1,8 +1,6 @@
-"""Reductions over any axes: the reduced axes are moved last and made contiguous (a view plus
-at most one copy), then each row is reduced: short rows by one invocation, long ones in chunks
-and passes so that no shader loop runs long (see shaders/reduce.wgsl). int32 reduces in
-integers; NaN propagates through max / min / argmax as in PyTorch. Backward rules broadcast
-back."""
+"""Reductions over any axes: reduced axes moved last (at most one copy), each row reduced by one
+invocation when short, else in chunks and passes so no shader loop runs long. int32 reduces in
+integers; NaN propagates through max / min / argmax as in PyTorch."""
 from __future__ import annotations
 
 import builtins
@@ -21,13 +19,11 @@ from .elementwise import contiguous, map_op, saved_output
 from .nnops import row_mode
 from .shape import permute, reshape
 
-# Rows up to this length are reduced by one invocation each (no barriers, all lanes busy on
-# many short rows: a (5M, 3) sum); longer rows get a 256-wide workgroup per chunk of CHUNK.
-# CPU adapters (row mode "thread"), where barriers are expensive, take longer rows that way.
+# Rows up to this length take one invocation each (no barriers); longer ones a workgroup per
+# CHUNK. CPU adapters, where barriers are expensive, take longer rows per invocation.
 SHORT_ROW = 64
 SHORT_ROW_CPU = 4096
-# Elements per workgroup of a long row: 512 iterations per invocation, far below the 65,535
-# loop iterations after which llvmpipe stops a shader loop; longer rows take another pass.
+# Elements per workgroup: 512 iterations per invocation, far below llvmpipe's 65,535 cut-off.
 CHUNK = 256 * 512
 
 
@@ -36,8 +32,7 @@ def _isnan(dtype) -> str:
 
 
 def _ops(name: str, dtype) -> tuple:
-    """(init value, COMBINE) of a reduction in ``dtype``'s arithmetic: exact for int32, and NaN
-    propagates through max / min as in PyTorch (WGSL's max/min may drop it)."""
+    """(init, COMBINE) in ``dtype``'s arithmetic (NaN kept through max/min: WGSL may drop it)."""
     if dtype == int32:
         return {"sum": (0, "x + y"), "max": (-2 ** 31, "max(x, y)"),
                 "min": (2 ** 31 - 1, "min(x, y)")}[name]
@@ -86,8 +81,7 @@ def _short_row(dev) -> int:
 
 
 def _row_reduce(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> None:
-    """out[r] = reduction of row r of the contiguous [R, L] block ``xt``, in passes whose
-    loops stay bounded: each pass cuts rows into chunks and reduces the chunk partials next."""
+    """out[r] = reduction of row r of contiguous [R, L] ``xt``, in passes of bounded loops."""
     dev = xt.device
     init, comb = _ops(name, xt.dtype)
     scaled = xt.dtype != int32 and scale != 1.0
@@ -164,9 +158,8 @@ MaxMin = namedtuple("MaxMin", ["values", "indices"])  # torch.return_types.max /
 
 
 def _extreme(name, x: Tensor, dim, keepdim, axis, keepdims):
-    """PyTorch's max/min: no dim -> the value; an int ``dim`` -> (values, indices); numpy's
-    ``axis=`` (or a tuple of dims, like torch.amax) -> the values only; a tensor -> elementwise
-    maximum/minimum, as torch.max(a, b)."""
+    """PyTorch's max/min: an int ``dim`` gives (values, indices), ``axis=`` or a tuple the
+    values, a tensor the elementwise maximum/minimum."""
     if isinstance(dim, Tensor):
         from .elementwise import maximum, minimum
         return (maximum if name == "max" else minimum)(x, dim)
@@ -188,8 +181,7 @@ def min(x: Tensor, dim=None, keepdim: bool = False, *, axis=None,  # noqa: A001
 
 
 def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
-    """out[r] = index of the extreme of row r (first NaN, else first of ties), in passes of
-    bounded loops as in _row_reduce; later passes carry the first pass's indices."""
+    """out[r] = index of row r's extreme (first NaN, else first of ties), in passes."""
     dev = xt.device
     init = _ops("max" if gt == ">" else "min", xt.dtype)[0]
     if L <= _short_row(dev):

@@ -1,8 +1,5 @@
-"""GPU variants of the row ops (shaders/rowops.wgsl): vec4 loads, subgroup reductions, several
-short rows per workgroup, the row held in registers. ROW_TABLE picks one per adapter class, op
-and row length; where it names none, ops/nnops.py runs the kernels of softmax.wgsl,
-layernorm.wgsl and xent.wgsl (CPU adapters always do). benchmarks/_kernel_sweep.py times the
-variants against torch.
+"""GPU variants of the row ops (shaders/rowops.wgsl: vec4 loads, subgroup reductions, rows in
+registers), picked by ROW_TABLE per adapter class, op and row length (else ops/nnops.py's own).
 """
 from __future__ import annotations
 
@@ -26,11 +23,9 @@ ROW_VARIANTS = {
     "v4sgr4_q2": dict(vec=True, sg=True, reg=True, rpw=4, qpi=2),
     "v4r8": dict(vec=True, sg=False, reg=True, rpw=8, qpi=4),
 }
-# {(adapter class, op): ((largest row length L, variant name), ...)}: the first row L fits
-# wins. ops: "sm_fwd", "sm_bwd", "ln_fwd", "ln_bwd", "xe_stats" (cross-entropy's row pass).
-# No row (or "default"): the caller's own kernel. Filled from the sweep's "best" lines (H100,
-# 2026-11-23, benchmarks/results/h100_kernel_sweep_20261123.txt); rows longer than the longest
-# measured (4096) keep the default kernels.
+# {(adapter class, op): ((largest row length L, variant), ...)}: the first L that fits wins;
+# none (or "default"): the caller's kernel. From the H100 sweep's "best" lines
+# (benchmarks/results/h100_kernel_sweep_20261123.txt; rows past 4096 keep the defaults).
 ROW_TABLE: dict = {
     ("nvidia", "sm_fwd"): ((256, "v4sgr4_q2"), (768, "v4"), (1024, "v4sgr_q2"), (4096, "v4r")),
     ("nvidia", "sm_bwd"): ((256, "v4sgr_q1"), (1024, "v4sgr_q1"), (4096, "v4sgr_q2")),
@@ -67,9 +62,8 @@ def _variant(dev, op: str, L: int):
 
 
 def plan(dev, op: str, L: int, R: int, offsets=(), log: bool = False):
-    """(kernel, workgroups) of rowops.wgsl's entry ``op`` over R rows of L elements, or None
-    (no variant picked, or the row too long for one workgroup): the caller runs its own
-    kernel. ``offsets``: element offsets of every operand (vec4 loads need multiples of 4)."""
+    """(kernel, workgroups) of entry ``op`` over R rows of L, or None (the caller's own
+    kernel). ``offsets``: every operand's (vec4 loads need multiples of 4)."""
     aligned = L % 4 == 0 and all(o % 4 == 0 for o in offsets)
     global _plans_for
     if _plans_for != (ROW_TABLE, FORCE, SUBGROUP_MAX):  # a table changed (tests, the sweep)

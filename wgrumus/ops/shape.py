@@ -10,7 +10,7 @@ import numpy as np
 from ..autograd.tape import record
 from ..runtime.errors import ShapeError, WgrumusError
 from ..tensor import Tensor, as_shape, check_same_device, contiguous_strides
-from .dims import pick
+from .dims import pick, varargs
 from .elementwise import contiguous, copy_into, fill_
 from .launch import expand_strides
 
@@ -37,9 +37,7 @@ def _infer(shape, n) -> tuple:
 
 
 def reshape(x: Tensor, *shape) -> Tensor:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    shape = _infer(shape, x.numel())
+    shape = _infer(varargs(shape), x.numel())
     src = contiguous(x)
     out = Tensor(src._storage, shape, contiguous_strides(shape), src.offset, src.dtype)
     in_shape = x.shape
@@ -48,10 +46,8 @@ def reshape(x: Tensor, *shape) -> Tensor:
 
 
 def permute(x: Tensor, *axes) -> Tensor:
-    if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
-        axes = tuple(axes[0])
     nd = x.ndim
-    axes = tuple(_norm_axis(a, nd) for a in axes)
+    axes = tuple(_norm_axis(a, nd) for a in varargs(axes))
     if sorted(axes) != list(range(nd)):
         raise ShapeError(f"permute: {axes} is not a permutation of the {nd} axes")
     out = x._view(tuple(x.shape[a] for a in axes), tuple(x.strides[a] for a in axes), x.offset)
@@ -71,9 +67,7 @@ def transpose(x: Tensor, a: int = -2, b: int = -1) -> Tensor:
 
 
 def expand(x: Tensor, *shape) -> Tensor:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    shape = as_shape(shape, "expand", wildcard=True)
+    shape = as_shape(varargs(shape), "expand", wildcard=True)
     pad = len(shape) - x.ndim
     if pad < 0 or any(s == -1 for s in shape[:pad]):
         raise ShapeError(f"cannot expand shape {x.shape} to {tuple(shape)} (-1 only keeps an "

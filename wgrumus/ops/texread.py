@@ -1,13 +1,9 @@
 """Read-only operands of CPU-adapter kernels through textures (issue 20).
 
-llvmpipe 22.3 reads a storage buffer in a loop over the SIMD lanes with a branch per lane and
-component, built through memory: ~7 ns a float on the 2-core CI machine, vec4 or not, while
-its stores cost ~1 ns a float as vec4. A ``textureLoad`` of an rgba32float texel is
-straight-line code, one 16-byte load a lane: reading 256K floats took 0.35 ms with the copy
-into the texture against 1.85 ms from storage (BENCHMARKS.md, 2026-11-24 third session). So
-CPU kernels whose reads dominate take their inputs as copies in the device's operand textures
-(``Device.operand_texture``, as the CPU matmul does), quad q of an operand at texel
-(q % TEX_W, q / TEX_W).
+llvmpipe 22.3 reads storage with a branch per lane and component (~7 ns a float), while a
+``textureLoad`` is one 16-byte load a lane: 256K floats took 0.35 ms with the copy into the
+texture against 1.85 ms from storage. So read-heavy CPU kernels take their inputs as copies in
+the device's operand textures, quad q at texel (q % TEX_W, q / TEX_W).
 """
 from __future__ import annotations
 
@@ -23,9 +19,8 @@ def enabled(dev) -> bool:
 
 
 def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False) -> str:
-    """WGSL declarations of read-only operands {name: binding} and their quad loads
-    ``ld_<name>(q)``: textures (``tex``) or storage arrays of ``vt``; with ``elements`` (vt
-    f32) also element loads ``ex_<name>(i)`` (from a texture: a texel load and a component)."""
+    """WGSL declarations of operands {name: binding} with quad loads ``ld_<name>(q)`` from
+    textures (``tex``) or ``vt`` arrays; ``elements``: also ``ex_<name>(i)``."""
     sh = TEX_W.bit_length() - 1
     if tex:
         out = [f"@group(0) @binding({b}) var {n}: texture_2d<f32>;\n"
@@ -41,11 +36,9 @@ def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False)
 
 
 def operand(t: Tensor, slot: int, n: int):
-    """The texture view holding elements [t.offset, t.offset + n) of float32 ``t``'s buffer
-    (t.offset a multiple of 4: quad q of the view is elements 4q.. from t.offset), copied into
-    the device's operand texture ``slot``; None where it does not fit (then the caller reads
-    storage). Call under the device lock, with the dispatch that reads it: another
-    operand_texture call for the same slot refills the texture."""
+    """A view of operand texture ``slot`` holding n elements of f32 ``t`` (offset a multiple
+    of 4), or None where it does not fit. Call under the device lock with the dispatch that
+    reads it (the next call for the slot refills the texture)."""
     got = elements(t, slot, n) if t.offset % 4 == 0 else None
     return got and got[0]
 

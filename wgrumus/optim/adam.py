@@ -1,15 +1,7 @@
-"""Adam (L2 weight decay added to the gradient) and AdamW (decoupled weight decay), with
-torch.optim's formulas:
-
-    AdamW: p = p * (1 - lr * wd)          Adam: g = g + wd * p
-    m = m + (1 - b1) * (g - m);  v = b2 * v + (1 - b2) * g^2
-    p = p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-
-The bias corrections are computed on the host in float64 and passed as kernel words. Each
-update dispatch also carries a ``refresh`` callable that steps the counts and recomputes the
-words (learning rate from the param group, bias corrections), which a replayed ``wr.jit``
-capture calls instead of reusing the captured words. A step with ``found_inf`` (a GradScaler's
-flag) keeps the counts and bias corrections on the device instead (optim/skip.py).
+"""Adam (L2 weight decay) and AdamW (decoupled), with torch.optim's formulas. Bias corrections
+are computed on the host in float64 and passed as words, recomputed by each dispatch's
+``refresh`` when a ``wr.jit`` capture replays; with ``found_inf`` they live on the device
+(optim/skip.py).
 """
 from __future__ import annotations
 
@@ -30,12 +22,10 @@ MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 param
 # adapter type, 1 on GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam.
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
-CPU_CHUNK_QUAD = 128  # ... where the update runs a quad at a time (quick GPT's 106K parameters,
-# read through textures: 2.07 ms against 2.43 with 32, process CPU; BENCHMARKS.md)
+CPU_CHUNK_QUAD = 128  # ... a quad at a time (quick GPT: 2.07 ms against 2.43 with 32)
 CPU_WG = 64
-# ... parameters of fewer elements read storage, not texture copies: a copy costs lavapipe ~5
-# us whatever its size (the quick GPT's 18 bias and norm vectors: 72 of its step's 282
-# copies), storage reads ~7 ns an element
+# ... smaller parameters read storage: a texture copy costs lavapipe ~5 us whatever its size,
+# a storage read ~7 ns an element
 CPU_TEX_MIN = 1024
 
 
@@ -54,9 +44,7 @@ class Adam(Optimizer):
         self._device_steps = DeviceSteps()
 
     def step(self, grads=None, found_inf=None) -> None:
-        """Update every parameter that has a gradient, several parameters per dispatch
-        (``multi_kernel``) where the adapter allows 4 storage buffers per parameter.
-        ``found_inf``: skip the update on the device where this flag is set (optim/skip.py)."""
+        """As Optimizer.step, several parameters per dispatch where the binding limit allows."""
         flags = device_flags(found_inf)
         with no_grad():
             for group in self.param_groups:
@@ -98,16 +86,14 @@ class Adam(Optimizer):
         return state
 
     def _prepare(self, p, group, steps=None) -> dict:
-        """The parameter's state, its host step count advanced (unless the counts live on the
-        device: ``steps``)."""
+        """The parameter's state, its host step count advanced (unless on the device)."""
         state = self._moments(p)
         if steps is None:
             state["step"] = host_step(state) + 1
         return state
 
     def _coefs(self, p, st, group, steps) -> list:
-        """The two per-parameter words: bias-corrected step size and sqrt(1 - beta2^t), or
-        the parameter's slot among the device counts that hold them."""
+        """Bias-corrected step size and sqrt(1 - beta2^t), or the device counts' slot."""
         if steps is not None:
             return [steps[p.device][1][p], 0]
         b1, b2 = group["betas"]
@@ -120,8 +106,7 @@ class Adam(Optimizer):
                 float(group["weight_decay"]), int(self._decoupled)]
 
     def _refresh(self, pairs, words, steps):
-        """What a replay calls per dispatch: the host counts advanced (unless on the device)
-        and the words anew."""
+        """Per replayed dispatch: the host counts advanced (unless on the device), words anew."""
         def refresh():
             for p, st in pairs:
                 self._check_replay(p, st)
@@ -197,8 +182,7 @@ class AdamW(Adam):
 
 
 def multi_width(dev, amp: bool = False) -> int:
-    """Parameters per multi-tensor dispatch on ``dev`` (1: one dispatch per parameter); amp:
-    the device step counts take a binding too."""
+    """Parameters per multi-tensor dispatch (amp: the device counts take a binding too)."""
     lim = int(dev.limits.get("max-storage-buffers-per-shader-stage", 8))
     return max(1, min(MULTI_MAX, (lim - int(amp)) // 4))
 
@@ -214,8 +198,7 @@ _ARRAYS = "P:read_write G:read M:read_write V:read_write"
 
 
 def multi_kernel(k: int, amp: bool = False) -> Kernel:
-    """shaders/adam_multi.wgsl specialised for k parameters: bindings and one branch each
-    (amp: reading the device step counts bound after them, optim/skip.py)."""
+    """shaders/adam_multi.wgsl for k parameters (amp: device step counts bound after them)."""
     return multi_tensor_kernel("adam_multi", k, 1, _ARRAYS, _ADAM_BRANCH, CPU_BODY="", CHUNK=1,
                                CPU_WG=1, AMP=_amp(k, amp), AT="f32")
 
@@ -235,13 +218,9 @@ _ADAM_BRANCH = """        let s = part_({j}u);
 @functools.cache
 def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = False,
                tex=False) -> Kernel:
-    """Entry `cpu` of shaders/adam_multi.wgsl for k parameters, ``chunk`` elements (``quad``:
-    quads of elements, vec4 arrays) per invocation, ``wg`` invocations per workgroup: a branch
-    per parameter whose loop updates the chunk (at most ``chunk`` iterations, far below
-    llvmpipe's 65,535 loop cap). ``tex`` (quads; one bool, or one per parameter): p, g, m and
-    v read through textures holding copies of them (ops/texread.py): g's in place of its
-    storage binding, p's, m's and v's after the other bindings (in parameter order); p, m and
-    v stored as before."""
+    """Entry `cpu` of shaders/adam_multi.wgsl: a branch per parameter looping over ``chunk``
+    elements (``quad``: vec4s). ``tex`` (one bool or one per parameter): p, g, m, v read
+    through textures (g's in its binding, the others after all bindings), stored as before."""
     tex = (tex,) * k if isinstance(tex, bool) else tex
     reads = ("{x}{j}[s.{xl} + e]", "ld_{x}T{j}(e)")
     body = [_CPU_BRANCH.format(j=j, start="0u" if j == 0 else f"start_(end_({j - 1}u))",

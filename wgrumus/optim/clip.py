@@ -1,14 +1,10 @@
-"""clip_grad_norm_: the total gradient norm and the rescale both stay on the devices (no
-readback on one process), so clipping does not stall the command batch.
-
-Sharded layouts (tensor / pipeline parallel, FSDP, ZeRO) clip with the norm of the whole model:
-each rank reduces its own shards to one partial (sum of |g|^p, or the max for p = inf) on its
-devices, the partials of the ranks that together hold one copy of the model are all-reduced once
-over ``group``, and every rank scales by the same factor. A gradient that several ranks of the
-group hold identically (a TP-replicated LayerNorm) must be counted on one of them only:
-``counted_elsewhere`` names it on the others."""
+"""clip_grad_norm_ with the norm and the rescale on the devices (no readback stalls the batch).
+Sharded layouts clip with the whole model's norm: each rank's partial is all-reduced once over
+``group``; a gradient several ranks hold identically is left out of all partials but one
+(``counted_elsewhere``)."""
 from __future__ import annotations
 
+from ..autograd.store import grads_of, set_grad
 from ..autograd.tape import no_grad
 from ..ops.elementwise import abs_, map_op
 from ..ops.reduce import max as _max
@@ -21,17 +17,11 @@ from ..tensor import Tensor
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=None,
                     error_if_nonfinite: bool = False, group=None,
                     counted_elsewhere=()) -> Tensor:
-    """Rescale the gradients (``p.grad``, or those in the GradientStore ``grads``) so
-    their total ``norm_type``-norm is at most ``max_norm``; returns the norm before clipping
-    (a one-element device tensor: call .item() only when you need the number).
-
-    Gradients may live on several devices. ``group`` (a ProcessGroup): the ranks whose shards
-    make up the model with this rank's; every rank of it must call this at the same point.
-    ``counted_elsewhere``: parameters scaled here but left out of this rank's partial because
-    another rank of ``group`` counts the same gradient."""
+    """Rescale the gradients (``p.grad`` or the GradientStore ``grads``) to a total norm of
+    at most ``max_norm``; returns the norm before clipping as a device tensor. ``group``: the
+    ranks whose shards make up the model (all call this at the same point)."""
     params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
-    pairs = [(p, p.grad if grads is None else grads.get(p)) for p in params]
-    pairs = [(p, g) for p, g in pairs if g is not None]
+    pairs = grads_of(params, grads)
     if not pairs and group is None:
         raise WgrumusError("clip_grad_norm_: none of the parameters has a gradient")
     skip = {id(p) for p in counted_elsewhere}
@@ -53,24 +43,17 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, grads=N
         coef = map_op("min(max_norm / (a + 1e-6), 1.0)", [total],
                       scalars={"max_norm": float(max_norm)})
         coefs = {dev: coef}
-        # New tensors rather than in-place writes: autograd may hand the same gradient tensor
-        # (or views of one) to several leaves, which an in-place scale would scale twice.
+        # new tensors: autograd may hand one gradient to several leaves (scaled twice in place)
         for p, g in pairs:
             c = coefs.get(g.device)
             if c is None:
                 c = coefs[g.device] = coef.to(g.device)
-            scaled = map_op("a * b", [g, c])
-            if grads is None:
-                p.grad = scaled
-            else:
-                grads.remove(p)
-                grads.accumulate(p, scaled)
+            set_grad(p, map_op("a * b", [g, c]), grads)
     return total
 
 
 def _partial(gs, norm_type: float, dev) -> Tensor:
-    """Sum of |g|^p over ``gs`` (max |g| for p = inf) as a 0-d tensor on ``dev``: reduced on
-    each gradient's own device, then the per-device partials combined on ``dev``."""
+    """Sum of |g|^p (max |g| for p = inf) over ``gs``, per device then combined on ``dev``."""
     from ..ops.creation import zeros
     if norm_type == float("inf"):
         parts = [reshape(_max(abs_(g)), (1,)) for g in gs]

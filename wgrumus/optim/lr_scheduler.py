@@ -1,8 +1,5 @@
-"""Learning-rate schedules as closed-form functions of the step count, so a resumed run (whose
-scheduler state is just ``last_epoch``) sets exactly the rates of an uninterrupted one.
-
-Call ``scheduler.step()`` once after each ``optimizer.step()``. The rate is written into the
-optimizer's param groups; kernels read it as a parameter word, so nothing recompiles."""
+"""Learning-rate schedules as closed-form functions of the step count, so a resumed run sets
+exactly the rates of an uninterrupted one. Call ``scheduler.step()`` after ``optimizer.step()``."""
 from __future__ import annotations
 
 import math
@@ -73,8 +70,7 @@ class StepLR(LRScheduler):
 
 
 class LinearWarmup(LRScheduler):
-    """lr rises linearly from start_factor * base to base over ``warmup_steps`` steps, then
-    stays (PyTorch's LinearLR with end_factor 1)."""
+    """PyTorch's LinearLR with end_factor 1 over ``warmup_steps``."""
 
     def __init__(self, optimizer, warmup_steps: int, start_factor: float = 0.0,
                  last_epoch: int = -1):
@@ -86,8 +82,8 @@ class LinearWarmup(LRScheduler):
 
 
 class CosineAnnealingLR(LRScheduler):
-    """lr = eta_min + (base - eta_min) * (1 + cos(pi * t / T_max)) / 2, optionally after a
-    linear warmup of ``warmup_steps`` (the cosine then runs over the remaining steps)."""
+    """PyTorch's cosine annealing, optionally after a linear warmup of ``warmup_steps`` (the
+    cosine then runs over the remaining steps)."""
 
     def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, warmup_steps: int = 0,
                  warmup_start_factor: float = 0.0, last_epoch: int = -1):

@@ -1,38 +1,22 @@
 """Optimizer base: parameter groups, per-parameter state, gradient lookup, state_dict.
-
-Subclasses implement ``_update(p, g, state, group)`` as one fused kernel dispatch that writes
-the parameter and its state in place (under no_grad, bumping the storage versions so autograd
-notices a stale saved tensor)."""
+Subclasses implement ``_update(p, g, state, group)`` as one fused in-place dispatch."""
 from __future__ import annotations
-
-import weakref
 
 import numpy as np
 
 from ..autograd.tape import no_grad
-from ..ops.creation import zeros
+from ..ops.creation import dummy_buffer
 from ..ops.elementwise import contiguous
 from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
 from .skip import FLAG_OPTIM, HOST_OPTIM, device_flags
 
-_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def dummy_buffer(device):
-    """A 4-byte buffer bound where a kernel's state slot is unused (e.g. SGD without momentum)."""
-    b = _dummies.get(device)
-    if b is None:
-        b = _dummies[device] = zeros(1, device=device)
-    return b._storage.buffer
-
 
 def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None, skip=None) -> None:
-    """One fused update dispatch over the n elements of ``p``. words: a callable giving the
-    kernel's hyperparameter words; refresh: one that steps the optimizer's counts and gives
-    them anew (a replayed wr.jit capture calls it per step; default: ``words``). skip: the
-    tensor the kernel reads its skip flag from (optim/skip.py), bound after the states."""
+    """One fused update dispatch over ``p``. words: a callable giving the hyperparameter words;
+    refresh: one that also steps the counts (a replay calls it per step); skip: the flag
+    tensor (optim/skip.py), bound after the states. Bumps the storage versions."""
     dev = p.device
     bufs = [p._storage.buffer, g._storage.buffer]
     bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
@@ -49,8 +33,7 @@ def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None, skip=N
 
 class Optimizer:
     defaults: dict = {}
-    # step(grads, found_inf=flag) skips on the device (optim/skip.py); GradScaler otherwise
-    # reads the flag on the host and calls step(grads) or not
+    # step(grads, found_inf=flag) skips on the device (optim/skip.py); else GradScaler reads it
     _step_supports_amp_scaling = False
 
     def __init__(self, params, defaults: dict):
@@ -83,7 +66,6 @@ class Optimizer:
         group.setdefault("initial_lr", group["lr"])
         self.param_groups.append(group)
 
-    # ------------------------------------------------------------------ stepping
     @staticmethod
     def _grad(p, grads):
         g = p.grad if grads is None else grads.get(p)
@@ -98,10 +80,8 @@ class Optimizer:
         return contiguous(g) if g.dtype == float32 else contiguous(g.float())
 
     def step(self, grads=None, found_inf=None) -> None:
-        """Update every parameter that has a gradient: from ``grads`` (a GradientStore) when
-        given, else from ``p.grad``. Parameters without a gradient are skipped. ``found_inf``
-        (subclasses with ``_step_supports_amp_scaling``): a device flag (or a dict device ->
-        flag) that skips the whole step on the device where set (optim/skip.py)."""
+        """Update every parameter with a gradient (from ``grads``, a GradientStore, else
+        ``p.grad``). ``found_inf``: device flag(s) skipping the step where set (optim/skip.py)."""
         flags = device_flags(found_inf)
         if flags is not None and not self._step_supports_amp_scaling:
             raise WgrumusError(f"{type(self).__name__}.step does not take found_inf; step it "
@@ -121,8 +101,7 @@ class Optimizer:
         raise NotImplementedError
 
     def _check_replay(self, p, state) -> None:
-        """A replayed wr.jit capture updates the state tensors it captured: refuse to go on
-        once ``load_state_dict`` has replaced them."""
+        """Refuse a replay once ``load_state_dict`` replaced the state tensors it captured."""
         if self.state.get(p) is not state:
             raise CaptureError(f"{type(self).__name__}'s state was replaced (load_state_dict) "
                                "after a wr.jit capture of its step, which would go on updating "
@@ -134,13 +113,11 @@ class Optimizer:
             for p in group["params"]:
                 p.grad = None
 
-    # ------------------------------------------------------------------ state
     def _index(self):
         return {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
 
     def state_dict(self) -> dict:
-        """PyTorch layout: {"state": {index: {name: Tensor | number}}, "param_groups": [...]}
-        with parameters referred to by their index over all groups."""
+        """PyTorch's layout: parameters referred to by their index over all groups."""
         idx = self._index()
         state = {idx[id(p)]: {k: int(v.item()) if k == "step" and isinstance(v, Tensor) else v
                               for k, v in s.items()}  # device step counts (optim/skip.py)

@@ -1,13 +1,10 @@
 """Optimizer steps that a device flag may skip (the inf/NaN check of a GradScaler, wgrumus/amp.py).
 
-``optimizer.step(grads, found_inf=flag)``: the update kernels read the flag and leave the
-parameters and their state untouched when it is set, and Adam's step counts and bias
-corrections live on the device (as torch.optim.Adam's ``capturable=True``) so that a skipped
-step does not advance them. Nothing is read back to the host, so a wr.jit capture replays the
-whole mixed-precision step. ``state["step"]`` of such a parameter is then a one-element int32
-device tensor (a view of the counts); ``state_dict`` reports it as an int. One difference
-from a host-side skip remains: SGD's momentum buffer made at a skipped first step starts from
-zeros at the next step (PyTorch's from the gradient), which differs only with dampening > 0.
+``optimizer.step(grads, found_inf=flag)``: the kernels leave parameters and state untouched
+where the flag is set, and Adam's step counts live on the device (torch's ``capturable=True``),
+so a wr.jit capture replays the whole mixed-precision step. ``state["step"]`` is then an int32
+device view (``state_dict`` reports an int). One difference from a host-side skip: SGD momentum
+made at a skipped first step starts from zeros (matters only with dampening > 0).
 """
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ fn coef_(w: u32) -> vec2<f32> {{
 
 
 def device_flags(found_inf) -> dict | None:
-    """``found_inf`` (a one-element int32 tensor, or a dict device -> such a tensor) as a
-    dict device -> tensor; None stays None."""
+    """``found_inf`` (a flag tensor or a dict of them) as a dict device -> flag, or None."""
     if found_inf is None:
         return None
     flags = {found_inf.device: found_inf} if isinstance(found_inf, Tensor) else dict(found_inf)
@@ -69,18 +65,16 @@ def _ln(b: float) -> float:
 
 
 class DeviceSteps:
-    """Adam's step counts on each device: one int32 buffer per device holding the skip flag of
-    the current step, then (step, 1 / (1 - beta1^step), sqrt(1 - beta2^step)) per parameter
-    (its slot: its order among the optimizer's parameters on that device)."""
+    """Adam's step counts per device: an int32 buffer of the step's skip flag, then (step,
+    1 / (1 - beta1^step), sqrt(1 - beta2^step)) per parameter slot."""
 
     def __init__(self):
         # device -> (buffer tensor, {param: (slot, step view)}, {param: slot})
         self._by_dev: dict = {}
 
     def advance(self, opt, group, todo, flags) -> dict:
-        """Before the updates of ``todo`` [(param, grad)] of ``group``: per device, copy the
-        flag next to the counts and, unless it is set, advance the counts of those parameters
-        (shaders/amp.wgsl, entry `steps`). Returns device -> (buffer tensor, {param: slot})."""
+        """Per device: copy the flag next to the counts and, unless set, advance the counts of
+        ``todo``'s parameters. Returns device -> (buffer tensor, {param: slot})."""
         out = {}
         for dev in {id(p.device): p.device for p, _ in todo}.values():
             flag = flag_for(flags, dev)
@@ -127,8 +121,7 @@ class DeviceSteps:
 
     @staticmethod
     def _sync(state, buf, slot: int, view) -> None:
-        """The parameter's count in its slot: a host count (a fresh or loaded state) is
-        written there once and the state then refers to the slot."""
+        """A host count (fresh or loaded) is written into its slot once; the state then views it."""
         if state.get("step") is view:
             return
         refuse("an optimizer step with found_inf moving a step count to the device",

@@ -1,14 +1,8 @@
-"""Device-side asserts: kernels that read indices from device memory (embedding ids, gather /
-index_select indices, cross_entropy targets held on the device) cannot raise, so an index out
-of range sets a flag in a small buffer of the device (the kernel clamps it and goes on). The
-next host read of that device (``item``, ``numpy``, ``synchronize``) copies the flag into its
-staging buffer right after its data (one more 16-byte copy, no extra mapping) and raises a
-DeviceAssertError naming the op and the bad value. Reads are checked only while some kernel
-that can set the flag has run since the last check (``arm``); indices checked on the host
-never arm it.
-
-Flag words (u32): 0 op code (0: no error; the first failing op wins), 1 the bad value (i32
-bits), 2 the size it was checked against."""
+"""Device-side asserts: kernels reading indices from device memory cannot raise, so a bad index
+is clamped and sets a flag in a small device buffer. The next host read copies the flag after
+its data (no extra mapping) and raises a DeviceAssertError naming the op and the value; reads
+check only while an armed kernel has run since (``arm``). Flag words (u32): op code (0: none;
+the first failure wins), the bad value (i32 bits), the size it was checked against."""
 from __future__ import annotations
 
 import threading

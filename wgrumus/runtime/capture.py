@@ -1,14 +1,7 @@
-"""Recording what a device executes while a ``wr.jit`` function is captured.
-
-While a capture is open, each device records, in order, the dispatches (pipeline, bind group
-layout, buffers, parameter words, workgroup counts), buffer copies and host writes it is asked
-to run, besides running them as usual. ``replay.Replay`` turns such a recording into command
-buffers without Python per op. Operations whose result a replay cannot reproduce (listed in
-jit.py) call ``refuse`` and fail with a ``CaptureError`` that names the call.
-
-Communication with other ranks (a collective, a send or a receive) is recorded as a host
-operation (``host_op``; ``host_launch`` for an asynchronous one): a replay runs it again between
-the replayed segments (replay.py).
+"""Recording what a device executes while a ``wr.jit`` function is captured (replay.py replays
+it). Operations a replay cannot reproduce call ``refuse`` (a ``CaptureError`` naming the call);
+communication is recorded as a host operation (``host_op`` / ``host_launch``) run again between
+the replayed segments.
 """
 from __future__ import annotations
 
@@ -29,8 +22,7 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def refuse(call: str, why: str) -> None:
-    """Raise a CaptureError for ``call`` if this thread has a capture open (a no-op
-    otherwise)."""
+    """Raise a CaptureError for ``call`` if this thread has a capture open."""
     if getattr(_local, "open", 0):
         raise CaptureError(f"{call} inside a wr.jit function{_user_frame()}: {why}. A "
                            "captured step replays device work only; move this out of the "
@@ -49,17 +41,9 @@ def _user_frame() -> str:
 
 
 class Recording:
-    """The ordered device work of one capture on one device.
-
-    ops: ("d", pipeline, layout, dynamic, buffers, words, groups, refresh, written) dispatches
-    (words: the 256-byte parameter slot; refresh: None, or a callable giving the slot's
-    parameter list anew at every replay, e.g. an optimizer's bias corrections; buffers may hold
-    texture views; written: the bindings the kernel may write, None for all),
-    ("c", src, src_off, dst, dst_off, nbytes) copies, ("t", src, src_off, bytes_per_row,
-    texture, y, width, rows) buffer-to-texture copies (Device.operand_texture), ("w", dst,
-    offset, data) host writes, ("h", fn, args, out) host
-    operations (``host_op``), and ("a", launch, args, slot) / ("j", slot, out, timeout) the
-    launch and the join of an asynchronous one (``host_launch``; slots count launches)."""
+    """The ordered device work of one capture on one device: ``ops`` are tuples tagged "d"
+    (dispatch), "c" (copy), "t" (texture copy), "w" (host write), "h" (host_op), "a" / "j"
+    (launch / join of a host_launch), with the arguments of the method that appends them."""
 
     def __init__(self, device):
         self.device = device
@@ -159,51 +143,42 @@ def paused(device=None):
         _local.open = n
 
 
-def _check_result(out, device) -> None:
+def _run_paused(device, call) -> tuple:
+    """(recording, ``call()``): run paused, after flushing what the capture ran so far."""
+    rec = device.recorder
+    device.flush()
+    with paused(device):
+        out = call()
     if out is not None and (out.device is not device or not out.is_contiguous()):
         raise CaptureError(f"a communication result on {out.device} (contiguous: "
                            f"{out.is_contiguous()}) cannot be replayed into {device}")
+    return rec, out
 
 
 def host_op(device, fn, *args):
-    """``fn(*args)``: communication whose tensor arguments and result (a Tensor or None) live
-    on ``device``. Inside a capture of ``device`` it runs eagerly with the recording paused and
-    is recorded, so every replay runs ``fn`` again on the same argument buffers (written by the
-    replayed work before it) and copies its result into this call's result buffer (read by the
-    replayed work after it). The arguments and the result are kept alive by the recording."""
+    """``fn(*args)``: communication on ``device``'s tensors. Inside a capture it runs eagerly,
+    recording paused, and is recorded: each replay runs ``fn`` again on the same argument
+    buffers and copies its result into this call's result buffer."""
     if not recording(device):
         return fn(*args)
-    rec = device.recorder
-    device.flush()  # what the capture ran so far reaches the device before fn reads it
-    with paused(device):
-        out = fn(*args)
-    _check_result(out, device)
+    rec, out = _run_paused(device, lambda: fn(*args))
     rec.host(fn, tuple(a.detach() for a in args), None if out is None else out.detach())
     return out
 
 
 def host_launch(device, launch, *args):
-    """``launch(*args)``: asynchronous communication on ``device``'s tensors returning a handle
-    whose ``wait(timeout)`` gives the result (a Tensor or None). Inside a capture of ``device``
-    it runs to completion at once (recording paused: the call's own device work, on other
-    threads too, stays out of the capture) and returns a ``Launched`` handle; the recording
-    keeps the launch here and the join where ``Launched.wait`` is called. A replay launches
-    again after submitting the work before this point and waits at the join."""
+    """``launch(*args)``: asynchronous communication returning a handle with ``wait(timeout)``.
+    Inside a capture it runs to completion at once, recording paused, and returns a
+    ``Launched``; a replay launches here and waits where ``Launched.wait`` was called."""
     if not recording(device):
         return launch(*args)
-    rec = device.recorder
-    device.flush()
-    with paused(device):
-        out = launch(*args).wait(None)
-    _check_result(out, device)
+    rec, out = _run_paused(device, lambda: launch(*args).wait(None))
     slot = rec.launch(launch, tuple(a.detach() for a in args))
     return Launched(rec, slot, None if out is None else out.detach())
 
 
 class Launched:
-    """The capture's handle of a ``host_launch`` (it stands for the call's own handle, e.g. a
-    ``Work``): ``wait`` returns the result, and its first call records the join with its
-    ``timeout`` (the captured work after it may read the result)."""
+    """The capture's stand-in for a ``host_launch`` handle: its first ``wait`` records the join."""
 
     def __init__(self, rec: Recording, slot: int, out):
         self._rec, self.slot, self._out = rec, slot, out

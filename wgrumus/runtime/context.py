@@ -46,11 +46,9 @@ class MultiGpuContext:
 
     @classmethod
     def pin_local(cls, local_rank: int) -> bool:
-        """One process per adapter (MPI): make this process's context on adapter
-        ``local_rank % adapters`` alone, so N ranks on a host of N GPUs open N devices in all
-        rather than N each (a device costs every GPU memory and a context). Only where no
-        context exists yet and WGRUMUS_DEVICES is unset (a count asks for the usual
-        round-robin); returns whether it pinned."""
+        """MPI: this process's context on adapter ``local_rank % adapters`` alone (N ranks open
+        N devices, not N each), unless a context exists or WGRUMUS_DEVICES is set; returns
+        whether it pinned."""
         with cls._lock:
             if cls._instance is not None or \
                     parse_device_count(os.environ.get("WGRUMUS_DEVICES", "")) is not None:

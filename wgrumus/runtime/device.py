@@ -1,13 +1,10 @@
 """Device: one wgpu device + queue, with its own pipeline cache, buffer pool and command batch.
 
-Ops record dispatches into the device's open compute pass; the batch is submitted on readback,
-when the parameter arena is full, or on ``synchronize()``. Per-op parameters (shapes, strides,
-scalars) go into 256-byte slots of one uniform arena buffer that is uploaded right before the
-batch's submit, so recording an op never waits on the GPU. Bind groups are cached per
-(layout, buffers), the slot being a dynamic offset. Host <-> device transfers (read, write,
-read_array, ...) are staging.HostTransfers' methods.
-While ``recorder`` is set (a ``wr.jit`` capture, see capture.py) the device also records the
-dispatches, copies and writes it runs, and refuses reads back to the host.
+Ops record into the open compute pass; the batch is submitted on readback, a full parameter
+arena or ``synchronize()``. Per-op parameters go into 256-byte slots of one uniform arena uploaded
+before the submit (recording never waits on the GPU); bind groups are cached per (layout,
+buffers) with the slot as dynamic offset. Transfers: staging.HostTransfers. While ``recorder`` is
+set (a ``wr.jit`` capture) the device also records what it runs.
 """
 from __future__ import annotations
 
@@ -30,9 +27,8 @@ from .pool import BufferPool
 from .staging import HostTransfers
 
 SLOT = 256  # bytes of parameters per dispatch
-# Dispatches per submitted batch (the arena holds one batch's parameters). Small enough that the
-# GPU starts on a step while the host still records it (a GPT-mini step is ~200 dispatches),
-# large enough that the submit cost stays small.
+# Dispatches per batch: the GPU starts on a step while the host records the rest (a GPT-mini
+# step is ~200 dispatches), and the submit cost stays small.
 ARENA_SLOTS = 128
 MAX_WG_PER_DIM = 65535
 BIND_GROUP_CACHE = 4096  # bind groups kept per device (keyed by layout + buffers)
@@ -42,16 +38,12 @@ _TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*textur
 # needs rows of a multiple of 256 bytes), quad q of a region at (q % TEX_W, q // TEX_W).
 TEX_W = 1024
 OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")  # requested where offered
-# Kernel families whose every access is range-checked by the kernel itself: compiled without
-# wgpu's injected bounds clamps and loop-bounding counters, which block loop unrolling and keep
-# register tiles out of registers (the 4096 matmul: 24.7 vs 31.7 TFLOP/s on an H100).
+# Families that range-check every access themselves, compiled without wgpu's injected checks
+# (which block unrolling: the 4096 matmul ran 24.7 vs 31.7 TFLOP/s on an H100).
 TRUSTED_FAMILIES = frozenset({"matmul", "flash_attention2"})
-# Lavapipe (Mesa 22.x) "inlines" uniform values that steer loops and branches: when the first
-# dispatch of a pipeline shows that inlining halves the shader, it compiles a specialised copy at
-# every later dispatch (the uniform binding moved) and never frees it: +512 KB per matmul
-# dispatch at M = 128, +1.1 MB per training step of a small MLP (issue 15, item 9). It inlines
-# uniform buffers only, so on CPU adapters these families read their parameters from a
-# read-only storage buffer (the same speed for matmul; the other families stay on uniforms,
+# Lavapipe (Mesa 22.x) inlines uniform values that steer loops into a specialised copy of the
+# shader at every dispatch and never frees it (+512 KB per matmul dispatch, issue 15 item 9), so
+# on CPU adapters these families read parameters from storage (other families stay on uniforms,
 # which llvmpipe reads faster: a CNN step took 1.37x longer with every family on storage).
 PARAMS_IN_STORAGE = frozenset({"matmul", "matmul_cpu"})
 _PARAMS_UNIFORM = "var<uniform> PRM"
@@ -109,12 +101,9 @@ class Device(HostTransfers):
     def __repr__(self):
         return f"Device({self.index}: {self.name})"
 
-    # ------------------------------------------------------------------ pipelines
     def pipeline(self, kernel: Kernel, nbuf: int | None = None):
-        """(pipeline, bind group layout, dynamic) for a kernel bound with nbuf storage buffers.
-        The layout is explicit where the shader's bindings can be read off its source: the
-        parameter slot then is a dynamic offset, so one bind group serves every dispatch on
-        the same buffers. Otherwise the layout is wgpu's automatic one."""
+        """(pipeline, bind group layout, dynamic): an explicit layout (dynamic parameter offset:
+        one bind group per buffer set) where the source's bindings parse, else wgpu's auto."""
         key = (kernel, nbuf)
         p = self._pipelines.get(key)
         if p is None:
@@ -182,7 +171,6 @@ class Device(HostTransfers):
             self._bind_groups[key] = bg
         return bg
 
-    # ------------------------------------------------------------------ recording
     def begin_pass(self, encoder):
         """A compute pass on ``encoder`` (this device's), timed while a GpuTimer is open."""
         writes = self._timer._pass_writes() if self._timer is not None else None
@@ -208,11 +196,9 @@ class Device(HostTransfers):
 
     def dispatch(self, kernel: Kernel, buffers, params=(), groups=(1, 1, 1),
                  refresh=None) -> None:
-        """Record one dispatch. buffers: wgpu buffers (or texture views) bound at 1..n;
-        params: up to 64 words (ints, or np.float32/float values, stored bit-cast). refresh: for
-        words that change
-        from step to step (an optimizer's bias corrections), a callable giving the params anew;
-        a replayed capture calls it instead of reusing the captured words."""
+        """Record one dispatch of ``buffers`` (or texture views) at 1..n and up to 64 parameter
+        words. refresh: a callable giving words that change per step (bias corrections) anew,
+        which a replay calls instead of reusing the captured words."""
         gx, gy, gz = groups
         if gx == 0 or gy == 0 or gz == 0:
             return
@@ -248,13 +234,9 @@ class Device(HostTransfers):
             self.dispatches += 1
 
     def operand_texture(self, slot: int, buffer, start: int, texels: int):
-        """A view of this device's rgba32float texture number ``slot`` (one per operand of a
-        kernel), holding ``texels`` texels of ``buffer`` from byte ``start`` (a multiple of 16)
-        with quad q at (q % TEX_W, q // TEX_W). The copy is recorded into the batch: it runs
-        after every dispatch recorded before it (wgpu orders a pass's reads of the texture
-        before the copy), so one texture per (slot, height) serves every kernel. A wr.jit
-        capture records the copies in place, so a replay refills the texture right before the
-        kernels that read it, as here."""
+        """A view of operand texture ``slot`` holding ``texels`` texels of ``buffer`` from byte
+        ``start``. The copy is recorded into the batch after earlier dispatches (wgpu orders
+        their reads first), so one texture per (slot, height) serves every kernel."""
         rows = -(-texels // TEX_W)
         height = 1 << (rows - 1).bit_length()  # few distinct textures
         with self.lock:
@@ -275,8 +257,7 @@ class Device(HostTransfers):
         return tv[1]
 
     def new_operand_texture(self, height: int):
-        """(texture, view): an rgba32float texture of TEX_W x ``height`` texels that buffer
-        copies fill and kernels read."""
+        """(texture, view): an rgba32float TEX_W x ``height`` operand texture."""
         tex = self.wgpu.create_texture(
             size=(TEX_W, height, 1), format=wgpu.TextureFormat.rgba32float,
             usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
@@ -294,8 +275,7 @@ class Device(HostTransfers):
             self._close_pass().copy_buffer_to_buffer(src, src_off, dst, dst_off, nbytes)
 
     def replay_submitter(self):
-        """The submission thread replays of this device are handed to (made on first use), or
-        None where replays submit in the calling thread (GPUs: submit returns at once)."""
+        """The submission thread for replays (CPU adapters; made on first use), else None."""
         on = self._cpu if submitter.ENABLED is None else submitter.ENABLED
         if on and self.submitter is None:
             with self.lock:
@@ -304,8 +284,7 @@ class Device(HostTransfers):
         return self.submitter if on else None
 
     def drain(self) -> None:
-        """Wait until the replays handed to the submission thread are submitted (so queue
-        operations made now come after them); raises a failure of theirs."""
+        """Wait until queued replays are submitted; raises a failure of theirs."""
         if self.submitter is not None:
             self.submitter.drain()
 
@@ -328,8 +307,7 @@ class Device(HostTransfers):
         self._upload_used = []
 
     def _submit(self, command_buffer) -> None:
-        """Every submit of this device's work (batches and wr.jit replays) goes through here;
-        its submission index (None through wgpu-py's API)."""
+        """Every submit of this device's work goes through here (records its index)."""
         self.last_submission = api().submit(self.queue, command_buffer)
         self.submits += 1
 
@@ -348,7 +326,6 @@ class Device(HostTransfers):
                                                       | wgpu.BufferUsage.COPY_SRC)
         self.read(self._fence, 0, 4)
 
-    # ------------------------------------------------------------------ memory
     def alloc(self, nbytes: int):
         if nbytes > self.max_binding:
             raise AdapterLimitError(
@@ -360,15 +337,13 @@ class Device(HostTransfers):
 
 @functools.cache
 def written_bindings(kernel: Kernel):
-    """The bindings ``kernel`` declares read_write (None where its source declares none that
-    this can read: then every buffer counts as written)."""
+    """The bindings ``kernel`` declares read_write (None: unparsed, all count as written)."""
     decl = _BINDING.findall(kernel.source())
     return frozenset(int(b) for b, _, access in decl if access == "read_write") if decl else None
 
 
 def bind_entries(arena, offset: int, buffers) -> list:
-    """The bind group entries of a dispatch: the parameter slot of ``arena`` at ``offset``,
-    then each buffer whole (or texture view) at 1..n."""
+    """Bind group entries: the parameter slot of ``arena`` at 0, buffers or views at 1..n."""
     return [{"binding": 0, "resource": {"buffer": arena, "offset": offset, "size": SLOT}}] + [
         {"binding": i, "resource": b} if isinstance(b, wgpu.GPUTextureView) else
         {"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
@@ -377,8 +352,7 @@ def bind_entries(arena, offset: int, buffers) -> list:
 
 def copy_to_texture(enc, buffer, offset: int, bytes_per_row: int, texture, y: int, width: int,
                     rows: int) -> None:
-    """``rows`` rows of ``width`` texels from ``buffer`` at ``offset`` into rows y.. of
-    ``texture``, through wgpu-py's API (native.RawTextureCopy: the same through the C call)."""
+    """A buffer-to-texture copy through wgpu-py's API (native.RawTextureCopy: the C call)."""
     enc.copy_buffer_to_texture(
         {"buffer": buffer, "offset": offset, "bytes_per_row": bytes_per_row,
          "rows_per_image": rows}, {"texture": texture, "origin": (0, y, 0)}, (width, rows, 1))
@@ -397,9 +371,8 @@ _FORMATS: dict = {}  # the value types of a parameter list -> its struct format
 
 
 def pack_words(buf, offset: int, params) -> None:
-    """Write the parameter words into ``buf`` at ``offset``: floats as f32 bits, ints (negative
-    ones too) as their low 32 bits. The format is found once per list of value types (a
-    kernel's words keep their types from call to call)."""
+    """Floats as f32 bits, ints as their low 32 bits, into ``buf`` at ``offset`` (the struct
+    format is cached per list of value types)."""
     types = tuple(map(type, params))
     fmt = _FORMATS.get(types)
     if fmt is None:

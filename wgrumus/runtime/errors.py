@@ -35,5 +35,4 @@ class CaptureError(WgrumusError):
 
 
 class SubmitTimeout(WgrumusError, TimeoutError):
-    """Work handed to a device's submission thread (runtime/submitter.py) did not finish in
-    time."""
+    """Work handed to a device's submission thread (runtime/submitter.py) did not finish."""

@@ -1,11 +1,8 @@
 """GpuTimer: how long the GPU spent in a device's compute passes, from timestamp queries.
 
-Host timers see when work was recorded and when the device went idle; they cannot tell GPU time
-from the host's own time in a host-bound step. Inside ``with GpuTimer(dev) as t:``, every compute
-pass the device opens writes a GPU timestamp at its start and end; on exit the timestamps are
-resolved and summed into ``t.seconds``. Copies between passes and gaps between passes (the GPU
-waiting for the host) are not counted. Work recorded before the block is submitted first, so it
-is not counted either.
+Host timers cannot tell GPU time from the host's in a host-bound step. Inside ``with
+GpuTimer(dev) as t:`` every compute pass writes timestamps at its start and end, summed into
+``t.seconds`` on exit (copies and gaps between passes, and earlier work, are not counted).
 """
 from __future__ import annotations
 

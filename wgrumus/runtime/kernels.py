@@ -1,8 +1,5 @@
-"""WGSL sources: loaded from the package's shaders folder and specialised by text substitution.
-
-A kernel is (family file, entry point, defines). Every family file is prefixed with
-``common.wgsl`` (parameter slot access, dispatch index helpers), and ``{{NAME}}`` markers are
-replaced by the defines. The compiled pipeline is cached per device by Kernel (frozen, hashable).
+"""WGSL sources: a kernel is (family file, entry point, defines), the file prefixed with
+``common.wgsl`` and its ``{{NAME}}`` markers replaced by the defines (Kernel: frozen, hashable).
 """
 from __future__ import annotations
 
@@ -75,10 +72,8 @@ def multi_tensor_decls(k: int, binding: int, arrays: str) -> str:
 @functools.cache
 def multi_tensor_kernel(family: str, k: int, binding: int, arrays: str, branch: str,
                         **defines) -> Kernel:
-    """``family`` for k tensors updated by one dispatch over their concatenated element range:
-    tensor j's arrays (see multi_tensor_decls) and one branch for its elements, ``branch`` with
-    j for {j} and e its element index. The shader defines ``end_(j)``: the cumulative element
-    count up to and including tensor j. ``defines``: the family's other template values."""
+    """``family`` for k tensors in one dispatch over their concatenated elements: a ``branch``
+    per tensor ({j}: its number, e: its element; ``end_(j)``: the cumulative count)."""
     body = []
     for j in range(k):
         start = "0u" if j == 0 else f"end_({j - 1}u)"

@@ -38,14 +38,10 @@ def _gb(n: int) -> str:
 
 
 class MemoryGuard:
-    """Refuses, with an OutOfMemoryError that names the size, what is free and what to do, a
-    new buffer that cannot fit, instead of letting wgpu fail with a bare validation error or,
-    on CPU adapters (whose "device" memory is host memory), the machine run out of memory.
-
-    ``host_backed``: device memory is host memory; its free bytes are MemAvailable, less a
-    reserve for everything else. Memory a CPU adapter has been handed but not yet written is not
-    resident yet, so once the bytes created since the last check grow large, ``sync()`` runs the
-    pending work first. ``limit`` (WGRUMUS_MEMORY_LIMIT) caps the bytes a pool holds."""
+    """Refuses a buffer that cannot fit with an OutOfMemoryError naming the size, what is free
+    and what to do (instead of a bare wgpu error, or a CPU adapter exhausting the host).
+    ``host_backed``: free bytes are MemAvailable less a reserve (pending work is ``sync``ed
+    first, since unwritten memory is not resident yet); ``limit``: WGRUMUS_MEMORY_LIMIT."""
 
     def __init__(self, name: str, host_backed: bool, sync=None):
         self.name, self.host_backed, self.sync = name, host_backed, sync

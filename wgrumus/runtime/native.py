@@ -1,21 +1,12 @@
-"""The one place that touches wgpu-py internals: its private attributes and wgpu-native's C API
-through wgpu-py's cffi handles. Everything else in wgrumus uses wgpu-py's public API and these
-functions.
+"""The one place that touches wgpu-py internals (private attributes, wgpu-native's C API).
 
-Each use is behind ``c_api()``, which is None outside the wgpu-py range that _deps.py pins (only
-reachable with WGRUMUS_ANY_WGPU=1) or where the C symbols are missing; then each feature falls
-back to wgpu-py's public API (slower, same results). The features:
-- staging maps (``api()``): wgpu-py resolves a ``map_async`` promise on its per-device poll
-  thread, which blocks in ``wgpuDevicePoll(wait=True)`` until *all* submitted work is done (and
-  holds the device's fence lock meanwhile). Here each map request carries its own callback, tied
-  to the submission its copy went in (``wgpuQueueSubmitForIndex``), and the waiter waits for
-  that submission only (``wgpuDevicePoll(wait, &index)``, or polls without blocking: see
-  BLOCKING_WAIT), so chunk k's map resolves while chunk k+1's copy runs;
-- ``RawPass`` / ``RawReplay``: recording dispatches with three C calls each (wgpu-py's wrapper
-  costs about a fifth of a small dispatch's host time); ``RawTextureCopy``: buffer-to-texture
-  copies with one;
-- ``trusted_module``: shaders compiled without wgpu's injected bounds checks;
-- ``timestamp_period_ns``, ``mapped_range`` and ``map_read_async``.
+Each use is behind ``c_api()``, None outside the pinned wgpu-py range or where symbols are
+missing; each feature then falls back to wgpu-py's public API (slower, same results):
+- staging maps (``api()``): wgpu-py's promises wait for *all* submitted work; here each map waits
+  for the submission its copy went in only, so chunk k maps while chunk k+1 copies;
+- ``RawPass`` / ``RawReplay`` / ``RawTextureCopy``: commands with one C call each (wgpu-py's
+  wrapper costs about a fifth of a small dispatch's host time);
+- ``trusted_module``: shaders compiled without wgpu's injected bounds checks.
 """
 from __future__ import annotations
 
@@ -38,13 +29,9 @@ _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
             "wgpuCommandEncoderBeginComputePass", "wgpuComputePassEncoderEnd",
             "wgpuComputePassEncoderRelease")
 MAP_READ, MAP_WRITE = 1, 2  # WGPUMapMode bits
-# Waiting for a map: a blocking wgpuDevicePoll holds the device's fence lock (read) until the
-# submission is done, and every queue submit needs it (write; wgpu-core Device::maintain and
-# Queue::submit): another thread's submits to the same device (a DataParallel replica's step
-# while its comm thread waits for a gradient chunk) stall behind the wait. BLOCKING_WAIT = False
-# polls without blocking instead, every POLL_FIRST_S doubling to POLL_MAX_S. Blocking stays the
-# default until that is measured on a GPU: on lavapipe polling made 2-device eager DP 8% slower
-# (BENCHMARKS.md, 2026-11-24).
+# A blocking wgpuDevicePoll holds the device's fence lock, stalling other threads' submits to
+# it; BLOCKING_WAIT = False polls instead (POLL_FIRST_S doubling to POLL_MAX_S). Blocking stays
+# the default until measured on a GPU (on lavapipe polling made 2-device DP 8% slower).
 BLOCKING_WAIT = True
 POLL_FIRST_S = 1e-5
 POLL_MAX_S = 1e-4
@@ -54,8 +41,7 @@ _api_lock = threading.Lock()
 
 @functools.cache
 def c_api():
-    """wgpu-py's cffi module of wgpu-native (``lib``, ``libf``, ``ffi``) where this wgpu-py is
-    in the tested range and has every symbol used here; else None."""
+    """wgpu-py's cffi module of wgpu-native where it is in the tested range with every symbol."""
     try:
         import wgpu
         from wgpu.backends.wgpu_native import _api
@@ -70,8 +56,8 @@ def c_api():
 
 
 def api():
-    """The staging API: wgpu-native's C functions (``.native`` True) where ``c_api()`` is
-    available, else wgpu-py's promises (WGRUMUS_NO_NATIVE=1 forces that)."""
+    """The staging API: C functions (``.native``) where available, else wgpu-py's promises
+    (forced by WGRUMUS_NO_NATIVE=1)."""
     global _api_obj
     if _api_obj is not None:  # (every submit asks)
         return _api_obj
@@ -91,8 +77,7 @@ def mapped_range(buffer, size: int) -> memoryview:
 
 
 def map_read_async(buffer, size: int):
-    """wgpu-py's promise of mapping ``buffer`` for reading, without the empty submit that its
-    public "READ" mode makes first to sync on (the copy into it was submitted just before)."""
+    """Map for reading without the empty submit of wgpu-py's "READ" (the copy was submitted)."""
     return buffer.map_async("READ_NOSYNC" if c_api() else "READ", 0, size)
 
 
@@ -103,8 +88,7 @@ def timestamp_period_ns(queue) -> float:
 
 
 def trusted_module(device, code: str, label: str):
-    """wgpuDeviceCreateShaderModuleTrusted with no runtime checks; None where this wgpu-native
-    lacks it (then the caller compiles through the checked path)."""
+    """A shader module without runtime checks; None where wgpu-native lacks the call."""
     capi = c_api()
     fn = getattr(capi.libf, "wgpuDeviceCreateShaderModuleTrusted", None) if capi else None
     if fn is None:
@@ -121,9 +105,8 @@ def trusted_module(device, code: str, label: str):
 
 
 class RawPass:
-    """Records into the open compute pass through wgpu-native's C functions directly. Pass
-    commands report no errors of their own (WebGPU defers them to ``finish()``, which still goes
-    through wgpu-py), so nothing is lost. A pipeline already set in this pass is not set again."""
+    """Records into the open compute pass through the C functions (errors still surface at
+    ``finish()``, through wgpu-py); a pipeline already set is not set again."""
 
     @classmethod
     def create(cls):
@@ -152,11 +135,8 @@ class RawPass:
 
 
 class RawTextureCopy:
-    """Buffer-to-texture copies through wgpu-native's C function directly (wgpu-py's wrapper
-    builds and checks five structs a call, ~0.1 ms: a third of a small matmul's host time on
-    a CPU adapter, which copies two operands a matmul). Encoder commands report errors at
-    ``finish()``, which still goes through wgpu-py. One instance per device, used under its
-    lock (the structs are reused)."""
+    """Buffer-to-texture copies through the C function (wgpu-py's wrapper took ~0.1 ms a copy,
+    a third of a small CPU matmul's host time). One per device, used under its lock."""
 
     @classmethod
     def create(cls):
@@ -187,8 +167,7 @@ class RawTextureCopy:
     @staticmethod
     def fill(structs, buffer, offset: int, bytes_per_row: int, texture, y: int, width: int,
              height: int) -> tuple:
-        """``structs`` set to ``height`` rows of ``width`` texels from ``buffer`` at ``offset``
-        into rows y.. of (2-D, mip 0) ``texture``."""
+        """``structs`` set to a copy of ``height`` rows of ``width`` texels into rows y.."""
         src, dst, size = structs
         src.layout.offset, src.layout.bytesPerRow = offset, bytes_per_row
         src.layout.rowsPerImage, src.buffer = height, buffer._internal
@@ -202,9 +181,7 @@ class RawTextureCopy:
 
 
 class RawReplay:
-    """A replay's segments ((PASS, dispatches), (COPY, copy) or (TEXTURE, buffer-to-texture
-    copy)) lowered once to wgpu-native handles (a texture copy: its three structs), and encoded
-    with the C calls at every replay."""
+    """A replay's segments lowered once to wgpu-native handles, encoded by C calls per replay."""
     PASS, COPY, TEXTURE = 0, 1, 2
 
     def __init__(self, capi, segs, ndispatch: int):
@@ -236,9 +213,8 @@ class RawReplay:
             self.segs.append((kind, lowered))
 
     def encode(self, enc, open_pass, before, after) -> None:
-        """Into encoder ``enc``: the ``before`` copies, the segments (passes opened by
-        ``open_pass(enc)``, or None: untimed passes through the C calls, ~16 us less host time
-        a pass than wgpu-py's wrapper), the ``after`` copies."""
+        """``before`` copies, the segments (passes by ``open_pass(enc)``, or None: untimed
+        passes through the C calls), ``after`` copies."""
         lib = self.lib
         begin, end = lib.wgpuCommandEncoderBeginComputePass, lib.wgpuComputePassEncoderEnd
         release = lib.wgpuComputePassEncoderRelease
@@ -274,9 +250,8 @@ class RawReplay:
 
 
 class MapRequest:
-    """One ``wgpuBufferMapAsync``: ``status`` is None while pending, then True (mapped) or an
-    error message (through wgpu-py's API: its promise). ``index`` is the submission whose
-    completion the map waits for (None: no copy to wait for)."""
+    """One map request: ``status`` None while pending, then True or an error message (wgpu-py's
+    API: its promise); ``index``: the submission it waits for."""
     __slots__ = ("buffer", "index", "mode", "size", "status")
 
     def __init__(self, buffer, mode: int, size: int, index):
@@ -306,7 +281,6 @@ class _Native:
         ffi.new("WGPUBufferMapCallbackInfo *", {"mode": self._mode, "callback": self._cb,
                                                 "userdata1": ffi.NULL})
 
-    # ------------------------------------------------------------------ submissions
     def submit(self, queue, command_buffer) -> int:
         """Submit one command buffer; return its submission index."""
         cbs = self.ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal])
@@ -321,7 +295,6 @@ class _Native:
         """Non-blocking: fire the callbacks of whatever has completed."""
         self._poll(device._internal, 0, self.ffi.NULL)
 
-    # ------------------------------------------------------------------ mapping
     def map_async(self, buffer, mode: int, size: int, index=None) -> MapRequest:
         req = MapRequest(buffer, mode, size, index)
         key = next(self._keys)
@@ -343,12 +316,9 @@ class _Native:
             req.status = f"map failed (status {int(status)}): {msg}"
 
     def wait(self, device, req: MapRequest, deadline: float) -> None:
-        """Until ``req`` resolves: with BLOCKING_WAIT first a blocking poll for its submission,
-        then (the callback may be fired by a poll on another thread a moment later) non-blocking
-        polls backing off from POLL_FIRST_S to POLL_MAX_S. Raises TimeoutError past
-        ``deadline`` (time.monotonic()), RuntimeError if the map failed. The blocking poll
-        itself cannot be interrupted: it returns when the submission is done or the device is
-        lost, and the deadline is checked after it (BLOCKING_WAIT False: polls only)."""
+        """Until ``req`` resolves (TimeoutError past ``deadline``): a blocking poll for its
+        submission (BLOCKING_WAIT; not interruptible), then non-blocking polls backing off (a
+        poll on another thread may fire the callback a moment later)."""
         if BLOCKING_WAIT and req.status is None and req.index is not None:
             self.wait_index(device, req.index)
         delay = POLL_FIRST_S
@@ -367,7 +337,7 @@ class _Native:
         return req.status is not None
 
     def mapped_array(self, buffer, size: int, dtype=np.uint8) -> np.ndarray:
-        """The mapped bytes as a numpy view (valid until ``unmap``: drop every view first)."""
+        """The mapped bytes as a numpy view (drop every view before ``unmap``)."""
         ptr = self._range(buffer._internal, 0, size)
         if ptr == self.ffi.NULL:
             raise RuntimeError("wgpuBufferGetMappedRange returned NULL: buffer not mapped")

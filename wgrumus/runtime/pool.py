@@ -28,23 +28,11 @@ def bucket_size(nbytes: int, limit: int | None = None) -> int:
 
 
 class BufferPool:
-    """Free lists per bucket, each a heap that hands out the oldest free buffer first.
-
-    Handing out by age, not by release order, makes a repeated computation (a training step) get
-    the same buffers at the same points every time, whatever order its tensors died in: the
-    device's bind groups, cached by buffers, then hit instead of being rebuilt each step (with a
-    LIFO list the assignment drifts from step to step: ~130 of ~190 bind groups of a small
-    GPT-mini step were new every step). Release may run in any thread (GC); a lock guards the
-    heaps.
-
-    Every buffer handed out stays referenced by the pool (``_live``) until it is released. That
-    keeps a buffer out of the garbage when its Storage dies inside a reference cycle: otherwise
-    the collector runs wgpu's finalizer on the buffer too, and the pool would later hand out a
-    released buffer (wgpu-native then aborts the process in create_bind_group).
-
-    A captured step (``wr.jit``) pins the buffers its recording uses: a pinned buffer that is
-    released (or was free when pinned) is held aside, never handed out, until its last pin goes.
-    """
+    """Free lists per bucket, heaps handing out the oldest free buffer first, so a repeated
+    step gets the same buffers every time and the device's bind-group cache hits (LIFO made
+    ~130 of ~190 bind groups of a GPT-mini step new every step). Handed-out buffers stay
+    referenced (``_live``) so a Storage dying in a cycle cannot let GC finalize a buffer the
+    pool hands out later. Buffers pinned by a ``wr.jit`` capture are never handed out."""
 
     def __init__(self, wgpu_device, max_cached_bytes: int = 1 << 30, guard=None):
         self._dev = wgpu_device

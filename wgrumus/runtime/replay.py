@@ -1,23 +1,12 @@
-"""Replay of a capture.Recording: the recorded work re-encoded with no Python per op beyond
-three of wgpu-native's C calls per dispatch.
+"""Replay of a capture.Recording with no Python per op beyond three C calls per dispatch.
 
-The recording's parameter words go, once, into a uniform buffer of its own (one 256-byte slot
-per dispatch), and its bind groups are built once against that buffer; only the slots whose
-dispatch has a ``refresh`` callable are rewritten per replay. Host writes become copies out of
-constant buffers filled once, so they run in order with the dispatches; copies into the device's
-operand textures (CPU adapters' kernels) go into textures of the replay's own, grouped in blocks
-before few compute passes (texplan.py). Command buffers are single-use in WebGPU, so each replay
-encodes anew: begin pass, then per dispatch set pipeline (when it changes), set bind group,
-dispatch. A recording with host operations (communication, ``capture.host_op``) replays as
-parts: the device work up to a host operation is submitted, the operation runs and its result is
-copied into the captured buffer, then the next part follows. An asynchronous one
-(``capture.host_launch``) is started at its launch and the replay goes on submitting parts; only
-its join waits for it (with the timeout the capture waited with) and copies its result in. On a
-CPU adapter, where a submit runs the kernels in the calling thread, a replay without host
-operations is handed to the device's submission thread (runtime/submitter.py): the caller
-returns while the step runs. ``trace`` lists what the last run did, in order: ("submit", part,
-dispatches), ("launch", slot, t), ("join", slot, t_wait, t_done), ("host", t, t_done)
-(``time.perf_counter()`` seconds).
+Parameter words go once into a uniform buffer of the replay's own and bind groups are built once
+against it; only slots with a ``refresh`` callable are rewritten per replay. Host writes become
+copies out of constant buffers; operand-texture copies are grouped (texplan.py). Command buffers
+are single-use in WebGPU, so each replay encodes anew. Host operations (``capture.host_op``) split
+the replay into parts submitted around them; an async launch runs on while later parts are
+submitted and only its join waits. On a CPU adapter a replay without host operations goes to the
+submission thread (submitter.py). ``trace``: what the last run did, in order.
 """
 from __future__ import annotations
 
@@ -33,12 +22,9 @@ from .errors import CaptureError
 from .native import RawReplay, c_api
 
 _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
-# One thread at a time encodes and submits a replay part. The encode loop and wgpu-py's
-# calls release the interpreter lock at every C call, so replica threads replaying at once
-# handed it over at each of their calls: on one H100 (two logical devices) two threads replaying
-# GPT-mini steps took 10.3-10.5 ms a step pair with fine-grained hand-offs and 8.1-8.2 ms with
-# this lock (thread CPU 3.2 -> 2.5 ms a step); the devices still run both replicas' kernels at
-# once. Never held across host operations (a replica's all-reduce waits for the others).
+# One thread at a time encodes and submits a replay part: replica threads otherwise hand the
+# interpreter lock over at every C call (two GPT-mini replicas on one H100: 10.4 ms a step pair
+# against 8.1 with this lock). Never held across host operations (all-reduces wait for peers).
 _ENCODE = threading.Lock()
 # Texture copies grouped into blocks before few passes, each operand in a texture of the
 # replay's own (texplan.py); False: where the capture made them, in the device's textures.
@@ -114,8 +100,7 @@ class Replay:
             layout=layout, entries=bind_entries(self._arena, offset, bufs))
 
     def run(self, before=(), after=()) -> None:
-        """Submit one replay; ``before``/``after``: extra (src, src_off, dst, dst_off, nbytes)
-        copies encoded ahead of / behind the recorded work (inputs in, outputs out)."""
+        """Submit one replay; ``before``/``after``: copies (inputs in, outputs out) around it."""
         dev = self.device
         last = len(self._parts) - 1
         trace, pending = [], {}  # pending: slot -> the handle of a launched host operation
@@ -160,8 +145,7 @@ class Replay:
         return enc.finish()
 
     def _submit(self, i: int, words, commands) -> None:
-        """Part ``i``'s queue work: its rewritten parameter words (``words``: (offset, rows) or
-        None), then its command buffer."""
+        """Part ``i``'s rewritten parameter words ((offset, rows) or None), then its commands."""
         dev = self.device
         if words is not None:
             dev.queue.write_buffer(self._arena, *words)
@@ -169,10 +153,9 @@ class Replay:
             dev._submit(commands)
 
     def _host(self, op, pending: dict, trace: list) -> None:
-        """A recorded host operation, again: a launch is started and left running; a plain one's
-        or a join's result goes into the captured result buffer (the copy runs before the next
-        part, in the device's batch). On failure the error propagates and launched operations
-        are left to their group (its owner aborts it, as after a failed eager step)."""
+        """A recorded host operation again: a launch is left running; a plain one's or a join's
+        result is copied into the captured buffer. Failures propagate (the group's owner aborts
+        launched ones, as after a failed eager step)."""
         t = time.perf_counter()
         if op[0] == "a":
             _, launch, args, slot = op

@@ -1,11 +1,7 @@
-"""Device <-> host staging: the Device's uploads and downloads (``HostTransfers``) and the
-chunk staging of pipelined transfers (``Staging``: map requests tied to one submission, so
-several chunks are in flight in both directions at once).
-
-Both keep staging buffers per power-of-two size: idle READ buffers are unmapped (ready to be
-copied into), idle WRITE buffers mapped or being mapped (ready to be filled). After a failure
-``Staging.discard`` finishes every map and unmaps and drops every buffer, so nothing is left
-mapped.
+"""Device <-> host staging: the Device's transfers (``HostTransfers``) and the chunk staging of
+pipelined transfers (``Staging``: map requests tied to one submission, so chunks are in flight in
+both directions at once). Both pool buffers per power-of-two size: idle READ buffers unmapped,
+idle WRITE buffers mapped or being mapped (ready to fill).
 """
 from __future__ import annotations
 
@@ -35,8 +31,7 @@ MAX_IDLE = 16  # idle buffers kept per (direction, size) by Staging (>= MAX_INFL
 
 
 class HostTransfers:
-    """Device's host <-> device methods (a mixin of runtime.device.Device: it uses the device's
-    lock, batch, memory guard, asserts and recorder)."""
+    """Device's host <-> device methods (a mixin of runtime.device.Device)."""
 
     def _init_staging(self) -> None:
         self._idle_read: dict[int, list] = {}  # MAP_READ buffers, idle, by size
@@ -45,19 +40,16 @@ class HostTransfers:
         self._idle_bytes = [0, 0]  # idle bytes cached: [read, write]
 
     def write(self, buf, data: np.ndarray, offset: int = 0) -> None:
-        """Host -> device. Large data is copied (by several threads) into a persistently mapped
-        MAP_WRITE staging buffer, and the copy into `buf` is recorded into the open batch, so
-        it runs in order with the recorded ops and needs no flush. Small data goes through
-        queue.write_buffer, which runs before the open batch: that batch is submitted first (and
-        behind replays queued on the device's submission thread: handed to it)."""
+        """Host -> device. Large data goes through mapped staging buffers, its copy recorded in
+        the open batch (in order, no flush); small data through queue.write_buffer, which runs
+        before the open batch, so that batch is submitted first."""
         data = np.ascontiguousarray(data)
         nbytes = data.nbytes
         if nbytes == 0:
             return
         raw = data.reshape(-1).view(np.uint8)
         if nbytes >= MAPPED_WRITE_MIN and nbytes % 4 == 0 and offset % 4 == 0:
-            # Large uploads go in chunks, each submitted at once: filling the next chunk's
-            # staging buffer overlaps the DMA of the previous one.
+            # in chunks, each submitted at once: filling the next overlaps the previous DMA
             step = WRITE_CHUNK if nbytes > 2 * WRITE_CHUNK else nbytes
             for lo in range(0, nbytes, step):
                 self._write_mapped(buf, raw[lo:lo + step], offset + lo)
@@ -86,8 +78,7 @@ class HostTransfers:
         up.commit(buf, offset)
 
     def write_start(self, nbytes: int) -> Upload:
-        """Host -> device in two steps: fill ``.view(dtype)`` (mapped staging memory; write it,
-        do not read it back), then ``.commit(buf, offset)`` records the copy into ``buf``."""
+        """Host -> device in two steps: fill ``.view(dtype)`` (write-only), then ``.commit``."""
         if nbytes <= 0 or nbytes % 4:
             raise ValueError(f"write_start: {nbytes} bytes; staged uploads move a positive "
                              "multiple of 4 bytes (pad the data, or use write())")
@@ -97,8 +88,7 @@ class HostTransfers:
         with self.lock:
             self._close_pass().copy_buffer_to_buffer(st, 0, buf, offset, nbytes)
             self._upload_used.append(st)
-            # Submit at once from 1 MiB: the staging buffer goes back to the pool (re-mapping
-            # behind the copy) instead of the batch holding one new buffer per upload.
+            # from 1 MiB submit at once, so the staging buffer returns to the pool
             if nbytes >= (1 << 20) or len(self._upload_used) >= 64:
                 self._flush_locked()
 
@@ -106,8 +96,7 @@ class HostTransfers:
         """A MAP_WRITE staging buffer of at least nbytes, mapped and ready to fill."""
         size = staging_size(nbytes)
         with self.lock:
-            # Two buffers rotate per size: the older one's copy has had a whole chunk's time
-            # to finish, so filling it does not wait on the copy just submitted.
+            # two rotate per size: the older one's copy is done by now
             free = self._idle_write.get(size)
             item = free.pop(0) if free and len(free) >= 2 else None
             if item is not None:
@@ -136,8 +125,7 @@ class HostTransfers:
                                   usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
 
     def read_start(self, buf, offset: int, nbytes: int) -> Download:
-        """Device -> host, asynchronous: records the copy, submits, and starts mapping.
-        Call ``.result()`` on the returned object (from any thread) to get the bytes."""
+        """Device -> host, asynchronous: ``.result()`` of the Download (any thread) waits."""
         if self.recorder is not None:
             refuse("reading a tensor back to the host (.item(), .numpy(), float(), bool(), "
                    "print, or a device synchronize)",
@@ -164,10 +152,8 @@ class HostTransfers:
         return self.read_start(buf, offset, nbytes).result()
 
     def read_array(self, buf, offset: int, count: int, dtype, out: np.ndarray | None = None):
-        """Device -> host. Without `out`, a large result is the staging buffer itself, kept
-        mapped until the array dies (no host copy: the DMA is the whole cost). Into `out`, large
-        reads are split into chunks, each submitted on its own, so copying one chunk out of
-        its mapping (several threads) overlaps the transfer of the next."""
+        """Device -> host. Without `out`, a large result is a view of the mapped staging buffer
+        (no host copy); into `out`, large reads go in chunks so copy-out overlaps the DMA."""
         dtype = np.dtype(dtype)
         if out is None and count * dtype.itemsize >= ZERO_COPY_MIN:
             return self.read_start(buf, offset, count * dtype.itemsize).mapped_array(dtype)
@@ -226,8 +212,7 @@ class Download:
         return self._take(lambda v: v.tobytes())
 
     def mapped_array(self, dtype) -> np.ndarray:
-        """A writable array over the mapped staging memory itself; the buffer is unmapped and
-        pooled again when the array and every view of it are garbage."""
+        """A writable array over the mapped staging memory, unmapped when its views die."""
         self._p.sync_wait()
         if self._check:
             try:
@@ -273,8 +258,7 @@ class Upload:
 
 
 class _MappedHost:
-    """Owns a mapped staging range. numpy views collapse their base to this object (not to an
-    intermediate array), so it lives exactly as long as some view of the data."""
+    """Owns a mapped staging range; numpy views collapse their base to it (it lives as they do)."""
 
     def __init__(self, device, staging, size: int, skip: int, nbytes: int, dtype):
         self._d, self._s = device, staging
@@ -297,9 +281,8 @@ _COPY_POOL: list = []
 
 
 def par_ranges(fn, n: int, piece: int = 1 << 20) -> None:
-    """fn(lo, hi) over [0, n) in pieces of at least ``piece`` items, split over a few threads
-    (numpy releases the GIL while copying or reducing: one core moved ~9 GB/s, eight ~29 GB/s
-    on the H100 host). The calling thread takes the first piece; errors propagate."""
+    """fn(lo, hi) over [0, n) split over threads (numpy releases the GIL: one core copied
+    ~9 GB/s, eight ~29 GB/s on the H100 host); errors propagate."""
     nt = min(COPY_THREADS, n // piece)
     if nt < 2:
         fn(0, n)
@@ -355,8 +338,7 @@ class StagingBuffer:
             self.req = None
 
     def array(self, dtype, nbytes: int) -> np.ndarray:
-        """The first ``nbytes`` as a numpy view of the mapped memory; every view must be gone
-        before ``unmap``. WRITE buffers are write-combined: fill them, do not read them."""
+        """The first ``nbytes`` as a view of the mapped memory (write-only for WRITE buffers)."""
         if not self.mapped:
             raise RuntimeError("staging buffer is not mapped; wait() for it first")
         return self.staging.api.mapped_array(self.buffer, nbytes, dtype)
@@ -395,11 +377,9 @@ class Staging:
         return self._new(MAP_READ, size)
 
     def writer(self, nbytes: int, deadline: float, spare: int = 1) -> StagingBuffer:
-        """A mapped WRITE buffer of at least ``nbytes`` to fill. The oldest idle one is taken
-        when its copy is done, or when more than ``spare`` wait (waiting on the oldest);
-        otherwise a new one. A pipeline whose uploads share submissions with the downloads of
-        ``k`` chunks later passes ``spare=k``: the oldest one's submission is then done by the
-        time the current chunk's download is, so filling never waits on later downloads."""
+        """A mapped WRITE buffer of at least ``nbytes``: the oldest idle one when its copy is
+        done or more than ``spare`` wait, else a new one (a pipeline ``k`` chunks deep passes
+        ``spare=k`` so filling never waits on later downloads)."""
         size = staging_size(nbytes)
         sb = None
         with self._lock:
@@ -418,9 +398,8 @@ class Staging:
         return sb
 
     def submit(self, copies=(), maps=()) -> None:
-        """Record ``copies`` ((src, src_offset, dst, dst_offset, nbytes) each) after the device's
-        recorded work, submit, and start mapping each StagingBuffer of ``maps`` (in full) once
-        that submission is done. WRITE buffers must be unmapped by then."""
+        """Record ``copies`` after the device's work, submit, and map each of ``maps`` once
+        that submission is done (WRITE buffers unmapped by then)."""
         dev = self.device
         with dev.lock:
             for src, so, dst, do, n in copies:
@@ -438,8 +417,8 @@ class Staging:
                 free.append(sb)
 
     def discard(self, held=(), timeout: float = 10.0) -> None:
-        """After a failure: finish the map requests of ``held`` (buffers taken and not given
-        back) and of every idle buffer, unmap them all and forget them."""
+        """After a failure: finish the maps of ``held`` and of every idle buffer, unmap them
+        all and forget them (nothing stays mapped)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             bufs = [sb for free in self._idle.values() for sb in free]
@@ -455,9 +434,8 @@ class Staging:
                 sb.req = None
 
     def mapped_buffers(self, mode: int | None = None) -> int:
-        """Staging buffers of this device (of ``mode``, MAP_READ or MAP_WRITE, if given) mapped
-        or with a map request pending (wgpu-native does not implement wgpuBufferGetMapState:
-        this counts what our calls left)."""
+        """Buffers (of ``mode``) mapped or with a map pending, by our own count (wgpu-native
+        lacks wgpuBufferGetMapState)."""
         live = [r() for r in self._made]
         return sum(sb.mapped or sb.req is not None for sb in live
                    if sb is not None and mode in (None, sb.mode))

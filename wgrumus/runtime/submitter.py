@@ -1,21 +1,11 @@
 """A CPU adapter's submission thread: replayed steps handed over in order, so the host runs ahead.
 
-On a CPU adapter (llvmpipe) ``queue.submit`` runs the kernels in the calling thread, so a
-replayed ``wr.jit`` step would cost the host its whole device time. There, replays
-(``replay.Replay.run``) hand their queue work (the parameter words they rewrite, then the submit
-of their command buffer, which the host encodes while the thread runs earlier steps) to this
-per-device thread, at most ``DEPTH`` steps ahead of the host; small host writes made meanwhile
-(``Device.write``: the next step's inputs) queue behind them. Every other queue operation of the
-device (an eager batch's submit, and so every read, map and synchronize) first waits for the
-thread to drain (``drain``), so the queue sees the device's work in program order; buffers freed
-to the pool meanwhile are therefore safe to reuse, as in an eager batch (whatever reuses one is
-queued behind the work on it). A replay's results are fresh buffers per call, copied out in its
-own command buffer, so the next replay never overwrites what a caller has not read yet. A job's
-failure is raised by the next call into the submitter (``put`` or ``drain``) and the jobs queued
-behind it are dropped (host writes among them too: after a failed step the device's state is the
-caller's to restore). Every wait of the host on the thread has a timeout (``TIMEOUT`` seconds,
-``WGRUMUS_SUBMIT_TIMEOUT``) raising ``SubmitTimeout``; the idle thread itself waits for work
-without one.
+On a CPU adapter ``queue.submit`` runs the kernels in the calling thread, so a replayed step
+would cost the host its whole device time. Replays hand their queue work to this per-device
+thread (at most ``DEPTH`` ahead; small host writes queue behind them), and every other queue
+operation of the device first ``drain``s it, so the queue sees the work in program order and
+pooled buffers are reused safely. A job's failure is raised by the next ``put`` or ``drain`` and
+the jobs behind it are dropped. Host waits time out after ``TIMEOUT`` s (``SubmitTimeout``).
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Activation checkpointing (PyTorch's ``torch.utils.checkpoint.checkpoint``): run ``fn``
-keeping none of its intermediate activations; backward recomputes them from the saved inputs.
+"""Activation checkpointing (PyTorch's ``torch.utils.checkpoint.checkpoint``).
 
-The forward runs on a scratch tape: the ops record as usual (that is how we learn which leaves,
-e.g. a block's parameters, ``fn`` reaches), then the whole recorded graph is dropped when ``fn``
-returns, which frees its saved activations. One node is recorded in its place, from the inputs
-and those leaves to the output. Its backward installs another scratch tape, re-runs ``fn`` with
-grad enabled on detached copies of the inputs (the random generator rewound, so dropout draws
-the same masks), backpropagates the output gradient through that graph only, and hands the
-input and leaf gradients to the outer backward. Peak memory is then one checkpointed piece's
-activations plus the pieces' inputs, instead of every piece's activations.
+The forward runs on a scratch tape (to learn which leaves ``fn`` reaches), whose graph is then
+dropped, freeing the activations; one node from the inputs and those leaves to the output takes
+its place. Its backward re-runs ``fn`` on detached inputs (the generator rewound, so dropout
+draws the same masks) and backpropagates through that graph only.
 """
 from __future__ import annotations
 
@@ -27,16 +22,10 @@ from ..tensor import Tensor, activation_leaf
 
 
 def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, **kwargs):
-    """``fn(*args, **kwargs)`` whose activations are recomputed in backward instead of kept.
-
-    ``fn`` must return one Tensor and compute the same function when re-run (it may read
-    parameters, which get their gradients as usual). Tensor ``args`` must not be modified in
-    place between the forward and the backward. ``use_reentrant`` is accepted for PyTorch
-    compatibility and ignored. Without grad (``no_grad``) this is just ``fn(*args)``.
-
-    ``preserve_rng_state`` rewinds the process-wide generator for the recomputation: with
-    dropout inside ``fn`` while other threads also draw from it (thread ranks), pass explicit
-    seeds instead."""
+    """``fn(*args, **kwargs)`` (one Tensor out, the same function when re-run; args not
+    modified in place before backward) with activations recomputed in backward.
+    ``use_reentrant``: accepted for PyTorch and ignored. ``preserve_rng_state`` rewinds the
+    process-wide generator (thread ranks drawing from it at once: pass explicit seeds)."""
     if not is_grad_enabled():
         return fn(*args, **kwargs)
     rng = get_rng_state() if preserve_rng_state else None
@@ -76,9 +65,8 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, use_reentrant=None, *
 
 
 def _leaves(root, args) -> list:
-    """Leaf tensors requiring grad (parameters) that the recorded graph under ``root`` reads,
-    other than the explicit ``args``, in first-seen order. The walk stops at the args: what
-    produced them belongs to the outer graph."""
+    """Leaves requiring grad (parameters) the graph under ``root`` reads, stopping at ``args``
+    (what produced them belongs to the outer graph)."""
     stop = {a._grad_id for a in args if isinstance(a, Tensor) and a._grad_id is not None}
     found, seen, stack = {}, set(), [root]
     while stack:
