@@ -15,6 +15,18 @@ settings.register_profile("wgrumus", derandomize=True, database=None, deadline=N
 settings.load_profile("wgrumus")
 
 
+try:
+    import xdist  # noqa: F401  (pytest-xdist: `-n auto`, the README's test command)
+except ImportError:
+    pass
+else:
+    def pytest_xdist_auto_num_workers(config):
+        """One worker per core, at most 4: most tests keep one core busy with Python (the
+        subprocess ones wait), while each worker's lavapipe spreads a large dispatch over all
+        cores anyway."""
+        return max(1, min(4, os.cpu_count() or 1))
+
+
 @pytest.fixture(scope="session")
 def devs():
     import wgrumus as wr
