@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from ...runtime.errors import ShapeError, WgrumusError
 from ...tensor import Tensor, tensor
 from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
 from .runtime import StageRunner
-from .schedules import get_schedule
+from .schedules import get_schedule, schedule_key
 from .stage import PipelineStage
 from .timeline import validate
 from .trace import ActionRecord, PipelineTrace
@@ -168,43 +169,39 @@ class PipelineExecutor:
         n, m = len(self.stages), self.num_micro_batches
         try:
             if isinstance(schedule, str):
-                key = schedule.strip().lower().replace("_", "-")
-                if key in ("interleaved", "interleaved-1f1b"):
-                    v = 2 if num_chunks is None else num_chunks
-                    if not isinstance(v, int) or v < 2:
-                        raise PipelineConfigError(
-                            f"interleaved schedule needs num_chunks >= 2 model chunks per stage, "
-                            f"got {v!r}; use schedule='1f1b' for one chunk per stage")
-                    if n % v:
-                        raise PipelineConfigError(
-                            f"interleaved schedule with num_chunks={v} needs the number of "
-                            f"PipelineStages to be a multiple of {v} (p stages x {v} chunks), "
-                            f"got {n}; split the model into {v * max(1, n // v)} or "
-                            f"{v * (n // v + 1)} pieces")
-                    sched = get_schedule("interleaved", n // v, m, v=v)
-                else:
+                if schedule_key(schedule) != "interleaved":
                     if num_chunks not in (None, 1):
                         raise PipelineConfigError(
                             f"num_chunks={num_chunks} only applies to schedule='interleaved'")
-                    sched = get_schedule(key.replace("one-f-one-b", "1f1b"), n, m)
-            elif isinstance(schedule, (Schedule, list, tuple)):
-                sched = validate(schedule)
-                if sched.num_microbatches != m:
+                    return get_schedule(schedule, n, m)
+                v = 2 if num_chunks is None else num_chunks
+                if not isinstance(v, int) or v < 2:
                     raise PipelineConfigError(
-                        f"the schedule is for {sched.num_microbatches} micro-batches but the "
-                        f"executor was built with num_micro_batches={m}")
-                if sched.num_virtual_stages != n:
+                        f"interleaved schedule needs num_chunks >= 2 model chunks per stage, "
+                        f"got {v!r}; use schedule='1f1b' for one chunk per stage")
+                if n % v:
                     raise PipelineConfigError(
-                        f"the schedule has {sched.num_stages} stage(s) x {sched.num_chunks} "
-                        f"chunk(s) = {sched.num_virtual_stages} model pieces, but {n} "
-                        f"PipelineStages were given")
-            else:
+                        f"interleaved schedule with num_chunks={v} needs the number of "
+                        f"PipelineStages to be a multiple of {v} (p stages x {v} chunks), got "
+                        f"{n}; split the model into {v * max(1, n // v)} or {v * (n // v + 1)} "
+                        f"pieces")
+                return get_schedule("interleaved", n // v, m, v=v)
+            if not isinstance(schedule, (Schedule, list, tuple)):
                 raise PipelineConfigError(
                     f"schedule must be a name ('1f1b', 'gpipe', 'interleaved', 'zb_h1') or a "
                     f"Schedule, got {type(schedule).__name__}")
+            sched = validate(schedule)
         except ScheduleError as e:  # (a PipelineConfigError is no ScheduleError: it passes)
             raise PipelineConfigError(f"cannot build pipeline schedule {schedule!r} for "
                                       f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
+        if sched.num_microbatches != m:
+            raise PipelineConfigError(
+                f"the schedule is for {sched.num_microbatches} micro-batches but the executor "
+                f"was built with num_micro_batches={m}")
+        if sched.num_virtual_stages != n:
+            raise PipelineConfigError(
+                f"the schedule has {sched.num_stages} stage(s) x {sched.num_chunks} chunk(s) = "
+                f"{sched.num_virtual_stages} model pieces, but {n} PipelineStages were given")
         return sched
 
     def _split(self, data, what: str, device):
@@ -336,9 +333,8 @@ class PipelineExecutor:
         if a is not None:
             where += f", micro-batch {a.mb}" + (f" chunk {a.chunk}" if self.num_chunks > 1 else "")
             where += f" (action {a!r}, schedule {self.schedule.name!r})"
-        cls = PipelineShapeError if isinstance(exc, ShapeError) else PipelineError
-        if isinstance(exc, PipelineTimeoutError):
-            cls = PipelineTimeoutError
+        cls = PipelineTimeoutError if isinstance(exc, PipelineTimeoutError) else \
+            PipelineShapeError if isinstance(exc, ShapeError) else PipelineError
         raise cls(f"{where} failed: {type(exc).__name__}: {exc}", s, a) from exc
 
     def _stage_main(self, s: int, run: _Run) -> None:
@@ -391,7 +387,9 @@ class PipelineExecutor:
         """Stage thread ``s``'s step as ``jit=True`` captures it: ({virtual stage: gradients in
         parameter order}, micro-batch losses)."""
         m = self.num_micro_batches
-        feed = _Feed(m, inputs or [None] * m, targets or [None] * m, loss_fn)
+        # what _StageWork.forward reads of a _Run
+        feed = SimpleNamespace(m=m, inputs=inputs or [None] * m, targets=targets or [None] * m,
+                               loss_fn=loss_fn, losses=[None] * m)
         runner = StageRunner(_CapturedStageWork(self, feed, s), self.num_stages,
                              len(self.stages), s)
         try:
@@ -497,19 +495,6 @@ class _StageWork:
         self.run.records[self.s].append(ActionRecord(
             self.s, a, start - t0, end - t0, self.wait, self.runner.live_bytes, got, None))
         self.wait, self.got, self.start = 0.0, None, None
-
-
-@dataclass
-class _Feed:
-    """A captured stage's micro-batches and loss (what ``_StageWork.forward`` reads of a run)."""
-    m: int
-    inputs: list
-    targets: list
-    loss_fn: object
-    losses: list = None
-
-    def __post_init__(self):
-        self.losses = [None] * self.m
 
 
 class _CapturedStageWork(_StageWork):
