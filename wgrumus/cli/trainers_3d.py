@@ -1,8 +1,7 @@
-"""The gpt trainer: dp x tp x pp (1x1x1 included) on parallel3d.RankTrainer, with long-lived
-ranks (threads from dist.spawn taking one command at a time, or this MPI process) that keep their
-shards and optimizer state. Checkpoints are dense, so a run resumes in any layout; --jit replays
-each rank's step from a wr.jit capture, its communication between the replayed segments.
-"""
+"""The gpt trainer: dp x tp x pp (1x1x1 included) on parallel3d.RankTrainer, with long-lived ranks
+(dist.spawn threads taking one command at a time, or this MPI process) keeping their shards and
+optimizer state. Checkpoints are dense, so a run resumes in any layout; --jit replays each rank's
+step from a wr.jit capture, its communication between the replayed segments."""
 from __future__ import annotations
 
 import queue

@@ -21,15 +21,13 @@ from ...autograd import GradientStore, Tape, no_grad
 from ...runtime.capture import host_op
 from ...runtime.errors import ShapeError, WgrumusError
 from ...tensor import Tensor, tensor
+from ..launch import join_threads
 from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
 from .runtime import StageRunner
 from .schedules import get_schedule, schedule_key
 from .stage import PipelineStage
 from .timeline import validate
 from .trace import ActionRecord, PipelineTrace
-
-__all__ = ["PipelineExecutor", "PipelineError", "PipelineShapeError", "PipelineConfigError",
-           "PipelineTimeoutError"]
 
 _POLL = 0.02  # seconds between checks of the abort event while blocked on a channel
 
@@ -123,11 +121,12 @@ class _Run:
     abort: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     error: tuple | None = None  # (stage, action, exception) of the first failure
+    failed_at: float | None = None  # its time.monotonic()
 
     def fail(self, stage: int, action, exc: BaseException) -> None:
         with self.lock:
             if self.error is None:
-                self.error = (stage, action, exc)
+                self.error, self.failed_at = (stage, action, exc), time.monotonic()
         self.abort.set()
 
 
@@ -309,15 +308,8 @@ class PipelineExecutor:
 
     def _join(self, threads, run: _Run) -> None:
         """Wait for every stage thread (after a failure, ``timeout + 5`` s at most)."""
-        deadline = None
-        for t in threads:
-            while t.is_alive():
-                t.join(_POLL * 5)
-                if run.abort.is_set():
-                    deadline = deadline or time.perf_counter() + run.timeout + 5.0
-                    if time.perf_counter() > deadline:
-                        break
-        alive = [t.name for t in threads if t.is_alive()]
+        alive = [threads[i].name for i in join_threads(threads, lambda: run.failed_at,
+                                                       run.timeout + 5.0)]
         if alive:
             first = run.error[2] if run.error else None
             raise PipelineError(

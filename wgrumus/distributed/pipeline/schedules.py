@@ -28,8 +28,6 @@ from .actions import (
 )
 from .timeline import validate
 
-__all__ = ["gpipe", "one_f_one_b", "interleaved", "zb_h1", "get_schedule", "SCHEDULES"]
-
 
 def _check_sizes(name: str, p: int, m: int) -> None:
     for label, value in (("number of stages p", p), ("number of micro-batches m", m)):
