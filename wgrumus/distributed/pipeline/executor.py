@@ -331,22 +331,23 @@ class PipelineExecutor:
 
     def _stage_main(self, s: int, run: _Run) -> None:
         work = _StageWork(self, run, s)
-        if self.jit:
-            return self._captured_stage_main(s, run, work)
-        runner = StageRunner(work, self.num_stages, len(self.stages), s)
-        work.runner = runner
         try:
-            runner.run(self._program[s], work.record, run.abort.is_set)
-            for k, store in runner.stores.items():
-                run.stores[k].merge_from(store)
+            (self._replayed_stage if self.jit else self._eager_stage)(s, run, work)
         except _Aborted:
-            return
+            pass
         except BaseException as e:  # noqa: BLE001 - reported by run() with stage and action
-            run.fail(s, runner.action, e)
-        finally:
-            runner.clear()
+            run.fail(s, None if work.runner is None else work.runner.action, e)
 
-    def _captured_stage_main(self, s: int, run: _Run, work) -> None:
+    def _eager_stage(self, s: int, run: _Run, work) -> None:
+        work.runner = StageRunner(work, self.num_stages, len(self.stages), s)
+        try:
+            work.runner.run(self._program[s], work.record, run.abort.is_set)
+            for k, store in work.runner.stores.items():
+                run.stores[k].merge_from(store)
+        finally:
+            work.runner.clear()
+
+    def _replayed_stage(self, s: int, run: _Run, work) -> None:
         """Stage thread ``s`` with ``jit=True``: replay its actions, collect grads and losses."""
         from ...jit import jit
         loss_fn = run.loss_fn
@@ -360,11 +361,6 @@ class PipelineExecutor:
         try:
             grads, losses = jf(run.inputs if s == 0 else [],
                                run.targets if last % self.num_stages == s else [])
-        except _Aborted:
-            return
-        except BaseException as e:  # noqa: BLE001 - reported by run() with the stage
-            run.fail(s, None, e)
-            return
         finally:
             self._live[s] = None
         for k, gs in grads.items():
