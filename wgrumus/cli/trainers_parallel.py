@@ -178,7 +178,8 @@ class PipelineTrainer(TrainerBase):
     def device_stats(self, seconds: float) -> list[dict]:
         rows = []
         for r, ex in enumerate(self.execs):
-            busy = _busy_by_stage(ex)
+            tr = ex.last_trace  # None after a jit replay: no busy share
+            busy = None if tr is None else [1.0 - b for b in tr.stage_bubble_fractions()]
             for s in range(self.lay.pp):
                 d = self.stages[r][s].device
                 row = {"device": d.index, "role": f"replica {r} stage {s}",
@@ -196,9 +197,3 @@ def _step_stages(opts, store, clip=None) -> None:
         clip_grad_norm_([p for o in opts for p in o.params], clip, grads=store)
     for opt in opts:
         opt.step(store)
-
-
-def _busy_by_stage(ex):
-    """Share of the last step each stage spent computing (the executor's recorded trace)."""
-    tr = ex.last_trace  # None after a jit replay
-    return None if tr is None else [1.0 - b for b in tr.stage_bubble_fractions()]
