@@ -116,14 +116,17 @@ class CommThread:
             if req is None:
                 return
             try:
-                pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
-                                     chunk_bytes=self.chunk_bytes, inflight=self.inflight)
+                self._all_reduce(req)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 if not isinstance(e, CollectiveError):
                     req.barrier.abort(e)  # the other devices must not wait for us
                 req.handle._finish(e)
             else:
                 req.handle._finish()
+
+    def _all_reduce(self, req: _Request) -> None:  # (a jitter point of benchmarks/reliability.py)
+        pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
+                             chunk_bytes=self.chunk_bytes, inflight=self.inflight)
 
 
 def async_allreduce(comm: CommThread, x, barrier: CollectiveBarrier,
