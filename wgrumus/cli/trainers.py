@@ -52,9 +52,25 @@ def with_bookkeeping(opts, run):
 
 class TrainerBase:
     """Defaults shared by the trainers: rank 0 prints; under MPI every process stops after the
-    same step (others would wait for a rank that left)."""
+    same step (others would wait for a rank that left); one ``model`` with its replicas'
+    optimizers ``opts`` (identical states) on ``device`` checkpoints and predicts."""
     is_main = True
     group = None
+
+    def predict(self, x) -> np.ndarray:
+        return eval_forward(self.model, x, self.device)
+
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.opts[0].state_dict()}
+
+    def load_state_dict(self, sd) -> None:
+        self.model.load_state_dict(sd["model"])
+        self._loaded()
+        for o in self.opts:
+            o.load_state_dict(sd["optimizer"])
+
+    def _loaded(self) -> None:
+        """The model's weights were replaced (replicas copy them here)."""
 
     def agree_stop(self, flag: bool) -> bool:
         if self.group is not None:  # one rank's Ctrl-C stops them all
@@ -110,6 +126,7 @@ class SingleTrainer(TrainerBase):
         self.device = wr.devices()[0]
         self.model = task.make_model(self.device)
         self.opt = task.make_optimizer(self.model.parameters())
+        self.opts = [self.opt]
         self.amp = Precision(cfg.precision, self.device)
         self._step = wr.jit(self._train_step) if cfg.jit else self._train_step
 
@@ -124,16 +141,6 @@ class SingleTrainer(TrainerBase):
         x, y = to_tensor(x, self.device), to_tensor(y, self.device)
         loss = with_bookkeeping([self.opt], lambda: self._step(x, y))
         return float(loss.item())
-
-    def predict(self, x) -> np.ndarray:
-        return eval_forward(self.model, x, self.device)
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
-
-    def load_state_dict(self, sd) -> None:
-        self.model.load_state_dict(sd["model"])
-        self.opt.load_state_dict(sd["optimizer"])
 
     def close(self) -> None:
         """Free the captured step's buffers now (the trainer and its jit form a cycle)."""

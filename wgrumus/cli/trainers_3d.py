@@ -1,8 +1,7 @@
-"""The gpt trainer: dp x tp x pp (1x1x1 included) on parallel3d.RankTrainer, with long-lived
-ranks (threads from dist.spawn taking one command at a time, or this MPI process) that keep their
-shards and optimizer state. Checkpoints are dense, so a run resumes in any layout; --jit replays
-each rank's step from a wr.jit capture, its communication between the replayed segments.
-"""
+"""The gpt trainer: dp x tp x pp (1x1x1 included) on parallel3d.RankTrainer, with long-lived ranks
+(dist.spawn threads taking one command at a time, or this MPI process) keeping their shards and
+optimizer state. Checkpoints are dense, so a run resumes in any layout; --jit replays each rank's
+step from a wr.jit capture, its communication between the replayed segments."""
 from __future__ import annotations
 
 import queue
@@ -43,7 +42,7 @@ class _Rank:
         self.group, self.gcfg, self.lay = group, gcfg, lay
         self.rank = RankTrainer(group, gcfg, lay.dp, lay.tp, lay.pp, lay.schedule,
                                 lay.micro_batches, seed, task.activation_checkpointing)
-        self.map, self.device = self.rank.mapping, group.device
+        self.map, self.device, self.coords = self.rank.mapping, group.device, self.rank.coords
         self.names, self.params = self.rank.names, self.rank.params
         self.plan = gpt_shard_plan(self.names)
         self.opt = task.make_optimizer([self.params[n] for n in self.names],
@@ -75,10 +74,6 @@ class _Rank:
         """Give the captured step's buffers back to the pool (--jit)."""
         if self._jit is not None:
             self._jit.free()
-
-    @property
-    def coords(self):
-        return self.rank.coords
 
     def step(self, tokens: np.ndarray):
         """One optimizer step on ``tokens`` [B, T+1]; the global loss on rank (0, 0, last)."""
@@ -153,13 +148,11 @@ class ThreeDTrainer(TrainerBase):
             self.group.device = device
             self.rank = _Rank(self.group, self.gcfg, self.lay, task, cfg.seed, cfg.precision,
                               cfg.jit)
-            self._loss_rank = self._global_rank(0, 0, self.lay.pp - 1)
+            self._loss_rank = RankMapping.from_3d_coords(  # the rank that holds the loss
+                ThreeDParallelismConfig(self.lay.dp, self.lay.tp, self.lay.pp), 0, 0,
+                self.lay.pp - 1)
             return
         self._start_threads(wr.devices()[:self.lay.world])
-
-    def _global_rank(self, dp, tp, pp):
-        return RankMapping.from_3d_coords(ThreeDParallelismConfig(self.lay.dp, self.lay.tp,
-                                                                  self.lay.pp), dp, tp, pp)
 
     def _start_threads(self, devices):
         world = self.lay.world

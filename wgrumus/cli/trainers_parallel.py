@@ -14,7 +14,7 @@ from ..distributed.errors import CollectiveError
 from ..distributed.pipeline import PipelineExecutor, split_sequential
 from ..optim import clip_grad_norm_
 from .common import UsageError
-from .trainers import TrainerBase, eval_forward, to_tensor, with_bookkeeping
+from .trainers import TrainerBase, to_tensor, with_bookkeeping
 
 
 def _copy_weights(src, dst) -> None:
@@ -30,7 +30,7 @@ class DataParallelTrainer(TrainerBase):
         self.task = task
         devs = ([self.join_mpi(120.0)] if cfg.layout.backend == "mpi"
                 else wr.devices()[:cfg.layout.world])
-        self.model = task.make_model(devs[0])
+        self.model, self.device = task.make_model(devs[0]), devs[0]
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,
                                group=self.group, jit=cfg.jit)
         self.opts = [task.make_optimizer(list(r.parameters())) for r in self.dp.replicas]
@@ -39,17 +39,8 @@ class DataParallelTrainer(TrainerBase):
         return with_bookkeeping(self.opts if self.dp.jit else [], lambda: float(
             self.dp.train_step(x, y, self.task.loss, self.opts)))
 
-    def predict(self, x) -> np.ndarray:
-        return eval_forward(self.model, x, self.dp.devices[0])
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opts[0].state_dict()}
-
-    def load_state_dict(self, sd) -> None:
-        self.model.load_state_dict(sd["model"])
+    def _loaded(self) -> None:
         self.dp.broadcast_weights()
-        for o in self.opts:
-            o.load_state_dict(sd["optimizer"])
 
     def device_stats(self, seconds: float) -> list[dict]:
         rows = [{"device": d.index, "role": f"replica {k}", "dispatches": d.dispatches,
@@ -187,7 +178,8 @@ class PipelineTrainer(TrainerBase):
     def device_stats(self, seconds: float) -> list[dict]:
         rows = []
         for r, ex in enumerate(self.execs):
-            busy = _busy_by_stage(ex)
+            tr = ex.last_trace  # None after a jit replay: no busy share
+            busy = None if tr is None else [1.0 - b for b in tr.stage_bubble_fractions()]
             for s in range(self.lay.pp):
                 d = self.stages[r][s].device
                 row = {"device": d.index, "role": f"replica {r} stage {s}",
@@ -205,9 +197,3 @@ def _step_stages(opts, store, clip=None) -> None:
         clip_grad_norm_([p for o in opts for p in o.params], clip, grads=store)
     for opt in opts:
         opt.step(store)
-
-
-def _busy_by_stage(ex):
-    """Share of the last step each stage spent computing (the executor's recorded trace)."""
-    tr = ex.last_trace  # None after a jit replay
-    return None if tr is None else [1.0 - b for b in tr.stage_bubble_fractions()]

@@ -1,13 +1,9 @@
 """CollectiveBarrier: an in-process rendezvous that reduces one array per participant, round after
-round.
-
-The arrival that fills a round swaps in a fresh round object before anyone leaves, so a fast
-participant that comes straight back can never read the previous round's result (the original
-design's defect). A round is reduced once, in rank order (bits independent of arrival order):
-large ones in chunks claimed without a lock by the participants and helper threads on spare cores
-(numpy releases the GIL). A missing participant or ``abort`` breaks the barrier for good with a
-CollectiveError.
-"""
+round. The arrival that fills a round swaps in a fresh round before anyone leaves, so a fast
+participant coming straight back never reads the previous round's result (the original design's
+defect). A round is reduced once, in rank order (bits independent of arrival order), large ones in
+chunks claimed lock-free by the participants and helper threads (numpy releases the GIL). A
+missing participant or ``abort`` breaks the barrier for good with a CollectiveError."""
 from __future__ import annotations
 
 import contextlib
@@ -496,16 +492,15 @@ class CollectiveBarrier:
             raise err from (b.__cause__ or b)
 
     def _missing_error(self, rnd: _Round, timeout: float) -> CollectiveError:
-        n = len(rnd.arrived)
-        if rnd.ranked:
-            missing = sorted(set(range(self.world_size)) - set(rnd.arrived))
+        head = f"CollectiveBarrier round {rnd.gen}: "
+        if not rnd.ranked:
             return CollectiveError(
-                f"CollectiveBarrier round {rnd.gen}: rank(s) {', '.join(map(str, missing))} did "
-                f"not arrive within {timeout} s (arrived: "
-                f"{', '.join(map(str, sorted(rnd.arrived)))})", missing=missing, timed_out=True)
+                f"{head}{self.world_size - len(rnd.arrived)} of {self.world_size} participants "
+                f"did not arrive within {timeout} s (pass rank= to name them)", timed_out=True)
+        missing = sorted(set(range(self.world_size)) - set(rnd.arrived))
         return CollectiveError(
-            f"CollectiveBarrier round {rnd.gen}: {self.world_size - n} of {self.world_size} "
-            f"participants did not arrive within {timeout} s (pass rank= to name them)",
+            f"{head}rank(s) {', '.join(map(str, missing))} did not arrive within {timeout} s "
+            f"(arrived: {', '.join(map(str, sorted(rnd.arrived)))})", missing=missing,
             timed_out=True)
 
     def _gone_error(self, rnd: _Round) -> CollectiveError:

@@ -1,10 +1,8 @@
 """Collective strategies (Ring: bandwidth-optimal, Tree(arity): latency-optimal, Centralized,
-Native: the backend's own, Auto: by size) and their algorithms, written against the transport's
-``isend``/``recv`` only so they run between threads and MPI processes alike. CollectiveConfig is
-ported from pmetal, a Rust framework that picks a strategy per message size and world. Each element
+Native: the backend's own, Auto: by size; CollectiveConfig follows pmetal, a Rust framework) and
+their algorithms over the transport's ``isend``/``recv``, for threads and MPI alike. Each element
 is combined once, in a fixed order, by one rank, so all ranks agree bit for bit; sent arrays are
-never modified (thread transports pass them by reference).
-"""
+never modified (thread transports pass them by reference)."""
 from __future__ import annotations
 
 import math
@@ -194,8 +192,7 @@ def tree_depth(world_size: int, arity: int) -> int:
 
 
 def _combine(a, b, op, into=None):
-    """op(a, b) into ``into`` (a private array) or a fresh one: never into a received array,
-    which may be shared with other ranks."""
+    """op(a, b) into ``into`` (private) or a fresh array, never into a received (shared) one."""
     return _UFUNCS[op](a, b, out=into)
 
 

@@ -124,7 +124,7 @@ class CommThread:
             else:
                 req.handle._finish()
 
-    def _all_reduce(self, req: _Request) -> None:
+    def _all_reduce(self, req: _Request) -> None:  # (a jitter point of benchmarks/reliability.py)
         pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
                              chunk_bytes=self.chunk_bytes, inflight=self.inflight)
 

@@ -1,8 +1,6 @@
 """DataParallel: one replica per device (``threads``) or process (``mpi``), each on its own thread
-and tape, gradients all-reduced in buckets while backward still runs (PyTorch DDP's scheme).
-Every replica steps with bit-identical gradients, so replicas stay identical without
-re-broadcasting.
-"""
+and tape, gradients all-reduced in buckets while backward still runs (PyTorch DDP's scheme); the
+replicas step with bit-identical gradients, so they stay identical without re-broadcasting."""
 from __future__ import annotations
 
 import contextlib
@@ -160,15 +158,11 @@ def _check_loss(loss):
 
 
 class DataParallel:
-    """Replicas of ``module`` (replica 0, moved to ``devices[0]``) on ``devices``.
-
-    ``backend="mpi"``: this process holds one replica (default device ``rank % len(wr.devices())``)
-    and ``group`` (default ``init_process_group("mpi")``) connects them; every process passes the
-    same global batch. ``shard_optimizer_state=True`` is ZeRO-1: each replica's optimizer keeps
-    state for the ~1/N parameters it owns, which are then copied to the others. ``jit=True``
-    replays each replica's step from a ``wr.jit`` capture, bucket all-reduces still overlapping
-    backward (steps inside ``no_sync`` run eagerly).
-    """
+    """Replicas of ``module`` (replica 0, moved to ``devices[0]``) on ``devices``. ``backend=
+    "mpi"``: this process holds one replica (device ``rank % len(wr.devices())``) joined by
+    ``group`` (default ``init_process_group("mpi")``); every process passes the same batch.
+    ``shard_optimizer_state=True`` is ZeRO-1. ``jit=True`` replays each replica's step from a
+    ``wr.jit`` capture, buckets still overlapping backward (``no_sync`` steps run eagerly)."""
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
                  first_bucket_mb: float = 1.0, backend: str = "threads", group=None,
@@ -313,13 +307,12 @@ class DataParallel:
                 rank, phase, value, err = results.get(timeout=max(0.0, deadline -
                                                                   time.monotonic()))
             except queue.Empty:
-                stuck = [w.rank for w in self._workers if out[w.rank] is None and
-                         w.rank not in [f[0] for f in failures]]
-                exc = ReplicaError(f"DataParallel: replica(s) {stuck} did not finish within "
-                                   f"{self.timeout * 2} s (phase "
-                                   f"{self._workers[stuck[0]].phase}); check for a hang in the "
-                                   f"model or raise timeout=", stuck[0],
-                                   self._workers[stuck[0]].phase)
+                failed = [f[0] for f in failures]
+                stuck = [w for w in self._workers if out[w.rank] is None and w.rank not in failed]
+                exc = ReplicaError(f"DataParallel: replica(s) {[w.rank for w in stuck]} did not "
+                                   f"finish within {self.timeout * 2} s (phase {stuck[0].phase}); "
+                                   f"check for a hang in the model or raise timeout=",
+                                   stuck[0].rank, stuck[0].phase)
                 self.group.abort(exc)
                 raise exc from None
             if err is not None:
@@ -372,7 +365,7 @@ class DataParallel:
 
     __call__ = forward
 
-    def _local_bounds(self, bounds, k):
+    def _local_bounds(self, bounds, k):  # rows of this process's replica k (its group rank)
         r = self.groups[k].rank
         return int(bounds[r]), int(bounds[r + 1])
 

@@ -44,17 +44,21 @@ def on_devices(group, name: str, x, **kw):
         raise err
     if not all(e[1] for e in everyone):
         return None
-    dtypes = {e[2] for e in everyone}
+    if len({e[2] for e in everyone}) > 1:
+        return _mismatch(group, name, everyone)
     shapes = [e[3] for e in everyone]
-    if len(dtypes) > 1:
+    shape = shapes[group.rank]
+    if name in ("reduce_scatter", "all_gather") and (not shape or kw["axis"] % len(shape)):
+        return None  # along another axis than dim 0: the host path
+    # what must be equal on every rank: the shape (all_gather: all but dim 0, which must exist)
+    alike = {(len(sh) > 0, sh[1:]) if name == "all_gather" else sh for sh in shapes}
+    if len(alike) > 1:
         return _mismatch(group, name, everyone)
     fn = {"all_reduce": _all_reduce, "reduce_scatter": _reduce_scatter,
           "all_gather": _all_gather, "broadcast": _broadcast}[name]
     plan = fn(group, s, shapes, **kw)
     if plan is None:
         return None
-    if plan is _MISMATCH:
-        return _mismatch(group, name, everyone)
     out, work = plan
 
     def go(_tag, _deadline):
@@ -62,9 +66,6 @@ def on_devices(group, name: str, x, **kw):
         return out
 
     return group._run(name, s.nbytes, go)
-
-
-_MISMATCH = object()
 
 
 def _mismatch(group, name, everyone):
@@ -86,8 +87,6 @@ def _aligned(bounds, isz) -> bool:
 
 
 def _all_reduce(group, s, shapes, op):
-    if len(set(shapes)) > 1:
-        return _MISMATCH
     out, dst = _empty_like(s, shapes[0])
     return out, lambda barrier: pipelined.all_reduce(s, barrier, group.rank, op, dst=dst)
 
@@ -98,10 +97,6 @@ def _rows(shape):
 
 def _reduce_scatter(group, s, shapes, op, axis):
     shape = shapes[group.rank]
-    if len(shape) == 0 or axis % len(shape) != 0:
-        return None
-    if len(set(shapes)) > 1:
-        return _MISMATCH
     rows, per = _rows(shape)
     b = split_bounds(rows, group.world_size)
     parts = [i * per for i in b]
@@ -114,10 +109,6 @@ def _reduce_scatter(group, s, shapes, op, axis):
 
 def _all_gather(group, s, shapes, axis):
     shape = shapes[group.rank]
-    if len(shape) == 0 or axis % len(shape) != 0:
-        return None
-    if len({sh[1:] for sh in shapes}) > 1 or any(len(sh) == 0 for sh in shapes):
-        return _MISMATCH
     per = _rows(shape)[1]
     parts = np.concatenate([[0], np.cumsum([sh[0] * per for sh in shapes])]).tolist()
     if not _aligned(parts, s.dtype.itemsize):
@@ -127,8 +118,6 @@ def _all_gather(group, s, shapes, axis):
 
 
 def _broadcast(group, s, shapes, root):
-    if len(set(shapes)) > 1:
-        return _MISMATCH
     out, dst = _empty_like(s, shapes[root])
     if group.rank == root:  # the root's result is a device copy of its input
         def work(barrier):

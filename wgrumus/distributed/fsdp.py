@@ -1,11 +1,9 @@
-"""FSDP: each rank keeps a dim-0 shard of every parameter (zero-padded to equal shards), which
-its optimizer updates. Parameters are gathered and freed by *units* (each outermost ``auto_wrap``
-submodule, plus the root's rest) around the unit's forward; in backward the unit re-gathers them
-and each gradient is reduce-scattered (mean) to its shard once final. So a rank holds at most one
-unit's full parameters, and the next unit's gather runs ahead on the group's background thread.
-Only the Parameters' device buffers come and go, so views saved for backward see the re-gathered
-data.
-"""
+"""FSDP: each rank keeps a dim-0 shard of every parameter (zero-padded to equal shards), which its
+optimizer updates. Parameters are gathered and freed by *units* (each outermost ``auto_wrap``
+submodule, plus the root's rest) around the unit's forward and again in its backward, where each
+gradient is reduce-scattered (mean) to its shard once final: a rank holds at most one unit's full
+parameters while the next unit's gather runs ahead on the group's background thread. Only the
+device buffers come and go, so views saved for backward see the re-gathered data."""
 from __future__ import annotations
 
 import functools
@@ -14,8 +12,6 @@ import numpy as np
 
 from ..autograd.tape import is_grad_enabled, record
 from ..tensor import Tensor, tensor
-
-__all__ = ["FSDP"]
 
 
 class _ShardedParam:
@@ -173,8 +169,7 @@ class FSDP:
         self._order: list = []  # units in the order the last forward entered them
         self._seen: list = []
 
-    def parameters(self):
-        """The shards: what the optimizer updates."""
+    def parameters(self):  # the shards: what the optimizer updates
         return [f.shard for f in self._flats]
 
     def named_parameters(self):
@@ -257,8 +252,8 @@ class FSDP:
                     out[k] = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
         return out
 
-    def close(self) -> None:
-        """Nothing to stop: the collectives run on the group's thread (``group.close()``)."""
+    def close(self) -> None:  # nothing to stop: the collectives run on the group's thread
+        pass
 
 
 def _free(p: Tensor) -> None:

@@ -1,14 +1,11 @@
-"""3D parallelism: data x tensor x pipeline subgroups of a world group (the layout of torsh, a
-Rust framework). Ranks follow Megatron, ``rank = pp * (dp_size * tp_size) + dp * tp_size + tp``:
-TP exchanges the most data, so its ranks are adjacent (one node, consecutive devices).
-"""
+"""3D parallelism: data x tensor x pipeline subgroups of a world group (torsh's layout, a Rust
+framework). Ranks follow Megatron, ``rank = pp * (dp_size * tp_size) + dp * tp_size + tp``: TP
+exchanges the most data, so its ranks are adjacent (one node, consecutive devices)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .process_group import ProcessGroup
-
-__all__ = ["ThreeDParallelismConfig", "RankMapping", "ProcessGroupManager", "ProcessGroup"]
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,8 @@ def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
                for r in range(world_size)]
     for t in threads:
         t.start()
-    stuck = _join(threads, failures, cfg.timeout)
+    stuck = join_threads(threads, lambda: min((f[0] for f in failures), default=None),
+                         cfg.timeout)
     world.close(0)  # the ranks' CommThreads (asynchronous device collectives) end on their own
     if failures:
         first = min(failures, key=lambda f: f[0])[2]
@@ -93,13 +94,15 @@ def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
     return results
 
 
-def _join(threads, failures, grace: float) -> list[int]:
-    """Wait for every thread; after the first failure wait at most ``grace`` seconds more."""
+def join_threads(threads, failed_at, grace: float) -> list[int]:
+    """Wait for every thread, at most ``grace`` s past ``failed_at()`` (the first failure's
+    ``time.monotonic()``, None while there is none); the indices of those still alive."""
     while True:
         alive = [t for t in threads if t.is_alive()]
         if not alive:
             return []
-        if failures and time.monotonic() - min(f[0] for f in failures) > grace:
+        t0 = failed_at()
+        if t0 is not None and time.monotonic() - t0 > grace:
             return [threads.index(t) for t in alive]
         alive[0].join(0.05)
 

@@ -1,9 +1,7 @@
 """3D-parallel GPT training: each rank (thread or MPI process) is a :class:`RankTrainer` that
 builds ``nn.GPT`` from the seed, keeps its pipeline chunks' blocks sharded over its TP group, runs
-its action list through the one schedule interpreter over the pipeline group's send/recv and
-averages gradients over its DP group. Every layout starts from the same dense model and batches,
-so the loss curves of all layouts agree.
-"""
+its action list through the one schedule interpreter and averages gradients over its DP group.
+Every layout starts from the same dense model and batches, so all layouts' losses agree."""
 from __future__ import annotations
 
 import math
@@ -300,9 +298,7 @@ def _default_devices(world: int, backend: str) -> list:
     """The first ``world`` devices; under MPI rank r takes this host's device r mod n."""
     from ..runtime import devices as _devs
     devs = _devs()
-    if backend == "mpi":
-        return [devs[r % len(devs)] for r in range(world)]
-    return devs[:world]
+    return [devs[r % len(devs)] for r in range(world)] if backend == "mpi" else devs[:world]
 
 
 def _token_rows(cfg: GPTConfig, data, batch_size: int, seed: int) -> np.ndarray:
@@ -321,14 +317,11 @@ def _token_rows(cfg: GPTConfig, data, batch_size: int, seed: int) -> np.ndarray:
 
 
 def _config(config) -> GPTConfig:
-    if config is None:
-        return GPTConfig()
-    if isinstance(config, GPTConfig):
-        return config
+    if config is None or isinstance(config, GPTConfig):
+        return config or GPTConfig()
     if isinstance(config, dict):
         known = set(GPTConfig.__dataclass_fields__)
-        bad = set(config) - known
-        if bad:
+        if bad := set(config) - known:
             raise ValueError(f"unknown GPT config keys {sorted(bad)}; known: {sorted(known)}")
         return GPTConfig(**config)
     raise TypeError(f"config must be a GPTConfig or a dict, got {type(config).__name__}")

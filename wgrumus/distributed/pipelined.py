@@ -1,10 +1,8 @@
-"""Device collectives through pipelined staging (under CommThread and the thread backend).
-
-WebGPU has no peer-to-peer path between adapters, so data goes device -> mapped staging -> host
--> staging -> device, in chunks: with ``inflight`` downloads queued, chunk k+1's download, chunk
-k's host step (one ``CollectiveBarrier.exchange`` round, reading and writing mapped memory in
-place) and chunk k-1's upload overlap. A failure unmaps what the call holds and breaks the barrier.
-"""
+"""Device collectives through pipelined staging (CommThread and the thread backend). WebGPU has no
+peer-to-peer path between adapters, so data goes device -> mapped staging -> host -> staging ->
+device in chunks: chunk k+1's download (``inflight`` queued), chunk k's host step (one
+``CollectiveBarrier.exchange`` round on the mapped memory in place) and chunk k-1's upload overlap.
+A failure unmaps what the call holds and breaks the barrier."""
 from __future__ import annotations
 
 import time

@@ -62,17 +62,18 @@ class ProcessGroup:
     def __init__(self, transport, config: CollectiveConfig | None = None, device=None,
                  name: str = "world", ranks=None):
         self._t = transport
+        self.rank, self.world_size, self.backend = transport.rank, transport.size, transport.backend
         self.config = (config or CollectiveConfig(num_devices=transport.size)).validate()
-        self.device = device
-        self.name = name
+        self.device, self.name = device, name
         self.ranks = tuple(ranks) if ranks is not None else tuple(range(transport.size))
         self._lock = threading.RLock()
-        self._seq = 0
-        self._splits = 0
+        self._seq = self._splits = 0
         self._hier = None
         self._broken: CollectiveError | None = None
+        # user tags below, collective tags (a sequence number each) from the middle up
         self._coll_base = transport.tag_ub // 2 + 1
         self._coll_span = transport.tag_ub - self._coll_base
+        self.max_user_tag = self._coll_base - 1
         self._ops: dict[str, list] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._children: list[ProcessGroup] = []
@@ -82,24 +83,8 @@ class ProcessGroup:
                 f"{self.backend}, ranks {list(self.ranks)})")
 
     @property
-    def rank(self) -> int:
-        return self._t.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._t.size
-
-    @property
-    def backend(self) -> str:
-        return self._t.backend
-
-    @property
     def timeout(self) -> float:
         return self.config.timeout
-
-    @property
-    def max_user_tag(self) -> int:
-        return self._coll_base - 1
 
     def _run(self, name: str, nbytes, fn, collective: bool = True, detail: str = ""):
         """One operation under the group's deadline, with stats; any error breaks the group.
@@ -469,12 +454,8 @@ class ProcessGroup:
     def stats(self) -> dict:
         """Calls, payload bytes and seconds per operation and in total, plus the transport's."""
         ops = {k: {"calls": v[0], "bytes": v[1], "seconds": v[2]} for k, v in self._ops.items()}
-        out = {"operations": sum(v["calls"] for v in ops.values()),
-               "bytes": sum(v["bytes"] for v in ops.values()),
-               "seconds": sum(v["seconds"] for v in ops.values()),
-               "by_op": ops}
-        out.update(self._t.stats)
-        return out
+        totals = [sum(v[i] for v in self._ops.values()) for i in range(3)]
+        return dict(zip(("operations", "bytes", "seconds"), totals), by_op=ops, **self._t.stats)
 
 
 def _captured(x) -> bool:

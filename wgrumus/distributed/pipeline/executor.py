@@ -13,6 +13,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -20,15 +21,13 @@ from ...autograd import GradientStore, Tape, no_grad
 from ...runtime.capture import host_op
 from ...runtime.errors import ShapeError, WgrumusError
 from ...tensor import Tensor, tensor
+from ..launch import join_threads
 from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
 from .runtime import StageRunner
-from .schedules import get_schedule
+from .schedules import get_schedule, schedule_key
 from .stage import PipelineStage
 from .timeline import validate
 from .trace import ActionRecord, PipelineTrace
-
-__all__ = ["PipelineExecutor", "PipelineError", "PipelineShapeError", "PipelineConfigError",
-           "PipelineTimeoutError"]
 
 _POLL = 0.02  # seconds between checks of the abort event while blocked on a channel
 
@@ -122,11 +121,12 @@ class _Run:
     abort: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     error: tuple | None = None  # (stage, action, exception) of the first failure
+    failed_at: float | None = None  # its time.monotonic()
 
     def fail(self, stage: int, action, exc: BaseException) -> None:
         with self.lock:
             if self.error is None:
-                self.error = (stage, action, exc)
+                self.error, self.failed_at = (stage, action, exc), time.monotonic()
         self.abort.set()
 
 
@@ -168,43 +168,39 @@ class PipelineExecutor:
         n, m = len(self.stages), self.num_micro_batches
         try:
             if isinstance(schedule, str):
-                key = schedule.strip().lower().replace("_", "-")
-                if key in ("interleaved", "interleaved-1f1b"):
-                    v = 2 if num_chunks is None else num_chunks
-                    if not isinstance(v, int) or v < 2:
-                        raise PipelineConfigError(
-                            f"interleaved schedule needs num_chunks >= 2 model chunks per stage, "
-                            f"got {v!r}; use schedule='1f1b' for one chunk per stage")
-                    if n % v:
-                        raise PipelineConfigError(
-                            f"interleaved schedule with num_chunks={v} needs the number of "
-                            f"PipelineStages to be a multiple of {v} (p stages x {v} chunks), "
-                            f"got {n}; split the model into {v * max(1, n // v)} or "
-                            f"{v * (n // v + 1)} pieces")
-                    sched = get_schedule("interleaved", n // v, m, v=v)
-                else:
+                if schedule_key(schedule) != "interleaved":
                     if num_chunks not in (None, 1):
                         raise PipelineConfigError(
                             f"num_chunks={num_chunks} only applies to schedule='interleaved'")
-                    sched = get_schedule(key.replace("one-f-one-b", "1f1b"), n, m)
-            elif isinstance(schedule, (Schedule, list, tuple)):
-                sched = validate(schedule)
-                if sched.num_microbatches != m:
+                    return get_schedule(schedule, n, m)
+                v = 2 if num_chunks is None else num_chunks
+                if not isinstance(v, int) or v < 2:
                     raise PipelineConfigError(
-                        f"the schedule is for {sched.num_microbatches} micro-batches but the "
-                        f"executor was built with num_micro_batches={m}")
-                if sched.num_virtual_stages != n:
+                        f"interleaved schedule needs num_chunks >= 2 model chunks per stage, "
+                        f"got {v!r}; use schedule='1f1b' for one chunk per stage")
+                if n % v:
                     raise PipelineConfigError(
-                        f"the schedule has {sched.num_stages} stage(s) x {sched.num_chunks} "
-                        f"chunk(s) = {sched.num_virtual_stages} model pieces, but {n} "
-                        f"PipelineStages were given")
-            else:
+                        f"interleaved schedule with num_chunks={v} needs the number of "
+                        f"PipelineStages to be a multiple of {v} (p stages x {v} chunks), got "
+                        f"{n}; split the model into {v * max(1, n // v)} or {v * (n // v + 1)} "
+                        f"pieces")
+                return get_schedule("interleaved", n // v, m, v=v)
+            if not isinstance(schedule, (Schedule, list, tuple)):
                 raise PipelineConfigError(
                     f"schedule must be a name ('1f1b', 'gpipe', 'interleaved', 'zb_h1') or a "
                     f"Schedule, got {type(schedule).__name__}")
+            sched = validate(schedule)
         except ScheduleError as e:  # (a PipelineConfigError is no ScheduleError: it passes)
             raise PipelineConfigError(f"cannot build pipeline schedule {schedule!r} for "
                                       f"{n} PipelineStage(s) and {m} micro-batch(es): {e}") from e
+        if sched.num_microbatches != m:
+            raise PipelineConfigError(
+                f"the schedule is for {sched.num_microbatches} micro-batches but the executor "
+                f"was built with num_micro_batches={m}")
+        if sched.num_virtual_stages != n:
+            raise PipelineConfigError(
+                f"the schedule has {sched.num_stages} stage(s) x {sched.num_chunks} chunk(s) = "
+                f"{sched.num_virtual_stages} model pieces, but {n} PipelineStages were given")
         return sched
 
     def _split(self, data, what: str, device):
@@ -312,15 +308,8 @@ class PipelineExecutor:
 
     def _join(self, threads, run: _Run) -> None:
         """Wait for every stage thread (after a failure, ``timeout + 5`` s at most)."""
-        deadline = None
-        for t in threads:
-            while t.is_alive():
-                t.join(_POLL * 5)
-                if run.abort.is_set():
-                    deadline = deadline or time.perf_counter() + run.timeout + 5.0
-                    if time.perf_counter() > deadline:
-                        break
-        alive = [t.name for t in threads if t.is_alive()]
+        alive = [threads[i].name for i in join_threads(threads, lambda: run.failed_at,
+                                                       run.timeout + 5.0)]
         if alive:
             first = run.error[2] if run.error else None
             raise PipelineError(
@@ -336,29 +325,29 @@ class PipelineExecutor:
         if a is not None:
             where += f", micro-batch {a.mb}" + (f" chunk {a.chunk}" if self.num_chunks > 1 else "")
             where += f" (action {a!r}, schedule {self.schedule.name!r})"
-        cls = PipelineShapeError if isinstance(exc, ShapeError) else PipelineError
-        if isinstance(exc, PipelineTimeoutError):
-            cls = PipelineTimeoutError
+        cls = PipelineTimeoutError if isinstance(exc, PipelineTimeoutError) else \
+            PipelineShapeError if isinstance(exc, ShapeError) else PipelineError
         raise cls(f"{where} failed: {type(exc).__name__}: {exc}", s, a) from exc
 
     def _stage_main(self, s: int, run: _Run) -> None:
         work = _StageWork(self, run, s)
-        if self.jit:
-            return self._captured_stage_main(s, run, work)
-        runner = StageRunner(work, self.num_stages, len(self.stages), s)
-        work.runner = runner
         try:
-            runner.run(self._program[s], work.record, run.abort.is_set)
-            for k, store in runner.stores.items():
-                run.stores[k].merge_from(store)
+            (self._replayed_stage if self.jit else self._eager_stage)(s, run, work)
         except _Aborted:
-            return
+            pass
         except BaseException as e:  # noqa: BLE001 - reported by run() with stage and action
-            run.fail(s, runner.action, e)
-        finally:
-            runner.clear()
+            run.fail(s, None if work.runner is None else work.runner.action, e)
 
-    def _captured_stage_main(self, s: int, run: _Run, work) -> None:
+    def _eager_stage(self, s: int, run: _Run, work) -> None:
+        work.runner = StageRunner(work, self.num_stages, len(self.stages), s)
+        try:
+            work.runner.run(self._program[s], work.record, run.abort.is_set)
+            for k, store in work.runner.stores.items():
+                run.stores[k].merge_from(store)
+        finally:
+            work.runner.clear()
+
+    def _replayed_stage(self, s: int, run: _Run, work) -> None:
         """Stage thread ``s`` with ``jit=True``: replay its actions, collect grads and losses."""
         from ...jit import jit
         loss_fn = run.loss_fn
@@ -372,11 +361,6 @@ class PipelineExecutor:
         try:
             grads, losses = jf(run.inputs if s == 0 else [],
                                run.targets if last % self.num_stages == s else [])
-        except _Aborted:
-            return
-        except BaseException as e:  # noqa: BLE001 - reported by run() with the stage
-            run.fail(s, None, e)
-            return
         finally:
             self._live[s] = None
         for k, gs in grads.items():
@@ -391,7 +375,9 @@ class PipelineExecutor:
         """Stage thread ``s``'s step as ``jit=True`` captures it: ({virtual stage: gradients in
         parameter order}, micro-batch losses)."""
         m = self.num_micro_batches
-        feed = _Feed(m, inputs or [None] * m, targets or [None] * m, loss_fn)
+        # what _StageWork.forward reads of a _Run
+        feed = SimpleNamespace(m=m, inputs=inputs or [None] * m, targets=targets or [None] * m,
+                               loss_fn=loss_fn, losses=[None] * m)
         runner = StageRunner(_CapturedStageWork(self, feed, s), self.num_stages,
                              len(self.stages), s)
         try:
@@ -497,19 +483,6 @@ class _StageWork:
         self.run.records[self.s].append(ActionRecord(
             self.s, a, start - t0, end - t0, self.wait, self.runner.live_bytes, got, None))
         self.wait, self.got, self.start = 0.0, None, None
-
-
-@dataclass
-class _Feed:
-    """A captured stage's micro-batches and loss (what ``_StageWork.forward`` reads of a run)."""
-    m: int
-    inputs: list
-    targets: list
-    loss_fn: object
-    losses: list = None
-
-    def __post_init__(self):
-        self.losses = [None] * self.m
 
 
 class _CapturedStageWork(_StageWork):

@@ -1,12 +1,9 @@
 """The one schedule interpreter: walks a stage's action list (compute and SEND/RECV) for the
-in-process PipelineExecutor and the 3D ranks alike, through a caller's ``work`` object
-(``forward(action, k, x)``, ``send``, ``recv``, optional ``activation_bytes``).
-
-Each forward records on a fresh tape with the received activation as a leaf, so its backward
-yields exactly the gradient to send upstream. ``BI`` runs the whole backward (the engine computes
-input and weight gradients in one call) and ``BW`` adds the held weight gradients: ZB-H1's order
-with 1F1B's work per slot.
-"""
+PipelineExecutor and the 3D ranks alike, through a caller's ``work`` object (``forward(action, k,
+x)``, ``send``, ``recv``, optional ``activation_bytes``). Each forward records on a fresh tape with
+the received activation as a leaf, so its backward yields exactly the gradient to send upstream.
+``BI`` runs the whole backward (the engine computes input and weight gradients in one call) and
+``BW`` adds the held weight gradients: ZB-H1's order with 1F1B's work per slot."""
 from __future__ import annotations
 
 import time
@@ -23,8 +20,6 @@ from ...autograd import (
 )
 from ...tensor import activation_leaf
 from .actions import BACKWARD, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, Action
-
-__all__ = ["StageRunner", "ScheduleExecutionError"]
 
 
 class ScheduleExecutionError(RuntimeError):

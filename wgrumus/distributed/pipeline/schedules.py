@@ -28,8 +28,6 @@ from .actions import (
 )
 from .timeline import validate
 
-__all__ = ["gpipe", "one_f_one_b", "interleaved", "zb_h1", "get_schedule", "SCHEDULES"]
-
 
 def _check_sizes(name: str, p: int, m: int) -> None:
     for label, value in (("number of stages p", p), ("number of micro-batches m", m)):
@@ -131,8 +129,13 @@ def zb_h1(p: int, m: int) -> Schedule:
 SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b,
                                                   "interleaved": interleaved, "zb-h1": zb_h1}
 
-_ALIASES = {"one_f_one_b": "1f1b", "zb_h1": "zb-h1", "zbh1": "zb-h1",
-            "interleaved_1f1b": "interleaved"}
+_ALIASES = {"one-f-one-b": "1f1b", "zbh1": "zb-h1", "interleaved-1f1b": "interleaved"}
+
+
+def schedule_key(name: str) -> str:
+    """The SCHEDULES key of ``name`` (case, ``_`` for ``-`` and the aliases accepted)."""
+    key = name.strip().lower().replace("_", "-")
+    return _ALIASES.get(key, key)
 
 
 def get_schedule(name: str, p: int, m: int, **kwargs) -> Schedule:
@@ -140,8 +143,7 @@ def get_schedule(name: str, p: int, m: int, **kwargs) -> Schedule:
     go to the builder (``v=`` for "interleaved")."""
     if not isinstance(name, str):
         raise ScheduleError(f"schedule name must be a string, got {name!r}")
-    key = name.strip().lower()
-    key = _ALIASES.get(key, key)
+    key = schedule_key(name)
     if key not in SCHEDULES:
         raise ScheduleError(f"unknown pipeline schedule {name!r}; choose one of "
                             f"{sorted(SCHEDULES)}")

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from ...nn import Module, Sequential
 from .stage import PipelineStage, moved_to, num_parameters, parameters_of
 
-__all__ = ["StageChain", "balanced_partition", "split_sequential", "split_gpt", "num_parameters"]
-
 
 class StageChain:
     """The model's own consecutive layers applied in order, for stages with a layer that is no

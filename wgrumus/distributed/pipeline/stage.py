@@ -7,8 +7,6 @@ from typing import Any
 from ...runtime import get_device
 from ...runtime.errors import DeviceMismatchError
 
-__all__ = ["PipelineStage"]
-
 
 class PipelineStage:
     """``module_or_fn`` (a Module, anything with ``to``/``parameters``, or a callable) living and

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 from .actions import Action, Schedule
 
-__all__ = ["ActionRecord", "PipelineTrace"]
-
 
 @dataclass(frozen=True)
 class ActionRecord:

@@ -219,24 +219,24 @@ class MPITransport(_Liveness):
         MPI = self.MPI
         return {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
 
-    def _run(self, start, deadline, what):
+    def _run(self, start, deadline, what, out=None, op=None):
+        """Poll the request ``start()`` returns; then ``out`` (divided by size for a mean)."""
         try:
             req = start()
-            self._poll(req.Test, deadline,
-                       f"MPI {what} did not complete (a rank did not arrive)")
+            self._poll(req.Test, deadline, f"MPI {what} did not complete (a rank did not arrive)")
         except self.MPI.Exception as e:
             raise CollectiveError(f"rank {self.rank}: MPI {what} failed: {e}") from e
+        if out is not None and op == "mean":
+            np.divide(out, self.size, out=out)
+        return out
 
     def native_all_reduce(self, arr, op, deadline):
         if self.native_shared(arr.nbytes) and (node := self._node(deadline)) is not None:
             return node.all_reduce(arr, op, deadline)
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr)
-        self._run(lambda: self.comm.Iallreduce([arr, t], [out, t], self._op(op)), deadline,
-                  "Iallreduce")
-        if op == "mean":
-            np.divide(out, self.size, out=out)
-        return out
+        return self._run(lambda: self.comm.Iallreduce([arr, t], [out, t], self._op(op)),
+                         deadline, "Iallreduce", out, op)
 
     def native_shared(self, nbytes: int) -> bool:
         """A native all-reduce of ``nbytes`` goes through the host's shared memory (faster)."""
@@ -265,19 +265,16 @@ class MPITransport(_Liveness):
     def native_reduce(self, arr, op, root, deadline):
         t = self._mpi_type(arr.dtype)
         out = np.empty_like(arr) if self.rank == root else None
-        self._run(lambda: self.comm.Ireduce([arr, t], [out, t] if out is not None else None,
-                                            self._op(op), root), deadline, "Ireduce")
-        if out is not None and op == "mean":
-            np.divide(out, self.size, out=out)
-        return out
+        return self._run(lambda: self.comm.Ireduce([arr, t], [out, t] if out is not None else
+                                                   None, self._op(op), root),
+                         deadline, "Ireduce", out, op)
 
     def native_broadcast(self, arr, root, deadline):
         h = encode_header(arr) if self.rank == root else np.empty(_HEADER_WORDS, np.int64)
         self._run(lambda: self.comm.Ibcast([h, self.MPI.INT64_T], root), deadline, "Ibcast")
         dtype, shape = decode_header(h)
         out = np.array(arr, copy=True) if self.rank == root else np.empty(shape, dtype)
-        self._run(lambda: self.comm.Ibcast(self._bytes(out), root), deadline, "Ibcast")
-        return out
+        return self._run(lambda: self.comm.Ibcast(self._bytes(out), root), deadline, "Ibcast", out)
 
     def native_all_gather(self, arr, deadline):
         tail = arr.shape[1:]
@@ -287,10 +284,8 @@ class MPITransport(_Liveness):
         counts = rows * int(np.prod(tail, dtype=np.int64)) * arr.dtype.itemsize
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
         out = np.empty((int(rows.sum()),) + tail, dtype=arr.dtype)
-        B = self.MPI.BYTE
-        self._run(lambda: self.comm.Iallgatherv(self._bytes(arr), [out, (counts, displs), B]),
-                  deadline, "Iallgatherv")
-        return out
+        return self._run(lambda: self.comm.Iallgatherv(
+            self._bytes(arr), [out, (counts, displs), self.MPI.BYTE]), deadline, "Iallgatherv", out)
 
     def native_reduce_scatter(self, arr, op, deadline):
         t = self._mpi_type(arr.dtype)
@@ -298,11 +293,9 @@ class MPITransport(_Liveness):
         b = split_bounds(arr.shape[0], self.size)
         counts = [(b[i + 1] - b[i]) * row for i in range(self.size)]
         out = np.empty((b[self.rank + 1] - b[self.rank],) + arr.shape[1:], dtype=arr.dtype)
-        self._run(lambda: self.comm.Ireduce_scatter([arr, t], [out, t], counts, self._op(op)),
-                  deadline, "Ireduce_scatter")
-        if op == "mean":
-            np.divide(out, self.size, out=out)
-        return out
+        return self._run(lambda: self.comm.Ireduce_scatter([arr, t], [out, t], counts,
+                                                           self._op(op)),
+                         deadline, "Ireduce_scatter", out, op)
 
     def native_barrier(self, deadline):
         self._run(self.comm.Ibarrier, deadline, "Ibarrier")

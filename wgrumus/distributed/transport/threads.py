@@ -208,27 +208,28 @@ class ThreadTransport(_Liveness):
         res = self.world.barrier.reduce(arr, op, self.rank, self._left(deadline))
         return np.array(res) if self.rank == root else None
 
-    def native_broadcast(self, arr, root, deadline):
-        items = self.world.barrier.gather(arr if self.rank == root else None, self.rank,
-                                          self._left(deadline))
-        out = np.array(items[root], copy=True)
-        self.world.barrier.wait(self.rank, self._left(deadline))  # root's buffer read by all
+    def _from_all(self, arr, deadline, take):
+        """``take(every rank's arr)``, read while the others wait (they own the arrays)."""
+        out = take(self.world.barrier.gather(arr, self.rank, self._left(deadline)))
+        self.native_barrier(deadline)
         return out
+
+    def native_broadcast(self, arr, root, deadline):
+        return self._from_all(arr if self.rank == root else None, deadline,
+                              lambda items: np.array(items[root], copy=True))
 
     def native_all_gather(self, arr, deadline):
-        items = self.world.barrier.gather(arr, self.rank, self._left(deadline))
-        out = np.concatenate(items, axis=0)
-        self.world.barrier.wait(self.rank, self._left(deadline))
-        return out
+        return self._from_all(arr, deadline, lambda items: np.concatenate(items, axis=0))
 
     def native_reduce_scatter(self, arr, op, deadline):
-        items = self.world.barrier.gather(arr, self.rank, self._left(deadline))
         b = split_bounds(arr.shape[0], self.size)
         lo, hi = b[self.rank], b[self.rank + 1]
         out = np.empty((hi - lo,) + arr.shape[1:], dtype=arr.dtype)
-        reduce_into(out, [a[lo:hi] for a in items], op, self.size)
-        self.world.barrier.wait(self.rank, self._left(deadline))
-        return out
+
+        def take(items):
+            reduce_into(out, [a[lo:hi] for a in items], op, self.size)
+            return out
+        return self._from_all(arr, deadline, take)
 
     def native_barrier(self, deadline):
         self.world.barrier.wait(self.rank, self._left(deadline))
