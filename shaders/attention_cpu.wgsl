@@ -56,7 +56,6 @@ fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let i = x.r;
     let kb = x.qkv + pu(3u) / 4u;
     let vb = x.qkv + pu(3u) / 2u;
-    let kend = select(T, min(T, x.row0 + W), causal);  // keys any lane of the group reads
     var m = LOWEST_F32;
 {{FWD_S}}
     var sum = 0.0;
@@ -81,7 +80,6 @@ fn bwd_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let i = x.r;
     let kb = x.qkv + pu(3u) / 4u;
     let vb = x.qkv + pu(3u) / 2u;
-    let kend = select(T, min(T, x.row0 + W), causal);
     let pq = (x.bh * T + x.rc) * (TP / 4u);
 {{BQ_DP}}
 {{BQ_DS}}
@@ -104,7 +102,6 @@ fn bwd_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let e4 = pu(3u) / 4u;
     let causal = pu(5u) == 1u;
     let pq = (x.bh * T + x.rc) * (TP / 4u);
-    let ibeg = select(0u, x.row0, causal);  // queries before the group's first key see none
 {{BKV}}
     if (x.r < T) {
         let oq = x.qkv + x.r * s3;

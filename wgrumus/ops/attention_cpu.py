@@ -57,18 +57,18 @@ def _round(var: str, base: str, stride: str, first: int, W: int, R: int) -> tupl
     return fetch, rows
 
 
-def _rounds(T: int, W: int, R: int, guard, reads, body) -> list:
-    """The rounds over T rows, G = W / R (at least 1) a round, each under ``guard(first,
-    last)``: ``reads`` [(var, base, stride)] fetched, then body(t, [rows' texels]) per row."""
+def _rounds(T: int, W: int, R: int, reads, body) -> list:
+    """The rounds over T rows, G = W / R (at least 1) a round: ``reads`` [(var, base,
+    stride)] fetched, then body(t, [rows' texels]) per row. (No round is skipped where a
+    causal mask hides it: llvmpipe runs a branch whatever its lanes' conditions, and its
+    masks cost more than the masked rows.)"""
     G = max(1, W // R)
     out = []
     for t0 in range(0, T, G):
-        got = [_round(v, b, s, t0, W, R) for v, b, s in reads]
-        out.append(f"if ({guard(t0, min(T, t0 + G) - 1)}) {{")
-        out += ["    " + x for f, _ in got for x in f]
+        got = [_round(f"{v}{t0}_", b, s, t0, W, R) for v, b, s in reads]
+        out += [x for f, _ in got for x in f]
         for g in range(min(G, T - t0)):
-            out += ["    " + x for x in body(t0 + g, [rows[g] for _, rows in got])]
-        out.append("}")
+            out += body(t0 + g, [rows[g] for _, rows in got])
     return out
 
 
@@ -84,7 +84,6 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
                                for c, t in zip(cs, tx)]
     own = lambda name, tex: [f"let {name}{c} = ld_{tex}(pq + {c}u);" for c in range(TP // 4)]
     el = lambda name, j: f"{name}{j // 4}.{_C[j % 4]}"  # element j of a row held as texels
-    keys = lambda t0, t1: f"{t0}u < kend"
     zero = lambda names: [f"var {n}{c} = vec4<f32>(0.0);" for n in names for c in cs]
     ind = lambda lines, n=4: "\n".join(" " * n + x for x in lines)
     kv = [("ks", "kb", "s3")]
@@ -92,9 +91,9 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
     d = {}
     # forward: scores, probabilities (stored as P's row and PT's column), the output row
     d["FWD_S"] = ind([f"let q{c} = ld_QKV(x.qkv + x.rc * s3 + {c}u);" for c in cs]
-                     + [f"var sc{j} = 0.0;" for j in range(T)] + _rounds(
-        T, W, R, keys, kv, lambda j, tx: [
-            f"sc{j} = ({dot('q', tx[0])}) * scale;",
+                     + _rounds(
+        T, W, R, kv, lambda j, tx: [
+            f"var sc{j} = ({dot('q', tx[0])}) * scale;",
             f"m = max(m, select(LOWEST_F32, sc{j}, {j}u <= i || !causal));"]))
     d["FWD_P"] = ind([f"sc{j} = select(0.0, exp(sc{j} - m), {j}u <= i || !causal); sum += sc{j};"
                       for j in range(T)])
@@ -103,22 +102,22 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
         f"    P[pq + {c}u] = vec4<f32>({', '.join(p(4 * c + e) for e in range(4))});"
         for c in range(TP // 4)] + [f"    PT[(x.bh * T + {j}u) * TP + i] = sc{j};"
                                     for j in range(T)] + ["}"])
-    d["FWD_O"] = ind(zero(["o"]) + _rounds(T, W, R, keys, vv,
+    d["FWD_O"] = ind(zero(["o"]) + _rounds(T, W, R, vv,
                                            lambda j, tx: axpy("o", f"sc{j}", tx[0])))
     d["Y_STORE"] = ind([f"Y[yq + {c}u] = o{c};" for c in cs], 8)
     # bwd_q: d(p) = d(out) . v, the score gradients ds (stored as DST's column), d(q) = ds k
     d["BQ_DP"] = ind([f"let go{c} = ld_GO(x.y + x.rc * pu(3u) / 4u + {c}u);" for c in cs]
-                     + own("p", "P") + [f"var dp{j} = 0.0;" for j in range(T)] + _rounds(
-        T, W, R, keys, vv, lambda j, tx: [f"dp{j} = {dot('go', tx[0])};"]))
+                     + own("p", "P") + _rounds(
+        T, W, R, vv, lambda j, tx: [f"let dp{j} = {dot('go', tx[0])};"]))
     d["BQ_DS"] = ind(["var D = 0.0;"] + [f"D += {el('p', j)} * dp{j};" for j in range(T)] + [
         f"let ds{j} = {el('p', j)} * (dp{j} - D) * scale;" for j in range(T)])
     d["DST_STORE"] = ind([f"DST[(x.bh * T + {j}u) * TP + i] = ds{j};" for j in range(T)], 8)
-    d["BQ_DQ"] = ind(zero(["dq"]) + _rounds(T, W, R, keys, kv,
+    d["BQ_DQ"] = ind(zero(["dq"]) + _rounds(T, W, R, kv,
                                             lambda j, tx: axpy("dq", f"ds{j}", tx[0])))
     d["DQ_STORE"] = ind([f"DQKV[oq + {c}u] = dq{c};" for c in cs], 8)
     # bwd_kv: d(k) = ds^T q and d(v) = p^T d(out) for this lane's key, over the queries
     d["BKV"] = ind(own("pt", "PT") + own("dt", "DST") + zero(["dk", "dv"]) + _rounds(
-        T, W, R, lambda t0, t1: f"{t1}u >= ibeg", [("qs", "x.qkv", "s3"), ("go", "x.y", "e4")],
+        T, W, R, [("qs", "x.qkv", "s3"), ("go", "x.y", "e4")],
         lambda i, tx: axpy("dk", el("dt", i), tx[0]) + axpy("dv", el("pt", i), tx[1])))
     d["KV_STORE"] = ind([f"DQKV[oq + e4 + {c}u] = dk{c};" for c in cs]
                         + [f"DQKV[oq + 2u * e4 + {c}u] = dv{c};" for c in cs], 8)
