@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 
 from ..runtime.adapters import is_cpu_adapter
-from ..runtime.device import groups_1d
+from ..runtime.device import TEX_W, groups_1d
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32
 from . import texread
+from .elementwise import contiguous, copy_into
 from .matmul import cpu_subgroup
 
 ENABLED = None  # None: CPU adapters whose subgroup size is known; True/False force it (tests)
@@ -45,12 +46,11 @@ def fits(dev, T: int, d: int) -> bool:
                 and d in HEAD_DIMS and T * d <= MAX_WORK)
 
 
-def _round(var: str, base: str, stride: str, first: int, W: int, R: int) -> tuple:
+def _round(var: str, tex: str, base: str, stride: str, first: int, W: int, R: int) -> tuple:
     """(fetch lines, [[texel c of row first + g as every lane's value] for g]): rows first..
-    of an operand in texture QKV or GO (row t at texel base + t * stride, R texels), fetched
+    of an operand in texture ``tex`` (row t at texel base + t * stride, R texels), fetched
     one texel a lane (rows past T - 1 read row T - 1) and broadcast."""
-    tex = "ld_GO" if var.startswith("go") else "ld_QKV"
-    fetch = [f"let {var}{f} = {tex}({base} + min({first}u + ({f * W}u + lane) / {R}u, T - 1u)"
+    fetch = [f"let {var}{f} = ld_{tex}({base} + min({first}u + ({f * W}u + lane) / {R}u, T - 1u)"
              f" * {stride} + ({f * W}u + lane) % {R}u);" for f in range(max(1, R // W))]
     rows = [[f"subgroupBroadcast({var}{(g * R + c) // W}, {(g * R + c) % W}u)" for c in range(R)]
             for g in range(max(1, W // R))]
@@ -58,14 +58,14 @@ def _round(var: str, base: str, stride: str, first: int, W: int, R: int) -> tupl
 
 
 def _rounds(T: int, W: int, R: int, reads, body) -> list:
-    """The rounds over T rows, G = W / R (at least 1) a round: ``reads`` [(var, base,
-    stride)] fetched, then body(t, [rows' texels]) per row. (No round is skipped where a
+    """The rounds over T rows, G = W / R (at least 1) a round: ``reads`` [(var, texture,
+    base, stride)] fetched, then body(t, [rows' texels]) per row. (No round is skipped where a
     causal mask hides it: llvmpipe runs a branch whatever its lanes' conditions, and its
     masks cost more than the masked rows.)"""
     G = max(1, W // R)
     out = []
     for t0 in range(0, T, G):
-        got = [_round(f"{v}{t0}_", b, s, t0, W, R) for v, b, s in reads]
+        got = [_round(f"{v}{t0}_", *rd, t0, W, R) for v, *rd in reads]
         out += [x for f, _ in got for x in f]
         for g in range(min(G, T - t0)):
             out += body(t0 + g, [rows[g] for _, rows in got])
@@ -86,22 +86,23 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
     el = lambda name, j: f"{name}{j // 4}.{_C[j % 4]}"  # element j of a row held as texels
     zero = lambda names: [f"var {n}{c} = vec4<f32>(0.0);" for n in names for c in cs]
     ind = lambda lines, n=4: "\n".join(" " * n + x for x in lines)
-    kv = [("ks", "kb", "s3")]
-    vv = [("vs", "vb", "s3")]
+    kv = [("ks", "QKV", "kb", "s3")]
+    vv = [("vs", "QKV", "vb", "s3")]
     d = {}
     # forward: scores, probabilities (stored as P's row and PT's column), the output row
-    d["FWD_S"] = ind([f"let q{c} = ld_QKV(x.qkv + x.rc * s3 + {c}u);" for c in cs]
-                     + _rounds(
+    d["FWD_S"] = ind([f"let q{c} = ld_QKV(x.qkv + x.rc * s3 + {c}u);" for c in cs] + _rounds(
         T, W, R, kv, lambda j, tx: [
             f"var sc{j} = ({dot('q', tx[0])}) * scale;",
             f"m = max(m, select(LOWEST_F32, sc{j}, {j}u <= i || !causal));"]))
-    d["FWD_P"] = ind([f"sc{j} = select(0.0, exp(sc{j} - m), {j}u <= i || !causal); sum += sc{j};"
-                      for j in range(T)])
+    d["FWD_P"] = ind([f"sc{j} = select(0.0, exp(sc{j} - m), {j}u <= i || !causal);"
+                      f" sum += sc{j};" for j in range(T)])
     p = lambda j: f"sc{j}" if j < T else "0.0"
-    d["FWD_STORE_P"] = ind([f"sc{j} *= inv;" for j in range(T)] + ["if (i < T) {", "    let pq = (x.bh * T + i) * (TP / 4u);"] + [
-        f"    P[pq + {c}u] = vec4<f32>({', '.join(p(4 * c + e) for e in range(4))});"
-        for c in range(TP // 4)] + [f"    PT[(x.bh * T + {j}u) * TP + i] = sc{j};"
-                                    for j in range(T)] + ["}"])
+    d["FWD_STORE_P"] = ind(
+        [f"sc{j} *= inv;" for j in range(T)]
+        + ["if (i < T) {", "    let pq = (x.bh * T + i) * (TP / 4u);"]
+        + [f"    P[pq + {c}u] = vec4<f32>({', '.join(p(4 * c + e) for e in range(4))});"
+           for c in range(TP // 4)]
+        + [f"    PT[(x.bh * T + {j}u) * TP + i] = sc{j};" for j in range(T)] + ["}"])
     d["FWD_O"] = ind(zero(["o"]) + _rounds(T, W, R, vv,
                                            lambda j, tx: axpy("o", f"sc{j}", tx[0])))
     d["Y_STORE"] = ind([f"Y[yq + {c}u] = o{c};" for c in cs], 8)
@@ -117,7 +118,7 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
     d["DQ_STORE"] = ind([f"DQKV[oq + {c}u] = dq{c};" for c in cs], 8)
     # bwd_kv: d(k) = ds^T q and d(v) = p^T d(out) for this lane's key, over the queries
     d["BKV"] = ind(own("pt", "PT") + own("dt", "DST") + zero(["dk", "dv"]) + _rounds(
-        T, W, R, [("qs", "x.qkv", "s3"), ("go", "x.y", "e4")],
+        T, W, R, [("qs", "QKV", "x.qkv", "s3"), ("go", "GO", "x.y", "e4")],
         lambda i, tx: axpy("dk", el("dt", i), tx[0]) + axpy("dv", el("pt", i), tx[1])))
     d["KV_STORE"] = ind([f"DQKV[oq + e4 + {c}u] = dk{c};" for c in cs]
                         + [f"DQKV[oq + 2u * e4 + {c}u] = dv{c};" for c in cs], 8)
@@ -139,7 +140,6 @@ def _words(B, H, E, scale, causal):
 
 def _aligned(t: Tensor) -> Tensor:
     """``t`` contiguous and starting at a quad (texture rows and quad stores need it)."""
-    from .elementwise import contiguous, copy_into
     t = contiguous(t)
     return t if t.offset % 4 == 0 else copy_into(Tensor.empty(t.shape, t.device, t.dtype), t)
 
@@ -192,5 +192,4 @@ def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float
 
 def _fits_texture(dev, n: int) -> bool:
     """Whether n floats fit one operand texture (P, PT, DST and d(out) in the backward)."""
-    from ..runtime.device import TEX_W
     return -(-n // (4 * TEX_W)) <= dev.limits["max-texture-dimension-2d"]
