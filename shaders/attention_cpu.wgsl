@@ -24,8 +24,15 @@ struct Rows {
     row0: u32,  // the workgroup's first row
     r: u32,  // this lane's row (may be past T: loads clamp, stores skip)
     rc: u32,  // r clamped to T - 1
-    qkv: u32,  // texel of (b, t = 0, q, head h) in QKV / DQKV; k: + E / 4, v: + E / 2
+    qkv: u32,  // texel of (b, t = 0, q, head h) in QKV / DQKV
+    k: u32,  // ... of its k
+    v: u32,  // ... of its v
     y: u32,  // texel of (b, t = 0, head h) in Y / GO
+    e4: u32,  // texels from one token to the next in Y / GO (E / 4)
+    s3: u32,  // ... in QKV / DQKV
+    pq: u32,  // the quad of row rc in P, PT, DST
+    scale: f32,
+    causal: bool,
     live: bool,  // the workgroup is one of B * H * ceil(T / W)
 }
 
@@ -39,8 +46,10 @@ fn rows_(wid: vec3<u32>, nwg: vec3<u32>, lane: u32) -> Rows {
     let hd = (bh % pu(2u)) * (E / pu(2u));
     let row0 = (g % nb) * W;
     let r = row0 + lane;
-    return Rows(bh, row0, r, min(r, T - 1u), (b * T * 3u * E + hd) / 4u, (b * T * E + hd) / 4u,
-                live);
+    let rc = min(r, T - 1u);
+    let qkv = (b * T * 3u * E + hd) / 4u;
+    return Rows(bh, row0, r, rc, qkv, qkv + E / 4u, qkv + E / 2u, (b * T * E + hd) / 4u, E / 4u,
+                3u * E / 4u, (bh * T + rc) * (TP / 4u), pf(4u), pu(5u) == 1u, live);
 }
 
 // Only the chosen entry is compiled (the others sit in block comments: their bindings differ).
@@ -50,12 +59,7 @@ fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
        @builtin(subgroup_invocation_id) lane: u32) {
     let x = rows_(wid, nwg, lane);
     if (!x.live) { return; }
-    let s3 = 3u * pu(3u) / 4u;  // texels from one token's qkv to the next
-    let scale = pf(4u);
-    let causal = pu(5u) == 1u;
     let i = x.r;
-    let kb = x.qkv + pu(3u) / 4u;
-    let vb = x.qkv + pu(3u) / 2u;
     var m = LOWEST_F32;
 {{FWD_S}}
     var sum = 0.0;
@@ -64,7 +68,7 @@ fn fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 {{FWD_STORE_P}}
 {{FWD_O}}
     if (i < T) {
-        let yq = x.y + i * pu(3u) / 4u;
+        let yq = x.y + i * x.e4;
 {{Y_STORE}}
     }
 }
@@ -74,13 +78,7 @@ fn bwd_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(subgroup_invocation_id) lane: u32) {
     let x = rows_(wid, nwg, lane);
     if (!x.live) { return; }
-    let s3 = 3u * pu(3u) / 4u;
-    let scale = pf(4u);
-    let causal = pu(5u) == 1u;
     let i = x.r;
-    let kb = x.qkv + pu(3u) / 4u;
-    let vb = x.qkv + pu(3u) / 2u;
-    let pq = (x.bh * T + x.rc) * (TP / 4u);
 {{BQ_DP}}
 {{BQ_DS}}
     if (i < T) {
@@ -88,7 +86,7 @@ fn bwd_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
 {{BQ_DQ}}
     if (i < T) {
-        let oq = x.qkv + i * s3;
+        let oq = x.qkv + i * x.s3;
 {{DQ_STORE}}
     }
 }
@@ -98,13 +96,9 @@ fn bwd_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
           @builtin(subgroup_invocation_id) lane: u32) {
     let x = rows_(wid, nwg, lane);
     if (!x.live) { return; }
-    let s3 = 3u * pu(3u) / 4u;
-    let e4 = pu(3u) / 4u;
-    let causal = pu(5u) == 1u;
-    let pq = (x.bh * T + x.rc) * (TP / 4u);
 {{BKV}}
     if (x.r < T) {
-        let oq = x.qkv + x.r * s3;
+        let oq = x.qkv + x.r * x.s3;
 {{KV_STORE}}
     }
 }

@@ -82,46 +82,46 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
     dot = lambda a, tx: " + ".join(f"dot({a}{c}, {t})" for c, t in zip(cs, tx))
     axpy = lambda acc, e, tx: [f"{acc}{c} = fma(vec4<f32>({e}), {t}, {acc}{c});"
                                for c, t in zip(cs, tx)]
-    own = lambda name, tex: [f"let {name}{c} = ld_{tex}(pq + {c}u);" for c in range(TP // 4)]
+    own = lambda name, tex: [f"let {name}{c} = ld_{tex}(x.pq + {c}u);" for c in range(TP // 4)]
     el = lambda name, j: f"{name}{j // 4}.{_C[j % 4]}"  # element j of a row held as texels
     zero = lambda names: [f"var {n}{c} = vec4<f32>(0.0);" for n in names for c in cs]
     ind = lambda lines, n=4: "\n".join(" " * n + x for x in lines)
-    kv = [("ks", "QKV", "kb", "s3")]
-    vv = [("vs", "QKV", "vb", "s3")]
+    kv = [("ks", "QKV", "x.k", "x.s3")]
+    vv = [("vs", "QKV", "x.v", "x.s3")]
     d = {}
     # forward: scores, probabilities (stored as P's row and PT's column), the output row
-    d["FWD_S"] = ind([f"let q{c} = ld_QKV(x.qkv + x.rc * s3 + {c}u);" for c in cs] + _rounds(
+    d["FWD_S"] = ind([f"let q{c} = ld_QKV(x.qkv + x.rc * x.s3 + {c}u);" for c in cs] + _rounds(
         T, W, R, kv, lambda j, tx: [
-            f"var sc{j} = ({dot('q', tx[0])}) * scale;",
-            f"m = max(m, select(LOWEST_F32, sc{j}, {j}u <= i || !causal));"]))
-    d["FWD_P"] = ind([f"sc{j} = select(0.0, exp(sc{j} - m), {j}u <= i || !causal);"
+            f"var sc{j} = ({dot('q', tx[0])}) * x.scale;",
+            f"m = max(m, select(LOWEST_F32, sc{j}, {j}u <= i || !x.causal));"]))
+    d["FWD_P"] = ind([f"sc{j} = select(0.0, exp(sc{j} - m), {j}u <= i || !x.causal);"
                       f" sum += sc{j};" for j in range(T)])
     p = lambda j: f"sc{j}" if j < T else "0.0"
     d["FWD_STORE_P"] = ind(
         [f"sc{j} *= inv;" for j in range(T)]
-        + ["if (i < T) {", "    let pq = (x.bh * T + i) * (TP / 4u);"]
-        + [f"    P[pq + {c}u] = vec4<f32>({', '.join(p(4 * c + e) for e in range(4))});"
+        + ["if (i < T) {"]
+        + [f"    P[x.pq + {c}u] = vec4<f32>({', '.join(p(4 * c + e) for e in range(4))});"
            for c in range(TP // 4)]
         + [f"    PT[(x.bh * T + {j}u) * TP + i] = sc{j};" for j in range(T)] + ["}"])
     d["FWD_O"] = ind(zero(["o"]) + _rounds(T, W, R, vv,
                                            lambda j, tx: axpy("o", f"sc{j}", tx[0])))
     d["Y_STORE"] = ind([f"Y[yq + {c}u] = o{c};" for c in cs], 8)
     # bwd_q: d(p) = d(out) . v, the score gradients ds (stored as DST's column), d(q) = ds k
-    d["BQ_DP"] = ind([f"let go{c} = ld_GO(x.y + x.rc * pu(3u) / 4u + {c}u);" for c in cs]
+    d["BQ_DP"] = ind([f"let go{c} = ld_GO(x.y + x.rc * x.e4 + {c}u);" for c in cs]
                      + own("p", "P") + _rounds(
         T, W, R, vv, lambda j, tx: [f"let dp{j} = {dot('go', tx[0])};"]))
     d["BQ_DS"] = ind(["var D = 0.0;"] + [f"D += {el('p', j)} * dp{j};" for j in range(T)] + [
-        f"let ds{j} = {el('p', j)} * (dp{j} - D) * scale;" for j in range(T)])
+        f"let ds{j} = {el('p', j)} * (dp{j} - D) * x.scale;" for j in range(T)])
     d["DST_STORE"] = ind([f"DST[(x.bh * T + {j}u) * TP + i] = ds{j};" for j in range(T)], 8)
     d["BQ_DQ"] = ind(zero(["dq"]) + _rounds(T, W, R, kv,
                                             lambda j, tx: axpy("dq", f"ds{j}", tx[0])))
     d["DQ_STORE"] = ind([f"DQKV[oq + {c}u] = dq{c};" for c in cs], 8)
     # bwd_kv: d(k) = ds^T q and d(v) = p^T d(out) for this lane's key, over the queries
     d["BKV"] = ind(own("pt", "PT") + own("dt", "DST") + zero(["dk", "dv"]) + _rounds(
-        T, W, R, [("qs", "QKV", "x.qkv", "s3"), ("go", "GO", "x.y", "e4")],
+        T, W, R, [("qs", "QKV", "x.qkv", "x.s3"), ("go", "GO", "x.y", "x.e4")],
         lambda i, tx: axpy("dk", el("dt", i), tx[0]) + axpy("dv", el("pt", i), tx[1])))
-    d["KV_STORE"] = ind([f"DQKV[oq + e4 + {c}u] = dk{c};" for c in cs]
-                        + [f"DQKV[oq + 2u * e4 + {c}u] = dv{c};" for c in cs], 8)
+    d["KV_STORE"] = ind([f"DQKV[oq + x.e4 + {c}u] = dk{c};" for c in cs]
+                        + [f"DQKV[oq + 2u * x.e4 + {c}u] = dv{c};" for c in cs], 8)
     decls = []
     for b, (name, tex) in _BINDINGS[entry].items():
         if tex:
