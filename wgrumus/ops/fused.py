@@ -9,7 +9,8 @@ saves per layer, next to composing ``matmul``, ``+ bias`` and an activation:
 - the weight gradient comes out as [out, in] (no transposed copy in the optimizer);
 - attention splits q, k, v into heads with one copy and assembles d(qkv) with one kernel,
   instead of a reshape copy per head tensor, zero-filled slice gradients and their sums (on
-  CPU adapters with no copy at all: the CPU matmul reads and stores the heads in place).
+  CPU adapters with no copy at all: ops/attention_cpu.py, or the CPU matmul reading and
+  storing the heads in place).
 """
 from __future__ import annotations
 

@@ -739,17 +739,23 @@ def _padded(t: Tensor, mode: int) -> tuple:
     if (sc, sr) != ((1, c) if not flip else (r, 1)):
         return t, mode
     rows, cols = (c, r) if flip else (r, c)
-    key = (t._storage.version, t.offset, rows, cols)
-    got = _PADS.get(t._storage)
-    if got is None or got[0] != key:  # (a linear's backward pads its gradient once for both)
-        pad = Tensor.empty((rows, -(-cols // 4) * 4), t.device, float32)
+    dev = t.device
+    key = (t._storage.version, t.offset, rows, cols, dev.recorder)
+    got = _PADS.pop(t._storage, None)
+    # A linear's backward pads its gradient once for d(x) and d(W): a pad serves the next
+    # product that reads the same unchanged operand within PAD_REUSE dispatches (replays
+    # write buffers without a version bump: no reuse further away, or across captures).
+    if got is None or got[0] != key or dev.dispatches - got[1] > PAD_REUSE:
+        pad = Tensor.empty((rows, -(-cols // 4) * 4), dev, float32)
         view = Tensor(pad._storage, (rows, cols), (pad.shape[1], 1), 0, float32)
         run_map("a", view, [transpose(t, 0, 1) if flip else t])
-        got = _PADS[t._storage] = (key, view)
-    return (transpose(got[1], 0, 1), 1) if flip else (got[1], 0)
+        _PADS[t._storage] = (key, dev.dispatches, view)
+        got = (key, 0, view)
+    return (transpose(got[2], 0, 1), 1) if flip else (got[2], 0)
 
 
-_PADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> its last _padded
+_PADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> its pad, unused
+PAD_REUSE = 2
 
 
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
