@@ -32,7 +32,8 @@ CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
 CPU_CHUNK_QUAD = 128  # ... where the update runs a quad at a time (quick GPT's 106K parameters,
 # read through textures: 2.07 ms against 2.43 with 32, process CPU; BENCHMARKS.md)
-CPU_WG = 64
+CPU_WG = 16  # quick GPT's 4 dispatches 0.64 -> 0.58 ms (17-33 workgroups, not 3-5: both
+# threads busy); the MLP's 670K parameters the same (BENCHMARKS.md, sixth session)
 # ... parameters of fewer elements read storage, not texture copies: a copy costs lavapipe ~5
 # us whatever its size (the quick GPT's 18 bias and norm vectors: 72 of its step's 282
 # copies), storage reads ~7 ns an element
