@@ -2,7 +2,7 @@
 packed qkv projection. Each is one autograd node calling kernels directly, so a step records a
 few nodes instead of dozens of views, copies and broadcasts: the bias gradient is fused with
 the activation's backward, the weight gradient comes out [out, in], and attention splits and
-assembles the heads with at most one copy each way.
+assembles the heads with at most one copy each way (none on CPU adapters: ops/attention_cpu.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..autograd.tape import needs_grad, no_grad, record
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
-from . import texread
+from . import attention_cpu, texread
 from .attention import attention_backward, attention_forward, prefer_fused
 from .bounds import chunk_rows
 from .creation import dummy_buffer
@@ -163,6 +163,7 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     scale = 1.0 / math.sqrt(d)
     dev = qkv.device
     fused = prefer_fused(dev, B * H, d, T, T)
+    cpu = None
     with no_grad():
         src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
             else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
@@ -176,14 +177,21 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
             y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
             y = Tensor(y._storage, (B, T, E), None, y.offset)
-        else:  # the output stored with its heads merged
-            q, k, v = (heads[i] for i in range(3))
-            y = Tensor.empty((B, T, E), dev, float32)
-            p = _attend(q, k, v, _merged(y, H), scale, causal)
+        else:  # the output stored with its heads merged (CPU adapters: attention_cpu)
+            cpu = compute_dtype is None and autocast_dtype() is None and \
+                attention_cpu.fits(dev, T, d) and attention_cpu.forward(src, H, scale, causal)
+            if cpu:
+                y = cpu[0]
+            else:
+                q, k, v = (heads[i] for i in range(3))
+                y = Tensor.empty((B, T, E), dev, float32)
+                p = _attend(q, k, v, _merged(y, H), scale, causal)
     if not needs_grad(qkv):
         return y
 
     def bw(g):
+        if not fused and cpu:
+            return (attention_cpu.backward(src, g, *cpu[1:], H, scale, causal),)
         go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
         if not fused:  # each gradient stored into its part of d(qkv) [B, T, 3, H, d]
             dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
@@ -200,7 +208,7 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
                 dqkv, views, {"E": E})
         return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
-           saved=[heads, o, lse] if fused else [heads, p])
+           saved=[heads, o, lse] if fused else [src, *cpu[1:]] if cpu else [heads, p])
     return y
 
 

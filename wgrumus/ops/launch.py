@@ -173,16 +173,18 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
 
 
 def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tuple:
-    """CPU adapters: swap contiguous f32 inputs bound alone for texture views (in ``buffers``
-    and ``params``); returns the bindings so read."""
+    """CPU adapters: swap f32 inputs bound alone, contiguous or strided (no negative stride: the
+    span they cover), for texture views (in ``buffers`` and ``params``); returns the bindings so
+    read."""
     if not texread.enabled(dev):
         return ()
     tex = []
     for k, t in enumerate(inputs, 1):
         b = binds[k]
-        if modes[k] != "c" or types[k] != "f32" or binds.count(b) > 1:
+        if modes[k] == "b" or types[k] != "f32" or binds.count(b) > 1 or min(t.strides) < 0:
             continue
-        got = texread.elements(t, k - 1, n)
+        span = n if modes[k] == "c" else 1 + sum((d - 1) * s for d, s in zip(t.shape, t.strides))
+        got = texread.elements(t, k - 1, span)
         if got is not None:
             buffers[b - 1], params[18 + 9 * k] = got
             tex.append(b)

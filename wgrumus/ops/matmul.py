@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import weakref
 
 from ..autograd.tape import record
 from ..runtime.adapters import is_cpu_adapter
@@ -725,6 +726,38 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
     return t.device.operand_texture(slot, t._storage.buffer, start * 4, texels), first - start
 
 
+def _padded(t: Tensor, mode: int) -> tuple:
+    """(operand, load mode): a 2-D f32 operand of load mode 2 that is a contiguous matrix or
+    its transpose with rows of a length not a multiple of 4 ([128, 65] logits' gradient),
+    as the same view of a copy whose rows are padded to quads, in mode 0 (its columns
+    contiguous) or 1; else unchanged. The CPU kernel then loads it as quads: a K % 4 tail is
+    read element-wise, and quads past M or N read the padding (never stored)."""
+    if mode != 2 or t.dtype != float32:
+        return t, mode
+    (r, c), (sr, sc) = t.shape, t.strides
+    flip = sc != 1  # the transpose of a contiguous matrix
+    if (sc, sr) != ((1, c) if not flip else (r, 1)):
+        return t, mode
+    rows, cols = (c, r) if flip else (r, c)
+    dev = t.device
+    key = (t._storage.version, t.offset, rows, cols, dev.recorder)
+    got = _PADS.pop(t._storage, None)
+    # A linear's backward pads its gradient once for d(x) and d(W): a pad serves the next
+    # product that reads the same unchanged operand within PAD_REUSE dispatches (replays
+    # write buffers without a version bump: no reuse further away, or across captures).
+    if got is None or got[0] != key or dev.dispatches - got[1] > PAD_REUSE:
+        pad = Tensor.empty((rows, -(-cols // 4) * 4), dev, float32)
+        view = Tensor(pad._storage, (rows, cols), (pad.shape[1], 1), 0, float32)
+        run_map("a", view, [transpose(t, 0, 1) if flip else t])
+        _PADS[t._storage] = (key, dev.dispatches, view)
+        got = (key, 0, view)
+    return (transpose(got[2], 0, 1), 1) if flip else (got[2], 0)
+
+
+_PADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> its pad, unused
+PAD_REUSE = 2
+
+
 def _launch_cpu(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r16,
                 inner=(1, 0, 0), cst=None, res=None):
     # Under the device lock: another thread's matmul must not refill the operand textures
@@ -805,6 +838,9 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
             extra[1] = t.offset
     if tile is None and use_cpu_kernel(a.device):
         tex = use_cpu_textures(a.device, a.dtype == float16, nbatch * M * N * K)
+        if tex and nbatch == 1 and (am == 2 or bm == 2):  # (a vocabulary of 65: the lm head)
+            (a, am), (b, bm) = _padded(a, am), _padded(b, bm)
+            bufs[:2] = [a._storage.buffer, b._storage.buffer]
         tile = _cpu_tile(M, N, nbatch, tex,
                          tex and am != 2 and cpu_subgroup(a.device) == CPU_TEX_WG)
     if tile is not None and len(tile) in (5, 6, 7):

@@ -23,7 +23,7 @@ MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 param
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
 CPU_CHUNK_QUAD = 128  # ... a quad at a time (quick GPT: 2.07 ms against 2.43 with 32)
-CPU_WG = 64
+CPU_WG = 16  # quick GPT's 4 dispatches 0.64 -> 0.58 ms: 17-33 workgroups keep both threads busy
 # ... smaller parameters read storage: a texture copy costs lavapipe ~5 us whatever its size,
 # a storage read ~7 ns an element
 CPU_TEX_MIN = 1024
