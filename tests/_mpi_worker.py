@@ -226,12 +226,22 @@ def main():
     timeout = float(os.environ.get("WGRUMUS_TEST_TIMEOUT", "10"))
     if scenario == "shared_refused" and os.environ.get("PMI_RANK") == "1":
         os.environ["WGRUMUS_MPI_SHARED"] = "0"  # one rank says no: none may use the window
-    if scenario == "pinned":  # three adapters, no device count: each rank opens one
+    if scenario in ("pinned", "pinned3d"):  # three adapters, no device count: a rank opens one
         os.environ.pop("WGRUMUS_DEVICES", None)
         from wgrumus.runtime import context
         fake = [context.select_adapters()[0] for _ in range(3)]
         assert len({id(a) for a in fake}) == 3
         context.select_adapters = lambda spec=None: fake
+    if scenario == "pinned3d":  # train_3d picks its devices before any group exists
+        import wgrumus as wr
+        from wgrumus.distributed.parallel3d import GPTConfig, train_3d
+        cfg = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8)
+        losses = train_3d(cfg, 2, 1, 1, steps=2, batch_size=4, backend="mpi", timeout=timeout)
+        assert len(losses) == 2 and all(np.isfinite(losses)), losses
+        g = dist.init_process_group("mpi", timeout=timeout)
+        assert [d.adapter for d in wr.devices()] == [fake[g._t.local_rank % 3]], wr.devices()
+        say(f"OK {g.rank}")
+        return
     g = dist.init_process_group("mpi", timeout=timeout)
     assert g.backend == "mpi"
     if scenario == "collectives":

@@ -80,6 +80,13 @@ def test_each_rank_opens_only_its_own_adapter():
     every_rank_ok(2, "pinned", 20)
 
 
+@pytest.mark.timeout(90)
+def test_train_3d_over_mpi_opens_only_each_ranks_adapter():
+    """train_3d(backend="mpi") chooses its devices before spawn makes the group: the group
+    comes first there too, so each rank still opens one adapter."""
+    every_rank_ok(2, "pinned3d", 40)
+
+
 @pytest.mark.timeout(60)
 def test_a_rank_without_shared_memory_makes_every_rank_go_without():
     rc, out, err = launch(3, "shared_refused", timeout=20)

@@ -258,7 +258,7 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
     cfg = _config(config)
     world = dp * tp * pp
     if devices is None:
-        devices = _default_devices(world, backend)
+        devices = _default_devices(world, backend, timeout)
     micro_batches = pp if micro_batches is None else micro_batches
     validate_layout(cfg, dp, tp, pp, len(devices), batch_size, micro_batches, schedule)
     data = _token_rows(cfg, data, batch_size, seed)
@@ -294,9 +294,13 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
             "config": asdict(cfg), "ranks": results}
 
 
-def _default_devices(world: int, backend: str) -> list:
-    """The first ``world`` devices; under MPI rank r takes this host's device r mod n."""
+def _default_devices(world: int, backend: str, timeout: float) -> list:
+    """The first ``world`` devices; under MPI rank r takes this host's device r mod n, the
+    process group made first so that it opens only this rank's adapter (launch.py)."""
     from ..runtime import devices as _devs
+    if backend == "mpi":
+        from .launch import init_process_group
+        init_process_group("mpi", timeout)  # the group spawn then uses, with its own config
     devs = _devs()
     return [devs[r % len(devs)] for r in range(world)] if backend == "mpi" else devs[:world]
 
