@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .common import OneLineParser, UsageError, env_rank
+from .common import OneLineParser, UsageError, say_error
 
 
 def build_parser():
@@ -33,22 +33,17 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        _error(f"{parser.prog} {args.command}: error: {e}")
+        say_error(f"{parser.prog} {args.command}: error: {e}")
         return 2
     except KeyboardInterrupt:
-        _error("interrupted")
+        say_error("interrupted")
         return 130
     except Exception as e:
         from ..runtime.errors import WgrumusError
         if isinstance(e, WgrumusError):
-            _error(f"{parser.prog} {args.command}: {type(e).__name__}: {e}")
+            say_error(f"{parser.prog} {args.command}: {type(e).__name__}: {e}")
             return 1
         raise
-
-
-def _error(line: str) -> None:
-    if env_rank() == 0:
-        print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,12 @@ def env_rank() -> int:
     return 0
 
 
+def say_error(line: str) -> None:
+    """One stderr line, from rank 0 only (every mpiexec rank meets the same error)."""
+    if env_rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
 def is_main_rank() -> bool:
     return env_rank() == 0
 

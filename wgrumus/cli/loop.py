@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .common import UsageError, env_rank, print_json
+from .common import UsageError, print_json, say_error
 
 
 @dataclass
@@ -264,9 +264,8 @@ class StopOnInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        if env_rank() == 0:  # said at once: the step may take a while to finish
-            print("interrupted: stopping after this step (Ctrl-C again stops at once)",
-                  file=sys.stderr, flush=True)
+        # said at once: a step may take a while to finish
+        say_error("interrupted: stopping after this step (Ctrl-C again stops at once)")
 
     def __enter__(self):
         import signal
