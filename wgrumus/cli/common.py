@@ -17,8 +17,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (plus exit code 2), printed by rank 0 only."""
 
     def error(self, message):  # argparse's default prints the whole usage block first
-        if env_rank() == 0:
-            print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        say_error(f"{self.prog}: error: {message} (see {self.prog} --help)")
         sys.exit(2)
 
 
@@ -50,7 +49,7 @@ def env_rank() -> int:
 
 def say_error(line: str) -> None:
     """One stderr line, from rank 0 only (every mpiexec rank meets the same error)."""
-    if env_rank() == 0:
+    if is_main_rank():
         print(line, file=sys.stderr, flush=True)
 
 
