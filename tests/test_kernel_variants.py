@@ -130,7 +130,8 @@ def test_shipped_matmul_rules_follow_the_measured_shapes():
     assert pick(4096, 3072, 768) == pick(4096, 2304, 768) == "t128x192ak"  # 3.9 / 2.9 waves
     assert pick(1536, 2304, 768) == "t128x64"  # 144 128x192 tiles: a second wave of 12
     assert pick(2048, 768, 768) == "t128x64"  # 64 128x192 tiles: half a wave
-    assert pick(4096, 4096, 768) == pick(2048, 2048, 2048) == "t128k16ak"  # 192 does not divide
+    assert pick(4096, 4096, 768) == pick(2048, 2048, 2048) == "t128k24akp"  # 192 does not divide
+    assert pick(1536, 1408, 4096) == "t128k24akp"  # 132 tiles of 128x128: one whole wave
     assert pick(512, 64, 512, nb=96) == "t128x64"  # a 128-wide tile would be half padding
     assert pick(4096, 65, 768) == "t64e"  # too little to fill either big tile
     assert pick(512, 512, 512) == "t64s2"
@@ -303,14 +304,15 @@ def test_row_variant_cross_entropy_device_target_check(rng, monkeypatch):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", ["t128k16ak", "t128x64", "t64e", "t128x192ak"],
+@pytest.mark.parametrize("variant", ["t128k16ak", "t128x64", "t64e", "t128x192ak", "t128k24akp"],
                          indirect=True)
-@pytest.mark.parametrize("T", [130, 256])
+@pytest.mark.parametrize("T", [130, 256, 384])
 def test_causal_matmul_parts_match_numpy(variant, rng, T):
     """matmul_into's causal parts against numpy (ragged and whole tiles, [B, H, T, d] head
     views of a packed projection, merged-head outputs): the scores on and below the diagonal,
-    and products of a triangular A whose K ranges stop / start at it."""
-    B, H, d = 2, 3, 24
+    and products of a triangular A whose K ranges stop / start at it (T = 384, d = 128: whole
+    tiles everywhere, and K ranges cut at the diagonal that k steps of 24 do not divide)."""
+    B, H, d = (1, 1, 128) if T == 384 else (2, 3, 24)
     x = rng.standard_normal((B, T, 2, H, d)).astype(np.float32)
     q, k = (wr.tensor(x).permute(2, 0, 3, 1, 4)[i] for i in range(2))
     qn, kn = (x.transpose(2, 0, 3, 1, 4)[i] for i in range(2))

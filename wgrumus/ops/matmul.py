@@ -150,30 +150,41 @@ def matmul_into(a: Tensor, b: Tensor, out: Tensor, part: str | None = None) -> T
 
 
 def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
-              ak: bool = False, fe: int = 1) -> dict:
+              ak: bool = False, fe: int = 1, pipe: bool = False) -> dict:
     """Register-level code of the kernel, unrolled with literal indices: shader compilers keep
     such arrays in registers, while a loop index can push them to (slow) local memory. With
     ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators every
     ``fe`` k steps (f16 runs of fe * BK products);
-    with ``ak`` A's tile is [m][k] and each row's vec4 covers 4 k (4 k per loop pass)."""
+    with ``ak`` A's tile is [m][k] and each row's vec4 covers 4 k (4 k per pass); ``pipe``
+    (with ``ak``) unrolls the passes and reads pass p + 1's operands before pass p's FMAs: the
+    step's barrier lines all warps up, so no other warp hides their shared-memory latency."""
     tn = tm if tn is None else tn
     qa, qb = tm // 4, tn // 4
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     ind = " " * 12
     acc, vt = ("acch", "vec4<f16>") if half else ("acc", "vec4<f32>")
     if ak:  # 4 k per pass: a{row} = 4 k of one row, b{c}_{j} = quad j of k + c
-        fma = ["let ka = ba + kk / 4u + ty * 4u * TQPA;", "let kb = bb + kk * TQPB;"]
-        fma += [f"let a{i}{r} = As[ka + {64 * i + r}u * TQPA];" for i in range(qa)
-                for r in range(4)]
-        fma += [f"let b{c}_{j} = Bs[kb + {c}u * TQPB + tx + {16 * j}u];" for c in range(4)
-                for j in range(qb)]
-        for c, cc in enumerate("xyzw"):
-            for i in range(qa):
-                for r in range(4):
-                    for j in range(qb):
-                        k = (i * 4 + r) * qb + j
-                        fma.append(f"{acc}[{k}] = fma({vt}(a{i}{r}.{cc}), b{c}_{j}, {acc}[{k}]);")
-        head = "for (var kk = 0u; kk < BK; kk += 4u) {"
+        passes = range(bk // 4) if pipe else ["kk / 4u"]
+
+        def loads(p):  # pass p's operands, named by p when unrolled
+            n, ka, kb = (f"{p}_", f"{p}u", f"{4 * p}u") if pipe else ("", "kk / 4u", "kk")
+            return ([f"let a{n}{i}{r} = As[ba + {ka} + (ty * 4u + {64 * i + r}u) * TQPA];"
+                     for i in range(qa) for r in range(4)]
+                    + [f"let b{n}{c}_{j} = Bs[bb + ({kb} + {c}u) * TQPB + tx + {16 * j}u];"
+                       for c in range(4) for j in range(qb)])
+        fma = loads(passes[0])
+        for p in passes:
+            n = f"{p}_" if pipe else ""
+            if pipe and p + 1 < len(passes):
+                fma += loads(p + 1)
+            for c, cc in enumerate("xyzw"):
+                for i in range(qa):
+                    for r in range(4):
+                        for j in range(qb):
+                            k = (i * 4 + r) * qb + j
+                            fma.append(f"{acc}[{k}] = fma({vt}(a{n}{i}{r}.{cc}), b{n}{c}_{j}, "
+                                       f"{acc}[{k}]);")
+        head = "{" if pipe else "for (var kk = 0u; kk < BK; kk += 4u) {"
     else:
         fma = ["let ka = ba + kk * TQPA;", "let kb = bb + kk * TQPB;"]
         fma += [f"let a{i} = As[ka + ty + {16 * i}u];" for i in range(qa)]
@@ -223,7 +234,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
                split: int = 1, exact: bool = False, half: bool = False,
                ak: bool = False, fe: int = 1, r16: bool = False, causal: int = 0,
-               two: bool = False) -> Kernel:
+               two: bool = False, pipe: bool = False) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
@@ -235,9 +246,10 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
     ``epilogue``: (activation template of {z} or None, bias?, residual?)."""
     tn = tm if tn is None else tn
     la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
-    if la < 1 or lb < 1 or bk % 4 or tm % 4 or tn % 4:
-        raise ValueError(f"matmul tile {16 * tm}x{16 * tn} with k step {bk} leaves invocations "
-                         f"without loads")
+    if la < 1 or lb < 1 or (16 * tm * bk) % 1024 or (16 * tn * bk) % 1024 or bk % 4 or tm % 4 \
+            or tn % 4:
+        raise ValueError(f"matmul tile {16 * tm}x{16 * tn} with k step {bk} does not split into "
+                         f"whole quads per invocation")
     if half and not (f16 or r16):
         raise ValueError("packed f16 matmul math needs f16 operands (or r16)")
     if ak and am != 0:
@@ -253,7 +265,7 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
                      EXACT=str(bool(exact)).lower(), CAUSAL=causal, TWO=str(two).lower(),
                      **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
-                     **_unrolled(tm, bk, tn, half, ak, fe if half else 1))
+                     **_unrolled(tm, bk, tn, half, ak, fe if half else 1, pipe and ak))
 
 
 def _load(r16: bool, s: str) -> str:
@@ -392,6 +404,8 @@ VARIANTS = {
     "t128k16": dict(tm=8, bk=16, swz=8, exact=True),
     "t128ak": dict(tm=8, bk=8, swz=8, exact=True, ak=True),
     "t128k16ak": dict(tm=8, bk=16, swz=8, exact=True, ak=True),
+    "t128k24akp": dict(tm=8, bk=24, swz=8, exact=True, ak=True, pad=0, pipe=True),
+    "t128x192akp": dict(tm=8, tn=12, bk=16, swz=8, exact=True, ak=True, pipe=True),
     "t64ak": dict(tm=4, bk=16, swz=8, exact=True, ak=True),
     "t128x256ak": dict(tm=8, tn=16, bk=8, swz=8, exact=True, ak=True),
     "t128s2ak": dict(tm=8, bk=8, swz=8, split=2, exact=True, ak=True),
@@ -441,13 +455,15 @@ VARIANTS = {
 # (BENCHMARKS.md): few output tiles over a long K (weight gradients) want split-K; the H100
 # holds one 128x128 or 128x192 workgroup per SM (264 tiles take twice the time of 132), so
 # 128x192 tiles win where they fill whole waves (4096 x 768 / 2304 / 3072: 37.5-40.8 TFLOP/s
-# against 32.1-35.7), 128x128 tiles pay with >= ~2 waves of them, 64-wide outputs (attention
-# heads) want 128x64 tiles.
+# against 32.1-35.7), 128x128 tiles pay in whole waves or with >= ~2 waves of them, with k
+# steps of 24 and their passes pipelined (4096^2: 40.5 against 37.0 TFLOP/s for k steps of
+# 16), 64-wide outputs (attention heads) want 128x64 tiles.
 MATMUL_TABLE: dict = {
     ("nvidia", "f32"): ((262144, "t64s2"), ("wave", 128, 192, 132, 2048, "t128x192s4"),
+                        ("wave", 128, 128, 132, 2048, "t128k24akp"),
                         ("split", 2048, 600, 800, ("t64s2", "t64s3", "t64s4")),
                         ("wave", 128, 192, 132, 0, "t128x192ak"),
-                        ("tile", 128, 128, 240, "t128k16ak"), ("tile", 128, 64, 128, "t128x64"),
+                        ("tile", 128, 128, 240, "t128k24akp"), ("tile", 128, 64, 128, "t128x64"),
                         (1 << 62, "t64e")),
     ("nvidia", "f16"): ((262144, "t64s2"), (1048576, "h64k32"), (1 << 62, "h64")),
 }
@@ -866,7 +882,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
     kw = -(-K // split // bk) * bk if split > 1 else K  # K per slice, a multiple of BK
     split = -(-K // kw)  # no empty slice (the last one may be shorter)
     v["exact"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0 \
-        and kw % bk == 0 and K % bk == 0
+        and kw % bk == 0 and K % bk == 0 \
+        and not (causal and (16 * tm) % bk)  # causal parts cut K at row tiles
     v["half"] = v.get("half", False) and (f16 or r16)
     v["ak"] = v.get("ak", False) and am == 0
     k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, causal=causal,
