@@ -95,6 +95,7 @@ class Device(HostTransfers):
         self._cpu = cpu
         self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
         self.dispatches = 0
+        self.replays = 0  # wr.jit replays run: they write buffers without storage version bumps
         self.submits = 0
         self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
 
