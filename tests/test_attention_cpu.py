@@ -117,3 +117,16 @@ def test_captured_step_matches_eager(rng, calls):
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert len(calls) >= 2
+
+
+def test_float16_output_gradient(rng, calls):
+    """A float16 gradient of the f32 output (backward_with_grad's, as the composition takes):
+    read as f32 (it reached the texture copy as an f16 buffer: no texture, a crash)."""
+    qkv = rng.standard_normal((2, 6, 24)).astype(np.float32)
+    gy = rng.standard_normal((2, 6, 8)).astype(np.float16)
+    t = wr.tensor(qkv, requires_grad=True)
+    y = fused.causal_self_attention(t, 2, True)
+    g = wr.autograd.backward_with_grad(y, wr.tensor(gy)).get(t).numpy()
+    assert calls
+    np.testing.assert_allclose(g, _ref(qkv, 2, True, gy.astype(np.float32))[1], rtol=1e-4,
+                               atol=1e-5)

@@ -19,7 +19,7 @@ from ..runtime.device import TEX_W, groups_1d
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32
 from . import texread
-from .elementwise import contiguous, copy_into
+from .elementwise import _f32, contiguous, copy_into
 from .matmul import cpu_subgroup
 
 ENABLED = None  # None: CPU adapters whose subgroup size is known; True/False force it (tests)
@@ -169,13 +169,14 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
 
 def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float,
              causal: bool) -> Tensor:
-    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E]."""
+    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E] (any
+    float dtype: the textures read f32)."""
     B, T, E3 = qkv.shape
     E = E3 // 3
     dev = qkv.device
     W = cpu_subgroup(dev)
     Tp = P.shape[-1]
-    qkv, g = _aligned(qkv), _aligned(g)
+    qkv, g = _aligned(qkv), _aligned(_f32(g))
     dqkv = Tensor.empty((B, T, E3), dev, float32)
     dst = Tensor.empty((B * H, T, Tp), dev, float32)
     words = _words(B, H, E, scale, causal)
