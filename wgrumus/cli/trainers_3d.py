@@ -11,8 +11,8 @@ import numpy as np
 
 import wgrumus as wr
 
+from ..autograd.store import store_of
 from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
-from ..distributed.averaging import store_of
 from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
 from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
 from ..nn import GPTConfig
