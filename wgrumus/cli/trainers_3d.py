@@ -110,7 +110,7 @@ class _Rank:
 
     def stats(self) -> dict:
         s = self.rank.pgm.stats()
-        return {"coords": self.coords, "device": self.device.index,
+        return {"coords": self.coords, "device": self.device.host_index,
                 "comm_seconds": sum(s[k]["seconds"] for k in ("dp", "tp", "pp")),
                 "dispatches": self.device.dispatches}
 

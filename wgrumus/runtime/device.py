@@ -53,6 +53,7 @@ _PARAMS_STORAGE = "var<storage, read> PRM"
 class Device(HostTransfers):
     def __init__(self, index: int, adapter, logical: int = 0):
         self.index = index
+        self.host_index = index  # its place on the host (pin_local: the rank's adapter's)
         self.adapter = adapter
         self.logical = logical  # k-th logical device on the same adapter
         info = adapter.info
