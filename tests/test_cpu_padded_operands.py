@@ -88,4 +88,6 @@ def test_no_pad_reuse_across_a_replay(rng, padded):
         fn(wr.tensor(a0))
     a @ w  # pads a (its old values)
     fn(wr.tensor(b0))  # replayed: a = b0
+    _, made_at, _ = mm._PADS[a._storage]  # the case: a's pad is within the reuse window
+    assert a.device.dispatches - made_at <= mm.PAD_REUSE
     np.testing.assert_allclose((a @ w).numpy(), b0 @ w0, rtol=1e-4, atol=1e-4)
