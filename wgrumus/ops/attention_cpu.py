@@ -153,13 +153,15 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
     dev = qkv.device
     W = cpu_subgroup(dev)
     Tp = -(-T // 4) * 4
+    if not _fits(dev, B * H * T * Tp):
+        return None
     y = Tensor.empty((B, T, E), dev, float32)
     P = Tensor.empty((B * H, T, Tp), dev, float32)
     PT = Tensor.empty((B * H, T, Tp), dev, float32)
     qkv = _aligned(qkv)
     with dev.lock:  # (the operand texture holds qkv until the dispatch has read it)
         view = texread.operand(qkv, 0, qkv.numel())
-        if view is None or not _fits_texture(dev, B * H * T * Tp):
+        if view is None:
             return None
         dev.dispatch(kernel("fwd", W, T, E // H), [view, y._storage.buffer, P._storage.buffer,
                                                  PT._storage.buffer],
@@ -191,6 +193,8 @@ def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float
     return dqkv
 
 
-def _fits_texture(dev, n: int) -> bool:
-    """Whether n floats fit one operand texture (P, PT, DST and d(out) in the backward)."""
-    return -(-n // (4 * TEX_W)) <= dev.limits["max-texture-dimension-2d"]
+def _fits(dev, n: int) -> bool:
+    """Whether n floats (P, PT, DST) fit one binding and one operand texture. (The caller's
+    [T, T] scores fit a binding, but P's rows are T rounded up to quads.)"""
+    return 4 * n <= dev.max_binding and \
+        -(-n // (4 * TEX_W)) <= dev.limits["max-texture-dimension-2d"]
