@@ -91,3 +91,15 @@ def test_no_pad_reuse_across_a_replay(rng, padded):
     _, made_at, _ = mm._PADS[a._storage]  # the case: a's pad is within the reuse window
     assert a.device.dispatches - made_at <= mm.PAD_REUSE
     np.testing.assert_allclose((a @ w).numpy(), b0 @ w0, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not mm.is_cpu_adapter(wr.devices()[0]), reason="CPU adapters only")
+def test_no_pad_past_one_binding(monkeypatch, rng, padded):
+    """An operand that just fits the largest binding (a limit made that small here) whose
+    padded rows would not: read unpadded (the pad raised an AdapterLimitError)."""
+    a0, w0 = rng.standard_normal((16, 65)).astype(np.float32), \
+        rng.standard_normal((65, 8)).astype(np.float32)
+    a, w = wr.tensor(a0), wr.tensor(w0)
+    monkeypatch.setattr(a.device, "max_binding", a0.nbytes)
+    np.testing.assert_allclose((a @ w).numpy(), a0 @ w0, rtol=1e-4, atol=1e-4)
+    assert padded == [False, False]

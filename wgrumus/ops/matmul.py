@@ -740,6 +740,8 @@ def _padded(t: Tensor, mode: int) -> tuple:
         return t, mode
     rows, cols = (c, r) if flip else (r, c)
     dev = t.device
+    if 16 * rows * -(-cols // 4) > dev.max_binding:  # (t itself may just fit one)
+        return t, mode
     key = (t._storage.version, t.offset, rows, cols, dev.recorder, dev.replays)
     got = _PADS.pop(t._storage, None)
     # A linear's backward pads its gradient once for d(x) and d(W): a pad serves the next
