@@ -139,10 +139,10 @@ def init_process_group(backend: str = "mpi", timeout: float = 60.0,
     return _mpi_group
 
 
-def rank_device(rank: int, devices=None):
-    """The device of ``rank`` under MPI: this host's ``devices`` (default: the process's)
-    round-robin, ``devices[rank % len(devices)]`` (one when init_process_group pinned it)."""
-    devs = MultiGpuContext.get().devices if devices is None else devices
+def rank_device(rank: int):
+    """This process's device for ``rank`` under MPI: its devices round-robin (the only one
+    where init_process_group pinned the rank to its adapter)."""
+    devs = MultiGpuContext.get().devices
     return devs[rank % len(devs)]
 
 
