@@ -265,6 +265,7 @@ def main():
         local = g._t.local_rank
         assert local == g.rank, (local, g.rank)  # one host
         assert [d.adapter for d in wr.devices()] == [fake[local % 3]], wr.devices()
+        assert wr.devices()[0].host_index == local % 3  # (summary rows show the host's adapter)
         x = wr.tensor(np.full(4, g.rank + 1.0, np.float32))
         assert g.all_reduce(x, "sum").numpy().tolist() == [3.0] * 4
         async_collectives(g)

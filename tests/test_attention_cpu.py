@@ -117,3 +117,31 @@ def test_captured_step_matches_eager(rng, calls):
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert len(calls) >= 2
+
+
+def test_float16_output_gradient(rng, calls):
+    """A float16 gradient of the f32 output (backward_with_grad's, as the composition takes):
+    read as f32 (it reached the texture copy as an f16 buffer: no texture, a crash)."""
+    qkv = rng.standard_normal((2, 6, 24)).astype(np.float32)
+    gy = rng.standard_normal((2, 6, 8)).astype(np.float16)
+    t = wr.tensor(qkv, requires_grad=True)
+    y = fused.causal_self_attention(t, 2, True)
+    g = wr.autograd.backward_with_grad(y, wr.tensor(gy)).get(t).numpy()
+    assert calls
+    np.testing.assert_allclose(g, _ref(qkv, 2, True, gy.astype(np.float32))[1], rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_probabilities_past_one_binding_take_the_composition(monkeypatch, rng, calls):
+    """T = 62: the [T, T] scores fit the device's largest binding, P's rows of 64 do not (a
+    limit made that small here): the composition, not an AdapterLimitError from P."""
+    B, T, d = 1, 62, 4
+    dev = wr.devices()[0]
+    monkeypatch.setattr(dev, "max_binding", 4 * B * T * T)
+    qkv = rng.standard_normal((B, T, 3 * d)).astype(np.float32)
+    gy = rng.standard_normal((B, T, d)).astype(np.float32)
+    y, g = _run(qkv, 1, True, gy)
+    assert calls  # (asked, and declined)
+    want_y, want_g = _ref(qkv, 1, True, gy)
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(g, want_g, rtol=1e-4, atol=1e-5)

@@ -138,8 +138,32 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode == 130 and "interrupted" in err, err
+    lines = err.splitlines()  # the first Ctrl-C's line, then main's for the second
+    assert p.returncode == 130 and FIRST_CTRL_C in lines and "interrupted" in lines, err
     assert took < 8.0, f"exited {took:.1f} s after the second Ctrl-C"
+
+
+FIRST_CTRL_C = "interrupted: stopping after this step (Ctrl-C again stops at once)"
+
+
+def test_first_ctrl_c_message_never_raises_into_the_step(monkeypatch):
+    """A stderr pipe closed by the same Ctrl-C (`wgrumus train ... | tee log`): the first
+    Ctrl-C's message is dropped, the stop after the step still requested (the BrokenPipeError
+    went up through the step and lost the final checkpoint)."""
+    from wgrumus.cli.loop import StopOnInterrupt
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(sys, "stderr", Closed())
+    stop = StopOnInterrupt()
+    stop._handler(signal.SIGINT, None)
+    assert stop.requested
+    with pytest.raises(KeyboardInterrupt):  # the second still stops at once
+        stop._handler(signal.SIGINT, None)
 
 
 # ----------------------------------------------------------------------------------- --plot

@@ -71,3 +71,35 @@ def test_padded_long_k(rng, padded):
     got = (wr.tensor(a) @ wr.tensor(b)).numpy()
     assert sum(padded) == 2
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.skipif(not mm.is_cpu_adapter(wr.devices()[0]), reason="CPU adapters only")
+def test_no_pad_reuse_across_a_replay(rng, padded):
+    """A replay that writes the operand in place (one dispatch, no version bump) between two
+    products: the second pads the new values (it reused the stale pad within the window)."""
+    a0, b0, w0 = (rng.standard_normal(s).astype(np.float32)
+                  for s in ((16, 65), (16, 65), (65, 8)))
+    a, w = wr.tensor(a0), wr.tensor(w0)
+
+    def write(b):
+        a[...] = b
+    fn = wr.jit(write)
+    for _ in range(3):  # warm-up, capture, a replay
+        fn(wr.tensor(a0))
+    a @ w  # pads a (its old values)
+    fn(wr.tensor(b0))  # replayed: a = b0
+    _, made_at, _ = mm._PADS[a._storage]  # the case: a's pad is within the reuse window
+    assert a.device.dispatches - made_at <= mm.PAD_REUSE
+    np.testing.assert_allclose((a @ w).numpy(), b0 @ w0, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not mm.is_cpu_adapter(wr.devices()[0]), reason="CPU adapters only")
+def test_no_pad_past_one_binding(monkeypatch, rng, padded):
+    """An operand that just fits the largest binding (a limit made that small here) whose
+    padded rows would not: read unpadded (the pad raised an AdapterLimitError)."""
+    a0, w0 = rng.standard_normal((16, 65)).astype(np.float32), \
+        rng.standard_normal((65, 8)).astype(np.float32)
+    a, w = wr.tensor(a0), wr.tensor(w0)
+    monkeypatch.setattr(a.device, "max_binding", a0.nbytes)
+    np.testing.assert_allclose((a @ w).numpy(), a0 @ w0, rtol=1e-4, atol=1e-4)
+    assert padded == [False, False]

@@ -290,3 +290,24 @@ def test_map_quads_match_numpy(monkeypatch, rng, n):
     run_map("a - b", out[4:], [ta[:n], tb[:n]])
     np.testing.assert_allclose(out.numpy()[4:], a[:n] - b[:n], rtol=1e-6)
     assert seen == [True, False, True]
+
+
+@pytest.mark.timeout(120)
+def test_sparse_strided_map_inputs_read_storage(monkeypatch, rng):
+    """A strided input reads through a texture only where the span copied is at most
+    TEX_SPAN_MAX times its elements: a column of a wide matrix reads storage (it copied the
+    whole matrix), a transpose or every other column the texture; a broadcast expand counts
+    its elements once."""
+    from wgrumus.ops import launch, texread
+    monkeypatch.setattr(texread, "ENABLED", True)
+    monkeypatch.setattr(launch, "CPU_CHUNK", 16)
+    seen = []
+    orig = launch._texture_inputs
+    monkeypatch.setattr(launch, "_texture_inputs", lambda *a: seen.append(orig(*a)) or seen[-1])
+    m = rng.standard_normal((64, 256)).astype(np.float32)
+    t = wr.tensor(m)
+    for view, ref, textured in [(t[:, 3:4], m[:, 3:4], False), (t[:, ::8], m[:, ::8], False),
+                                (t.T, m.T, True), (t[:, ::2], m[:, ::2], True),
+                                (t[5:6].expand(7, 256), np.repeat(m[5:6], 7, 0), True)]:
+        np.testing.assert_array_equal((view * 2.0).numpy(), ref * 2.0)
+        assert bool(seen[-1]) == textured, (view.shape, view.strides)

@@ -83,6 +83,29 @@ def test_ownership_is_balanced_and_covers_every_parameter(devs):
     assert max(loads) - min(loads) <= 10, loads
 
 
+@pytest.mark.timeout(60)
+def test_gather_gives_every_replica_the_owners_values(devs, monkeypatch):
+    """Each replica ends with every owner's parameters, building each parameter's view of
+    the broadcast buffer once (a non-owner built them twice a step)."""
+    from wgrumus.distributed import spawn, zero
+    calls = []
+    orig = zero.flat_view
+    monkeypatch.setattr(zero, "flat_view", lambda *a: calls.append(1) or orig(*a))
+    sizes = (100, 7, 50, 3)
+    sh = zero.OptimizerSharding([wr.zeros(n, device=devs[0]) for n in sizes], 3)
+
+    def fn(g):  # replica r's parameter i holds 10 r + i before the gather
+        ps = [wr.tensor(np.full(n, 10.0 * g.rank + i, np.float32), device=g.device)
+              for i, n in enumerate(sizes)]
+        sh.gather_group(g, ps)
+        return [p.numpy() for p in ps]
+    got = spawn(fn, 3, devices=devs[:3], timeout=30)
+    for ps in got:
+        for i, p in enumerate(ps):
+            np.testing.assert_array_equal(p, np.full(sizes[i], 10.0 * sh.owner[i] + i))
+    assert len(calls) == 3 * len(sizes)
+
+
 MPI_WORKER = '''
 import os, sys
 sys.path.insert(0, os.getcwd()); sys.path.insert(0, os.path.join(os.getcwd(), "tests"))

@@ -99,3 +99,13 @@ class GradientStore:
 
     def __repr__(self):
         return f"GradientStore({len(self)} gradients)"
+
+
+def store_of(pairs, into: GradientStore | None = None) -> GradientStore:
+    """``into`` (default: a new store) plus the (parameter, gradient) pairs that have a gradient
+    (``grads_of``'s, or any others)."""
+    out = GradientStore() if into is None else into
+    for p, g in pairs:
+        if g is not None:
+            out.accumulate(p, g)
+    return out

@@ -2,6 +2,7 @@
 and trainer, run the steps with a progress bar, checkpoint and report."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -264,8 +265,10 @@ class StopOnInterrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        # said at once: a step may take a while to finish
-        say_error("interrupted: stopping after this step (Ctrl-C again stops at once)")
+        # said at once (a step may take a while to finish), and never raised into the step: a
+        # stderr pipe closed by the same Ctrl-C (`| tee`), or met mid-write, lost the checkpoint
+        with contextlib.suppress(OSError, RuntimeError):
+            say_error("interrupted: stopping after this step (Ctrl-C again stops at once)")
 
     def __enter__(self):
         import signal

@@ -79,11 +79,10 @@ class TrainerBase:
 
     def join_mpi(self, timeout: float):
         """--backend mpi: join the group; returns this rank's device (rank % devices)."""
-        from ..distributed import init_process_group
+        from ..distributed.launch import init_process_group, rank_device
         self.group = init_process_group("mpi", timeout=timeout)
         self.is_main = self.group.rank == 0
-        devs = wr.devices()
-        return devs[self.group.rank % len(devs)]
+        return rank_device(self.group.rank)
 
     def close(self) -> None:
         pass

@@ -11,8 +11,8 @@ import numpy as np
 
 import wgrumus as wr
 
+from ..autograd.store import store_of
 from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
-from ..distributed.averaging import store_of
 from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
 from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
 from ..nn import GPTConfig
@@ -110,7 +110,7 @@ class _Rank:
 
     def stats(self) -> dict:
         s = self.rank.pgm.stats()
-        return {"coords": self.coords, "device": self.device.index,
+        return {"coords": self.coords, "device": self.device.host_index,
                 "comm_seconds": sum(s[k]["seconds"] for k in ("dp", "tp", "pp")),
                 "dispatches": self.device.dispatches}
 

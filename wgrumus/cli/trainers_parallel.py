@@ -43,7 +43,7 @@ class DataParallelTrainer(TrainerBase):
         self.dp.broadcast_weights()
 
     def device_stats(self, seconds: float) -> list[dict]:
-        rows = [{"device": d.index, "role": f"replica {k}", "dispatches": d.dispatches,
+        rows = [{"device": d.host_index, "role": f"replica {k}", "dispatches": d.dispatches,
                  "submits": d.submits} for k, d in enumerate(self.dp.devices)]
         if self.group is not None:
             rows = [dict(r, role=f"rank {i}")

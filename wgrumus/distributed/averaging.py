@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from ..autograd import GradientStore, no_grad
+from ..autograd.store import store_of  # (also imported from here)
 from ..ops.elementwise import copy_into, fill_
 from ..tensor import Tensor, contiguous_strides
 from .buckets import plan_buckets
@@ -48,15 +49,6 @@ class EventLog:
         end = self.events(replica, "backward_end")
         done = self.events(replica, "sync_end")
         return max(0.0, done[-1].t - end[-1].t) if end and done else 0.0
-
-
-def store_of(pairs, into: GradientStore | None = None) -> GradientStore:
-    """``into`` (default: a new store) plus the (parameter, gradient) pairs that have a gradient."""
-    out = GradientStore() if into is None else into
-    for p, g in pairs:
-        if g is not None:
-            out.accumulate(p, g)
-    return out
 
 
 def flat_view(flat: Tensor, shape, offset: int) -> Tensor:

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from ..autograd import backward_with_grad, install_tape, is_grad_enabled, no_grad
+from ..autograd.store import grads_of, store_of
 from ..autograd.tape import Tape
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
@@ -22,7 +23,7 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
-from .averaging import EventLog, GradientAverager, store_of
+from .averaging import EventLog, GradientAverager
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
@@ -179,13 +180,12 @@ class DataParallel:
         self.backend, self.timeout = backend, float(timeout)
         if backend == "mpi":
             devs = [get_device(devices[0])] if devices else None
+            from .launch import init_process_group, rank_device
             if group is None:  # before any device: it opens this rank's adapter only
-                from .launch import init_process_group
                 group = init_process_group("mpi", timeout=timeout)
             self.world_size = group.world_size
             if devs is None:
-                all_devs = MultiGpuContext.get().devices
-                devs = [group.device or all_devs[group.rank % len(all_devs)]]
+                devs = [group.device or rank_device(group.rank)]
         else:
             all_devs = MultiGpuContext.get().devices
             devs = [get_device(d) for d in (devices if devices is not None else all_devs)]
@@ -526,7 +526,7 @@ class DataParallel:
 
     def _accumulate(self, k: int, grads) -> None:
         """Add replica ``k``'s gradients to its ``no_sync`` running sum."""
-        self._accum[k] = store_of(((p, grads.get(p)) for p in self._params[k]), self._accum[k])
+        self._accum[k] = store_of(grads_of(self._params[k], grads), self._accum[k])
 
     def replicas_identical(self) -> bool:
         """Every replica's (rank's) parameters equal replica 0's bit for bit (for tests)."""

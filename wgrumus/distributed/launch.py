@@ -139,6 +139,13 @@ def init_process_group(backend: str = "mpi", timeout: float = 60.0,
     return _mpi_group
 
 
+def rank_device(rank: int):
+    """This process's device for ``rank`` under MPI: its devices round-robin (the only one
+    where init_process_group pinned the rank to its adapter)."""
+    devs = MultiGpuContext.get().devices
+    return devs[rank % len(devs)]
+
+
 def _install_excepthook(group: ProcessGroup) -> None:
     previous = sys.excepthook
 

@@ -298,11 +298,11 @@ def _default_devices(world: int, backend: str, timeout: float) -> list:
     """The first ``world`` devices; under MPI rank r takes this host's device r mod n, the
     process group made first so that it opens only this rank's adapter (launch.py)."""
     from ..runtime import devices as _devs
-    if backend == "mpi":
-        from .launch import init_process_group
-        init_process_group("mpi", timeout)  # the group spawn then uses, with its own config
-    devs = _devs()
-    return [devs[r % len(devs)] for r in range(world)] if backend == "mpi" else devs[:world]
+    if backend != "mpi":
+        return _devs()[:world]
+    from .launch import init_process_group, rank_device
+    init_process_group("mpi", timeout)  # the group spawn then uses, with its own config
+    return [rank_device(r) for r in range(world)]
 
 
 def _token_rows(cfg: GPTConfig, data, batch_size: int, seed: int) -> np.ndarray:

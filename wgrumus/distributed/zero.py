@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import GradientStore, no_grad
+from ..autograd.store import grads_of, store_of
 from ..ops.elementwise import copy_into
 from ..tensor import Tensor
-from .averaging import flat_view, store_of
+from .averaging import flat_view
 
 
 class OptimizerSharding:
@@ -28,27 +29,26 @@ class OptimizerSharding:
 
     def owned_grads(self, rank: int, params, grads: GradientStore) -> GradientStore:
         """The part of ``grads`` this replica's optimizer steps."""
-        return store_of((params[i], grads.get(params[i])) for i in self.owned[rank])
+        return store_of(grads_of([params[i] for i in self.owned[rank]], grads))
 
-    def _packed(self, r: int, params, flat: Tensor | None = None) -> tuple:
-        """Owner ``r``'s parameters with their views of one flat buffer (``flat``, or new)."""
+    def _packed(self, r: int, params, flat: Tensor) -> list:
+        """Owner ``r``'s parameters with their views of the flat buffer ``flat``."""
         ps = [params[i] for i in self.owned[r]]
-        if flat is None:
-            flat = Tensor.empty((sum(p.numel() for p in ps),), params[0].device)
         offs = np.cumsum([0] + [p.numel() for p in ps])
-        return flat, [(p, flat_view(flat, p.shape, int(o))) for p, o in zip(ps, offs)]
+        return [(p, flat_view(flat, p.shape, int(o))) for p, o in zip(ps, offs)]
 
     def gather_group(self, group, params) -> None:
         """Each owner broadcasts its packed parameters (every replica calls it on its group)."""
         for r in range(self.world):
             if not self.owned[r]:
                 continue
-            flat, views = self._packed(r, params)
+            flat = Tensor.empty((sum(params[i].numel() for i in self.owned[r]),),
+                                params[0].device)
             with no_grad():
                 if group.rank == r:
-                    for p, v in views:
+                    for p, v in self._packed(r, params, flat):
                         copy_into(v, p)
                     group.broadcast(flat, root=r)
                 else:
-                    for p, v in self._packed(r, params, group.broadcast(flat, root=r))[1]:
+                    for p, v in self._packed(r, params, group.broadcast(flat, root=r)):
                         copy_into(p, v)

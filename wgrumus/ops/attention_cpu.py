@@ -19,7 +19,7 @@ from ..runtime.device import TEX_W, groups_1d
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32
 from . import texread
-from .elementwise import contiguous, copy_into
+from .elementwise import _f32, contiguous, copy_into
 from .matmul import cpu_subgroup
 
 ENABLED = None  # None: CPU adapters whose subgroup size is known; True/False force it (tests)
@@ -153,13 +153,15 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
     dev = qkv.device
     W = cpu_subgroup(dev)
     Tp = -(-T // 4) * 4
+    if not _fits(dev, B * H * T * Tp):
+        return None
     y = Tensor.empty((B, T, E), dev, float32)
     P = Tensor.empty((B * H, T, Tp), dev, float32)
     PT = Tensor.empty((B * H, T, Tp), dev, float32)
     qkv = _aligned(qkv)
     with dev.lock:  # (the operand texture holds qkv until the dispatch has read it)
         view = texread.operand(qkv, 0, qkv.numel())
-        if view is None or not _fits_texture(dev, B * H * T * Tp):
+        if view is None:
             return None
         dev.dispatch(kernel("fwd", W, T, E // H), [view, y._storage.buffer, P._storage.buffer,
                                                  PT._storage.buffer],
@@ -169,13 +171,14 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
 
 def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float,
              causal: bool) -> Tensor:
-    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E]."""
+    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E] (any
+    float dtype: the textures read f32)."""
     B, T, E3 = qkv.shape
     E = E3 // 3
     dev = qkv.device
     W = cpu_subgroup(dev)
     Tp = P.shape[-1]
-    qkv, g = _aligned(qkv), _aligned(g)
+    qkv, g = _aligned(qkv), _aligned(_f32(g))
     dqkv = Tensor.empty((B, T, E3), dev, float32)
     dst = Tensor.empty((B * H, T, Tp), dev, float32)
     words = _words(B, H, E, scale, causal)
@@ -190,6 +193,8 @@ def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float
     return dqkv
 
 
-def _fits_texture(dev, n: int) -> bool:
-    """Whether n floats fit one operand texture (P, PT, DST and d(out) in the backward)."""
-    return -(-n // (4 * TEX_W)) <= dev.limits["max-texture-dimension-2d"]
+def _fits(dev, n: int) -> bool:
+    """Whether n floats (P, PT, DST) fit one binding and one operand texture. (The caller's
+    [T, T] scores fit a binding, but P's rows are T rounded up to quads.)"""
+    return 4 * n <= dev.max_binding and \
+        -(-n // (4 * TEX_W)) <= dev.limits["max-texture-dimension-2d"]

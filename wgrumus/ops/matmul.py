@@ -756,11 +756,13 @@ def _padded(t: Tensor, mode: int) -> tuple:
         return t, mode
     rows, cols = (c, r) if flip else (r, c)
     dev = t.device
-    key = (t._storage.version, t.offset, rows, cols, dev.recorder)
+    if 16 * rows * -(-cols // 4) > dev.max_binding:  # (t itself may just fit one)
+        return t, mode
+    key = (t._storage.version, t.offset, rows, cols, dev.recorder, dev.replays)
     got = _PADS.pop(t._storage, None)
     # A linear's backward pads its gradient once for d(x) and d(W): a pad serves the next
-    # product that reads the same unchanged operand within PAD_REUSE dispatches (replays
-    # write buffers without a version bump: no reuse further away, or across captures).
+    # product that reads the same unchanged operand within PAD_REUSE dispatches, with no
+    # replay in between (replays write buffers without a version bump) and in one capture.
     if got is None or got[0] != key or dev.dispatches - got[1] > PAD_REUSE:
         pad = Tensor.empty((rows, -(-cols // 4) * 4), dev, float32)
         view = Tensor(pad._storage, (rows, cols), (pad.shape[1], 1), 0, float32)

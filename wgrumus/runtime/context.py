@@ -56,7 +56,9 @@ class MultiGpuContext:
             adapters = select_adapters()
             if len(adapters) < 2:
                 return False
-            cls._instance = cls([adapters[local_rank % len(adapters)]])
+            k = local_rank % len(adapters)
+            cls._instance = cls([adapters[k]])
+            cls._instance.devices[0].host_index = k  # (summaries name the host's adapter)
             return True
 
     @classmethod

@@ -53,6 +53,7 @@ _PARAMS_STORAGE = "var<storage, read> PRM"
 class Device(HostTransfers):
     def __init__(self, index: int, adapter, logical: int = 0):
         self.index = index
+        self.host_index = index  # its place on the host (pin_local: the rank's adapter's)
         self.adapter = adapter
         self.logical = logical  # k-th logical device on the same adapter
         info = adapter.info
@@ -95,6 +96,7 @@ class Device(HostTransfers):
         self._cpu = cpu
         self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
         self.dispatches = 0
+        self.replays = 0  # wr.jit replays run: they write buffers without storage version bumps
         self.submits = 0
         self.last_submission = None  # index of the latest submit (None: wgpu-py gives none)
 

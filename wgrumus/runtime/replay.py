@@ -130,6 +130,7 @@ class Replay:
                         self._submit(i, words, self._encode(i, pre, post))
             trace.append(("submit", i // 2, self._dispatches_of[i // 2]))
         dev.dispatches += self.dispatches
+        dev.replays += 1
 
     def _encode(self, i: int, before, after):
         """Part ``i``'s command buffer (None where it has no commands)."""
