@@ -21,26 +21,34 @@ def kind(request, monkeypatch):
     mm.cpu_kernel_for.cache_clear()
 
 
+def _decls_seen(monkeypatch, module, family: str, define: str) -> list:
+    """The ``define`` of every ``family`` kernel that ``module`` builds from now on."""
+    seen, orig = [], module.Kernel.of
+
+    def of(fam, entry="main", **d):
+        if fam == family:
+            seen.append(d[define])
+        return orig(fam, entry, **d)
+    monkeypatch.setattr(module.Kernel, "of", staticmethod(of))
+    return seen
+
+
+def _declared(kind: bool) -> str:
+    return "texture_storage_2d<rgba32float, read>" if kind else "texture_2d<f32>"
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("m,k,n,bt", [(37, 20, 52, False), (64, 36, 72, True), (5, 8, 12, False)])
 def test_texture_matmul_matches_numpy(monkeypatch, rng, kind, m, k, n, bt):
     monkeypatch.setattr(mm, "CPU_KERNEL", True)
     monkeypatch.setattr(mm, "CPU_TEX", True)
-    seen = []
-    orig = mm.Kernel.of
-
-    def of(family, entry="main", **d):
-        if family == "matmul_cpu":
-            seen.append(d["OPERANDS"])
-        return orig(family, entry, **d)
-    monkeypatch.setattr(mm.Kernel, "of", staticmethod(of))
+    seen = _decls_seen(monkeypatch, mm, "matmul_cpu", "OPERANDS")
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     tb = wr.tensor(b.T.copy()).T if bt else wr.tensor(b)
     got = (wr.tensor(a) @ tb).numpy()
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
-    want = "texture_storage_2d<rgba32float, read>" if kind else "texture_2d<f32>"
-    assert seen and all(want in s for s in seen)
+    assert seen and all(_declared(kind) in s for s in seen)
 
 
 @pytest.mark.timeout(120)
@@ -49,18 +57,10 @@ def test_texture_layer_norm_matches_numpy(monkeypatch, rng, kind):
         pytest.skip("needs a CPU adapter with known subgroups")
     monkeypatch.setattr(nnops, "ROW_MODE", "thread")
     monkeypatch.setattr(nnops.texread, "ENABLED", True)
-    seen = []
-    orig = nnops.Kernel.of
-
-    def of(family, entry="main", **d):
-        if family == "layernorm_cpu":
-            seen.append(d["IN_DECLS"])
-        return orig(family, entry, **d)
-    monkeypatch.setattr(nnops.Kernel, "of", staticmethod(of))
+    seen = _decls_seen(monkeypatch, nnops, "layernorm_cpu", "IN_DECLS")
     x = (rng.standard_normal((19, 12)) * 2 + 1).astype(np.float32)
     w, b = rng.standard_normal(12).astype(np.float32), rng.standard_normal(12).astype(np.float32)
     y = nnops.layer_norm(wr.tensor(x), 12, wr.tensor(w), wr.tensor(b)).numpy()
     xh = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y, xh * w + b, rtol=1e-4, atol=1e-4)
-    want = "texture_storage_2d<rgba32float, read>" if kind else "texture_2d<f32>"
-    assert seen and all(want in s for s in seen)
+    assert seen and all(_declared(kind) in s for s in seen)
