@@ -141,7 +141,7 @@ def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off, tex):
 
     def of(family, entry="main", **d):
         if family == "layernorm_cpu":
-            seen.append((d["V"], "texture_2d" in d["IN_DECLS"]))
+            seen.append((d["V"], "textureLoad" in d["IN_DECLS"]))
         return orig(family, entry, **d)
     monkeypatch.setattr(nnops.Kernel, "of", staticmethod(of))
     x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)

@@ -8,7 +8,7 @@ import weakref
 
 from ..autograd.tape import record
 from ..runtime.adapters import is_cpu_adapter
-from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d
+from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d, texture_loader
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
@@ -681,11 +681,7 @@ def _operand_decls(t: str, tex: bool) -> str:
         return "\n".join(f"@group(0) @binding({i}) var<storage, read> {x}: array<vec4<{t}>>;\n"
                          f"fn q{x.lower()}(q: u32) -> vec4<{t}> {{ return {x}[q]; }}"
                          for i, x in ((1, "A"), (2, "B")))
-    sh = TEX_W.bit_length() - 1
-    return "\n".join(f"@group(0) @binding({i}) var {x}: texture_2d<f32>;\n"
-                     f"fn q{x.lower()}(q: u32) -> vec4<f32> {{ return textureLoad({x}, "
-                     f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}"
-                     for i, x in ((1, "A"), (2, "B")))
+    return "\n".join(texture_loader(x, i, f"q{x.lower()}") for i, x in ((1, "A"), (2, "B")))
 
 
 @functools.lru_cache(maxsize=128)

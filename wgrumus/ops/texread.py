@@ -8,7 +8,7 @@ the device's operand textures, quad q at texel (q % TEX_W, q / TEX_W).
 from __future__ import annotations
 
 from ..runtime.adapters import is_cpu_adapter
-from ..runtime.device import TEX_W
+from ..runtime.device import TEX_W, texture_loader
 from ..tensor import Tensor, float32
 
 ENABLED = None  # None: on CPU adapters; True/False force it (tests cover both)
@@ -21,11 +21,8 @@ def enabled(dev) -> bool:
 def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False) -> str:
     """WGSL declarations of operands {name: binding} with quad loads ``ld_<name>(q)`` from
     textures (``tex``) or ``vt`` arrays; ``elements``: also ``ex_<name>(i)``."""
-    sh = TEX_W.bit_length() - 1
     if tex:
-        out = [f"@group(0) @binding({b}) var {n}: texture_2d<f32>;\n"
-               f"fn ld_{n}(q: u32) -> vec4<f32> {{ return textureLoad({n}, "
-               f"vec2<u32>(q & {TEX_W - 1}u, q >> {sh}u), 0); }}" for n, b in names.items()]
+        out = [texture_loader(n, b, f"ld_{n}") for n, b in names.items()]
     else:
         out = [f"@group(0) @binding({b}) var<storage, read> {n}: array<{vt}>;\n"
                f"fn ld_{n}(q: u32) -> {vt} {{ return {n}[q]; }}" for n, b in names.items()]

@@ -33,10 +33,27 @@ ARENA_SLOTS = 128
 MAX_WG_PER_DIM = 65535
 BIND_GROUP_CACHE = 4096  # bind groups kept per device (keyed by layout + buffers)
 _BINDING = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(\w+)\s*(?:,\s*(\w+)\s*)?>")
-_TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*texture_2d<f32>")
+_TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*"
+                      r"(texture_2d<f32>|texture_storage_2d<rgba32float,\s*read>)")
 # Texels a row of the operand textures (operand_texture): 16 KiB rows (a buffer-to-texture copy
 # needs rows of a multiple of 256 bytes), quad q of a region at (q % TEX_W, q // TEX_W).
 TEX_W = 1024
+# Kernels bind the operand textures as read-only storage textures: llvmpipe 22.3 fetches a
+# sampled texture's texel through its generic path (a mip level per lane, the level's size and
+# offset gathered lane by lane), a storage texture's without it (BENCHMARKS.md, seventh session).
+# False: sampled textures (texture_2d), as before.
+TEX_STORAGE = True
+
+
+def texture_loader(name: str, binding: int, fn: str) -> str:
+    """WGSL of operand texture ``name`` at ``binding`` and ``fn(q)``, its quad q (the texel at
+    (q % TEX_W, q / TEX_W))."""
+    xy = f"vec2<u32>(q & {TEX_W - 1}u, q >> {TEX_W.bit_length() - 1}u)"
+    if TEX_STORAGE:
+        return (f"@group(0) @binding({binding}) var {name}: texture_storage_2d<rgba32float, read>;"
+                f"\nfn {fn}(q: u32) -> vec4<f32> {{ return textureLoad({name}, {xy}); }}")
+    return (f"@group(0) @binding({binding}) var {name}: texture_2d<f32>;\n"
+            f"fn {fn}(q: u32) -> vec4<f32> {{ return textureLoad({name}, {xy}, 0); }}")
 OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")  # requested where offered
 # Families that range-check every access themselves, compiled without wgpu's injected checks
 # (which block unrolling: the 4096 matmul ran 24.7 vs 31.7 TFLOP/s on an H100).
@@ -135,7 +152,7 @@ class Device(HostTransfers):
         if nbuf is None:
             return None
         decl = {int(b): (space, access) for b, space, access in _BINDING.findall(src)}
-        decl.update((int(b), ("texture", "")) for b in _TEXTURE.findall(src))
+        decl.update((int(b), ("texture", kind)) for b, kind in _TEXTURE.findall(src))
         params = ("storage", "read") if storage_params else ("uniform", "")
         if decl.get(0) != params or any(decl.get(i, ("",))[0] not in ("storage", "texture")
                                         for i in range(1, nbuf + 1)):
@@ -148,7 +165,11 @@ class Device(HostTransfers):
         for i in range(1, nbuf + 1):
             if decl[i][0] == "texture":
                 entries.append({"binding": i, "visibility": stage, "texture": {
-                    "sample_type": wgpu.TextureSampleType.unfilterable_float}})
+                    "sample_type": wgpu.TextureSampleType.unfilterable_float}}
+                    if decl[i][1].startswith("texture_2d") else
+                    {"binding": i, "visibility": stage, "storage_texture": {
+                        "access": wgpu.StorageTextureAccess.read_only,
+                        "format": wgpu.TextureFormat.rgba32float}})
                 continue
             rw = decl[i][1] == "read_write"
             entries.append({"binding": i, "visibility": stage, "buffer": {
@@ -262,7 +283,8 @@ class Device(HostTransfers):
         """(texture, view): an rgba32float TEX_W x ``height`` operand texture."""
         tex = self.wgpu.create_texture(
             size=(TEX_W, height, 1), format=wgpu.TextureFormat.rgba32float,
-            usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
+            usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.STORAGE_BINDING
+            | wgpu.TextureUsage.COPY_DST)
         return tex, tex.create_view()
 
     def dispatch_1d(self, kernel: Kernel, buffers, params, n: int, wg: int = 256,
