@@ -19,6 +19,7 @@
 //   SPLIT > 1: split-K, workgroup z = batch * SPLIT + slice; slice s covers K [s * w15, ...) and
 //     stores its partial product at C + (s * w16 + batch) * M * N (f32; the host adds them up).
 //   EXACT: the host guarantees M % TILEM, N % TILEN and K % BK (per slice) are 0: no range checks.
+//   EXMN: only M % TILEM and N % TILEN are: k is still checked (K = 4096 in k steps of 24).
 //   HALF (f16 storage only): packed f16 math: workgroup tiles and FMAs in vec4<f16>, the f16
 //     partial sums added into the f32 accumulators every few BK k steps (short f16 runs).
 // T: storage type (f32, or f16 with F16=1: f16 operands and result, f32 accumulation); TC: C's
@@ -49,6 +50,7 @@ const BM: u32 = {{BM}}u;
 const SWZ: u32 = {{SWZ}}u;
 const SPLIT: u32 = {{SPLIT}}u;
 const EXACT: bool = {{EXACT}};
+const EXMN: bool = {{EXMN}};
 const TWO: bool = {{TWO}};
 const CAUSAL: u32 = {{CAUSAL}}u;  // 0, or a part of ops/matmul.py's CAUSAL_PARTS
 
@@ -68,13 +70,13 @@ fn fetch_a(q: u32, row0: u32, k0: u32, M: u32, K: u32, a0: u32, ars: u32, acs: u
     if (AM == 0u) {  // quad along k
         let m = row0 + q / (BK / 4u);
         let k = k0 + (q % (BK / 4u)) * 4u;
-        if (EXACT || (m < M && k < K)) { return ld(A[(a0 + m * ars + k) >> 2u]); }
+        if (EXACT || ((EXMN || m < M) && k < K)) { return ld(A[(a0 + m * ars + k) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     let m = row0 + (q % TQA) * 4u;  // quad along m
     let k = k0 + q / TQA;
     if (AM == 1u) {
-        if (EXACT || (m < M && k < K)) { return ld(A[(a0 + m + k * acs) >> 2u]); }
+        if (EXACT || ((EXMN || m < M) && k < K)) { return ld(A[(a0 + m + k * acs) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     var v = vec4<{{S}}>(0.0);
@@ -102,13 +104,13 @@ fn fetch_b(q: u32, col0: u32, k0: u32, N: u32, K: u32, b0: u32, brs: u32, bcs: u
     if (BM == 1u) {  // quad along k
         let n = col0 + q / (BK / 4u);
         let k = k0 + (q % (BK / 4u)) * 4u;
-        if (EXACT || (n < N && k < K)) { return ld(B[(b0 + n * bcs + k) >> 2u]); }
+        if (EXACT || ((EXMN || n < N) && k < K)) { return ld(B[(b0 + n * bcs + k) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     let n = col0 + (q % TQB) * 4u;  // quad along n
     let k = k0 + q / TQB;
     if (BM == 0u) {
-        if (EXACT || (n < N && k < K)) { return ld(B[(b0 + k * brs + n) >> 2u]); }
+        if (EXACT || ((EXMN || n < N) && k < K)) { return ld(B[(b0 + k * brs + n) >> 2u]); }
         return vec4<{{S}}>(0.0);
     }
     var v = vec4<{{S}}>(0.0);
@@ -210,7 +212,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         c0 = pu(11u) + bo * pu(20u) + bi * pu(21u);
         cr = pu(22u);
     }
-    let full = EXACT || col0 + TILEN <= N;
+    let full = EXACT || EXMN || col0 + TILEN <= N;
 {{STORE}}
 }
 

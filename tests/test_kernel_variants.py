@@ -48,8 +48,11 @@ def _close(out, ref, f16=False):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", F32_VARIANTS, indirect=True)
 def test_matmul_variants_f32(variant, rng):
-    # aligned (exact tiles where the variant allows them), A @ B.T, ragged, A.T @ B, batched
+    # aligned (exact tiles where the variant allows them), A @ B.T, whole tiles over a ragged K,
+    # ragged, A.T @ B, batched
     a, b, ref = _pair(rng, (256, 64), (64, 256), np.float32, bt=True)
+    _close(a @ b, ref)
+    a, b, ref = _pair(rng, (256, 100), (100, 256), np.float32)
     _close(a @ b, ref)
     a, b, ref = _pair(rng, (130, 68), (68, 36), np.float32)
     _close(a @ b, ref)

@@ -234,11 +234,12 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                f16: bool = False, epilogue: tuple = (None, False, False), tn: int | None = None,
                split: int = 1, exact: bool = False, half: bool = False,
                ak: bool = False, fe: int = 1, r16: bool = False, causal: int = 0,
-               two: bool = False, pipe: bool = False) -> Kernel:
+               two: bool = False, pipe: bool = False, exmn: bool = False) -> Kernel:
     """The matmul specialisation: TM x TN outputs per invocation (tiles 16*TM x 16*TN; TN
     defaults to TM), k step BK, load modes of A and B, launch-order swizzle and workgroup-tile
     row padding (see shaders/matmul.wgsl; one quad of padding keeps transposing stores free of
-    bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``),
+    bank conflicts); split-K slices (partials stored as f32), no range checks (``exact``; with
+    ``exmn`` only k is checked),
     packed f16 FMAs (``half``, f16 storage only; added into f32 every ``fe`` k steps), A's tile
     staged k-contiguous (``ak``, A in load mode 0 only), f32 operands rounded to f16 as they
     are read (``r16``: autocast), a causal part (``causal``: CAUSAL_PARTS; no split-K), a
@@ -263,7 +264,8 @@ def kernel_for(tm: int, bk: int, am: int, bm: int, swz: int = 0, pad: int = 1,
                      TC="f32" if split > 1 else t, S="f16" if half else "f32",
                      F16=int(f16 or r16), LD=_load(r16, "f16" if half else "f32"),
                      ACC=tm * tn // 4, AM=am, BM=bm, SWZ=swz, SPLIT=split,
-                     EXACT=str(bool(exact)).lower(), CAUSAL=causal, TWO=str(two).lower(),
+                     EXACT=str(bool(exact)).lower(), EXMN=str(bool(exmn)).lower(),
+                     CAUSAL=causal, TWO=str(two).lower(),
                      **{"EPI_PRE": "", **_epilogue_defines(*epilogue)},
                      **_unrolled(tm, bk, tn, half, ak, fe if half else 1, pipe and ak))
 
@@ -879,8 +881,8 @@ def _launch(a, b, out, M, N, K, sa, sb, nbatch, tile=None, bias=None, residual=N
         split = 1
     kw = -(-K // split // bk) * bk if split > 1 else K  # K per slice, a multiple of BK
     split = -(-K // kw)  # no empty slice (the last one may be shorter)
-    v["exact"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0 \
-        and kw % bk == 0 and K % bk == 0 \
+    v["exmn"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0
+    v["exact"] = v["exmn"] and kw % bk == 0 and K % bk == 0 \
         and not (causal and (16 * tm) % bk)  # causal parts cut K at row tiles
     v["half"] = v.get("half", False) and (f16 or r16)
     v["ak"] = v.get("ak", False) and am == 0
