@@ -156,7 +156,7 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
     ``half`` the FMAs run on vec4<f16> partial sums, added into the f32 accumulators every
     ``fe`` k steps (f16 runs of fe * BK products);
     with ``ak`` A's tile is [m][k] and each row's vec4 covers 4 k (4 k per pass); ``pipe``
-    (with ``ak``) unrolls the passes and reads pass p + 1's operands before pass p's FMAs: the
+    (with ``ak``) unrolls the passes and reads pass p + 1's operands during pass p's FMAs: the
     step's barrier lines all warps up, so no other warp hides their shared-memory latency."""
     tn = tm if tn is None else tn
     qa, qb = tm // 4, tn // 4
@@ -175,9 +175,9 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
         fma = loads(passes[0])
         for p in passes:
             n = f"{p}_" if pipe else ""
-            if pipe and p + 1 < len(passes):
-                fma += loads(p + 1)
             for c, cc in enumerate("xyzw"):
+                if pipe and c == 2 and p + 1 < len(passes):  # (measured: 1% over c == 0)
+                    fma += loads(p + 1)
                 for i in range(qa):
                     for r in range(4):
                         for j in range(qb):
