@@ -135,13 +135,15 @@ def test_shipped_matmul_rules_follow_the_measured_shapes():
     assert pick(2048, 768, 768) == "t128x64"  # 64 128x192 tiles: half a wave
     assert pick(4096, 4096, 768) == pick(2048, 2048, 2048) == "t128k24akp"  # 192 does not divide
     assert pick(1536, 1408, 4096) == "t128k24akp"  # 132 tiles of 128x128: one whole wave
+    assert pick(512, 512, 64, nb=96) == "t128k16ak"  # attention's scores: K too short for k24
     assert pick(512, 64, 512, nb=96) == "t128x64"  # a 128-wide tile would be half padding
     assert pick(4096, 65, 768) == "t64e"  # too little to fill either big tile
     assert pick(512, 512, 512) == "t64s2"
     for rows in mm.MATMUL_TABLE.values():
         for row in rows:
-            names = row[-1] if isinstance(row[-1], tuple) else (row[-1],)
-            assert all(n in mm.VARIANTS for n in names), row
+            names = [n for x in row[1:] for n in (x if isinstance(x, tuple) else (x,))
+                     if isinstance(n, str)]
+            assert names and all(n in mm.VARIANTS for n in names), row
 
 
 # --------------------------------------------------------------------------- row ops

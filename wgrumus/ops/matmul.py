@@ -446,8 +446,8 @@ VARIANTS = {
 #   ("split", min_k, below, want, names) K >= min_k and fewer than ``below`` 64x64 output tiles:
 #                                       split-K, s = ceil(want / tiles) slices (capped by the
 #                                       names, which are for s = 2, 3, ...)
-#   ("tile", tm, tn, min_groups, name)  a tm x tn tile leaves >= min_groups workgroups and fills
-#                                       >= 3/4 of its padded output
+#   ("tile", tm, tn, min_groups, name[, min_k]) a tm x tn tile leaves >= min_groups workgroups
+#                                       and fills >= 3/4 of its padded output (and K >= min_k)
 #   ("wave", tm, tn, slots, min_k, name) K >= min_k and tm x tn tiles cover M x N exactly, in
 #                                       >= 0.9 waves of ``slots`` resident workgroups (tiles
 #                                       times the variant's split-K slices), the last wave >= 3/4
@@ -458,14 +458,16 @@ VARIANTS = {
 # holds one 128x128 or 128x192 workgroup per SM (264 tiles take twice the time of 132), so
 # 128x192 tiles win where they fill whole waves (4096 x 768 / 2304 / 3072: 37.5-40.8 TFLOP/s
 # against 32.1-35.7), 128x128 tiles pay in whole waves or with >= ~2 waves of them, with k
-# steps of 24 and their passes pipelined (4096^2: 40.5 against 37.0 TFLOP/s for k steps of
-# 16), 64-wide outputs (attention heads) want 128x64 tiles.
+# steps of 24 and their passes pipelined from K = 768 (4096^2: 41.2 against 37.0 TFLOP/s for k
+# steps of 16; at K = 64, attention's scores, 21.6 against 23.6), 64-wide outputs (attention
+# heads) want 128x64 tiles.
 MATMUL_TABLE: dict = {
     ("nvidia", "f32"): ((262144, "t64s2"), ("wave", 128, 192, 132, 2048, "t128x192s4"),
                         ("wave", 128, 128, 132, 2048, "t128k24akp"),
                         ("split", 2048, 600, 800, ("t64s2", "t64s3", "t64s4")),
                         ("wave", 128, 192, 132, 0, "t128x192ak"),
-                        ("tile", 128, 128, 240, "t128k24akp"), ("tile", 128, 64, 128, "t128x64"),
+                        ("tile", 128, 128, 240, "t128k24akp", 768),
+                        ("tile", 128, 128, 240, "t128k16ak"), ("tile", 128, 64, 128, "t128x64"),
                         (1 << 62, "t64e")),
     ("nvidia", "f16"): ((262144, "t64s2"), (1048576, "h64k32"), (1 << 62, "h64")),
 }
@@ -505,8 +507,9 @@ def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
                     and 4 * ((g - 1) % slots + 1) >= 3 * slots:
                 return VARIANTS[name]
         elif row[0] == "tile":
-            _, tm, tn, min_groups, name = row
-            if groups(tm, tn) >= min_groups and 4 * M * N >= 3 * groups(tm, tn) * tm * tn // nbatch:
+            _, tm, tn, min_groups, name, *min_k = row
+            g = groups(tm, tn)
+            if K >= sum(min_k) and g >= min_groups and 4 * M * N >= 3 * g * tm * tn // nbatch:
                 return VARIANTS.get(name)
         elif nbatch * M * N <= row[0]:
             return VARIANTS.get(row[1])
