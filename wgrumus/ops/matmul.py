@@ -407,7 +407,6 @@ VARIANTS = {
     "t128ak": dict(tm=8, bk=8, swz=8, exact=True, ak=True),
     "t128k16ak": dict(tm=8, bk=16, swz=8, exact=True, ak=True),
     "t128k24akp": dict(tm=8, bk=24, swz=8, exact=True, ak=True, pad=0, pipe=True),
-    "t128x192akp": dict(tm=8, tn=12, bk=16, swz=8, exact=True, ak=True, pipe=True),
     "t64ak": dict(tm=4, bk=16, swz=8, exact=True, ak=True),
     "t128x256ak": dict(tm=8, tn=16, bk=8, swz=8, exact=True, ak=True),
     "t128s2ak": dict(tm=8, bk=8, swz=8, split=2, exact=True, ak=True),
