@@ -256,14 +256,14 @@ def test_gpu_timer_measures_compute_passes(dev, monkeypatch):
     a = wr.randn(128, 128, device=dev, seed=1)
     dev.synchronize()
     times = []
-    for reps in (1, 30):
-        with GpuTimer(dev) as t:
+    for reps in (1, 1, 1, 60):  # the least of three single products: a loaded CPU adapter's
+        with GpuTimer(dev) as t:  # spans include the time its threads are descheduled
             y = a
             for _ in range(reps):
                 y = (y @ a) * 0.01
         assert t.passes >= 1 and t.untimed == 0
         times.append(t.seconds)
-    assert 0 < times[0] and times[1] > 3 * times[0]  # 30x the work
+    assert 0 < min(times[:3]) and times[3] > 3 * min(times[:3])  # 60x the work
     assert len(t.spans) == t.passes and sum(t.spans) == pytest.approx(t.seconds)
     with GpuTimer(dev):
         with pytest.raises(RuntimeError, match="already being timed"):
