@@ -457,7 +457,7 @@ VARIANTS = {
 # holds one 128x128 or 128x192 workgroup per SM (264 tiles take twice the time of 132), so
 # 128x192 tiles win where they fill whole waves (4096 x 768 / 2304 / 3072: 37.5-40.8 TFLOP/s
 # against 32.1-35.7), 128x128 tiles pay in whole waves or with >= ~2 waves of them, with k
-# steps of 24 and their passes pipelined from K = 768 (4096^2: 41.2 against 37.0 TFLOP/s for k
+# steps of 24 and their passes pipelined from K = 768 (4096^2: 42.7 against 37.0 TFLOP/s for k
 # steps of 16; at K = 64, attention's scores, 21.6 against 23.6), 64-wide outputs (attention
 # heads) want 128x64 tiles.
 MATMUL_TABLE: dict = {
