@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from ..autograd import GradientStore, no_grad
-from ..autograd.store import store_of  # (also imported from here)
+from ..autograd.store import store_of
 from ..ops.elementwise import copy_into, fill_
 from ..tensor import Tensor, contiguous_strides
 from .buckets import plan_buckets

@@ -177,7 +177,7 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
             n = f"{p}_" if pipe else ""
             for c, cc in enumerate("xyzw"):
                 if pipe and c in (1, 2) and p + 1 < len(passes):  # B after the first k, A after
-                    fma += loads(p + 1, "_ba"[c])  # the second (measured: 4% over both first)
+                    fma += loads(p + 1, {1: "b", 2: "a"}[c])  # the second (4% over both first)
                 for i in range(qa):
                     for r in range(4):
                         for j in range(qb):
