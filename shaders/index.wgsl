@@ -7,6 +7,8 @@
 //   words: 0 n out, 1 A, 2 K, 3 inner, 4 x off, 5 idx off
 // select_rows_fwd (one workgroup of 64 per output row (o, k), for wide rows: one index read
 //   and no divisions per element). Words as select_fwd.
+// select_rows_cpu: select_rows_fwd without a workgroup per row (CPU adapters, where each
+//   workgroup costs ~1.5 us): one invocation per 32 columns of an output row. Words as select_fwd.
 // select_bwd (one workgroup per destination row (o, a)): DX[o, a, :] = sum over k with
 //   IDX[k] == a of G[o, k, :]. The workgroup compacts the matching k of each chunk of 256
 //   indices (prefix sum) and adds them in ascending k: deterministic, no atomics. Cost
@@ -75,6 +77,23 @@ fn select_rows_fwd(ids: Launch) {
     let src = pu(4u) + ((row / K) * A + a) * inner;
     let dst = row * inner;
     for (var c = ids.lid; c < inner; c += 64u) { OUT[dst + c] = X[src + c]; }
+}
+
+@compute @workgroup_size(64)
+fn select_rows_cpu(ids: Launch) {
+    let i = thread_idx(ids, 64u);
+    let inner = pu(3u);
+    let nch = (inner + CHUNK - 1u) / CHUNK;
+    let row = i / nch;
+    if (row * inner >= pu(0u)) { return; }
+    let K = pu(2u);
+    let A = pu(1u);
+    let a = fwd_index(IDX[pu(5u) + row % K], A);
+    let c0 = (i % nch) * CHUNK;
+    let c1 = min(inner, c0 + CHUNK);
+    let src = pu(4u) + ((row / K) * A + a) * inner;
+    let dst = row * inner;
+    for (var c = c0; c < c1; c++) { OUT[dst + c] = X[src + c]; }
 }
 
 var<workgroup> scan: array<u32, 256>;

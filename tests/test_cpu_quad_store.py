@@ -289,7 +289,39 @@ def test_map_quads_match_numpy(monkeypatch, rng, n):
     np.testing.assert_allclose((ta[1:n + 1] - tb[:n]).numpy(), a[1:n + 1] - b[:n], rtol=1e-6)
     run_map("a - b", out[4:], [ta[:n], tb[:n]])
     np.testing.assert_allclose(out.numpy()[4:], a[:n] - b[:n], rtol=1e-6)
-    assert seen == [True, False, True]
+    assert [q is not None for q in seen] == [True, False, True]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("rows", [5, 70_001])
+def test_map_quads_broadcast_over_leading_dims(monkeypatch, rng, rows):
+    """An input repeated along the leading dims (a position embedding added over the batch)
+    goes by quads too, modulo its period; one broadcast inside the row, or a period that is not
+    whole quads, takes the element path. 70,001 rows of 3 quads, a quad an invocation: past
+    65,535 workgroups."""
+    from wgrumus.ops import launch, texread
+    from wgrumus.ops.launch import run_map
+    monkeypatch.setattr(texread, "ENABLED", True)
+    monkeypatch.setattr(launch, "CPU_CHUNK", 4 if rows > 1000 else 8)
+    monkeypatch.setattr(launch, "CPU_WG", 1 if rows > 1000 else 64)
+    seen = []
+    orig = launch._cpu_kernel
+    monkeypatch.setattr(launch, "_cpu_kernel", lambda *a: seen.append(a[8]) or orig(*a))
+    a, c = (rng.standard_normal((rows, 3, 4)).astype(np.float32) for _ in range(2))
+    p = rng.standard_normal((3, 4)).astype(np.float32)
+    ta, tc, tp = wr.tensor(a), wr.tensor(c), wr.tensor(p)
+    np.testing.assert_allclose((ta + tp).numpy(), a + p, rtol=1e-6)
+    assert seen[-1] == (False, True)
+    got = run_map("a * b + c", Tensor.empty(a.shape, ta.device, wr.float32), [ta, tp, tc])
+    np.testing.assert_allclose(got.numpy(), a * p + c, rtol=1e-5, atol=1e-6)
+    assert seen[-1] == (False, True, False)
+    np.testing.assert_allclose((tp[1:] - ta[:, 1:]).numpy(), p[1:] - a[:, 1:], rtol=1e-6)
+    assert seen[-1] is None  # (the output's rows are 8 of a's 12: a strided input)
+    np.testing.assert_allclose((ta + ta[:, :1]).numpy(), a + a[:, :1], rtol=1e-6)
+    assert seen[-1] is None
+    np.testing.assert_allclose((ta[..., :3] + tp[:, :3]).numpy(), a[..., :3] + p[:, :3],
+                               rtol=1e-6)
+    assert seen[-1] is None
 
 
 @pytest.mark.timeout(120)

@@ -414,6 +414,8 @@ def test_embedding(rng, row_mode):
     t2 = wr.tensor(w2, requires_grad=True)
     out = embedding(wr.tensor(i2.astype(np.int32)), t2)
     np.testing.assert_array_equal(out.numpy(), w2[i2])
+    with pytest.raises(IndexError, match="out of range for size 10"):
+        embedding(wr.tensor(np.array([3, 10], np.int32)), t2).numpy()
     gw = rng.normal(size=out.shape)
     got = wr.autograd.backward((out * wr.tensor(f32(gw))).sum()).get(t2).numpy()
     ref = np.zeros((10, 40))

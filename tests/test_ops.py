@@ -320,6 +320,49 @@ def test_reduction_int_and_ties(rng):
                                rtol=1e-4)
 
 
+def test_leading_axis_sums_are_column_sums(rng, monkeypatch):
+    """Sums over leading axes of a contiguous float tensor (a broadcast's gradient) read it in
+    place as columns: one dispatch, the same values as numpy and as the transposing path."""
+    from wgrumus.ops import reduce
+    a = rng.normal(size=(3, 5, 7, 4)).astype(np.float32)
+    t = wr.tensor(a)
+    for axes in [(0,), (0, 1), (0, 1, 2)]:
+        for keep in (False, True):
+            np.testing.assert_allclose(t.sum(axis=axes, keepdims=keep).numpy(),
+                                       a.sum(axis=axes, keepdims=keep), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wr.tensor(a.astype(np.float16)).sum(axis=0).numpy(),
+                               a.astype(np.float16).astype(np.float32).sum(0), rtol=1e-3,
+                               atol=1e-3)
+    np.testing.assert_allclose(t[1:].sum(axis=0).numpy(), a[1:].sum(0), rtol=1e-5, atol=1e-5)
+    dev = t.device
+    n0 = dev.dispatches
+    t.sum(axis=(0, 1))
+    assert dev.dispatches - n0 == 1
+    # the gradient of a broadcast add over the batch goes the same way
+    b = rng.normal(size=(7, 4)).astype(np.float32)
+    x, y = wr.tensor(a, requires_grad=True), wr.tensor(b, requires_grad=True)
+    g = rng.normal(size=a.shape).astype(np.float32)
+    grads = wr.autograd.backward(((x + y) * wr.tensor(g)).sum())
+    np.testing.assert_allclose(grads.get(y).numpy(), g.sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)
+    # past the column sum's reach (more leading rows, or more than 65,535 workgroups of
+    # columns): the transposing path
+    monkeypatch.setattr(reduce, "LEADING_ROWS_MAX", 2)
+    np.testing.assert_allclose(t.sum(axis=(0, 1)).numpy(), a.sum(axis=(0, 1)), rtol=1e-5,
+                               atol=1e-5)
+    n0 = dev.dispatches
+    t.sum(axis=(0, 1))
+    assert dev.dispatches - n0 == 2  # a transposing copy and a row sum
+
+
+@pytest.mark.timeout(120)
+def test_leading_sum_past_65535_workgroups_of_columns():
+    cols = 65535 * 64 + 100  # columns of one leading-axis sum: the column sum's grid is full
+    t = wr.arange(2 * cols, dtype=wr.float32).reshape(2, cols)
+    got = t.sum(axis=0).numpy()
+    k = np.array([0, 65535 * 64 - 1, 65535 * 64, cols - 1])
+    np.testing.assert_array_equal(got[k], 2 * k + cols)
+
+
 def test_reduction_bad_axis():
     t = wr.zeros(2, 3)
     with pytest.raises(wr.ShapeError, match="out of range"):

@@ -83,11 +83,16 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
     K = it.numel()
     out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
     if out.numel():
-        wide = inner >= 32  # wide rows (embeddings): one workgroup copies one row
-        _dispatch_checked(x.device, _kernel("select_rows_fwd" if wide else "select_fwd", x.dtype),
+        # wide rows (embeddings): a workgroup copies a row, on CPU adapters an invocation
+        # 32 columns of it
+        entry, groups = "select_fwd", groups_1d(out.numel())
+        if inner >= 32 and row_mode(x.device) == "thread":
+            entry, groups = "select_rows_cpu", groups_1d(outer * K * -(-inner // 32), 64)
+        elif inner >= 32:
+            entry, groups = "select_rows_fwd", groups_1d(outer * K, 1)
+        _dispatch_checked(x.device, _kernel(entry, x.dtype),
                           [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
-                          [out.numel(), A, K, inner, xc.offset, it.offset],
-                          groups_1d(outer * K, 1) if wide else groups_1d(out.numel()),
+                          [out.numel(), A, K, inner, xc.offset, it.offset], groups,
                           idx, _op, _negative)
 
     def bw(g):

@@ -126,16 +126,19 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
 
 @functools.lru_cache(maxsize=4096)
 def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
-                wg: int, named: tuple = (), tex: tuple = (), quads: bool = False) -> Kernel:
+                wg: int, named: tuple = (), tex: tuple = (), quads=None) -> Kernel:
     """map_cpu.wgsl (as ``_kernel``), ``chunk`` outputs per invocation, strided operands
     stepping a running offset. ``tex``: bindings read through textures (ops/texread.py);
-    ``quads``: all inputs textured and aligned, a quad at a time."""
+    ``quads`` (all inputs textured and aligned, a quad at a time): per input, whether it
+    repeats along the output (``_quad_periods``)."""
     base = _kernel(expr, types, modes, binds)
     setup = [f"    let {name} = p{kind}({SCALAR_BASE + k}u);"
              for k, (name, kind) in enumerate(named)]
     names = ["o", "a", "b", "c"]
-    if quads:
-        body = [f"        let q{names[k]} = ld_B{b}(q);" for k, b in enumerate(binds) if k]
+    if quads is not None:
+        body = [f"        let q{names[k]} = ld_B{b}("
+                + (f"q % pu({10 + 9 * k}u));" if quads[k - 1] else "q);")
+                for k, b in enumerate(binds) if k]
         body.append("        var r: vec4<f32>;")
         for e, comp in enumerate("xyzw"):
             lets = "".join(f" let {names[k]} = q{names[k]}.{comp};" for k in range(1, len(binds)))
@@ -196,6 +199,31 @@ def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tup
             buffers[b - 1], params[18 + 9 * k] = got
             tex.append(b)
     return tuple(tex)
+
+
+def _quad_periods(head: list, nin: int):
+    """Per input of a launch layout, its period in quads where it repeats along the leading
+    dims (a broadcast over the batch; else 0: it covers the output in order), which it then
+    takes in word 10 + 9k; None where the output or an input is neither."""
+    nd = head[1]
+    shape = head[2:2 + nd]
+    flat = [math.prod(shape[d + 1:]) for d in range(nd)]
+    if head[10:10 + nd] != flat:
+        return None
+    out = []
+    for k in range(1, nin + 1):
+        st = head[10 + 9 * k:10 + 9 * k + nd]
+        lead = next((d for d, s in enumerate(st) if s), nd)
+        if any(st[lead:][d] != flat[lead + d] for d in range(nd - lead)) or lead == nd:
+            return None
+        period = flat[lead - 1] if lead else 0  # elements of one repeat
+        if period % 4:
+            return None
+        out.append(period // 4)
+    for k, q in enumerate(out, 1):
+        if q:  # (the input's first stride, 0, unused by the quad entry)
+            head[10 + 9 * k] = q
+    return tuple(out)
 
 
 def cpu_chunk(dev) -> int:
@@ -281,9 +309,12 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     if chunk > 1:
         with dev.lock:  # (the operand textures hold the inputs until this dispatch read them)
             tex = _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n)
-            quads = (len(tex) == len(inputs) and types[0] == "f32" and set(modes) == {"c"}
-                     and not (n % 4 or chunk % 4 or out.offset % 4)
-                     and not any(params[27 + 9 * k] for k in range(len(inputs))))
+            quads = None
+            if (len(tex) == len(inputs) and types[0] == "f32"
+                    and not (n % 4 or chunk % 4 or out.offset % 4)
+                    and not any(params[27 + 9 * k] for k in range(len(inputs)))):
+                periods = _quad_periods(params, len(inputs))
+                quads = None if periods is None else tuple(map(bool, periods))
             k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names, tex,
                             quads)
             dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)
