@@ -28,9 +28,12 @@ def quads(monkeypatch):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("M,K,N", [(37, 13, 20), (130, 9, 68), (5, 3, 4), (9, 11, 10)])
-@pytest.mark.parametrize("v4", [None, False])
-@pytest.mark.parametrize("epi", ["none", "bias_relu", "residual", "pre_gelu"])
+@pytest.mark.parametrize("M,K,N,v4,epi", [
+    (M, K, N, v4, epi) for M, K, N in [(37, 13, 20), (130, 9, 68), (5, 3, 4), (9, 11, 10)]
+    for v4 in (None, False) for epi in ("none", "bias_relu", "residual", "pre_gelu")
+    # (130 rows take the 16x8 block, whose element stores with a residual or a pre-activation
+    # cost lavapipe ~20 s each to compile; tests/test_matmul.py runs that block's epilogues)
+    if not (M == 130 and v4 is False and epi in ("residual", "pre_gelu"))])
 def test_epilogues_match_numpy(monkeypatch, quads, rng, M, K, N, v4, epi):
     """Every epilogue, odd M and K; N a multiple of 4 takes quads unless CPU_V4 is False."""
     monkeypatch.setattr(mm, "CPU_V4", v4)
