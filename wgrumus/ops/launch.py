@@ -214,7 +214,7 @@ def _quad_periods(head: list, nin: int):
     for k in range(1, nin + 1):
         st = head[10 + 9 * k:10 + 9 * k + nd]
         lead = next((d for d, s in enumerate(st) if s), nd)
-        if any(st[lead:][d] != flat[lead + d] for d in range(nd - lead)) or lead == nd:
+        if lead == nd or st[lead:] != flat[lead:]:
             return None
         period = flat[lead - 1] if lead else 0  # elements of one repeat
         if period % 4:
