@@ -328,6 +328,42 @@ def test_map_quads_broadcast_over_leading_dims(monkeypatch, rng, rows):
 
 
 @pytest.mark.timeout(120)
+def test_map_quads_periods_word_per_input_and_replay(monkeypatch, rng):
+    """Each input slot (a, b, c) takes its own period word (19, 28, 37): two inputs of
+    different periods (10 and 2 quads) in every pair of slots, an output starting a quad into
+    its buffer and the element index in the expression. A captured replay copies a periodic
+    input anew: updated in place between replays, the replay adds the new values."""
+    from wgrumus.ops import launch, texread
+    from wgrumus.ops.launch import run_map
+    monkeypatch.setattr(texread, "ENABLED", True)
+    monkeypatch.setattr(launch, "CPU_CHUNK", 8)
+    seen = []
+    orig = launch._cpu_kernel
+    monkeypatch.setattr(launch, "_cpu_kernel", lambda *a: seen.append(a[8]) or orig(*a))
+    full = rng.standard_normal((3, 5, 8)).astype(np.float32)
+    p = rng.standard_normal((5, 8)).astype(np.float32)  # 10 quads
+    r = rng.standard_normal(8).astype(np.float32)  # 2 quads
+    arrays = {"f": full, "p": p, "r": r}
+    ts = {k: wr.tensor(v) for k, v in arrays.items()}
+    iota = np.arange(full.size, dtype=np.float32).reshape(full.shape) % 7
+    for order, periodic in [("rfp", (True, False, True)), ("fpr", (False, True, True)),
+                            ("prf", (True, True, False))]:
+        buf = Tensor.empty((4 + full.size,), ts["f"].device, wr.float32)
+        out = buf[4:].reshape(full.shape)
+        run_map("a * b + c + f32(i % 7u)", out, [ts[k] for k in order])
+        x, y, z = (arrays[k] for k in order)
+        np.testing.assert_allclose(out.numpy(), x * y + z + iota, rtol=1e-5, atol=1e-5)
+        assert seen[-1] == periodic
+    step, n0 = wr.jit(lambda x: x * ts["p"] + ts["r"]), len(seen)
+    for k in range(4):
+        x = rng.standard_normal(full.shape).astype(np.float32)
+        np.testing.assert_allclose(step(wr.tensor(x)).numpy(), x * (p + k) + r, rtol=1e-5,
+                                   atol=1e-5)
+        run_map("a + 1.0", ts["p"], [ts["p"]])  # in place, between the replays
+    assert seen[n0] == (False, True)  # (the eager call; the capture and replays compile none)
+
+
+@pytest.mark.timeout(120)
 def test_sparse_strided_map_inputs_read_storage(monkeypatch, rng):
     """A strided input reads through a texture only where the span copied is at most
     TEX_SPAN_MAX times its elements: a column of a wide matrix reads storage (it copied the

@@ -369,6 +369,19 @@ def test_index_select_forward_and_getitem(rng):
         t[[True, False, True, False, True]]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32])
+def test_index_select_wide_rows(rng, row_mode, dtype):
+    """Rows of >= 32 elements (a workgroup a row; on CPU adapters an invocation per 32
+    columns): an axis with outer dims, rows of 2 1/4 chunks, a 2-D index with negatives from
+    the host and from the device, a source starting past its buffer's start."""
+    x = (rng.normal(size=(3, 6, 2, 36)) * 100).astype(dtype)
+    t = wr.tensor(x)[1:]
+    idx = np.array([[5, -6, 2], [-1, 0, 5]])
+    for i in (idx, wr.tensor(idx.astype(np.int32))):
+        np.testing.assert_array_equal(index_select(t, 1, i).numpy(), np.take(x[1:], idx, 1))
+    np.testing.assert_array_equal(index_select(t, 0, [1, 0, 1]).numpy(), x[1:][[1, 0, 1]])
+
+
 def test_index_select_grad(rng, row_mode):
     x = rng.normal(size=(4, 3))
     idx = np.array([2, 0, 2, 3, 2])
