@@ -203,8 +203,9 @@ def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tup
 
 def _quad_periods(head: list, nin: int):
     """Per input of a launch layout, its period in quads where it repeats along the leading
-    dims (a broadcast over the batch; else 0: it covers the output in order), which it then
-    takes in word 10 + 9k; None where the output or an input is neither."""
+    dims (a broadcast over the batch; else 0: it covers the output in order), which the quad
+    entry reads from word 10 + 9k (the input's first stride, 0, unused there); None where the
+    output or an input is neither."""
     nd = head[1]
     shape = head[2:2 + nd]
     flat = [math.prod(shape[d + 1:]) for d in range(nd)]
@@ -220,9 +221,6 @@ def _quad_periods(head: list, nin: int):
         if period % 4:
             return None
         out.append(period // 4)
-    for k, q in enumerate(out, 1):
-        if q:  # (the input's first stride, 0, unused by the quad entry)
-            head[10 + 9 * k] = q
     return tuple(out)
 
 
@@ -236,7 +234,7 @@ def cpu_chunk(dev) -> int:
     return chunk
 
 
-_LAYOUTS: dict = {}  # (out shape, strides of every operand) -> (modes, parameter head)
+_LAYOUTS: dict = {}  # (out shape, strides of every operand) -> (modes, head, quad periods)
 
 
 def _layout(shape, strides_list) -> tuple:
@@ -260,7 +258,7 @@ def _layout(shape, strides_list) -> tuple:
         head[10 + 9 * k:10 + 9 * k + nd] = st
     if len(_LAYOUTS) > 8192:
         _LAYOUTS.clear()
-    hit = _LAYOUTS[key] = (tuple(modes), head)
+    hit = _LAYOUTS[key] = (tuple(modes), head, _quad_periods(head, len(strides_list) - 1))
     return hit
 
 
@@ -283,7 +281,8 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
         if t._storage.device is not dev:
             check_same_device(out, *inputs, op="elementwise op")
     shape = out.shape
-    modes, head = _layout(shape, (out.strides, *[expand_strides(t, shape) for t in inputs]))
+    modes, head, periods = _layout(shape,
+                                   (out.strides, *[expand_strides(t, shape) for t in inputs]))
     params = head.copy()
     params[0] = n
     params[18] = out.offset
@@ -310,11 +309,13 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
         with dev.lock:  # (the operand textures hold the inputs until this dispatch read them)
             tex = _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n)
             quads = None
-            if (len(tex) == len(inputs) and types[0] == "f32"
+            if (periods is not None and len(tex) == len(inputs) and types[0] == "f32"
                     and not (n % 4 or chunk % 4 or out.offset % 4)
                     and not any(params[27 + 9 * k] for k in range(len(inputs)))):
-                periods = _quad_periods(params, len(inputs))
-                quads = None if periods is None else tuple(map(bool, periods))
+                quads = tuple(map(bool, periods))
+                for k, q in enumerate(periods, 1):
+                    if q:
+                        params[10 + 9 * k] = q
             k = _cpu_kernel(expr, tuple(types), modes, tuple(binds), chunk, CPU_WG, names, tex,
                             quads)
             dev.dispatch_1d(k, buffers, params, -(-n // chunk), CPU_WG)

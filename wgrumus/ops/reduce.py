@@ -115,16 +115,15 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     if x.dtype == float16 and name == "sum" or mean:
         from .elementwise import cast
         x = cast(x, float32)
-    scale = (1.0 / math.prod(x.shape[a] for a in axes) if all(x.shape[a] for a in axes)
-             else float("nan")) if mean else 1.0
+    L = math.prod(x.shape[a] for a in axes)
+    scale = (1.0 / L if L else float("nan")) if mean else 1.0
+    n = len(axes)
+    kept = x.shape[n:]
     leading = (name == "sum" and scale == 1.0 and x.dtype == float32 and x.is_contiguous()
-               and 0 < len(axes) < x.ndim and axes == tuple(range(len(axes)))
-               and 0 < math.prod(x.shape[a] for a in axes) <= LEADING_ROWS_MAX
-               and groups_1d(math.prod(x.shape[len(axes):]), 64)[1] == 1)  # colsum: y is blocks
+               and 0 < n < x.ndim and axes == tuple(range(n)) and 0 < L <= LEADING_ROWS_MAX
+               and groups_1d(math.prod(kept), 64)[1] == 1)  # (colsum's grid y counts blocks)
     if leading:  # a column sum reads x as [L, R] where it is
-        xt, L = x, math.prod(x.shape[:len(axes)])
-        kept, R = x.shape[len(axes):], math.prod(x.shape[len(axes):])
-        kd = (1,) * len(axes) + kept
+        xt, R, kd = x, math.prod(kept), (1,) * n + kept
     else:
         xt, R, L, kept, kd = _rows(x, axes)
     if L == 0 and name in ("max", "min"):
