@@ -48,6 +48,15 @@ def test_devices_table_and_json():
     assert len(doc["adapters"]) >= 1 and doc["adapters"][0]["max_buffer_size"] > 0
     assert [d["index"] for d in doc["devices"]] == [0, 1, 2]
     assert [d["default"] for d in doc["devices"]] == [True, False, False]
+    rc, out, err = wgrumus("devices", "--json", WGRUMUS_DEVICES="4")
+    doc = json.loads(out)  # logical devices of one lavapipe adapter: all on adapter 0
+    assert [d["adapter"] for d in doc["devices"]] == [0, 0, 0, 0], doc["devices"]
+    assert [d["logical"] for d in doc["devices"]] == [0, 1, 2, 3]
+    rc, out, err = wgrumus("devices", WGRUMUS_DEVICES="4")
+    rows = [ln.split("│") for ln in out.splitlines() if ln.count("│") == 5]
+    dev_rows = [[c.strip() for c in r[1:-1]] for r in rows if r[1].strip().isdigit()]
+    assert [r[0] for r in dev_rows] == ["0", "1", "2", "3"] and \
+        [r[2] for r in dev_rows] == ["0", "0", "0", "0"], out
     rc, out, err = wgrumus("devices", WGRUMUS_ADAPTER="no-such-gpu-xyz")
     assert rc == 1 and "no adapter matches" in err and "Traceback" not in err
 

@@ -70,6 +70,18 @@ def test_wgrumus_adapter_by_index_name_and_bad_values():
         ad.select_adapters("99")
 
 
+def test_identical_adapters_keep_their_own_index():
+    """Identical GPUs have equal names and ids: each device still carries its adapter's place in
+    the enumeration (what `wgrumus devices` shows), here two selected copies of one adapter."""
+    from wgrumus.runtime.context import MultiGpuContext
+    one = ad.enumerate_adapters()[0]
+    sel = ad.select_adapters("0,0")
+    assert sel.indices == [0, 0]
+    ctx = MultiGpuContext(ad.Selection([one, one], [0, 1]), count=4)
+    assert [d.adapter_index for d in ctx.devices] == [0, 1, 0, 1]
+    assert [d.logical for d in ctx.devices] == [0, 0, 1, 1]
+
+
 def test_bad_wgrumus_adapter_env_in_a_fresh_process():
     env = dict(os.environ, WGRUMUS_ADAPTER="nosuchgpu")
     r = subprocess.run([sys.executable, "-c", "import wgrumus as wr; wr.devices()"], env=env,

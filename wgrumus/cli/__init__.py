@@ -23,13 +23,23 @@ def build_parser():
     sub.required = True
     for mod in (devices, train, bench, demo):
         mod.add_parser(sub)
+    p.commands = sub.choices  # name -> its parser, for errors that name `wgrumus <command>`
     return p
+
+
+def parse(parser, argv=None):
+    """The arguments; an unknown option is reported by the command it was given to, so the
+    message points to that command's --help (`wgrumus train --help`, not `wgrumus --help`)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def main(argv=None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences a Vulkan loader warning
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as e:

@@ -14,7 +14,13 @@ class UsageError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (plus exit code 2), printed by rank 0 only."""
+    """An ArgumentParser whose errors are one line (plus exit code 2), printed by rank 0 only.
+    Options are taken only as spelled in full: argparse's prefix matching would read a typo
+    such as ``--step 5`` as ``--steps 5`` without a word."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):  # argparse's default prints the whole usage block first
         say_error(f"{self.prog}: error: {message} (see {self.prog} --help)")

@@ -18,9 +18,8 @@ def add_parser(sub) -> None:
 
 
 def _size(n) -> str:
-    if not n:
-        return "?"
-    return f"{n / 2**30:.0f} GiB" if n >= 2**30 - 1 else f"{n / 2**20:.0f} MiB"
+    from rich.filesize import decimal
+    return decimal(n) if n else "?"
 
 
 def adapter_rows(adapters) -> list[dict]:
@@ -37,33 +36,22 @@ def adapter_rows(adapters) -> list[dict]:
     return rows
 
 
-def _ident(a) -> tuple:
-    """Adapters from separate enumerations are different objects: compare what they are."""
-    i = a.info
-    return (i.get("vendor_id"), i.get("device_id"), i.get("device"), i.get("backend_type"))
-
-
-def _position(adapters, a):
-    ids = [_ident(x) for x in adapters]
-    return ids.index(_ident(a)) if _ident(a) in ids else None
-
-
 def run(args) -> int:
-    from ..runtime.adapters import enumerate_adapters, select_adapters
+    from ..runtime.adapters import Selection, enumerate_adapters, select_adapters
     from ..runtime.context import MultiGpuContext
 
     all_adapters = enumerate_adapters()
     adapters = adapter_rows(all_adapters)
-    chosen = select_adapters() if all_adapters else []
+    chosen = select_adapters() if all_adapters else Selection()
     devs = MultiGpuContext.get().devices if all_adapters else []
-    dev_rows = [{"index": d.index, "name": d.name, "adapter": _position(all_adapters, d.adapter),
+    dev_rows = [{"index": d.index, "name": d.name, "adapter": d.adapter_index,
                  "logical": d.logical,
                  "features": sorted(f for f in FEATURES if f in d.features),
                  "max_binding": d.max_binding, "default": d.index == 0} for d in devs]
     env = {k: os.environ.get(k) for k in ("WGRUMUS_ADAPTER", "WGRUMUS_DEVICES")}
     if args.json:
-        print_json({"adapters": adapters, "selected_adapters": [_position(all_adapters, a)
-                    for a in chosen], "devices": dev_rows, "default_device": 0, "env": env})
+        print_json({"adapters": adapters, "selected_adapters": chosen.indices,
+                    "devices": dev_rows, "default_device": 0, "env": env})
         return 0
 
     from rich.table import Table
@@ -71,7 +59,7 @@ def run(args) -> int:
     t = Table(title="WebGPU adapters", title_justify="left")
     for col in ("#", "name", "backend", "type", "max buffer / binding", "features"):
         t.add_column(col)
-    sel = {_position(all_adapters, a) for a in chosen}
+    sel = set(chosen.indices)
     for r in adapters:
         mark = "*" if r["index"] in sel else " "
         t.add_row(f"{r['index']}{mark}", r["name"], r["backend"] or "?", r["type"] or "?",

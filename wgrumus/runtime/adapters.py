@@ -60,7 +60,16 @@ def enumerate_adapters() -> list:
     return dedupe(found)
 
 
-def select_adapters(spec: str | None = None) -> list:
+class Selection(list):
+    """Selected adapters, with ``indices``: each one's place in `enumerate_adapters()` (identical
+    GPUs are told apart by that place only, their names and ids being equal)."""
+
+    def __init__(self, adapters=(), indices=()):
+        super().__init__(adapters)
+        self.indices = list(indices)
+
+
+def select_adapters(spec: str | None = None) -> Selection:
     """Adapters chosen by ``spec`` (default: $WGRUMUS_ADAPTER): an index, a name substring, or
     a comma-separated list of either. Unset: all adapters."""
     adapters = enumerate_adapters()
@@ -68,7 +77,7 @@ def select_adapters(spec: str | None = None) -> list:
         raise NoAdapterError(f"no WebGPU adapter found; {INSTALL_HINT}")
     spec = os.environ.get("WGRUMUS_ADAPTER", "") if spec is None else spec
     if not spec.strip():
-        return adapters
+        return Selection(adapters, range(len(adapters)))
     chosen = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         if part.isdigit():
@@ -76,15 +85,16 @@ def select_adapters(spec: str | None = None) -> list:
             if i >= len(adapters):
                 raise NoAdapterError(f"WGRUMUS_ADAPTER={spec!r}: index {i} out of range; "
                                      f"{len(adapters)} adapter(s): {describe(adapters)}")
-            chosen.append(adapters[i])
+            chosen.append(i)
         else:
-            m = [a for a in adapters if part.lower() in a.info.get("device", "").lower()
+            m = [i for i, a in enumerate(adapters)
+                 if part.lower() in a.info.get("device", "").lower()
                  or part.lower() == a.info.get("backend_type", "").lower()]
             if not m:
                 raise NoAdapterError(f"WGRUMUS_ADAPTER={spec!r}: no adapter matches {part!r}; "
                                      f"available: {describe(adapters)}")
             chosen.extend(m)
-    return chosen
+    return Selection([adapters[i] for i in chosen], chosen)
 
 
 def describe(adapters) -> str:

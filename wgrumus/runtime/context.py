@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import threading
 
-from .adapters import select_adapters
+from .adapters import Selection, select_adapters
 from .device import Device
 from .errors import WgrumusError
 
@@ -31,10 +31,12 @@ class MultiGpuContext:
         n = count or len(adapters)
         # More devices than adapters: round-robin logical devices (separate wgpu devices) over
         # the adapters, which is how multi-device code runs on one lavapipe adapter.
+        places = getattr(adapters, "indices", None) or list(range(len(adapters)))
         self.devices = []
         for i in range(n):
-            a = adapters[i % len(adapters)]
-            self.devices.append(Device(i, a, logical=i // len(adapters)))
+            k = i % len(adapters)
+            self.devices.append(Device(i, adapters[k], logical=i // len(adapters),
+                                       adapter_index=places[k]))
 
     @classmethod
     def get(cls) -> MultiGpuContext:
@@ -57,7 +59,7 @@ class MultiGpuContext:
             if len(adapters) < 2:
                 return False
             k = local_rank % len(adapters)
-            cls._instance = cls([adapters[k]])
+            cls._instance = cls(Selection([adapters[k]], [adapters.indices[k]]))
             cls._instance.devices[0].host_index = k  # (summaries name the host's adapter)
             return True
 

@@ -40,7 +40,7 @@ _TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+\w+\s*:\s*"
 TEX_W = 1024
 # Kernels bind the operand textures as read-only storage textures: llvmpipe 22.3 fetches a
 # sampled texture's texel through its generic path (a mip level per lane, the level's size and
-# offset gathered lane by lane), a storage texture's without it (BENCHMARKS.md, seventh session).
+# offset gathered lane by lane), a storage texture's without it (BENCHMARKS.md, CPU adapters).
 # False: sampled textures (texture_2d), as before.
 TEX_STORAGE = True
 
@@ -68,10 +68,11 @@ _PARAMS_STORAGE = "var<storage, read> PRM"
 
 
 class Device(HostTransfers):
-    def __init__(self, index: int, adapter, logical: int = 0):
+    def __init__(self, index: int, adapter, logical: int = 0, adapter_index: int | None = None):
         self.index = index
         self.host_index = index  # its place on the host (pin_local: the rank's adapter's)
         self.adapter = adapter
+        self.adapter_index = adapter_index  # its adapter's place in `wgrumus devices`' list
         self.logical = logical  # k-th logical device on the same adapter
         info = adapter.info
         self.name = f"{info.get('device') or 'adapter'} ({info.get('backend_type', '?')})"

@@ -33,8 +33,15 @@ def memory_limit() -> int | None:
                          f"size; use bytes or e.g. 8G") from None
 
 
+def _limit_text(limit: int) -> str:
+    """The limit as the user wrote it (K/M/G are binary there), with its size in bytes."""
+    raw = os.environ.get("WGRUMUS_MEMORY_LIMIT", "").strip()
+    return f"{raw} ({_gb(limit)})" if raw else _gb(limit)
+
+
 def _gb(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    from rich.filesize import decimal
+    return decimal(n)
 
 
 class MemoryGuard:
@@ -55,7 +62,7 @@ class MemoryGuard:
             held -= trim()
             if held + size > self.limit:
                 self.fail(size, f"{_gb(max(self.limit - held, 0))} left of "
-                                f"WGRUMUS_MEMORY_LIMIT={_gb(self.limit)}", held)
+                                f"WGRUMUS_MEMORY_LIMIT={_limit_text(self.limit)}", held)
         if not self.host_backed:
             return
         mem = host_available()
