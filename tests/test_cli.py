@@ -78,6 +78,14 @@ BAD = [
     (["train", "mlp", "--optimizer", "lbfgs"], "invalid choice: 'lbfgs'"),
     (["train", "mlp", "--checkpoint", "/proc/wgrumus-ckpt"], "not a writable directory"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
+    # a misspelt or shortened option is named, with the command whose --help lists them
+    (["train", "mlp", "--stpes", "5"], "wgrumus train: error: unrecognized arguments: --stpes 5 "
+     "(see wgrumus train --help)"),
+    (["train", "mlp", "--step", "5"], "unrecognized arguments: --step 5 (see wgrumus train"),
+    (["demo", "--ste", "5"], "unrecognized arguments: --ste 5 (see wgrumus demo --help)"),
+    (["devices", "--js"], "unrecognized arguments: --js (see wgrumus devices --help)"),
+    (["train", "mlp", "--plot", "/nonexistent-wgrumus/x.png"],
+     "--plot '/nonexistent-wgrumus/x.png': folder '/nonexistent-wgrumus' does not exist"),
 ]
 
 

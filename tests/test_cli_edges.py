@@ -167,7 +167,7 @@ def test_first_ctrl_c_message_never_raises_into_the_step(monkeypatch):
 
 
 # ----------------------------------------------------------------------------------- --plot
-README_PLOT_HINT = 'pip install -e ".[plot]"'
+README_PLOT_HINT = "pip install matplotlib"  # right for a wheel install and a checkout
 
 
 def test_readme_names_the_plot_extra():
@@ -184,6 +184,23 @@ def test_plot_hint_when_matplotlib_is_missing(tmp_path):
     assert rc == 0, err
     assert f"loss per step ({README_PLOT_HINT} for a PNG):" in out
     assert not (tmp_path / "d.png").exists()
+    rc, out, err = wgrumus("train", "mlp", "--steps", "3", "--plot", tmp_path / "no" / "d.png",
+                           PYTHONPATH=f"{fake.parent}:{ROOT}")
+    one_line_usage_error(rc, err)  # refused before training, not silently dropped
+    assert "does not exist" in err and out == ""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("args", [["--dp", "2", "--devices", "2"],
+                                  ["--dp", "2", "--pp", "2", "--devices", "4"]],
+                         ids=["dp", "dp-pp"])
+def test_mlp_data_parallel_rows_show_the_communication_share(args):
+    """As gpt runs do: each replica's share of the run spent in its gradient all-reduces."""
+    rc, out, err = wgrumus("train", "mlp", "--steps", "4", *args, "--json")
+    assert rc == 0, err
+    devs = strict_json(out)["devices"]
+    assert len(devs) == int(args[-1])
+    assert all(0 < d["comm share"] <= 1 for d in devs), devs
 
 
 @pytest.mark.timeout(120)
@@ -195,7 +212,7 @@ def test_plot_prints_the_file_it_wrote_and_no_hint(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"loss curve: {png}" in out.replace("\n", "") and "pip install" not in out
     rc, out, err = wgrumus("train", "mlp", "--steps", "3", "--plot",
-                           tmp_path / "missing-dir" / "d.png")
+                           tmp_path / "d.unknown-format")
     assert rc == 0, err
     assert "could not write" in out and "pip install" not in out  # matplotlib is there
 

@@ -193,8 +193,12 @@ def test_to_dtype_and_device(devs, a):
         h = t.to(wr.float16)
         assert h.dtype == wr.float16 and t.half().dtype == wr.float16
         np.testing.assert_allclose(h.numpy(), a.astype(np.float16))
-    with pytest.raises(TypeError, match="Device or device index"):
-        t.to("cuda")
+    for habit in ("cuda", "cuda:1", "cpu"):  # each error points to wr.devices()
+        with pytest.raises(TypeError, match=r"device='.*': .*wr.Device or an index into "
+                                            r"wr.devices\(\)"):
+            t.to(habit)
+    with pytest.raises(TypeError, match=r"device='cuda'.*wr.devices\(\)"):
+        wr.zeros((2,), device="cuda")
 
 
 def test_comparisons_are_masks_for_where_and_indexing(a):

@@ -7,11 +7,11 @@ from .common import positive
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="a half-minute data + pipeline parallel training run",
+    p = sub.add_parser("demo", help="a short data + pipeline parallel training run",
                        description="Train a small MLP on the 8x8 digits with 2 data-parallel "
                        "replicas x 2 pipeline stages (1F1B) on 4 devices: logical devices on "
-                       "one adapter unless you have more. About 30 s on 2 CPU cores with "
-                       "lavapipe (about 95% held-out accuracy).")
+                       "one adapter unless you have more; about 95% held-out accuracy. How "
+                       "long it takes: README.md, 'How long the commands take'.")
     p.add_argument("--steps", type=positive(), default=60, help="optimizer steps (default 60)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--seed", type=int, default=0)

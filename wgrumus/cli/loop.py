@@ -102,6 +102,8 @@ def config_from_args(args) -> TrainConfig:
         _check_writable(args.checkpoint)
         if not args.resume and not args.overwrite:
             _refuse_existing(args.checkpoint)
+    if args.plot:
+        _check_plot_folder(args.plot)
     if args.precision == "f16":
         _check_f16(model, layout)
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
@@ -179,6 +181,18 @@ def _refuse_existing(folder: str) -> None:
     if os.path.exists(os.path.join(folder, FILE)):
         raise UsageError(f"--checkpoint {folder!r} already holds a checkpoint; pass --resume to "
                          f"continue it or --overwrite to start over and replace it")
+
+
+def _check_plot_folder(path: str) -> None:
+    """--plot names a file in a folder that exists (checked before training, with or without
+    matplotlib, rather than after the run)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--plot {path!r}: folder {folder!r} does not exist; create it or "
+                         f"pass a path in an existing folder")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"--plot {path!r}: folder {folder!r} is not writable; pass a path in a "
+                         f"folder you can write")
 
 
 def _check_writable(path: str) -> None:

@@ -132,7 +132,7 @@ def _curve(cfg, res, con) -> None:
     if saved:
         con.print(f"loss curve: {os.path.abspath(path)}")
         return
-    con.print("loss per step" + (' (pip install -e ".[plot]" for a PNG)' if missing else "")
+    con.print("loss per step" + (" (pip install matplotlib for a PNG)" if missing else "")
               + ":", markup=False)
     con.print(terminal_plot(losses), markup=False, highlight=False)
 

@@ -62,9 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="threads: one process, one thread per device; mpi: one process per "
                    "rank under mpiexec")
     g = p.add_argument_group(
-        "gpt size", "The defaults are sized for a CPU adapter (lavapipe: about 3.5 minutes for "
-        "300 steps on a 2-core machine; seconds on a GPU). GPU sizes: --n-layer 4 --n-embd "
-        "128, or 256 with --block-size 128.")
+        "gpt size", "The defaults are sized for a CPU adapter (how long a run takes: README.md, "
+        "'How long the commands take'). GPU sizes: --n-layer 4 --n-embd 128, or 256 with "
+        "--block-size 128.")
     g.add_argument("--n-layer", type=pos, default=2, metavar="N",
                    help="transformer blocks (default 2)")
     g.add_argument("--n-embd", type=pos, default=64, metavar="N",
@@ -84,8 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start over in a --checkpoint DIR that already holds a checkpoint, "
                    "replacing it (without this or --resume such a DIR is refused)")
     g.add_argument("--plot", metavar="PNG",
-                   help="loss curve file when matplotlib is installed (pip install -e "
-                   "\".[plot]\"); .png is added when PNG has no extension (default: "
+                   help="loss curve file when matplotlib is installed (pip install "
+                   "matplotlib); .png is added when PNG has no extension (default: "
                    "wgrumus-<model>-loss.png in the checkpoint directory or here); without "
                    "matplotlib a plot is drawn in the terminal")
     g.add_argument("--json", action="store_true", help="print one JSON object, nothing else")

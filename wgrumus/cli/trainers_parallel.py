@@ -44,7 +44,9 @@ class DataParallelTrainer(TrainerBase):
 
     def device_stats(self, seconds: float) -> list[dict]:
         rows = [{"device": d.host_index, "role": f"replica {k}", "dispatches": d.dispatches,
-                 "submits": d.submits} for k, d in enumerate(self.dp.devices)]
+                 "submits": d.submits,
+                 "comm share": _share(self.dp.groups[k].stats()["seconds"], seconds)}
+                for k, d in enumerate(self.dp.devices)]
         if self.group is not None:
             rows = [dict(r, role=f"rank {i}")
                     for i, rr in enumerate(self.group.all_gather_object(rows)) for r in rr]
@@ -86,6 +88,7 @@ class PipelineTrainer(TrainerBase):
             self.opts.append([task.make_optimizer(st.parameters(), clip=False)
                               if st.parameters() else None for st in stages])
         self.worlds, self.averagers = [], [[] for _ in range(lay.dp)]
+        self.piece_groups = [[[] for _ in range(lay.pp)] for _ in range(lay.dp)]
         if lay.dp > 1:
             self._build_averagers()
 
@@ -100,6 +103,7 @@ class PipelineTrainer(TrainerBase):
                 st = self.stages[r][k]
                 group = ProcessGroup(world.transport(r), device=st.device)
                 self.averagers[r].append(GradientAverager(st.parameters(), group))
+                self.piece_groups[r][k % self.lay.pp].append(group)  # piece k: stage k % pp
 
     def _run(self, r, x, y):
         return self.execs[r].run(to_tensor(x, self.stages[r][0].device),
@@ -186,8 +190,16 @@ class PipelineTrainer(TrainerBase):
                        "dispatches": d.dispatches}
                 if busy is not None:
                     row["busy"] = busy[s]
+                if self.lay.dp > 1:  # the replicas' gradient all-reduces of this stage
+                    row["comm share"] = _share(sum(g.stats()["seconds"]
+                                                   for g in self.piece_groups[r][s]), seconds)
                 rows.append(row)
         return rows
+
+
+def _share(comm_seconds: float, seconds: float) -> float:
+    """The part of the run's wall time spent in communication calls (as the gpt rows show)."""
+    return min(1.0, comm_seconds / seconds) if seconds else 0.0
 
 
 def _step_stages(opts, store, clip=None) -> None:

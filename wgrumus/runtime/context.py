@@ -98,4 +98,8 @@ def get_device(d) -> Device:
             raise WgrumusError(f"device index {d} out of range: this process has {len(devs)} "
                                f"device(s); set WGRUMUS_DEVICES to make more")
         return devs[d]
+    if isinstance(d, str):  # PyTorch's habit: device="cuda", "cuda:1", "cpu"
+        raise TypeError(f"device={d!r}: wgrumus names devices by a wr.Device or an index into "
+                        f"wr.devices() (e.g. device=wr.devices()[0] or device=0), not by a "
+                        f"string; `wgrumus devices` lists them")
     raise TypeError(f"expected a Device or device index, got {type(d).__name__}")
