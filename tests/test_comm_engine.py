@@ -56,8 +56,8 @@ def run_ranks(n, fn, join=60):
 def test_native_api_is_used_in_the_tested_range():
     import wgpu
 
-    from wgrumus.runtime.native import TESTED, _version
-    if TESTED[0] <= _version(wgpu.__version__) <= TESTED[1]:
+    from wgrumus._deps import wgpu_in_range
+    if wgpu_in_range(wgpu.__version__):
         assert api().native, "wgpu-py in the tested range but the C API was not loaded"
 
 

@@ -16,12 +16,30 @@ def _requirement(name):
 
 
 def test_dependencies_have_tested_ranges():
-    from wgrumus._deps import WGPU_TESTED
-    (lo0, lo1), (hi0, hi1) = WGPU_TESTED
-    assert _requirement("wgpu") == f"wgpu>={lo0}.{lo1},<{hi0}.{hi1}"
+    from wgrumus._deps import WGPU_RANGE
+    assert _requirement("wgpu") == f"wgpu{WGPU_RANGE}"
     for name in ("numpy", "rich", "safetensors"):
         req = _requirement(name)
         assert ">=" in req and "<" in req.replace(">=", ""), req
+
+
+def test_ci_installs_the_lowest_wgpu_of_the_range_and_runs_the_demo():
+    """The floor pyproject states is the one CI tries: `.ci/run` reads it from there."""
+    from packaging.requirements import Requirement
+    lowest = next(s.version for s in Requirement(_requirement("wgpu")).specifier
+                  if s.operator == ">=")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "wgpu_floor" in ci and "wgrumus demo" in ci
+    from wgrumus._deps import wgpu_in_range
+    assert wgpu_in_range(lowest) and wgpu_in_range(lowest + ".0")
+
+
+@pytest.mark.parametrize("version,ok", [("0.28.1", False), ("0.29.0", True), ("0.32.0", True),
+                                        ("0.32.1rc1", True), ("0.33.0", False),
+                                        ("0.33.0.dev1", False), ("unknown", False)])
+def test_wgpu_range_check(version, ok):
+    from wgrumus._deps import wgpu_in_range
+    assert wgpu_in_range(version) is ok
 
 
 def test_installed_wgpu_is_in_the_tested_range():
@@ -31,10 +49,11 @@ def test_installed_wgpu_is_in_the_tested_range():
     check_wgpu(wgpu.__version__)  # the suite itself runs on a tested release
 
 
-@pytest.mark.parametrize("version", ["0.26.3", "0.33.0", "1.0.0"])
+@pytest.mark.parametrize("version", ["0.28.1", "0.33.0", "1.0.0"])
 def test_untested_wgpu_is_refused_at_import(tmp_path, version):
     """A wgpu-py outside the range fails `import wgrumus` with the pip command that fixes it,
     not later inside a training step."""
+    from wgrumus._deps import WGPU_RANGE
     fake = tmp_path / "wgpu"
     fake.mkdir()
     (fake / "__init__.py").write_text(f"__version__ = {version!r}\n")
@@ -42,22 +61,34 @@ def test_untested_wgpu_is_refused_at_import(tmp_path, version):
                     PYTHONPATH=f"{tmp_path}:{ROOT}")
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: wgrumus needs wgpu>=0.27,<0.33") and version in last
-    assert "pip install 'wgpu>=0.27,<0.33'" in last
+    assert last.startswith(f"ImportError: wgrumus needs wgpu{WGPU_RANGE}") and version in last
+    assert f"pip install 'wgpu{WGPU_RANGE}'" in last
     p = run_process([sys.executable, "-c", "import wgrumus"], 60,
                     PYTHONPATH=f"{tmp_path}:{ROOT}", WGRUMUS_ANY_WGPU="1")
     assert "wgrumus needs wgpu" not in p.stderr  # the escape hatch skips the check
 
 
 def test_license_files_match_the_declared_license():
-    assert PYPROJECT["license"] == "Apache-2.0 OR MIT"
-    assert sorted(PYPROJECT["license-files"]) == ["LICENSE-APACHE", "LICENSE-MIT"]
+    assert PYPROJECT["license"] == "(Apache-2.0 OR MIT) AND BSD-3-Clause AND CC-BY-4.0"
+    assert sorted(PYPROJECT["license-files"]) == ["LICENSE-APACHE", "LICENSE-MIT",
+                                                  "wgrumus/data/files/README.md"]
     apache = (ROOT / "LICENSE-APACHE").read_text()
     assert apache.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in apache
     assert "END OF TERMS AND CONDITIONS" in apache
     mit = (ROOT / "LICENSE-MIT").read_text()
     assert mit.startswith("MIT License") and "Permission is hereby granted, free of charge" in mit
+    data = (ROOT / "wgrumus/data/files/README.md").read_text()
+    assert "BSD 3-Clause License" in data and "CC BY 4.0" in data  # the digits' two licences
     assert "Apache-2.0 OR MIT" in (ROOT / "README.md").read_text()
+
+
+def test_readme_links_work_in_the_package_description():
+    """README.md is the wheel's long description, shown on package indexes where a link
+    relative to the repository leads nowhere: links are absolute (files are named as text)."""
+    import re
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)]+)\)", readme)
+    assert all(u.startswith(("https://", "http://")) for u in links), links
 
 
 @pytest.mark.timeout(60)
@@ -85,10 +116,13 @@ def test_wheel_metadata_and_contents(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert "License-Expression: Apache-2.0 OR MIT" in meta
+    assert "License-Expression: (Apache-2.0 OR MIT) AND BSD-3-Clause AND CC-BY-4.0" in meta
     assert "License-File: LICENSE-APACHE" in meta and "License-File: LICENSE-MIT" in meta
-    assert "Requires-Dist: wgpu<0.33,>=0.27" in meta
+    assert "License-File: wgrumus/data/files/README.md" in meta
+    assert "Requires-Dist: wgpu<0.33,>=0.29" in meta and "Requires-Dist: packaging" in meta
+    assert "Classifier: Programming Language :: Python :: 3" in meta
     assert any(n.endswith("licenses/LICENSE-APACHE") for n in names)
+    assert any(n.endswith("licenses/wgrumus/data/files/README.md") for n in names)
     assert "wgrumus/__main__.py" in names and "wgrumus/shaders/map.wgsl" in names
     assert any(n.startswith("wgrumus/data/files/") for n in names)  # digits and text ship
 

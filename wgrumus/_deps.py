@@ -2,29 +2,32 @@
 instead of at the start)."""
 from __future__ import annotations
 
-WGPU_TESTED = ((0, 27), (0, 33))  # [lowest, first untested) minor versions
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+WGPU_RANGE = ">=0.29,<0.33"  # pyproject.toml's wgpu requirement (tests/test_packaging.py)
 
 
-def _minor(version: str) -> tuple:
-    parts = []
-    for p in version.split(".")[:2]:
-        digits = "".join(c for c in p if c.isdigit()) if p else ""
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts + [0] * (2 - len(parts)))
+def wgpu_in_range(version: str) -> bool:
+    """Whether ``version`` is a wgpu-py release inside WGPU_RANGE (pre-releases count as their
+    release: 0.32.1rc1 is in, 0.33.0.dev1 is out)."""
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return False
+    return SpecifierSet(WGPU_RANGE).contains(v.base_version if v.is_prerelease else v)
 
 
 def check_wgpu(version: str | None = None) -> None:
     """ImportError unless wgpu-py is in the tested range (WGRUMUS_ANY_WGPU=1 skips the check,
-    to try a newer release at one's own risk)."""
+    to try another release at one's own risk)."""
     import os
     if version is None and os.environ.get("WGRUMUS_ANY_WGPU") == "1":
         return
     if version is None:
         import wgpu
         version = getattr(wgpu, "__version__", "unknown")
-    lo, hi = WGPU_TESTED
-    if version == "unknown" or not lo <= _minor(version) < hi:
-        want = f"wgpu>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1]}"
-        raise ImportError(f"wgrumus needs {want} (tested {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1}), "
-                          f"but wgpu {version} is installed; run: pip install '{want}' (or set "
-                          f"WGRUMUS_ANY_WGPU=1 to try it anyway)")
+    if not wgpu_in_range(version):
+        want = f"wgpu{WGPU_RANGE}"
+        raise ImportError(f"wgrumus needs {want}, but wgpu {version} is installed; run: "
+                          f"pip install '{want}' (or set WGRUMUS_ANY_WGPU=1 to try it anyway)")

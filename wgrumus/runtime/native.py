@@ -18,10 +18,8 @@ import time
 
 import numpy as np
 
-from .._deps import WGPU_TESTED
-from .._deps import _minor as _version
+from .._deps import wgpu_in_range
 
-TESTED = (WGPU_TESTED[0], (WGPU_TESTED[1][0], WGPU_TESTED[1][1] - 1))  # (major, minor), inclusive
 _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
             "wgpuBufferGetMappedRange", "wgpuBufferUnmap", "wgpuComputePassEncoderSetPipeline",
             "wgpuComputePassEncoderSetBindGroup", "wgpuComputePassEncoderDispatchWorkgroups",
@@ -47,7 +45,7 @@ def c_api():
         from wgpu.backends.wgpu_native import _api
     except ImportError:
         return None
-    if not TESTED[0] <= _version(wgpu.__version__) <= TESTED[1]:
+    if not wgpu_in_range(wgpu.__version__):
         return None
     try:
         return _api if all(hasattr(_api.lib, s) for s in _SYMBOLS) else None
