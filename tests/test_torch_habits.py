@@ -334,6 +334,26 @@ def test_corrupt_tensor_data_is_an_error_on_load(tmp_path, a):
     np.testing.assert_array_equal(wr.load(tmp_path / "plain.safetensors")["w"].numpy(), a)
 
 
+def test_files_of_the_earlier_checksum_still_load_and_are_checked(tmp_path, a):
+    """Earlier files carry the sha256 of the whole tensor data region (under another key)."""
+    import hashlib
+
+    from safetensors.numpy import save
+
+    from wgrumus.io import OLD_CHECKSUM_KEY, CheckpointError
+    arrays = {"w": a, "b": np.arange(3, dtype=np.float32)}
+    region = save(arrays)[-sum(x.nbytes for x in arrays.values()):]
+    data = save(arrays, metadata={OLD_CHECKSUM_KEY: hashlib.sha256(region).hexdigest()})
+    path = tmp_path / "old.safetensors"
+    path.write_bytes(data)
+    np.testing.assert_array_equal(wr.load(path)["w"].numpy(), a)
+    bad = bytearray(data)
+    bad[-1] ^= 0x01
+    path.write_bytes(bytes(bad))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        wr.load(path)
+
+
 def test_training_checkpoint_carries_a_checksum(tmp_path):
     from wgrumus.io import CheckpointError
     model = nn.Linear(4, 2)

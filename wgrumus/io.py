@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 import tempfile
 
 import numpy as np
@@ -97,31 +96,34 @@ def _to_numpy(name, v) -> np.ndarray:
                           f"tensors or numpy arrays")
 
 
-CHECKSUM_KEY = "wgrumus.sha256"  # metadata entry: sha256 of the tensor data region
+CHECKSUM_KEY = "wgrumus.tensors.sha256"  # metadata entry: tensors_digest of the file's tensors
+OLD_CHECKSUM_KEY = "wgrumus.sha256"  # earlier files: sha256 of the whole tensor data region
 SINGLE_KEY, SINGLE_NAME = "wgrumus.object", "tensor"  # a file holding one tensor, not a dict
 
 
-def _regions(data: bytes):
-    """(header dict, data region) of a serialized safetensors file."""
-    (hlen,) = struct.unpack("<Q", data[:8])
-    return json.loads(data[8:8 + hlen]), data[8 + hlen:]
+def tensors_digest(arrays: dict) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: carried in the
+    file's metadata, so a flipped bit is an error on load, not silently different weights."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
-def with_checksum(data: bytes) -> bytes:
-    """The file with the sha256 of its tensor bytes in its metadata (a flipped bit: an error
-    on load, not silently different weights)."""
-    header, body = _regions(data)
-    header.setdefault("__metadata__", {})[CHECKSUM_KEY] = hashlib.sha256(body).hexdigest()
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # the data region stays 8-byte aligned
-    return struct.pack("<Q", len(head)) + head + body
-
-
-def verify_checksum(data: bytes, path) -> None:
+def verify_checksum(arrays: dict, meta: dict, path) -> None:
     """Raise CheckpointError when the recorded checksum (if any) does not match."""
-    header, body = _regions(data)
-    want = (header.get("__metadata__") or {}).get(CHECKSUM_KEY)
-    if want is not None and hashlib.sha256(body).hexdigest() != want:
+    if CHECKSUM_KEY in meta:
+        ok = tensors_digest(arrays) == meta[CHECKSUM_KEY]
+    elif OLD_CHECKSUM_KEY in meta:  # the data region is the file's last bytes, all tensors'
+        total = sum(a.nbytes for a in arrays.values())
+        with open(path, "rb") as f:
+            f.seek(-total, os.SEEK_END) if total else f.seek(0, os.SEEK_END)
+            ok = hashlib.sha256(f.read()).hexdigest() == meta[OLD_CHECKSUM_KEY]
+    else:
+        return  # a file written elsewhere carries none
+    if not ok:
         raise CheckpointError(f"{os.fspath(path)} is corrupt: its tensor data does not match "
                               f"the checksum written with it (damaged on disk or in transfer); "
                               f"restore it from a copy or save it again")
@@ -134,8 +136,9 @@ def _serialize(tensors: dict, metadata=None) -> bytes:
         if not isinstance(k, str):
             raise CheckpointError(f"state dict keys must be strings, got {k!r}")
         arrays[k] = _to_numpy(k, v)
-    meta = None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
-    return with_checksum(st_save(arrays, metadata=meta))
+    meta = {} if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    meta[CHECKSUM_KEY] = tensors_digest(arrays)
+    return st_save(arrays, metadata=meta)
 
 
 def save(obj, path, metadata=None) -> None:
@@ -166,26 +169,18 @@ def load_numpy(path) -> tuple:
                               f".safetensors file inside it")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        raise CheckpointError(f"{path} is not a safetensors file: only {len(data)} bytes")
-    (hlen,) = struct.unpack("<Q", data[:8])
-    if hlen > len(data) - 8:
-        raise CheckpointError(f"{path} is not a valid safetensors file: its header claims "
-                              f"{hlen} bytes but the file has {len(data) - 8} after the length "
-                              f"(truncated or corrupt)")
+    if os.path.getsize(path) < 8:
+        raise CheckpointError(f"{path} is not a safetensors file: only "
+                              f"{os.path.getsize(path)} bytes")
+    from safetensors import SafetensorError, safe_open
     try:
-        header = json.loads(data[8:8 + hlen])
-    except ValueError as e:
-        raise CheckpointError(f"{path} has a corrupt safetensors header (not JSON: {e})") from e
-    from safetensors.numpy import load as st_load
-    try:
-        arrays = st_load(data)
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a valid safetensors file: {e}") from e
-    verify_checksum(data, path)
-    meta = header.get("__metadata__") or {}
+        with safe_open(path, framework="np") as f:
+            meta = f.metadata() or {}
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as e:
+        raise CheckpointError(f"{path} is not a valid safetensors file, truncated or corrupt "
+                              f"({e}); restore it from a copy or save it again") from e
+    verify_checksum(arrays, meta, path)
     return arrays, meta
 
 
