@@ -1,9 +1,9 @@
 """The FMA ceiling a WGSL kernel can reach on this adapter: f32 and f16 (vec4, vec2, a scalar
 splat) fused multiply-adds with no memory traffic. It bounds what the matmul tables can gain:
-issue 22 asked packed f16 for 1.6x the f32 rate, which only holds where the driver turns
-vec2<f16> arithmetic into paired half-precision instructions.
+packed f16 outruns f32 only where the driver turns vec2<f16> arithmetic into paired
+half-precision instructions.
 
-    python3 benchmarks/fma_peak.py [--groups N] [--iters N]
+    python3 benchmarks/fma_peak.py [--groups N] [--iters N] [--quick]
 """
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ FORMS = (("f32", "vec4", "fma(x, y, a)"), ("f32", "vec4", "x * y + a"),
          ("f32", "vec4", "fma(splat(x.x), y, a)"), ("f16", "vec4", "fma(x, y, a)"),
          ("f16", "vec4", "fma(splat(x.x), y, a)"), ("f16", "vec2", "fma(x, y, a)"),
          ("f16", "vec2", "x * y + a"))
+
+
+QUICK = (8, 256)  # --quick: workgroups, loop trips
 
 
 def shader(t: str, vec: str, expr: str, iters: int) -> str:
@@ -80,7 +83,11 @@ def main() -> None:
                     "64 per SM of an H100; use ~8 on a CPU adapter)")
     ap.add_argument("--iters", type=int, default=4096, help="loop trips (llvmpipe stops a "
                     "loop after 65,535)")
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK[0]} workgroups x {QUICK[1]} "
+                    f"trips: a few seconds on a CPU adapter (wgrumus bench)")
     args = ap.parse_args()
+    if args.quick:
+        args.groups, args.iters = QUICK
     dev = get_device(0)
     d = dev.wgpu
     print(f"FMA peak on {dev.adapter_info.get('device', '?')}: {args.groups} x 256 invocations, "

@@ -1,14 +1,18 @@
-"""Randomized numerics campaign (issue 15): sizes past llvmpipe's 65,535-iteration loop limit,
-NaN, int32 past 2^24, device-side index asserts, each case checked against numpy.
+"""Randomized numerics campaign: sizes past llvmpipe's 65,535-iteration loop limit, NaN, int32
+past 2^24, device-side index asserts, each case checked against numpy.
 
+    python benchmarks/reliability_numerics.py [--runs 40] [--seed 0] [--json out.json]
     python benchmarks/reliability.py --campaign numerics --runs 40 --seed 0 --json out.json
 
 Every run draws a case and its sizes / values from a seeded RNG; it passes when the result
 matches numpy (or, for a bad device index, when the next read raises an IndexError naming the
-bad value and a later good read works).
+bad value and a later good read works). `--quick` runs each case once.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
 import traceback
 
@@ -166,3 +170,29 @@ def summarize_numerics(recs: list) -> dict:
         row[1] += r["ok"]
         row[2] = max(row[2], r["seconds"])
     return table
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=40, help="runs, cycling over the cases "
+                    "(default 40)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="one run of each case")
+    ap.add_argument("--json", metavar="FILE", help="also write every run's record there")
+    a = ap.parse_args()
+    t0 = time.monotonic()
+    recs = numerics_campaign(len(CASES) if a.quick else a.runs, a.seed,
+                             log=lambda line: print(line, file=sys.stderr))
+    print(f"{'case':16s} {'passed':>8s} {'slowest':>8s}")
+    for case, (runs, ok, worst) in summarize_numerics(recs).items():
+        print(f"{case:16s} {ok:>4d}/{runs:<3d} {worst:7.2f}s")
+    passed = sum(r["ok"] for r in recs)
+    print(f"{passed}/{len(recs)} runs matched numpy; {time.monotonic() - t0:.1f} s")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"campaign": "numerics", "seed": a.seed, "runs": recs}, f, indent=1)
+    return 0 if passed == len(recs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,9 +12,11 @@ from pathlib import Path
 from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
-NOT_IN_ALL = {"reliability", "soak"}  # fault and leak campaigns, not performance benchmarks
-# `wgrumus bench` (all, quick): about two minutes on lavapipe with the multi-device rows kept;
-# a benchmark not listed runs with --quick when it has that flag.
+# fault, numerics and leak campaigns, and the time table of the README's commands: not run by
+# `wgrumus bench` (all), only by name
+NOT_IN_ALL = {"reliability", "reliability_numerics", "soak", "commands"}
+# `wgrumus bench` (all, quick) keeps the multi-device rows; a benchmark not listed runs with
+# --quick when it has that flag (tests/test_bench_quick.py runs each).
 QUICK = {
     "ops": ["--quick", "--sizes", "256", "--mb", "4"],
     "train_step": ["--quick", "--repeats", "1", "--warmup", "2", "--steps", "2"],
