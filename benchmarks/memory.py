@@ -1,5 +1,5 @@
 """Peak device memory of one training step (the buffer pool's live bytes, high-water mark),
-before/after the memory-saving modes of issue 18:
+before/after the memory-saving modes:
 
     checkpoint  GPT on one device, plain vs --activation-checkpointing (wgrumus.utils.checkpoint
                 per block): peak live bytes of forward + backward + AdamW step.

@@ -130,9 +130,19 @@ def torch_kernel(th, fn, work: float):
     """work per second of fn's CUDA kernels (CUDA events around 20 calls), or None."""
     if th is None or not th.cuda.is_available():
         return None
-    from _kernel_sweep import cuda_event_seconds
     fn()
     return work / cuda_event_seconds(th, fn, 20) / 1e9
+
+
+def cuda_event_seconds(torch, fn, n):
+    """Seconds per call of n calls of fn (torch), between two CUDA events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e-3 / n
 
 
 def bench_rows(rows, dev, r, L, th):

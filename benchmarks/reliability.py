@@ -1,4 +1,4 @@
-"""Randomized fault injection over every parallel primitive (issue 10, item 1).
+"""Randomized fault injection over every parallel primitive.
 
 For each run a seeded RNG picks a primitive, a fault (``raise``: an exception; ``stall``: sleep
 past the timeout; ``exit``: the participant leaves early without a word), the faulty participant
@@ -1019,7 +1019,7 @@ def concurrency_campaign(n: int, seed: int, log=print, tests=PARALLEL_TESTS) -> 
 
 
 # ============================================================================= command line
-# --------------------------------------------------------------------------- host guards (issue 15)
+# --------------------------------------------------------------------------------- host guards
 def _raises(fn, cls, pattern: str) -> str | None:
     """None when ``fn()`` raises ``cls`` whose message matches ``pattern``, else the problem."""
     import re
@@ -1224,7 +1224,7 @@ def main(argv=None) -> int:
               f"{sum(r['temp_files_left'] for r in recs)} temp files left by the kills; "
               f"{time.monotonic() - t0:.1f} s")
         summary = {}
-    elif a.campaign == "numerics":  # issue 15: benchmarks/reliability_numerics.py
+    elif a.campaign == "numerics":  # benchmarks/reliability_numerics.py
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from reliability_numerics import numerics_campaign, summarize_numerics
         recs = numerics_campaign(a.runs, a.seed)
@@ -1236,7 +1236,7 @@ def main(argv=None) -> int:
     elif a.campaign == "guards":
         recs = guards_campaign(a.runs, a.seed, Path(a.folder), a.timeout)
         kinds = sorted({r["kind"] for r in recs})
-        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} host-guard cases held (issue 15): "
+        print(f"\n{sum(r['ok'] for r in recs)}/{len(recs)} host-guard cases held: "
               + ", ".join(f"{k} {sum(r['ok'] for r in recs if r['kind'] == k)}/"
                           f"{sum(r['kind'] == k for r in recs)}" for k in kinds)
               + f"; {time.monotonic() - t0:.1f} s")

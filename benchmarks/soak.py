@@ -1,4 +1,4 @@
-"""Soak: many training steps, watching for leaks (issue 10, item 4; issue 15, item 9).
+"""Soak: many training steps, watching for leaks.
 
 ``--model dp`` (default): a small MLP under DataParallel on ``--devices`` logical devices.
 ``--model linear``: Linear 32-64-10, AdamW, batch 128 on one device (grew 1.1 MB of native

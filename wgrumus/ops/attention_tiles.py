@@ -46,7 +46,7 @@ FALLBACK = {
            (8, 16, 2, 2)],
 }
 # The variant per adapter class ("gpu": any other): a VARIANTS name, {"fwd": .., "bwd": ..} or
-# one per role (benchmarks/_attn_sweep.py times them and prints the entry to paste).
+# one per role (the H100 sweep behind it: BENCHMARKS.md, findings).
 ATTN_TABLE: dict = {"gpu": "a64",  # nvidia: the H100 sweep's suggestion (BENCHMARKS.md)
                     "nvidia": {"fwd": "a32t2", "q": "a32t2pf", "kv": "a32t2pf"}}
 VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)

@@ -17,7 +17,8 @@ from . import texread
 MAXD = 8
 SCALAR_BASE = 48
 # CPU adapters (shaders/map_cpu.wgsl): output elements per invocation (None: per adapter type,
-# 1 on GPUs: map.wgsl) and invocations per workgroup, from benchmarks/_cpu_sweep.py --map.
+# 1 on GPUs: map.wgsl) and invocations per workgroup, from a sweep on lavapipe
+# (BENCHMARKS.md, findings).
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 16
 CPU_WG = 64

@@ -397,8 +397,9 @@ SWIZZLE = 8  # tile rows per workgroup group (0: plain row-major launch order)
 # checks where the shape divides into the tiles; half: packed f16 FMAs, f16 operands only (fe:
 # k steps of f16 sums between adds into the f32 accumulators, default 1); ak:
 # A's tile kept k-contiguous where A is (no transposing stores: A @ B and A @ B.T layouts)).
-# benchmarks/_kernel_sweep.py times each against torch on a GPU ("default" there: _pick_tile's
-# 64x64 tiles (t64e without exact) or 128x128 tiles (t128e without exact)).
+# A sweep of each against torch on the H100 chose the table below (BENCHMARKS.md, findings;
+# "default" there: _pick_tile's 64x64 tiles (t64e without exact) or 128x128 tiles (t128e
+# without exact)).
 VARIANTS = {
     "t64e": dict(tm=4, bk=16, swz=8, exact=True),
     "t64k32": dict(tm=4, bk=32, swz=8, exact=True),
@@ -516,7 +517,7 @@ def _pick_variant(dev, M, N, nbatch, f16: bool, K: int = 0) -> dict | None:
 
 
 # CPU adapters (shaders/matmul_cpu.wgsl): outputs per invocation (TM x TN) and invocations per
-# workgroup (WGX along n, WGY along m), from benchmarks/_cpu_sweep.py on lavapipe (AVX2).
+# workgroup (WGX along n, WGY along m), from a sweep on lavapipe (AVX2; BENCHMARKS.md, findings).
 # K per pass of the CPU kernel (element-wise, vec4): llvmpipe ends an invocation's loops after
 # 65,535 back-edges in all; a vec4 step covers 4 K.
 CPU_KPASS = (65_000, 260_000)
@@ -575,7 +576,7 @@ def _cpu_tile(M: int, N: int, nbatch: int, tex: bool = False, sg: bool = False) 
     16 or 8 rows where that leaves few workgroups; 32 x 8 ran 1.02-1.4x 32 x 4 on 512^2, 256^2
     and a training step's products, 32 x 16 below 32 x 8: BENCHMARKS.md).
     Batches of matrices of a few rows run FLAT (lanes over all batches' rows).
-    benchmarks/_cpu_sweep.py measures the alternatives."""
+    BENCHMARKS.md (findings) has the sweep that chose them."""
     if nbatch > 1 and 8 * M <= CPU_FLAT[3]:
         return CPU_FLAT + (tex, False)
     groups = lambda tm, tn, wgx, wgy: nbatch * -(-N // (tn * wgx)) * -(-M // (tm * wgy))

@@ -19,7 +19,8 @@ from .skip import FLAG_MULTI, HOST_MULTI, DeviceSteps, device_flags, host_step
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
 # CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per
-# adapter type, 1 on GPUs) and invocations per workgroup, from benchmarks/_cpu_sweep.py --adam.
+# adapter type, 1 on GPUs) and invocations per workgroup, from a sweep on lavapipe
+# (BENCHMARKS.md, findings).
 CPU_CHUNK = None
 CPU_CHUNK_DEFAULT = 32
 CPU_CHUNK_QUAD = 128  # ... a quad at a time (quick GPT: 2.07 ms against 2.43 with 32)
