@@ -215,19 +215,3 @@ def test_plot_prints_the_file_it_wrote_and_no_hint(tmp_path):
                            tmp_path / "d.unknown-format")
     assert rc == 0, err
     assert "could not write" in out and "pip install" not in out  # matplotlib is there
-
-
-# ------------------------------------------------------------------------------------ bench
-@pytest.mark.timeout(200)
-def test_bench_quick_run_keeps_the_multi_device_rows():
-    """`wgrumus bench` runs every benchmark with its QUICK arguments; the data-parallel one makes
-    the logical devices of its 2-device row instead of skipping it (as it did without
-    WGRUMUS_DEVICES)."""
-    from wgrumus.cli.bench import QUICK, available
-    assert set(QUICK) <= set(available())
-    assert "2" in QUICK["data_parallel"] and "--stages" in QUICK["pipeline"]
-    rc, out, err = wgrumus("bench", "data_parallel", *QUICK["data_parallel"], timeout=190)
-    assert rc == 0, out + err
-    assert "skipping" not in err and "2 device(s)" in out
-    rows = [ln.split() for ln in out.splitlines() if ln.split()[:2] == ["2", "bucketed"]]
-    assert rows, out

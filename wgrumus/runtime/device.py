@@ -59,7 +59,7 @@ OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query")  # requested w
 # (which block unrolling: the 4096 matmul ran 24.7 vs 31.7 TFLOP/s on an H100).
 TRUSTED_FAMILIES = frozenset({"matmul", "flash_attention2"})
 # Lavapipe (Mesa 22.x) inlines uniform values that steer loops into a specialised copy of the
-# shader at every dispatch and never frees it (+512 KB per matmul dispatch, issue 15 item 9), so
+# shader at every dispatch and never frees it (+512 KB per matmul dispatch), so
 # on CPU adapters these families read parameters from storage (other families stay on uniforms,
 # which llvmpipe reads faster: a CNN step took 1.37x longer with every family on storage).
 PARAMS_IN_STORAGE = frozenset({"matmul", "matmul_cpu"})

@@ -1,5 +1,5 @@
 """Out-of-memory guard: a buffer that cannot be had is refused with an error that names the
-size, what is free and what to do (issue 15, item 10)."""
+size, what is free and what to do."""
 from __future__ import annotations
 
 import os

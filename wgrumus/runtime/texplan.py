@@ -1,4 +1,4 @@
-"""Where a replay copies operands into textures (CPU adapters, issue 20).
+"""Where a replay copies operands into textures (CPU adapters).
 
 A capture records each buffer-to-texture copy right before the kernel that reads the texture,
 as eager work runs it (``Device.operand_texture``: one shared texture per operand slot, refilled
