@@ -1,4 +1,4 @@
-"""Transports (threads.py, mpi.py) under one interface, and the helpers both share::
+"""Transports (threads.py, shm.py, mpi.py) under one interface, and the helpers both share::
 
     isend(dst, tag, arr, deadline, owned=False) -> request     (arr unchanged until waited)
     recv(src, tag, deadline, dtype, shape) -> ndarray           (shape[0] may be -1: any rows)
@@ -100,6 +100,8 @@ class _Liveness:
 
 
 from .mpi import MPITransport  # noqa: E402  (they import the helpers above)
+from .shm import ShmTransport  # noqa: E402
 from .threads import ThreadTransport, ThreadWorld  # noqa: E402
 
-__all__ = ["ThreadWorld", "ThreadTransport", "MPITransport", "owned_copy", "split_bounds"]
+__all__ = ["ThreadWorld", "ThreadTransport", "MPITransport", "ShmTransport", "owned_copy",
+           "split_bounds"]
