@@ -185,3 +185,32 @@ def test_cli_processes_gives_the_threads_losses(clean_shm):
     want = _train("--backend", "threads")
     assert got["layout"]["backend"] == "processes"
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+
+
+PROCESS_BAD = [
+    (["train", "mlp", "--backend", "processes", "--dp", "2", "--pp", "2", "--devices", "4"],
+     "runs --pp for the gpt model"),
+    (["train", "gpt", "--backend", "processes", "--dp", "2", "--precision", "f16",
+      "--devices", "2"],
+     "runs with the threads backend"),
+    (["train", "mlp", "--backend", "processes", "--dp", "2", "--devices", "1"],
+     "2 devices needed"),
+    (["train", "mlp", "--backend", "processes", "--dp", "2"], "processes need as many adapters"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args,needle", PROCESS_BAD, ids=[" ".join(a) for a, _ in PROCESS_BAD])
+def test_cli_processes_bad_arguments_exit_2(args, needle, capsys, monkeypatch):
+    from wgrumus.cli import main
+    monkeypatch.delenv("WGRUMUS_DEVICES")  # one lavapipe adapter, no logical devices
+    rc = main(args)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and needle in err, (rc, out, err)
+
+
+def test_auto_backend_stays_on_threads_for_logical_devices():
+    from wgrumus.cli import build_parser, loop
+    for extra in (["--devices", "2"], []):
+        args = build_parser().parse_args(["train", "mlp", "--dp", "2", *extra])
+        assert loop.config_from_args(args).layout.backend == "threads"
