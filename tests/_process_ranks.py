@@ -75,3 +75,27 @@ def raises(g):
         raise ValueError("bad batch on rank 0")
     g.all_reduce(np.ones(4), "sum")
     return "unreachable"
+
+
+def device_p2p(g):
+    """Device tensors both ways at once, tags out of order, sizes around the chunk and the ring;
+    the transfer phases recorded."""
+    r, n = g.rank, g.world_size
+    peer, prev = (r + 1) % n, (r - 1) % n
+    sizes = [1, 1000, (1 << 18) + 3, (3 << 20) // 4 + 5]  # floats: up to 3 MB, odd chunk ends
+    sent = [wr.tensor(np.arange(k, dtype=np.float32) + 1000 * r + t, device=g.device)
+            for t, k in enumerate(sizes)]
+    works = [g.isend(x, peer, tag=t) for t, x in enumerate(sent)]
+    works.append(g.isend(wr.tensor(np.arange(6, dtype=np.int32).reshape(2, 3) * r,
+                                   device=g.device), peer, tag=9))
+    order = [3, 9, 0, 2, 1]
+    got = {t: g.recv(prev, tag=t, device=g.device) for t in order}
+    for w in works:
+        w.wait()
+    big = wr.tensor(np.full((5 << 20) // 4, r, np.float32), device=g.device)  # > the ring: queued
+    w = g.isend(big, peer, tag=20)
+    far = g.recv(prev, tag=20, device=g.device)
+    w.wait()
+    ph = g._t.phases.snapshot()
+    return ({t: (v.numpy(), v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype))
+             for t, v in got.items()}, float(far.numpy().sum()), ph)

@@ -36,6 +36,7 @@ PEER_CHECK = 0.02  # seconds between checks that the peers' processes still run
 PAR_MIN = 4 << 20  # copies and reductions from this size are split over threads
 _MSG = 2  # int64 words of a message header: tag, payload bytes
 _ARRAY_HDR = _HEADER_WORDS * 8
+_STREAM = object()  # _Incoming.buf of a payload read piece by piece by its receiver
 
 
 def _alive(pid: int) -> bool:
@@ -161,6 +162,7 @@ class ShmTransport(_Liveness):
         self._rings_out = [seg.ring(rank, d) for d in range(self.size)]
         self._rings_in = [seg.ring(s, rank) for s in range(self.size)]
         self._cap = seg.layout.ring
+        self.phases = None  # TransferPhases of device transfers, made at the first
         self._splits: dict = {}
         self.stats = dict.fromkeys(("messages_sent", "bytes_sent", "messages_received",
                                     "bytes_received"), 0)
@@ -239,11 +241,14 @@ class ShmTransport(_Liveness):
         self.seg.tails[i] = t + n  # after the bytes were read
         return n
 
-    def _pull(self, src: int, tag: int, into: np.ndarray | None):
+    def _pull(self, src: int, tag: int, into: np.ndarray | None, stream: bool = False):
         """Read from ``src`` until the message ``tag`` is complete (its payload) or the ring is
-        empty (None); messages with other tags are set aside."""
+        empty (None); messages with other tags are set aside. ``stream``: stop after the header
+        of message ``tag`` (returns _STREAM; the caller reads the payload, ``_read_stream``)."""
         inc = self._incoming[src]
         while True:
+            if inc.buf is _STREAM:
+                return None  # another thread reads this source's payload now
             if inc.tag is None:
                 hb = inc.hdr.view(np.uint8)
                 inc.hgot += self._read(src, hb, inc.hgot, hb.size - inc.hgot)
@@ -251,6 +256,9 @@ class ShmTransport(_Liveness):
                     return None
                 inc.tag, n = int(inc.hdr[0]), int(inc.hdr[1])
                 inc.got = 0
+                if stream and inc.tag == tag:
+                    inc.buf, inc.got = _STREAM, n  # (got: the payload's bytes still unread)
+                    return _STREAM
                 inc.buf = into if (inc.tag == tag and into is not None and into.size == n) \
                     else np.empty(n, np.uint8)
             if inc.got < inc.buf.size:
@@ -284,6 +292,90 @@ class ShmTransport(_Liveness):
                 return False
         self._wait(ready, deadline, f"no message from rank {src} (tag {tag})", lambda: [src])
         return got[0]
+
+    def _await_message(self, src: int, tag: int, deadline: float):
+        """The next message ``tag`` from ``src``: (payload, None) when it was already set aside,
+        else (None, payload bytes) with the payload left for ``_read_stream``."""
+        got = []
+
+        def ready():
+            with self._lock:
+                q = self._unexpected.get((src, tag))
+                if q:
+                    got.append((q.popleft(), None))
+                    if not q:
+                        del self._unexpected[(src, tag)]
+                    return True
+                self._progress_sends()
+                if self._pull(src, tag, None, stream=True) is _STREAM:
+                    got.append((None, self._incoming[src].got))
+                    return True
+                return False
+        self._wait(ready, deadline, f"no message from rank {src} (tag {tag})", lambda: [src])
+        return got[0]
+
+    def _read_stream(self, src: int, dst: np.ndarray, deadline: float) -> None:
+        """The next ``dst.size`` bytes of the payload being streamed from ``src``."""
+        at = [0]
+
+        def ready():
+            with self._lock:
+                at[0] += self._read(src, dst, at[0], dst.size - at[0])
+                if at[0] < dst.size:
+                    self._progress_sends()
+            return at[0] == dst.size
+        self._wait(ready, deadline, f"rank {src} stopped sending mid-message", lambda: [src])
+        self._incoming[src].got -= dst.size
+
+    def wait_data(self, src: int, nbytes: int, deadline: float) -> None:
+        """Until ``src``'s ring holds ``nbytes`` (at most a ring's worth) unread."""
+        i = src * self.size + self.rank
+        need = min(nbytes, self._cap)
+        heads, tails = self.seg.heads, self.seg.tails
+
+        def ready():
+            if int(heads[i]) - int(tails[i]) >= need:
+                return True
+            with self._lock:
+                self._progress_sends()
+            return False
+        self._wait(ready, deadline, f"rank {src} stopped sending mid-message", lambda: [src])
+
+    def _end_stream(self, src: int) -> None:
+        inc = self._incoming[src]
+        if inc.got:
+            raise CollectiveError(f"rank {self.rank}: {inc.got} bytes of a message from rank "
+                                  f"{src} were left unread")
+        self.stats["messages_received"] += 1
+        self.stats["bytes_received"] += int(inc.hdr[1])
+        inc.tag, inc.buf, inc.hgot = None, None, 0
+
+    def ring_free(self, dst: int) -> int:
+        """Bytes a message to ``dst`` may take now without waiting (0 behind queued ones)."""
+        if self._sends[dst]:
+            return 0
+        i = self.rank * self.size + dst
+        return self._cap - (int(self.seg.heads[i]) - int(self.seg.tails[i]))
+
+    def write_now(self, dst: int, data: np.ndarray) -> None:
+        """Write ``data`` (uint8) to ``dst``'s ring; it must fit (``ring_free``)."""
+        s = _Send([data])
+        self._sends[dst].append(s)
+        self._push(dst)
+        if not s.done:
+            raise RuntimeError("write_now: the ring had less room than ring_free said")
+
+    def message_header(self, tag: int, nbytes: int) -> np.ndarray:
+        return np.array([tag, nbytes], np.int64).view(np.uint8)
+
+    # ----- device tensors point to point (shm_device.py) -----
+    def send_device(self, s, shape, dst, tag, deadline):
+        from .shm_device import send_device
+        return send_device(self, s, shape, dst, tag, deadline)
+
+    def recv_device(self, src, tag, device, deadline):
+        from .shm_device import recv_device
+        return recv_device(self, src, tag, device, deadline)
 
     def isend(self, dst, tag, arr, deadline, owned=False):
         arr = np.ascontiguousarray(arr)
