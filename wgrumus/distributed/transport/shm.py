@@ -494,14 +494,18 @@ class ShmTransport(_Liveness):
             np.copyto(dst, src)
 
     def reduce_chunk(self, src: np.ndarray, out: np.ndarray | None, op: str,
-                     deadline: float) -> None:
+                     deadline: float, phases=None) -> None:
         """One all-reduce round: ``out`` (None: only the reduction) gets op over every rank's
-        ``src`` (at most a slot's bytes)."""
+        ``src`` (at most a slot's bytes); ``phases``: the barriers' time counted as ``peer``,
+        the rest as ``copy``."""
+        t0 = time.perf_counter()
         n = src.size
         s = self._round()
         views = [self.seg.slot(r, s)[:src.nbytes].view(src.dtype) for r in range(self.size)]
         self._copy(views[self.rank], src)
+        t1 = time.perf_counter()
         self._barrier(deadline, "all-reduce")
+        t2 = time.perf_counter()
         b = split_bounds(n, self.size)
         lo, hi = b[self.rank], b[self.rank + 1]
         dst = views[0]
@@ -514,9 +518,14 @@ class ShmTransport(_Liveness):
                 par_ranges(part, hi - lo, 1 << 18)
             else:
                 part(0, hi - lo)
+        t3 = time.perf_counter()
         self._barrier(deadline, "all-reduce")
+        t4 = time.perf_counter()
         if out is not None:
             self._copy(out, dst)
+        if phases is not None:
+            phases.add("copy", (t1 - t0) + (t3 - t2) + (time.perf_counter() - t4))
+            phases.add("peer", (t2 - t1) + (t4 - t3))
 
     def _per_chunk(self, dtype) -> int:
         return max(1, self.seg.layout.slot // np.dtype(dtype).itemsize)
@@ -627,7 +636,9 @@ class _SlotExchange:
     """The pipelined staging engine's barrier, over a transport's slots (one round a chunk)."""
 
     def __init__(self, t: ShmTransport):
+        from .shm_device import _phases
         self.t = t
+        self.phases = _phases(t)
 
     @property
     def timeout(self) -> float:
@@ -637,4 +648,4 @@ class _SlotExchange:
         """(A local failure: the process group publishes it.)"""
 
     def exchange(self, length, dtype, rank, item, item_at, out, out_at, op) -> None:
-        self.t.reduce_chunk(item, out, op, time.monotonic() + self.t.timeout)
+        self.t.reduce_chunk(item, out, op, time.monotonic() + self.t.timeout, self.phases)
