@@ -231,3 +231,21 @@ def test_device_send_recv_between_processes(clean_shm):
         assert far == prev * ((5 << 20) // 4)
         for key in ("submit", "fence", "map", "copy", "peer"):
             assert ph[key][1] > 0, (key, ph)
+
+
+@pytest.mark.timeout(600)
+def test_collectives_benchmark_processes_tables(clean_shm):
+    """benchmarks/collectives.py --backend processes prints both tables (tiny sizes here)."""
+    from _util import ROOT, run_process
+    p = run_process([sys.executable, ROOT / "benchmarks" / "collectives.py", "--backend",
+                     "processes", "--ranks", "2", "--sizes", "65536", "--latency-sizes",
+                     "4096,65536", "--no-reference", "--json"], 500, WGRUMUS_DEVICES="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    bw = [r for r in rows if r["table"] == "bw"]
+    lat = [r for r in rows if r["table"] == "latency"]
+    assert len(bw) == 1 and bw[0]["ratio"] > 0 and bw[0]["bound_GBps"] > 0
+    assert [r["bytes"] for r in lat] == [4096, 65536]
+    for r in lat:
+        assert r["sendrecv_s"] > 0 and r["allreduce_s"] > 0 and r["hostcopy_s"] > 0
+        assert r["split_sendrecv"]["copy"] > 0 and r["split_allreduce"]["submit"] > 0
