@@ -249,3 +249,8 @@ def test_collectives_benchmark_processes_tables(clean_shm):
     for r in lat:
         assert r["sendrecv_s"] > 0 and r["allreduce_s"] > 0 and r["hostcopy_s"] > 0
         assert r["split_sendrecv"]["copy"] > 0 and r["split_allreduce"]["submit"] > 0
+
+
+def test_unpicklable_fn_is_a_clear_error(clean_shm):
+    with pytest.raises(ValueError, match="must be picklable"):
+        dist.spawn(lambda g: g.rank, 2, backend="processes")

@@ -169,6 +169,12 @@ def _note(exc: BaseException, text: str) -> None:
 
 def spawn_processes(fn, world_size: int, config, adapters=None) -> list:
     """``fn(group)`` in ``world_size`` new processes (results in rank order)."""
+    try:
+        pickle.dumps(fn)
+    except Exception as e:  # noqa: BLE001 - lambdas, closures, bound methods of local objects
+        raise ValueError(f"backend 'processes' runs fn in new processes, so it must be "
+                         f"picklable (a function defined at module level, or a "
+                         f"functools.partial of one); {fn!r} is not: {e}") from None
     ctx = multiprocessing.get_context("spawn")
     launch = _Launch(world_size, config.timeout)
     conns, results, got = [], [None] * world_size, [False] * world_size
@@ -274,10 +280,16 @@ def run_command(argv: list[str], world_size: int, timeout: float = 120.0) -> int
                 stdout=None if r == 0 else subprocess.DEVNULL))
         launch.watch(lambda p: p.poll())
     except KeyboardInterrupt:
+        # A terminal's Ctrl-C reached the ranks too (they stop after a checkpoint); a SIGINT
+        # sent to this process alone is passed on after a moment.
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and any(p.poll() is None for p in launch.procs):
+            time.sleep(_POLL)
         for p in launch.procs:
-            with contextlib.suppress(Exception):
-                p.send_signal(signal.SIGINT)
-        with contextlib.suppress(Exception):
+            if p.poll() is None:
+                with contextlib.suppress(Exception):
+                    p.send_signal(signal.SIGINT)
+        with contextlib.suppress(BaseException):
             launch.watch(lambda p: p.poll())
         raise
     finally:
