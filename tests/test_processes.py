@@ -254,3 +254,17 @@ def test_collectives_benchmark_processes_tables(clean_shm):
 def test_unpicklable_fn_is_a_clear_error(clean_shm):
     with pytest.raises(ValueError, match="must be picklable"):
         dist.spawn(lambda g: g.rank, 2, backend="processes")
+
+
+@pytest.mark.timeout(300)
+def test_readme_processes_example_runs(tmp_path, clean_shm):
+    from _util import ROOT, run_process
+    text = (ROOT / "README.md").read_text()
+    at = text.index("backend=\"processes\"))")
+    start = text.rindex("```python", 0, at) + len("```python")
+    code = "\n".join(line[2:] for line in text[start:text.index("```", start)].splitlines())
+    script = tmp_path / "readme_processes.py"
+    script.write_text(code)
+    p = run_process([sys.executable, script], 250, WGRUMUS_DEVICES="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[3., 3., 3., 3.]" in p.stdout.replace("\n", "").replace("  ", " "), p.stdout
