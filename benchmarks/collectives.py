@@ -625,7 +625,10 @@ def main(argv=None):
     if args.mpi_worker:
         return mpi_worker(args)
     if args.table:
-        return print_table(load_rows(args.table))
+        rows = load_rows(args.table)
+        print_table([r for r in rows if "table" not in r])
+        print_comm_table(rows)
+        return print_processes_tables(rows)
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else QUICK_SIZES if args.quick else COMM_SIZES if args.backend == "comm"
              else FULL_SIZES)

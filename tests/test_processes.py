@@ -170,9 +170,8 @@ def test_bad_backend_and_outside_launch():
         dist.init_process_group("processes")
 
 
-def _train(*extra):
-    cmd = [sys.executable, "-m", "wgrumus", "train", "mlp", "--dp", "2", "--steps", "4",
-           "--json", *extra]
+def _train(*extra, model=("mlp", "--dp", "2")):
+    cmd = [sys.executable, "-m", "wgrumus", "train", *model, "--steps", "4", "--json", *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env=subprocess_env(WGRUMUS_DEVICES="2"))
     assert p.returncode == 0, p.stdout + p.stderr
@@ -268,3 +267,13 @@ def test_readme_processes_example_runs(tmp_path, clean_shm):
     p = run_process([sys.executable, script], 250, WGRUMUS_DEVICES="2")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[3., 3., 3., 3.]" in p.stdout.replace("\n", "").replace("  ", " "), p.stdout
+
+
+@pytest.mark.timeout(900)
+def test_cli_processes_gpt_pipeline_gives_the_threads_losses(clean_shm):
+    """Pipeline stages as processes: activations and gradients cross as device tensors."""
+    gpt = ("gpt", "--pp", "2", "--micro-batches", "2", "--n-layer", "2", "--block-size", "16",
+           "--batch-size", "8")
+    got = _train("--backend", "processes", model=gpt)
+    want = _train("--backend", "threads", model=gpt)
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
