@@ -40,6 +40,10 @@ def collectives(g):
     a = g.all_reduce_async(np.full(4, r + 1.0), "sum")
     b = g.all_reduce_async(np.full(2, 2.0 * r), "max")
     out["async"] = [b.wait(), a.wait()]
+    ta = g.all_reduce_async(wr.tensor(np.full(3, r + 1.0, np.float32), device=g.device), "sum")
+    tb = g.all_reduce_async(wr.tensor(np.arange(5, dtype=np.float32) * r, device=g.device),
+                            "max")
+    out["async_device"] = [tb.wait().numpy(), ta.wait().numpy()]
     # device tensors: all-reduce through the staging engine, send/recv onto a device
     t = wr.tensor(x + r, device=g.device)
     out["device_all_reduce"] = g.all_reduce(t, "sum").numpy()
@@ -99,3 +103,12 @@ def device_p2p(g):
     ph = g._t.phases.snapshot()
     return ({t: (v.numpy(), v.dtype.name if hasattr(v.dtype, "name") else str(v.dtype))
              for t, v in got.items()}, float(far.numpy().sum()), ph)
+
+
+def dies_mid_transfer(g):
+    """Rank 0 dies with most of a large device tensor still to send; rank 1 is receiving it."""
+    if g.rank == 0:
+        g.isend(wr.tensor(np.ones(6 << 20, np.float32), device=g.device), 1, tag=5)
+        time.sleep(0.5)  # rank 1 is reading the first part
+        os.kill(os.getpid(), signal.SIGKILL)
+    return g.recv(0, tag=5, device=g.device)

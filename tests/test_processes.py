@@ -277,3 +277,11 @@ def test_cli_processes_gpt_pipeline_gives_the_threads_losses(clean_shm):
     got = _train("--backend", "processes", model=gpt)
     want = _train("--backend", "threads", model=gpt)
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+
+
+@pytest.mark.timeout(120)
+def test_peer_dying_mid_transfer_is_an_error(clean_shm):
+    err, took, notes = _failing_launch(ranks.dies_mid_transfer, 30.0)
+    assert isinstance(err, CollectiveError), err
+    assert "rank 1: CollectiveError" in notes and ("died" in notes or "SIGKILL" in notes), notes
+    assert took < 30, took
