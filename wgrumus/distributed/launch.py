@@ -27,6 +27,9 @@ def _config(config, world_size, timeout, backend):
     elif backend == "threads":
         cfg = CollectiveConfig(num_devices=world_size, local_all_reduce="native",
                                local_reduce="native", local_broadcast="native")
+    elif backend == "processes":  # all-reduce stays auto: device tensors take the staged path
+        cfg = CollectiveConfig(num_devices=world_size, local_reduce="native",
+                               local_broadcast="native")
     else:
         cfg = CollectiveConfig(num_devices=world_size)
     if timeout is not None:

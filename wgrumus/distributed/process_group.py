@@ -322,7 +322,9 @@ class ProcessGroup:
     def _along_axis(self, name: str, arr, axis: int, strategy, detail: str, native, ring):
         """All-gather / reduce-scatter by ``native`` or ``ring`` on ``axis`` moved to the front."""
         if strategy is None:
-            use_native = self.config.local_all_reduce.kind == "native"
+            kind = self.config.local_all_reduce.kind
+            use_native = kind == "native" or (kind == "auto" and
+                                              getattr(self._t, "prefers_native", False))
         elif str(strategy).lower() in ("ring", "native"):
             use_native = str(strategy).lower() == "native"
         else:

@@ -33,7 +33,8 @@ from .shm_segment import META_BYTES, MSG_BYTES, Segment, child_name, open_when_r
 
 SPIN = int(os.environ.get("WGRUMUS_SHM_SPIN", "2000"))  # polls before a waiting rank yields
 PEER_CHECK = 0.02  # seconds between checks that the peers' processes still run
-PAR_MIN = 4 << 20  # copies and reductions from this size are split over threads
+PAR_MIN = 1 << 20  # copies and reductions from this size are split over threads
+PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
 _MSG = 2  # int64 words of a message header: tag, payload bytes
 _ARRAY_HDR = _HEADER_WORDS * 8
 _STREAM = object()  # _Incoming.buf of a payload read piece by piece by its receiver
@@ -146,6 +147,7 @@ class ShmTransport(_Liveness):
 
     backend = "processes"
     tag_ub = (1 << 30) - 1
+    prefers_native = True  # the slot rounds beat message rings for every collective
 
     def __init__(self, seg: Segment, rank: int, state: ShmState, world_ranks=None,
                  timeout: float = 60.0):
@@ -486,10 +488,16 @@ class ShmTransport(_Liveness):
                         for x in (first, other))
                 raise mismatch_error(seq, self.seg.name, (r, *b), (0, *a))
 
+    def _piece(self, n: int) -> int:
+        """Elements per copy thread: this process's share of the cores (the ranks copy at once,
+        and more threads than cores only take turns)."""
+        share = max(1, (os.cpu_count() or 1) // self.size)
+        return max(PIECE_MIN, -(-n // share))
+
     def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         if src.nbytes >= PAR_MIN:
             from ...runtime.staging import par_ranges
-            par_ranges(lambda a, b: np.copyto(dst[a:b], src[a:b]), src.size, 1 << 18)
+            par_ranges(lambda a, b: np.copyto(dst[a:b], src[a:b]), src.size, self._piece(src.size))
         else:
             np.copyto(dst, src)
 
@@ -515,7 +523,7 @@ class ShmTransport(_Liveness):
         if hi > lo:
             if (hi - lo) * src.itemsize >= PAR_MIN:
                 from ...runtime.staging import par_ranges
-                par_ranges(part, hi - lo, 1 << 18)
+                par_ranges(part, hi - lo, self._piece(hi - lo))
             else:
                 part(0, hi - lo)
         t3 = time.perf_counter()
