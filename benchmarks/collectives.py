@@ -391,12 +391,16 @@ def run_processes(args, worlds) -> list[dict]:
     bw = [int(x) for x in args.sizes.split(",")] if args.sizes else BW_SIZES
     mem = host_memory_rate()
     rows = []
-    for w in worlds:
-        lat = [int(x) for x in args.latency_sizes.split(",")] if args.latency_sizes \
-            else LAT_SIZES
+    lat = [int(x) for x in args.latency_sizes.split(",")] if args.latency_sizes else LAT_SIZES
+    for w, chunk in itertools.product(worlds, args.chunks if args.chunks_given else [None]):
+        if chunk is not None:  # the ranks read it when they all-reduce
+            os.environ["WGRUMUS_SHM_CHUNK"] = str(chunk)
         res = dist.spawn(partial(_processes_rank, bw, lat, mem), w, backend="processes",
                          timeout=600)
+        for r in res[0]:
+            r["chunk"] = chunk
         rows.extend(res[0])
+    os.environ.pop("WGRUMUS_SHM_CHUNK", None)
     return rows
 
 
@@ -508,6 +512,10 @@ def _one_rank_references(g, dev, x, nbytes) -> dict:
     return dict(zip(keys, vals.tolist()))
 
 
+def _chunk(r) -> str:
+    return fmt_size(r["chunk"]).replace(" ", "") if r.get("chunk") else "slot"
+
+
 def print_processes_tables(rows):
     bw = [r for r in rows if r.get("table") == "bw"]
     lat = [r for r in rows if r.get("table") == "latency"]
@@ -515,12 +523,13 @@ def print_processes_tables(rows):
         print("\nprocesses: device all-reduce, one process per adapter, vs the bounds from the "
               "one-way staging rates and the host memory rate of the same run (GB/s; bound = "
               "min(down, up, mem / 4R) as for comm; shm bound = min(down, up, mem / (7R + 1)))")
-        head = (f"{'ranks':>5} {'size':>8} | {'algbw':>7} {'down':>7} {'up':>7} {'mem':>6} "
-                f"{'bound':>7} {'ratio':>6} {'shm bd':>7} {'ratio':>6} {'ms':>8}")
+        head = (f"{'ranks':>5} {'chunk':>7} {'size':>8} | {'algbw':>7} {'down':>7} {'up':>7} "
+                f"{'mem':>6} {'bound':>7} {'ratio':>6} {'shm bd':>7} {'ratio':>6} {'ms':>8}")
         print(head)
         print("-" * len(head))
-        for r in sorted(bw, key=lambda r: (r["ranks"], r["bytes"])):
-            print(f"{r['ranks']:>5} {fmt_size(r['bytes']):>8} | {r['algbw_GBps']:7.3f} "
+        for r in sorted(bw, key=lambda r: (r["ranks"], r.get("chunk") or 0, r["bytes"])):
+            print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
+                  f"{r['algbw_GBps']:7.3f} "
                   f"{r['down_GBps']:7.3f} {r['up_GBps']:7.3f} {r['mem_GBps']:6.1f} "
                   f"{r['bound_GBps']:7.3f} {r['ratio']:6.2f} {r['bound_shm_GBps']:7.3f} "
                   f"{r['ratio_shm']:6.2f} {r['seconds'] * 1e3:8.3f}")
@@ -529,14 +538,15 @@ def print_processes_tables(rows):
               "over all ranks; references of the same run on one rank: host copy, "
               "device->host, host->device of the same size). split = submit/fence/map/copy/"
               "peer per transfer, both ends summed (send/recv) or per rank (all-reduce)")
-        head = (f"{'ranks':>5} {'size':>8} | {'send':>8} {'allred':>8} | {'host':>7} "
+        head = (f"{'ranks':>5} {'chunk':>7} {'size':>8} | {'send':>8} {'allred':>8} | {'host':>7} "
                 f"{'d->h':>7} {'h->d':>7} | {'send/recv split':>32} | {'all-reduce split':>32}")
         print(head)
         print("-" * len(head))
-        for r in sorted(lat, key=lambda r: (r["ranks"], r["bytes"])):
+        for r in sorted(lat, key=lambda r: (r["ranks"], r.get("chunk") or 0, r["bytes"])):
             sp = "/".join(f"{r['split_sendrecv'][k] * 1e6:.0f}" for k in PHASES)
             sa = "/".join(f"{r['split_allreduce'][k] * 1e6:.0f}" for k in PHASES)
-            print(f"{r['ranks']:>5} {fmt_size(r['bytes']):>8} | {r['sendrecv_s'] * 1e6:8.1f} "
+            print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
+                  f"{r['sendrecv_s'] * 1e6:8.1f} "
                   f"{r['allreduce_s'] * 1e6:8.1f} | {r['hostcopy_s'] * 1e6:7.1f} "
                   f"{r['down_s'] * 1e6:7.1f} {r['up_s'] * 1e6:7.1f} | {sp:>32} | {sa:>32}")
 
@@ -589,8 +599,8 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print one JSON object per point")
     p.add_argument("--no-reference", action="store_true", help="skip memcpy/gloo references")
     p.add_argument("--chunks", default=None,
-                   help="comm backend: comma-separated chunk sizes in MiB to compare "
-                        "(default: the engine's CHUNK_BYTES)")
+                   help="comm / processes backend: comma-separated chunk sizes in MiB to "
+                        "compare (default: the engine's CHUNK_BYTES / a shared slot)")
     p.add_argument("--inflight", default=None,
                    help="comm backend: comma-separated chunk downloads in flight to compare "
                         "(default: the engine's)")
@@ -612,6 +622,7 @@ def main(argv=None):
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.strategies = [s for s in args.strategies.split(",") if s]
+    args.chunks_given = bool(args.chunks)
     if args.chunks:
         args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
     else:

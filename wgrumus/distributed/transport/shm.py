@@ -32,6 +32,8 @@ from . import _HEADER_WORDS, _Liveness, check_received, decode_header, encode_he
 from .shm_segment import META_BYTES, MSG_BYTES, Segment, child_name, open_when_ready
 
 SPIN = int(os.environ.get("WGRUMUS_SHM_SPIN", "2000"))  # polls before a waiting rank yields
+# WGRUMUS_SHM_CHUNK (bytes, default a slot): the device all-reduce's chunk, smaller ones overlap
+# download, host step and upload within one message (benchmarks/collectives.py --chunks)
 PEER_CHECK = 0.02  # seconds between checks that the peers' processes still run
 PAR_MIN = 1 << 20  # copies and reductions from this size are split over threads
 PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
@@ -620,8 +622,9 @@ class ShmTransport(_Liveness):
         """All-reduce BufferSlice ``src`` into ``dst``: chunks downloaded to mapped staging are
         reduced from there through the slots and uploaded, overlapping the next download."""
         from ..pipelined import all_reduce
-        all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst,
-                   chunk_bytes=self.seg.layout.slot)
+        slot = self.seg.layout.slot
+        chunk = min(slot, int(os.environ.get("WGRUMUS_SHM_CHUNK", "0")) or slot)
+        all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst, chunk_bytes=chunk)
         return True
 
     # ----- groups -----

@@ -6,6 +6,7 @@ its uploads overlap the sender's later downloads. Each phase's time is kept in t
 ``phases`` (runtime.staging.TransferPhases)."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from ..errors import CollectiveError
 from . import _HEADER_WORDS, decode_header, header_for
 
-CHUNK = 1 << 20  # bytes a staging buffer moves at a time
+CHUNK = int(os.environ.get("WGRUMUS_P2P_CHUNK", str(1 << 20)))  # bytes a staging buffer moves
 _ARRAY_HDR = _HEADER_WORDS * 8
 
 
