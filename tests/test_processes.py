@@ -285,3 +285,11 @@ def test_peer_dying_mid_transfer_is_an_error(clean_shm):
     assert isinstance(err, CollectiveError), err
     assert "rank 1: CollectiveError" in notes and ("died" in notes or "SIGKILL" in notes), notes
     assert took < 30, took
+
+
+@pytest.mark.timeout(120)
+def test_rank_exiting_without_a_result_is_an_error(clean_shm):
+    err, took, notes = _failing_launch(ranks.exits_quietly, 30.0)
+    assert isinstance(err, CollectiveError), err
+    assert "without a result" in str(err) + notes and "rank 0: CollectiveError" in notes, notes
+    assert took < 30, took

@@ -177,7 +177,8 @@ def spawn_processes(fn, world_size: int, config, adapters=None) -> list:
                          f"functools.partial of one); {fn!r} is not: {e}") from None
     ctx = multiprocessing.get_context("spawn")
     launch = _Launch(world_size, config.timeout)
-    conns, results, got = [], [None] * world_size, [False] * world_size
+    conns, results = [], [None] * world_size
+    got, reported = [False] * world_size, [False] * world_size
     try:
         for r in range(world_size):
             parent_end, child_end = ctx.Pipe(duplex=False)
@@ -202,7 +203,7 @@ def spawn_processes(fn, world_size: int, config, adapters=None) -> list:
                 except (EOFError, OSError):
                     got[r] = True
                     continue
-                got[r] = True
+                got[r] = reported[r] = True
                 if ok:
                     results[r] = value
                 else:
@@ -210,6 +211,10 @@ def spawn_processes(fn, world_size: int, config, adapters=None) -> list:
 
         launch.watch(lambda p: p.exitcode, take)
         take()
+        for r, p in enumerate(launch.procs):
+            if not reported[r] and not any(f[1] == r for f in launch.failures):
+                text = f"rank {r} (pid {p.pid}) ended without a result ({_exit_text(p.exitcode)})"
+                launch.fail(r, CollectiveError(text, rank=r), text)
         launch.raise_first()
         return results
     finally:

@@ -101,6 +101,8 @@ class ShmState:
             return
         self._next_peer_check = now + PEER_CHECK
         if self.launcher_pid is not None and os.getppid() != self.launcher_pid:
+            from .shm_segment import unlink_all
+            unlink_all(self.seg.name.split(".", 1)[0])  # nobody else will
             raise CollectiveError(f"rank {self.rank}: the launching process "
                                   f"({self.launcher_pid}) has ended while {what}")
         for r in world_ranks:
@@ -108,10 +110,10 @@ class ShmState:
                 continue
             pid = int(self.seg.pids[r])
             if int(self.seg.exited[r]):
-                raise CollectiveError(f"rank {self.rank} {what}: rank {r} has ended",
+                raise CollectiveError(f"rank {self.rank}: rank {r} has ended ({what})",
                                       missing=[r], rank=r)
             if pid and not _alive(pid):
-                raise CollectiveError(f"rank {self.rank} {what}: rank {r} (pid {pid}) died",
+                raise CollectiveError(f"rank {self.rank}: rank {r} (pid {pid}) died ({what})",
                                       missing=[r], rank=r)
 
 
