@@ -208,11 +208,17 @@ def test_cli_processes_bad_arguments_exit_2(args, needle, capsys, monkeypatch):
     assert rc == 2 and out == "" and needle in err, (rc, out, err)
 
 
-def test_auto_backend_stays_on_threads_for_logical_devices():
+def test_auto_backend_stays_on_threads_for_logical_devices(monkeypatch):
     from wgrumus.cli import build_parser, loop
     for extra in (["--devices", "2"], []):
         args = build_parser().parse_args(["train", "mlp", "--dp", "2", *extra])
         assert loop.config_from_args(args).layout.backend == "threads"
+    monkeypatch.setenv("PMI_RANK", "0")  # under mpiexec: the MPI backend
+    args = build_parser().parse_args(["train", "gpt", "--dp", "2"])
+    assert loop._backend(args, "gpt", 2) == "mpi"
+    monkeypatch.delenv("PMI_RANK")
+    monkeypatch.delenv("WGRUMUS_DEVICES")  # lavapipe is a CPU adapter: threads
+    assert loop._backend(args, "gpt", 2) == "threads"
 
 
 @pytest.mark.timeout(300)

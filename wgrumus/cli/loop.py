@@ -131,8 +131,9 @@ def _check_f16(model: str, layout: Layout) -> None:
 
 
 def _backend(args, model: str, world: int) -> str:
-    """--backend, with auto resolved: processes when every rank gets its own physical GPU
-    adapter (and the layout runs there: not mlp/cnn --pp, not f16), threads otherwise."""
+    """--backend, with auto resolved: mpi under an MPI launcher; processes when every rank gets
+    its own physical GPU adapter (and the layout runs there: not mlp/cnn --pp, not f16);
+    threads otherwise."""
     from ..distributed import processes
     if args.backend != "auto":
         if args.backend == "processes" and model != "gpt" and args.pp > 1:
@@ -141,9 +142,10 @@ def _backend(args, model: str, world: int) -> str:
         return args.backend
     if processes.launched():
         return "processes"
+    if any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
+        return "mpi"
     if world == 1 or args.devices is not None or os.environ.get("WGRUMUS_DEVICES") or \
-            args.precision == "f16" or (model != "gpt" and args.pp > 1) or \
-            os.environ.get("PMI_RANK") is not None:
+            args.precision == "f16" or (model != "gpt" and args.pp > 1):
         return "threads"
     from ..runtime.adapters import select_adapters
     gpus = [a for a in select_adapters() if str(a.info.get("adapter_type", "")).lower() != "cpu"]

@@ -62,8 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes: one process per device, started by wgrumus, collectives "
                    "through shared memory (replicas do not take turns on one interpreter); "
                    "threads: one process, one thread per device; mpi: one process per rank "
-                   "under mpiexec; auto (default): processes when the layout has a physical "
-                   "GPU adapter per device, threads otherwise (logical devices, CPU adapters)")
+                   "under mpiexec; auto (default): mpi under mpiexec, processes when the "
+                   "layout has a physical GPU adapter per device, threads otherwise (logical "
+                   "devices, CPU adapters)")
     g = p.add_argument_group(
         "gpt size", "The defaults are sized for a CPU adapter (lavapipe: about 3.5 minutes for "
         "300 steps on a 2-core machine; seconds on a GPU). GPU sizes: --n-layer 4 --n-embd "
