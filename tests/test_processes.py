@@ -210,6 +210,8 @@ def test_cli_processes_bad_arguments_exit_2(args, needle, capsys, monkeypatch):
 
 def test_auto_backend_stays_on_threads_for_logical_devices(monkeypatch):
     from wgrumus.cli import build_parser, loop
+    # --devices 2 remakes the process's devices: the other tests keep theirs
+    monkeypatch.setattr(wr.MultiGpuContext, "_instance", wr.MultiGpuContext.get())
     for extra in (["--devices", "2"], []):
         args = build_parser().parse_args(["train", "mlp", "--dp", "2", *extra])
         assert loop.config_from_args(args).layout.backend == "threads"
