@@ -3,6 +3,8 @@
     python benchmarks/collectives.py                  # threads backend, 2/4/8 ranks, 1 KB..256 MB
     python benchmarks/collectives.py --backend mpi    # starts mpiexec -n 2/4/8 itself
     python benchmarks/collectives.py --backend comm   # GPU buffers: CommThread per device
+    python benchmarks/collectives.py --backend processes --ranks 2,4   # a process per adapter:
+        # device all-reduce vs the bound at 16/64 MB, and the latency table (4 KB-16 MB)
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 1,2,4,8,16
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
         --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
@@ -19,6 +21,16 @@ the ratio algbw / bound. Each point is the slowest rank's mean over enough itera
 ~0.2 s, after a warm-up call. References measured in the
 same run: numpy memcpy (one copy of the array; the bound for a shared-memory reduction) and, when
 torch is importable, torch.distributed gloo all-reduce between processes.
+
+The processes backend (``dist.spawn(..., backend="processes")``, one process per adapter, shared
+memory between them) gets two tables: device all-reduce bandwidth against the same bound as the
+comm backend, min(down, up, mem / 4R), and against its own, min(down, up, mem / (7R + 1)): a
+process cannot read another's mapped staging, so each element is also copied into and out of the
+shared slots (down 1 + copy in 2 + reduce (R + 1)/R + copy out 2 + up 1 touches per byte and
+rank); and latency per size: send/recv one way (ping-pong between rank pairs, all pairs at once)
+and all-reduce, with the host copy and the one-way device<->host copies of the same size measured
+in the same run, and each transfer split into submit / fence wait / map / host copy / waiting for
+the peer (runtime.staging.TransferPhases, per transfer, summed over both ends).
 """
 from __future__ import annotations
 
@@ -350,7 +362,7 @@ def _host_reduction(w, nbytes, chunk):
 
 
 def print_comm_table(rows):
-    rows = [r for r in rows if "bound_GBps" in r]
+    rows = [r for r in rows if "bound_GBps" in r and "table" not in r]
     if not rows:
         return
     print("\ncomm: algbw vs the bound from the one-way staging rates and the host memory rate "
@@ -366,6 +378,177 @@ def print_comm_table(rows):
               f"{r['algbw_GBps']:7.3f} {r['down_GBps']:7.3f} {r['up_GBps']:7.3f} "
               f"{r['reduce_GBps']:7.3f} {r.get('mem_GBps', 0):7.1f} {r['bound_GBps']:7.3f} "
               f"{r['ratio']:6.2f}")
+
+
+BW_SIZES = [16 << 20, 64 << 20]
+LAT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20, 16 << 20]
+PHASES = ("submit", "fence", "map", "copy", "peer")
+
+
+def run_processes(args, worlds) -> list[dict]:
+    """One process per adapter (several on one adapter only where there are fewer adapters)."""
+    from functools import partial
+    bw = [int(x) for x in args.sizes.split(",")] if args.sizes else BW_SIZES
+    mem = host_memory_rate()
+    rows = []
+    lat = [int(x) for x in args.latency_sizes.split(",")] if args.latency_sizes else LAT_SIZES
+    for w, chunk in itertools.product(worlds, args.chunks if args.chunks_given else [None]):
+        if chunk is not None:  # the ranks read it when they all-reduce
+            os.environ["WGRUMUS_SHM_CHUNK"] = str(chunk)
+        res = dist.spawn(partial(_processes_rank, bw, lat, mem), w, backend="processes",
+                         timeout=600)
+        for r in res[0]:
+            r["chunk"] = chunk
+        rows.extend(res[0])
+    os.environ.pop("WGRUMUS_SHM_CHUNK", None)
+    return rows
+
+
+def _agreed_loop(g, fn, budget=0.2) -> tuple[float, int]:
+    """Seconds per call of ``fn`` (every rank the same count), the slowest rank's."""
+    for _ in range(WARMUP):
+        t0 = time.perf_counter()
+        fn()
+        warm = time.perf_counter() - t0
+    n = int(g.broadcast(np.array([iterations(warm, budget)], np.int64), root=0)[0])
+    g.barrier()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    g.device.synchronize()
+    sec = (time.perf_counter() - t0) / n
+    return max(g.all_gather_object(sec)), n
+
+
+def _phase_delta(g, before) -> dict:
+    after = g._t.phases.snapshot() if g._t.phases is not None else {}
+    return {k: after.get(k, (0.0, 0))[0] - before.get(k, (0.0, 0))[0] for k in PHASES}
+
+
+def _snapshot(g) -> dict:
+    return g._t.phases.snapshot() if g._t.phases is not None else {}
+
+
+def _processes_rank(bw_sizes, lat_sizes, mem, g) -> list[dict]:
+    import wgrumus as wr
+    dev, R = g.device, g.world_size
+    label = f"processes:{dev.adapter_info.get('device', '?')[:20]}"
+    rows = []
+
+    def rates(x, nbytes):
+        buf = x.buffer_slice().buffer
+        out = []
+        for down in (True, False):
+            sec, _ = _agreed_loop(g, lambda: one_way(dev, buf, nbytes, down))
+            out.append(nbytes / sec / 1e9)
+        return out
+
+    for nbytes in bw_sizes:
+        box = [wr.tensor(np.full(nbytes // 4, g.rank + 1, np.float32), device=dev)]
+        down, up = rates(box[0], nbytes)
+
+        def ar():
+            box[0] = g.all_reduce(box[0], "mean")
+        sec, _ = _agreed_loop(g, ar)
+        a = nbytes / sec / 1e9
+        bound, bound_shm = min(down, up, mem / (4 * R)), min(down, up, mem / (7 * R + 1))
+        rows.append({"backend": label, "strategy": "device all-reduce", "ranks": R,
+                     "bytes": nbytes, "seconds": sec, "algbw_GBps": a,
+                     "busbw_GBps": a * 2 * (R - 1) / R, "down_GBps": down, "up_GBps": up,
+                     "mem_GBps": mem, "bound_GBps": bound, "ratio": a / bound,
+                     "bound_shm_GBps": bound_shm, "ratio_shm": a / bound_shm, "table": "bw"})
+    partner = g.rank ^ 1
+    for nbytes in lat_sizes:
+        box = [wr.tensor(np.full(nbytes // 4, g.rank + 1, np.float32), device=dev)]
+
+        def pingpong():
+            if partner >= R:
+                return
+            if g.rank % 2 == 0:
+                g.send(box[0], partner)
+                box[0] = g.recv(partner, device=dev)
+            else:
+                box[0] = g.recv(partner, device=dev)
+                g.send(box[0], partner)
+        before = _snapshot(g)
+        sec, n = _agreed_loop(g, pingpong)
+        split_p2p = {k: v / n for k, v in _phase_delta(g, before).items()}  # 1 send + 1 recv
+
+        def ar():
+            box[0] = g.all_reduce(box[0], "mean")
+        before = _snapshot(g)
+        sec_ar, n_ar = _agreed_loop(g, ar)
+        split_ar = {k: v / n_ar for k, v in _phase_delta(g, before).items()}
+        refs = _one_rank_references(g, dev, box[0], nbytes)
+        rows.append({"backend": label, "strategy": "latency", "ranks": R, "bytes": nbytes,
+                     "seconds": sec / 2, "sendrecv_s": sec / 2, "allreduce_s": sec_ar,
+                     "algbw_GBps": nbytes / sec_ar / 1e9, "busbw_GBps": None,
+                     "split_sendrecv": split_p2p, "split_allreduce": split_ar, **refs,
+                     "table": "latency"})
+    return rows
+
+
+def _one_rank_references(g, dev, x, nbytes) -> dict:
+    """Rank 0 alone (the others wait): host copy, device->host and host->device of nbytes."""
+    out = {}
+    if g.rank == 0:
+        src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        buf = x.buffer_slice().buffer
+
+        def best(fn, k=20):
+            fn()
+            ts = []
+            for _ in range(k):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            return float(np.median(ts))
+        out = {"hostcopy_s": best(lambda: np.copyto(dst, src)),
+               "down_s": best(lambda: one_way(dev, buf, nbytes, True)),
+               "up_s": best(lambda: one_way(dev, buf, nbytes, False))}
+    g.barrier()
+    keys = ("hostcopy_s", "down_s", "up_s")
+    vals = g.broadcast(np.array([out.get(k, 0.0) for k in keys]), root=0)
+    return dict(zip(keys, vals.tolist()))
+
+
+def _chunk(r) -> str:
+    return fmt_size(r["chunk"]).replace(" ", "") if r.get("chunk") else "slot"
+
+
+def print_processes_tables(rows):
+    bw = [r for r in rows if r.get("table") == "bw"]
+    lat = [r for r in rows if r.get("table") == "latency"]
+    if bw:
+        print("\nprocesses: device all-reduce, one process per adapter, vs the bounds from the "
+              "one-way staging rates and the host memory rate of the same run (GB/s; bound = "
+              "min(down, up, mem / 4R) as for comm; shm bound = min(down, up, mem / (7R + 1)))")
+        head = (f"{'ranks':>5} {'chunk':>7} {'size':>8} | {'algbw':>7} {'down':>7} {'up':>7} "
+                f"{'mem':>6} {'bound':>7} {'ratio':>6} {'shm bd':>7} {'ratio':>6} {'ms':>8}")
+        print(head)
+        print("-" * len(head))
+        for r in sorted(bw, key=lambda r: (r["ranks"], r.get("chunk") or 0, r["bytes"])):
+            print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
+                  f"{r['algbw_GBps']:7.3f} "
+                  f"{r['down_GBps']:7.3f} {r['up_GBps']:7.3f} {r['mem_GBps']:6.1f} "
+                  f"{r['bound_GBps']:7.3f} {r['ratio']:6.2f} {r['bound_shm_GBps']:7.3f} "
+                  f"{r['ratio_shm']:6.2f} {r['seconds'] * 1e3:8.3f}")
+    if lat:
+        print("\nprocesses: latency in us (send/recv one way, pairs of ranks at once; all-reduce "
+              "over all ranks; references of the same run on one rank: host copy, "
+              "device->host, host->device of the same size). split = submit/fence/map/copy/"
+              "peer per transfer, both ends summed (send/recv) or per rank (all-reduce)")
+        head = (f"{'ranks':>5} {'chunk':>7} {'size':>8} | {'send':>8} {'allred':>8} | {'host':>7} "
+                f"{'d->h':>7} {'h->d':>7} | {'send/recv split':>32} | {'all-reduce split':>32}")
+        print(head)
+        print("-" * len(head))
+        for r in sorted(lat, key=lambda r: (r["ranks"], r.get("chunk") or 0, r["bytes"])):
+            sp = "/".join(f"{r['split_sendrecv'][k] * 1e6:.0f}" for k in PHASES)
+            sa = "/".join(f"{r['split_allreduce'][k] * 1e6:.0f}" for k in PHASES)
+            print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
+                  f"{r['sendrecv_s'] * 1e6:8.1f} "
+                  f"{r['allreduce_s'] * 1e6:8.1f} | {r['hostcopy_s'] * 1e6:7.1f} "
+                  f"{r['down_s'] * 1e6:7.1f} {r['up_s'] * 1e6:7.1f} | {sp:>32} | {sa:>32}")
 
 
 def mpi_worker(args):
@@ -404,9 +587,11 @@ def print_table(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=["threads", "mpi", "comm", "both", "all", "none"],
+    p.add_argument("--backend", choices=["threads", "mpi", "comm", "processes", "both", "all",
+                                         "none"],
                    default="threads",
-                   help="both = threads + mpi; all = threads + mpi + comm; none = references")
+                   help="both = threads + mpi; all = threads + mpi + comm + processes; none = "
+                   "references")
     p.add_argument("--ranks", default="2,4,8", help="comma-separated world sizes")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--sizes", default=None, help="comma-separated byte sizes")
@@ -414,8 +599,8 @@ def main(argv=None):
     p.add_argument("--json", action="store_true", help="print one JSON object per point")
     p.add_argument("--no-reference", action="store_true", help="skip memcpy/gloo references")
     p.add_argument("--chunks", default=None,
-                   help="comm backend: comma-separated chunk sizes in MiB to compare "
-                        "(default: the engine's CHUNK_BYTES)")
+                   help="comm / processes backend: comma-separated chunk sizes in MiB to "
+                        "compare (default: the engine's CHUNK_BYTES / a shared slot)")
     p.add_argument("--inflight", default=None,
                    help="comm backend: comma-separated chunk downloads in flight to compare "
                         "(default: the engine's)")
@@ -427,6 +612,9 @@ def main(argv=None):
     p.add_argument("--polling-wait", action="store_true",
                    help="comm backend: map waits poll instead of blocking in wgpuDevicePoll "
                         "(runtime/native.py BLOCKING_WAIT = False)")
+    p.add_argument("--latency-sizes", default=None,
+                   help="processes backend: comma-separated byte sizes of the latency table "
+                   "(default 4 KB .. 16 MB)")
     p.add_argument("--max-memory", type=int, default=None,
                    help="bytes of host memory the arrays may use (default: half of RAM)")
     p.add_argument("--table", nargs="+", metavar="JSONL",
@@ -434,6 +622,7 @@ def main(argv=None):
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.strategies = [s for s in args.strategies.split(",") if s]
+    args.chunks_given = bool(args.chunks)
     if args.chunks:
         args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
     else:
@@ -447,7 +636,10 @@ def main(argv=None):
     if args.mpi_worker:
         return mpi_worker(args)
     if args.table:
-        return print_table(load_rows(args.table))
+        rows = load_rows(args.table)
+        print_table([r for r in rows if "table" not in r])
+        print_comm_table(rows)
+        return print_processes_tables(rows)
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else QUICK_SIZES if args.quick else COMM_SIZES if args.backend == "comm"
              else FULL_SIZES)
@@ -461,14 +653,17 @@ def main(argv=None):
         rows += run_mpi(args, sizes, worlds)
     if args.backend in ("comm", "all"):
         rows += run_comm(args, sizes, worlds)
+    if args.backend in ("processes", "all"):
+        rows += run_processes(args, worlds)
     if not args.no_reference:
         rows += gloo_reference(sizes, worlds)
     if args.json:
         for r in rows:
             print(json.dumps(r))
     else:
-        print_table(rows)
+        print_table([r for r in rows if "table" not in r])
         print_comm_table(rows)
+        print_processes_tables(rows)
         if not args.no_reference and not any(r["strategy"] == "gloo" for r in rows):
             print("(torch not importable: no gloo reference)")
     return 0

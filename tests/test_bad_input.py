@@ -213,7 +213,8 @@ def test_process_group_manager_layout_vs_ranks(devs):
 def test_spawn_arguments(devs):
     with pytest.raises(ValueError, match="3 ranks need 3 devices, got 2"):
         dist.spawn(lambda g: 0, 3, devices=devs[:2])
-    with pytest.raises(ValueError, match="unknown backend 'nccl'; use 'threads' or 'mpi'"):
+    with pytest.raises(ValueError,
+                       match="unknown backend 'nccl'; use one of threads, processes, mpi"):
         dist.spawn(lambda g: 0, 2, backend="nccl")
     with pytest.raises(ValueError, match="world_size must be an int >= 1"):
         dist.spawn(lambda g: 0, 0)

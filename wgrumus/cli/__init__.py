@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # silences a Vulkan loader warning
     parser = build_parser()
     args = parse(parser, argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (a launch runs it once per rank)
     try:
         return int(args.func(args) or 0)
     except UsageError as e:

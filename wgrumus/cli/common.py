@@ -45,8 +45,9 @@ def positive(kind=int, allow_zero: bool = False):
 
 
 def env_rank() -> int:
-    """This process's rank under mpiexec (from the environment, so argument errors print once)."""
-    for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    """This process's rank under mpiexec or a processes launch (from the environment, so
+    argument errors print once)."""
+    for k in ("WGRUMUS_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         v = os.environ.get(k)
         if v and v.isdigit():
             return int(v)

@@ -88,7 +88,8 @@ def config_from_args(args) -> TrainConfig:
     if model == "gpt":
         _check_gpt_sizes(args)
     m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
-    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m, args.backend)
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m,
+                    _backend(args, model, args.dp * args.tp * args.pp))
     _check_devices(args, layout, create=False)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
     if batch % (args.dp * m):
@@ -122,12 +123,35 @@ def _check_f16(model: str, layout: Layout) -> None:
                          "shards would need a shared inf/NaN check); use --tp 1 --pp 1")
     if model != "gpt" and (layout.dp > 1 or layout.pp > 1):
         raise UsageError(f"--precision f16 trains {model} on one device; drop --dp/--pp")
-    if layout.backend == "mpi":
-        raise UsageError("--precision f16 runs with the threads backend")
+    if layout.backend != "threads":
+        raise UsageError(f"--precision f16 runs with the threads backend (not "
+                         f"{layout.backend}); pass --backend threads")
     for d in wr.devices()[:layout.world]:
         if "shader-f16" not in d.features:
             raise UsageError(f"--precision f16 needs the adapter feature shader-f16, which "
                              f"{d.name} does not have; use --precision f32")
+
+
+def _backend(args, model: str, world: int) -> str:
+    """--backend, with auto resolved: mpi under an MPI launcher; processes when every rank gets
+    its own physical GPU adapter (and the layout runs there: not mlp/cnn --pp, not f16);
+    threads otherwise."""
+    from ..distributed import processes
+    if args.backend != "auto":
+        if args.backend == "processes" and model != "gpt" and args.pp > 1:
+            raise UsageError("--backend processes runs --pp for the gpt model; for mlp/cnn "
+                             "use it with --dp only, or --pp with --backend threads")
+        return args.backend
+    if processes.launched():
+        return "processes"
+    if any(k in os.environ for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")):
+        return "mpi"
+    if world == 1 or args.devices is not None or os.environ.get("WGRUMUS_DEVICES") or \
+            args.precision == "f16" or (model != "gpt" and args.pp > 1):
+        return "threads"
+    from ..runtime.adapters import select_adapters
+    gpus = [a for a in select_adapters() if str(a.info.get("adapter_type", "")).lower() != "cpu"]
+    return "processes" if len(gpus) >= world else "threads"
 
 
 def _check_gpt_sizes(args) -> None:
@@ -151,6 +175,8 @@ def _check_devices(args, layout: Layout, create: bool = True) -> None:
         if size != layout.world:
             raise UsageError(f"{layout.product()} ranks, but mpiexec started {size} "
                              f"process(es); run mpiexec -n {layout.world}")
+    elif layout.backend == "processes":
+        _check_processes(args, layout)
     elif args.devices is not None:
         if args.devices < layout.world:
             raise UsageError(f"{layout.product()} devices needed, but --devices is "
@@ -163,6 +189,29 @@ def _check_devices(args, layout: Layout, create: bool = True) -> None:
         raise UsageError(f"{layout.product()} devices needed, but this process has {have}; pass "
                          f"--devices {layout.world} (logical devices share an adapter) or set "
                          f"WGRUMUS_DEVICES={layout.world}")
+
+
+def _check_processes(args, layout: Layout) -> None:
+    """One process per rank: each opens its own adapter, or shares the one adapter where
+    logical devices were asked for (--devices, WGRUMUS_DEVICES). No device is made here."""
+    from ..distributed import processes
+    if processes.launched():
+        size = int(os.environ.get(processes.ENV_WORLD, "0"))
+        if size != layout.world:
+            raise UsageError(f"{layout.product()} ranks, but this launch started {size}")
+        return
+    if args.devices is not None:
+        if args.devices < layout.world:
+            raise UsageError(f"{layout.product()} devices needed, but --devices is "
+                             f"{args.devices}; pass --devices {layout.world} or more")
+        return
+    if os.environ.get("WGRUMUS_DEVICES"):
+        return
+    from ..runtime.adapters import select_adapters
+    if layout.world > (have := len(select_adapters())):
+        raise UsageError(f"{layout.product()} processes need as many adapters, but there are "
+                         f"{have}; pass --devices {layout.world} (processes then share an "
+                         f"adapter) or use fewer ranks")
 
 
 def _mpi_size() -> int:

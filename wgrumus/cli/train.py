@@ -58,9 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="devices to create, logical ones sharing an adapter when N exceeds the "
                    "adapters; overrides WGRUMUS_DEVICES (default: WGRUMUS_DEVICES, else one "
                    "per adapter)")
-    g.add_argument("--backend", choices=("threads", "mpi"), default="threads",
-                   help="threads: one process, one thread per device; mpi: one process per "
-                   "rank under mpiexec")
+    g.add_argument("--backend", choices=("auto", "threads", "processes", "mpi"), default="auto",
+                   help="processes: one process per device, started by wgrumus, collectives "
+                   "through shared memory (replicas do not take turns on one interpreter); "
+                   "threads: one process, one thread per device; mpi: one process per rank "
+                   "under mpiexec; auto (default): mpi under mpiexec, processes when the "
+                   "layout has a physical GPU adapter per device, threads otherwise (logical "
+                   "devices, CPU adapters)")
     g = p.add_argument_group(
         "gpt size", "The defaults are sized for a CPU adapter (how long a run takes: README.md, "
         "'How long the commands take'). GPU sizes: --n-layer 4 --n-embd 128, or 256 with "
@@ -104,4 +108,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from . import loop
     cfg = loop.config_from_args(args)
+    if cfg.layout.backend == "processes":
+        from ..distributed import processes
+        if not processes.launched():  # torchrun's model: this command again, once per rank
+            return processes.run_command(args.argv, cfg.layout.world)
     return loop.train(cfg)

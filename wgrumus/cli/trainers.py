@@ -7,6 +7,7 @@ import numpy as np
 
 import wgrumus as wr
 
+from ..distributed.launch import PER_PROCESS
 from .common import UsageError
 
 
@@ -16,13 +17,14 @@ def make_trainer(cfg, task):
     if cfg.model == "gpt":
         from .trainers_3d import ThreeDTrainer
         return ThreeDTrainer(cfg, task)
-    if lay.backend == "mpi" and lay.pp > 1:
-        raise UsageError("--backend mpi runs --pp for the gpt model; for mlp/cnn use "
-                         "--backend mpi with --dp only, or --pp with the threads backend")
+    if lay.backend in PER_PROCESS and lay.pp > 1:
+        raise UsageError(f"--backend {lay.backend} runs --pp for the gpt model; for mlp/cnn "
+                         f"use --backend {lay.backend} with --dp only, or --pp with the "
+                         "threads backend")
     from .trainers_parallel import DataParallelTrainer, PipelineTrainer
     if lay.pp > 1:
         return PipelineTrainer(cfg, task)
-    if lay.dp > 1 or lay.backend == "mpi":
+    if lay.dp > 1 or lay.backend in PER_PROCESS:
         return DataParallelTrainer(cfg, task)
     return SingleTrainer(cfg, task)
 
@@ -78,9 +80,10 @@ class TrainerBase:
         return flag
 
     def join_mpi(self, timeout: float):
-        """--backend mpi: join the group; returns this rank's device (rank % devices)."""
+        """--backend processes / mpi: join the group (the launch's, else MPI's); returns this
+        rank's device (rank % devices)."""
         from ..distributed.launch import init_process_group, rank_device
-        self.group = init_process_group("mpi", timeout=timeout)
+        self.group = init_process_group(None, timeout=timeout)
         self.is_main = self.group.rank == 0
         return rank_device(self.group.rank)
 

@@ -13,6 +13,7 @@ import wgrumus as wr
 
 from ..autograd.store import store_of
 from ..distributed import RankMapping, ThreeDParallelismConfig, spawn
+from ..distributed.launch import PER_PROCESS
 from ..distributed.parallel3d import Layout3DError, RankTrainer, gpt_shard_plan, validate_layout
 from ..distributed.tensor_parallel.shard import REPLICATE, shard_array, unshard_arrays
 from ..nn import GPTConfig
@@ -143,7 +144,7 @@ class ThreeDTrainer(TrainerBase):
         except Layout3DError as e:
             raise UsageError(str(e)) from None
         self._dense_model = None  # every rank builds the nn.GPT of --seed and keeps its shards
-        if self.lay.backend == "mpi":
+        if self.lay.backend in PER_PROCESS:
             device = self.join_mpi(COLLECTIVE_TIMEOUT)
             self.group.device = device
             self.rank = _Rank(self.group, self.gcfg, self.lay, task, cfg.seed, cfg.precision,
@@ -209,7 +210,7 @@ class ThreeDTrainer(TrainerBase):
         return out
 
     def _all(self, cmd, *args) -> list:
-        if self.lay.backend == "mpi":
+        if self.lay.backend in PER_PROCESS:
             out = getattr(self.rank, cmd)(*args)
             return self.group.all_gather_object(out) if cmd in ("state", "stats") else [out]
         for q in self._inbox:
@@ -219,7 +220,7 @@ class ThreeDTrainer(TrainerBase):
     def step(self, x, y) -> float:
         tokens = np.concatenate([x, y[:, -1:]], axis=1).astype(np.int32)
         self._dense_model = None
-        if self.lay.backend == "mpi":
+        if self.lay.backend in PER_PROCESS:
             loss = self.rank.step(tokens)
             return float(self.group.broadcast(np.array([loss or 0.0]),
                                               root=self._loss_rank)[0])
@@ -251,7 +252,7 @@ class ThreeDTrainer(TrainerBase):
                 for s in sorted(self._all("stats"), key=lambda s: s["device"])]
 
     def close(self) -> None:
-        if self.lay.backend == "mpi":
+        if self.lay.backend in PER_PROCESS:
             return self.rank.close()
         for q in self._inbox:
             q.put(("close", ()))

@@ -11,6 +11,7 @@ from ..distributed import ProcessGroup, ThreadWorld, spawn
 from ..distributed.averaging import GradientAverager
 from ..distributed.data_parallel import DataParallel
 from ..distributed.errors import CollectiveError
+from ..distributed.launch import PER_PROCESS
 from ..distributed.pipeline import PipelineExecutor, split_sequential
 from ..optim import clip_grad_norm_
 from .common import UsageError
@@ -28,7 +29,7 @@ class DataParallelTrainer(TrainerBase):
 
     def __init__(self, cfg, task):
         self.task = task
-        devs = ([self.join_mpi(120.0)] if cfg.layout.backend == "mpi"
+        devs = ([self.join_mpi(120.0)] if cfg.layout.backend in PER_PROCESS
                 else wr.devices()[:cfg.layout.world])
         self.model, self.device = task.make_model(devs[0]), devs[0]
         self.dp = DataParallel(self.model, devs, timeout=120.0, backend=cfg.layout.backend,

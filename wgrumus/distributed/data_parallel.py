@@ -27,6 +27,7 @@ from .averaging import EventLog, GradientAverager
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
 from .errors import CollectiveError
+from .launch import PER_PROCESS
 from .pipeline.stage import moved_to
 from .process_group import ProcessGroup
 from .transport import ThreadWorld
@@ -160,8 +161,9 @@ def _check_loss(loss):
 
 class DataParallel:
     """Replicas of ``module`` (replica 0, moved to ``devices[0]``) on ``devices``. ``backend=
-    "mpi"``: this process holds one replica (device ``rank % len(wr.devices())``) joined by
-    ``group`` (default ``init_process_group("mpi")``); every process passes the same batch.
+    "processes"`` or ``"mpi"``: this process holds one replica (device ``rank %
+    len(wr.devices())``) joined by ``group`` (default ``init_process_group(backend)``); every
+    process passes the same batch.
     ``shard_optimizer_state=True`` is ZeRO-1. ``jit=True`` replays each replica's step from a
     ``wr.jit`` capture, buckets still overlapping backward (``no_sync`` steps run eagerly)."""
 
@@ -169,8 +171,9 @@ class DataParallel:
                  first_bucket_mb: float = 1.0, backend: str = "threads", group=None,
                  timeout: float = 60.0, shard_optimizer_state: bool = False,
                  jit: bool = False):
-        if backend not in ("threads", "mpi"):
-            raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
+        if backend not in ("threads", *PER_PROCESS):
+            raise ValueError(f"unknown backend {backend!r}; use 'threads', 'processes' or "
+                             "'mpi'")
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         if jit and shard_optimizer_state:
@@ -178,11 +181,11 @@ class DataParallel:
                              "yet: the captured optimizer step updates every parameter; use "
                              "one of the two")
         self.backend, self.timeout = backend, float(timeout)
-        if backend == "mpi":
+        if backend in PER_PROCESS:
             devs = [get_device(devices[0])] if devices else None
             from .launch import init_process_group, rank_device
             if group is None:  # before any device: it opens this rank's adapter only
-                group = init_process_group("mpi", timeout=timeout)
+                group = init_process_group(backend, timeout=timeout)
             self.world_size = group.world_size
             if devs is None:
                 devs = [group.device or rank_device(group.rank)]
@@ -207,7 +210,7 @@ class DataParallel:
             if shard_optimizer_state else None
         self.events = EventLog()
         self._world = None
-        self.groups = [group] if backend == "mpi" else self._thread_groups()
+        self.groups = [group] if backend in PER_PROCESS else self._thread_groups()
         self.group = self.groups[0]
         self._workers = [_Worker(k) for k in range(len(devs))]
         self._sync = True
@@ -217,7 +220,7 @@ class DataParallel:
         self.jit = bool(jit)
         self._jits: dict = {}  # (replica, loss_fn, optimizer) -> wr.jit of its step
         self._closed = False
-        if backend == "mpi":
+        if backend in PER_PROCESS:
             self.broadcast_weights()
 
     def __repr__(self):
@@ -359,7 +362,7 @@ class DataParallel:
                 return self.replicas[k](x)
 
         outs = self._run(job)
-        if self.backend == "mpi":
+        if self.backend in PER_PROCESS:
             return self.group.all_gather(outs[0])
         return cat([o.to(self.devices[0]) for o in outs], 0)
 
@@ -446,7 +449,7 @@ class DataParallel:
             self._run(lambda w: self.sharding.gather_group(self.groups[w.rank],
                                                            self._params[w.rank]))
         local = float(np.sum(res, dtype=np.float64))
-        if self.backend == "mpi":
+        if self.backend in PER_PROCESS:
             local = float(self.group.all_reduce(np.array([local]), "sum")[0])
         return local / n
 
@@ -471,7 +474,7 @@ class DataParallel:
         sd = opts[0].state_dict()
         if self.sharding is None:
             return sd
-        if self.backend == "mpi":
+        if self.backend in PER_PROCESS:
             raise WgrumusError("optimizer_state_dict with shard_optimizer_state under mpi: "
                                "each process holds its own part; save it per rank")
         own = [o.state_dict()["state"] for o in opts]

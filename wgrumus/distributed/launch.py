@@ -1,5 +1,6 @@
-"""Starting ranks: ``spawn`` (threads of this process, or this process under mpiexec) and
-``init_process_group`` (this process's group under mpiexec)."""
+"""Starting ranks: ``spawn`` (threads of this process, processes that wgrumus starts, or this
+process under mpiexec) and ``init_process_group`` (this process's group: a rank that a processes
+launch started, or under mpiexec)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,6 +15,8 @@ from .process_group import ProcessGroup
 from .transport import MPITransport, ThreadWorld
 
 _mpi_group: ProcessGroup | None = None
+BACKENDS = ("threads", "processes", "mpi")
+PER_PROCESS = ("processes", "mpi")  # backends whose ranks are processes, one device each
 
 
 def _config(config, world_size, timeout, backend):
@@ -24,6 +27,9 @@ def _config(config, world_size, timeout, backend):
     elif backend == "threads":
         cfg = CollectiveConfig(num_devices=world_size, local_all_reduce="native",
                                local_reduce="native", local_broadcast="native")
+    elif backend == "processes":  # all-reduce stays auto: device tensors take the staged path
+        cfg = CollectiveConfig(num_devices=world_size, local_reduce="native",
+                               local_broadcast="native")
     else:
         cfg = CollectiveConfig(num_devices=world_size)
     if timeout is not None:
@@ -34,19 +40,25 @@ def _config(config, world_size, timeout, backend):
 def spawn(fn, world_size: int, backend: str = "threads", devices=None, timeout: float = 60.0,
           config: CollectiveConfig | None = None) -> list:
     """``fn(group)`` on ``world_size`` ranks, results in rank order: threads of this process (a
-    rank's failure aborts the group and is re-raised with every rank's outcome in its notes), or
-    under ``mpiexec -n world_size`` this process's rank (results must be picklable)."""
+    rank's failure aborts the group and is re-raised with every rank's outcome in its notes),
+    ``backend="processes"``: as many new processes, one adapter each (``devices``: adapter
+    indices; ``fn`` must be importable, results picklable; a rank that dies or hangs is a
+    CollectiveError in every other and here, and none outlives the call), or under ``mpiexec -n
+    world_size`` this process's rank (results must be picklable)."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
     if devices is not None and len(devices) < world_size:
         raise ValueError(f"{world_size} ranks need {world_size} devices, got {len(devices)}; "
                          f"pass more devices (WGRUMUS_DEVICES={world_size} makes that many "
                          f"logical devices) or fewer ranks")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     cfg = _config(config, world_size, timeout, backend)
     if backend == "mpi":
         return _spawn_mpi(fn, world_size, cfg, devices)
-    if backend != "threads":
-        raise ValueError(f"unknown backend {backend!r}; use 'threads' or 'mpi'")
+    if backend == "processes":
+        from .processes import spawn_processes
+        return spawn_processes(fn, world_size, cfg, _adapters(devices))
     return _spawn_threads(fn, world_size, cfg, devices)
 
 
@@ -94,6 +106,22 @@ def _spawn_threads(fn, world_size: int, cfg: CollectiveConfig, devices) -> list:
     return results
 
 
+def _adapters(devices):
+    """Adapter indices for spawned processes: ints as given, a Device by its host adapter."""
+    if devices is None:
+        return None
+    out = []
+    for d in devices:
+        if isinstance(d, int):
+            out.append(d)
+        elif hasattr(d, "host_index"):
+            out.append(d.host_index)
+        else:
+            raise TypeError(f"backend 'processes' takes adapter indices (ints) or Devices as "
+                            f"devices, got {type(d).__name__}")
+    return out
+
+
 def join_threads(threads, failed_at, grace: float) -> list[int]:
     """Wait for every thread, at most ``grace`` s past ``failed_at()`` (the first failure's
     ``time.monotonic()``, None while there is none); the indices of those still alive."""
@@ -112,17 +140,33 @@ def _note(exc: BaseException, text: str) -> None:
         exc.add_note(text)
 
 
-def init_process_group(backend: str = "mpi", timeout: float = 60.0,
+def init_process_group(backend: str | None = None, timeout: float = 60.0,
                        config: CollectiveConfig | None = None, device=None) -> ProcessGroup:
-    """This process's group under ``mpiexec -n N`` (the same one on every call). Called before
-    any device exists, with several adapters, no ``device`` and WGRUMUS_DEVICES unset, it opens
-    only adapter ``local rank % adapters``. An uncaught exception tells the other ranks before
-    exiting, so they do not wait out their timeout."""
+    """This process's group (the same one on every call): a rank started by a processes launch
+    (``backend="processes"``, found from the environment when ``backend`` is None) or under
+    ``mpiexec -n N`` (``"mpi"``). Called before any device exists, with several adapters, no
+    ``device`` and WGRUMUS_DEVICES unset, it opens only adapter ``local rank % adapters``. An
+    uncaught exception tells the other ranks before exiting, so they do not wait out their
+    timeout."""
     global _mpi_group
-    if backend != "mpi":
-        raise ValueError(f"init_process_group supports backend='mpi' (got {backend!r}); for "
-                         "ranks as threads of one process use dist.spawn(fn, world_size)")
+    if backend is None:
+        from .processes import launched
+        backend = "processes" if launched() else "mpi"
+    if backend not in PER_PROCESS:
+        raise ValueError(f"init_process_group supports backend 'processes' or 'mpi' (got "
+                         f"{backend!r}); for ranks as threads of one process use "
+                         "dist.spawn(fn, world_size)")
     if _mpi_group is not None:
+        if _mpi_group.backend != backend:
+            raise ValueError(f"this process already joined a {_mpi_group.backend!r} group")
+        return _mpi_group
+    if backend == "processes":
+        from .processes import transport_from_env
+        t = transport_from_env(timeout)
+        if device is None:
+            MultiGpuContext.pin_local(t.rank)
+        _mpi_group = ProcessGroup(t, _config(config, t.size, timeout, backend), device, "world")
+        _install_excepthook(_mpi_group)
         return _mpi_group
     try:
         from mpi4py import MPI
@@ -140,8 +184,8 @@ def init_process_group(backend: str = "mpi", timeout: float = 60.0,
 
 
 def rank_device(rank: int):
-    """This process's device for ``rank`` under MPI: its devices round-robin (the only one
-    where init_process_group pinned the rank to its adapter)."""
+    """This process's device for ``rank`` (processes or MPI): its devices round-robin (the
+    only one where init_process_group pinned the rank to its adapter)."""
     devs = MultiGpuContext.get().devices
     return devs[rank % len(devs)]
 

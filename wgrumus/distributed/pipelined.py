@@ -117,8 +117,15 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
                 raise ValueError(f"a piece at byte {part[0]} of {part[1]} bytes: staged copies "
                                  "move 4-byte aligned multiples of 4 bytes")
     # imported here: wgpu loads only once devices are used
-    from ..runtime.staging import staging_of
+    from ..runtime.staging import staging_of, wait_split
     st = staging_of(src.device)
+    ph = getattr(barrier, "phases", None)  # TransferPhases where the barrier keeps them
+
+    def submit(copies, maps):
+        t0 = time.perf_counter()
+        st.submit(copies, maps)
+        if ph is not None:
+            ph.add("submit", time.perf_counter() - t0)
     inflight = min(len(chunks), inflight_of(chunks[0].length * np.dtype(dtype).itemsize,
                                             inflight))
     reads: deque = deque()  # (chunk index, StagingBuffer): downloads in flight, in order
@@ -141,15 +148,21 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
             copies, maps = [], []
             refill(copies, maps, depth)
             if copies:
-                st.submit(copies, maps)
+                submit(copies, maps)
         for c in chunks:
             deadline = time.monotonic() + barrier.timeout
             r = None
             if c.down is not None:
                 r = reads[0][1]
-                r.wait(deadline)
+                if ph is not None:
+                    wait_split(st, r, deadline, ph)
+                else:
+                    r.wait(deadline)
             if c.up is not None:
+                t0 = time.perf_counter()
                 w = st.writer(c.up[1], deadline, spare=inflight)
+                if ph is not None:
+                    ph.add("map", time.perf_counter() - t0)
             _exchange(barrier, rank, c, r, w, dtype, op)
             if r is not None:
                 reads.popleft()
@@ -162,7 +175,7 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
                 maps.append(w)
             refill(copies, maps, inflight)  # chunk k's upload, later chunks' downloads
             if copies:
-                st.submit(copies, maps)
+                submit(copies, maps)
             if w is not None:
                 st.give_back(w)
                 w = None

@@ -322,7 +322,9 @@ class ProcessGroup:
     def _along_axis(self, name: str, arr, axis: int, strategy, detail: str, native, ring):
         """All-gather / reduce-scatter by ``native`` or ``ring`` on ``axis`` moved to the front."""
         if strategy is None:
-            use_native = self.config.local_all_reduce.kind == "native"
+            kind = self.config.local_all_reduce.kind
+            use_native = kind == "native" or (kind == "auto" and
+                                              getattr(self._t, "prefers_native", False))
         elif str(strategy).lower() in ("ring", "native"):
             use_native = str(strategy).lower() == "native"
         else:
@@ -348,6 +350,9 @@ class ProcessGroup:
         if _captured(x):
             capture.host_op(x.device, lambda t: self.isend(t, dst, tag).wait(), x)
             return Work(self, lambda dl: None, time.monotonic() + self.config.timeout)
+        if is_tensor(x) and getattr(self._t, "send_device", None) is not None and \
+                (s := movable_slice(x)) is not None:
+            return self._isend_device(x, s, dst, tag)
         arr, _ = to_numpy(x)
         dst = self._check_rank(dst, "dst")
         tag = self._check_tag(tag)
@@ -364,6 +369,24 @@ class ProcessGroup:
             self._record("send", arr.nbytes, time.perf_counter() - t0)
         return Work(self, lambda dl: self._t.wait_all(reqs, dl), deadline)
 
+    def _isend_device(self, x, s, dst: int, tag: int) -> Work:
+        """A device tensor straight from mapped staging into the transport (processes)."""
+        dst = self._check_rank(dst, "dst")
+        tag = self._check_tag(tag)
+        with self._lock:
+            self._check_usable()
+            deadline = time.monotonic() + self.config.timeout
+            t0 = time.perf_counter()
+            try:
+                reqs = self._t.send_device(s, tuple(x.shape), dst, tag, deadline)
+            except CollectiveError as e:
+                self._fail(e)
+                raise
+            except BaseException as e:
+                raise self._failed_inside("send", e) from e
+            self._record("send", s.nbytes, time.perf_counter() - t0)
+        return Work(self, lambda dl, _x=x: self._t.wait_all(reqs, dl), deadline)
+
     def send(self, x, dst: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dst``; returns once it is delivered or buffered."""
         self.isend(x, dst, tag).wait()
@@ -374,6 +397,11 @@ class ProcessGroup:
             return capture.host_op(device, lambda: self.recv(src, tag, device))
         src = self._check_rank(src, "src")
         tag = self._check_tag(tag)
+        if device is not None and getattr(self._t, "recv_device", None) is not None:
+            def go(_t, dl):
+                t = self._t.recv_device(src, tag, device, dl)
+                return SimpleNamespace(tensor=t, nbytes=t.numel() * t.dtype.itemsize)
+            return self._run("recv", None, go, collective=False).tensor
         out = self._run("recv", None, lambda _t, dl: self._t.recv_array(src, tag, dl),
                         collective=False)
         return from_numpy(out, device)

@@ -10,6 +10,8 @@ submission thread (submitter.py). ``trace``: what the last run did, in order.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 
@@ -25,7 +27,12 @@ _PASS, _COPY, _TEX = RawReplay.PASS, RawReplay.COPY, RawReplay.TEXTURE
 # One thread at a time encodes and submits a replay part: replica threads otherwise hand the
 # interpreter lock over at every C call (two GPT-mini replicas on one H100: 10.4 ms a step pair
 # against 8.1 with this lock). Never held across host operations (all-reduces wait for peers).
-_ENCODE = threading.Lock()
+# With it, K replicas as threads encode one after another: K x the encode time of a step must fit
+# in one step, and without it the encode loops still take turns on the interpreter lock, so
+# threads stop scaling where that host time reaches the device time (processes do not share
+# either). WGRUMUS_ENCODE_LOCK=0 drops the lock, to measure that on a GPU host.
+_ENCODE = threading.Lock() if os.environ.get("WGRUMUS_ENCODE_LOCK", "1") != "0" \
+    else contextlib.nullcontext()
 # Texture copies grouped into blocks before few passes, each operand in a texture of the
 # replay's own (texplan.py); False: where the capture made them, in the device's textures.
 GROUP_TEXTURES = True

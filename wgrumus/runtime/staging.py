@@ -446,6 +446,42 @@ class Staging:
             return sum(len(free) for (m, _), free in self._idle.items() if m == mode)
 
 
+class TransferPhases:
+    """Seconds and counts per phase of staged transfers, to see where a small transfer's time
+    goes: ``submit`` (record the copy, flush, request the map), ``fence`` (until the GPU copy is
+    done), ``map`` (from then until the buffer is mapped), ``copy`` (host memory to or from the
+    mapped buffer), ``peer`` (waiting for the other rank's data)."""
+
+    KEYS = ("submit", "fence", "map", "copy", "peer")
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(self.KEYS, 0.0)
+        self.calls = dict.fromkeys(self.KEYS, 0)
+
+    def add(self, key: str, seconds: float) -> None:
+        self.seconds[key] += seconds
+        self.calls[key] += 1
+
+    def snapshot(self) -> dict:
+        return {k: (self.seconds[k], self.calls[k]) for k in self.KEYS}
+
+
+def wait_split(st: Staging, sb: StagingBuffer, deadline: float, phases: TransferPhases) -> None:
+    """``sb.wait`` with its time split into the fence (a blocking wait for the submission that
+    the map follows, where the native API gives its index) and the map itself."""
+    if sb.mapped:
+        return
+    t0 = time.perf_counter()
+    req = sb.req
+    if getattr(st.api, "native", False) and req is not None and req.index is not None \
+            and not st.api.is_done(req):
+        st.api.wait_index(st.device.wgpu, req.index)
+    t1 = time.perf_counter()
+    sb.wait(deadline)
+    phases.add("fence", t1 - t0)
+    phases.add("map", time.perf_counter() - t1)
+
+
 _STAGING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _STAGING_LOCK = threading.Lock()
 

@@ -1,4 +1,4 @@
-"""Transports (threads.py, mpi.py) under one interface, and the helpers both share::
+"""Transports (threads.py, shm.py, mpi.py) under one interface, and the helpers both share::
 
     isend(dst, tag, arr, deadline, owned=False) -> request     (arr unchanged until waited)
     recv(src, tag, deadline, dtype, shape) -> ndarray           (shape[0] may be -1: any rows)
@@ -31,14 +31,19 @@ def split_bounds(n: int, parts: int) -> list[int]:
 
 
 def encode_header(a: np.ndarray) -> np.ndarray:
-    name = a.dtype.name
+    return header_for(a.dtype, a.shape)
+
+
+def header_for(dtype, shape) -> np.ndarray:
+    """The header that travels before an array of ``dtype`` and ``shape``."""
+    name = np.dtype(dtype).name
     if name not in _DTYPES:
-        raise TypeError(f"cannot send dtype {a.dtype}; supported: {', '.join(_DTYPES)}")
-    if a.ndim > _HEADER_WORDS - 3:
+        raise TypeError(f"cannot send dtype {dtype}; supported: {', '.join(_DTYPES)}")
+    if len(shape) > _HEADER_WORDS - 3:
         raise ValueError(f"cannot send arrays of more than {_HEADER_WORDS - 3} dimensions")
     h = np.zeros(_HEADER_WORDS, dtype=np.int64)
-    h[0], h[1], h[2] = _MAGIC, _DTYPES.index(name), a.ndim
-    h[3:3 + a.ndim] = a.shape
+    h[0], h[1], h[2] = _MAGIC, _DTYPES.index(name), len(shape)
+    h[3:3 + len(shape)] = shape
     return h
 
 
@@ -100,6 +105,8 @@ class _Liveness:
 
 
 from .mpi import MPITransport  # noqa: E402  (they import the helpers above)
+from .shm import ShmTransport  # noqa: E402
 from .threads import ThreadTransport, ThreadWorld  # noqa: E402
 
-__all__ = ["ThreadWorld", "ThreadTransport", "MPITransport", "owned_copy", "split_bounds"]
+__all__ = ["ThreadWorld", "ThreadTransport", "MPITransport", "ShmTransport", "owned_copy",
+           "split_bounds"]

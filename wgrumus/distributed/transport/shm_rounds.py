@@ -1,0 +1,228 @@
+"""The collectives of the processes backend, in rounds on two alternating slot sets per rank
+(mixed into ShmTransport): a round is write, barrier, read; an all-reduce round is copy in,
+barrier, each rank reduces its slice into rank 0's slot, barrier, copy out. Every round uses the
+other set than the last, and a barrier separates any two rounds, so no rank overwrites a slot a
+slower rank still reads. Barriers are per-rank counters that only grow."""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+import numpy as np
+
+from ..barrier import reduce_into
+from . import _HEADER_WORDS, decode_header, encode_header, mismatch_error, split_bounds
+from .shm_segment import META_BYTES
+
+# WGRUMUS_SHM_CHUNK (bytes, default a slot): the device all-reduce's chunk, smaller ones overlap
+# download, host step and upload within one message (benchmarks/collectives.py --chunks)
+PAR_MIN = 1 << 20  # copies and reductions from this size are split over threads
+PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
+_ARRAY_HDR = _HEADER_WORDS * 8
+
+
+class SlotRounds:
+    """Barrier, collective check and native collectives of a ShmTransport."""
+
+    def _barrier(self, deadline: float, what: str = "barrier") -> None:
+        self._barriers += 1
+        n = self._barriers
+        arrive = self.seg.arrive
+        arrive[self.rank] = n
+        late = list(range(self.size))
+
+        def ready():
+            while late and int(arrive[late[-1]]) >= n:
+                late.pop()
+            if late and any(self._sends):
+                with self._lock:
+                    self._progress_sends()
+            return not late
+        self._wait(ready, deadline, f"rank(s) did not arrive at the {what}", lambda: list(late))
+
+    def native_barrier(self, deadline):
+        self._barrier(deadline)
+
+    def _round(self) -> int:
+        k = self._rounds
+        self._rounds += 1
+        return k % 2
+
+    def agree(self, seq: int, name: str, detail: str, deadline: float) -> None:
+        """Compare collective ``seq`` on every rank (one round) before data moves."""
+        if self.size == 1:
+            return
+        raw = f"{name}|{detail}".encode()
+        if len(raw) > META_BYTES - 8:
+            raw = raw[:META_BYTES - 25] + b"#" + hashlib.sha1(raw).hexdigest()[:16].encode()
+        par = self._round()
+        m = self.seg.meta(par, self.rank)
+        m[:] = 0
+        m[:len(raw)] = np.frombuffer(raw, np.uint8)
+        self._barrier(deadline, "collective check")
+        first = bytes(self.seg.meta(par, 0))
+        for r in range(1, self.size):
+            other = bytes(self.seg.meta(par, r))
+            if other != first:
+                a, b = (x.rstrip(b"\0").decode(errors="replace").split("|", 1)
+                        for x in (first, other))
+                raise mismatch_error(seq, self.seg.name, (r, *b), (0, *a))
+
+    def _piece(self, n: int) -> int:
+        """Elements per copy thread: this process's share of the cores (the ranks copy at once,
+        and more threads than cores only take turns)."""
+        share = max(1, (os.cpu_count() or 1) // self.size)
+        return max(PIECE_MIN, -(-n // share))
+
+    def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if src.nbytes >= PAR_MIN:
+            from ...runtime.staging import par_ranges
+            par_ranges(lambda a, b: np.copyto(dst[a:b], src[a:b]), src.size, self._piece(src.size))
+        else:
+            np.copyto(dst, src)
+
+    def reduce_chunk(self, src: np.ndarray, out: np.ndarray | None, op: str,
+                     deadline: float, phases=None) -> None:
+        """One all-reduce round: ``out`` (None: only the reduction) gets op over every rank's
+        ``src`` (at most a slot's bytes); ``phases``: the barriers' time counted as ``peer``,
+        the rest as ``copy``."""
+        t0 = time.perf_counter()
+        n = src.size
+        s = self._round()
+        views = [self.seg.slot(r, s)[:src.nbytes].view(src.dtype) for r in range(self.size)]
+        self._copy(views[self.rank], src)
+        t1 = time.perf_counter()
+        self._barrier(deadline, "all-reduce")
+        t2 = time.perf_counter()
+        b = split_bounds(n, self.size)
+        lo, hi = b[self.rank], b[self.rank + 1]
+        dst = views[0]
+
+        def part(a, c):
+            reduce_into(dst[lo + a:lo + c], [v[lo + a:lo + c] for v in views], op, self.size)
+        if hi > lo:
+            if (hi - lo) * src.itemsize >= PAR_MIN:
+                from ...runtime.staging import par_ranges
+                par_ranges(part, hi - lo, self._piece(hi - lo))
+            else:
+                part(0, hi - lo)
+        t3 = time.perf_counter()
+        self._barrier(deadline, "all-reduce")
+        t4 = time.perf_counter()
+        if out is not None:
+            self._copy(out, dst)
+        if phases is not None:
+            phases.add("copy", (t1 - t0) + (t3 - t2) + (time.perf_counter() - t4))
+            phases.add("peer", (t2 - t1) + (t4 - t3))
+
+    def _per_chunk(self, dtype) -> int:
+        return max(1, self.seg.layout.slot // np.dtype(dtype).itemsize)
+
+    def native_all_reduce(self, arr, op, deadline):
+        src = np.ascontiguousarray(arr).reshape(-1)
+        out = np.empty_like(src)
+        if self.size == 1:
+            reduce_into(out, [src], op, 1)
+            return out.reshape(np.shape(arr))
+        per = self._per_chunk(src.dtype)
+        for lo in range(0, src.size, per):
+            hi = min(lo + per, src.size)
+            self.reduce_chunk(src[lo:hi], out[lo:hi], op, deadline)
+        return out.reshape(np.shape(arr))
+
+    def native_reduce(self, arr, op, root, deadline):
+        out = self.native_all_reduce(arr, op, deadline)
+        return out if self.rank == root else None
+
+    def native_reduce_scatter(self, arr, op, deadline):
+        out = self.native_all_reduce(arr, op, deadline)
+        b = split_bounds(arr.shape[0], self.size)
+        return np.ascontiguousarray(out[b[self.rank]:b[self.rank + 1]])
+
+    def _headers(self, arr, deadline) -> list:
+        """Every rank's (dtype, shape) of ``arr`` (None where a rank passed None)."""
+        par = self._round()
+        m = self.seg.meta(par, self.rank)
+        m[:] = 0
+        if arr is not None:
+            m[:_ARRAY_HDR] = encode_header(arr).view(np.uint8)
+        self._barrier(deadline, "header exchange")
+        out = []
+        for r in range(self.size):
+            h = self.seg.meta(par, r)[:_ARRAY_HDR].view(np.int64)
+            out.append(decode_header(h) if int(h[0]) else None)
+        return out
+
+    def native_broadcast(self, arr, root, deadline):
+        mine = np.ascontiguousarray(arr) if self.rank == root else None
+        dtype, shape = self._headers(mine, deadline)[root]
+        out = np.array(mine, copy=True) if mine is not None else np.empty(shape, dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        step = self.seg.layout.slot
+        for lo in range(0, flat.size, step):
+            hi = min(lo + step, flat.size)
+            s = self._round()
+            slot = self.seg.slot(root, s)
+            if self.rank == root:
+                self._copy(slot[:hi - lo], flat[lo:hi])
+            self._barrier(deadline, "broadcast")
+            if self.rank != root:
+                self._copy(flat[lo:hi], slot[:hi - lo])
+        return out
+
+    def native_all_gather(self, arr, deadline):
+        arr = np.ascontiguousarray(arr)
+        heads = self._headers(arr, deadline)
+        sizes = [int(np.prod(sh, dtype=np.int64)) * dt.itemsize for dt, sh in heads]
+        out = np.empty((sum(sh[0] for _, sh in heads),) + arr.shape[1:], arr.dtype)
+        flat, mine = out.reshape(-1).view(np.uint8), arr.reshape(-1).view(np.uint8)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+        step = self.seg.layout.slot
+        for lo in range(0, max(sizes), step):
+            s = self._round()
+            if lo < mine.size:
+                hi = min(lo + step, mine.size)
+                self._copy(self.seg.slot(self.rank, s)[:hi - lo], mine[lo:hi])
+            self._barrier(deadline, "all-gather")
+            for r, n in enumerate(sizes):
+                if lo < n:
+                    hi = min(lo + step, n)
+                    self._copy(flat[starts[r] + lo:starts[r] + hi],
+                               self.seg.slot(r, s)[:hi - lo])
+        return out
+
+    # ----- device tensors -----
+    def native_shared(self, nbytes: int) -> bool:
+        """All-reduces of every size go through the shared slots."""
+        return True
+
+    def device_all_reduce(self, src, dst, op, deadline) -> bool:
+        """All-reduce BufferSlice ``src`` into ``dst``: chunks downloaded to mapped staging are
+        reduced from there through the slots and uploaded, overlapping the next download."""
+        from ..pipelined import all_reduce
+        slot = self.seg.layout.slot
+        chunk = min(slot, int(os.environ.get("WGRUMUS_SHM_CHUNK", "0")) or slot)
+        all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst, chunk_bytes=chunk)
+        return True
+
+
+
+class _SlotExchange:
+    """The pipelined staging engine's barrier, over a transport's slots (one round a chunk)."""
+
+    def __init__(self, t):
+        from .shm_device import _phases
+        self.t = t
+        self.phases = _phases(t)
+
+    @property
+    def timeout(self) -> float:
+        return self.t.timeout
+
+    def abort(self, err) -> None:
+        """(A local failure: the process group publishes it.)"""
+
+    def exchange(self, length, dtype, rank, item, item_at, out, out_at, op) -> None:
+        self.t.reduce_chunk(item, out, op, time.monotonic() + self.t.timeout, self.phases)
+
