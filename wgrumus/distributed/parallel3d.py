@@ -14,6 +14,7 @@ from ..autograd import GradientStore
 from ..autograd.tape import no_grad
 from ..nn.gpt import GPTConfig
 from ..ops.creation import zeros
+from ..runtime.capture import host_start
 from ..runtime.errors import ShapeError
 from ..tensor import tensor
 from ..utils.checkpoint import checkpoint
@@ -235,10 +236,16 @@ class _RankWork:
     def _tag(self, mb: int, k: int, grad: bool) -> int:
         return 2 * (mb * self.t.nv + k) + grad
 
-    def send(self, a, k: int, value) -> None:
+    def isend(self, a, k: int, value):
+        """Start the send; the interpreter waits for it at the end of the step (a replay too:
+        ``host_start``), so no send waits for a receive its peer posts later."""
         to = k + 1 if a.kind == SEND_F else k - 1
-        self.t.pgm.pp_group.send(value, to % self.t.pgm.config.pp,
-                                 self._tag(a.mb, to, a.kind != SEND_F))
+        group, dst, tag = self.t.pgm.pp_group, to % self.t.pgm.config.pp, \
+            self._tag(a.mb, to, a.kind != SEND_F)
+        return host_start(value.device, lambda v: group.isend(v, dst, tag), value)
+
+    def send(self, a, k: int, value) -> None:
+        self.isend(a, k, value).wait()
 
     def recv(self, a, k: int):
         src = k - 1 if a.kind == RECV_F else k + 1
