@@ -36,11 +36,11 @@ def layout(schedule, m, dp=1, tp=1, pp=2, steps=2):
     return dict(dp=dp, tp=tp, pp=pp, m=m, batch=dp * m * ROWS, steps=steps, schedule=schedule)
 
 
-TWO_RANKS = [layout(s, m) for s, ms in (("gpipe", (1, 2, 5)), ("1f1b", (1, 2, 3, 4, 8)),
-                                        ("interleaved", (2, 6)), ("zb-h1", (1, 2, 3, 7)))
+TWO_RANKS = [layout(s, m) for s, ms in (("gpipe", (1, 3)), ("1f1b", (2, 4, 8)),
+                                        ("interleaved", (2, 6)), ("zb-h1", (1, 5)))
              for m in ms]
-FOUR_RANKS = [layout("1f1b", 4, dp=2), layout("zb-h1", 3, dp=2), layout("interleaved", 2, tp=2),
-              layout("gpipe", 3, tp=2), layout("1f1b", 8, pp=4), layout("zb-h1", 5, pp=4)]
+FOUR_RANKS = [layout("1f1b", 4, dp=2), layout("zb-h1", 3, tp=2), layout("interleaved", 2, tp=2),
+              layout("1f1b", 7, pp=4)]
 
 
 def run_mpi(n, layouts):
