@@ -88,3 +88,19 @@ def test_readme_mpi_pipeline_command_trains_like_threads():
     assert p.returncode == 0, p.stdout + p.stderr
     threads = json.loads(p.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(mpi["losses"], threads["losses"], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.timeout(180)
+def test_a_stage_failing_mid_transfer_is_a_clear_error_on_every_rank():
+    """Stage 1 of 3 raises mid-step while its neighbours send to it and wait for it: both raise
+    a CollectiveError naming the failure well within the timeout."""
+    timeout = 30.0
+    p = run_process([MPIEXEC, "-n", 3, sys.executable, WORKER, "fault", json.dumps(CONFIG)],
+                    150, WGRUMUS_TEST_TIMEOUT=timeout, WGRUMUS_DEVICES=3)
+    out = p.stdout + p.stderr
+    errs = {int(m.group(1)): (float(m.group(2)), m.group(3)) for m in re.finditer(
+        r"COLLECTIVE_ERROR (\d+) ([\d.]+) ([^\n]*)", p.stdout)}
+    assert set(errs) == {0, 2}, out
+    for seconds, msg in errs.values():
+        assert seconds < timeout / 2 and "injected stage failure" in msg, (seconds, msg)
+    assert "RETURNED" not in p.stdout, out
