@@ -52,6 +52,9 @@ class _Lane:
     def close(self) -> None:
         self._q.put(None)
 
+    def join(self, timeout: float | None = None) -> None:
+        self._t.join(timeout)
+
 
 class P2PWork:
     """A send or receive in flight: ``wait(timeout=None)`` returns None (send) or the received
