@@ -6,24 +6,27 @@
 #         benchmarks/torch_reference.py under torchrun) on the same models: 1, 2, 4 GPUs
 #   pp    pipeline layouts against 1 adapter at the same global batch
 #   tp    tensor-parallel layouts against 1 adapter at the same global batch
-#   comm  benchmarks/collectives.py: latency and bandwidth of send/recv and all-reduce, 4 KB-16 MB
-#         and up, 2 and 4 ranks, with the host copy / PCIe references of the same run
+#   comm  benchmarks/collectives.py: latency of send/recv and all-reduce, 4 KB-16 MB, 2 and 4 ranks
+#         (processes backend, with the host copy and PCIe copies of the same run), then the
+#         all-reduce bandwidth of the processes and comm backends against their bounds
 # Models: mini = GPT-mini (4 layers, d 256, 4 heads, T 128; 16 sequences per adapter in cli),
 #         gpt2 = GPT-2-small width (12 layers, d 768, 12 heads, T 256; 8 per adapter in cli).
 # Steady-state tokens/s comes from `wgrumus train --json`'s "steady" field (warm-up excluded).
 #
 #   bash benchmarks/multi_adapter.sh OUT                  # every part into folder OUT
-#   PARTS=cli bash benchmarks/multi_adapter.sh OUT        # ~7-8 min on a 4 x H200 host
-#   PARTS="pp tp comm" bash benchmarks/multi_adapter.sh OUT   # ~6-8 min
+# A command of the device tool runs at most 10 minutes; on a 4-GPU host use three calls (each
+# ~10-13 runs of 15-30 s: process start, shader compiles, capture, then the measured steps):
+#   PARTS="cli comm" MODELS=mini bash benchmarks/multi_adapter.sh OUT
+#   PARTS=cli MODELS=gpt2 bash benchmarks/multi_adapter.sh OUT
+#   PARTS="pp tp" bash benchmarks/multi_adapter.sh OUT
 #   QUICK=1 bash benchmarks/multi_adapter.sh /tmp/ma      # tiny sizes, logical devices: a check
 #                                                          # that the script runs (lavapipe)
 # Settings (environment): PARTS (default "cli pp tp comm"), ADAPTERS (2 or 4, default 4: rows
 # needing more are skipped), MODELS (default "mini gpt2"), BACKEND (wgrumus --backend; unset:
 # the CLI's default; "mpi" launches mpiexec -n WORLD), PYTHON, TORCHRUN (default torchrun),
 # LIMIT (seconds per run), STEPS_MINI / STEPS_GPT2 (optimizer steps per run).
-# One call of the device tool runs at most 10 minutes: run cli in one call, the rest in another
-# (or split further with MODELS). Raw logs: OUT/<part>.log; records: OUT/runs.jsonl; the tables
-# print after each part and together at the end.
+# Raw logs: OUT/<part>.log (and OUT/raw/); records: OUT/runs.jsonl (calls into one OUT add up);
+# the tables print after each part and together at the end.
 set -u
 OUT=${1:-benchmarks/results/multi_adapter}
 PY=${PYTHON:-python3}
@@ -56,7 +59,7 @@ else
   }
   per_adapter() { case $1 in mini) echo 16 ;; gpt2) echo 8 ;; esac; }
   TORCH_DEV=""
-  SIZES=4096,16384,65536,262144,524288,1048576,4194304,16777216,67108864
+  SIZES=4096,16384,65536,262144,524288,1048576,4194304,16777216
 fi
 steps_of() { case $1 in mini) echo "$STEPS_MINI" ;; gpt2) echo "$STEPS_GPT2" ;; esac; }
 
@@ -105,6 +108,14 @@ pt() {
   echo "### exit $rc" >>"$OUT/$part.log"
   [ $rc -ne 0 ] && tail -n 5 "$raw"
   $TABLE add "$OUT" "$part" "$model" "$row" "$world" "$ref" "-" "$rc" "$raw"
+}
+
+# coll ARGS: benchmarks/collectives.py with ARGS (word-split), its tables into OUT/comm.log
+coll() {
+  echo "### $(date -u +%H:%M:%S) comm: collectives.py $1" | tee -a "$OUT/comm.log"
+  # shellcheck disable=SC2086
+  timeout "$LIMIT" "$PY" "$HERE/collectives.py" $1 2>&1 | tee -a "$OUT/comm.log"
+  echo "### exit ${PIPESTATUS[0]}" >>"$OUT/comm.log"
 }
 
 # targets (issue figures): t MODEL ROW -> minimum ratio, or "-"
@@ -166,14 +177,15 @@ for part in $PARTS; do case $part in
       fi
     done
     $TABLE table "$OUT" tp ;;
-  comm)
+  comm)  # the processes backend's latency table (send/recv and all-reduce, 4 KB-16 MB, with the
+         # host copy and one-way PCIe copies of the same sizes), then the bandwidth tables
     ranks=2; [ "$ADAPTERS" -ge 4 ] && ranks=2,4
-    be=comm; [ "$QUICK" = 1 ] && be=threads
-    echo "### $(date -u +%H:%M:%S) comm: collectives.py --backend $be --ranks $ranks" \
-      | tee -a "$OUT/comm.log"
-    timeout "$LIMIT" "$PY" "$HERE/collectives.py" --backend "$be" --ranks "$ranks" \
-      --sizes "$SIZES" 2>&1 | tee -a "$OUT/comm.log"
-    echo "### exit ${PIPESTATUS[0]}" >>"$OUT/comm.log" ;;
+    if [ "$QUICK" = 1 ]; then
+      coll "--backend threads --ranks $ranks --sizes $SIZES"
+    else
+      coll "--backend processes --ranks $ranks --latency-sizes $SIZES"
+      coll "--backend comm --ranks $ranks --sizes 1048576,16777216,67108864"
+    fi ;;
   *) echo "unknown part '$part' (parts: cli pp tp comm)"; exit 2 ;;
 esac; done
 
