@@ -6,6 +6,8 @@
 #         benchmarks/torch_reference.py under torchrun) on the same models: 1, 2, 4 GPUs
 #   pp    pipeline layouts against 1 adapter at the same global batch
 #   tp    tensor-parallel layouts against 1 adapter at the same global batch
+#   loss  (not in the default PARTS) the final loss of --grad-comm f16 and --sync-every 8 after
+#         LOSS_STEPS (default 300) steps against exact data parallel, dp 2 and 4 (target: 2%)
 #   comm  benchmarks/collectives.py: latency of send/recv and all-reduce, 4 KB-16 MB, 2 and 4 ranks
 #         (processes backend, with the host copy and PCIe copies of the same run), then the
 #         all-reduce bandwidth of the processes and comm backends against their bounds
@@ -19,6 +21,7 @@
 #   PARTS="cli comm" MODELS=mini bash benchmarks/multi_adapter.sh OUT
 #   PARTS=cli MODELS=gpt2 bash benchmarks/multi_adapter.sh OUT
 #   PARTS="pp tp" bash benchmarks/multi_adapter.sh OUT
+#   PARTS=loss MODELS=gpt2 bash benchmarks/multi_adapter.sh OUT   # 6 runs of 300 steps
 #   QUICK=1 bash benchmarks/multi_adapter.sh /tmp/ma      # tiny sizes, logical devices: a check
 #                                                          # that the script runs (lavapipe)
 # Settings (environment): PARTS (default "cli pp tp comm"), ADAPTERS (2 or 4, default 4: rows
@@ -61,6 +64,7 @@ else
   TORCH_DEV=""
   SIZES=4096,16384,65536,262144,524288,1048576,4194304,16777216
 fi
+LOSS_STEPS=${LOSS_STEPS:-300}; [ "$QUICK" = 1 ] && LOSS_STEPS=${LOSS_STEPS_QUICK:-5}
 steps_of() { case $1 in mini) echo "$STEPS_MINI" ;; gpt2) echo "$STEPS_GPT2" ;; esac; }
 
 N=0
@@ -186,7 +190,20 @@ for part in $PARTS; do case $part in
       coll "--backend processes --ranks $ranks --latency-sizes $SIZES"
       coll "--backend comm --ranks $ranks --sizes 1048576,16777216,67108864"
     fi ;;
-  *) echo "unknown part '$part' (parts: cli pp tp comm)"; exit 2 ;;
+  loss)  # --grad-comm f16 and --sync-every 8 against exact data parallel after LOSS_STEPS
+    for m in $MODELS; do
+      b=$(per_adapter "$m")
+      for k in 2 4; do
+        STEPS_MINI=$LOSS_STEPS STEPS_GPT2=$LOSS_STEPS wg loss "$m" "dp$k exact" "" - $k \
+          --dp $k --batch-size $((k * b))
+        STEPS_MINI=$LOSS_STEPS STEPS_GPT2=$LOSS_STEPS wg loss "$m" "dp$k f16" "dp$k exact" - $k \
+          --dp $k --batch-size $((k * b)) --grad-comm f16
+        STEPS_MINI=$LOSS_STEPS STEPS_GPT2=$LOSS_STEPS wg loss "$m" "dp$k sync8" "dp$k exact" - \
+          $k --dp $k --batch-size $((k * b)) --sync-every 8
+      done
+    done
+    $TABLE table "$OUT" loss ;;
+  *) echo "unknown part '$part' (parts: cli pp tp comm loss)"; exit 2 ;;
 esac; done
 
 echo

@@ -57,7 +57,7 @@ def table(out, parts) -> None:
             continue
         print(f"\n== {part}: steady tokens/s, ratio vs the reference row (same run) ==")
         print(f"{'model':<7} {'row':<22} {'GPUs':>4} {'tokens/s':>11} {'ms/step':>8} "
-              f"{'ratio':>6} {'target':>7}  note")
+              f"{'ratio':>6} {'target':>7} {'loss':>7}  note")
         for r in rows:
             base = next((b for b in rows if b["model"] == r["model"] and b["row"] == r["ref"]),
                         None)
@@ -69,9 +69,14 @@ def table(out, parts) -> None:
             if ratio is not None and r["target"] is not None:
                 note = ("meets" if ratio >= r["target"] else "BELOW") + " target" + \
                     (f"; {note}" if note else "")
+            if part == "loss" and base and r["final_loss"] and base["final_loss"] and \
+                    r is not base:  # the final loss against the reference row's (within 2%?)
+                dev = r["final_loss"] / base["final_loss"] - 1
+                note = f"loss {100 * dev:+.2f}% vs {r['ref']}" + (f"; {note}" if note else "")
             print(f"{r['model']:<7} {r['row']:<22} {r['adapters']:>4} "
                   f"{_num(tps, '{:,.0f}'):>11} {_num(r['step_ms'], '{:.2f}'):>8} "
-                  f"{_num(ratio, '{:.2f}x'):>6} {_num(r['target'], '>={:.2f}'):>7}  {note}")
+                  f"{_num(ratio, '{:.2f}x'):>6} {_num(r['target'], '>={:.2f}'):>7} "
+                  f"{_num(r['final_loss'], '{:.4f}'):>7}  {note}")
 
 
 def _num(v, fmt: str) -> str:
