@@ -75,6 +75,7 @@ class _Rank:
         """Give the captured step's buffers back to the pool (--jit)."""
         if self._jit is not None:
             self._jit.free()
+        self.rank.close()
 
     def step(self, tokens: np.ndarray):
         """One optimizer step on ``tokens`` [B, T+1]; the global loss on rank (0, 0, last)."""

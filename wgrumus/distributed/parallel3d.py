@@ -14,11 +14,13 @@ from ..autograd import GradientStore
 from ..autograd.tape import no_grad
 from ..nn.gpt import GPTConfig
 from ..ops.creation import zeros
+from ..runtime.capture import host_start
 from ..runtime.errors import ShapeError
 from ..tensor import tensor
 from ..utils.checkpoint import checkpoint
 from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
 from .pipeline.actions import RECV_F, SEND_F, ScheduleError, add_send_recv
+from .pipeline.p2p import PipelineP2P
 from .pipeline.runtime import StageRunner
 from .pipeline.schedules import get_schedule
 from .tensor_parallel.functional import vocab_parallel_cross_entropy
@@ -159,6 +161,13 @@ class RankTrainer:
         self.names = list(self.params)
         self.mb_losses: list = []
         self._dp_avg = None  # the GradientAverager of the data-parallel group
+        # asynchronous stage-to-stage transfers (every rank of the pipeline group makes them)
+        self.p2p = PipelineP2P(self.pgm.pp_group) if pp > 1 else None
+
+    def close(self) -> None:
+        """Stop the pipeline transfer threads."""
+        if self.p2p is not None:
+            self.p2p.close()
 
     @property
     def coords(self) -> tuple:
@@ -235,15 +244,25 @@ class _RankWork:
     def _tag(self, mb: int, k: int, grad: bool) -> int:
         return 2 * (mb * self.t.nv + k) + grad
 
-    def send(self, a, k: int, value) -> None:
+    def isend(self, a, k: int, value):
+        """Start the send (PipelineP2P); the interpreter waits for it at the end of the step (a
+        replay too: ``host_start``), so no send waits for a receive its peer posts later."""
         to = k + 1 if a.kind == SEND_F else k - 1
-        self.t.pgm.pp_group.send(value, to % self.t.pgm.config.pp,
-                                 self._tag(a.mb, to, a.kind != SEND_F))
+        p2p, dst, tag = self.t.p2p, to % self.t.pgm.config.pp, \
+            self._tag(a.mb, to, a.kind != SEND_F)
+        return host_start(value.device, lambda v: p2p.isend(v, dst, tag), value)
+
+    def irecv(self, a, k: int):
+        """Post the receive; waited where the compute action takes the data."""
+        src = (k - 1 if a.kind == RECV_F else k + 1) % self.t.pgm.config.pp
+        p2p, dev, tag = self.t.p2p, self.t.device, self._tag(a.mb, k, a.kind != RECV_F)
+        return host_start(dev, lambda: p2p.irecv(src, tag, dev))
+
+    def send(self, a, k: int, value) -> None:
+        self.isend(a, k, value).wait()
 
     def recv(self, a, k: int):
-        src = k - 1 if a.kind == RECV_F else k + 1
-        tag = self._tag(a.mb, k, a.kind != RECV_F)
-        return self.t.pgm.pp_group.recv(src % self.t.pgm.config.pp, tag, self.t.device)
+        return self.irecv(a, k).wait()
 
 
 def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, pp: int = 1,
@@ -279,6 +298,7 @@ def train_3d(config: GPTConfig | dict | None = None, dp: int = 1, tp: int = 1, p
             opt.step()
             if rank.last:
                 losses.append(rank.loss())
+        rank.close()
         return {"losses": losses, "seconds": time.perf_counter() - t0,
                 "stats": rank.pgm.stats(), "coords": rank.coords}
 

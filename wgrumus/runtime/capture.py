@@ -1,7 +1,7 @@
 """Recording what a device executes while a ``wr.jit`` function is captured (replay.py replays
 it). Operations a replay cannot reproduce call ``refuse`` (a ``CaptureError`` naming the call);
-communication is recorded as a host operation (``host_op`` / ``host_launch``) run again between
-the replayed segments.
+communication is recorded as a host operation (``host_op`` / ``host_launch`` / ``host_start``)
+run again between the replayed segments.
 """
 from __future__ import annotations
 
@@ -177,11 +177,27 @@ def host_launch(device, launch, *args):
     return Launched(rec, slot, None if out is None else out.detach())
 
 
-class Launched:
-    """The capture's stand-in for a ``host_launch`` handle: its first ``wait`` records the join."""
+def host_start(device, launch, *args):
+    """``launch(*args)`` like :func:`host_launch`, but a capture does not wait for it at once:
+    the handle stays in flight until ``Launched.wait``, as in a replay. For communication whose
+    completion depends on work this rank does later (a pipeline send the peer takes only after
+    it got something this rank sends next: waiting at once would deadlock)."""
+    if not recording(device):
+        return launch(*args)
+    rec = device.recorder
+    device.flush()
+    with paused(device):
+        live = launch(*args)
+    slot = rec.launch(launch, tuple(a.detach() for a in args))
+    return Launched(rec, slot, None, live)
 
-    def __init__(self, rec: Recording, slot: int, out):
-        self._rec, self.slot, self._out = rec, slot, out
+
+class Launched:
+    """The capture's stand-in for a ``host_launch`` handle: its first ``wait`` records the join
+    (and, for :func:`host_start`, waits for the handle still in flight, recording paused)."""
+
+    def __init__(self, rec: Recording, slot: int, out, live=None):
+        self._rec, self.slot, self._out, self._live = rec, slot, out, live
 
     def wait(self, timeout: float | None = None):
         rec, self._rec = self._rec, None
@@ -190,5 +206,9 @@ class Launched:
                 raise CaptureError("an asynchronous communication started inside a wr.jit "
                                    "function must be waited for inside it, in the capturing "
                                    "thread (a replay waits where the capture did)")
+            if self._live is not None:
+                live, self._live = self._live, None
+                _, out = _run_paused(rec.device, lambda: live.wait(timeout))
+                self._out = None if out is None else out.detach()
             rec.join(self.slot, self._out, timeout)
         return self._out

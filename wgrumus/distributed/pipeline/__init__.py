@@ -14,6 +14,7 @@ _LAZY = {name: mod for mod, names in {
                   "PipelineConfigError", "PipelineTimeoutError"),
     ".trace": ("ActionRecord", "PipelineTrace"),
     ".split": ("StageChain", "balanced_partition", "split_sequential", "split_gpt"),
+    ".p2p": ("PipelineP2P", "P2PWork"),
 }.items() for name in names}
 __getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
@@ -23,4 +24,4 @@ __all__ = ["Action", "F", "B", "BI", "BW", "Schedule", "ScheduleError", "make_sc
            "peak_in_flight", "SimResult", "Slot", "PipelineStage", "PipelineExecutor",
            "PipelineError", "PipelineShapeError", "PipelineConfigError", "PipelineTimeoutError",
            "ActionRecord", "PipelineTrace", "StageChain", "balanced_partition", "split_sequential",
-           "split_gpt", "StageRunner"]
+           "split_gpt", "StageRunner", "PipelineP2P", "P2PWork"]

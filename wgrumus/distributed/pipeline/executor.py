@@ -1,6 +1,8 @@
 """PipelineExecutor: one thread per pipeline stage, each running its schedule list (with
 ``add_send_recv``'s communication) through the one interpreter, :class:`~.runtime.StageRunner`,
-over bounded queue channels between neighbouring virtual stages. The last stage computes
+over bounded queue channels between neighbouring virtual stages; each stage's sends (the copy to
+the next device and the hand-off) run on its send lane, overlapping its next compute action
+(``jit=True`` sends in order, as host operations of the replay). The last stage computes
 ``loss_fn(out, target) / m``, so summed gradients are those of the mean loss. ``jit=True`` replays
 each stage thread's actions from a ``wr.jit`` capture, its sends and receives as host operations.
 A failing stage sets an abort event every channel wait polls, so ``run`` raises one PipelineError
@@ -12,6 +14,7 @@ import queue
 import threading
 import time
 import traceback
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
@@ -23,6 +26,7 @@ from ...runtime.errors import ShapeError, WgrumusError
 from ...tensor import Tensor, tensor
 from ..launch import join_threads
 from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
+from .p2p import _Lane
 from .runtime import StageRunner
 from .schedules import get_schedule, schedule_key
 from .stage import PipelineStage
@@ -346,6 +350,9 @@ class PipelineExecutor:
                 run.stores[k].merge_from(store)
         finally:
             work.runner.clear()
+            if work.lane is not None:  # its sends are done (or the run failed): let it end
+                work.lane.close()
+                work.lane.join(run.timeout + 5.0)
 
     def _replayed_stage(self, s: int, run: _Run, work) -> None:
         """Stage thread ``s`` with ``jit=True``: replay its actions, collect grads and losses."""
@@ -417,6 +424,7 @@ class _StageWork:
         self.ex, self.run, self.s = ex, run, s
         self.wait, self.got, self.start = 0.0, None, None
         self.runner = None
+        self.lane = None  # this stage's send lane this run (made at its first send)
 
     def forward(self, a, k: int, x):
         ex, run = self.ex, self.run
@@ -470,6 +478,25 @@ class _StageWork:
         recs[-1] = replace(last, end=time.perf_counter() - t0, wait=last.wait + wait,
                            sent=sent - t0)
 
+    def isend(self, a, k: int, value):
+        """The send on this stage's send lane: the copy to the next device and the hand-off
+        overlap the stage's next compute action (its trace record gets the hand-off time)."""
+        to = k + 1 if a.kind == SEND_F else k - 1
+        recs, t0 = self.run.records[self.s], self.run.t0
+        at = len(recs) - 1  # the record of the compute action that made ``value``
+        dst, who, channel = self.ex.stages[to].device, self._who(a, k), self._channel(a, to)
+
+        def go():
+            with no_grad():
+                moved = value.to(dst)
+            sent = time.perf_counter()
+            channel.put(a.mb, moved, who)
+            if at >= 0:
+                recs[at] = replace(recs[at], sent=sent - t0)
+        if self.lane is None:
+            self.lane = _Lane(f"wgrumus-pipeline-stage-{self.s}-send")
+        return _LaneWork(self.lane.submit(go), self.run.timeout + 5.0, who)
+
     def record(self, a, start: float, end: float) -> None:
         """A trace record per compute action; its receive before and send after count in."""
         if a.is_comm:
@@ -485,9 +512,25 @@ class _StageWork:
         self.wait, self.got, self.start = 0.0, None, None
 
 
+class _LaneWork:
+    """A send on a stage's send lane; ``wait`` re-raises its failure (an abort: quietly)."""
+
+    def __init__(self, fut, timeout: float, who: str):
+        self._fut, self._timeout, self._who = fut, timeout, who
+
+    def wait(self):
+        try:
+            return self._fut.result(self._timeout)
+        except FutureTimeout:
+            raise PipelineTimeoutError(f"{self._who}: a send did not finish within "
+                                       f"{self._timeout:g} s") from None
+
+
 class _CapturedStageWork(_StageWork):
     """A stage's work inside its ``wr.jit`` capture: sends and receives are host operations on
     the live run's channels, moving host arrays."""
+
+    isend = None  # (a replay's sends run in order, as host operations)
 
     def _now(self) -> _StageWork:
         return self.ex._live[self.s]

@@ -3,7 +3,13 @@ PipelineExecutor and the 3D ranks alike, through a caller's ``work`` object (``f
 x)``, ``send``, ``recv``, optional ``activation_bytes``). Each forward records on a fresh tape with
 the received activation as a leaf, so its backward yields exactly the gradient to send upstream.
 ``BI`` runs the whole backward (the engine computes input and weight gradients in one call) and
-``BW`` adds the held weight gradients: ZB-H1's order with 1F1B's work per slot."""
+``BW`` adds the held weight gradients: ZB-H1's order with 1F1B's work per slot.
+
+Communication is asynchronous where the work offers it (as PyTorch's pipelining issues its P2P
+ops): ``work.isend(a, k, value)`` returns a handle the runner waits for only at the end of the
+step, so a send never waits for its receiver (MPI's rendezvous sends would otherwise deadlock
+1F1B: each stage's second send waits for a receive its peer posts only after its own send), and
+``work.irecv(a, k)`` is posted one compute action ahead and waited where the data is needed."""
 from __future__ import annotations
 
 import time
@@ -47,28 +53,59 @@ class StageRunner:
         self.stores: dict = {}
         self.live_bytes = 0
         self.action = None  # the action running now (for error reports)
+        self.sending: list = []  # (action, handle) of sends in flight, in issue order
+        self._isend = getattr(work, "isend", None)
+        self._irecv = getattr(work, "irecv", None)
 
     def run(self, actions, on_action=None, should_stop=None) -> None:
-        """Every action in order; ``on_action(a, start, end)`` after each one."""
+        """Every action in order; ``on_action(a, start, end)`` after each one. Returns once every
+        send has completed."""
         steps = {FORWARD: self._forward, BACKWARD_WEIGHT: self._weight_grad,
                  RECV_F: self._recv, RECV_B: self._recv, SEND_F: self._send, SEND_B: self._send}
-        for a in actions:
+        actions = list(actions)
+        ahead = _receives_ahead(actions) if self._irecv is not None else None
+        for i, a in enumerate(actions):
             if should_stop is not None and should_stop():
                 return
             t0, self.action = time.perf_counter(), a
+            if ahead is not None:  # before computing, post the next compute action's receives
+                for r in ahead[i]:
+                    self._post(r, self.stage + r.chunk * self.p)
             steps.get(a.kind, self._backward)(a, self.stage + a.chunk * self.p)
             if on_action is not None:
                 on_action(a, t0, time.perf_counter())
+        self.finish_sends()
+
+    def finish_sends(self) -> None:
+        """Wait for every send in flight (in issue order; a failure names its action)."""
+        while self.sending:
+            a, handle = self.sending[0]
+            self.action = a
+            handle.wait()
+            self.sending.pop(0)
+
+    def _post(self, a: Action, k: int) -> None:
+        key = (a.mb, a.chunk, a.kind)
+        if key not in self.inbox:
+            self.inbox[key] = _Posted(self._irecv(a, k))
 
     def _recv(self, a: Action, k: int) -> None:
-        self.inbox[(a.mb, a.chunk, a.kind)] = self.work.recv(a, k)
+        if self._irecv is not None:
+            self._post(a, k)  # waited where the compute action takes it
+        else:
+            self.inbox[(a.mb, a.chunk, a.kind)] = self.work.recv(a, k)
 
     def _send(self, a: Action, k: int) -> None:
         value = self.outbox.pop((a.mb, a.chunk, a.kind), None)
         if value is None:
             raise ScheduleExecutionError(f"{a!r} on virtual stage {k}: nothing to send (its "
                                          f"compute action has not run)")
-        self.work.send(a, k, value)
+        if self._isend is None:
+            self.work.send(a, k, value)
+            return
+        handle = self._isend(a, k, value)
+        if handle is not None:
+            self.sending.append((a, handle))
 
     def _forward(self, a: Action, k: int) -> None:
         x = None
@@ -125,11 +162,12 @@ class StageRunner:
 
     def _take(self, a: Action, kind: str, k: int):
         try:
-            return self.inbox.pop((a.mb, a.chunk, kind))
+            got = self.inbox.pop((a.mb, a.chunk, kind))
         except KeyError:
             raise ScheduleExecutionError(
                 f"{a!r} on virtual stage {k} runs before its {kind}{a.mb}; build the action list "
                 f"with add_send_recv") from None
+        return got.handle.wait() if isinstance(got, _Posted) else got
 
     def _store(self, k: int) -> GradientStore:
         return self.stores.setdefault(k, GradientStore())
@@ -139,4 +177,22 @@ class StageRunner:
         self.held.clear()
         self.inbox.clear()
         self.outbox.clear()
+        self.sending.clear()
         install_tape(Tape())
+
+
+@dataclass
+class _Posted:
+    """A receive posted ahead: ``handle.wait()`` gives the tensor."""
+    handle: object
+
+
+def _receives_ahead(actions: list) -> list[list]:
+    """``ahead[i]``: the receives to post before action ``i`` runs: when ``i`` is a compute
+    action, those of the next compute action (they sit between the two), so its data arrives
+    while ``i`` computes."""
+    ahead: list[list] = [[] for _ in actions]
+    computes = [i for i, a in enumerate(actions) if not a.is_comm]
+    for i, j in zip(computes, computes[1:]):
+        ahead[i] = [a for a in actions[i + 1:j] if a.kind in (RECV_F, RECV_B)]
+    return ahead

@@ -99,7 +99,10 @@ def vocab_parallel_embedding(ids: Tensor, weight: Tensor, group) -> Tensor:
 
 def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
     """Mean cross-entropy of logits split by vocabulary ([..., V / tp] per rank): only [N]-sized
-    vectors cross ranks, never the logits; backward (softmax - onehot) / N on each shard."""
+    vectors cross ranks, never the logits, in ONE collective (each rank's row max, sum of
+    exponentials and target logit, combined as a log-sum-exp of shards: a latency-bound
+    transfer between adapters costs per call, not per byte); backward (softmax - onehot) / N on
+    each shard."""
     vs = logits.shape[-1]
     n = logits.numel() // vs
     if targets.numel() != n:
@@ -111,14 +114,19 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
     with no_grad():
         oh = _one_hot_shard(targets, start, vs)
         m = x2.max(axis=1, keepdims=True)
-        if tp > 1:
-            m = group.all_reduce(m, "max")
         e = (x2 - m).exp()
         s = e.sum(axis=1, keepdims=True)
         tl = (x2 * oh).sum(axis=1, keepdims=True)
-        if tp > 1:
-            st = group.all_reduce(_stack2(s, tl), "sum")
-            s, tl = st[:, 0:1], st[:, 1:2]
+        if tp > 1:  # every rank's (max, sum, target logit): [tp, 3, n]
+            from ...ops.shape import cat
+            parts = group.all_gather(cat([reshape(v, (1, 1, n)) for v in (m, s, tl)], 1), axis=0)
+            ms, ss = parts[:, 0], parts[:, 1]
+            big = ms.max(axis=0, keepdims=True)  # [1, n]: the global row max
+            total = reshape((ss * (ms - big).exp()).sum(axis=0), (n, 1))
+            tl = reshape(parts[:, 2].sum(axis=0), (n, 1))
+            big = reshape(big, (n, 1))
+            e = e * (m - big).exp()  # this shard's exponentials against the global max
+            m, s = big, total
         loss = (s.log() + m - tl).mean()
 
     def bw(g):
@@ -128,9 +136,3 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
         return (reshape(gl, logits.shape),)
     record("vocab_parallel_cross_entropy", loss, [logits], bw, saved=[e, s, oh])
     return loss
-
-
-def _stack2(a: Tensor, b: Tensor) -> Tensor:
-    """[N, 2] from two [N, 1] columns, so one all-reduce carries both."""
-    from ...ops.shape import cat
-    return cat([a, b], 1)
