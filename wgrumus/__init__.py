@@ -11,7 +11,9 @@ from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, floor_divide, 
                   mean, min, minimum, ones, ones_like, rand, randn, relu, remainder, set_rng_state,
                   sigmoid, softmax, split, sqrt, stack, std, sum, tanh, var, where, zeros,
                   zeros_like)
-from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError,
+from .ops.rounding import ceil, fix, floor, frac, round, sign, trunc  # noqa: A004
+from .ops.spellings import div
+from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError, DimError,
                       MultiGpuContext, NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
 from . import amp, data, nn, optim  # noqa: E402  (build on the core above)
@@ -31,4 +33,6 @@ __all__ = [
     "no_grad", "ones", "ones_like", "ops", "optim", "parallel", "rand", "randn", "relu",
     "remainder", "runtime", "save", "save_checkpoint", "set_rng_state", "sigmoid", "softmax",
     "split", "sqrt", "stack", "std", "sum", "tanh", "tensor", "utils", "var", "where", "zeros",
-    "zeros_like"]
+    "zeros_like",
+    # PyTorch's functions beyond the core above
+    "DimError", "ceil", "div", "fix", "floor", "frac", "round", "sign", "trunc"]

@@ -39,6 +39,9 @@ METHODS = {name: doc for names, doc in {
                                               "bool gives a 1.0/0.0 mask)",
     "fill_ zero_": "in-place fill",
     "backward": "accumulate d(self) into .grad of every leaf that requires grad",
+    "gather": "torch.gather along dim with an int32 index tensor",
+    "floor ceil round trunc fix frac sign": "rounding and sign (zero gradient; int32 kept)",
+    "cpu": "refused with the way to read a tensor to the host (.numpy())",
 }.items() for name in names.split()}
 
 

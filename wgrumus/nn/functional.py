@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops import conv, nnops
+from ..ops import conv, nnops, spellings
 from ..ops import elementwise as _ew
 from ..ops.elementwise import gelu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
@@ -13,7 +13,7 @@ from ..tensor import Tensor
 
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
            "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
-           "softmax", "tanh"]
+           "scaled_dot_product_attention", "softmax", "tanh"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -24,12 +24,31 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     return _linear(x, weight, bias, activation, residual)
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return nnops.softmax(x, dim)
+def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
+    return spellings.softmax(x, dim, dtype)
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return nnops.log_softmax(x, dim)
+def log_softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
+    return spellings.log_softmax(x, dim, dtype)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None) -> Tensor:
+    """PyTorch's signature. ``attn_mask`` is added to the scores (a float mask: 0 keeps, -inf
+    drops); a numpy bool array (True keeps) is turned into that. ``dropout_p`` applies as in
+    PyTorch's functional form (always, not only in training)."""
+    import math
+
+    import numpy as np
+
+    from .attention import scaled_dot_product_attention as sdpa
+    if isinstance(attn_mask, np.ndarray) and attn_mask.dtype == np.bool_:
+        from ..tensor import tensor
+        attn_mask = tensor(np.where(attn_mask, 0.0, -np.inf).astype(np.float32),
+                           device=query.device)
+    if scale is not None:  # sdpa scales by 1/sqrt(d): fold the difference into q
+        query = query * (float(scale) * math.sqrt(query.shape[-1]))
+    return sdpa(query, key, value, attn_mask, dropout_p, dropout_p > 0.0, is_causal)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:

@@ -5,14 +5,16 @@ from __future__ import annotations
 from ..autograd.engine import tensor_backward
 from ..tensor import register
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
-from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, cos, div, eq, exp,
+from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, cos, eq, exp,
                           fill_, floor_divide, ge, gelu, gt, le, leaky_relu, log, lt, maximum,
                           minimum, mul, ne, neg, pow_, reciprocal, relu, remainder, rsqrt,
                           sigmoid, sin, sqrt, square, sub, tanh, where)
 from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
-from .nnops import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
+from .nnops import cross_entropy, dropout, layer_norm, mse_loss
+from .rounding import ceil, fix, floor, frac, round, sign, trunc
+from .spellings import cpu, div, log_softmax, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
 from .reduce import argmax, argmin, max, mean, min, std, sum, var
 from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, reshape, setitem,
@@ -29,7 +31,8 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "ones_like", "permute", "pow_", "rand", "randn", "reciprocal", "relu", "remainder",
     "reshape", "rsqrt", "set_rng_state", "setitem", "sigmoid", "sin", "softmax", "split",
     "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "to", "transpose",
-    "unsqueeze", "var", "where", "zeros", "zeros_like"]
+    "unsqueeze", "var", "where", "zeros", "zeros_like",
+    "ceil", "fix", "floor", "frac", "round", "sign", "trunc"]
 
 
 def _rev(fn):
@@ -82,4 +85,7 @@ register({
     "softmax": softmax, "log_softmax": log_softmax,
     "T": property(lambda self: permute(self, tuple(reversed(range(self.ndim))))),
     "backward": tensor_backward,
+    "gather": gather, "cpu": cpu,
+    "floor": floor, "ceil": ceil, "round": round, "trunc": trunc, "fix": fix, "frac": frac,
+    "sign": sign,
 })
