@@ -11,6 +11,7 @@ from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, floor_divide, 
                   mean, min, minimum, ones, ones_like, rand, randn, relu, remainder, set_rng_state,
                   sigmoid, softmax, split, sqrt, stack, std, sum, tanh, var, where, zeros,
                   zeros_like)
+from .ops.repeat import flip, fliplr, flipud, repeat_interleave, roll, tile
 from .ops.rounding import ceil, fix, floor, frac, round, sign, trunc  # noqa: A004
 from .ops.spellings import div
 from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError, DimError,
@@ -35,4 +36,5 @@ __all__ = [
     "split", "sqrt", "stack", "std", "sum", "tanh", "tensor", "utils", "var", "where", "zeros",
     "zeros_like",
     # PyTorch's functions beyond the core above
-    "DimError", "ceil", "div", "fix", "floor", "frac", "round", "sign", "trunc"]
+    "DimError", "ceil", "div", "fix", "flip", "fliplr", "flipud", "floor", "frac",
+    "repeat_interleave", "roll", "round", "sign", "tile", "trunc"]

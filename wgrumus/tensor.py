@@ -42,6 +42,7 @@ METHODS = {name: doc for names, doc in {
     "gather": "torch.gather along dim with an int32 index tensor",
     "floor ceil round trunc fix frac sign": "rounding and sign (zero gradient; int32 kept)",
     "cpu": "refused with the way to read a tensor to the host (.numpy())",
+    "repeat tile repeat_interleave flip fliplr flipud roll": "repeating and reordering copies",
 }.items() for name in names.split()}
 
 

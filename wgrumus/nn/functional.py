@@ -8,12 +8,14 @@ from ..ops.elementwise import gelu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
 from ..ops.launch import run_map
 from ..ops.nnops import dropout, layer_norm
+from ..ops.padding import pad
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
 
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
            "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
-           "scaled_dot_product_attention", "softmax", "tanh"]
+           "scaled_dot_product_attention", "softmax", "tanh",
+           "pad"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,

@@ -13,6 +13,7 @@ from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
+from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
 from .spellings import cpu, div, log_softmax, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
@@ -32,7 +33,8 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "reshape", "rsqrt", "set_rng_state", "setitem", "sigmoid", "sin", "softmax", "split",
     "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "to", "transpose",
     "unsqueeze", "var", "where", "zeros", "zeros_like",
-    "ceil", "fix", "floor", "frac", "round", "sign", "trunc"]
+    "ceil", "fix", "floor", "frac", "round", "sign", "trunc",
+    "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile"]
 
 
 def _rev(fn):
@@ -88,4 +90,6 @@ register({
     "gather": gather, "cpu": cpu,
     "floor": floor, "ceil": ceil, "round": round, "trunc": trunc, "fix": fix, "frac": frac,
     "sign": sign,
+    "repeat": repeat, "tile": tile, "repeat_interleave": repeat_interleave, "flip": flip,
+    "fliplr": fliplr, "flipud": flipud, "roll": roll,
 })
