@@ -172,3 +172,23 @@ fn round_f16_(x: f32) -> f32 {
 fn round_f16x4_(v: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(round_f16_(v.x), round_f16_(v.y), round_f16_(v.z), round_f16_(v.w));
 }
+
+// log(1 + x) and exp(x) - 1 accurate near 0: a series where 1 + x would round (WGSL has
+// neither; Goldberg's (u - 1) correction is folded away by compilers that reassociate).
+fn log1p_(x: f32) -> f32 {
+    if (abs(x) < 0.1) {
+        return x * (1.0 + x * (-0.5 + x * (0.33333333 + x * (-0.25 + x * (0.2 + x * (
+            -0.16666667 + x * (0.14285714 + x * -0.125)))))));
+    }
+    return log(1.0 + x);
+}
+fn expm1_(x: f32) -> f32 {
+    if (abs(x) < 0.1) {
+        return x * (1.0 + x * (0.5 + x * (0.16666667 + x * (0.041666668 + x * (
+            0.0083333338 + x * (0.0013888889 + x * 0.00019841270))))));
+    }
+    return exp(x) - 1.0;
+}
+// log(1 + exp(x)) without overflow.
+fn softplus_(x: f32) -> f32 { return max(x, 0.0) + log1p_(exp(-abs(x))); }
+fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }

@@ -23,6 +23,22 @@ from .io import load, load_checkpoint, save, save_checkpoint
 from .jit import jit
 from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
 
+from .autograd import enable_grad, is_grad_enabled  # noqa: E402
+from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
+
+# PyTorch's torch.* functions beyond the core above, from the op modules' __all__
+_TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
+                                                    ops.triangular) for n in m.__all__},
+                    "any": ops.logical.any_, "all": ops.logical.all_}
+globals().update(_TORCH_FUNCTIONS)
+
+
+def from_numpy(arr, device=None) -> Tensor:
+    """A tensor with ``arr``'s values on a device (a copy: device memory cannot alias numpy's,
+    unlike torch.from_numpy)."""
+    return tensor(arr, device=device)
+
+
 __version__ = "0.1.0"
 __all__ = [
     "AdapterLimitError", "CaptureError", "Device", "DeviceMismatchError", "GradientStore",
@@ -37,4 +53,6 @@ __all__ = [
     "zeros_like",
     # PyTorch's functions beyond the core above
     "DimError", "ceil", "div", "fix", "flip", "fliplr", "flipud", "floor", "frac",
-    "repeat_interleave", "roll", "round", "sign", "tile", "trunc"]
+    "repeat_interleave", "roll", "round", "sign", "tile", "trunc", "enable_grad",
+    "is_grad_enabled", "inference_mode", "set_grad_enabled", "from_numpy",
+    *_TORCH_FUNCTIONS]

@@ -43,6 +43,19 @@ METHODS = {name: doc for names, doc in {
     "floor ceil round trunc fix frac sign": "rounding and sign (zero gradient; int32 kept)",
     "cpu": "refused with the way to read a tensor to the host (.numpy())",
     "repeat tile repeat_interleave flip fliplr flipud roll": "repeating and reordering copies",
+    "__and__ __or__ __xor__ __invert__ __rand__ __ror__ __rxor__": "logical on masks, "
+                                                                     "bitwise on int32",
+    "logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor "
+    "bitwise_not": "logical (a 1.0/0.0 mask) and bitwise (int32) ops",
+    "isnan isinf isfinite isposinf isneginf isclose allclose equal nan_to_num any all":
+        "predicates (masks), any / all along dim",
+    "masked_fill masked_fill_": "value where a mask is true",
+    "tril triu diagonal diag diag_embed trace": "triangles and diagonals",
+    "erf erfc log2 log10 exp2 expm1 log1p tan asin acos atan sinh cosh asinh acosh atanh "
+    "arcsin arccos arctan arcsinh arccosh arctanh deg2rad rad2deg logit sinc atan2 arctan2 "
+    "hypot logaddexp xlogy lerp": "elementwise math",
+    "new_zeros new_ones new_full new_empty new_tensor": "new tensors on this tensor's device "
+                                                         "and in its dtype",
 }.items() for name in names.split()}
 
 

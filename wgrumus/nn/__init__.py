@@ -1,5 +1,9 @@
 """Neural-network layers, containers, initialisers and functional forms (PyTorch's names)."""
 from . import functional, init
+from .activation_layers import (CELU, ELU, GLU, SELU, BatchNorm1d, Hardshrink, Hardsigmoid,
+                                Hardswish, Hardtanh, LeakyReLU, LogSigmoid, LogSoftmax, Mish,
+                                ModuleDict, PReLU, ReLU6, SiLU, Softmax, Softplus, Softshrink,
+                                Softsign, Tanhshrink, Threshold)
 from .attention import MLP, MultiheadAttention, TransformerBlock, causal_mask
 from .gpt import GPT, GPTConfig
 from .layers import (GELU, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Identity,
@@ -11,4 +15,8 @@ __all__ = ["functional", "init", "Module", "Parameter", "StateDictError", "Seque
            "ModuleList", "Identity", "Linear", "Embedding", "LayerNorm", "BatchNorm2d", "ReLU",
            "GELU", "Tanh", "Sigmoid", "Dropout", "Flatten", "Conv2d", "MaxPool2d", "AvgPool2d",
            "MultiheadAttention", "MLP", "TransformerBlock", "GPT", "GPTConfig", "causal_mask",
-           "CrossEntropyLoss", "MSELoss"]
+           "CrossEntropyLoss", "MSELoss",
+           "CELU", "ELU", "GLU", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh",
+           "LeakyReLU", "LogSigmoid", "LogSoftmax", "Mish", "ModuleDict", "PReLU", "ReLU6",
+           "SELU", "SiLU", "Softmax", "Softplus", "Softshrink", "Softsign", "Tanhshrink",
+           "Threshold", "BatchNorm1d"]

@@ -4,7 +4,28 @@ from __future__ import annotations
 from ..autograd.tape import no_grad
 from ..ops import conv, nnops, spellings
 from ..ops import elementwise as _ew
-from ..ops.elementwise import gelu, relu, sigmoid, tanh
+from ..ops.activations import (
+    celu,
+    elu,
+    glu,
+    hardshrink,
+    hardsigmoid,
+    hardswish,
+    hardtanh,
+    logsigmoid,
+    mish,
+    prelu,
+    relu6,
+    selu,
+    silu,
+    softplus,
+    softshrink,
+    softsign,
+    tanhshrink,
+    threshold,
+)
+from ..ops.creators import one_hot
+from ..ops.elementwise import gelu, leaky_relu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
 from ..ops.launch import run_map
 from ..ops.nnops import dropout, layer_norm
@@ -15,7 +36,9 @@ from ..tensor import Tensor
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
            "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
            "scaled_dot_product_attention", "softmax", "tanh",
-           "pad"]
+           "pad", "celu", "elu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
+           "leaky_relu", "logsigmoid", "mish", "one_hot", "prelu", "relu6", "selu", "silu",
+           "softplus", "softshrink", "softsign", "tanhshrink", "threshold"]
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,

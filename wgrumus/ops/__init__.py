@@ -13,6 +13,7 @@ from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
+from . import activations, creators, logical, mathfn, triangular
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
 from .spellings import cpu, div, log_softmax, softmax
@@ -34,7 +35,12 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "to", "transpose",
     "unsqueeze", "var", "where", "zeros", "zeros_like",
     "ceil", "fix", "floor", "frac", "round", "sign", "trunc",
-    "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile"]
+    "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile",
+    *creators.__all__, *logical.__all__, *mathfn.__all__, *triangular.__all__,
+    *activations.__all__]
+# the functional forms of the modules above, by the names in their __all__
+for _m in (creators, logical, mathfn, triangular, activations):
+    globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 
 
 def _rev(fn):
@@ -92,4 +98,22 @@ register({
     "sign": sign,
     "repeat": repeat, "tile": tile, "repeat_interleave": repeat_interleave, "flip": flip,
     "fliplr": fliplr, "flipud": flipud, "roll": roll,
+    "__and__": logical.bitwise_and, "__or__": logical.bitwise_or,
+    "__xor__": logical.bitwise_xor, "__invert__": logical.bitwise_not,
+    "__rand__": _rev(logical.bitwise_and), "__ror__": _rev(logical.bitwise_or),
+    "__rxor__": _rev(logical.bitwise_xor),
+    **{name: getattr(logical, name) for name in (
+        "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
+        "bitwise_xor", "bitwise_not", "isnan", "isinf", "isfinite", "isposinf", "isneginf",
+        "isclose", "allclose", "equal", "nan_to_num", "masked_fill", "masked_fill_")},
+    "any": logical.any_, "all": logical.all_,
+    **{name: getattr(triangular, name) for name in (
+        "tril", "triu", "diagonal", "diag", "diag_embed", "trace")},
+    **{name: getattr(mathfn, name) for name in (
+        "erf", "erfc", "log2", "log10", "exp2", "expm1", "log1p", "tan", "asin", "acos", "atan",
+        "sinh", "cosh", "asinh", "acosh", "atanh", "arcsin", "arccos", "arctan", "arcsinh",
+        "arccosh", "arctanh", "deg2rad", "rad2deg", "logit", "sinc", "atan2", "arctan2", "hypot",
+        "logaddexp", "xlogy", "lerp")},
+    **{name: getattr(creators, name) for name in (
+        "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor")},
 })
