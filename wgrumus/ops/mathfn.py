@@ -19,8 +19,10 @@ MATH = {
     "log1p": ("log1p_(a)", "a / (1.0 + b)"),
     "tan": ("tan(a)", "a * (1.0 + c * c)"),
     # through atan2: some drivers' asin / acos are off by 1e-4
-    "asin": ("select(atan2(a, sqrt((1.0 - a) * (1.0 + a))), nan_(), abs(a) > 1.0)", "a * inverseSqrt(1.0 - b * b)"),
-    "acos": ("select(atan2(sqrt((1.0 - a) * (1.0 + a)), a), nan_(), abs(a) > 1.0)", "-a * inverseSqrt(1.0 - b * b)"),
+    "asin": ("select(atan2(a, sqrt((1.0 - a) * (1.0 + a))), nan_(), abs(a) > 1.0)",
+             "a * inverseSqrt(1.0 - b * b)"),
+    "acos": ("select(atan2(sqrt((1.0 - a) * (1.0 + a)), a), nan_(), abs(a) > 1.0)",
+             "-a * inverseSqrt(1.0 - b * b)"),
     "atan": ("atan(a)", "a / (1.0 + b * b)"),
     "sinh": ("sinh(a)", "a * cosh(b)"),
     "cosh": ("cosh(a)", "a * sinh(b)"),
