@@ -28,8 +28,8 @@ def linspace(start, end, steps: int, device=None, dtype=float32, requires_grad=F
         raise ValueError(f"linspace: steps must be >= 0, got {steps}")
     t = Tensor.empty((steps,), device, as_dtype(dtype))
     step = (float(end) - float(start)) / (steps - 1) if steps > 1 else 0.0
-    run_map("select(e - st * f32(n - 1 - i32(i)), s + st * f32(i), i32(i) < n / 2)", t, [],
-            {"s": float(start), "e": float(end), "st": step, "n": steps})
+    run_map("select(e - st * f32(cnt - 1 - i32(i)), s + st * f32(i), i32(i) < cnt / 2)", t, [],
+            {"s": float(start), "e": float(end), "st": step, "cnt": steps})
     return t.requires_grad_(True) if requires_grad else t
 
 
