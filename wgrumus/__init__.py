@@ -22,13 +22,15 @@ from .amp import autocast  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint
 from .jit import jit
 from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
+from . import linalg  # noqa: E402
 
 from .autograd import enable_grad, is_grad_enabled  # noqa: E402
 from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
 
 # PyTorch's torch.* functions beyond the core above, from the op modules' __all__
 _TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
-                                                    ops.triangular) for n in m.__all__},
+                                                    ops.triangular, ops.reductions, ops.scan)
+                       for n in m.__all__ if n != "linalg_norm"},
                     "any": ops.logical.any_, "all": ops.logical.all_}
 globals().update(_TORCH_FUNCTIONS)
 
@@ -54,5 +56,5 @@ __all__ = [
     # PyTorch's functions beyond the core above
     "DimError", "ceil", "div", "fix", "flip", "fliplr", "flipud", "floor", "frac",
     "repeat_interleave", "roll", "round", "sign", "tile", "trunc", "enable_grad",
-    "is_grad_enabled", "inference_mode", "set_grad_enabled", "from_numpy",
+    "is_grad_enabled", "inference_mode", "set_grad_enabled", "from_numpy", "linalg",
     *_TORCH_FUNCTIONS]

@@ -54,6 +54,8 @@ METHODS = {name: doc for names, doc in {
     "erf erfc log2 log10 exp2 expm1 log1p tan asin acos atan sinh cosh asinh acosh atanh "
     "arcsin arccos arctan arcsinh arccosh arctanh deg2rad rad2deg logit sinc atan2 arctan2 "
     "hypot logaddexp xlogy lerp": "elementwise math",
+    "cumsum cumprod": "running sums and products along dim",
+    "prod amax amin logsumexp norm count_nonzero nansum nanmean": "more reductions over dim",
     "new_zeros new_ones new_full new_empty new_tensor": "new tensors on this tensor's device "
                                                          "and in its dtype",
 }.items() for name in names.split()}

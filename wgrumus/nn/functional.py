@@ -38,7 +38,13 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
            "scaled_dot_product_attention", "softmax", "tanh",
            "pad", "celu", "elu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
            "leaky_relu", "logsigmoid", "mish", "one_hot", "prelu", "relu6", "selu", "silu",
-           "softplus", "softshrink", "softsign", "tanhshrink", "threshold"]
+           "softplus", "softshrink", "softsign", "tanhshrink", "threshold", "normalize"]
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x / max(||x||_p over dim, eps)."""
+    from ..ops.reductions import vector_norm
+    return x / _ew.clamp(vector_norm(x, p, dim, keepdim=True), min=eps)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,

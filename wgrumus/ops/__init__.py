@@ -13,7 +13,7 @@ from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
-from . import activations, creators, logical, mathfn, triangular
+from . import activations, creators, logical, mathfn, reductions, scan, triangular
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
 from .spellings import cpu, div, log_softmax, softmax
@@ -37,9 +37,9 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "ceil", "fix", "floor", "frac", "round", "sign", "trunc",
     "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile",
     *creators.__all__, *logical.__all__, *mathfn.__all__, *triangular.__all__,
-    *activations.__all__]
+    *activations.__all__, *reductions.__all__, *scan.__all__]
 # the functional forms of the modules above, by the names in their __all__
-for _m in (creators, logical, mathfn, triangular, activations):
+for _m in (creators, logical, mathfn, triangular, activations, reductions, scan):
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 
 
@@ -114,6 +114,9 @@ register({
         "sinh", "cosh", "asinh", "acosh", "atanh", "arcsin", "arccos", "arctan", "arcsinh",
         "arccosh", "arctanh", "deg2rad", "rad2deg", "logit", "sinc", "atan2", "arctan2", "hypot",
         "logaddexp", "xlogy", "lerp")},
+    "cumsum": scan.cumsum, "cumprod": scan.cumprod,
+    **{name: getattr(reductions, name) for name in (
+        "prod", "amax", "amin", "logsumexp", "norm", "count_nonzero", "nansum", "nanmean")},
     **{name: getattr(creators, name) for name in (
         "new_zeros", "new_ones", "new_full", "new_empty", "new_tensor")},
 })

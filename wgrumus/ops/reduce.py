@@ -40,10 +40,10 @@ def _ops(name: str, dtype) -> tuple:
     """(init, COMBINE) in ``dtype``'s arithmetic (NaN kept through max/min: WGSL may drop it)."""
     if dtype == int32:
         return {"sum": (0, "x + y"), "max": (-2 ** 31, "max(x, y)"),
-                "min": (2 ** 31 - 1, "min(x, y)")}[name]
+                "min": (2 ** 31 - 1, "min(x, y)"), "prod": (1, "x * y")}[name]
     nan = "select({0}, x + y, isnan_a(x) || isnan_a(y))"
     return {"sum": (0.0, "x + y"), "max": (float("-inf"), nan.format("max(x, y)")),
-            "min": (float("inf"), nan.format("min(x, y)"))}[name]
+            "min": (float("inf"), nan.format("min(x, y)")), "prod": (1.0, "x * y")}[name]
 
 
 def _axes(x: Tensor, axis) -> tuple:
