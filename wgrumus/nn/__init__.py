@@ -9,6 +9,8 @@ from .gpt import GPT, GPTConfig
 from .layers import (GELU, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Identity,
                      LayerNorm, Linear, MaxPool2d, ModuleList, ReLU, Sequential, Sigmoid, Tanh)
 from .losses import CrossEntropyLoss, MSELoss
+from .more_losses import (BCELoss, BCEWithLogitsLoss, HuberLoss, KLDivLoss, L1Loss, NLLLoss,
+                          SmoothL1Loss)
 from .module import Module, Parameter, StateDictError
 
 __all__ = ["functional", "init", "Module", "Parameter", "StateDictError", "Sequential",
@@ -19,4 +21,5 @@ __all__ = ["functional", "init", "Module", "Parameter", "StateDictError", "Seque
            "CELU", "ELU", "GLU", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh",
            "LeakyReLU", "LogSigmoid", "LogSoftmax", "Mish", "ModuleDict", "PReLU", "ReLU6",
            "SELU", "SiLU", "Softmax", "Softplus", "Softshrink", "Softsign", "Tanhshrink",
-           "Threshold", "BatchNorm1d"]
+           "Threshold", "BatchNorm1d", "BCELoss", "BCEWithLogitsLoss", "HuberLoss", "KLDivLoss",
+           "L1Loss", "NLLLoss", "SmoothL1Loss"]

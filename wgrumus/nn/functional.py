@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops import conv, nnops, spellings
+from ..ops import conv, losses, nnops, spellings
 from ..ops import elementwise as _ew
 from ..ops.activations import (
     celu,
@@ -38,7 +38,11 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
            "scaled_dot_product_attention", "softmax", "tanh",
            "pad", "celu", "elu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
            "leaky_relu", "logsigmoid", "mish", "one_hot", "prelu", "relu6", "selu", "silu",
-           "softplus", "softshrink", "softsign", "tanhshrink", "threshold", "normalize"]
+           "softplus", "softshrink", "softsign", "tanhshrink", "threshold", "normalize",
+           "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss",
+           "smooth_l1_loss", "huber_loss", "kl_div"]
+l1_loss, smooth_l1_loss = losses.l1_loss, losses.smooth_l1_loss
+huber_loss, kl_div = losses.huber_loss, losses.kl_div
 
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
@@ -94,11 +98,39 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
     return conv.avg_pool2d(x, kernel_size, stride=stride, padding=padding)
 
 
-def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100,
-                  label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
-    """Logits [N, C] (or [N, C, ...] flattened by the caller) and integer class targets [N]."""
-    return nnops.cross_entropy(logits, target, ignore_index=ignore_index,
-                               label_smoothing=label_smoothing, reduction=reduction)
+def cross_entropy(logits: Tensor, target, weight=None, size_average=None,
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """PyTorch's signature: int32 class targets ([N], or [N, d...] for [N, C, d...] logits) or
+    float class probabilities (the logits' shape); ``weight`` per class."""
+    _no_legacy(size_average, reduce)
+    return losses.cross_entropy(logits, target, weight, ignore_index, reduction,
+                                label_smoothing)
+
+
+def _no_legacy(size_average, reduce):
+    if size_average is not None or reduce is not None:
+        raise TypeError("size_average= and reduce= are PyTorch's deprecated spellings; use "
+                        "reduction='mean' / 'sum' / 'none'")
+
+
+def nll_loss(x: Tensor, target, weight=None, size_average=None, ignore_index: int = -100,
+             reduce=None, reduction: str = "mean") -> Tensor:
+    _no_legacy(size_average, reduce)
+    return losses.nll_loss(x, target, weight, ignore_index, reduction)
+
+
+def binary_cross_entropy(x: Tensor, target, weight=None, size_average=None, reduce=None,
+                         reduction: str = "mean") -> Tensor:
+    _no_legacy(size_average, reduce)
+    return losses.binary_cross_entropy(x, target, weight, reduction)
+
+
+def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, size_average=None,
+                                     reduce=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    _no_legacy(size_average, reduce)
+    return losses.binary_cross_entropy_with_logits(x, target, weight, reduction, pos_weight)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
