@@ -55,6 +55,9 @@ METHODS = {name: doc for names, doc in {
     "arcsin arccos arctan arcsinh arccosh arctanh deg2rad rad2deg logit sinc atan2 arctan2 "
     "hypot logaddexp xlogy lerp": "elementwise math",
     "cumsum cumprod": "running sums and products along dim",
+    "unflatten": "one dim split into several",
+    "scatter scatter_add scatter_reduce index_add index_copy index_fill":
+        "writes at index tensors along dim (torch's semantics, no atomics)",
     "prod amax amin logsumexp norm count_nonzero nansum nanmean": "more reductions over dim",
     "new_zeros new_ones new_full new_empty new_tensor": "new tensors on this tensor's device "
                                                          "and in its dtype",

@@ -1,5 +1,5 @@
 """Neural-network layers, containers, initialisers and functional forms (PyTorch's names)."""
-from . import functional, init
+from . import functional, init, utils
 from .activation_layers import (CELU, ELU, GLU, SELU, BatchNorm1d, Hardshrink, Hardsigmoid,
                                 Hardswish, Hardtanh, LeakyReLU, LogSigmoid, LogSoftmax, Mish,
                                 ModuleDict, PReLU, ReLU6, SiLU, Softmax, Softplus, Softshrink,
@@ -13,7 +13,7 @@ from .more_losses import (BCELoss, BCEWithLogitsLoss, HuberLoss, KLDivLoss, L1Lo
                           SmoothL1Loss)
 from .module import Module, Parameter, StateDictError
 
-__all__ = ["functional", "init", "Module", "Parameter", "StateDictError", "Sequential",
+__all__ = ["functional", "init", "utils", "Module", "Parameter", "StateDictError", "Sequential",
            "ModuleList", "Identity", "Linear", "Embedding", "LayerNorm", "BatchNorm2d", "ReLU",
            "GELU", "Tanh", "Sigmoid", "Dropout", "Flatten", "Conv2d", "MaxPool2d", "AvgPool2d",
            "MultiheadAttention", "MLP", "TransformerBlock", "GPT", "GPTConfig", "causal_mask",

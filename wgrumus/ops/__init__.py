@@ -14,13 +14,14 @@ from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
 from . import activations, creators, logical, mathfn, reductions, scan, triangular
+from . import scatter as scatter_ops
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
 from .spellings import cpu, div, log_softmax, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
 from .reduce import argmax, argmin, max, mean, min, std, sum, var
 from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, reshape, setitem,
-                    split, squeeze, stack, to, transpose, unsqueeze)
+                    split, squeeze, stack, to, transpose, unflatten, unsqueeze)
 
 
 __all__ = [  # the functional forms (the Tensor methods are registered below)
@@ -35,11 +36,11 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "to", "transpose",
     "unsqueeze", "var", "where", "zeros", "zeros_like",
     "ceil", "fix", "floor", "frac", "round", "sign", "trunc",
-    "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile",
+    "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile", "unflatten",
     *creators.__all__, *logical.__all__, *mathfn.__all__, *triangular.__all__,
-    *activations.__all__, *reductions.__all__, *scan.__all__]
+    *activations.__all__, *reductions.__all__, *scan.__all__, *scatter_ops.__all__]
 # the functional forms of the modules above, by the names in their __all__
-for _m in (creators, logical, mathfn, triangular, activations, reductions, scan):
+for _m in (creators, logical, mathfn, triangular, activations, reductions, scan, scatter_ops):
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 
 
@@ -114,7 +115,8 @@ register({
         "sinh", "cosh", "asinh", "acosh", "atanh", "arcsin", "arccos", "arctan", "arcsinh",
         "arccosh", "arctanh", "deg2rad", "rad2deg", "logit", "sinc", "atan2", "arctan2", "hypot",
         "logaddexp", "xlogy", "lerp")},
-    "cumsum": scan.cumsum, "cumprod": scan.cumprod,
+    "cumsum": scan.cumsum, "cumprod": scan.cumprod, "unflatten": unflatten,
+    **{name: getattr(scatter_ops, name) for name in scatter_ops.__all__},
     **{name: getattr(reductions, name) for name in (
         "prod", "amax", "amin", "logsumexp", "norm", "count_nonzero", "nansum", "nanmean")},
     **{name: getattr(creators, name) for name in (

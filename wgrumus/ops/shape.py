@@ -105,6 +105,13 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
 
 
+def unflatten(x: Tensor, dim: int, sizes) -> Tensor:
+    """Dim ``dim`` split into ``sizes`` (one of them may be -1)."""
+    d = _norm_axis(dim, x.ndim, "dim")
+    sizes = _infer(tuple(sizes), x.shape[d])
+    return reshape(x, x.shape[:d] + sizes + x.shape[d + 1:])
+
+
 def _index_view(x: Tensor, idx):
     """Basic indexing (ints, slices with any step, None, Ellipsis) -> (shape, strides, offset)."""
     if not isinstance(idx, tuple):
