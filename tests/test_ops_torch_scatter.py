@@ -117,3 +117,29 @@ def test_scatter_long_index_column():
     got = wr.scatter_reduce(wr.zeros(3, 1), 0, wr.tensor(idx), wr.tensor(
         np.arange(J, dtype=np.float32).reshape(J, 1)), "amax").numpy()
     np.testing.assert_array_equal(got[:, 0], [J - 1 - (J - 1 - k) % 3 for k in range(3)])
+
+
+@pytest.mark.parametrize("shape", [(7,), (3, 4), (2, 3, 4), ()])
+def test_nonzero_argwhere_masked_select(rng, shape):
+    a = np.where(rng.random(shape) > 0.6, rng.normal(size=shape), 0).astype(np.float32)
+    t = wr.tensor(a)
+    got = t.nonzero()
+    assert got.dtype == wr.int32
+    np.testing.assert_array_equal(got.numpy(), np.argwhere(a))
+    for g, w in zip(wr.nonzero(t, as_tuple=True), np.nonzero(a) if a.ndim else ()):
+        np.testing.assert_array_equal(g.numpy(), w)
+    np.testing.assert_array_equal(wr.argwhere(t).numpy(), np.argwhere(a))
+    m = rng.random(shape) > 0.5
+    np.testing.assert_array_equal(t.masked_select(m).numpy(), a[m])
+
+
+def test_masked_select_broadcast_gradient_and_large(rng):
+    a = rng.normal(size=(3, 4))
+    m = rng.random((4,)) > 0.4
+    check_grad(lambda x: wr.masked_select(x, m), lambda x: x[np.broadcast_to(m, (3, 4))], [a])
+    n = 256 * 65_536 + 9  # past 65,535 workgroups and 2^24
+    x = wr.zeros(n)
+    x[n - 1] = 1.0
+    x[5] = 2.0
+    np.testing.assert_array_equal(wr.nonzero(x).numpy()[:, 0], [5, n - 1])
+    assert wr.nonzero(wr.zeros(0, 3)).shape == (0, 2)
