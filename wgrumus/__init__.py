@@ -30,7 +30,8 @@ from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
 # PyTorch's torch.* functions beyond the core above, from the op modules' __all__
 _TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
                                                     ops.triangular, ops.reductions, ops.scan,
-                                                    ops.scatter_ops, ops.compaction)
+                                                    ops.scatter_ops, ops.compaction,
+                                                    ops.sorting)
                        for n in m.__all__ if n != "linalg_norm"},
                     "any": ops.logical.any_, "all": ops.logical.all_}
 globals().update(_TORCH_FUNCTIONS)

@@ -57,6 +57,7 @@ METHODS = {name: doc for names, doc in {
     "cumsum cumprod": "running sums and products along dim",
     "unflatten": "one dim split into several",
     "nonzero argwhere masked_select": "data-sized results (the count is read back)",
+    "sort argsort msort topk kthvalue median": "sorting along dim (stable, NaN as PyTorch)",
     "scatter scatter_add scatter_reduce index_add index_copy index_fill":
         "writes at index tensors along dim (torch's semantics, no atomics)",
     "prod amax amin logsumexp norm count_nonzero nansum nanmean": "more reductions over dim",

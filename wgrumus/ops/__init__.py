@@ -13,7 +13,7 @@ from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
-from . import (activations, compaction, creators, logical, mathfn, reductions, scan,
+from . import (activations, compaction, creators, logical, mathfn, reductions, scan, sorting,
                triangular)
 from . import scatter as scatter_ops
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
@@ -40,10 +40,10 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile", "unflatten",
     *creators.__all__, *logical.__all__, *mathfn.__all__, *triangular.__all__,
     *activations.__all__, *reductions.__all__, *scan.__all__, *scatter_ops.__all__,
-    *compaction.__all__]
+    *compaction.__all__, *sorting.__all__]
 # the functional forms of the modules above, by the names in their __all__
 for _m in (creators, logical, mathfn, triangular, activations, reductions, scan, scatter_ops,
-           compaction):
+           compaction, sorting):
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 
 
@@ -121,6 +121,7 @@ register({
     "cumsum": scan.cumsum, "cumprod": scan.cumprod, "unflatten": unflatten,
     **{name: getattr(scatter_ops, name) for name in scatter_ops.__all__},
     **{name: getattr(compaction, name) for name in compaction.__all__},
+    **{name: getattr(sorting, name) for name in sorting.__all__},
     **{name: getattr(reductions, name) for name in (
         "prod", "amax", "amin", "logsumexp", "norm", "count_nonzero", "nansum", "nanmean")},
     **{name: getattr(creators, name) for name in (
