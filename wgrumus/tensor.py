@@ -56,6 +56,7 @@ METHODS = {name: doc for names, doc in {
     "hypot logaddexp xlogy lerp": "elementwise math",
     "cumsum cumprod": "running sums and products along dim",
     "unflatten": "one dim split into several",
+    "unfold": "windows of size every step along a dim, as a new last dim",
     "nonzero argwhere masked_select": "data-sized results (the count is read back)",
     "sort argsort msort topk kthvalue median": "sorting along dim (stable, NaN as PyTorch)",
     "scatter scatter_add scatter_reduce index_add index_copy index_fill":

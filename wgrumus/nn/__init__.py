@@ -6,8 +6,11 @@ from .activation_layers import (CELU, ELU, GLU, SELU, BatchNorm1d, Hardshrink, H
                                 Softsign, Tanhshrink, Threshold)
 from .attention import MLP, MultiheadAttention, TransformerBlock, causal_mask
 from .gpt import GPT, GPTConfig
-from .layers import (GELU, AvgPool2d, BatchNorm2d, Conv2d, Dropout, Embedding, Flatten, Identity,
-                     LayerNorm, Linear, MaxPool2d, ModuleList, ReLU, Sequential, Sigmoid, Tanh)
+from .conv_layers import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool1d,
+                          AvgPool2d, Conv1d, Conv2d, ConvTranspose1d, ConvTranspose2d, Fold,
+                          MaxPool1d, MaxPool2d, Unfold, Upsample)
+from .layers import (GELU, BatchNorm2d, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
+                     ModuleList, ReLU, Sequential, Sigmoid, Tanh)
 from .losses import CrossEntropyLoss, MSELoss
 from .more_losses import (BCELoss, BCEWithLogitsLoss, HuberLoss, KLDivLoss, L1Loss, NLLLoss,
                           SmoothL1Loss)
@@ -22,4 +25,6 @@ __all__ = ["functional", "init", "utils", "Module", "Parameter", "StateDictError
            "LeakyReLU", "LogSigmoid", "LogSoftmax", "Mish", "ModuleDict", "PReLU", "ReLU6",
            "SELU", "SiLU", "Softmax", "Softplus", "Softshrink", "Softsign", "Tanhshrink",
            "Threshold", "BatchNorm1d", "BCELoss", "BCEWithLogitsLoss", "HuberLoss", "KLDivLoss",
-           "L1Loss", "NLLLoss", "SmoothL1Loss"]
+           "L1Loss", "NLLLoss", "SmoothL1Loss", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+           "AdaptiveMaxPool2d", "AvgPool1d", "Conv1d", "ConvTranspose1d", "ConvTranspose2d",
+           "Fold", "MaxPool1d", "Unfold", "Upsample"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops import conv, losses, nnops, spellings
+from ..ops import convolution, losses, nnops, spellings
 from ..ops import elementwise as _ew
 from ..ops.activations import (
     celu,
@@ -40,7 +40,10 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
            "leaky_relu", "logsigmoid", "mish", "one_hot", "prelu", "relu6", "selu", "silu",
            "softplus", "softshrink", "softsign", "tanhshrink", "threshold", "normalize",
            "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss",
-           "smooth_l1_loss", "huber_loss", "kl_div"]
+           "smooth_l1_loss", "huber_loss", "kl_div", "conv1d", "conv_transpose1d",
+           "conv_transpose2d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d",
+           "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "unfold", "fold",
+           "upsample"]
 l1_loss, smooth_l1_loss = losses.l1_loss, losses.smooth_l1_loss
 huber_loss, kl_div = losses.huber_loss, losses.kl_div
 
@@ -86,16 +89,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return sdpa(query, key, value, attn_mask, dropout_p, dropout_p > 0.0, is_causal)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:
-    return conv.conv2d(x, weight, bias, stride=stride, padding=padding)
+conv2d, conv1d = convolution.conv2d, convolution.conv1d
+conv_transpose1d, conv_transpose2d = convolution.conv_transpose1d, convolution.conv_transpose2d
+max_pool1d, max_pool2d = convolution.max_pool1d, convolution.max_pool2d
+avg_pool1d, avg_pool2d = convolution.avg_pool1d, convolution.avg_pool2d
+adaptive_avg_pool1d = convolution.adaptive_avg_pool1d
+adaptive_avg_pool2d = convolution.adaptive_avg_pool2d
+adaptive_max_pool2d = convolution.adaptive_max_pool2d
+interpolate, unfold, fold = convolution.interpolate, convolution.unfold, convolution.fold
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    return conv.max_pool2d(x, kernel_size, stride=stride, padding=padding)
-
-
-def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    return conv.avg_pool2d(x, kernel_size, stride=stride, padding=padding)
+def upsample(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    return interpolate(x, size, scale_factor, mode, align_corners)
 
 
 def cross_entropy(logits: Tensor, target, weight=None, size_average=None,

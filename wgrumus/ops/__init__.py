@@ -13,8 +13,8 @@ from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
-from . import (activations, compaction, creators, logical, mathfn, reductions, scan, sorting,
-               triangular)
+from . import (activations, compaction, convolution, creators, logical, mathfn, reductions,
+               scan, sorting, triangular)
 from . import scatter as scatter_ops
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
@@ -119,6 +119,7 @@ register({
         "arccosh", "arctanh", "deg2rad", "rad2deg", "logit", "sinc", "atan2", "arctan2", "hypot",
         "logaddexp", "xlogy", "lerp")},
     "cumsum": scan.cumsum, "cumprod": scan.cumprod, "unflatten": unflatten,
+    "unfold": convolution.tensor_unfold,
     **{name: getattr(scatter_ops, name) for name in scatter_ops.__all__},
     **{name: getattr(compaction, name) for name in compaction.__all__},
     **{name: getattr(sorting, name) for name in sorting.__all__},
