@@ -31,7 +31,7 @@ from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
 _TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
                                                     ops.triangular, ops.reductions, ops.scan,
                                                     ops.scatter_ops, ops.compaction,
-                                                    ops.sorting)
+                                                    ops.sorting, ops.contraction)
                        for n in m.__all__ if n != "linalg_norm"},
                     "any": ops.logical.any_, "all": ops.logical.all_}
 globals().update(_TORCH_FUNCTIONS)

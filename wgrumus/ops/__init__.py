@@ -13,8 +13,8 @@ from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
-from . import (activations, compaction, convolution, creators, logical, mathfn, reductions,
-               scan, sorting, triangular)
+from . import (activations, compaction, contraction, convolution, creators, logical, mathfn,
+               reductions, scan, sorting, triangular)
 from . import scatter as scatter_ops
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
@@ -40,10 +40,10 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile", "unflatten",
     *creators.__all__, *logical.__all__, *mathfn.__all__, *triangular.__all__,
     *activations.__all__, *reductions.__all__, *scan.__all__, *scatter_ops.__all__,
-    *compaction.__all__, *sorting.__all__]
+    *compaction.__all__, *sorting.__all__, *contraction.__all__]
 # the functional forms of the modules above, by the names in their __all__
 for _m in (creators, logical, mathfn, triangular, activations, reductions, scan, scatter_ops,
-           compaction, sorting):
+           compaction, sorting, contraction):
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 
 

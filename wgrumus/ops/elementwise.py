@@ -292,9 +292,13 @@ add, sub, mul, div, pow_, maximum, minimum, eq, ne, lt, le, gt, ge = (
 floor_divide, remainder = _make_binary("floordiv"), _make_binary("remainder")
 
 
-def where(cond, x, y) -> Tensor:
+def where(cond, x=None, y=None):
     """cond != 0 ? x : y, all three broadcast together; int32 where x and y are int32 tensors
-    or Python ints (PyTorch's integer result), else float32."""
+    or Python ints (PyTorch's integer result), else float32. where(cond) alone:
+    nonzero(cond, as_tuple=True)."""
+    if x is None and y is None:
+        from .compaction import nonzero
+        return nonzero(cond, as_tuple=True)
     like = next(t for t in (cond, x, y) if isinstance(t, Tensor))
     from ..tensor import tensor
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
