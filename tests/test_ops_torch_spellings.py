@@ -182,3 +182,33 @@ def test_functional_sdpa_attn_mask_and_scale(rng):
     np.testing.assert_allclose(got.numpy(), ref(1 / np.sqrt(8)), rtol=1e-4, atol=1e-5)
     got = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=keep, scale=0.5)
     np.testing.assert_allclose(got.numpy(), ref(0.5), rtol=1e-4, atol=1e-5)
+
+
+def test_inplace_methods_and_other_spellings(rng):
+    a = rng.normal(size=(2, 3)).astype(np.float32)
+    x = wr.tensor(a)
+    assert x.add_(1.0) is x and x.mul_(2.0) is x and x.sub_(wr.ones(3)) is x and x.div_(4.0) is x
+    np.testing.assert_allclose(x.numpy(), ((a + 1) * 2 - 1) / 4, rtol=1e-6)
+    x.clamp_(min=0.0)
+    assert (x.numpy() >= 0).all()
+    y = wr.zeros(2, 3)
+    y.copy_(wr.tensor(a))
+    np.testing.assert_array_equal(y.numpy(), a)
+    np.testing.assert_array_equal(y.relu_().numpy(), np.maximum(a, 0))
+    p = wr.tensor(a, requires_grad=True)
+    with pytest.raises(RuntimeError, match="in-place"):
+        p.add_(1.0)
+    t = wr.tensor(a)
+    assert t.expand_as(wr.zeros(4, 2, 3)).shape == (4, 2, 3)
+    assert t.view_as(wr.zeros(3, 2)).shape == (3, 2) and t.reshape_as(wr.zeros(6)).shape == (6,)
+    assert t.type_as(wr.zeros(1, dtype=wr.int32)).dtype == wr.int32
+    assert t.is_floating_point() and not t.int().is_floating_point()
+    np.testing.assert_allclose(t.mm(t.T).numpy(), a @ a.T, rtol=1e-5)
+    np.testing.assert_allclose(wr.bmm(t[None], t.T[None]).numpy(), (a @ a.T)[None], rtol=1e-5)
+    np.testing.assert_array_equal(t.clip(-0.5, 0.5).numpy(), np.clip(a, -0.5, 0.5))
+    for name in ("abs", "neg", "sin", "cos", "square"):
+        np.testing.assert_allclose(getattr(wr, name)(t).numpy(),
+                                   getattr(np, {"neg": "negative"}.get(name, name))(a),
+                                   rtol=1e-6)
+    np.testing.assert_allclose(wr.pow(t, 2).numpy(), a ** 2, rtol=1e-6)
+    assert wr.numel(t) == 6 and wr.is_tensor(t) and not wr.is_tensor(a)

@@ -33,7 +33,14 @@ _TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, o
                                                     ops.scatter_ops, ops.compaction,
                                                     ops.sorting, ops.contraction)
                        for n in m.__all__ if n != "linalg_norm"},
-                    "any": ops.logical.any_, "all": ops.logical.all_}
+                    **{n: getattr(ops, n) for n in (
+                        "add", "sub", "mul", "neg", "sin", "cos", "clamp", "reciprocal", "rsqrt",
+                        "square", "eq", "ne", "lt", "le", "gt", "ge", "transpose", "permute",
+                        "reshape", "flatten", "squeeze", "unsqueeze", "unflatten", "prelu",
+                        "selu", "celu")},
+                    "any": ops.logical.any_, "all": ops.logical.all_, "abs": ops.abs_,
+                    "pow": ops.pow_, "clip": ops.clamp, "mm": ops.matmul, "bmm": ops.matmul,
+                    "numel": lambda x: x.numel(), "is_tensor": lambda x: isinstance(x, Tensor)}
 globals().update(_TORCH_FUNCTIONS)
 
 

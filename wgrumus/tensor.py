@@ -57,6 +57,10 @@ METHODS = {name: doc for names, doc in {
     "cumsum cumprod": "running sums and products along dim",
     "unflatten": "one dim split into several",
     "unfold": "windows of size every step along a dim, as a new last dim",
+    "add_ sub_ mul_ div_ clamp_ clip_ copy_ relu_": "in-place forms (refused on a tensor that "
+                                                    "requires grad, outside no_grad)",
+    "clip expand_as view_as reshape_as type_as mm bmm is_floating_point":
+        "PyTorch's other spellings",
     "nonzero argwhere masked_select": "data-sized results (the count is read back)",
     "sort argsort msort topk kthvalue median": "sorting along dim (stable, NaN as PyTorch)",
     "scatter scatter_add scatter_reduce index_add index_copy index_fill":

@@ -52,12 +52,12 @@ def _rev(fn):
 
 
 def _inplace(fn):
-    def op(self, other):
+    def op(self, *args, **kwargs):
         from ..autograd.tape import is_grad_enabled
         if self.requires_grad and is_grad_enabled():
             raise RuntimeError("in-place update of a tensor that requires grad; wrap it in "
                                "wr.no_grad() (as optimizers do) or use the out-of-place op")
-        r = fn(self, other)
+        r = fn(self, *args, **kwargs)
         copy_into(self, r)
         return self
     return op
@@ -120,6 +120,15 @@ register({
         "logaddexp", "xlogy", "lerp")},
     "cumsum": scan.cumsum, "cumprod": scan.cumprod, "unflatten": unflatten,
     "unfold": convolution.tensor_unfold,
+    "add_": _inplace(add), "sub_": _inplace(sub), "mul_": _inplace(mul), "div_": _inplace(div),
+    "clamp_": _inplace(clamp), "clip_": _inplace(clamp), "copy_": _inplace(lambda a, b: b),
+    "relu_": _inplace(lambda a, _=None: relu(a)), "clip": clamp,
+    "expand_as": lambda self, other: expand(self, other.shape),
+    "view_as": lambda self, other: reshape(self, other.shape),
+    "reshape_as": lambda self, other: reshape(self, other.shape),
+    "type_as": lambda self, other: cast(self, other.dtype),
+    "mm": matmul, "bmm": matmul,
+    "is_floating_point": lambda self: self.dtype.kind == "f",
     **{name: getattr(scatter_ops, name) for name in scatter_ops.__all__},
     **{name: getattr(compaction, name) for name in compaction.__all__},
     **{name: getattr(sorting, name) for name in sorting.__all__},
