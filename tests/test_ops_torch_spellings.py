@@ -212,3 +212,37 @@ def test_inplace_methods_and_other_spellings(rng):
                                    rtol=1e-6)
     np.testing.assert_allclose(wr.pow(t, 2).numpy(), a ** 2, rtol=1e-6)
     assert wr.numel(t) == 6 and wr.is_tensor(t) and not wr.is_tensor(a)
+
+
+def test_readme_names_exist():
+    """The names the README's "Coming from PyTorch" rows for these ops give exist."""
+    for name in ("pad", "silu", "softplus", "elu", "selu", "celu", "leaky_relu", "hardtanh",
+                 "relu6", "hardswish", "hardsigmoid", "mish", "softsign", "logsigmoid",
+                 "tanhshrink", "softshrink", "hardshrink", "threshold", "prelu", "glu",
+                 "normalize", "one_hot", "conv1d", "conv_transpose1d", "conv_transpose2d",
+                 "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+                 "interpolate", "unfold", "fold", "nll_loss", "binary_cross_entropy",
+                 "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss", "huber_loss",
+                 "kl_div", "scaled_dot_product_attention"):
+        assert callable(getattr(F, name)), name
+    for name in ("repeat_interleave", "flip", "roll", "tile", "unflatten", "meshgrid", "tril",
+                 "triu", "diagonal", "diag", "diag_embed", "trace", "erf", "erfc", "log2",
+                 "log10", "exp2", "expm1", "log1p", "atan2", "hypot", "logaddexp", "xlogy",
+                 "lerp", "floor", "ceil", "round", "trunc", "frac", "sign", "isnan", "isinf",
+                 "isfinite", "nan_to_num", "isclose", "allclose", "equal", "logical_and",
+                 "bitwise_and", "masked_fill", "any", "all", "prod", "amax", "amin",
+                 "logsumexp", "cumsum", "cumprod", "count_nonzero", "nansum", "nanmean", "sort",
+                 "argsort", "topk", "kthvalue", "median", "msort", "scatter", "scatter_add",
+                 "scatter_reduce", "index_add", "index_copy", "index_fill", "nonzero",
+                 "argwhere", "masked_select", "einsum", "eye", "linspace", "logspace", "randint",
+                 "full_like", "rand_like", "randn_like", "empty_like", "from_numpy",
+                 "inference_mode", "enable_grad", "set_grad_enabled", "div"):
+        assert callable(getattr(wr, name)), name
+    for name in ("new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "norm",
+                 "masked_fill_", "add_", "mul_", "clamp_", "copy_", "gather", "repeat"):
+        assert callable(getattr(wr.Tensor, name)), name
+    for name in ("SiLU", "Softmax", "LogSoftmax", "LeakyReLU", "ModuleDict", "BatchNorm1d",
+                 "NLLLoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "Conv1d",
+                 "ConvTranspose2d", "Upsample", "AdaptiveAvgPool2d"):
+        assert hasattr(wr.nn, name), name
+    assert callable(wr.nn.utils.clip_grad_norm_) and callable(wr.linalg.norm)
