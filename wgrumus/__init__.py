@@ -31,15 +31,18 @@ from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
 _TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
                                                     ops.triangular, ops.reductions, ops.scan,
                                                     ops.scatter_ops, ops.compaction,
-                                                    ops.sorting, ops.contraction)
+                                                    ops.sorting, ops.contraction,
+                                                    ops.more_shapes)
                        for n in m.__all__ if n != "linalg_norm"},
                     **{n: getattr(ops, n) for n in (
                         "add", "sub", "mul", "neg", "sin", "cos", "clamp", "reciprocal", "rsqrt",
                         "square", "eq", "ne", "lt", "le", "gt", "ge", "transpose", "permute",
+                        "index_select",
                         "reshape", "flatten", "squeeze", "unsqueeze", "unflatten", "prelu",
                         "selu", "celu")},
                     "any": ops.logical.any_, "all": ops.logical.all_, "abs": ops.abs_,
-                    "pow": ops.pow_, "clip": ops.clamp, "mm": ops.matmul, "bmm": ops.matmul,
+                    "pow": ops.pow_, "clamp": ops.more_shapes.clamp_tensor,
+                    "clip": ops.more_shapes.clamp_tensor, "mm": ops.matmul, "bmm": ops.matmul,
                     "numel": lambda x: x.numel(), "is_tensor": lambda x: isinstance(x, Tensor)}
 globals().update(_TORCH_FUNCTIONS)
 

@@ -59,6 +59,8 @@ METHODS = {name: doc for names, doc in {
     "unfold": "windows of size every step along a dim, as a new last dim",
     "add_ sub_ mul_ div_ clamp_ clip_ copy_ relu_": "in-place forms (refused on a tensor that "
                                                     "requires grad, outside no_grad)",
+    "narrow select movedim moveaxis swapaxes swapdims take_along_dim index_select clamp_min "
+    "clamp_max diff outer dot inner ger": "more shape helpers and products",
     "clip expand_as view_as reshape_as type_as mm bmm is_floating_point":
         "PyTorch's other spellings",
     "nonzero argwhere masked_select": "data-sized results (the count is read back)",

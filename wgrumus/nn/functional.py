@@ -28,6 +28,7 @@ from ..ops.creators import one_hot
 from ..ops.elementwise import gelu, leaky_relu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
 from ..ops.launch import run_map
+from ..ops.more_shapes import cdist, cosine_similarity, pairwise_distance
 from ..ops.nnops import dropout, layer_norm
 from ..ops.padding import pad
 from ..ops.reduce import mean as _mean
@@ -43,7 +44,7 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
            "smooth_l1_loss", "huber_loss", "kl_div", "conv1d", "conv_transpose1d",
            "conv_transpose2d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d",
            "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "unfold", "fold",
-           "upsample"]
+           "upsample", "cdist", "cosine_similarity", "pairwise_distance"]
 l1_loss, smooth_l1_loss = losses.l1_loss, losses.smooth_l1_loss
 huber_loss, kl_div = losses.huber_loss, losses.kl_div
 

@@ -14,7 +14,7 @@ from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, index_select
 from .nnops import cross_entropy, dropout, layer_norm, mse_loss
 from . import (activations, compaction, contraction, convolution, creators, logical, mathfn,
-               reductions, scan, sorting, triangular)
+               more_shapes, reductions, scan, sorting, triangular)
 from . import scatter as scatter_ops
 from .repeat import flip, fliplr, flipud, repeat, repeat_interleave, roll, tile
 from .rounding import ceil, fix, floor, frac, round, sign, trunc
@@ -40,10 +40,10 @@ __all__ = [  # the functional forms (the Tensor methods are registered below)
     "flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile", "unflatten",
     *creators.__all__, *logical.__all__, *mathfn.__all__, *triangular.__all__,
     *activations.__all__, *reductions.__all__, *scan.__all__, *scatter_ops.__all__,
-    *compaction.__all__, *sorting.__all__, *contraction.__all__]
+    *compaction.__all__, *sorting.__all__, *contraction.__all__, *more_shapes.__all__]
 # the functional forms of the modules above, by the names in their __all__
 for _m in (creators, logical, mathfn, triangular, activations, reductions, scan, scatter_ops,
-           compaction, sorting, contraction):
+           compaction, sorting, contraction, more_shapes):
     globals().update({_n: getattr(_m, _n) for _n in _m.__all__})
 
 
@@ -82,7 +82,8 @@ register({
     "maximum": maximum, "minimum": minimum,
     "neg": neg, "exp": exp, "log": log, "sqrt": sqrt, "rsqrt": rsqrt, "abs": abs_, "tanh": tanh,
     "sigmoid": sigmoid, "relu": relu, "gelu": gelu, "leaky_relu": leaky_relu, "sin": sin,
-    "cos": cos, "square": square, "reciprocal": reciprocal, "clamp": clamp,
+    "cos": cos, "square": square, "reciprocal": reciprocal,
+    "clamp": more_shapes.clamp_tensor,
     "sum": sum, "mean": mean, "max": max, "min": min, "argmax": argmax, "argmin": argmin,
     "var": var, "std": std,
     "reshape": reshape, "view": reshape, "permute": permute, "transpose": transpose,
@@ -121,13 +122,17 @@ register({
     "cumsum": scan.cumsum, "cumprod": scan.cumprod, "unflatten": unflatten,
     "unfold": convolution.tensor_unfold,
     "add_": _inplace(add), "sub_": _inplace(sub), "mul_": _inplace(mul), "div_": _inplace(div),
-    "clamp_": _inplace(clamp), "clip_": _inplace(clamp), "copy_": _inplace(lambda a, b: b),
-    "relu_": _inplace(lambda a, _=None: relu(a)), "clip": clamp,
+    "clamp_": _inplace(more_shapes.clamp_tensor), "clip_": _inplace(more_shapes.clamp_tensor),
+    "copy_": _inplace(lambda a, b: b),
+    "relu_": _inplace(lambda a, _=None: relu(a)), "clip": more_shapes.clamp_tensor,
     "expand_as": lambda self, other: expand(self, other.shape),
     "view_as": lambda self, other: reshape(self, other.shape),
     "reshape_as": lambda self, other: reshape(self, other.shape),
     "type_as": lambda self, other: cast(self, other.dtype),
-    "mm": matmul, "bmm": matmul,
+    "mm": matmul, "bmm": matmul, "index_select": index_select,
+    **{name: getattr(more_shapes, name) for name in (
+        "narrow", "select", "movedim", "moveaxis", "swapaxes", "swapdims", "take_along_dim",
+        "clamp_min", "clamp_max", "diff", "outer", "dot", "inner", "ger")},
     "is_floating_point": lambda self: self.dtype.kind == "f",
     **{name: getattr(scatter_ops, name) for name in scatter_ops.__all__},
     **{name: getattr(compaction, name) for name in compaction.__all__},
