@@ -76,3 +76,44 @@ def test_similarities_and_distances(rng):
     x = wr.tensor(a.astype(np.float32), requires_grad=True)
     wr.cdist(x, x).sum().backward()  # zero distances on the diagonal: no NaN
     assert np.isfinite(x.grad.numpy()).all()
+
+
+def np_group_norm(x, G, w=None, b=None, eps=1e-5):
+    N, C = x.shape[:2]
+    g = x.reshape(N, G, -1)
+    y = ((g - g.mean(2, keepdims=True)) / np.sqrt(g.var(2, keepdims=True) + eps)).reshape(x.shape)
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    return y * (1 if w is None else w.reshape(shape)) + (0 if b is None else b.reshape(shape))
+
+
+def test_group_and_instance_norm(rng):
+    from wgrumus import nn
+    x = rng.normal(size=(2, 4, 3, 2))
+    w, b = rng.normal(size=(4,)), rng.normal(size=(4,))
+    check_grad(lambda x, w, b: F.group_norm(x, 2, w, b), lambda x, w, b: np_group_norm(
+        x, 2, w, b), [x, w, b])
+    check_grad(lambda x: F.instance_norm(x), lambda x: np_group_norm(x, 4), [x])
+    m = nn.GroupNorm(2, 4)
+    assert len(list(m.parameters())) == 2
+    np.testing.assert_allclose(m(wr.tensor(x.astype(np.float32))).numpy(),
+                               np_group_norm(x, 2), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(nn.InstanceNorm2d(4)(wr.tensor(x.astype(np.float32))).numpy(),
+                               np_group_norm(x, 4), rtol=1e-4, atol=1e-5)
+    with pytest.raises(wr.ShapeError, match="groups"):
+        F.group_norm(wr.zeros(2, 3, 4), 2)
+
+
+def test_padding_modules_and_unflatten(rng):
+    from wgrumus import nn
+    x = rng.normal(size=(1, 2, 3, 4)).astype(np.float32)
+    t = wr.tensor(x)
+    w2 = [(0, 0), (0, 0), (1, 1), (1, 1)]
+    np.testing.assert_array_equal(nn.ZeroPad2d(1)(t).numpy(), np.pad(x, w2))
+    np.testing.assert_array_equal(nn.ConstantPad2d((1, 0, 0, 2), 3.0)(t).numpy(),
+                                  np.pad(x, [(0, 0), (0, 0), (0, 2), (1, 0)],
+                                         constant_values=3.0))
+    np.testing.assert_array_equal(nn.ReflectionPad2d(1)(t).numpy(), np.pad(x, w2, "reflect"))
+    np.testing.assert_array_equal(nn.ReplicationPad1d((2, 1))(t[0]).numpy(),
+                                  np.pad(x[0], [(0, 0), (0, 0), (2, 1)], "edge"))
+    np.testing.assert_array_equal(nn.CircularPad2d(1)(t).numpy(), np.pad(x, w2, "wrap"))
+    assert nn.Unflatten(1, (2, 2))(wr.zeros(3, 4)).shape == (3, 2, 2)

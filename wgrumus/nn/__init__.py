@@ -12,6 +12,10 @@ from .conv_layers import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool2
 from .layers import (GELU, BatchNorm2d, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear,
                      ModuleList, ReLU, Sequential, Sigmoid, Tanh)
 from .losses import CrossEntropyLoss, MSELoss
+from .norm_pad_layers import (CircularPad1d, CircularPad2d, ConstantPad1d, ConstantPad2d,
+                              GroupNorm, InstanceNorm1d, InstanceNorm2d, ReflectionPad1d,
+                              ReflectionPad2d, ReplicationPad1d, ReplicationPad2d, Unflatten,
+                              ZeroPad1d, ZeroPad2d)
 from .more_losses import (BCELoss, BCEWithLogitsLoss, HuberLoss, KLDivLoss, L1Loss, NLLLoss,
                           SmoothL1Loss)
 from .module import Module, Parameter, StateDictError
@@ -27,4 +31,7 @@ __all__ = ["functional", "init", "utils", "Module", "Parameter", "StateDictError
            "Threshold", "BatchNorm1d", "BCELoss", "BCEWithLogitsLoss", "HuberLoss", "KLDivLoss",
            "L1Loss", "NLLLoss", "SmoothL1Loss", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
            "AdaptiveMaxPool2d", "AvgPool1d", "Conv1d", "ConvTranspose1d", "ConvTranspose2d",
-           "Fold", "MaxPool1d", "Unfold", "Upsample"]
+           "Fold", "MaxPool1d", "Unfold", "Upsample", "CircularPad1d", "CircularPad2d",
+           "ConstantPad1d", "ConstantPad2d", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d",
+           "ReflectionPad1d", "ReflectionPad2d", "ReplicationPad1d", "ReplicationPad2d",
+           "Unflatten", "ZeroPad1d", "ZeroPad2d"]

@@ -44,7 +44,20 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
            "smooth_l1_loss", "huber_loss", "kl_div", "conv1d", "conv_transpose1d",
            "conv_transpose2d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d",
            "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "unfold", "fold",
-           "upsample", "cdist", "cosine_similarity", "pairwise_distance"]
+           "upsample", "cdist", "cosine_similarity", "pairwise_distance", "group_norm",
+           "instance_norm"]
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    from .norm_pad_layers import group_norm as _group_norm
+    return _group_norm(x, num_groups, weight, bias, eps)
+
+
+def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    from .norm_pad_layers import instance_norm as _instance_norm
+    return _instance_norm(x, running_mean, running_var, weight, bias, use_input_stats,
+                          momentum, eps)
 l1_loss, smooth_l1_loss = losses.l1_loss, losses.smooth_l1_loss
 huber_loss, kl_div = losses.huber_loss, losses.kl_div
 
