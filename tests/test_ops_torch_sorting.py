@@ -68,3 +68,15 @@ def test_sort_long_row():
     v, i = wr.sort(wr.tensor(a))
     np.testing.assert_array_equal(v.numpy(), np.arange(n))
     np.testing.assert_array_equal(a[i.numpy()], np.arange(n))
+
+
+@pytest.mark.parametrize("shape", [(12,), (3, 5), (0,)])
+def test_unique(rng, shape):
+    a = rng.integers(-3, 4, size=shape).astype(np.float32)
+    vals, inv, counts = wr.unique(wr.tensor(a), return_inverse=True, return_counts=True)
+    wv, wi, wc = np.unique(a, return_inverse=True, return_counts=True)
+    np.testing.assert_array_equal(vals.numpy(), wv)
+    np.testing.assert_array_equal(inv.numpy(), wi.reshape(a.shape))
+    np.testing.assert_array_equal(counts.numpy(), wc)
+    i = a.astype(np.int32)
+    np.testing.assert_array_equal(wr.tensor(i).unique().numpy(), np.unique(i))

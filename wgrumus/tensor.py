@@ -64,7 +64,8 @@ METHODS = {name: doc for names, doc in {
     "clip expand_as view_as reshape_as type_as mm bmm is_floating_point":
         "PyTorch's other spellings",
     "nonzero argwhere masked_select": "data-sized results (the count is read back)",
-    "sort argsort msort topk kthvalue median": "sorting along dim (stable, NaN as PyTorch)",
+    "sort argsort msort topk kthvalue median unique": "sorting along dim (stable, NaN as "
+                                                     "PyTorch)",
     "scatter scatter_add scatter_reduce index_add index_copy index_fill":
         "writes at index tensors along dim (torch's semantics, no atomics)",
     "prod amax amin logsumexp norm count_nonzero nansum nanmean": "more reductions over dim",

@@ -126,4 +126,39 @@ def median(x: Tensor, dim=None, keepdim: bool = False):
     return kthvalue(x, (x.shape[d] - 1) // 2 + 1, d, keepdim)
 
 
-__all__ = ["argsort", "kthvalue", "median", "msort", "sort", "topk"]
+def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
+           return_counts: bool = False, dim=None):
+    """The distinct values, ascending (a sort, the positions where the value changes, a
+    compaction; the count of distinct values is read back to size the result)."""
+    from .compaction import flat_nonzero
+    from .scan import cumsum
+    if dim is not None:
+        raise NotImplementedError("unique(dim=...) is not supported; flatten first")
+    flat = x.reshape((-1,))
+    n = flat.numel()
+    v, order = sort(flat)
+    if n:
+        first = Tensor.empty((n,), x.device, int32)
+        fill_(first._view((1,), (1,), 0), 1)
+        if n > 1:
+            run_map("select(0, 1, a != b)", first._view((n - 1,), (1,), 1),
+                    [v._view((n - 1,), (1,), v.offset + 1), v._view((n - 1,), (1,), v.offset)])
+        starts = flat_nonzero(first)
+    else:
+        first = starts = Tensor.empty((0,), x.device, int32)
+    vals = gather(v.detach(), 0, starts) if n else v
+    out = [vals]
+    if return_inverse:
+        from .scatter import scatter
+        rank = cumsum(first, 0) - 1 if n else first
+        inv = scatter(fill_(Tensor.empty((n,), x.device, int32), 0), 0, order, rank)
+        out.append(inv.reshape(x.shape))
+    if return_counts:
+        from .shape import cat
+        ends = cat([starts[1:], fill_(Tensor.empty((1,), x.device, int32), n)], 0) \
+            if starts.numel() else starts
+        out.append(ends - starts)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+__all__ = ["argsort", "kthvalue", "median", "msort", "sort", "topk", "unique"]
