@@ -80,10 +80,41 @@ fn nan_() -> f32 { return bitcast<f32>(0x7fc00000u); }
 // NaN test on the bits (a compiler may fold x != x to false).
 fn isnan_(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 
-// numpy semantics for a negative base with an integral exponent.
+// a^e for an integer e by squaring: exact where the result is (PyTorch's (-1.5)**2 is 2.25).
+fn powi_(a: f32, e: i32) -> f32 {
+    var n = u32(abs(e));
+    var base = a;
+    var r = 1.0;
+    while (n > 0u) {
+        if ((n & 1u) != 0u) { r *= base; }
+        base *= base;
+        n = n >> 1u;
+    }
+    return select(r, 1.0 / r, e < 0);
+}
+// Integer a^e (wrapping, like PyTorch's integer pow); a negative e gives 0 but for |a| = 1.
+fn ipow_(a: i32, e: i32) -> i32 {
+    if (e < 0) { return select(select(0, 1, a == 1), select(1, -1, (e & 1) != 0), a == -1); }
+    var n = u32(e);
+    var base = a;
+    var r = 1;
+    while (n > 0u) {
+        if ((n & 1u) != 0u) { r *= base; }
+        base *= base;
+        n = n >> 1u;
+    }
+    return r;
+}
+
+// numpy semantics for a negative base with an integral exponent; small integral exponents
+// exact (by squaring); (-inf)^b as C's pow (inf for b > 0, 0 for b < 0).
 fn pow_(a: f32, b: f32) -> f32 {
     if (b == 0.0) { return 1.0; }
+    if (fract(b) == 0.0 && abs(b) <= 64.0) { return powi_(a, i32(b)); }
     if (a == 0.0) { return select(0.0, bitcast<f32>(0x7f800000u), b < 0.0); }
+    if (a == bitcast<f32>(0xff800000u) && fract(b) != 0.0) {
+        return select(0.0, bitcast<f32>(0x7f800000u), b > 0.0);
+    }
     if (a > 0.0) { return exp2(b * log2(a)); }
     if (fract(b) != 0.0) { return nan_(); }
     let r = exp2(b * log2(-a));
@@ -141,3 +172,23 @@ fn round_f16_(x: f32) -> f32 {
 fn round_f16x4_(v: vec4<f32>) -> vec4<f32> {
     return vec4<f32>(round_f16_(v.x), round_f16_(v.y), round_f16_(v.z), round_f16_(v.w));
 }
+
+// log(1 + x) and exp(x) - 1 accurate near 0: a series where 1 + x would round (WGSL has
+// neither; Goldberg's (u - 1) correction is folded away by compilers that reassociate).
+fn log1p_(x: f32) -> f32 {
+    if (abs(x) < 0.1) {
+        return x * (1.0 + x * (-0.5 + x * (0.33333333 + x * (-0.25 + x * (0.2 + x * (
+            -0.16666667 + x * (0.14285714 + x * -0.125)))))));
+    }
+    return log(1.0 + x);
+}
+fn expm1_(x: f32) -> f32 {
+    if (abs(x) < 0.1) {
+        return x * (1.0 + x * (0.5 + x * (0.16666667 + x * (0.041666668 + x * (
+            0.0083333338 + x * (0.0013888889 + x * 0.00019841270))))));
+    }
+    return exp(x) - 1.0;
+}
+// log(1 + exp(x)) without overflow.
+fn softplus_(x: f32) -> f32 { return max(x, 0.0) + log1p_(exp(-abs(x))); }
+fn sigmoid_(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }

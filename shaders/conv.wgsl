@@ -154,6 +154,11 @@ fn avg_div(oh: u32, ow: u32) -> f32 {
     if (pu(20u) == 1u) { return f32(pu(5u) * pu(6u)); }
     let h0 = i32(oh * pu(7u)) - i32(pu(9u));
     let w0 = i32(ow * pu(8u)) - i32(pu(10u));
+    if (pu(20u) == 2u) {  // ceil_mode with padding counted: windows end at the far padding
+        let hp = min(h0 + i32(pu(5u)), i32(pu(3u) + pu(9u)));
+        let wp = min(w0 + i32(pu(6u)), i32(pu(4u) + pu(10u)));
+        return f32((hp - h0) * (wp - w0));
+    }
     let h1 = min(h0 + i32(pu(5u)), i32(pu(3u)));
     let w1 = min(w0 + i32(pu(6u)), i32(pu(4u)));
     return f32((h1 - max(h0, 0)) * (w1 - max(w0, 0)));

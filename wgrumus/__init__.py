@@ -11,7 +11,10 @@ from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, floor_divide, 
                   mean, min, minimum, ones, ones_like, rand, randn, relu, remainder, set_rng_state,
                   sigmoid, softmax, split, sqrt, stack, std, sum, tanh, var, where, zeros,
                   zeros_like)
-from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError,
+from .ops.repeat import flip, fliplr, flipud, repeat_interleave, roll, tile
+from .ops.rounding import ceil, fix, floor, frac, round, sign, trunc  # noqa: A004
+from .ops.spellings import div
+from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError, DimError,
                       MultiGpuContext, NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
 from . import amp, data, nn, optim  # noqa: E402  (build on the core above)
@@ -19,6 +22,36 @@ from .amp import autocast  # noqa: E402
 from .io import load, load_checkpoint, save, save_checkpoint
 from .jit import jit
 from . import parallel  # noqa: E402  (wr.parallel.DataParallel; builds on everything above)
+from . import linalg  # noqa: E402
+
+from .autograd import enable_grad, is_grad_enabled  # noqa: E402
+from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
+
+# PyTorch's torch.* functions beyond the core above, from the op modules' __all__
+_TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
+                                                    ops.triangular, ops.reductions, ops.scan,
+                                                    ops.scatter_ops, ops.compaction,
+                                                    ops.sorting, ops.contraction,
+                                                    ops.more_shapes)
+                       for n in m.__all__ if n != "linalg_norm"},
+                    **{n: getattr(ops, n) for n in (
+                        "add", "sub", "mul", "neg", "sin", "cos", "clamp", "reciprocal", "rsqrt",
+                        "square", "eq", "ne", "lt", "le", "gt", "ge", "transpose", "permute",
+                        "index_select",
+                        "reshape", "flatten", "squeeze", "unsqueeze", "unflatten", "prelu",
+                        "selu", "celu")},
+                    "any": ops.logical.any_, "all": ops.logical.all_, "abs": ops.abs_,
+                    "pow": ops.pow_, "clamp": ops.more_shapes.clamp_tensor,
+                    "clip": ops.more_shapes.clamp_tensor, "mm": ops.matmul, "bmm": ops.matmul,
+                    "numel": lambda x: x.numel(), "is_tensor": lambda x: isinstance(x, Tensor)}
+globals().update(_TORCH_FUNCTIONS)
+
+
+def from_numpy(arr, device=None) -> Tensor:
+    """A tensor with ``arr``'s values on a device (a copy: device memory cannot alias numpy's,
+    unlike torch.from_numpy)."""
+    return tensor(arr, device=device)
+
 
 __version__ = "0.1.0"
 __all__ = [
@@ -31,4 +64,9 @@ __all__ = [
     "no_grad", "ones", "ones_like", "ops", "optim", "parallel", "rand", "randn", "relu",
     "remainder", "runtime", "save", "save_checkpoint", "set_rng_state", "sigmoid", "softmax",
     "split", "sqrt", "stack", "std", "sum", "tanh", "tensor", "utils", "var", "where", "zeros",
-    "zeros_like"]
+    "zeros_like",
+    # PyTorch's functions beyond the core above
+    "DimError", "ceil", "div", "fix", "flip", "fliplr", "flipud", "floor", "frac",
+    "repeat_interleave", "roll", "round", "sign", "tile", "trunc", "enable_grad",
+    "is_grad_enabled", "inference_mode", "set_grad_enabled", "from_numpy", "linalg",
+    *_TORCH_FUNCTIONS]

@@ -39,6 +39,38 @@ METHODS = {name: doc for names, doc in {
                                               "bool gives a 1.0/0.0 mask)",
     "fill_ zero_": "in-place fill",
     "backward": "accumulate d(self) into .grad of every leaf that requires grad",
+    "gather": "torch.gather along dim with an int32 index tensor",
+    "floor ceil round trunc fix frac sign": "rounding and sign (zero gradient; int32 kept)",
+    "cpu": "refused with the way to read a tensor to the host (.numpy())",
+    "repeat tile repeat_interleave flip fliplr flipud roll": "repeating and reordering copies",
+    "__and__ __or__ __xor__ __invert__ __rand__ __ror__ __rxor__": "logical on masks, "
+                                                                     "bitwise on int32",
+    "logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor "
+    "bitwise_not": "logical (a 1.0/0.0 mask) and bitwise (int32) ops",
+    "isnan isinf isfinite isposinf isneginf isclose allclose equal nan_to_num any all":
+        "predicates (masks), any / all along dim",
+    "masked_fill masked_fill_": "value where a mask is true",
+    "tril triu diagonal diag diag_embed trace": "triangles and diagonals",
+    "erf erfc log2 log10 exp2 expm1 log1p tan asin acos atan sinh cosh asinh acosh atanh "
+    "arcsin arccos arctan arcsinh arccosh arctanh deg2rad rad2deg logit sinc atan2 arctan2 "
+    "hypot logaddexp xlogy lerp": "elementwise math",
+    "cumsum cumprod": "running sums and products along dim",
+    "unflatten": "one dim split into several",
+    "unfold": "windows of size every step along a dim, as a new last dim",
+    "add_ sub_ mul_ div_ clamp_ clip_ copy_ relu_": "in-place forms (refused on a tensor that "
+                                                    "requires grad, outside no_grad)",
+    "narrow select movedim moveaxis swapaxes swapdims take_along_dim index_select clamp_min "
+    "clamp_max diff outer dot inner ger": "more shape helpers and products",
+    "clip expand_as view_as reshape_as type_as mm bmm is_floating_point":
+        "PyTorch's other spellings",
+    "nonzero argwhere masked_select": "data-sized results (the count is read back)",
+    "sort argsort msort topk kthvalue median unique": "sorting along dim (stable, NaN as "
+                                                     "PyTorch)",
+    "scatter scatter_add scatter_reduce index_add index_copy index_fill":
+        "writes at index tensors along dim (torch's semantics, no atomics)",
+    "prod amax amin logsumexp norm count_nonzero nansum nanmean": "more reductions over dim",
+    "new_zeros new_ones new_full new_empty new_tensor": "new tensors on this tensor's device "
+                                                         "and in its dtype",
 }.items() for name in names.split()}
 
 

@@ -27,6 +27,9 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout_p: float = 0.0,
                                  training: bool = False, is_causal: bool = False):
     """softmax(q k^T / sqrt(d) + mask) v over [..., T, d]: the fused kernel where the scores
     would be large and no mask or dropout applies, else ``unfused_attention``."""
+    if is_causal and mask is not None:
+        raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal=True, not "
+                         "both (PyTorch refuses the pair too); fold the causal part into the mask")
     Tq, Tk = q.shape[-2], k.shape[-2]
     if (mask is None and (dropout_p == 0.0 or not training) and (not is_causal or Tq == Tk)
             and prefer_fused(q.device, math.prod(q.shape[:-2]), q.shape[-1], Tq, Tk)):

@@ -2,18 +2,70 @@
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops import conv, nnops
+from ..ops import convolution, losses, nnops, spellings
 from ..ops import elementwise as _ew
-from ..ops.elementwise import gelu, relu, sigmoid, tanh
+from ..ops.activations import (
+    celu,
+    elu,
+    glu,
+    hardshrink,
+    hardsigmoid,
+    hardswish,
+    hardtanh,
+    logsigmoid,
+    mish,
+    prelu,
+    relu6,
+    selu,
+    silu,
+    softplus,
+    softshrink,
+    softsign,
+    tanhshrink,
+    threshold,
+)
+from ..ops.creators import one_hot
+from ..ops.elementwise import gelu, leaky_relu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
 from ..ops.launch import run_map
+from ..ops.more_shapes import cdist, cosine_similarity, pairwise_distance
 from ..ops.nnops import dropout, layer_norm
+from ..ops.padding import pad
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
 
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
            "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
-           "softmax", "tanh"]
+           "scaled_dot_product_attention", "softmax", "tanh",
+           "pad", "celu", "elu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
+           "leaky_relu", "logsigmoid", "mish", "one_hot", "prelu", "relu6", "selu", "silu",
+           "softplus", "softshrink", "softsign", "tanhshrink", "threshold", "normalize",
+           "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss",
+           "smooth_l1_loss", "huber_loss", "kl_div", "conv1d", "conv_transpose1d",
+           "conv_transpose2d", "max_pool1d", "avg_pool1d", "adaptive_avg_pool1d",
+           "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "unfold", "fold",
+           "upsample", "cdist", "cosine_similarity", "pairwise_distance", "group_norm",
+           "instance_norm"]
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
+    from .norm_pad_layers import group_norm as _group_norm
+    return _group_norm(x, num_groups, weight, bias, eps)
+
+
+def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
+                  use_input_stats=True, momentum=0.1, eps=1e-5):
+    from .norm_pad_layers import instance_norm as _instance_norm
+    return _instance_norm(x, running_mean, running_var, weight, bias, use_input_stats,
+                          momentum, eps)
+l1_loss, smooth_l1_loss = losses.l1_loss, losses.smooth_l1_loss
+huber_loss, kl_div = losses.huber_loss, losses.kl_div
+
+
+def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """x / max(||x||_p over dim, eps)."""
+    from ..ops.reductions import vector_norm
+    return x / _ew.clamp(vector_norm(x, p, dim, keepdim=True), min=eps)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
@@ -24,31 +76,80 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
     return _linear(x, weight, bias, activation, residual)
 
 
-def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return nnops.softmax(x, dim)
+def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
+    return spellings.softmax(x, dim, dtype)
 
 
-def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return nnops.log_softmax(x, dim)
+def log_softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
+    return spellings.log_softmax(x, dim, dtype)
 
 
-def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:
-    return conv.conv2d(x, weight, bias, stride=stride, padding=padding)
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None) -> Tensor:
+    """PyTorch's signature. ``attn_mask`` is added to the scores (a float mask: 0 keeps, -inf
+    drops); a numpy bool array (True keeps) is turned into that. ``dropout_p`` applies as in
+    PyTorch's functional form (always, not only in training)."""
+    import math
+
+    import numpy as np
+
+    from .attention import scaled_dot_product_attention as sdpa
+    if isinstance(attn_mask, np.ndarray) and attn_mask.dtype == np.bool_:
+        from ..tensor import tensor
+        attn_mask = tensor(np.where(attn_mask, 0.0, -np.inf).astype(np.float32),
+                           device=query.device)
+    if scale is not None:  # sdpa scales by 1/sqrt(d): fold the difference into q
+        query = query * (float(scale) * math.sqrt(query.shape[-1]))
+    return sdpa(query, key, value, attn_mask, dropout_p, dropout_p > 0.0, is_causal)
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    return conv.max_pool2d(x, kernel_size, stride=stride, padding=padding)
+conv2d, conv1d = convolution.conv2d, convolution.conv1d
+conv_transpose1d, conv_transpose2d = convolution.conv_transpose1d, convolution.conv_transpose2d
+max_pool1d, max_pool2d = convolution.max_pool1d, convolution.max_pool2d
+avg_pool1d, avg_pool2d = convolution.avg_pool1d, convolution.avg_pool2d
+adaptive_avg_pool1d = convolution.adaptive_avg_pool1d
+adaptive_avg_pool2d = convolution.adaptive_avg_pool2d
+adaptive_max_pool2d = convolution.adaptive_max_pool2d
+interpolate, unfold, fold = convolution.interpolate, convolution.unfold, convolution.fold
 
 
-def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
-    return conv.avg_pool2d(x, kernel_size, stride=stride, padding=padding)
+def upsample(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    return interpolate(x, size, scale_factor, mode, align_corners)
 
 
-def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100,
-                  label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
-    """Logits [N, C] (or [N, C, ...] flattened by the caller) and integer class targets [N]."""
-    return nnops.cross_entropy(logits, target, ignore_index=ignore_index,
-                               label_smoothing=label_smoothing, reduction=reduction)
+def cross_entropy(logits: Tensor, target, weight=None, size_average=None,
+                  ignore_index: int = -100, reduce=None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """PyTorch's signature: int32 class targets ([N], or [N, d...] for [N, C, d...] logits) or
+    float class probabilities (the logits' shape); ``weight`` per class."""
+    _no_legacy(size_average, reduce)
+    return losses.cross_entropy(logits, target, weight, ignore_index, reduction,
+                                label_smoothing)
+
+
+def _no_legacy(size_average, reduce):
+    if size_average is not None or reduce is not None:
+        raise TypeError("size_average= and reduce= are PyTorch's deprecated spellings; use "
+                        "reduction='mean' / 'sum' / 'none'")
+
+
+def nll_loss(x: Tensor, target, weight=None, size_average=None, ignore_index: int = -100,
+             reduce=None, reduction: str = "mean") -> Tensor:
+    _no_legacy(size_average, reduce)
+    return losses.nll_loss(x, target, weight, ignore_index, reduction)
+
+
+def binary_cross_entropy(x: Tensor, target, weight=None, size_average=None, reduce=None,
+                         reduction: str = "mean") -> Tensor:
+    _no_legacy(size_average, reduce)
+    return losses.binary_cross_entropy(x, target, weight, reduction)
+
+
+def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, size_average=None,
+                                     reduce=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    _no_legacy(size_average, reduce)
+    return losses.binary_cross_entropy_with_logits(x, target, weight, reduction, pos_weight)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:

@@ -16,18 +16,23 @@ def empty(*shape, device=None, dtype=float32) -> Tensor:
     return Tensor.empty(varargs(shape), device, as_dtype(dtype))
 
 
-def full(shape, value, device=None, dtype=float32, requires_grad=False) -> Tensor:
+def full(shape, value, device=None, dtype=None, requires_grad=False) -> Tensor:
+    """``value`` everywhere; without ``dtype``, int32 for a Python int (PyTorch's integer
+    tensor), else float32."""
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if dtype is None:
+        integral = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        dtype = int32 if integral else float32
     t = fill_(Tensor.empty(shape, device, as_dtype(dtype)), value)
     return t.requires_grad_(True) if requires_grad else t
 
 
 def zeros(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
-    return full(varargs(shape), 0, device, dtype, requires_grad)
+    return full(varargs(shape), 0, device, dtype or float32, requires_grad)
 
 
 def ones(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
-    return full(varargs(shape), 1, device, dtype, requires_grad)
+    return full(varargs(shape), 1, device, dtype or float32, requires_grad)
 
 
 _dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -131,7 +131,7 @@ BINARY = {
     "sub": ("a - b", "a - b"),
     "mul": ("a * b", "a * b"),
     "div": ("a / b", None),
-    "pow": ("pow_(a, b)", None),
+    "pow": ("pow_(a, b)", "ipow_(a, b)"),
     "maximum": (f"select(max(a, b), a + b, {_ANY_NAN})", "max(a, b)"),
     "minimum": (f"select(min(a, b), a + b, {_ANY_NAN})", "min(a, b)"),
     # floor division and Python's modulo (sign of the divisor); integer x // 0 and x % 0 give 0
@@ -168,8 +168,11 @@ def _binary_backward(name, a, b, out):
             ga = map_op("a / b", [g, b]) if a.requires_grad else None
             gb = map_op("-a * c / b", [g, b, out]) if b.requires_grad else None
         elif name == "pow":
-            ga = map_op("a * c * pow_(b, c - 1.0)", [g, a, b]) if a.requires_grad else None
-            gb = (map_op("select(0.0, a * b * log(c), c > 0.0)", [g, out, a])
+            # PyTorch's edges: 0 where the exponent is 0; d/dy 0 at x = 0 for y >= 0 (out
+            # 0 or 1), -inf for y < 0 (out inf), nan for x < 0 (log)
+            ga = (map_op("select(a * c * pow_(b, c - 1.0), 0.0, c == 0.0)", [g, a, b])
+                  if a.requires_grad else None)
+            gb = (map_op("select(a * b * log(c), 0.0, c == 0.0 && b <= 1.0)", [g, out, a])
                   if b.requires_grad else None)
         elif name in ("maximum", "minimum"):
             ga = map_op(_PICK_GRAD[name], [g, a, b])
@@ -235,8 +238,8 @@ _SCALAR_GRAD = {  # d out / d a, as an expression of g=a, x=b, out=c and s
     ("add", False): "a", ("add", True): "a", ("sub", False): "a", ("sub", True): "-a",
     ("mul", False): "a * s", ("mul", True): "a * s",
     ("div", False): "a / s", ("div", True): "-a * c / b",
-    ("pow", False): "a * s * pow_(b, s - 1.0)",
-    ("pow", True): "a * c * log(s)",
+    ("pow", False): "select(a * s * pow_(b, s - 1.0), 0.0, s == 0.0)",
+    ("pow", True): "select(a * c * log(s), 0.0, s == 0.0 && b >= 0.0)",
     ("maximum", False): "select(0.0, a, b >= s || isnan_(b))",
     ("maximum", True): "select(0.0, a, b >= s || isnan_(b))",
     ("minimum", False): "select(0.0, a, b <= s || isnan_(b))",
@@ -251,6 +254,12 @@ def _scalar_binary(name, x: Tensor, s, reverse=False) -> Tensor:
         s = int(s)
     if not isinstance(s, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: unsupported operand type {type(s).__name__}")
+    if x.dtype == int32 and isinstance(s, (int, np.integer)) and name == "pow":
+        if not reverse and s < 0:
+            raise ValueError("Integers to negative integer powers are not allowed (int32 "
+                             "tensor ** negative int); use a float: x.float() ** s")
+        return map_op("ipow_(s, a)" if reverse else "ipow_(a, s)", [x], dtype=int32,
+                      scalars={"s": int32_scalar(s, name)})
     if x.dtype == int32 and isinstance(s, (int, np.integer)) and (
             name in ("add", "sub", "mul", "maximum", "minimum") or name in _COMPARE):
         e = _SCALAR[name][1 if reverse else 0]
@@ -283,10 +292,21 @@ add, sub, mul, div, pow_, maximum, minimum, eq, ne, lt, le, gt, ge = (
 floor_divide, remainder = _make_binary("floordiv"), _make_binary("remainder")
 
 
-def where(cond, x, y) -> Tensor:
-    """cond != 0 ? x : y, all three broadcast together."""
+def where(cond, x=None, y=None):
+    """cond != 0 ? x : y, all three broadcast together; int32 where x and y are int32 tensors
+    or Python ints (PyTorch's integer result), else float32. where(cond) alone:
+    nonzero(cond, as_tuple=True)."""
+    if x is None and y is None:
+        from .compaction import nonzero
+        return nonzero(cond, as_tuple=True)
     like = next(t for t in (cond, x, y) if isinstance(t, Tensor))
     from ..tensor import tensor
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+           or isinstance(v, Tensor) and v.dtype == int32 for v in (x, y)):
+        x, y = (v if isinstance(v, Tensor) else tensor(np.asarray(v, np.int32),
+                                                        device=like.device, dtype=int32)
+                for v in (x, y))
+        return map_op("select(c, b, a != 0.0)", [_f32(cond), x, y], dtype=int32)
     cond, x, y = (t if isinstance(t, Tensor) else tensor(np.asarray(t, np.float32),
                                                           device=like.device)
                   for t in (cond, x, y))
@@ -313,6 +333,8 @@ def int32_scalar(v, what: str) -> int:
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
     """min(max(x, min), max) like torch (so min > max gives max); int32 stays int32. NaN stays
     NaN; the gradient passes where min <= x <= max (both bounds included, as in PyTorch)."""
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of min and max must be given")
     if x.dtype == int32 and all(v is None or isinstance(v, (int, np.integer)) for v in (min, max)):
         lo = -2 ** 31 if min is None else int32_scalar(min, "clamp min")
         hi = 2 ** 31 - 1 if max is None else int32_scalar(max, "clamp max")

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..autograd.tape import record
 from ..runtime.device import groups_1d
-from ..runtime.errors import ShapeError
+from ..runtime.errors import DimError, ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float16, float32, int32
 from .dims import keep, pick
@@ -40,10 +40,10 @@ def _ops(name: str, dtype) -> tuple:
     """(init, COMBINE) in ``dtype``'s arithmetic (NaN kept through max/min: WGSL may drop it)."""
     if dtype == int32:
         return {"sum": (0, "x + y"), "max": (-2 ** 31, "max(x, y)"),
-                "min": (2 ** 31 - 1, "min(x, y)")}[name]
+                "min": (2 ** 31 - 1, "min(x, y)"), "prod": (1, "x * y")}[name]
     nan = "select({0}, x + y, isnan_a(x) || isnan_a(y))"
     return {"sum": (0.0, "x + y"), "max": (float("-inf"), nan.format("max(x, y)")),
-            "min": (float("inf"), nan.format("min(x, y)"))}[name]
+            "min": (float("inf"), nan.format("min(x, y)")), "prod": (1.0, "x * y")}[name]
 
 
 def _axes(x: Tensor, axis) -> tuple:
@@ -53,8 +53,8 @@ def _axes(x: Tensor, axis) -> tuple:
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     out = []
     for a in axes:
-        if not -nd <= a < builtins.max(nd, 1):
-            raise ShapeError(f"axis {a} is out of range for a tensor with {nd} dimensions")
+        if not -builtins.max(nd, 1) <= a < builtins.max(nd, 1):
+            raise DimError(f"axis {a} is out of range for a tensor with {nd} dimensions")
         out.append(int(a) % builtins.max(nd, 1))
     if len(set(out)) != len(out):
         raise ShapeError(f"repeated axis in {axis}")
@@ -250,18 +250,24 @@ def argmin(x: Tensor, dim=None, keepdim: bool = False, *, axis=None, keepdims=No
 
 
 def var(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction=None,
-        axis=None, keepdims=None) -> Tensor:
+        unbiased=None, axis=None, keepdims=None) -> Tensor:
     """numpy's var: ddof=0 by default (PyTorch's default is correction=1, the unbiased
-    estimate; pass it as ``correction=1`` or ``ddof=1``)."""
-    from .elementwise import mul, square, sub
+    estimate; pass it as ``correction=1``, ``unbiased=True`` or ``ddof=1``). A correction of
+    at least the count divides by zero (inf, or nan for a constant row), as in PyTorch."""
+    from .elementwise import div, square, sub
     axes, keepdims = _axes(x, pick(dim, axis)), keep(keepdim, keepdims)
+    if unbiased is not None:
+        if correction is not None:
+            raise TypeError("var/std: give correction= or unbiased=, not both")
+        correction = int(bool(unbiased))
     ddof = ddof if correction is None else correction
-    denom = math.prod(x.shape[a] for a in axes) - ddof
+    denom = builtins.max(math.prod(x.shape[a] for a in axes) - ddof, 0)
     s = sum(square(sub(x, mean(x, axes, keepdim=True))), axes, keepdims)
-    return mul(s, 1.0 / denom if denom > 0 else float("nan"))
+    return div(s, float(denom))
 
 
 def std(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction=None,
-        axis=None, keepdims=None) -> Tensor:
+        unbiased=None, axis=None, keepdims=None) -> Tensor:
     from .elementwise import sqrt
-    return sqrt(var(x, dim, keepdim, ddof, correction=correction, axis=axis, keepdims=keepdims))
+    return sqrt(var(x, dim, keepdim, ddof, correction=correction, unbiased=unbiased, axis=axis,
+                    keepdims=keepdims))

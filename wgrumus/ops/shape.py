@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
-from ..runtime.errors import ShapeError, WgrumusError
+from ..runtime.errors import DimError, ShapeError, WgrumusError
 from ..tensor import Tensor, as_shape, check_same_device, contiguous_strides
 from .dims import pick, varargs
 from .elementwise import contiguous, copy_into, fill_
@@ -16,8 +16,9 @@ from .launch import expand_strides
 
 
 def _norm_axis(axis: int, nd: int, what="axis") -> int:
-    if not -nd <= axis < max(nd, 1):
-        raise ShapeError(f"{what} {axis} is out of range for a tensor with {nd} dimensions")
+    if not -max(nd, 1) <= axis < max(nd, 1):
+        raise DimError(f"{what} {axis} is out of range for a tensor with {nd} dimensions "
+                       f"(valid: {-max(nd, 1)}..{max(nd, 1) - 1})")
     return axis % max(nd, 1)
 
 
@@ -88,20 +89,27 @@ def unsqueeze(x: Tensor, dim: int = None, *, axis=None) -> Tensor:
 
 
 def squeeze(x: Tensor, dim=None, *, axis=None) -> Tensor:
+    """PyTorch's squeeze: the given dims (an int or a tuple) that have size 1 removed; a dim of
+    another size is left as it is (no error), as is a 0-d tensor."""
     axis = pick(dim, axis)
     if axis is None:
         return reshape(x, tuple(s for s in x.shape if s != 1))
-    axis = _norm_axis(axis, x.ndim)
-    if x.shape[axis] != 1:
-        raise ShapeError(f"squeeze: axis {axis} has size {x.shape[axis]}, not 1")
-    return reshape(x, x.shape[:axis] + x.shape[axis + 1:])
+    axes = {_norm_axis(a, x.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
+    return reshape(x, tuple(s for k, s in enumerate(x.shape) if not (k in axes and s == 1)))
 
 
-def flatten(x: Tensor, start: int = 0, end: int = -1) -> Tensor:
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if x.ndim == 0:
         return reshape(x, (1,))
-    s, e = _norm_axis(start, x.ndim), _norm_axis(end, x.ndim)
+    s, e = _norm_axis(start_dim, x.ndim), _norm_axis(end_dim, x.ndim)
     return reshape(x, x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def unflatten(x: Tensor, dim: int, sizes) -> Tensor:
+    """Dim ``dim`` split into ``sizes`` (one of them may be -1)."""
+    d = _norm_axis(dim, x.ndim, "dim")
+    sizes = _infer(tuple(sizes), x.shape[d])
+    return reshape(x, x.shape[:d] + sizes + x.shape[d + 1:])
 
 
 def _index_view(x: Tensor, idx):
@@ -276,6 +284,9 @@ def _is_dtype_name(name: str) -> bool:
 def to(x: Tensor, *args, device=None, dtype=None) -> Tensor:
     """x on ``device`` and/or in ``dtype`` (x itself when nothing changes)."""
     device, dtype = _to_args(args, device, dtype)
+    if isinstance(device, str):
+        from .spellings import check_device_name
+        check_device_name(device)
     if dtype is not None and dtype != x.dtype:
         from .elementwise import cast
         x = cast(x, dtype)

@@ -12,7 +12,7 @@ import wgpu
 
 from .errors import WgrumusError
 
-OPS = {1: "embedding", 2: "index_select", 3: "gather", 4: "cross_entropy target"}
+OPS = {1: "embedding", 2: "index_select", 3: "gather", 4: "cross_entropy target", 5: "scatter"}
 CODES = {name: code for code, name in OPS.items()}
 FLAG_BYTES = 16
 

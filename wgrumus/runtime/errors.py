@@ -17,6 +17,10 @@ class ShapeError(WgrumusError, ValueError):
     pass
 
 
+class DimError(ShapeError, IndexError):
+    """A dimension index outside a tensor's dimensions (an IndexError, as in PyTorch)."""
+
+
 class AdapterLimitError(WgrumusError, ValueError):
     pass
 

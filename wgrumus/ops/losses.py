@@ -1,0 +1,226 @@
+"""The losses beyond cross_entropy's fused kernel: binary cross-entropy (on probabilities and on
+logits), nll_loss with class weights, cross_entropy with probability targets or class weights,
+l1 / smooth_l1 / huber, kl_div. Map kernels and reductions with PyTorch's clamps and
+reduction rules (a weighted mean divides by the targets' total weight)."""
+from __future__ import annotations
+
+from ..autograd.tape import needs_grad, record
+from ..runtime.errors import ShapeError
+from ..tensor import Tensor, int32
+from .elementwise import _f32, map_op
+from .reduce import mean as _mean
+from .reduce import sum as _sum
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return loss if reduction == "none" else _sum(loss) if reduction == "sum" else _mean(loss)
+
+
+def _same_shape(x: Tensor, t: Tensor, op: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        from ..tensor import tensor
+        t = tensor(t, device=x.device)
+    if tuple(t.shape) != tuple(x.shape):
+        raise ShapeError(f"{op}: target shape {tuple(t.shape)} differs from input shape "
+                         f"{tuple(x.shape)}; they must match")
+    return _f32(t)
+
+
+def binary_cross_entropy(x: Tensor, target, weight=None, reduction: str = "mean") -> Tensor:
+    """-(t log x + (1 - t) log(1 - x)), each log clamped at -100 as in PyTorch (x in [0, 1])."""
+    x = _f32(x)
+    t = _same_shape(x, target, "binary_cross_entropy")
+    out = map_op("-(b * max(log(a), -100.0) + (1.0 - b) * max(log(1.0 - a), -100.0))", [x, t])
+    if needs_grad(x, t):
+        def bw(g):
+            return (map_op("a * (b - c) / max((1.0 - b) * b, 1e-12)", [g, x, t])
+                    if x.requires_grad else None,
+                    map_op("a * (max(log(1.0 - b), -100.0) - max(log(b), -100.0))", [g, x])
+                    if t.requires_grad else None)
+        record("binary_cross_entropy", out, [x, t], bw, saved=[x, t])
+    if weight is not None:
+        out = out * weight
+    return _reduce(out, reduction)
+
+
+def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    """(1 - t) x + (1 + (pos_weight - 1) t) log(1 + exp(-x)), stable for any x."""
+    x = _f32(x)
+    t = _same_shape(x, target, "binary_cross_entropy_with_logits")
+    if pos_weight is None:
+        out = map_op("(1.0 - b) * a + softplus_(-a)", [x, t])
+        if needs_grad(x, t):
+            def bw(g):
+                return (map_op("a * (sigmoid_(b) - c)", [g, x, t]) if x.requires_grad else None,
+                        map_op("-a * b", [g, x]) if t.requires_grad else None)
+            record("binary_cross_entropy_with_logits", out, [x, t], bw, saved=[x, t])
+    else:
+        from .activations import softplus
+        lw = 1.0 + (pos_weight - 1.0) * t
+        out = (1.0 - t) * x + lw * softplus(-x, threshold=1e30)
+    if weight is not None:
+        out = out * weight
+    return _reduce(out, reduction)
+
+
+def _class_last(x: Tensor):
+    """[N, C, d...] -> ([N * d..., C], the per-sample shape (N, d...)); [C] -> ([1, C], ())."""
+    if x.ndim == 1:
+        return x.reshape((1, -1)), ()
+    if x.ndim < 1:
+        raise ShapeError("the input needs a class dimension")
+    rest = (x.shape[0],) + x.shape[2:]
+    if x.ndim > 2:
+        x = x.permute([0] + list(range(2, x.ndim)) + [1])
+    return x.reshape((-1, x.shape[-1])), rest
+
+
+def _class_targets(target, like: Tensor, shape: tuple):
+    from .indexing import as_index
+    t = as_index(target, like, 2 ** 31 - 1, "nll_loss", allow_negative=True) \
+        if not isinstance(target, Tensor) else target
+    if t.dtype != int32:
+        raise TypeError(f"class targets must be int32 class indices, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ShapeError(f"targets of shape {tuple(t.shape)} for an input with per-sample shape "
+                         f"{shape}")
+    return t.reshape((-1,))
+
+
+def nll_loss(x: Tensor, target, weight=None, ignore_index: int = -100,
+             reduction: str = "mean") -> Tensor:
+    """-weight[t] x[n, t] per sample (x: log-probabilities [N, C] or [N, C, d...]); 'mean'
+    divides by the total weight of the targets that are not ignored."""
+    from .elementwise import where
+    from .indexing import gather, index_select
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    rows, shape = _class_last(_f32(x))
+    C = rows.shape[1]
+    t = _class_targets(target, rows, shape)
+    keep = map_op("select(0.0, 1.0, a != ig)", [t], scalars={"ig": int(ignore_index)})
+    safe = where(keep, t, 0)
+    picked = gather(rows, 1, safe.reshape((-1, 1))).reshape((-1,))
+    if weight is not None:
+        if weight.shape != (C,):
+            raise ShapeError(f"nll_loss: weight must have one value per class ({C}), got "
+                             f"{weight.shape}")
+        w = index_select(_f32(weight), 0, safe) * keep
+    else:
+        w = keep
+    loss = -(picked * w)
+    if reduction == "none":
+        return loss.reshape(shape)
+    if reduction == "sum":
+        return _sum(loss)
+    return _sum(loss) / _sum(w)
+
+
+def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """PyTorch's cross_entropy: class-index targets (int32) or class probabilities (float, the
+    input's shape), optional class weights and label smoothing."""
+    from . import nnops
+    probs = isinstance(target, Tensor) and target.dtype != int32
+    if not probs and weight is None:
+        return nnops.cross_entropy(x, target, ignore_index=ignore_index,
+                                   label_smoothing=label_smoothing, reduction=reduction)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    rows, shape = _class_last(_f32(x))
+    C = rows.shape[1]
+    logp = nnops.log_softmax(rows, -1)
+    wrow = None if weight is None else _f32(weight).reshape((1, C))
+    ls = float(label_smoothing)
+    if probs:
+        t, _ = _class_last(_same_shape(x, target, "cross_entropy"))
+        if ls:
+            t = t * (1.0 - ls) + ls / C
+        lw = logp * t if wrow is None else logp * t * wrow
+        loss = -_sum(lw, 1)
+        if reduction == "none":
+            return loss.reshape(shape)
+        return _sum(loss) if reduction == "sum" else _mean(loss)
+    lp = logp if x.ndim != 1 else logp.reshape((C,))
+    nll = nll_loss(lp if x.ndim < 3 else _rows_back(logp, x), target, weight, ignore_index,
+                   "none").reshape((-1,))
+    t = _class_targets(target, rows, shape)
+    keep = map_op("select(0.0, 1.0, a != ig)", [t], scalars={"ig": int(ignore_index)})
+    if ls:
+        smooth = -_sum(logp * wrow, 1) * keep / C
+        nll = nll * (1.0 - ls) + smooth * ls
+    if reduction == "none":
+        return nll.reshape(shape)
+    if reduction == "sum":
+        return _sum(nll)
+    from .elementwise import where
+    from .indexing import index_select
+    return _sum(nll) / _sum(index_select(_f32(weight), 0, where(keep, t, 0)) * keep)
+
+
+def _rows_back(rows: Tensor, like: Tensor) -> Tensor:
+    """[N * d..., C] rows back in ``like``'s [N, C, d...] layout."""
+    nd = like.ndim
+    r = rows.reshape((like.shape[0],) + like.shape[2:] + (like.shape[1],))
+    return r.permute([0, nd - 1] + list(range(1, nd - 1)))
+
+
+def l1_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
+    from .elementwise import abs_, sub
+    return _reduce(abs_(sub(x, target)), reduction)
+
+
+def smooth_l1_loss(x: Tensor, target, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: l1)."""
+    return _reduce(_piecewise(x, target, "smooth_l1", beta, 1.0 / beta if beta else 0.0),
+                   reduction)
+
+
+def huber_loss(x: Tensor, target, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """0.5 d^2 where |d| <= delta, else delta (|d| - 0.5 delta)."""
+    return _reduce(_piecewise(x, target, "huber", delta, 1.0), reduction)
+
+
+def _piecewise(x, target, name, beta, scale) -> Tensor:
+    """smooth_l1 (scale 1/beta) and huber (scale 1, times delta outside) in one kernel."""
+    from .elementwise import sub
+    d = _f32(sub(x, target))
+    s = {"be": float(beta), "sc": float(scale)}
+    if name == "huber":
+        fwd = "select(be * (abs(a) - 0.5 * be), 0.5 * a * a, abs(a) <= be)"
+        bwd = "select(a * be * sign(b), a * b, abs(b) <= be)"
+    else:
+        fwd = "select(abs(a) - 0.5 * be, 0.5 * a * a * sc, abs(a) < be)"
+        bwd = "select(a * sign(b), a * b * sc, abs(b) < be)"
+    from .activations import unary_map
+    return unary_map(name, d, fwd, bwd, s)
+
+
+def kl_div(x: Tensor, target, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """target * (log target - x) pointwise (x holds log-probabilities); 'batchmean' divides
+    the sum by the batch size, as PyTorch recommends."""
+    x = _f32(x)
+    t = _same_shape(x, target, "kl_div")
+    if log_target:
+        out = map_op("exp(b) * (b - a)", [x, t])
+        grads = ("-a * exp(c)", "a * exp(c) * (c - b + 1.0)")
+    else:
+        out = map_op("select(b * (log(b) - a), 0.0, b == 0.0)", [x, t])
+        grads = ("-a * c", "select(a * (log(c) - b + 1.0), 0.0, c == 0.0)")
+    if needs_grad(x, t):
+        def bw(g):
+            return (map_op(grads[0], [g, x, t]) if x.requires_grad else None,
+                    map_op(grads[1], [g, x, t]) if t.requires_grad else None)
+        record("kl_div", out, [x, t], bw, saved=[x, t])
+    if reduction == "batchmean":
+        return _sum(out) / float(x.shape[0] if x.ndim else 1)
+    return _reduce(out, reduction)
+
+
+__all__ = ["binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy",
+           "huber_loss", "kl_div", "l1_loss", "nll_loss", "smooth_l1_loss"]
