@@ -36,10 +36,13 @@ fn keys(r: u32, L: u32, tq: u32) -> u32 {
 }
 
 // Online (max, sum of exp(x - max)) of a row: add value v to ms = (m, s). A -inf value adds
-// exp(-inf) = 0. Start from (LOWEST_F32, 0).
+// exp(-inf) = 0; a +inf one makes the sum NaN, exp(inf - inf), as in PyTorch. Start from
+// (LOWEST_F32, 0).
 const LOWEST_F32: f32 = -3.4028234663852886e38;
 fn lse_push(ms: vec2<f32>, v: f32) -> vec2<f32> {
-    if (v > ms.x) { return vec2<f32>(v, ms.y * exp(ms.x - v) + 1.0); }
+    if (v > ms.x) {
+        return vec2<f32>(v, ms.y * exp(ms.x - v) + select(1.0, nan_(), v > -LOWEST_F32));
+    }
     return vec2<f32>(ms.x, ms.y + exp(v - ms.x));
 }
 // Merge two partial (max, sum of exp) pairs.

@@ -100,3 +100,35 @@ def test_setitem_overlapping_views(dev):
     y = wr.tensor(m, device=dev)
     y[:] = y.t()
     np.testing.assert_array_equal(y.numpy(), m.T)
+
+
+@pytest.mark.parametrize("mode", ["thread", "wg"])
+def test_softmax_of_a_row_holding_inf_is_nan_as_in_pytorch(dev, monkeypatch, mode):
+    monkeypatch.setattr(nnops, "ROW_MODE", mode)
+    x = wr.tensor(np.array([[1.0, np.inf, 2.0], [1.0, -np.inf, 2.0]], np.float32), device=dev)
+    s = F.softmax(x).numpy()
+    assert np.isnan(s[0]).all()
+    np.testing.assert_allclose(s[1], [0.26894142, 0.0, 0.7310586], rtol=1e-6)
+    assert np.isnan(F.log_softmax(x).numpy()[0]).all()
+
+
+def test_clamp_with_a_nan_bound_is_nan(dev):
+    x = wr.tensor(np.array([1.0, 5.0, np.nan], np.float32), device=dev, requires_grad=True)
+    assert np.isnan(x.clamp(float("nan"), 3.0).numpy()).all()
+    assert np.isnan(x.clamp(0.0, float("nan")).numpy()).all()
+    np.testing.assert_array_equal(x.clamp(2.0, 3.0).numpy(), [2.0, 3.0, np.nan])
+    x.clamp(float("nan"), 3.0).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [0.0, 0.0, 0.0])
+
+
+def test_float16_tensors_load_as_float16(dev, tmp_path):
+    if "shader-f16" not in dev.features:
+        pytest.skip("the adapter has no shader-f16")
+    a = np.array([1.0, -2.5, 65504.0, 6e-8], np.float16)
+    t = wr.tensor(a, device=dev, dtype=np.float16)
+    wr.save({"h": t, "f": wr.tensor(a.astype(np.float32), device=dev)}, tmp_path / "d.st")
+    got = wr.load(tmp_path / "d.st")
+    assert got["h"].dtype == np.float16 and got["f"].dtype == np.float32
+    np.testing.assert_array_equal(got["h"].numpy(), a)
+    wr.save(t, tmp_path / "t.st")
+    assert wr.load(tmp_path / "t.st").dtype == np.float16
