@@ -4,7 +4,8 @@
 //   1. sort_init, sort_step: KEYS = (row, k) of every index, sorted (bitonic, padded to a power
 //      of two N with rows 0xffffffff); k breaks ties, so each row's run is in ascending k.
 //   2. seg_clear, seg_bounds: LO[a], HI[a] = the run [lo, hi) of row a in KEYS.
-//   3. block_sums: BS[o, b, c] = sum of G over the sorted entries of block b (B entries).
+//   3. block_sums: BS[o, b, c] = sum of G over the sorted entries of block b (B entries), for
+//      the blocks inside one row's run (the only ones seg_sum reads).
 //   4. seg_sum: DX[o, a, c] = the run's sum: entries of its partial blocks one by one, its whole
 //      blocks from BS; always in the same order (deterministic, no float atomics), and no
 //      invocation loops more than 2 B + K / B times (the host picks B: ops/indexing.py).
@@ -90,8 +91,9 @@ fn block_sums(ids: Launch) {
     let c0 = (i % nc) * CW;
     let b = (i / nc) % nb;
     let o = i / (nc * nb);
+    if (b * B + B > K || KEYS[b * B].x != KEYS[b * B + B - 1u].x) { return; }  // not inside a run
     var s: array<f32, CW>;
-    for (var p = b * B; p < min(K, b * B + B); p++) { add_row(&s, o, p, c0, K, inner, pu(3u)); }
+    for (var p = b * B; p < b * B + B; p++) { add_row(&s, o, p, c0, K, inner, pu(3u)); }
     let out = (o * nb + b) * inner + c0;
     for (var j = 0u; j < CW; j++) { BS[out + j] = s[j]; }
 }

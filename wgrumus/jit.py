@@ -23,7 +23,11 @@ waited where the capture did). It refuses at capture, with a ``CaptureError`` na
 what it cannot reproduce: host reads (``.item()``, ``.numpy()``, ``bool(t)``), random ops on the
 global generator (pass ``seed=``), scheduler steps, creating parameters or optimizer state. Other
 Python side effects run only at capture. Tensor arguments are inputs copied in at each call;
-state updated in place must be reached through closures or non-tensor arguments.
+state updated in place must be reached through closures or non-tensor arguments. A replay sets
+``.grad`` as the captured call did (adding to the gradient of that moment where the call added
+to one made before it), and arms the device's index checks for the next read. What the capture
+read and a replay cannot follow (closure variables, train/eval, parameter groups, ...: the
+guards of ``capture.guard``) is checked at each call: a change raises a CaptureError naming it.
 """
 from __future__ import annotations
 
