@@ -12,7 +12,7 @@
 // select_bwd (one workgroup per destination row (o, a)): DX[o, a, :] = sum over k with
 //   IDX[k] == a of G[o, k, :]. The workgroup compacts the matching k of each chunk of 256
 //   indices (prefix sum) and adds them in ascending k: deterministic, no atomics. Cost
-//   outer * A * K index comparisons (fine for embedding tables up to ~1e5 rows).
+//   outer * A * K index comparisons: small tables only (index_sorted.wgsl sorts past that).
 //   words: 0 rows (outer * A), 1 A, 2 K, 3 inner, 4 g off, 5 idx off, 6 k0, 7 k1 (this pass
 //   adds the indices k0 <= k < k1: long index lists take several passes so that no loop runs
 //   long), 8 accumulate (0: the first pass, which also zeroes DX)

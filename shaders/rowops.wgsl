@@ -9,7 +9,8 @@
 // sm_bwd words: 0 R, 1 L, 2 y off, 3 g off, 4 dx off, 5 scale, 6 Tq
 // ln_fwd words: 0 R, 1 L, 2 x off, 3 w off, 4 b off, 5 y off, 6 eps, 7 has w, 8 has b
 // ln_bwd words: 0 R, 1 L, 2 x off, 3 g off, 4 w off, 5 has w, 6 dx off
-// xe_stats (cross-entropy's row pass): MEAN[r] = logsumexp, RSTD[r] = sum of row r of X; words
+// xe_stats (cross-entropy's row pass): MEAN[r] = max, MEAN[R + r] = log(sum exp(x - max)),
+//   RSTD[r] = sum of row r of X; words
 //   0 R, 1 L, 2 x off (xent.wgsl's loss_rows then makes the losses of them)
 // Offsets and L are in elements; with VEC = 4 they are divided by 4 here.
 // Bindings (one access mode per number in every entry): 1 X / saved softmax output, 2 W / G,
@@ -78,8 +79,9 @@ fn push(ms: vec2<f32>, s: VT) -> vec2<f32> {
     return vec2<f32>(m, ms.y * exp(ms.x - m) + hsum(exp(s - VT(m))));
 }
 
-fn sm_out(s: VT, q: u32, K: u32, m: f32, lse: f32, inv: f32) -> VT {
-    if (LOG) { return select(s - VT(lse), VT(neg_inf()), {{MASK}}); }
+// ls: log(sum exp(x - m)); log_softmax is (s - m) - ls, exact at large offsets
+fn sm_out(s: VT, q: u32, K: u32, m: f32, ls: f32, inv: f32) -> VT {
+    if (LOG) { return select((s - VT(m)) - VT(ls), VT(neg_inf()), {{MASK}}); }
     return select(exp(s - VT(m)) * inv, VT(0.0), {{MASK}});
 }
 
@@ -111,7 +113,7 @@ fn sm_fwd(ids: Launch, sub: Sub) {
     ms = row_reduce(ms, ids.lid, sub, true);
     if (!at.ok) { return; }
     let yb = row_base(at, 3u);
-    let lse = ms.x + log(ms.y);
+    let lse = log(ms.y);
     let inv = 1.0 / ms.y;
     if (NR > 0u) {
         for (var c = 0u; c < NR; c++) {  // quads past K: xs[c] is 0, every lane masked
@@ -253,7 +255,8 @@ fn xe_stats(ids: Launch, sub: Sub) {
     ms = row_reduce(ms, ids.lid, sub, true);
     sx = row_reduce(vec2<f32>(sx, 0.0), ids.lid, sub, false).x;
     if (at.ok && at.j0 == 0u) {
-        MEAN[at.r] = ms.x + log(ms.y);
+        MEAN[at.r] = ms.x;  // the row max, and log(sum exp(x - max)) N words on (xent.wgsl)
+        MEAN[pu(0u) + at.r] = log(ms.y);
         RSTD[at.r] = sx;
     }
 }

@@ -52,8 +52,8 @@ fn fwd_stats(xb: u32, K: u32, sc: f32, j0: u32, dj: u32) -> vec2<f32> {
 
 fn fwd_write(xb: u32, yb: u32, K: u32, L: u32, sc: f32, ms: vec2<f32>, j0: u32, dj: u32) {
     if (LOG) {
-        let lse = ms.x + log(ms.y);
-        for (var j = j0; j < K; j += dj) { Y[yb + j] = X[xb + j] * sc - lse; }
+        let ls = log(ms.y);  // (x - max) - log(sum): exact at large offsets, unlike x - lse
+        for (var j = j0; j < K; j += dj) { Y[yb + j] = (X[xb + j] * sc - ms.x) - ls; }
         for (var j = K + j0; j < L; j += dj) { Y[yb + j] = bitcast<f32>(0xff800000u); }
     } else {
         let inv = 1.0 / ms.y;

@@ -27,8 +27,8 @@ fn fwd_rowc(ids: Launch) {
         ms = lse_push(ms, x);
     }
     if (LOG) {
-        let lse = ms.x + log(ms.y);
-        for (var j = 0u; j < K; j++) { Y[yb + j] = xs[j] - lse; }
+        let ls = log(ms.y);  // (x - max) - log(sum): exact at large offsets, unlike x - lse
+        for (var j = 0u; j < K; j++) { Y[yb + j] = (xs[j] - ms.x) - ls; }
         for (var j = K; j < L; j++) { Y[yb + j] = bitcast<f32>(0xff800000u); }
     } else {
         let inv = 1.0 / ms.y;

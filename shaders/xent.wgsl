@@ -3,11 +3,12 @@
 // eps mixes in the uniform distribution). A target outside [0, C) that is not ignore_index
 // gives a NaN loss and sets the device's assert flag (runtime/asserts.py; raised on the next
 // host read).
-// fwd (one workgroup per row): LOSS[r], LSE[r] = logsumexp of row r.
+// fwd (one workgroup per row): LOSS[r]; LSE[r] = max of row r, LSE[N + r] = log(sum exp(x - max))
+//   (kept apart: max + log(sum) rounds at large logits, 0.5 at 1e7).
 //   words: 0 N, 1 C, 2 x off, 3 t off, 4 ignore_index (i32), 5 eps, 6 op code of the flag
 // fwd_rows: the same with one invocation per row and no barriers (CPU adapters).
 // loss_rows (one invocation per row): the same from row statistics already computed (GPU row
-//   variants, ops/rowops.py): LSE[r] holds the logsumexp and LOSS[r] the row sum on entry.
+//   variants, ops/rowops.py): LSE holds the rows' (max, log sum) and LOSS[r] the row sum on entry.
 // finish (one workgroup): OUT[0] = sum or mean of LOSS over counted rows, OUT[1] = count.
 //   words: 0 N, 1 t off, 2 ignore_index, 3 mean (1) or sum (0)
 // bwd (one invocation per logit): dx = scale * (softmax - (1 - eps) onehot - eps / C).
@@ -39,9 +40,10 @@ fn row_stats(xb: u32, C: u32, j0: u32, dj: u32) -> vec3<f32> {
     return vec3<f32>(ms, sum);
 }
 
-// Loss and logsumexp of row r from its (max, sum exp, sum x).
-fn row_loss(r: u32, C: u32, xb: u32, st: vec3<f32>) {
-    let lse = st.x + log(st.y);
+// Loss of row r from its max m, log(sum exp(x - m)) ls and sum of x; (m, ls) kept in LSE. The
+// target's term is (m - x_t) + ls, never (m + ls) - x_t: exact at large offsets, and +inf (as in
+// PyTorch) for a -inf target logit.
+fn row_loss(r: u32, C: u32, xb: u32, m: f32, ls: f32, sum: f32) {
     let t = T[pu(3u) + r];
     let eps = pf(5u);
     var loss = 0.0;
@@ -55,11 +57,13 @@ fn row_loss(r: u32, C: u32, xb: u32, st: vec3<f32>) {
                 atomicStore(&FLAG[2], C);
             }
         } else {
-            loss = lse - (1.0 - eps) * X[xb + u32(t)] - eps * st.z / f32(C);
+            loss = (1.0 - eps) * ((m - X[xb + u32(t)]) + ls);
+            if (eps != 0.0) { loss += eps * ((m - sum / f32(C)) + ls); }
         }
     }
     LOSS[r] = loss;
-    LSE[r] = lse;
+    LSE[r] = m;
+    LSE[pu(0u) + r] = ls;
 }
 
 // Workgroup reduction of each invocation's v: (v.x, v.y) as (max, sum exp) pairs merged (lse)
@@ -90,7 +94,7 @@ fn fwd(ids: Launch) {
     let C = pu(1u);
     let xb = pu(2u) + r * C;
     let st = wg_reduce(row_stats(xb, C, ids.lid, WG), ids.lid, true);
-    if (ids.lid == 0u) { row_loss(r, C, xb, st); }
+    if (ids.lid == 0u) { row_loss(r, C, xb, st.x, log(st.y), st.z); }
 }
 
 @compute @workgroup_size(WG)
@@ -125,7 +129,7 @@ fn bwd(ids: Launch) {
         var scale = GR[pu(7u)];
         if (mode == 0u) { scale /= CNT[pu(8u)]; } else if (mode == 2u) { scale = GR[pu(7u) + r]; }
         let eps = pf(5u);
-        let p = exp(X[pu(2u) + i] - LSE[r]);
+        let p = exp((X[pu(2u) + i] - LSE[r]) - LSE[pu(0u) + r]);
         dx = scale * (p - select(0.0, 1.0 - eps, i32(j) == t) - eps / f32(C));
     }
     LOSS[i] = dx;
@@ -149,10 +153,11 @@ fn bwd_rows(ids: Launch) {
     var scale = GR[pu(7u)];
     if (mode == 0u) { scale /= CNT[pu(8u)]; } else if (mode == 2u) { scale = GR[pu(7u) + r]; }
     let eps = pf(5u);
-    let lse = LSE[r];
+    let m = LSE[r];
+    let ls = LSE[pu(0u) + r];
     let xb = pu(2u) + ob;
     for (var j = 0u; j < C; j++) {
-        let p = exp(X[xb + j] - lse);
+        let p = exp((X[xb + j] - m) - ls);
         LOSS[ob + j] = scale * (p - select(0.0, 1.0 - eps, i32(j) == t) - eps / f32(C));
     }
 }
@@ -163,7 +168,8 @@ fn fwd_rows(ids: Launch) {
     if (r >= pu(0u)) { return; }
     let C = pu(1u);
     let xb = pu(2u) + r * C;
-    row_loss(r, C, xb, row_stats(xb, C, 0u, 1u));
+    let st = row_stats(xb, C, 0u, 1u);
+    row_loss(r, C, xb, st.x, log(st.y), st.z);
 }
 
 @compute @workgroup_size(64)
@@ -171,5 +177,5 @@ fn loss_rows(ids: Launch) {
     let r = thread_idx(ids, 64u);
     if (r >= pu(0u)) { return; }
     let C = pu(1u);
-    row_loss(r, C, pu(2u) + r * C, vec3<f32>(LSE[r], 1.0, LOSS[r]));  // lse = LSE[r] + log(1)
+    row_loss(r, C, pu(2u) + r * C, LSE[r], LSE[pu(0u) + r], LOSS[r]);
 }

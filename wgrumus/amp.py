@@ -51,9 +51,14 @@ def unscale_check(grads: list, scale) -> tuple:
 def _new_state(dev, scale: float, tracker: int = 0) -> Tensor:
     """A scaler's device state (shaders/amp.wgsl) with this scale and growth tracker."""
     st = Tensor.empty((_STATE_WORDS,), dev, int32)
-    words = np.array([np.float32(scale).view(np.int32), 0, tracker, 0], np.int32)
-    dev.write(st._storage.buffer, words)
+    _write_state(st, scale, tracker)
     return st
+
+
+def _write_state(st: Tensor, scale: float, tracker: int) -> None:
+    words = np.array([np.float32(scale).view(np.int32), 0, tracker, 0], np.int32)
+    st.device.write(st._storage.buffer, words, st.offset * 4)
+    st._storage.version += 1
 
 
 class autocast:
@@ -226,6 +231,5 @@ class GradScaler:
         self.backoff_factor = float(sd["backoff_factor"])
         self.growth_interval = int(sd["growth_interval"])
         self._init_scale, self._init_tracker = float(sd["scale"]), int(sd["_growth_tracker"])
-        if self._state is not None:
-            dev = self._state.device
-            self._state = _new_state(dev, self._init_scale, self._init_tracker)
+        if self._state is not None:  # in place: wr.jit captures of update() read this buffer
+            _write_state(self._state, self._init_scale, self._init_tracker)

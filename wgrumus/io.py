@@ -213,12 +213,14 @@ def load(path, device=None):
     """name -> Tensor on ``device``, or the one Tensor ``save`` was given."""
     arrays, meta = load_numpy(path)
     dev = get_device(device)
-    out = {k: _tensor(_device_array(a, k), dev) for k, a in arrays.items()}
+    f16 = "shader-f16" in dev.features  # float16 stays float16 where the device holds it
+    out = {k: _tensor(a if f16 and a.dtype == np.float16 else _device_array(a, k), dev)
+           for k, a in arrays.items()}
     return out[SINGLE_NAME] if meta.get(SINGLE_KEY) == SINGLE_NAME else out
 
 
 def _tensor(a: np.ndarray, dev) -> Tensor:
-    t = tensor(a.reshape(-1), device=dev)
+    t = tensor(a.reshape(-1), device=dev, dtype=a.dtype)
     return t.reshape(a.shape) if a.ndim != 1 else t  # 0-d arrays stay 0-d
 
 

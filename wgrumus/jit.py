@@ -23,7 +23,11 @@ waited where the capture did). It refuses at capture, with a ``CaptureError`` na
 what it cannot reproduce: host reads (``.item()``, ``.numpy()``, ``bool(t)``), random ops on the
 global generator (pass ``seed=``), scheduler steps, creating parameters or optimizer state. Other
 Python side effects run only at capture. Tensor arguments are inputs copied in at each call;
-state updated in place must be reached through closures or non-tensor arguments.
+state updated in place must be reached through closures or non-tensor arguments. A replay sets
+``.grad`` as the captured call did (adding to the gradient of that moment where the call added
+to one made before it), and arms the device's index checks for the next read. What the capture
+read and a replay cannot follow (closure variables, train/eval, parameter groups, ...: the
+guards of ``capture.guard``) is checked at each call: a change raises a CaptureError naming it.
 """
 from __future__ import annotations
 
@@ -142,7 +146,7 @@ class _Capture:
         try:
             out = fn(*args2, **kwargs2)
         finally:
-            capture.stop(devices)
+            guards, grads = capture.stop(devices)
         used = [r for r in recs if r.ops]
         if len(used) > 1:
             raise CaptureError(f"wr.jit: the function ran work on {len(used)} devices; a "
@@ -157,6 +161,12 @@ class _Capture:
                                    f"the captured work on {dev}; keep them on one device")
         self = cls()
         self.device = dev
+        self.fn_name = getattr(fn, "__name__", "fn")
+        self._guards = guards + _closure_guards(fn)
+        self._grads = grads  # (tensor, the .grad a replay leaves it, added to an outside one)
+        flag = dev.asserts._flag  # index kernels bind it: a replay arms the next read's check
+        self._armed = flag is not None and any(
+            op[0] == "d" and any(b is flag for b in op[4]) for op in (used[0].ops if used else ()))
         self.replay_obj = Replay(used[0] if used else capture.Recording(dev))
         self._inputs = [(t._storage.buffer, t.offset * t.dtype.itemsize,
                          t.numel() * t.dtype.itemsize) for t in inputs]
@@ -166,6 +176,7 @@ class _Capture:
         self._buffers = (used[0].buffers() if used else []) + [b for b, *_ in self._inputs] + [
             b for b, *_ in self._outputs]
         dev.pool.pin(self._buffers)
+        self._set_grads()  # after the pins: a copy made here stays out of the replays' way
         results, copies = self._fresh_outputs()
         for c in copies:
             dev.copy(*c)
@@ -180,6 +191,14 @@ class _Capture:
         return results, copies
 
     def replay(self, tensors):
+        for what, read, value in self._guards:
+            now = read()
+            if now != value:
+                raise CaptureError(
+                    f"wr.jit({self.fn_name}): {what} changed since the capture"
+                    f"{_change(value, now)}; a replay would go on with the captured state. "
+                    f"Undo the change, or call .free() on the jitted function so that the "
+                    f"next call captures again")
         before = []
         for t, (buf, off, nbytes) in zip(tensors, self._inputs):
             if not t.is_contiguous() or (t.offset * t.dtype.itemsize) % 4:
@@ -189,13 +208,70 @@ class _Capture:
                            (nbytes + 3) & ~3))
         results, after = self._fresh_outputs()
         self.replay_obj.run(before, after)
+        self._set_grads()
+        if self._armed:  # the replay's index checks surface at the next read, as eager ones
+            self.device.asserts.arm()
         return _rebuild(self._spec, iter(results))
+
+    def _set_grads(self) -> None:
+        """The .grad assignments of the captured call, after it or a replay."""
+        for t, g, outside in self._grads:
+            if outside and g is not None:  # a sum the next call adds to: not in a buffer the
+                with no_grad():  # replay reuses for its temporaries before it reads the sum
+                    g = g.clone()
+            t.grad = g
 
     def free(self) -> None:
         bufs, self._buffers = self._buffers, []
         if bufs:
             self.device.pool.unpin(bufs)
         self.replay_obj = None
+
+
+def _change(old, new) -> str:
+    """' (old -> new)' where both are short values, else ''."""
+    if all(isinstance(v, (bool, int, float, str, type(None))) for v in (old, new)):
+        return f" ({old!r} -> {new!r})"
+    return ""
+
+
+def _closure_guards(fn) -> list:
+    """Guards on the tensors, modules and optimizers ``fn`` reaches through its closure cells
+    and global names: a replay uses the captured objects, so rebinding such a name (``w =
+    new_tensor``) must not go unnoticed."""
+    from .nn.module import Module
+    from .optim.optimizer import Optimizer
+    kinds = (Tensor, Module, Optimizer)
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    guards = []
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            obj = cell.cell_contents
+        except ValueError:  # not bound yet
+            continue
+        if isinstance(obj, kinds):
+            guards.append((f"the closure variable '{name}'",
+                           lambda c=cell, o=obj: _SAME if c.cell_contents is o else _OTHER,
+                           _SAME))
+    names, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        names.update(c.co_names)
+        stack.extend(k for k in c.co_consts if hasattr(k, "co_names"))
+    glb = getattr(fn, "__globals__", {})
+    for name in sorted(names):
+        obj = glb.get(name)
+        if isinstance(obj, kinds):
+            guards.append((f"the global '{name}'",
+                           lambda d=glb, n=name, o=obj: _SAME if d.get(n) is o else _OTHER,
+                           _SAME))
+    return guards
+
+
+_SAME, _OTHER = "the captured object", "another object"
 
 
 def _own_copy(t: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ import numpy as np
 
 from .runtime import get_device
 from .runtime.buffer_slice import BufferSlice
-from .runtime.capture import paused, refuse
+from .runtime.capture import note_grad, paused, refuse
 from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
@@ -135,7 +135,7 @@ def as_dtype(dtype) -> np.dtype:
 
 
 class Tensor:
-    __slots__ = ("_storage", "shape", "strides", "offset", "dtype", "requires_grad", "grad",
+    __slots__ = ("_storage", "shape", "strides", "offset", "dtype", "requires_grad", "_grad",
                  "_node", "_grad_id", "__weakref__")
 
     def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
@@ -145,7 +145,7 @@ class Tensor:
         self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
         self.offset = int(offset)
         self.dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
-        self.grad = None
+        self._grad = None
         self._node = None
         self._grad_id = None
         self.requires_grad = False
@@ -220,6 +220,15 @@ class Tensor:
             from .autograd.tape import new_grad_id
             self._grad_id = new_grad_id()
         return self._grad_id
+
+    @property
+    def grad(self):
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        note_grad(self)  # a wr.jit capture replays this assignment (runtime/capture.py)
+        self._grad = value
 
     @property
     def is_leaf(self) -> bool:

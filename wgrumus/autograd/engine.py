@@ -1,6 +1,7 @@
 """backward: walk the recorded graph from an output in reverse record order."""
 from __future__ import annotations
 
+from ..runtime import capture
 from ..runtime.errors import ShapeError, WgrumusError
 from .store import GradientStore
 from .tape import current_tape, no_grad
@@ -121,5 +122,20 @@ def tensor_backward(self, grad=None) -> GradientStore:
                 if id(g) in seen:  # one tensor may be the gradient of two leaves (x + y)
                     g = g.clone()
                 seen.add(id(g))
-                leaf.grad = g if leaf.grad is None else leaf.grad + g
+                capture.guard(("requires_grad", id(leaf)), "requires_grad of a tensor the "
+                              "captured backward reached", lambda t=leaf: t.requires_grad)
+                if capture.grad_from_outside(leaf, g.device):
+                    leaf.grad = capture.host_op(g.device, _grad_plus(leaf), g)
+                else:
+                    leaf.grad = g if leaf.grad is None else leaf.grad + g
     return store
+
+
+def _grad_plus(leaf):
+    """``leaf.grad + g`` (``g`` where there is none) as a wr.jit host operation: a replay adds
+    to the gradient the leaf holds at that moment, not the one it held at the capture."""
+    def add(g):
+        with no_grad():
+            cur = leaf.grad
+            return g.clone() if cur is None else cur + g
+    return add

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..autograd.tape import no_grad
 from ..runtime import get_device
+from ..runtime.capture import capturing, guard
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, float32, tensor
 
@@ -248,6 +249,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     def __call__(self, *args, **kwargs):
+        if capturing():  # a replay runs the forward of this mode (dropout, batch statistics)
+            guard(("training", id(self)), f"{type(self).__name__}.training (train() / eval())",
+                  lambda: self.training)
         return self.forward(*args, **kwargs)
 
     def extra_repr(self) -> str:

@@ -332,7 +332,8 @@ def int32_scalar(v, what: str) -> int:
 
 def clamp(x: Tensor, min=None, max=None) -> Tensor:
     """min(max(x, min), max) like torch (so min > max gives max); int32 stays int32. NaN stays
-    NaN; the gradient passes where min <= x <= max (both bounds included, as in PyTorch)."""
+    NaN, and a NaN bound gives NaN (torch); the gradient passes where min <= x <= max (both
+    bounds included, as in PyTorch)."""
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
     if x.dtype == int32 and all(v is None or isinstance(v, (int, np.integer)) for v in (min, max)):
@@ -343,7 +344,8 @@ def clamp(x: Tensor, min=None, max=None) -> Tensor:
     lo = -np.inf if min is None else float(min)
     hi = np.inf if max is None else float(max)
     bounds = {"lo": lo, "hi": hi}
-    out = map_op("select(min(max(a, lo), hi), a, isnan_(a))", [x], scalars=bounds)
+    out = map_op("select(min(max(a, lo), hi), a + lo + hi, isnan_(a) || isnan_(lo) || "
+                 "isnan_(hi))", [x], scalars=bounds)
     record("clamp", out, [x], lambda g: (map_op(
         "select(0.0, a, b >= lo && b <= hi && !isnan_(b))", [g, x], scalars=bounds),),
         saved=[x])

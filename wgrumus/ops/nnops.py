@@ -427,7 +427,7 @@ def cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
         out = _cross_entropy_long(lg, tt, int(ignore_index), eps, reduction)
         return reshape(out, tshape) if reduction == "none" else out
     rows = Tensor.empty((N,), dev, float32)
-    lse = Tensor.empty((N,), dev, float32)
+    lse = Tensor.empty((2 * N,), dev, float32)  # rows' max, then their log(sum exp(x - max))
     tb = tt._storage.buffer
     if N:
         k, groups = plan

@@ -179,6 +179,12 @@ def setitem(x: Tensor, idx, value) -> None:
         raise RuntimeError("in-place assignment into a tensor that requires grad; wrap it in "
                            "wr.no_grad() or build the value with wr.where / wr.cat")
     from . import masking
+    if isinstance(value, Tensor) and value._storage is x._storage:
+        # the value may overlap the written view (x[1:] = x[:-1], y[:] = y.t()): the kernel
+        # would read elements it has already written, so assign from a copy, as numpy does
+        from ..autograd.tape import no_grad
+        with no_grad():
+            value = value.clone()
     if isinstance(idx, (Tensor, list, np.ndarray)) and masking.is_mask(idx):
         masking.assign(x, idx, value)
         return

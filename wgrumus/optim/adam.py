@@ -47,6 +47,7 @@ class Adam(Optimizer):
     def step(self, grads=None, found_inf=None) -> None:
         """As Optimizer.step, several parameters per dispatch where the binding limit allows."""
         flags = device_flags(found_inf)
+        self._guard_capture()
         with no_grad():
             for group in self.param_groups:
                 todo = []

@@ -7,6 +7,7 @@ import numpy as np
 from ..autograd.tape import no_grad
 from ..ops.creation import dummy_buffer
 from ..ops.elementwise import contiguous
+from ..runtime.capture import capturing, guard, guard_grad
 from ..runtime.errors import CaptureError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32, tensor
@@ -66,9 +67,20 @@ class Optimizer:
         group.setdefault("initial_lr", group["lr"])
         self.param_groups.append(group)
 
+    def _guard_capture(self) -> None:
+        """Inside a wr.jit capture: its replays update the parameters the groups hold now, those
+        that require grad now."""
+        if capturing():
+            guard(("optimizer", id(self)), f"the parameters of {type(self).__name__}'s groups "
+                  "(add_param_group, requires_grad_)", lambda: tuple(
+                      tuple((id(p), p.requires_grad) for p in g["params"])
+                      for g in self.param_groups))
+
     @staticmethod
     def _grad(p, grads):
         g = p.grad if grads is None else grads.get(p)
+        if grads is None and g is not None:
+            guard_grad(p)
         if g is None:
             return None
         if tuple(g.shape) != tuple(p.shape):
@@ -86,6 +98,7 @@ class Optimizer:
         if flags is not None and not self._step_supports_amp_scaling:
             raise WgrumusError(f"{type(self).__name__}.step does not take found_inf; step it "
                                "through GradScaler.step, which reads the flag on the host")
+        self._guard_capture()
         with no_grad():
             for group in self.param_groups:
                 for p in group["params"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..ops.creation import zeros
 from ..runtime.capture import refuse
+from ..runtime.errors import CaptureError
 from .optimizer import Optimizer, launch
 from .skip import flag_for
 
@@ -47,5 +48,10 @@ class SGD(Optimizer):
 
         def refresh():
             self._check_replay(p, state)
+            if (group["momentum"] != 0) != (mom != 0):
+                raise CaptureError(f"SGD's momentum changed from {mom} to {group['momentum']} "
+                                   "after a wr.jit capture of its step, which has no momentum "
+                                   "buffer to replay (or one it would go on updating); call "
+                                   ".free() on the jitted function so that it captures again")
             return words()
         launch(p, g, states, "sgd", words, refresh, flag)

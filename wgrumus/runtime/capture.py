@@ -100,6 +100,53 @@ class Recording:
         return list(seen.values())
 
 
+def capturing() -> bool:
+    """True while this thread has a capture open."""
+    return getattr(_local, "open", 0) > 0
+
+
+def guard(key, what: str, read) -> None:
+    """Inside a capture in this thread: a replay stays valid only while ``read()`` returns what
+    it returns now (==); otherwise the next call raises a CaptureError naming ``what``. One
+    guard per ``key``."""
+    g = getattr(_local, "guards", None)
+    if g is not None and getattr(_local, "open", 0) and key not in g:
+        g[key] = (what, read, read())
+
+
+def note_grad(t) -> None:
+    """``t.grad`` is being assigned (Tensor.grad's setter). The first assignment inside a
+    capture makes ``t``'s gradient the capture's own: a replay sets ``t.grad`` to what the
+    capture left there, whatever it was before the call."""
+    g = getattr(_local, "grads", None)
+    if g is not None and getattr(_local, "open", 0) and id(t) not in g:
+        g[id(t)] = (t, False)
+
+
+def grad_from_outside(t, device) -> bool:
+    """Inside a capture on ``device``: True when backward is about to add to ``t.grad`` and the
+    capture has not assigned it yet, so the sum depends on the gradient made before the call
+    (the caller then adds through ``host_op``, which a replay runs again with the gradient of
+    that moment)."""
+    g = getattr(_local, "grads", None)
+    if g is None or not recording(device) or id(t) in g:
+        return False
+    g[id(t)] = (t, True)
+    return True
+
+
+def guard_grad(t) -> None:
+    """``t.grad`` is read inside a capture: unless the capture made it, a replay stays valid
+    only while ``t.grad`` is the same tensor (its buffer is what the replay reads)."""
+    g = getattr(_local, "grads", None)
+    if g is None or not getattr(_local, "open", 0) or id(t) in g:
+        return
+    ref = t.grad
+    guard(("grad", id(t)), "the .grad of a parameter read by the jitted function (made "
+          "outside it: compute gradients inside the function)",
+          lambda: "the captured tensor" if t.grad is ref else "another tensor")
+
+
 def start(devices) -> list:
     """Open a capture on ``devices`` (their open batches are submitted first)."""
     recs = []
@@ -113,14 +160,20 @@ def start(devices) -> list:
             d.recorder = Recording(d)
             recs.append(d.recorder)
     _local.open = getattr(_local, "open", 0) + 1
+    _local.guards, _local.grads = {}, {}
     return recs
 
 
-def stop(devices) -> None:
+def stop(devices) -> tuple:
+    """Close the capture: (its guards [(what, read, value)], the tensors whose .grad it
+    assigned [(tensor, the grad it left there, whether it added to one made before)])."""
     with _lock:
         for d in devices:
             d.recorder = None
     _local.open -= 1
+    guards, grads = _local.guards, _local.grads
+    _local.guards = _local.grads = None
+    return list(guards.values()), [(t, t.grad, outside) for t, outside in grads.values()]
 
 
 def recording(device) -> bool:
