@@ -136,3 +136,18 @@ def _curve(cfg, res, con) -> None:
               + ":", markup=False)
     con.print(terminal_plot(losses), markup=False, highlight=False)
 
+
+
+def steady(cfg, task, t0: float, done_at: list) -> dict:
+    """Steady-state speed: wall-clock per optimizer step after the first max(3, 10%) steps
+    (captures, compiles and warm-up excluded), timed where each step's loss was read."""
+    n = len(done_at)
+    skip = max(3, -(-n // 10))
+    if n > skip:
+        steps, span = n - skip, done_at[-1] - done_at[skip - 1]
+    else:  # too short a run to leave the warm-up out: every step counts
+        steps, span = n, (done_at[-1] - t0 if n else 0.0)
+    step_s = span / steps if steps else 0.0
+    key = "tokens_per_s" if task.unit == "tokens" else "samples_per_s"
+    rate = cfg.batch_size * task.units_per_sample / step_s if step_s > 0 else 0.0
+    return {"step_ms": step_s * 1e3, key: rate, "steps": steps}
