@@ -79,9 +79,10 @@ class Worker:
                 fn = results = out = None  # the job's closure must not outlive it
 
 
-def run_jobs(workers, job, timeout: float) -> tuple[list, list]:
+def run_jobs(workers, job, timeout: float, on_failure=None) -> tuple[list, list]:
     """``job(worker)`` on every worker; (results in worker order, failures as (rank, phase,
-    error)); a worker that does not answer within ``timeout`` is a failure (phase: its own)."""
+    error)); a worker that does not answer within ``timeout`` is a failure (phase: its own).
+    ``on_failure(rank, error)`` runs at the first failure (to wake the others at once)."""
     results: queue.Queue = queue.Queue()
     for w in workers:
         w.submit(job, results)
@@ -100,6 +101,8 @@ def run_jobs(workers, job, timeout: float) -> tuple[list, list]:
             return out, failures
         answered.add(rank)
         if err is not None:
+            if not failures and on_failure is not None:
+                on_failure(rank, err)
             failures.append((rank, phase, err))
         else:
             out[index[rank]] = value
@@ -156,12 +159,17 @@ class RankPool:
             except BaseException as e:
                 self.groups[0].abort(e)
                 raise
+        def abort(rank, err):  # ranks blocked in a collective with the failed one raise at once
+            if not isinstance(err, CollectiveError):
+                err = CollectiveError(f"rank {rank} failed: {type(err).__name__}: {err}",
+                                      rank=rank)
+            self._world.abort(err)
+
         out, failures = run_jobs(self.workers, lambda w: fn(w.rank),
-                                 timeout if timeout is not None else self.timeout * 2)
+                                 timeout if timeout is not None else self.timeout * 2, abort)
         if failures:
             rank, phase, err = first_own_error(failures)
-            self._world.abort(CollectiveError(f"rank {rank} failed: {type(err).__name__}: {err}",
-                                              rank=rank))
+            abort(rank, err)
             others = "; ".join(f"rank {q}: {type(e).__name__}: {e}" for q, _, e in failures
                                if q != rank)
             msg = f"rank {rank} (device {self.groups[rank].device.index}) failed: " \
@@ -279,6 +287,7 @@ class RankEngine:
         """The step's device work and collectives, without a host read (what ``wr.jit``
         captures; ``local`` is part of the signature, so both phases have their capture)."""
         mbs = [flat[i:i + width] for i in range(0, len(flat), width)]
+        from ..amp import autocast
         k = len(mbs)
         sync = self.dp_group is not None and not local
         accum, losses = None, []
@@ -290,7 +299,8 @@ class RankEngine:
             hook = None
             if sync and i == k - 1 and self.part.overlaps:  # buckets launch during backward
                 hook = self._avg.start(accum).on_leaf_grad
-            loss, grads = self.part.gradients(mb, seed, hook)
+            with autocast(enabled=self.f16, device=self.device):
+                loss, grads = self.part.gradients(mb, seed, hook)
             if loss is not None:
                 losses.append(loss)
             if hook is not None:
