@@ -99,7 +99,7 @@ def test_data_parallel_comm_dtype_f16_trains_like_f32(devs):
     ("mlp", []), ("mlp", ["--dp", "2"]), ("mlp", ["--dp", "2", "--pp", "2"]),
     ("gpt", ["--dp", "2"] + TINY_GPT), ("gpt", ["--tp", "2"] + TINY_GPT)])
 def test_grad_accum_gives_the_losses_of_the_whole_batch(model, layout, capsys):
-    common = [model, "--steps", "4", "--batch-size", "16", "--no-jit"] + layout
+    common = [model, "--steps", "4", "--batch-size", "32", "--no-jit"] + layout
     ref = train(capsys, *common)["losses"]
     acc = train(capsys, *common, "--grad-accum", "4")["losses"]
     np.testing.assert_allclose(acc, ref, rtol=1e-5)
@@ -192,9 +192,10 @@ def test_sync_options_schedule():
 
 
 # ------------------------------------------------------------ every flag in every layout
-LAYOUTS = {"one": ["mlp"], "dp": ["mlp", "--dp", "2"], "pp": ["mlp", "--pp", "2"],
-           "dp-pp": ["cnn", "--dp", "2", "--pp", "2"],
-           "gpt-tp-pp": ["gpt", "--tp", "2", "--pp", "2", *TINY_GPT]}
+LAYOUTS = {"one": ["mlp"], "dp": ["mlp", "--dp", "2"],
+           "pp": ["mlp", "--pp", "2", "--micro-batches", "2"],
+           "dp-pp": ["mlp", "--dp", "2", "--pp", "2", "--micro-batches", "2"],
+           "gpt-tp-pp": ["gpt", "--tp", "2", "--pp", "2", "--micro-batches", "2", *TINY_GPT]}
 FLAGS = {"jit": ["--jit"], "f16": ["--precision", "f16"], "clip": ["--clip", "0.5"],
          "accum": ["--grad-accum", "2"], "comm-f16": ["--grad-comm", "f16"],
          "local-sgd": ["--sync-every", "2", "--local-sgd-warmup", "1"],
@@ -209,6 +210,7 @@ def test_every_flag_works_in_every_layout(layout, capsys, tmp_path):
         flag = [f.replace("{tmp}", str(tmp_path / name)) for f in flag]
         jit = [] if name == "jit" else ["--no-jit"]
         res = train(capsys, *LAYOUTS[layout], "--steps", "3", "--batch-size", "8", *jit, *flag)
+        assert res["layout"]["micro_batches"] in (1, 2)
         assert len(res["losses"]) == 3 and all(np.isfinite(res["losses"])), name
         assert res["steady"]["step_ms"] > 0 and res["steady"]["steps"] >= 1
 
