@@ -117,8 +117,9 @@ def first_own_error(failures) -> tuple:
 
 class RankPool:
     """One persistent worker per rank of a ``world``-rank layout, each with its ProcessGroup on
-    its device; ``run(fn)`` calls ``fn(rank_index)`` on every worker (threads), or on this process
-    alone when ``group`` is given (one rank per process: mpi, processes)."""
+    its device; ``run(fn)`` calls ``fn(rank_index)`` on every worker (threads), or in the calling
+    thread when there is one rank here: ``group`` given (one rank per process: mpi, processes),
+    or ``world == 1`` (no thread hand-off per step)."""
 
     def __init__(self, world: int, devices=None, timeout: float = 120.0, group=None,
                  name: str = "wgrumus-rank"):
@@ -141,11 +142,11 @@ class RankPool:
         self.groups = [ProcessGroup(self._world.transport(r), cfg, devices[r])
                        for r in range(world)]
         rng = get_rng_state()  # every rank starts from this generator state, as a process would
-        self.workers = [Worker(r, name, rng) for r in range(world)]
+        self.workers = [Worker(r, name, rng) for r in range(world)] if world > 1 else []
 
     @property
     def local(self) -> bool:
-        """True when this process is one rank of a multi-process group."""
+        """True when the one rank here runs in the calling thread."""
         return not self.workers
 
     def run(self, fn, timeout: float | None = None) -> list:
@@ -184,7 +185,7 @@ class RankPool:
         for w in self.workers:
             w.close(timeout)
         for g in self.groups:
-            if self.workers:
+            if self._world is not None:
                 g.close()
         if self._world is not None:
             self._world.close(timeout)
