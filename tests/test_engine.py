@@ -283,3 +283,54 @@ def test_data_parallel_dropped_without_close_leaks_nothing(devs, jit):
         one()
     assert _threads_settle(base) <= base
     assert [d.pool.live_bytes for d in devs[1:4]] == live
+
+
+class _LinearPart:
+    """A one-parameter model part: loss = sum(w * x)."""
+    overlaps = False
+
+    def __init__(self, device):
+        self.params = [wr.tensor(np.ones(3, np.float32), device=device, requires_grad=True)]
+        self.names = ["w"]
+
+    def gradients(self, mb, seed, on_leaf_grad):
+        from wgrumus.autograd import backward_with_grad
+        from wgrumus.cli.trainer_parts import _seed_for
+        (x,) = mb
+        loss = (self.params[0] * x).sum()
+        return loss.detach(), backward_with_grad(loss, _seed_for(loss, seed))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("jit", [False, True])
+def test_f16_ranks_of_one_replica_skip_an_overflowing_step_together(devs, jit):
+    """Stage 1's gradient overflows, stage 0's does not: both skip the step and both scales
+    back off (a stage stepping alone would leave the model half updated)."""
+    from wgrumus.distributed.engine import RankEngine
+    pool = RankPool(2, devs[:2], timeout=30.0)
+
+    def build(k):
+        part = _LinearPart(devs[k])
+        opt = wr.optim.SGD(part.params, lr=0.5)
+        return RankEngine(part, opt, devs[k], model_group=pool.groups[k], precision="f16",
+                          jit=jit)
+
+    try:
+        engines = pool.run(build)
+        for step, bad in enumerate([False, False, False, True]):
+            def run(k, bad=bad):
+                x = np.full(3, 3e38 if (bad and k == 1) else 1.0, np.float32)  # x 2^16: inf
+                engines[k].step([[wr.tensor(x, device=devs[k])]])
+                return engines[k].part.params[0].numpy(), engines[k].scaler.get_scale()
+            before = pool.run(lambda k: engines[k].part.params[0].numpy())
+            after = pool.run(run)
+            for k in range(2):
+                if bad:
+                    np.testing.assert_array_equal(after[k][0], before[k])
+                    assert after[k][1] == 2.0 ** 15, step
+                else:
+                    np.testing.assert_allclose(after[k][0], before[k] - 0.5, rtol=1e-6)
+                    assert after[k][1] == 2.0 ** 16, step
+    finally:
+        pool.run(lambda k: engines[k].close())
+        pool.close(5)

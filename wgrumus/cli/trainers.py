@@ -80,7 +80,15 @@ class _EngineRank:
         self.device = group.device
         config = ThreeDParallelismConfig(lay.dp, lay.tp, lay.pp)
         self.gpt = cfg.model == "gpt"
-        if self.gpt:
+        if self.gpt and lay.tp == lay.pp == lay.micro_batches == 1:
+            # whole replicas: the dense model, its gradients averaged in buckets during backward
+            self.gcfg = gpt_config(cfg, task)
+            self.pgm = ProcessGroupManager(config, group)
+            model = self.gcfg.build(cfg.seed, self.device)
+            model.checkpoint = task.activation_checkpointing
+            self.part = ReplicaPart(model, task.loss)
+            self.plan = gpt_shard_plan(self.part.names)
+        elif self.gpt:
             self.gcfg = gpt_config(cfg, task)
             rt = RankTrainer(group, self.gcfg, lay.dp, lay.tp, lay.pp, lay.schedule,
                              lay.micro_batches, cfg.seed, task.activation_checkpointing)
