@@ -334,3 +334,16 @@ def test_f16_ranks_of_one_replica_skip_an_overflowing_step_together(devs, jit):
     finally:
         pool.run(lambda k: engines[k].close())
         pool.close(5)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("model,layout", [("mlp", ["--dp", "2"]),
+                                          ("gpt", ["--dp", "2", "--pp", "2", *TINY_GPT])])
+def test_captured_steps_give_the_eager_losses_with_every_sync_flag(model, layout, capsys):
+    """--jit replays the accumulation loop, the float16 casts and the local phase's two
+    captures (exact warmup step, local step) with the eager run's losses."""
+    common = [model, *layout, "--steps", "6", "--batch-size", "16", "--grad-accum", "2",
+              "--grad-comm", "f16", "--sync-every", "2", "--local-sgd-warmup", "2"]
+    eager = train(capsys, *common, "--no-jit")["losses"]
+    jit = train(capsys, *common, "--jit")["losses"]
+    np.testing.assert_allclose(jit, eager, rtol=1e-6)
