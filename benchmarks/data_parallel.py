@@ -29,7 +29,14 @@ Columns:
              of the communication that backward did not hide;
   vs plain   step ms minus the plain loop's step ms: what data parallelism adds per step
              (communication not hidden, packing, the replicas' threads competing for the CPU);
-  buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``).
+  buckets    number of all-reduce buckets (``--bucket-mb``/``--first-bucket-mb``);
+  wire MB    payload each replica hands its all-reduces per optimizer step (gradients, or
+             local SGD's parameter averages spread over their period): float16 halves it.
+'engine' rows run the training engine of `wgrumus train` (distributed/engine.py: a persistent
+worker per device, each replica's step captured with --jit, losses read a step late): exact f32
+gradients; 'engine-f16' sends them as float16 (`--grad-comm f16`); 'engine-accumK' runs K
+micro-steps of --batch per device and one all-reduce (`--grad-accum K`, so K x the samples per
+step); 'engine-localH' is post-local SGD (`--sync-every H`): parameters averaged every H steps.
 'no-comm' rows run K plain loops at once (a thread and a device each, no DataParallel, no
 communication): the ceiling of data parallelism on these devices and this process (the loops
 share one interpreter; logical devices also share their adapter's time).
@@ -81,6 +88,12 @@ def parse_args(argv=None):
                     help="also run every row with wr.jit captured steps (rows '<mode>+jit')")
     ap.add_argument("--polling-wait", action="store_true",
                     help="map waits poll instead of blocking (runtime/native.py BLOCKING_WAIT)")
+    ap.add_argument("--accum", type=int, default=4,
+                    help="micro-steps of the 'engine-accumK' rows (default 4)")
+    ap.add_argument("--sync-every", type=int, default=8,
+                    help="local SGD period of the 'engine-localH' rows (default 8)")
+    ap.add_argument("--no-engine", action="store_true",
+                    help="leave out the training engine's rows")
     ap.add_argument("--json", action="store_true", help="one JSON object per row")
     a = ap.parse_args(argv)
     if a.quick:
@@ -198,6 +211,7 @@ def run_dp(task, devs, a, one_bucket=False, group=None, jit=False) -> dict:
                                   backend="threads" if group is None else "mpi", group=group,
                                   jit=jit)
     local = len(dp.replicas)
+    b0 = _wire_bytes(dp.groups[:local])
     try:
         for s in range(a.warmup):
             dp.train_step(*task.batch(s, a.batch * k), task.loss, task.optimizer)
@@ -206,13 +220,83 @@ def run_dp(task, devs, a, one_bucket=False, group=None, jit=False) -> dict:
             dp.train_step(*task.batch(a.warmup + s, a.batch * k), task.loss, task.optimizer)
             exposed.append(np.mean([dp.events.exposed_comm_seconds(r) for r in range(local)]))
         dt = time.perf_counter() - t0
+        wire = (_wire_bytes(dp.groups[:local]) - b0) / (a.steps + a.warmup)
         assert dp.replicas_identical(), "replicas diverged"
         return {"devices": k, "mode": ("one-bucket" if one_bucket else "bucketed")
                 + ("+jit" if jit else ""),
                 "samples_per_s": a.batch * k * a.steps / dt, "step_ms": 1e3 * dt / a.steps,
-                "exposed_ms": 1e3 * float(np.mean(exposed)), "buckets": len(dp.plan)}
+                "exposed_ms": 1e3 * float(np.mean(exposed)), "buckets": len(dp.plan),
+                "wire_mb": wire / 2 ** 20}
     finally:
         dp.close()
+
+
+def _wire_bytes(groups) -> float:
+    return float(np.mean([g.stats()["bytes"] for g in groups]))
+
+
+def run_engine(task, devs, a, mode: str, jit=False, group=None) -> dict:
+    """The training engine's step (what `wgrumus train` runs) on K replicas, one worker thread
+    each (or this process's rank of ``group``); ``mode``: exact, f16, accum or local (see the
+    module docstring)."""
+    import wgrumus as wr
+    from wgrumus.cli.trainer_parts import ReplicaPart
+    from wgrumus.distributed.engine import RankEngine, RankPool, SyncOptions
+    k = len(devs) if group is None else group.world_size
+    sync = SyncOptions(comm_dtype=wr.float16 if mode == "f16" else None,
+                       grad_accum=a.accum if mode == "accum" else 1,
+                       sync_every=a.sync_every if mode == "local" else None)
+    micro = sync.grad_accum
+    pool = RankPool(k, devs, timeout=300.0, name="bench-rank") if group is None else \
+        RankPool(k, group=group, timeout=300.0)
+
+    def build(r):
+        part = ReplicaPart(task.model(devs[r]), task.loss)
+        return RankEngine(part, task.optimizer(part.params), devs[r], dp_group=pool.groups[r],
+                          sync=sync, jit=jit, timeout=300.0)
+
+    def global_rank(r):
+        return r if group is None else group.rank
+
+    try:
+        engines = pool.run(build)
+
+        def step(s):
+            x, y = task.batch(s, a.batch * k * micro)
+
+            def rank(r):
+                mbs = []
+                for i in range(micro):
+                    lo = (global_rank(r) * micro + i) * a.batch
+                    mbs.append([wr.tensor(x[lo:lo + a.batch], device=devs[r]),
+                                wr.tensor(y[lo:lo + a.batch], device=devs[r])])
+                return engines[r].step(mbs)
+            return pool.run(rank)[0]
+
+        last = None
+        for s in range(a.warmup):
+            last = step(s)
+        float(last.item())
+        b0, t0 = _wire_bytes(pool.groups), time.perf_counter()
+        pending = None
+        for s in range(a.steps):
+            loss = step(a.warmup + s)
+            if pending is not None:
+                float(pending.item())  # read a step late, as the CLI does
+            pending = loss
+        float(pending.item())
+        dt = time.perf_counter() - t0
+        wire = (_wire_bytes(pool.groups) - b0) / a.steps
+        name = {"exact": "engine", "f16": "engine-f16", "accum": f"engine-accum{micro}",
+                "local": f"engine-local{a.sync_every}"}[mode]
+        return {"devices": k, "mode": name + ("+jit" if jit else ""),
+                "samples_per_s": a.batch * k * micro * a.steps / dt,
+                "step_ms": 1e3 * dt / a.steps, "exposed_ms": 0.0, "buckets": 0,
+                "wire_mb": wire / 2 ** 20}
+    finally:
+        for e in locals().get("engines") or ():
+            e.close()
+        pool.close()
 
 
 def main(argv=None) -> int:
@@ -244,6 +328,8 @@ def main(argv=None) -> int:
             rows.append(run_dp(task, devs, a, group=group, jit=jit))
             if a.one_bucket:
                 rows.append(run_dp(task, devs, a, one_bucket=True, group=group, jit=jit))
+            for mode in () if a.no_engine else ("exact", "f16", "accum", "local"):
+                rows.append(run_engine(task, devs, a, mode, jit=jit, group=group))
         if group.rank != 0:
             return 0
     for k in (a.devices if group is None else []):
@@ -257,6 +343,10 @@ def main(argv=None) -> int:
             rows.append(run_dp(task, devs[:k], a, jit=jit))
             if a.one_bucket and k > 1:
                 rows.append(run_dp(task, devs[:k], a, one_bucket=True, jit=jit))
+            if not a.no_engine:
+                for mode in ("exact", "f16", "accum", "local"):
+                    if k > 1 or mode == "exact":
+                        rows.append(run_engine(task, devs[:k], a, mode, jit=jit))
     for r in rows:
         ref = base[r["mode"].endswith("+jit")]
         r["scaling"] = r["samples_per_s"] / ref["samples_per_s"]
@@ -267,12 +357,12 @@ def main(argv=None) -> int:
             print(json.dumps(r))
         return 0
     print(head)
-    print(f"{'devices':>7} {'mode':>14} {'samples/s':>10} {'scaling':>8} {'step ms':>8} "
-          f"{'exposed ms':>10} {'vs plain':>9} {'buckets':>7}")
+    print(f"{'devices':>7} {'mode':>18} {'samples/s':>10} {'scaling':>8} {'step ms':>8} "
+          f"{'exposed ms':>10} {'vs plain':>9} {'buckets':>7} {'wire MB':>8}")
     for r in rows:
-        print(f"{r['devices']:>7} {r['mode']:>14} {r['samples_per_s']:>10.1f} "
+        print(f"{r['devices']:>7} {r['mode']:>18} {r['samples_per_s']:>10.1f} "
               f"{r['scaling']:>7.2f}x {r['step_ms']:>8.1f} {r['exposed_ms']:>10.1f} "
-              f"{r['overhead_ms']:>+9.1f} {r['buckets']:>7}")
+              f"{r['overhead_ms']:>+9.1f} {r['buckets']:>7} {r.get('wire_mb', 0.0):>8.2f}")
     return 0
 
 

@@ -229,13 +229,17 @@ def test_cli_precision_f16_close_to_f32(model, extra, capsys):
     assert losses["f16"] != losses["f32"]
 
 
-def test_cli_precision_f16_errors(dev, monkeypatch, capsys):
+def test_cli_precision_f16_errors(devs, monkeypatch, capsys):
+    """Without shader-f16 both float16 flags are refused in one line, whatever the layout."""
     from wgrumus.cli import main
-    assert main(["train", "gpt", "--precision", "f16", "--tp", "2"]) == 2
-    assert "--precision f16" in capsys.readouterr().err
-    monkeypatch.setattr(dev, "features", dev.features - {"shader-f16"})
+    for d in devs[:2]:
+        monkeypatch.setattr(d, "features", d.features - {"shader-f16"})
     assert main(["train", "mlp", "--precision", "f16", "--steps", "1"]) == 2
     assert "shader-f16" in capsys.readouterr().err
+    for flag in (["--precision", "f16", "--tp", "2"], ["--grad-comm", "f16", "--dp", "2"]):
+        assert main(["train", "gpt", "--steps", "1"] + flag) == 2
+        err = capsys.readouterr().err
+        assert "shader-f16" in err and flag[0] in err and len(err.strip().splitlines()) == 1
 
 
 def test_unscale_many_gradients_in_chunks(rng):

@@ -60,6 +60,10 @@ class TrainConfig:
     activation_checkpointing: bool = False
     precision: str = "f32"
     jit: bool = True
+    grad_comm: str = "f32"
+    grad_accum: int = 1
+    sync_every: int | None = None
+    local_sgd_warmup: int = 0
 
 
 def config_from_args(args) -> TrainConfig:
@@ -92,9 +96,17 @@ def config_from_args(args) -> TrainConfig:
                     _backend(args, model, args.dp * args.tp * args.pp))
     _check_devices(args, layout, create=False)  # a device shortfall is the first thing to fix
     batch = args.batch_size or (32 if model == "gpt" else 64)
-    if batch % (args.dp * m):
+    k = getattr(args, "grad_accum", 1)
+    if batch % (args.dp * m * k):
+        accum = f" x --grad-accum {k} micro-steps" if k > 1 else ""
         raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
-                         f"x {m} micro-batches (a multiple of {args.dp * m})")
+                         f"x {m} micro-batches{accum} (a multiple of {args.dp * m * k})")
+    sync_every, warmup = getattr(args, "sync_every", None), getattr(args, "local_sgd_warmup", None)
+    if warmup is not None and sync_every is None:
+        raise UsageError("--local-sgd-warmup sets when --sync-every's local steps start; give "
+                         "--sync-every H too (or drop --local-sgd-warmup)")
+    if warmup is not None and warmup < 0:
+        raise UsageError(f"--local-sgd-warmup {warmup}: the warmup is a number of steps >= 0")
     if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
         raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
                          f"({m} by {args.pp})")
@@ -105,31 +117,29 @@ def config_from_args(args) -> TrainConfig:
             _refuse_existing(args.checkpoint)
     if args.plot:
         _check_plot_folder(args.plot)
+    grad_comm = getattr(args, "grad_comm", "f32")
     if args.precision == "f16":
-        _check_f16(model, layout)
+        _check_f16(layout, "--precision f16", "use --precision f32")
+    if grad_comm == "f16" and layout.dp > 1:
+        _check_f16(layout, "--grad-comm f16", "use --grad-comm f32")
     return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
                        layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
                        args.plot, args.json, getattr(args, "title", "wgrumus train"),
                        args.clip, args.lr_schedule, args.warmup,
-                       args.activation_checkpointing, args.precision, args.jit)
+                       args.activation_checkpointing, args.precision, args.jit,
+                       grad_comm, k, sync_every, warmup or 0)
 
 
-def _check_f16(model: str, layout: Layout) -> None:
-    """--precision f16 needs shader-f16 and one inf/NaN check for all ranks (one device, or gpt
-    replicas, which see the same gradients)."""
+def _check_f16(layout: Layout, flag: str, fix: str) -> None:
+    """float16 on the device needs the adapter feature shader-f16 (this process's devices; under
+    mpi each rank's adapter is checked when it opens)."""
     import wgrumus as wr
-    if model == "gpt" and (layout.tp > 1 or layout.pp > 1):
-        raise UsageError("--precision f16 runs the gpt with --dp only (tensor and pipeline "
-                         "shards would need a shared inf/NaN check); use --tp 1 --pp 1")
-    if model != "gpt" and (layout.dp > 1 or layout.pp > 1):
-        raise UsageError(f"--precision f16 trains {model} on one device; drop --dp/--pp")
     if layout.backend != "threads":
-        raise UsageError(f"--precision f16 runs with the threads backend (not "
-                         f"{layout.backend}); pass --backend threads")
+        return
     for d in wr.devices()[:layout.world]:
         if "shader-f16" not in d.features:
-            raise UsageError(f"--precision f16 needs the adapter feature shader-f16, which "
-                             f"{d.name} does not have; use --precision f32")
+            raise UsageError(f"{flag} needs the adapter feature shader-f16, which {d.name} does "
+                             f"not have; {fix}")
 
 
 def _backend(args, model: str, world: int) -> str:
@@ -271,16 +281,9 @@ def train(cfg: TrainConfig) -> int:
         start, losses = checkpoint.load(trainer, *saved) if saved else (0, [])
         ui = report.Progress(cfg, task, steps, start, enabled=trainer.is_main and not cfg.json)
         t0 = time.perf_counter()
+        done_at: list = []  # when each step's loss was read (steady-state timing)
         with StopOnInterrupt() as stop, ui:
-            for step in range(start, steps):
-                x, y = task.batch(step, cfg.batch_size)
-                losses.append(float(trainer.step(x, y)))
-                ui.update(step + 1, losses[-1])
-                if trainer.agree_stop(stop.requested or not math.isfinite(losses[-1])):
-                    break
-                if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 \
-                        and step + 1 < steps:
-                    checkpoint.save(cfg, task, trainer, step + 1, losses)
+            run_steps(cfg, task, trainer, start, steps, losses, ui, stop, done_at)
         interrupted = stop.requested
         diverged = not all(math.isfinite(v) for v in losses[start:])
         seconds = time.perf_counter() - t0
@@ -289,6 +292,7 @@ def train(cfg: TrainConfig) -> int:
             checkpoint.save(cfg, task, trainer, len(losses), losses)
         result = report.result(cfg, task, trainer, losses, len(losses) - start, seconds,
                                interrupted, diverged)
+        result["steady"] = report.steady(cfg, task, t0, done_at)
     except KeyboardInterrupt:
         # A second Ctrl-C leaves at once: closing would wait for the ranks to finish the step
         # they are in (seconds to minutes); they are daemon threads and the process is exiting.
@@ -307,6 +311,47 @@ def train(cfg: TrainConfig) -> int:
                   file=sys.stderr, flush=True)
         return 1
     return 130 if interrupted else 0
+
+
+def run_steps(cfg, task, trainer, start, steps, losses, ui, stop, done_at) -> None:
+    """The steps, each launched before the previous one's loss is read (no device wait between
+    steps); the next batch goes to the devices while the current step runs. A checkpoint is
+    written between steps, so its step's loss is read before the next step starts."""
+    pending, nxt = None, task.batch(start, cfg.batch_size) if start < steps else None
+
+    def read(step: int, p) -> None:
+        losses.append(p())
+        done_at.append(time.perf_counter())
+        ui.update(step + 1, losses[-1])
+
+    def settle(step: int, p) -> bool:
+        """Step ``step``'s loss recorded; True when training must stop there."""
+        read(step, p)
+        if trainer.agree_stop(stop.requested or not math.isfinite(losses[-1])):
+            return True
+        if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
+            checkpoint_save(cfg, task, trainer, step + 1, losses)
+        return False
+
+    for step in range(start, steps):
+        x, y = nxt
+        nxt = task.batch(step + 1, cfg.batch_size) if step + 1 < steps else None
+        if pending is not None and cfg.checkpoint and step % cfg.checkpoint_every == 0:
+            if settle(step - 1, pending):  # the checkpoint holds step - 1's weights
+                return
+            pending = None
+        p = trainer.step(step, x, y, nxt)
+        if pending is not None and settle(step - 1, pending):
+            read(step, p)  # the step already launched counts too
+            return
+        pending = p
+    if pending is not None:
+        settle(steps - 1, pending)
+
+
+def checkpoint_save(cfg, task, trainer, step, losses) -> None:
+    from . import checkpoint
+    checkpoint.save(cfg, task, trainer, step, losses)
 
 
 def _divergence(cfg, task, losses, start) -> str:

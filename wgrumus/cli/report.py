@@ -65,6 +65,8 @@ def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupt
         "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp, "schedule": lay.schedule,
                    "micro_batches": lay.micro_batches, "devices": lay.world,
                    "backend": lay.backend},
+        "sync": {"grad_comm": cfg.grad_comm, "grad_accum": cfg.grad_accum,
+                 "sync_every": cfg.sync_every, "local_sgd_warmup": cfg.local_sgd_warmup},
         "interrupted": interrupted,
         "diverged": diverged,  # the loss turned NaN/infinite (printed as null in --json)
     }
@@ -85,6 +87,8 @@ def summary(cfg, task, res: dict) -> None:
     t.add_column(style="bold")
     t.add_column()
     t.add_row("layout", cfg.layout.describe())
+    if (sync := _sync_text(cfg)):
+        t.add_row("gradients", sync)
     t.add_row("steps", f"{res['steps']} (batch {res['batch_size']}, {res['optimizer']} "
               f"lr {res['lr']:g})")
     if res["losses"]:
@@ -108,6 +112,19 @@ def summary(cfg, task, res: dict) -> None:
             dt.add_row(*(_fmt(row[c]) for c in cols))
         con.print(dt)
     _curve(cfg, res, con)
+
+
+def _sync_text(cfg) -> str:
+    """The non-default gradient synchronisation, in words ('' when exact every step)."""
+    parts = []
+    if cfg.grad_comm == "f16" and cfg.layout.dp > 1:
+        parts.append("float16 on the wire")
+    if cfg.grad_accum > 1:
+        parts.append(f"{cfg.grad_accum} micro-steps per step")
+    if cfg.sync_every is not None:
+        parts.append(f"local SGD, parameters averaged every {cfg.sync_every} steps after "
+                     f"{cfg.local_sgd_warmup} exact ones")
+    return "; ".join(parts)
 
 
 def _fmt(v) -> str:
@@ -136,3 +153,18 @@ def _curve(cfg, res, con) -> None:
               + ":", markup=False)
     con.print(terminal_plot(losses), markup=False, highlight=False)
 
+
+
+def steady(cfg, task, t0: float, done_at: list) -> dict:
+    """Steady-state speed: wall-clock per optimizer step after the first max(3, 10%) steps
+    (captures, compiles and warm-up excluded), timed where each step's loss was read."""
+    n = len(done_at)
+    skip = max(3, -(-n // 10))
+    if n > skip:
+        steps, span = n - skip, done_at[-1] - done_at[skip - 1]
+    else:  # too short a run to leave the warm-up out: every step counts
+        steps, span = n, (done_at[-1] - t0 if n else 0.0)
+    step_s = span / steps if steps else 0.0
+    key = "tokens_per_s" if task.unit == "tokens" else "samples_per_s"
+    rate = cfg.batch_size * task.units_per_sample / step_s if step_s > 0 else 0.0
+    return {"step_ms": step_s * 1e3, key: rate, "steps": steps}

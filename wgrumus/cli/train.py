@@ -46,6 +46,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "losses, in every --dp/--tp/--pp layout (each rank or stage replays its "
                    "device's work; communication runs between the replayed segments; f16 loss "
                    "scaling stays on the device). Default on; --no-jit runs every step eagerly")
+    g = p.add_argument_group("gradient synchronisation (data parallel)")
+    g.add_argument("--grad-comm", choices=("f32", "f16"), default="f32",
+                   help="f16: send gradients as float16 (cast on the device, half the bytes on "
+                   "the wire; close to exact, not equal). Default f32 (exact)")
+    g.add_argument("--grad-accum", type=pos, default=1, metavar="K",
+                   help="run each step's batch as K micro-steps with one all-reduce (the same "
+                   "losses, the memory of a K-times smaller batch). Default 1")
+    g.add_argument("--sync-every", type=pos, metavar="H",
+                   help="post-local SGD: after --local-sgd-warmup exact steps each replica steps "
+                   "alone and the replicas' parameters are averaged every H steps (default: "
+                   "exact data parallel every step)")
+    g.add_argument("--local-sgd-warmup", type=int, metavar="N",
+                   help="exact data-parallel steps before --sync-every starts (default 0)")
     g = p.add_argument_group("parallel layout")
     g.add_argument("--dp", type=pos, default=1, metavar="N", help="data-parallel replicas")
     g.add_argument("--tp", type=pos, default=1, metavar="N", help="tensor-parallel ranks (gpt)")

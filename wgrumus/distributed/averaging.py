@@ -6,9 +6,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..autograd import GradientStore, no_grad
 from ..autograd.store import store_of
-from ..ops.elementwise import copy_into, fill_
+from ..ops.elementwise import cast, copy_into, fill_
+from ..ops.launch import run_map
 from ..tensor import Tensor, contiguous_strides
 from .buckets import plan_buckets
 
@@ -60,13 +63,19 @@ class GradientAverager:
     """Bucketed mean of one rank's gradients over ``group`` (PyTorch DDP's reducer): as each
     gradient becomes final (``on_leaf_grad``) it joins its bucket, and complete buckets launch
     with ``all_reduce_async`` in plan order (the same collectives on every rank) while backward
-    goes on. One backward: ``start`` -> ``on_leaf_grad``... -> ``finish``."""
+    goes on. One backward: ``start`` -> ``on_leaf_grad``... -> ``finish``. ``comm_dtype=float16``
+    sends half the bytes (PyTorch's fp16 compression hook): each gradient is divided by the world
+    size and cast on the device, the halves are summed, and the sum is cast back to float32."""
 
     def __init__(self, params, group, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0,
                  names=None, plan=None, device=None, events: EventLog | None = None,
-                 replica: int | None = None):
+                 replica: int | None = None, comm_dtype=None):
         self.params, self.group = list(params), group
+        self.comm_dtype = check_comm_dtype(comm_dtype)
         self.device = device if device is not None else self.params[0].device
+        if self.comm_dtype is not None and "shader-f16" not in self.device.features:
+            raise ValueError(f"float16 gradient communication needs the adapter feature "
+                             f"shader-f16, which {self.device.name} does not have; send float32")
         self.plan = plan if plan is not None else plan_buckets(self.params, bucket_cap_mb,
                                                                 first_bucket_mb, names)
         self.events = events
@@ -112,20 +121,36 @@ class GradientAverager:
         flat = self.pack(b, grad_of)
         if self.events is not None:
             self.events.record(self.replica, "allreduce_start", b)
-        self._works[b] = self.group.all_reduce_async(flat, "mean")
+        # compressed: pre-divided in pack (no overflow of the half sum), so a plain sum
+        self._works[b] = self.group.all_reduce_async(flat, "mean" if self._exact(b) else "sum")
+
+    def _exact(self, b: int) -> bool:
+        return self.comm_dtype is None or np.dtype(self.plan.buckets[b].dtype) != np.float32
 
     def pack(self, b: int, grad_of) -> Tensor:
-        """Bucket ``b``'s gradients (``grad_of(i)``; None: zero) in one flat device buffer."""
+        """Bucket ``b``'s gradients (``grad_of(i)``; None: zero) in one flat device buffer, in
+        ``comm_dtype`` and divided by the world size when compressing."""
         bucket = self.plan.buckets[b]
+        exact = self._exact(b)
+        inv = 1.0 / self.group.world_size
         with no_grad():
-            flat = Tensor.empty((bucket.numel,), self.device, bucket.dtype)
+            flat = Tensor.empty((bucket.numel,), self.device,
+                                bucket.dtype if exact else self.comm_dtype)
             for i, shape, off in zip(bucket.params, bucket.shapes, bucket.offsets):
                 g = grad_of(i)
                 if g is None:
                     fill_(flat_view(flat, shape, off), 0.0)
-                else:
+                elif exact:
                     copy_into(flat_view(flat, shape, off), g)
+                else:
+                    run_map("a * s", flat_view(flat, shape, off), [g], scalars={"s": inv})
         return flat
+
+    def _widen(self, flats) -> list:
+        """The reduced buckets in their gradients' dtype (compressed ones cast back)."""
+        with no_grad():
+            return [f if self._exact(b) else cast(f, self.plan.buckets[b].dtype)
+                    for b, f in enumerate(flats)]
 
     def unpack(self, flats) -> list:
         """Per parameter, its view of the bucket buffers ``flats`` (None: not in the plan)."""
@@ -143,7 +168,7 @@ class GradientAverager:
         self._remaining = [0] * len(self._remaining)
         self._launch_ready()
         try:
-            views = self.unpack([w.wait(timeout) for w in self._works])
+            views = self.unpack(self._widen([w.wait(timeout) for w in self._works]))
         finally:
             self.start()
         if self.events is not None:
@@ -163,6 +188,19 @@ class GradientAverager:
             if g is not None:
                 self._put(i, g)
         return self._finish_views(timeout) if aligned else self.finish(timeout)
+
+
+def check_comm_dtype(comm_dtype):
+    """None (exact, the gradients' own dtype) or float16; anything else is refused."""
+    if comm_dtype is None:
+        return None
+    dt = np.dtype(comm_dtype)
+    if dt == np.float32:
+        return None
+    if dt != np.float16:
+        raise ValueError(f"comm_dtype must be float32 (exact) or float16 (half the bytes on the "
+                         f"wire), got {dt}")
+    return dt
 
 
 class AllReduceSync:

@@ -7,14 +7,12 @@ import contextlib
 import copy
 import hashlib
 import queue
-import threading
 import time
 
 import numpy as np
 
-from ..autograd import backward_with_grad, install_tape, is_grad_enabled, no_grad
+from ..autograd import backward_with_grad, is_grad_enabled, no_grad
 from ..autograd.store import grads_of, store_of
-from ..autograd.tape import Tape
 from ..ops.creation import full
 from ..ops.elementwise import clone, copy_into
 from ..ops.shape import cat
@@ -23,9 +21,10 @@ from ..runtime.capture import refuse
 from ..runtime.context import MultiGpuContext, get_device
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, tensor
-from .averaging import EventLog, GradientAverager
+from .averaging import EventLog, GradientAverager, check_comm_dtype
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
+from .engine import Worker
 from .errors import CollectiveError
 from .launch import PER_PROCESS
 from .pipeline.stage import moved_to
@@ -116,42 +115,6 @@ def _rows(x, lo: int, hi: int, device):
     return tensor(np.ascontiguousarray(np.asarray(x)[lo:hi]), device=device)
 
 
-class _Worker:
-    """The thread of one replica: runs jobs with this replica's own autograd tape."""
-
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.phase = "idle"
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"wgrumus-dp-replica{rank}")
-        self._thread.start()
-
-    def submit(self, fn, results: queue.Queue) -> None:
-        self._jobs.put((fn, results))
-
-    def close(self, timeout: float) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        install_tape(Tape())
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, results = job
-            try:
-                out = fn(self)
-            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                results.put((self.rank, self.phase, None, e))
-            else:
-                results.put((self.rank, self.phase, out, None))
-            finally:
-                install_tape(Tape())  # drop anything a failed job left recorded
-                self.phase = "idle"
-
-
 def _check_loss(loss):
     if loss.numel() != 1:
         raise ValueError(f"loss_fn must return one value (the mean over the shard), got shape "
@@ -165,12 +128,13 @@ class DataParallel:
     len(wr.devices())``) joined by ``group`` (default ``init_process_group(backend)``); every
     process passes the same batch.
     ``shard_optimizer_state=True`` is ZeRO-1. ``jit=True`` replays each replica's step from a
-    ``wr.jit`` capture, buckets still overlapping backward (``no_sync`` steps run eagerly)."""
+    ``wr.jit`` capture, buckets still overlapping backward (``no_sync`` steps run eagerly).
+    ``comm_dtype=wr.float16`` sends the gradients as float16 (half the bytes; close to exact)."""
 
     def __init__(self, module, devices=None, bucket_cap_mb: float = 25.0,
                  first_bucket_mb: float = 1.0, backend: str = "threads", group=None,
                  timeout: float = 60.0, shard_optimizer_state: bool = False,
-                 jit: bool = False):
+                 jit: bool = False, comm_dtype=None):
         if backend not in ("threads", *PER_PROCESS):
             raise ValueError(f"unknown backend {backend!r}; use 'threads', 'processes' or "
                              "'mpi'")
@@ -181,6 +145,7 @@ class DataParallel:
                              "yet: the captured optimizer step updates every parameter; use "
                              "one of the two")
         self.backend, self.timeout = backend, float(timeout)
+        self.comm_dtype = check_comm_dtype(comm_dtype)
         if backend in PER_PROCESS:
             devs = [get_device(devices[0])] if devices else None
             from .launch import init_process_group, rank_device
@@ -212,7 +177,7 @@ class DataParallel:
         self._world = None
         self.groups = [group] if backend in PER_PROCESS else self._thread_groups()
         self.group = self.groups[0]
-        self._workers = [_Worker(k) for k in range(len(devs))]
+        self._workers = [Worker(k, "wgrumus-dp-replica") for k in range(len(devs))]
         self._sync = True
         self._accum: list = [None] * len(devs)
         self._averagers: list = [None] * len(devs)  # see _averager
@@ -255,7 +220,8 @@ class DataParallel:
 
     def __del__(self):  # forgotten close(): the threads end without waiting on them here
         with contextlib.suppress(Exception):  # interpreter shutdown, or a half-built object
-            self._stop(0)
+            if self._stop(0):
+                self._free_jits()
 
     def __enter__(self):
         return self
@@ -489,8 +455,8 @@ class DataParallel:
         if jf is None:
             from ..jit import jit
             replica, dev = self.replicas[k], self.devices[k]
-            avg = GradientAverager(self._params[k], self.groups[k], plan=self.plan) \
-                if self.world_size > 1 else None
+            avg = GradientAverager(self._params[k], self.groups[k], plan=self.plan,
+                                   comm_dtype=self.comm_dtype) if self.world_size > 1 else None
 
             def step(x, y, scale):
                 loss = _check_loss(loss_fn(replica(x), y))
@@ -510,7 +476,8 @@ class DataParallel:
         avg = self._averagers[k]
         if avg is None or avg.group is not self.groups[k]:
             avg = self._averagers[k] = GradientAverager(
-                self._params[k], self.groups[k], plan=self.plan, events=self.events, replica=k)
+                self._params[k], self.groups[k], plan=self.plan, events=self.events, replica=k,
+                comm_dtype=self.comm_dtype)
         return avg
 
     def _replay_events(self, k: int, trace) -> None:

@@ -185,9 +185,10 @@ class RankTrainer:
         return [(tensor(mb[:, :-1], device=self.device), tensor(mb[:, 1:], device=self.device))
                 for mb in mbs]
 
-    def step_gradients(self, mbs: list) -> dict:
+    def step_gradients(self, mbs: list, average: bool = True) -> dict:
         """:meth:`gradients` from device micro-batches without a host read (what ``wr.jit``
-        captures); ``mb_losses`` gets the micro-batch losses as device tensors."""
+        captures); ``mb_losses`` gets the micro-batch losses as device tensors. ``average=False``
+        leaves the data-parallel mean to the caller (the training engine's gradient sync)."""
         self.mb_losses = [None] * self.m
         runner = StageRunner(_RankWork(self, mbs), self.pgm.config.pp, self.nv,
                              self.mapping.pp_rank)
@@ -203,7 +204,7 @@ class RankTrainer:
             for n, p in self.params.items():  # unused ones: zeros keep the buckets aligned
                 g = store.get(p)
                 grads[n] = zeros(p.shape, device=self.device) if g is None else g
-        return self._dp_mean(grads)
+        return self._dp_mean(grads) if average else grads
 
     def _dp_mean(self, grads: dict) -> dict:
         """Gradients averaged over the data-parallel group only (TP/PP peers hold other shards)."""
