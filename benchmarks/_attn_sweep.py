@@ -1,4 +1,4 @@
-"""Fused attention tile sweep (issue 22, item 2): every variant of ops/attention_tiles.py
+"""Fused attention tile sweep (issue 22, item 2): every variant of kernels/attention_gpu.py
 VARIANTS, forward, each backward kernel (bwd_q, bwd_kv), backward and forward + backward
 through autograd, causal (and with --both not) at B x H x T x d (default 8 x 8 x 1024 x 64,
 f32), in GFLOP/s next to the unfused composition and torch's scaled_dot_product_attention
@@ -56,20 +56,19 @@ def main(argv=None) -> int:
                    "so that an idle GPU reaches its clocks (default 2; 0 on a CPU adapter)")
     a = p.parse_args(argv)
     import wgrumus as wr
+    from wgrumus.kernels import attention_gpu as at
     from wgrumus.nn.attention import unfused_attention
-    from wgrumus.ops import attention_tiles as at
-    from wgrumus.ops import nnops
     from wgrumus.ops.attention import (
         _launch,
         attention_backward,
         attention_forward,
         flash_attention,
     )
-    from wgrumus.ops.matmul import adapter_class
-    from wgrumus.runtime.adapters import is_cpu_adapter
+    from wgrumus.runtime.profile import profile
+    from wgrumus.runtime.tuning import TUNING
     from wgrumus.tensor import Tensor
     dev = wr.devices()[0]
-    cpu = is_cpu_adapter(dev)
+    cpu = profile(dev).cpu
     B, H, T, d = (int(x) for x in (a.size or ("1x2x128x64" if cpu else "8x8x1024x64"))
                   .split("x"))
     TL = a.long or (512 if cpu else 8192)
@@ -123,12 +122,12 @@ def main(argv=None) -> int:
         if causal in ref_rate:
             rows.append(("torch SDPA", causal, ref_rate[causal], None))
     # the one-row-per-invocation kernel (the fallback where no tile fits), causal f+b only
-    mode, nnops.ROW_MODE = nnops.ROW_MODE, "thread"
+    mode, TUNING.row_mode = TUNING.row_mode, "thread"
     rows.append(("row kernel", True, {"f+b": wall(lambda: _attention_step(fn_of[True], q, k, v,
                                                                           g))}, None))
-    nnops.ROW_MODE = mode
+    TUNING.row_mode = mode
     names = a.variants.split(",") if a.variants else list(at.VARIANTS)
-    cls = adapter_class(dev)
+    cls = profile(dev).adapter_class
     table = at.ATTN_TABLE.get(cls)
 
     def time_variant(tag, causal, picked):
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
         if time.perf_counter() - T0 > a.budget:
             print(f"budget spent: stopped before {name}", flush=True)
             break
-        at.VARIANT = name
+        TUNING.attention_variant = name
         picked = {r: at.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
         if None in picked.values():
             print(f"{name}: no tiles fit ({picked}); skipped", flush=True)
@@ -178,7 +177,7 @@ def main(argv=None) -> int:
         if err < 1e-3:
             for r in ("fwd", "q", "kv"):  # (a fallback: the same tiles again on this device)
                 per_role.setdefault(r, []).append((sec[r], name))
-    at.VARIANT = None
+    TUNING.attention_variant = None
     suggested = {r: min(v)[1] for r, v in per_role.items()}
     if len(suggested) == 3:  # the per-role pick, timed as the table entry it would be
         at.ATTN_TABLE[cls] = suggested

@@ -1,8 +1,8 @@
 """Tuning sweep for CPU adapters (lavapipe): matmul_cpu.wgsl block shapes and workgroup
 layouts next to the GPU tiled kernel and numpy, the CPU map and AdamW chunks next to their GPU
 kernels, and whole training steps, measured in the same run. Prints one JSON line per
-measurement; the winners go into ops/matmul.py (_cpu_tile), ops/launch.py and optim/adam.py
-(CPU_CHUNK_DEFAULT).
+measurement; the winners go into kernels/matmul_cpu.py (_cpu_tile) and runtime/profile.py
+(CPU_MAP_CHUNK, CPU_UPDATE_CHUNK).
 
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py [--sizes 256,512,1024x256x64]
         [--layouts nn,tn,nt] [--tiles 16x16x4x4,8x8x8x1t,...] [--rounds 5]
@@ -11,7 +11,8 @@ measurement; the winners go into ops/matmul.py (_cpu_tile), ops/launch.py and op
     PYTHONPATH=$PWD python benchmarks/_cpu_sweep.py --step [--rounds 5]
 
 Sizes: N (square) or MxKxN. Tiles TMxTNxWGXxWGY, a trailing t: A and B read from textures
-(ops/matmul.py CPU_TEX), ts: and A's rows shared over the subgroup (CPU_SG). Each tile runs
+(TUNING.matmul_textures), ts: and A's rows shared over the subgroup
+(TUNING.matmul_subgroup_rows). Each tile runs
 once a round (rounds interleaved); medians.
 --adam: AdamW steps over the parameters of the MLP 784-512-512-10 with each elements-per-
 invocation chunk of entry `cpu` of shaders/adam_multi.wgsl (chunk 1: its GPU entry `main`), the
@@ -22,7 +23,7 @@ map.wgsl), interleaved the same way.
 --step: an AdamW training step of the MLP 784-512-512-10 (batch 256) and of `wgrumus train
 gpt`'s default model (2 layers, width 64, 32 x 32 tokens) now against before, step by step
 interleaved; before (--step-base): matmul operands in storage buffers instead of textures
-(storage, ops/matmul.py CPU_TEX False), or (chunks) the GPU-shaped map and Adam kernels (chunk
+(storage, TUNING.matmul_textures False), or (chunks) the GPU-shaped map and Adam kernels (chunk
 1) and matmul's 16-wide blocks from 128-long sides (CPU_SIDE16).
 """
 from __future__ import annotations
@@ -39,6 +40,8 @@ os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 os.environ.setdefault("WGRUMUS_DEVICES", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ops import timeit  # noqa: E402
+
+from wgrumus.runtime.tuning import TUNING  # noqa: E402
 
 GPU_TILE = (4, 16, 0)  # the shared-memory tiled kernel the CPU adapters ran before
 TILES = "8x8x4x4,8x8x8x8,4x8x8x8,8x4x8x8,4x4x8x8,8x16x4x4,16x8x4x4,8x8x2x2,8x8x16x4"
@@ -68,14 +71,14 @@ def main(argv=None) -> int:
         return _step(wr, dev, args.rounds, args.step_base)
     if args.map:
         return _map(wr, dev, [int(c) for c in args.chunks.split(",")], args.rounds)
-    mm = importlib.import_module("wgrumus.ops.matmul")
-    # a trailing "t": operands in textures (matmul CPU_TEX), else in storage buffers; "ts":
-    # textures with A's rows shared over the subgroup (matmul CPU_SG)
+    mm = importlib.import_module("wgrumus.kernels.matmul")
+    # a trailing "t": operands in textures (TUNING.matmul_textures), else in storage buffers;
+    # "ts": textures with A's rows shared over the subgroup (TUNING.matmul_subgroup_rows)
     tiles = [tuple(int(x) for x in t.rstrip("ts").split("x")) + (0, "t" in t, t.endswith("s"))
              for t in args.tiles.split(",") if t]
     if not args.no_gpu_kernel:
         tiles.append(GPU_TILE)
-    orig = mm._launch
+    orig = mm.launch
     rng = np.random.default_rng(0)
     for size in args.sizes.split(","):
         m, k, n = [int(x) for x in size.split("x")] if "x" in size else [int(size)] * 3
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
                 for tile in tiles:
                     if tile in rows and "error" in rows[tile]:
                         continue
-                    mm._launch = lambda *x, tile=tile, **kw: orig(*x, tile=tile, **kw)
+                    mm.launch = lambda *x, tile=tile, **kw: orig(*x, tile=tile, **kw)
                     try:
                         rows.setdefault(tile, {"max_err": float(np.abs(
                             (ta @ tb).numpy() - want).max())})
@@ -101,7 +104,7 @@ def main(argv=None) -> int:
                     except Exception as e:  # a variant that does not build: report, go on
                         rows[tile] = {"error": str(e)[:300]}
                     finally:
-                        mm._launch = orig
+                        mm.launch = orig
             for tile in tiles:
                 row = rows[tile]
                 if times[tile]:
@@ -119,7 +122,6 @@ def main(argv=None) -> int:
 def _adam(wr, dev, chunks, rounds) -> int:
     """AdamW steps per chunk size, interleaved; every variant's parameters are checked against
     chunk ``chunks[0]``'s after the same steps (same start, same gradients)."""
-    adam = importlib.import_module("wgrumus.optim.adam")
     dims = (784, 512, 512, 10)
     shapes = [s for i, o in zip(dims, dims[1:]) for s in ((o, i), (o,))]
     rng = np.random.default_rng(0)
@@ -131,13 +133,13 @@ def _adam(wr, dev, chunks, rounds) -> int:
         runs[c] = (ps, wr.optim.AdamW(ps, lr=1e-3), dict(zip(ps, grads)))
 
     def set_chunk(c):
-        adam.CPU_CHUNK = c
+        TUNING.update_chunk = c
         cur["run"] = runs[c]
     try:
         t = _interleaved({"adamw": lambda: cur["run"][1].step(cur["run"][2])}, set_chunk,
                          chunks, rounds, dev.synchronize)
     finally:
-        adam.CPU_CHUNK = None
+        TUNING.update_chunk = None
     n = sum(x.size for x in init)
     base = runs[chunks[0]][0]
     for c, (ps, _, _) in runs.items():
@@ -173,7 +175,6 @@ def _interleaved(fns: dict, set_variant, variants, rounds, sync) -> dict:
 
 def _map(wr, dev, chunks, rounds) -> int:
     """GPT-step elementwise ops (batch 32 x 32 tokens, width 64, MLP 256) per map chunk."""
-    launch = importlib.import_module("wgrumus.ops.launch")
     from wgrumus.nn import functional as F
     x, h = wr.randn((1024, 64), seed=1), wr.randn((1024, 256), seed=2)
     bias, y = wr.randn((256,), seed=3), wr.randn((1024, 64), seed=4)
@@ -186,15 +187,15 @@ def _map(wr, dev, chunks, rounds) -> int:
     want = {n: fn().numpy() for n, fn in fns.items()}
     got = {}
     for c in chunks:
-        launch.CPU_CHUNK = c
+        TUNING.map_chunk = c
         got[c] = {n: float(np.abs(fn().numpy() - want[n]).max()) for n, fn in fns.items()}
 
     def set_chunk(c):
-        launch.CPU_CHUNK = c
+        TUNING.map_chunk = c
     try:
         t = _interleaved(fns, set_chunk, chunks, rounds, dev.synchronize)
     finally:
-        launch.CPU_CHUNK = None
+        TUNING.map_chunk = None
     for n in fns:
         for c in chunks:
             print(json.dumps({"what": "map", "op": n, "chunk": c, "ms": round(t[n, c] * 1e3, 3),
@@ -205,9 +206,7 @@ def _map(wr, dev, chunks, rounds) -> int:
 
 def _step(wr, dev, rounds, base) -> int:
     from wgrumus import nn
-    launch = importlib.import_module("wgrumus.ops.launch")
-    adam = importlib.import_module("wgrumus.optim.adam")
-    mm = importlib.import_module("wgrumus.ops.matmul")
+    mm = importlib.import_module("wgrumus.kernels.matmul_cpu")
     side16 = mm.CPU_SIDE16
     rng = np.random.default_rng(0)
     mlp = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
@@ -232,14 +231,14 @@ def _step(wr, dev, rounds, base) -> int:
 
     def set_variant(v):
         if base == "chunks":
-            launch.CPU_CHUNK = adam.CPU_CHUNK = None if v == "now" else 1
+            TUNING.map_chunk = TUNING.update_chunk = None if v == "now" else 1
             mm.CPU_SIDE16 = side16 if v == "now" else 128
         else:
-            mm.CPU_TEX = None if v == "now" else False
+            TUNING.matmul_textures = None if v == "now" else False
     try:
         t = _interleaved(fns, set_variant, ["before", "now"], rounds, dev.synchronize)
     finally:
-        launch.CPU_CHUNK = adam.CPU_CHUNK = mm.CPU_TEX = None
+        TUNING.map_chunk = TUNING.update_chunk = TUNING.matmul_textures = None
         mm.CPU_SIDE16 = side16
     for n in fns:
         print(json.dumps({"what": "train step", "model": n,

@@ -39,7 +39,7 @@ def timeit(fn, sync, min_s=0.3, min_n=3, max_n=200):
 
 def sweep_matmul(sizes, variants):
     import wgrumus as wr
-    mm = importlib.import_module("wgrumus.ops.matmul")
+    mm = importlib.import_module("wgrumus.kernels.matmul_gpu")
     dev = wr.devices()[0]
     emit(what="adapter", info={k: str(v) for k, v in dev.adapter_info.items()},
          features=sorted(dev.adapter.features))

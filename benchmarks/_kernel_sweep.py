@@ -1,6 +1,7 @@
 """Variant sweep for one GPU session (issue 22, items 3 and 4): every matmul variant of
-ops/matmul.py VARIANTS and every row-op variant of ops/rowops.py ROW_VARIANTS, timed next to
-torch (CUDA, TF32 off) in the same run, each checked against numpy first. Prints compact tables,
+kernels/matmul_gpu.py VARIANTS and every row-op variant of kernels/rows_gpu.py
+ROW_VARIANTS, timed next to torch (CUDA, TF32 off) in the same run, each checked against numpy
+first. Prints compact tables,
 the best variant per case and MATMUL_TABLE / ROW_TABLE rows to paste; stops starting new
 measurements after --budget seconds.
 
@@ -153,12 +154,15 @@ def warm_up(dev, torch, seconds: float = 2.0) -> None:
 
 def sweep_matmul(dev, torch, sizes, budget, min_s):
     import wgrumus as wr
-    mm = importlib.import_module("wgrumus.ops.matmul")
+    mm = importlib.import_module("wgrumus.kernels.matmul_gpu")
+    from wgrumus.kernels.matmul_cpu import use_cpu_kernel
+    from wgrumus.runtime.profile import profile
+    from wgrumus.runtime.tuning import TUNING
     say(f"# matmul: TFLOP/s (2 n^3 / time); torch fp32 TF32 off, fp16 tensor cores; "
-        f"adapter class {mm.adapter_class(dev)}")
+        f"adapter class {profile(dev).adapter_class}")
     names = ["default"] + list(mm.VARIANTS)
     keep = mm._pick_variant
-    if mm.use_cpu_kernel(dev):  # the variants are of the GPU kernel: run it here too
+    if use_cpu_kernel(dev):  # the variants are of the GPU kernel: run it here too
         say("# CPU adapter: 'default' is the CPU kernel, the variants run the GPU kernel")
     res: dict = {}  # (dt, lay, n) -> {name: tflops}
     bad: dict = {}  # name -> error text
@@ -184,7 +188,7 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
             if dt == "f32" and v and v.get("half"):
                 continue
             mm._pick_variant = lambda *x, v=v: v
-            mm.CPU_KERNEL = None if v is None else False
+            TUNING.cpu_matmul = None if v is None else False
             try:
                 got = (a @ b).numpy().astype(np.float32)
                 if ref is None:
@@ -199,7 +203,7 @@ def sweep_matmul(dev, torch, sizes, budget, min_s):
             except Exception as e:  # a variant that does not build here: say so, go on
                 bad[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             finally:
-                mm._pick_variant, mm.CPU_KERNEL = keep, None
+                mm._pick_variant, TUNING.cpu_matmul = keep, None
         if torch is not None:
             tdt = torch.float16 if dt == "f16" else torch.float32
             x = torch.randn(*sa, device="cuda", dtype=tdt)
@@ -237,7 +241,10 @@ ROW_BYTES = {"sm_fwd": 2, "sm_bwd": 3, "ln_fwd": 2, "ln_bwd": 3, "xe_stats": 1} 
 
 def sweep_rows(dev, torch, shapes, budget, min_s):
     import wgrumus as wr
-    from wgrumus.ops import nnops, rowops
+    from wgrumus.kernels import rows as row_kernels
+    from wgrumus.kernels import rows_gpu as rowops
+    from wgrumus.ops import nnops
+    from wgrumus.runtime.tuning import TUNING
     say("# row ops: GB/s (bytes of f32 reads + writes of R x L / time; cross-entropy: the read); "
         "the default is softmax.wgsl / layernorm.wgsl / xent.wgsl")
     names = ["default"] + list(rowops.ROW_VARIANTS)
@@ -266,7 +273,7 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
             "sm_bwd": (lambda: nnops.softmax_backward(y, g),
                        y_ref * (gn - (gn * y_ref).sum(1, keepdims=True))),
             "ln_fwd": (lambda: nnops.layer_norm(x, (L,)), xh),
-            "ln_bwd": (lambda: nnops.layer_norm_backward(x, g, None, mean, rstd),
+            "ln_bwd": (lambda: row_kernels.layer_norm_backward(x, g, None, mean, rstd),
                        rs * (gn - gn.mean(1, keepdims=True)
                              - xh * (gn * xh).mean(1, keepdims=True))),
             "xe_stats": (lambda: nnops.cross_entropy(x, td, reduction="none"),
@@ -275,7 +282,7 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
         for op, (fn, want) in cases.items():
             row = res.setdefault((op, R, L), {})
             for name in each_variant(names, bad, budget, f"{op} {R}x{L}"):
-                rowops.FORCE = None if name == "default" else name
+                TUNING.row_variant = None if name == "default" else name
                 try:
                     err = float(np.abs(fn().numpy() - want).max() / np.abs(want).max())
                     if not err < 1e-4:
@@ -285,7 +292,7 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
                 except Exception as ex:
                     bad[name] = f"{type(ex).__name__}: {str(ex).splitlines()[0][:200]}"
                 finally:
-                    rowops.FORCE = None
+                    TUNING.row_variant = None
         if torch is not None:
             tx = torch.randn(R, L, device="cuda")
             tg = torch.randn(R, L, device="cuda")
@@ -328,7 +335,7 @@ def main():
     p.add_argument("--out", default=None, help="also write the output to this file")
     a = p.parse_args()
     import wgrumus as wr
-    from wgrumus.ops import rowops
+    from wgrumus.kernels import rows_gpu as rowops
     dev = wr.devices()[0]
     torch = get_torch()
     say(f"# {dev.name}; features {sorted(dev.features)}; torch "

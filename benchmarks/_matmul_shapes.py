@@ -33,7 +33,8 @@ def main() -> int:
     args = ap.parse_args()
     import wgrumus as wr
     from wgrumus.runtime.gpu_timer import GpuTimer
-    mm = importlib.import_module("wgrumus.ops.matmul")
+    mm = importlib.import_module("wgrumus.kernels.matmul_gpu")
+    from wgrumus.runtime.tuning import TUNING
     dev = wr.devices()[0]
     rng = np.random.default_rng(0)
     try:
@@ -101,7 +102,7 @@ def main() -> int:
             v = None if n == "default" else mm.VARIANTS[n]
             if v is not None:
                 mm._pick_variant = lambda *z, v=v: v
-                mm.CPU_KERNEL = False
+                TUNING.cpu_matmul = False
             try:
                 err = float(np.abs((a @ b).numpy() - ref).max() / np.abs(ref).max())
                 s_ = warm_seconds(lambda: a @ b, dev.synchronize, ours)
@@ -109,7 +110,7 @@ def main() -> int:
             except Exception:  # a variant that does not build for this product
                 row.append("x".rjust(10))
             finally:
-                mm._pick_variant, mm.CPU_KERNEL = keep, None
+                mm._pick_variant, TUNING.cpu_matmul = keep, None
         ref_t = "-"
         if torch is not None:
             ta, tb = operand(torch_t, an), operand(torch_t, bn)

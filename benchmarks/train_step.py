@@ -469,13 +469,13 @@ def main(argv=None) -> int:
                                                          "proc_cpu_ms", "dispatches", "submits")}}
             row["jit"]["per_step"]["gpu_ms"] = gpu_ms(jstep, dev, steps)
             if args.jit_sync:
-                from wgrumus.runtime import submitter
-                was, submitter.ENABLED = submitter.ENABLED, False
+                from wgrumus.runtime.tuning import TUNING
+                was, TUNING.submitter = TUNING.submitter, False
                 try:
                     sstep, sloss, _ = wgrumus_step(name, cfg, dev, prec, jit=True)
                     s = measure(sstep, dev.synchronize, steps, args.repeats, warmup, counters)
                 finally:
-                    submitter.ENABLED = was
+                    TUNING.submitter = was
                 row["jit_sync"] = {"ms": s["ms"], "throughput": unit_n / s["ms"] * 1e3,
                                    "loss": sloss(), "ms_all": s["ms_all"],
                                    "per_step": {k: s[k] for k in ("host_ms", "wait_ms",

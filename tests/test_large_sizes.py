@@ -1,14 +1,16 @@
 """Sizes past llvmpipe's loop limit: Mesa's CPU driver ends every shader loop once an
 invocation has run 65,535 iterations, silently. One test per kernel family at a size that
 needed more than that per invocation before the kernels bounded their loops (see
-wgrumus/ops/bounds.py), plus the split paths at small sizes with the bounds lowered."""
+wgrumus/kernels/bounds.py), plus the split paths at small sizes with the bounds lowered."""
 import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import rows as row_kernels
 from wgrumus.nn import functional as F
 from wgrumus.ops import indexing, nnops, reduce
 from wgrumus.ops.indexing import embedding, gather, index_select
+from wgrumus.runtime.tuning import TUNING
 
 
 def f32(a):
@@ -119,7 +121,7 @@ def test_cross_entropy_many_classes(rng):
 def test_split_row_ops_match(rng, monkeypatch):
     """With the loop budget lowered, softmax / layer_norm / cross_entropy take their composed
     path (rows past one workgroup, > 8M elements at the real budget); values and gradients."""
-    monkeypatch.setattr(nnops, "LOOP_BUDGET", 64)
+    monkeypatch.setattr(row_kernels, "LOOP_BUDGET", 64)
     a = f32(rng.standard_normal((3, 300)))
     g = f32(rng.standard_normal((3, 300)))
     x = wr.tensor(a, requires_grad=True)
@@ -166,7 +168,7 @@ def test_embedding_backward_many_indices(rng, K, skewed):
 @pytest.mark.parametrize("mode", ["wg", "thread"])
 def test_index_backward_passes(rng, monkeypatch, mode):
     """index_select / gather backward in several passes over the indices (budget lowered)."""
-    monkeypatch.setattr(nnops, "ROW_MODE", mode)
+    monkeypatch.setattr(TUNING, "row_mode", mode)
     monkeypatch.setattr(indexing, "LOOP_BUDGET", 100)
     x = wr.tensor(f32(rng.standard_normal((4, 9, 5))), requires_grad=True)
     idx = rng.integers(0, 9, 700)

@@ -156,6 +156,11 @@ class Tensor:
         return self._storage.device
 
     @property
+    def buffer(self):
+        """The wgpu buffer holding this tensor's storage (kernels bind it at ``offset``)."""
+        return self._storage.buffer
+
+    @property
     def ndim(self) -> int:
         return len(self.shape)
 

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
+from ..kernels.map import run_map
 from ..ops import conv, nnops
 from ..ops import elementwise as _ew
 from ..ops.elementwise import gelu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
-from ..ops.launch import run_map
 from ..ops.nnops import dropout, layer_norm
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
@@ -18,9 +18,9 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            activation: str | None = None, residual: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias in one fused node (ops/fused.py); ``activation`` and ``residual``
+    """x @ weight.T + bias in one fused node (ops/linear.py); ``activation`` and ``residual``
     are wgrumus extensions fused into the same kernels."""
-    from ..ops.fused import linear as _linear
+    from ..ops.linear import linear as _linear
     return _linear(x, weight, bias, activation, residual)
 
 

@@ -3,6 +3,7 @@ This module also implements Tensor's methods (the table ``tensor.METHODS``) and 
 from __future__ import annotations
 
 from ..autograd.engine import tensor_backward
+from ..autograd.tape import is_grad_enabled
 from ..tensor import register
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, cos, div, eq, exp,
@@ -11,12 +12,12 @@ from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, 
                           sigmoid, sin, sqrt, square, sub, tanh, where)
 from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
-from .indexing import embedding, gather, index_select
+from .indexing import embedding, gather, getitem, index_select, setitem
 from .nnops import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
 from .reduce import argmax, argmin, max, mean, min, std, sum, var
-from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, reshape, setitem,
-                    split, squeeze, stack, to, transpose, unsqueeze)
+from .shape import (cat, chunk, detach, expand, flatten, permute, reshape, split, squeeze, stack,
+                    to, transpose, unsqueeze)
 
 
 __all__ = [  # the functional forms (the Tensor methods are registered below)
@@ -38,7 +39,6 @@ def _rev(fn):
 
 def _inplace(fn):
     def op(self, other):
-        from ..autograd.tape import is_grad_enabled
         if self.requires_grad and is_grad_enabled():
             raise RuntimeError("in-place update of a tensor that requires grad; wrap it in "
                                "wr.no_grad() (as optimizers do) or use the out-of-place op")

@@ -5,10 +5,10 @@ import weakref
 
 import numpy as np
 
+from ..kernels.map import run_map
 from ..tensor import Tensor, as_dtype, float32, int32
 from .dims import varargs
 from .elementwise import fill_
-from .launch import run_map
 from .random import next_seed
 
 

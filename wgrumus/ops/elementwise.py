@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.tape import needs_grad, record
-from ..tensor import Tensor, float32, int32
-from .launch import broadcast_shapes, run_map
+from ..kernels.map import broadcast_shapes, run_map
+from ..runtime.errors import AdapterLimitError
+from ..tensor import Tensor, float32, int32, tensor
 
 
 def _wrap(x, like: Tensor):
@@ -15,7 +16,6 @@ def _wrap(x, like: Tensor):
     if isinstance(x, Tensor):
         return x
     if isinstance(x, np.ndarray) and x.ndim > 0:
-        from ..tensor import tensor
         return tensor(x, device=like.device)
     return None
 
@@ -40,7 +40,7 @@ def unbroadcast(g: Tensor, shape) -> Tensor:
     shape = tuple(shape)
     if g.shape == shape:
         return g
-    from .reduce import sum as _sum
+    from .reduce import sum as _sum  # (reduce builds on this module: the one lazy import)
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
                                       if s == 1 and g.shape[lead + i] != 1)
@@ -212,7 +212,6 @@ def _scalar_as_tensor(x, like):
     tensor when the scalar is an integer), so that the tensor kernels apply."""
     if isinstance(x, Tensor) or not isinstance(like, Tensor):
         return x
-    from ..tensor import tensor
     v = np.asarray(x)
     dt = int32 if like.dtype == int32 and v.dtype.kind in "iub" else float32
     return tensor(v.astype(dt), device=like.device, dtype=dt)
@@ -286,7 +285,6 @@ floor_divide, remainder = _make_binary("floordiv"), _make_binary("remainder")
 def where(cond, x, y) -> Tensor:
     """cond != 0 ? x : y, all three broadcast together."""
     like = next(t for t in (cond, x, y) if isinstance(t, Tensor))
-    from ..tensor import tensor
     cond, x, y = (t if isinstance(t, Tensor) else tensor(np.asarray(t, np.float32),
                                                           device=like.device)
                   for t in (cond, x, y))
@@ -333,7 +331,6 @@ def cast(x: Tensor, dtype) -> Tensor:
     if dtype == x.dtype:
         return x
     if (dtype == np.float16 or x.dtype == np.float16) and "shader-f16" not in x.device.features:
-        from ..runtime.errors import AdapterLimitError
         raise AdapterLimitError(f"float16 needs the adapter feature shader-f16, which "
                                 f"{x.device.name} does not have; keep float32")
     # no autograd node: only float32 tensors can require grad, so no cast ever needs one

@@ -10,13 +10,25 @@ from collections import namedtuple
 import numpy as np
 
 from ..autograd.tape import record
+from ..kernels.rows import row_mode
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float16, float32, int32
 from .dims import keep, pick
-from .elementwise import contiguous, map_op, saved_output
-from .nnops import row_mode
+from .elementwise import (
+    cast,
+    contiguous,
+    fill_,
+    map_op,
+    maximum,
+    minimum,
+    mul,
+    saved_output,
+    sqrt,
+    square,
+    sub,
+)
 from .shape import permute, reshape
 
 # Rows up to this length take one invocation each (no barriers); longer ones a workgroup per
@@ -113,7 +125,6 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     axes = _axes(x, axis)
     with_grad = x
     if x.dtype == float16 and name == "sum" or mean:
-        from .elementwise import cast
         x = cast(x, float32)
     L = math.prod(x.shape[a] for a in axes)
     scale = (1.0 / L if L else float("nan")) if mean else 1.0
@@ -137,7 +148,6 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     elif R and L:
         _row_reduce(name, xt, R, L, out, scale)
     elif R:  # sum / mean of empty rows
-        from .elementwise import fill_
         fill_(out, 0 if out_dtype == int32 else 0.0 * scale)
     in_shape = x.shape
 
@@ -178,7 +188,6 @@ def _extreme(name, x: Tensor, dim, keepdim, axis, keepdims):
     """PyTorch's max/min: an int ``dim`` gives (values, indices), ``axis=`` or a tuple the
     values, a tensor the elementwise maximum/minimum."""
     if isinstance(dim, Tensor):
-        from .elementwise import maximum, minimum
         return (maximum if name == "max" else minimum)(x, dim)
     kd = keep(keepdim, keepdims)
     values = _reduce(name, x, pick(dim, axis), kd)
@@ -253,7 +262,6 @@ def var(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction
         axis=None, keepdims=None) -> Tensor:
     """numpy's var: ddof=0 by default (PyTorch's default is correction=1, the unbiased
     estimate; pass it as ``correction=1`` or ``ddof=1``)."""
-    from .elementwise import mul, square, sub
     axes, keepdims = _axes(x, pick(dim, axis)), keep(keepdim, keepdims)
     ddof = ddof if correction is None else correction
     denom = math.prod(x.shape[a] for a in axes) - ddof
@@ -263,5 +271,4 @@ def var(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction
 
 def std(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction=None,
         axis=None, keepdims=None) -> Tensor:
-    from .elementwise import sqrt
     return sqrt(var(x, dim, keepdim, ddof, correction=correction, axis=axis, keepdims=keepdims))

@@ -8,11 +8,12 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..kernels.map import expand_strides
+from ..runtime import get_device
 from ..runtime.errors import ShapeError, WgrumusError
-from ..tensor import Tensor, as_shape, check_same_device, contiguous_strides
+from ..tensor import Tensor, as_dtype, as_shape, check_same_device, contiguous_strides
 from .dims import pick, varargs
-from .elementwise import contiguous, copy_into, fill_
-from .launch import expand_strides
+from .elementwise import cast, contiguous, copy_into, fill_, unbroadcast
 
 
 def _norm_axis(axis: int, nd: int, what="axis") -> int:
@@ -74,7 +75,6 @@ def expand(x: Tensor, *shape) -> Tensor:
                          f"existing dimension)")
     shape = tuple(x.shape[i - pad] if s == -1 else s for i, s in enumerate(shape))
     out = x._view(shape, expand_strides(x, shape), x.offset)
-    from .elementwise import unbroadcast
     in_shape = x.shape
     record("expand", out, [x], lambda g: (unbroadcast(g, in_shape),))
     return out
@@ -146,12 +146,7 @@ def _index_view(x: Tensor, idx):
 
 
 def getitem(x: Tensor, idx) -> Tensor:
-    if isinstance(idx, (Tensor, list, np.ndarray)):
-        from . import masking
-        if masking.is_mask(idx):
-            return masking.select(x, idx)
-        from .indexing import index_select
-        return index_select(x, 0, idx)
+    """x[idx] for ints, slices, None and ...: a view (indexing.getitem takes index tensors)."""
     shape, strides, off = _index_view(x, idx)
     out = x._view(shape, strides, off)
     in_shape = x.shape
@@ -163,26 +158,6 @@ def getitem(x: Tensor, idx) -> Tensor:
         return (gx,)
     record("getitem", out, [x], bw)
     return out
-
-
-def setitem(x: Tensor, idx, value) -> None:
-    from ..autograd.tape import is_grad_enabled
-    if x.requires_grad and is_grad_enabled():
-        raise RuntimeError("in-place assignment into a tensor that requires grad; wrap it in "
-                           "wr.no_grad() or build the value with wr.where / wr.cat")
-    from . import masking
-    if isinstance(idx, (Tensor, list, np.ndarray)) and masking.is_mask(idx):
-        masking.assign(x, idx, value)
-        return
-    shape, strides, off = _index_view(x, idx)
-    view = x._view(shape, strides, off)
-    if not isinstance(value, Tensor):
-        if isinstance(value, (int, float, np.integer, np.floating)):
-            fill_(view, value)
-            return
-        from ..tensor import tensor
-        value = tensor(np.asarray(value), device=x.device, dtype=x.dtype)
-    copy_into(view, value)
 
 
 def cat(tensors, dim: int = None, *, axis=None) -> Tensor:
@@ -254,7 +229,6 @@ def chunk(x: Tensor, chunks: int, dim: int = None, *, axis=None) -> list:
 
 def _to_args(args, device, dtype):
     """PyTorch's to() forms: to(device), to(dtype), to(device, dtype), to(other_tensor)."""
-    from ..tensor import as_dtype
     for a in args:
         if isinstance(a, Tensor):
             device, dtype = a.device, a.dtype
@@ -277,13 +251,11 @@ def to(x: Tensor, *args, device=None, dtype=None) -> Tensor:
     """x on ``device`` and/or in ``dtype`` (x itself when nothing changes)."""
     device, dtype = _to_args(args, device, dtype)
     if dtype is not None and dtype != x.dtype:
-        from .elementwise import cast
         x = cast(x, dtype)
     return x if device is None else _to_device(x, device)
 
 
 def _to_device(x: Tensor, device) -> Tensor:
-    from ..runtime import get_device
     dev = get_device(device)
     if dev is x.device:
         return x

@@ -17,14 +17,15 @@ import numpy as np
 import wgpu
 
 from . import submitter
-from .adapters import is_cpu_adapter
 from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
 from .native import RawPass, RawTextureCopy, api, trusted_module
 from .pool import BufferPool
+from .profile import AdapterProfile
 from .staging import HostTransfers
+from .tuning import TUNING
 
 SLOT = 256  # bytes of parameters per dispatch
 # Dispatches per batch: the GPU starts on a step while the host records the rest (a GPT-mini
@@ -78,13 +79,14 @@ class Device(HostTransfers):
         if logical:
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
-        cpu = is_cpu_adapter(self)  # memory is host memory
         feats = [f for f in OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
                                                 label=f"wgrumus:{index}")
         self.queue = self.wgpu.queue
         self.features = frozenset(self.wgpu.features)
+        self.profile = AdapterProfile.of(self.adapter_info, self.features)
+        cpu = self.profile.cpu  # memory is host memory
         self.limits = dict(self.wgpu.limits)
         self.max_binding = min(self.limits["max-storage-buffer-binding-size"],
                                self.limits["max-buffer-size"])
@@ -110,7 +112,6 @@ class Device(HostTransfers):
         self._timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
-        self._cpu = cpu
         self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
         self.dispatches = 0
         self.replays = 0  # wr.jit replays run: they write buffers without storage version bumps
@@ -300,7 +301,7 @@ class Device(HostTransfers):
 
     def replay_submitter(self):
         """The submission thread for replays (CPU adapters; made on first use), else None."""
-        on = self._cpu if submitter.ENABLED is None else submitter.ENABLED
+        on = self.profile.cpu if TUNING.submitter is None else TUNING.submitter
         if on and self.submitter is None:
             with self.lock:
                 if self.submitter is None:
