@@ -73,7 +73,7 @@ def test_replay_encodes_texture_copies_between_passes(dev, rng, textures, monkey
     batches = _batches("mlp", 4, 5, rng)
     eager = _train("mlp", dev, batches, False)
     raw = _train("mlp", dev, batches, True)
-    monkeypatch.setattr(dev, "_raw_copy", None)
+    monkeypatch.setattr(dev, "raw_copy", None)
     api = _train("mlp", dev, batches, True)
     _same(eager, raw)
     _same(eager, api)

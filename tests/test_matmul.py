@@ -299,7 +299,7 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
     assert not mc.use_cpu_textures(gpu, False)
     monkeypatch.setattr(TUNING, "matmul_textures", True)
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(dev, "_raw_copy", None)  # the copies through wgpu-py's API
+    monkeypatch.setattr(dev, "raw_copy", None)  # the copies through wgpu-py's API
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
     monkeypatch.setitem(dev.limits, "max-texture-dimension-2d", 2)  # A needs 3 rows
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)

@@ -63,10 +63,10 @@ def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
                     _leaves_done(n, pending, store, on_leaf_grad)
                 continue
             for t, v in n.saved:
-                if t._storage.version != v:
+                if t.storage.version != v:
                     raise AutogradError(
                         f"a tensor saved by '{n.name}' for backward was modified in place after "
-                        f"it was used (version {v} -> {t._storage.version}); clone it before "
+                        f"it was used (version {v} -> {t.storage.version}); clone it before "
                         f"modifying, or modify it before the forward")
             in_grads = n.backward(g)
             n.backward, n.saved = None, ()

@@ -317,5 +317,5 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     else:
         dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names, head[1]),
                         buffers, params, n)
-    out._storage.version += 1
+    out.storage.version += 1
     return out

@@ -136,6 +136,34 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
     loaded value stays a named register); ``sg``: the subgroup size that shares A's rows;
     ``v4``: C stored a quad at a time (fin4), with ``bias`` each column quad's bias loaded once
     (a storage read costs llvmpipe a loop over the lanes: not once per row)."""
+    fmas = _fmas(tm, tn)
+    body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
+    if vec and bm == 0:  # B's quads along n, one k at a time
+        body1 += [f"let b{q} = ld(qb((nq{q} + k * br) >> 2u));" for q in range(tn // 4)]
+        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
+    else:
+        body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
+        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: _bcols("b", q), [0])
+    ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
+    return {"SETUP": ind(_setup(tm, tn, am, bm, vec, sg), 4),
+            "BODY4": ind(_body4(tm, tn, am, bm, sg) if k4 else [], 8), "BODY1": ind(body1, 8),
+            "STORE": ind(_cpu_stores(tm, tn, v4, bias), 4)}
+
+
+def _fmas(tm: int, tn: int):
+    """fmas(a_of, bq_of, rs, rows): each accumulator's k steps ``rs`` in a row."""
+    def fmas(a_of, bq_of, rs, rows=range(tm)):
+        return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
+                for i in rows for q in range(tn // 4) for r in rs]
+    return fmas
+
+
+def _bcols(name, q, suffix=""):
+    return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
+
+
+def _setup(tm: int, tn: int, am: int, bm: int, vec: bool, sg: int) -> list:
+    """Row and column bases of the block's operands, and its zeroed accumulators."""
     setup = [f"let ra{i} = abase + min(m0 + {i}u, lm) * ar;" for i in range(tm)]
     if sg and am == 0:  # lane l fetches rows m0 + l, m0 + sg + l, ...
         setup += [f"let sa{j} = abase + min(m0 + {sg * j}u + lane, lm) * ar;"
@@ -147,52 +175,48 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
         setup += [f"let mq{q} = abase + min(m0 + {4 * q}u, lqm);" for q in range(tm // 4)]
     if vec and bm == 0:
         setup += [f"let nq{q} = bbase + min(n0 + {4 * q}u, lqn);" for q in range(tn // 4)]
-    setup += [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
+    return setup + [f"var c{i}_{q} = vec4<f32>(0.0);" for i in range(tm) for q in range(tn // 4)]
 
-    def fmas(a_of, bq_of, rs, rows=range(tm)):  # each accumulator's k steps in a row
-        return [f"c{i}_{q} = fma(vec4<f32>({a_of(i, r)}), {bq_of(r, q)}, c{i}_{q});"
-                for i in rows for q in range(tn // 4) for r in rs]
 
-    def bcols(name, q, suffix=""):
-        return "vec4<f32>(" + ", ".join(f"{name}{4 * q + e}{suffix}" for e in range(4)) + ")"
+def _a_loads(tm: int, am: int, sg: int) -> tuple:
+    """(shared loads per 4-k step, a_defs(g): row group g's A values): A's rows from the
+    subgroup's shared texels (``sg``) or loaded per row (am 0) or per column quad (am 1)."""
+    if am == 0 and sg:
+        return ([f"let s{j} = ld(qa((sa{j} + k) >> 2u));" for j in range(tm // sg)],
+                lambda g: [f"let a{g} = subgroupBroadcast(s{g // sg}, {g % sg}u);"])
+    if am == 0:
+        return [], lambda g: [f"let a{g} = ld(qa((ra{g} + k) >> 2u));"]
+    if sg:
+        return ([f"let s{r} = ld(qa((sq + (k + {r}u) * ac) >> 2u));" for r in range(4)],
+                lambda g: [f"let a{g}_{r} = subgroupBroadcast(s{r}, {g}u);" for r in range(4)])
+    return [], lambda g: [f"let a{g}_{r} = ld(qa((mq{g} + (k + {r}u) * ac) >> 2u));"
+                          for r in range(4)]
 
-    body4 = []
-    if k4:  # B's loads, A's shared texels, then per row group its A values and its FMAs
-        if am == 0 and sg:
-            body4 += [f"let s{j} = ld(qa((sa{j} + k) >> 2u));" for j in range(tm // sg)]
-            a_defs = lambda g: [f"let a{g} = subgroupBroadcast(s{g // sg}, {g % sg}u);"]
-        elif am == 0:
-            a_defs = lambda g: [f"let a{g} = ld(qa((ra{g} + k) >> 2u));"]
-        elif sg:
-            body4 += [f"let s{r} = ld(qa((sq + (k + {r}u) * ac) >> 2u));"
-                      for r in range(4)]
-            a_defs = lambda g: [f"let a{g}_{r} = subgroupBroadcast(s{r}, {g}u);"
-                                for r in range(4)]
-        else:
-            a_defs = lambda g: [f"let a{g}_{r} = ld(qa((mq{g} + (k + {r}u) * ac) >> 2u));"
-                                for r in range(4)]
-        a_of = (lambda i, r: f"a{i}.{_Q[r]}") if am == 0 else (
-            lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}")
-        if bm == 0:
-            body4 += [f"let b{r}_{q} = ld(qb((nq{q} + (k + {r}u) * br) >> 2u));"
-                      for r in range(4) for q in range(tn // 4)]
-            bq_of = lambda r, q: f"b{r}_{q}"
-        else:
-            body4 += [f"let b{j} = ld(qb((cb{j} + k) >> 2u));" for j in range(tn)]
-            bq_of = lambda r, q: bcols("b", q, "." + _Q[r])
-        # A row group's values are defined right before its FMAs, and each accumulator takes
-        # its 4 k steps in a row: short live ranges (llvmpipe keeps every lane value of a
-        # vec4 in its own vector register; TM x TN accumulators already spill)
-        per = 1 if am == 0 else 4
-        for g in range(tm // per):
-            body4 += a_defs(g) + fmas(a_of, bq_of, range(4), range(g * per, (g + 1) * per))
-    body1 = [f"let a{i} = ea(ra{i} + k * ac);" for i in range(tm)]
-    if vec and bm == 0:  # B's quads along n, one k at a time
-        body1 += [f"let b{q} = ld(qb((nq{q} + k * br) >> 2u));" for q in range(tn // 4)]
-        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: f"b{q}", [0])
+
+def _body4(tm: int, tn: int, am: int, bm: int, sg: int) -> list:
+    """A 4-k step: B's loads, A's shared texels, then per row group its A values and FMAs."""
+    body4, a_defs = _a_loads(tm, am, sg)
+    a_of = (lambda i, r: f"a{i}.{_Q[r]}") if am == 0 else (
+        lambda i, r: f"a{i // 4}_{r}.{_Q[i % 4]}")
+    if bm == 0:
+        body4 += [f"let b{r}_{q} = ld(qb((nq{q} + (k + {r}u) * br) >> 2u));"
+                  for r in range(4) for q in range(tn // 4)]
+        bq_of = lambda r, q: f"b{r}_{q}"
     else:
-        body1 += [f"let b{j} = eb(cb{j} + k * br);" for j in range(tn)]
-        body1 += fmas(lambda i, r: f"a{i}", lambda r, q: bcols("b", q), [0])
+        body4 += [f"let b{j} = ld(qb((cb{j} + k) >> 2u));" for j in range(tn)]
+        bq_of = lambda r, q: _bcols("b", q, "." + _Q[r])
+    # A row group's values are defined right before its FMAs, and each accumulator takes
+    # its 4 k steps in a row: short live ranges (llvmpipe keeps every lane value of a
+    # vec4 in its own vector register; TM x TN accumulators already spill)
+    per = 1 if am == 0 else 4
+    fmas = _fmas(tm, tn)
+    for g in range(tm // per):
+        body4 += a_defs(g) + fmas(a_of, bq_of, range(4), range(g * per, (g + 1) * per))
+    return body4
+
+
+def _cpu_stores(tm: int, tn: int, v4: bool, bias: bool) -> list:
+    """The block's guarded stores through fin (per element) or fin4 (``v4``: per quad)."""
     store = []
     if v4 and bias:  # (a quad past N loads the last one; its sums are never stored)
         store += [f"let bq{q} = BIAS[(pu(13u) + min(n0 + {4 * q}u, N - 4u)) >> 2u];"
@@ -206,9 +230,7 @@ def _cpu_code(tm: int, tn: int, am: int, bm: int, vec: bool, k4: bool, t: str,
                          f"    if ({n} < N) {{ C[r{i} + {n}] = fin(r{i} + {n}, {n}, "
                          f"c{i}_{j // 4}.{_Q[j % 4]}); }}")
         store.append("}")
-    ind = lambda lines, n: "\n".join(" " * n + x.replace("\n", "\n" + " " * n) for x in lines)
-    return {"SETUP": ind(setup, 4), "BODY4": ind(body4, 8), "BODY1": ind(body1, 8),
-            "STORE": ind(store, 4)}
+    return store
 
 
 def _operand_decls(t: str, tex: bool) -> str:
@@ -291,23 +313,23 @@ def _padded(t: Tensor, mode: int) -> tuple:
     dev = t.device
     if 16 * rows * -(-cols // 4) > dev.max_binding:  # (t itself may just fit one)
         return t, mode
-    key = (t._storage.version, t.offset, rows, cols, dev.recorder, dev.replays)
-    got = _PADS.pop(t._storage, None)
+    key = (t.storage.version, t.offset, rows, cols, dev.recorder, dev.replays)
+    got = _PADS.pop(t.storage, None)
     # A linear's backward pads its gradient once for d(x) and d(W): a pad serves the next
     # product that reads the same unchanged operand within PAD_REUSE dispatches, with no
     # replay in between (replays write buffers without a version bump) and in one capture.
     if got is None or got[0] != key or dev.dispatches - got[1] > PAD_REUSE:
         pad = Tensor.empty((rows, -(-cols // 4) * 4), dev, float32)
-        view = Tensor(pad._storage, (rows, cols), (pad.shape[1], 1), 0, float32)
+        view = Tensor(pad.storage, (rows, cols), (pad.shape[1], 1), 0, float32)
         run_map("a", view, [_transposed(t) if flip else t])
-        _PADS[t._storage] = (key, dev.dispatches, view)
+        _PADS[t.storage] = (key, dev.dispatches, view)
         got = (key, 0, view)
     return (_transposed(got[2]), 1) if flip else (got[2], 0)
 
 
 def _transposed(t: Tensor) -> Tensor:
     """The transpose of 2-D ``t`` as a plain view (a kernel operand: no autograd)."""
-    return Tensor(t._storage, t.shape[::-1], t.strides[::-1], t.offset, t.dtype)
+    return Tensor(t.storage, t.shape[::-1], t.strides[::-1], t.offset, t.dtype)
 
 
 _PADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> its pad, unused

@@ -26,46 +26,64 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
     (with ``ak``) unrolls the passes and reads pass p + 1's operands during pass p's FMAs: the
     step's barrier lines all warps up, so no other warp hides their shared-memory latency."""
     tn = tm if tn is None else tn
-    qa, qb = tm // 4, tn // 4
-    la, lb = 16 * tm * bk // 1024, 16 * tn * bk // 1024
     ind = " " * 12
-    acc, vt = ("acch", "vec4<f16>") if half else ("acc", "vec4<f32>")
-    if ak:  # 4 k per pass: a{row} = 4 k of one row, b{c}_{j} = quad j of k + c
-        passes = range(bk // 4) if pipe else ["kk / 4u"]
-
-        def loads(p, ab="ab"):  # pass p's operands, named by p when unrolled
-            n, ka, kb = (f"{p}_", f"{p}u", f"{4 * p}u") if pipe else ("", "kk / 4u", "kk")
-            return ([f"let a{n}{i}{r} = As[ba + {ka} + (ty * 4u + {64 * i + r}u) * TQPA];"
-                     for i in range(qa) for r in range(4) if "a" in ab]
-                    + [f"let b{n}{c}_{j} = Bs[bb + ({kb} + {c}u) * TQPB + tx + {16 * j}u];"
-                       for c in range(4) for j in range(qb) if "b" in ab])
-        fma = loads(passes[0])
-        for p in passes:
-            n = f"{p}_" if pipe else ""
-            for c, cc in enumerate("xyzw"):
-                if pipe and c in (1, 2) and p + 1 < len(passes):  # B after the first k, A after
-                    fma += loads(p + 1, {1: "b", 2: "a"}[c])  # the second (4% over both first)
-                for i in range(qa):
-                    for r in range(4):
-                        for j in range(qb):
-                            k = (i * 4 + r) * qb + j
-                            fma.append(f"{acc}[{k}] = fma({vt}(a{n}{i}{r}.{cc}), b{n}{c}_{j}, "
-                                       f"{acc}[{k}]);")
-        head = "{" if pipe else "for (var kk = 0u; kk < BK; kk += 4u) {"
-    else:
-        fma = ["let ka = ba + kk * TQPA;", "let kb = bb + kk * TQPB;"]
-        fma += [f"let a{i} = As[ka + ty + {16 * i}u];" for i in range(qa)]
-        fma += [f"let b{j} = Bs[kb + tx + {16 * j}u];" for j in range(qb)]
-        for i in range(qa):
-            for r, c in enumerate("xyzw"):
-                for j in range(qb):
-                    k = (i * 4 + r) * qb + j
-                    fma.append(f"{acc}[{k}] = fma({vt}(a{i}.{c}), b{j}, {acc}[{k}]);")
-        head = "for (var kk = 0u; kk < BK; kk++) {"
+    acc = ("acch", "vec4<f16>") if half else ("acc", "vec4<f32>")
+    head, fma = (_fma_ak(tm // 4, tn // 4, bk, pipe, acc) if ak
+                 else _fma_k1(tm // 4, tn // 4, acc))
     n = tm * tn // 4
     flush = [f"if (((k0 - kbeg) / BK) % {fe}u == {fe - 1}u || !more) {{"]
     flush += [f"    acc[{k}] += vec4<f32>(acch[{k}]); acch[{k}] = vec4<f16>(0.0);"
               for k in range(n)] + ["}"]
+    stage0, pre, stage = _staging(16 * tm * bk // 1024, 16 * tn * bk // 1024)
+    return {"FMA": "\n".join([" " * 8 + head] + [ind + x for x in fma] + [" " * 8 + "}"]),
+            "FLUSH": "\n".join(" " * 8 + x for x in flush) if half else "",
+            "ACCH": f"    var acch: array<vec4<f16>, {n}>;" if half else "",
+            "STAGE0": "\n".join("    " + x for x in stage0),
+            "PREFETCH": "\n".join(ind + x for x in pre),
+            "STAGE": "\n".join(ind + x for x in stage),
+            "STORE": "\n".join("    " + x for x in _stores(tm // 4, tn // 4))}
+
+
+def _fma_ak(qa: int, qb: int, bk: int, pipe: bool, acc: tuple) -> tuple:
+    """(loop head, body) of the k steps with A's tile k-contiguous: 4 k per pass, a{row} = 4 k
+    of one row, b{c}_{j} = quad j of k + c; ``pipe``: the passes unrolled, pass p + 1's
+    operands read during pass p's FMAs."""
+    acc, vt = acc
+    passes = range(bk // 4) if pipe else ["kk / 4u"]
+
+    def loads(p, ab="ab"):  # pass p's operands, named by p when unrolled
+        n, ka, kb = (f"{p}_", f"{p}u", f"{4 * p}u") if pipe else ("", "kk / 4u", "kk")
+        return ([f"let a{n}{i}{r} = As[ba + {ka} + (ty * 4u + {64 * i + r}u) * TQPA];"
+                 for i in range(qa) for r in range(4) if "a" in ab]
+                + [f"let b{n}{c}_{j} = Bs[bb + ({kb} + {c}u) * TQPB + tx + {16 * j}u];"
+                   for c in range(4) for j in range(qb) if "b" in ab])
+    fma = loads(passes[0])
+    for p in passes:
+        n = f"{p}_" if pipe else ""
+        for c, cc in enumerate("xyzw"):
+            if pipe and c in (1, 2) and p + 1 < len(passes):  # B after the first k, A after
+                fma += loads(p + 1, {1: "b", 2: "a"}[c])  # the second (4% over both first)
+            fma += [f"{acc}[{(i * 4 + r) * qb + j}] = fma({vt}(a{n}{i}{r}.{cc}), b{n}{c}_{j}, "
+                    f"{acc}[{(i * 4 + r) * qb + j}]);"
+                    for i in range(qa) for r in range(4) for j in range(qb)]
+    return ("{" if pipe else "for (var kk = 0u; kk < BK; kk += 4u) {"), fma
+
+
+def _fma_k1(qa: int, qb: int, acc: tuple) -> tuple:
+    """(loop head, body) of the k steps one k at a time (A's tile [k][m])."""
+    acc, vt = acc
+    fma = ["let ka = ba + kk * TQPA;", "let kb = bb + kk * TQPB;"]
+    fma += [f"let a{i} = As[ka + ty + {16 * i}u];" for i in range(qa)]
+    fma += [f"let b{j} = Bs[kb + tx + {16 * j}u];" for j in range(qb)]
+    fma += [f"{acc}[{(i * 4 + r) * qb + j}] = fma({vt}(a{i}.{c}), b{j}, "
+            f"{acc}[{(i * 4 + r) * qb + j}]);"
+            for i in range(qa) for r, c in enumerate("xyzw") for j in range(qb)]
+    return "for (var kk = 0u; kk < BK; kk++) {", fma
+
+
+def _staging(la: int, lb: int) -> tuple:
+    """(first tiles' stores, next tiles' register prefetch, their stores into the other
+    buffer) for la / lb quads per invocation of A / B."""
     stage0, pre, stage = [], [], []
     for l in range(max(la, lb)):
         qv = f"{256 * l}u + t"
@@ -77,23 +95,20 @@ def _unrolled(tm: int, bk: int, tn: int | None = None, half: bool = False,
             stage0.append(f"stage_b({qv}, 0u, fetch_b({qv}, col0, kbeg, N, K, b0, brs, bcs));")
             pre.append(f"rb[{l}] = fetch_b({qv}, col0, k1, N, K, b0, brs, bcs);")
             stage.append(f"stage_b({qv}, nb, rb[{l}]);")
+    return stage0, pre, stage
+
+
+def _stores(qa: int, qb: int) -> list:
+    """Each accumulator row's guarded quad stores."""
     store = []
     for i in range(qa):
         for r in range(4):
             store.append(f"let m{i}{r} = row0 + (ty + {16 * i}u) * 4u + {r}u;")
             store.append(f"if (m{i}{r} < M) {{")
-            for j in range(qb):
-                k = (i * 4 + r) * qb + j
-                store.append(f"    store_quad(c0 + m{i}{r} * cr, col0 + (tx + {16 * j}u) * 4u, N, "
-                             f"full, acc[{k}]);")
+            store += [f"    store_quad(c0 + m{i}{r} * cr, col0 + (tx + {16 * j}u) * 4u, N, "
+                      f"full, acc[{(i * 4 + r) * qb + j}]);" for j in range(qb)]
             store.append("}")
-    return {"FMA": "\n".join([" " * 8 + head] + [ind + x for x in fma] + [" " * 8 + "}"]),
-            "FLUSH": "\n".join(" " * 8 + x for x in flush) if half else "",
-            "ACCH": f"    var acch: array<vec4<f16>, {n}>;" if half else "",
-            "STAGE0": "\n".join("    " + x for x in stage0),
-            "PREFETCH": "\n".join(ind + x for x in pre),
-            "STAGE": "\n".join(ind + x for x in stage),
-            "STORE": "\n".join("    " + x for x in store)}
+    return store
 
 
 @functools.lru_cache(maxsize=256)
@@ -304,26 +319,10 @@ def launch(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r
     if two and epi != (None, False, False):
         raise ValueError("matmul: a two-level batch or strided output takes no epilogue")
     f16 = a.dtype == float16
-    v = tile if isinstance(tile, dict) else None
-    if tile is None:  # r16 products take the f16 table's (packed f16) variants
-        v = _pick_variant(a.device, M, N, nbatch, f16 or r16, K)
-    if v is None:
-        tm, bk, *rest = tile or _pick_tile(a.device, M, N, nbatch)
-        v = dict(tm=tm, bk=bk, swz=rest[0] if rest else 0, pad=rest[1] if len(rest) > 1 else 1)
-    v = dict(v)
-    tm, tn, bk = v["tm"], v.get("tn") or v["tm"], v["bk"]
-    split = v.pop("split", 1)
-    if split > 1 and epi == (None, False, False) and not causal and not two:  # >= 2 k steps
-        split = max(1, min(split, K // (2 * bk)))
-    else:
-        split = 1
-    kw = -(-K // split // bk) * bk if split > 1 else K  # K per slice, a multiple of BK
-    split = -(-K // kw)  # no empty slice (the last one may be shorter)
-    v["exmn"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0
-    v["exact"] = v["exmn"] and kw % bk == 0 and K % bk == 0 \
-        and not (causal and (16 * tm) % bk)  # causal parts cut K at row tiles
-    v["half"] = v.get("half", False) and (f16 or r16)
-    v["ak"] = v.get("ak", False) and am == 0
+    v, split, kw = _variant(a.device, tile, M, N, K, nbatch, f16, r16, am,
+                            plain=epi == (None, False, False) and not causal and not two,
+                            causal=causal)
+    tm, tn = v["tm"], v.get("tn") or v["tm"]
     k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, causal=causal,
                    two=two, **v)
     tail = [inner[0], inner[1], inner[2], *(cst or (inner[0] * M * N, M * N, N))] if two else []
@@ -337,13 +336,41 @@ def launch(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r
     for z0 in range(0, nbatch, per):
         gz = min(per, nbatch - z0)
         a.device.dispatch(k, bufs, [M, N, K, a.offset, sa, *a.strides[-2:], b.offset, sb,
-                                    *b.strides[-2:],
-                                    dst.offset, z0, *extra, kw, nbatch, *tail],
+                                    *b.strides[-2:], dst.offset, z0, *extra, kw, nbatch, *tail],
                           (gx, gy, gz * split))
-    if split > 1:  # add the slices' partial products (one elementwise pass)
-        n = nbatch * M * N
-        parts = [Tensor(dst._storage, (n,), offset=s * n) for s in range(split)]
-        while len(parts) > 3:  # a map kernel reads at most 3 inputs
-            run_map("a + b", parts[-2], [parts[-2], parts.pop()])
-        flat = Tensor(out._storage, (n,), None, out.offset, out.dtype)
-        run_map(" + ".join("abc"[:len(parts)]), flat, parts)
+    if split > 1:
+        _add_slices(dst, out, split, nbatch * M * N)
+
+
+def _variant(dev, tile, M, N, K, nbatch, f16: bool, r16: bool, am: int, plain: bool,
+             causal: int) -> tuple:
+    """(kernel_for's keywords, split-K slices, K per slice) of this product: ``tile`` (a
+    VARIANTS dict or a (TM, BK[, SWZ, PAD]) tuple) or the table's pick; split-K only for
+    ``plain`` products (no epilogue, causal part or two-level batch) of >= 2 k steps a slice."""
+    v = tile if isinstance(tile, dict) else None
+    if tile is None:  # r16 products take the f16 table's (packed f16) variants
+        v = _pick_variant(dev, M, N, nbatch, f16 or r16, K)
+    if v is None:
+        tm, bk, *rest = tile or _pick_tile(dev, M, N, nbatch)
+        v = dict(tm=tm, bk=bk, swz=rest[0] if rest else 0, pad=rest[1] if len(rest) > 1 else 1)
+    v = dict(v)
+    tm, tn, bk = v["tm"], v.get("tn") or v["tm"], v["bk"]
+    split = v.pop("split", 1)
+    split = max(1, min(split, K // (2 * bk))) if split > 1 and plain else 1
+    kw = -(-K // split // bk) * bk if split > 1 else K  # K per slice, a multiple of BK
+    split = -(-K // kw)  # no empty slice (the last one may be shorter)
+    v["exmn"] = v.get("exact", False) and M % (16 * tm) == 0 and N % (16 * tn) == 0
+    v["exact"] = v["exmn"] and kw % bk == 0 and K % bk == 0 \
+        and not (causal and (16 * tm) % bk)  # causal parts cut K at row tiles
+    v["half"] = v.get("half", False) and (f16 or r16)
+    v["ak"] = v.get("ak", False) and am == 0
+    return v, split, kw
+
+
+def _add_slices(dst: Tensor, out: Tensor, split: int, n: int) -> None:
+    """out = the sum of the ``split`` partial products in ``dst`` (map passes of <= 3 inputs)."""
+    parts = [Tensor(dst.storage, (n,), offset=s * n) for s in range(split)]
+    while len(parts) > 3:  # a map kernel reads at most 3 inputs
+        run_map("a + b", parts[-2], [parts[-2], parts.pop()])
+    flat = Tensor(out.storage, (n,), None, out.offset, out.dtype)
+    run_map(" + ".join("abc"[:len(parts)]), flat, parts)

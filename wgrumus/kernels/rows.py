@@ -201,7 +201,7 @@ def _sum_parts(part, L, chunks):
     both = Tensor.empty((2, L), part.device, float32)
     part.device.dispatch(Kernel.of("colsum"), [part.buffer, both.buffer],
                          [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
-    return tuple(Tensor(both._storage, (L,), None, both.offset + i * L) for i in range(2))
+    return tuple(Tensor(both.storage, (L,), None, both.offset + i * L) for i in range(2))
 
 
 def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:

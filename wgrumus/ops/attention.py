@@ -174,11 +174,11 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
         if fused:
             heads = contiguous(heads)
             n = B * H * T * d
-            q, k, v = (Tensor(heads._storage, (B * H, T, d), None, heads.offset + i * n,
+            q, k, v = (Tensor(heads.storage, (B * H, T, d), None, heads.offset + i * n,
                               heads.dtype) for i in range(3))
             o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
             y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
-            y = Tensor(y._storage, (B, T, E), None, y.offset)
+            y = Tensor(y.storage, (B, T, E), None, y.offset)
         else:  # the output stored with its heads merged (CPU adapters: attention_cpu)
             cpu = compute_dtype is None and autocast_dtype() is None and \
                 attention_cpu.fits(dev, T, d) and attention_cpu.forward(_aligned(src), H, scale,
@@ -200,17 +200,17 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
         if not fused:  # each gradient stored into its part of d(qkv) [B, T, 3, H, d]
             dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
             _attend_backward(q, k, v, p, go, permute(dqkv, (2, 0, 3, 1, 4)), scale, causal)
-            return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
+            return (Tensor(dqkv.storage, (B, T, E3), None, 0),)
         go = contiguous(go)
-        go = Tensor(go._storage, (B * H, T, d), None, go.offset)
+        go = Tensor(go.storage, (B * H, T, d), None, go.offset)
         dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
         # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
         st = (H * T * d, d, 0, T * d, 1)
-        views = [Tensor(t._storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
+        views = [Tensor(t.storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
         dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
         run_map("select(select(c, b, (i / u32(E)) % 3u == 1u), a, (i / u32(E)) % 3u == 0u)",
                 dqkv, views, {"E": E})
-        return (Tensor(dqkv._storage, (B, T, E3), None, 0),)
+        return (Tensor(dqkv.storage, (B, T, E3), None, 0),)
     record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
            saved=[heads, o, lse] if fused else [src, *cpu[1:]] if cpu else [heads, p])
     return y

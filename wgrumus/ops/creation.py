@@ -39,7 +39,7 @@ def dummy_buffer(dev, k: int = 0):
     ts = _dummies.get(dev)
     if ts is None:
         ts = _dummies[dev] = [zeros(1, device=dev) for _ in range(2)]
-    return ts[k]._storage.buffer
+    return ts[k].buffer
 
 
 def zeros_like(x: Tensor, dtype=None) -> Tensor:

@@ -27,7 +27,7 @@ def _fresh(shape, like: Tensor, dtype=float32) -> Tensor:
 def saved_output(out: Tensor) -> Tensor:
     """An alias of ``out`` without a node for a backward that reads it (``out`` itself would
     make a cycle only the GC frees, delaying the activations' return to the pool)."""
-    return Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
+    return Tensor(out.storage, out.shape, out.strides, out.offset, out.dtype)
 
 
 def map_op(expr, inputs, shape=None, dtype=float32, scalars=()) -> Tensor:

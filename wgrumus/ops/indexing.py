@@ -98,7 +98,7 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
         elif inner >= 32:
             entry, groups = "select_rows_fwd", groups_1d(outer * K, 1)
         _dispatch_checked(x.device, _kernel(entry, x.dtype),
-                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [xc.buffer, it.buffer, out.buffer],
                           [out.numel(), A, K, inner, xc.offset, it.offset], groups,
                           idx, _op, _negative)
 
@@ -117,7 +117,7 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
                 k, groups = _kernel("select_bwd", float32), groups_1d(rows, 1)
                 per = 256 * max(1, LOOP_BUDGET // (9 + 256 * -(-inner // 256)))
             for k0 in range(0, max(K, 1), per):
-                g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                g.device.dispatch(k, [g.buffer, it.buffer, dx.buffer],
                                   [rows, A, K, inner, g.offset, it.offset, k0,
                                    min(K, k0 + per), int(k0 > 0)], groups)
         return (dx,)
@@ -145,7 +145,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     out = Tensor.empty(it.shape, x.device, x.dtype)
     if out.numel():
         _dispatch_checked(x.device, _kernel("gather_fwd", x.dtype),
-                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [xc.buffer, it.buffer, out.buffer],
                           [out.numel(), A, J, inner, xc.offset, it.offset], groups_1d(out.numel()),
                           idx, "gather")
 
@@ -155,7 +155,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
         per = LOOP_BUDGET - 64  # index entries one pass adds (one loop iteration each)
         for j0 in range(0, max(J, 1), per) if dx.numel() else ():
             g.device.dispatch_1d(_kernel("gather_bwd", float32),
-                                 [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                                 [g.buffer, it.buffer, dx.buffer],
                                  [dx.numel(), A, J, inner, g.offset, it.offset, j0,
                                   min(J, j0 + per), int(j0 > 0)], dx.numel())
         return (dx,)

@@ -115,9 +115,9 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     dz = Tensor.empty((R, L), dev, float32) if has_act else g
     part = Tensor.empty((chunks, L), dev, float32)
     zt = z if z is not None else g
-    bufs = [g._storage.buffer, zt._storage.buffer,
-            b._storage.buffer if b is not None else dummy_buffer(dev, 0),
-            dz._storage.buffer if has_act else dummy_buffer(dev, 1), part._storage.buffer]
+    bufs = [g.buffer, zt.buffer,
+            b.buffer if b is not None else dummy_buffer(dev, 0),
+            dz.buffer if has_act else dummy_buffer(dev, 1), part.buffer]
     offs = [g.offset, zt.offset, b.offset if b is not None else 0]
     # CPU adapters: a quad of columns an invocation, one SIMD vector (8 lanes) a group, g and
     # z read through textures (ops/texture.py) where they fit
@@ -139,8 +139,8 @@ def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str
     if not want_db:
         return dz, None
     if chunks == 1:
-        return dz, Tensor(part._storage, (L,), None, part.offset)
+        return dz, Tensor(part.storage, (L,), None, part.offset)
     db = Tensor.empty((L,), dev, float32)
-    dev.dispatch(Kernel.of("colsum"), [part._storage.buffer, db._storage.buffer],
+    dev.dispatch(Kernel.of("colsum"), [part.buffer, db.buffer],
                  [L, chunks, part.offset, db.offset], (-(-L // 64), 1, 1))
     return dz, db

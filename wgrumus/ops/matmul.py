@@ -42,22 +42,12 @@ def _two_level(ae: Tensor, be: Tensor, nb: int):
 
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise TypeError("matmul needs two tensors")
-    check_same_device(a, b, op="matmul")
-    if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"matmul: 0-d operand (shapes {a.shape} and {b.shape}); use * instead")
-    # float16 @ float16 stays in f16 storage (f32 accumulation) where the adapter has
-    # shader-f16; every other mix computes in float32.
-    dt = float16 if (a.dtype == b.dtype == float16
-                     and "shader-f16" in a.device.features) else float32
-    a = a if a.dtype == dt else cast(a, dt)
-    b = b if b.dtype == dt else cast(b, dt)
+    """a @ b by numpy's rules: a 1-D operand is promoted to a matrix (its dim dropped from the
+    result), batch dims broadcast; float16 @ float16 stays in f16 storage (f32 accumulation)
+    where the adapter has shader-f16, every other mix computes in float32."""
+    a, b = _operands(a, b)
     a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
-    # autocast: the kernel rounds the f32 operands to f16 as it reads them and stores its f32
-    # accumulators (ops/precision.py), no cast passes
-    r16 = dt == float32 and autocast_dtype() == float16
     M, K = a2.shape[-2:]
     K2, N = b2.shape[-2:]
     if K != K2:
@@ -69,45 +59,57 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         out = reshape(matmul(reshape(a2, (rows, K)), b2), a2.shape[:-1] + (N,))
         return reshape(out, out.shape[:-1]) if b.ndim == 1 else out
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    out = _product(a2, b2, batch, M, N, K)
+
+    def bw(g):
+        g2 = reshape(g, batch + (M, N))
+        ga = gb = None
+        if a.requires_grad:
+            ga = reshape(unbroadcast(matmul(g2, transpose(b2, -1, -2)), a2.shape), a.shape)
+        if b.requires_grad:
+            gb = reshape(unbroadcast(matmul(transpose(a2, -1, -2), g2), b2.shape), b.shape)
+        return ga, gb
+    record("matmul", out, [a, b], in_forward_precision(bw), saved=[a, b])
+    if a.ndim == 1:
+        return reshape(out, out.shape[:-2] + out.shape[-1:] if b.ndim != 1 else ())
+    return reshape(out, out.shape[:-1]) if b.ndim == 1 else out
+
+
+def _operands(a: Tensor, b: Tensor) -> tuple:
+    """(a, b) checked and in the product's storage dtype."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TypeError("matmul needs two tensors")
+    check_same_device(a, b, op="matmul")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(f"matmul: 0-d operand (shapes {a.shape} and {b.shape}); use * instead")
+    dt = float16 if (a.dtype == b.dtype == float16
+                     and "shader-f16" in a.device.features) else float32
+    return (a if a.dtype == dt else cast(a, dt)), (b if b.dtype == dt else cast(b, dt))
+
+
+def _product(a2: Tensor, b2: Tensor, batch: tuple, M: int, N: int, K: int) -> Tensor:
+    """a2 @ b2 over the broadcast ``batch`` (no autograd): operands whose batch dims walk one
+    stride (or two levels of them) are read in place, others copied contiguous first."""
     nb = len(batch)
     ae = expand(a2, batch + (M, K)) if a2.shape[:-2] != batch else a2
     be = expand(b2, batch + (K, N)) if b2.shape[:-2] != batch else b2
     sa, sb = _batch_stride(ae, nb), _batch_stride(be, nb)
-    two = None
-    if sa is None or sb is None:
-        two = _two_level(ae, be, nb)
+    two = _two_level(ae, be, nb) if sa is None or sb is None else None
     if two is not None:
         sa, sb = two[:2]
     if sa is None:
         ae, sa = contiguous(ae), M * K
     if sb is None:
         be, sb = contiguous(be), K * N
-    nbatch = math.prod(batch)
-    out = Tensor.empty(batch + (M, N), a.device, ae.dtype)
-    if out.numel():
-        if K == 0:
-            fill_(out, 0.0)
-        else:
-            matmul_kernels.launch(ae, be, out, M, N, K, sa, sb, nbatch, r16=r16,
-                                  inner=two[2:] if two else (1, 0, 0))
-
-    def bw(g):
-        g2 = reshape(g, batch + (M, N))
-        ga = gb = None
-        if a.requires_grad:
-            ga = unbroadcast(matmul(g2, transpose(b2, -1, -2)), a2.shape)
-            ga = reshape(ga, a.shape)
-        if b.requires_grad:
-            gb = unbroadcast(matmul(transpose(a2, -1, -2), g2), b2.shape)
-            gb = reshape(gb, b.shape)
-        return ga, gb
-    record("matmul", out, [a, b], in_forward_precision(bw), saved=[a, b])
-    if a.ndim == 1 and b.ndim == 1:
-        return reshape(out, ())
-    if a.ndim == 1:
-        return reshape(out, out.shape[:-2] + (N,))
-    if b.ndim == 1:
-        return reshape(out, out.shape[:-1])
+    out = Tensor.empty(batch + (M, N), ae.device, ae.dtype)
+    if out.numel() and K == 0:
+        fill_(out, 0.0)
+    elif out.numel():
+        # autocast: the kernel rounds the f32 operands to f16 as it reads them and stores its
+        # f32 accumulators (ops/precision.py), no cast passes
+        r16 = ae.dtype == float32 and autocast_dtype() == float16
+        matmul_kernels.launch(ae, be, out, M, N, K, sa, sb, math.prod(batch), r16=r16,
+                              inner=two[2:] if two else (1, 0, 0))
     return out
 
 

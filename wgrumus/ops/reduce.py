@@ -107,13 +107,13 @@ def _row_reduce(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float
     while True:
         if L <= short:
             k = _kernel("rows", xt.dtype, out.dtype, comb, fin=fin)
-            dev.dispatch(k, [xt._storage.buffer, out._storage.buffer],
+            dev.dispatch(k, [xt.buffer, out.buffer],
                          [R, L, xt.offset, float(scale), out.offset, init], groups_1d(R, 64))
             return
         nc = -(-L // CHUNK)
         dst = out if nc == 1 else Tensor.empty((R, nc), dev, out.dtype)
         k = _kernel("main", xt.dtype, dst.dtype, comb, fin=fin if nc == 1 else "{TO}(v)")
-        dev.dispatch(k, [xt._storage.buffer, dst._storage.buffer],
+        dev.dispatch(k, [xt.buffer, dst.buffer],
                      [R * nc, L, xt.offset, float(scale), dst.offset, init, CHUNK, nc],
                      groups_1d(R * nc, 1))
         if nc == 1:
@@ -143,7 +143,7 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     out_dtype = float32 if x.dtype == float16 and name == "sum" else x.dtype
     out = Tensor.empty(kd if keepdims else kept, x.device, out_dtype)
     if R and L and leading:
-        x.device.dispatch(Kernel.of("colsum"), [xt._storage.buffer, out._storage.buffer],
+        x.device.dispatch(Kernel.of("colsum"), [xt.buffer, out.buffer],
                           [R, L, xt.offset, out.offset], groups_1d(R, 64))
     elif R and L:
         _row_reduce(name, xt, R, L, out, scale)
@@ -212,7 +212,7 @@ def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
     init = _ops("max" if gt == ">" else "min", xt.dtype)[0]
     if L <= _short_row(dev):
         dev.dispatch(_kernel("arg_rows", xt.dtype, int32, "x", gt),
-                     [xt._storage.buffer, out._storage.buffer],
+                     [xt.buffer, out.buffer],
                      [R, L, xt.offset, 1.0, out.offset, init], groups_1d(R, 64))
         return
     ix = None
@@ -220,9 +220,9 @@ def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
         nc = -(-L // CHUNK)
         dst = out if nc == 1 else Tensor.empty((R, nc), dev, int32)
         vals = Tensor.empty((R, nc), dev, xt.dtype)
-        ixb, ixo = (ix._storage.buffer, ix.offset) if ix is not None else (xt._storage.buffer, 0)
+        ixb, ixo = (ix.buffer, ix.offset) if ix is not None else (xt.buffer, 0)
         dev.dispatch(_kernel("arg", xt.dtype, int32, "x", gt),
-                     [xt._storage.buffer, dst._storage.buffer, ixb, vals._storage.buffer],
+                     [xt.buffer, dst.buffer, ixb, vals.buffer],
                      [R * nc, L, xt.offset, 1.0, dst.offset, init, CHUNK, nc,
                       int(ix is not None), ixo, vals.offset], groups_1d(R * nc, 1))
         if nc == 1:

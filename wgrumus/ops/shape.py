@@ -40,7 +40,7 @@ def _infer(shape, n) -> tuple:
 def reshape(x: Tensor, *shape) -> Tensor:
     shape = _infer(varargs(shape), x.numel())
     src = contiguous(x)
-    out = Tensor(src._storage, shape, contiguous_strides(shape), src.offset, src.dtype)
+    out = Tensor(src.storage, shape, contiguous_strides(shape), src.offset, src.dtype)
     in_shape = x.shape
     record("reshape", out, [src], lambda g: (reshape(g, in_shape),))
     return out
@@ -263,13 +263,13 @@ def _to_device(x: Tensor, device) -> Tensor:
     out = Tensor.empty(x.shape, dev, x.dtype)
     if x.numel():
         # Across adapters the bytes go through the host (persistent staging both ways).
-        arr = src.device.read_array(src._storage.buffer, src.offset * src.dtype.itemsize,
+        arr = src.device.read_array(src.buffer, src.offset * src.dtype.itemsize,
                                     src.numel(), src.dtype)
-        dev.write(out._storage.buffer, arr)
+        dev.write(out.buffer, arr)
     src_dev = x.device
     record("to", out, [x], lambda g: (_to_device(g, src_dev),))
     return out
 
 
 def detach(x: Tensor) -> Tensor:
-    return Tensor(x._storage, x.shape, x.strides, x.offset, x.dtype)
+    return Tensor(x.storage, x.shape, x.strides, x.offset, x.dtype)

@@ -66,7 +66,7 @@ class Adam(Optimizer):
                 batch = []
                 for p, g in todo:
                     if batch and (len(batch) == k or p.device is not batch[0][0].device or any(
-                            p._storage is q._storage for q, _, _ in batch)):
+                            p.storage is q.storage for q, _, _ in batch)):
                         self._multi(batch, group, steps)
                         batch = []
                     batch.append((p, g, self._prepare(p, group, steps)))
@@ -131,9 +131,9 @@ class Adam(Optimizer):
             m, v = st["exp_avg"], st["exp_avg_sq"]
             end = -(-end // chunk) * chunk + p.numel() // q  # a parameter starts a chunk
             rows.append(([end] + [t.offset // q for t in (p, g, m, v)], st, p))
-            bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
+            bufs += [p.buffer, g.buffer, m.buffer, v.buffer]
         if steps is not None:
-            bufs.append(steps[dev][0]._storage.buffer)
+            bufs.append(steps[dev][0].storage.buffer)
 
         def words():
             out = self._head(group) + [0, 0]
@@ -161,7 +161,7 @@ class Adam(Optimizer):
             dev.dispatch_1d(multi_kernel(len(batch), amp), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
             for t in (p, st["exp_avg"], st["exp_avg_sq"]):
-                t._storage.version += 1
+                t.storage.version += 1
 
     def _update(self, p, g, state, group, steps=None):
         state = self._prepare(p, group, steps)

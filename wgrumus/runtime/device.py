@@ -107,9 +107,9 @@ class Device(HostTransfers):
         self._pass = None
         self._init_staging()
         self._fence = None
-        self._raw = RawPass.create()
-        self._raw_copy = RawTextureCopy.create()
-        self._timer = None  # the GpuTimer timing this device's passes, if any
+        self.raw_pass = RawPass.create()
+        self.raw_copy = RawTextureCopy.create()
+        self.timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
         self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
@@ -197,7 +197,7 @@ class Device(HostTransfers):
 
     def begin_pass(self, encoder):
         """A compute pass on ``encoder`` (this device's), timed while a GpuTimer is open."""
-        writes = self._timer._pass_writes() if self._timer is not None else None
+        writes = self.timer._pass_writes() if self.timer is not None else None
         return (encoder.begin_compute_pass(timestamp_writes=writes) if writes
                 else encoder.begin_compute_pass())
 
@@ -206,8 +206,8 @@ class Device(HostTransfers):
             self._encoder = self.wgpu.create_command_encoder()
         if self._pass is None:
             self._pass = self.begin_pass(self._encoder)
-            if self._raw is not None:
-                self._raw.begin(self._pass)
+            if self.raw_pass is not None:
+                self.raw_pass.begin(self._pass)
         return self._pass
 
     def _close_pass(self):
@@ -232,7 +232,7 @@ class Device(HostTransfers):
         with self.lock:
             pipe, layout, dynamic = self.pipeline(kernel, len(buffers))
             if self._slots == ARENA_SLOTS:
-                self._flush_locked()
+                self.flush_locked()
             slot = self._slots
             self._slots += 1
             pack_words(self._params_bytes, slot * SLOT, params)
@@ -241,13 +241,13 @@ class Device(HostTransfers):
                                        bytes(self._params_bytes[slot * SLOT:(slot + 1) * SLOT]),
                                        groups, refresh, written_bindings(kernel))
             cp = self._open_pass()
-            if dynamic and self._raw is not None:
-                self._raw.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
+            if dynamic and self.raw_pass is not None:
+                self.raw_pass.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
                                    gx, gy, gz)
                 self.dispatches += 1
                 return
-            if self._raw is not None:
-                self._raw.begin(cp)  # the pipeline set below is not the one it remembers
+            if self.raw_pass is not None:
+                self.raw_pass.begin(cp)  # the pipeline set below is not the one it remembers
             cp.set_pipeline(pipe)
             if dynamic:
                 cp.set_bind_group(0, self._bind_group(layout, buffers), [slot * SLOT])
@@ -256,6 +256,10 @@ class Device(HostTransfers):
                     layout=layout, entries=bind_entries(self._arena, slot * SLOT, buffers)))
             cp.dispatch_workgroups(gx, gy, gz)
             self.dispatches += 1
+
+    def operand_textures(self):
+        """(texture, view) of every operand texture made so far (replays map views back)."""
+        return list(self._textures.values())
 
     def operand_texture(self, slot: int, buffer, start: int, texels: int):
         """A view of operand texture ``slot`` holding ``texels`` texels of ``buffer`` from byte
@@ -276,7 +280,7 @@ class Device(HostTransfers):
                 region = (buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0], y, w, n)
                 if self.recorder is not None:
                     self.recorder.texture_copy(*region)
-                (self._raw_copy.copy if self._raw_copy is not None else copy_to_texture)(
+                (self.raw_copy.copy if self.raw_copy is not None else copy_to_texture)(
                     enc, *region)
         return tv[1]
 
@@ -313,7 +317,8 @@ class Device(HostTransfers):
         if self.submitter is not None:
             self.submitter.drain()
 
-    def _flush_locked(self):
+    def flush_locked(self):
+        """Submit the recorded batch (the caller holds ``lock``; replays and timers call it)."""
         if self._encoder is None:
             return
         self.drain()  # eager work goes behind the queued replays
@@ -325,13 +330,13 @@ class Device(HostTransfers):
             self._slots = 0
         cb = self._encoder.finish()
         self._encoder = None
-        self._submit(cb)
+        self.submit(cb)
         # The mapping resolves once this batch's copies out of the buffer have run.
         for st in self._upload_used:
             self._return_upload(st, st.map_async("WRITE"))
         self._upload_used = []
 
-    def _submit(self, command_buffer) -> None:
+    def submit(self, command_buffer) -> None:
         """Every submit of this device's work goes through here (records its index)."""
         self.last_submission = api().submit(self.queue, command_buffer)
         self.submits += 1
@@ -339,7 +344,7 @@ class Device(HostTransfers):
     def flush(self) -> None:
         """Submit the recorded batch without waiting for it."""
         with self.lock:
-            self._flush_locked()
+            self.flush_locked()
 
     def synchronize(self) -> None:
         """Submit the batch and wait until the GPU has finished all work of this device."""
