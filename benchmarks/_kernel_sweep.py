@@ -243,7 +243,8 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
     import wgrumus as wr
     from wgrumus.kernels import rows as row_kernels
     from wgrumus.kernels import rows_gpu as rowops
-    from wgrumus.ops import nnops
+    from wgrumus.ops import cross_entropy, layer_norm, softmax
+    from wgrumus.ops.softmax import softmax_backward
     from wgrumus.runtime.tuning import TUNING
     say("# row ops: GB/s (bytes of f32 reads + writes of R x L / time; cross-entropy: the read); "
         "the default is softmax.wgsl / layernorm.wgsl / xent.wgsl")
@@ -269,14 +270,14 @@ def sweep_rows(dev, torch, shapes, budget, min_s):
         td = wr.tensor(tn.astype(np.int32), device=dev)  # device targets: no upload per call
         lse = xn.max(1) + np.log(e.sum(1))
         cases = {
-            "sm_fwd": (lambda: nnops.softmax(x, -1), y_ref),
-            "sm_bwd": (lambda: nnops.softmax_backward(y, g),
+            "sm_fwd": (lambda: softmax(x, -1), y_ref),
+            "sm_bwd": (lambda: softmax_backward(y, g),
                        y_ref * (gn - (gn * y_ref).sum(1, keepdims=True))),
-            "ln_fwd": (lambda: nnops.layer_norm(x, (L,)), xh),
+            "ln_fwd": (lambda: layer_norm(x, (L,)), xh),
             "ln_bwd": (lambda: row_kernels.layer_norm_backward(x, g, None, mean, rstd),
                        rs * (gn - gn.mean(1, keepdims=True)
                              - xh * (gn * xh).mean(1, keepdims=True))),
-            "xe_stats": (lambda: nnops.cross_entropy(x, td, reduction="none"),
+            "xe_stats": (lambda: cross_entropy(x, td, reduction="none"),
                        lse - xn[np.arange(R), tn]),
         }
         for op, (fn, want) in cases.items():

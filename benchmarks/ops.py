@@ -138,7 +138,7 @@ def torch_kernel(th, fn, work: float):
 def bench_rows(rows, dev, r, L, th):
     """softmax and layer_norm over rows of L: GB/s counting one read and one write."""
     try:
-        from wgrumus.ops import nnops
+        from wgrumus.ops import layer_norm, log_softmax, softmax
     except ImportError:
         return
     import wgrumus as wr
@@ -156,11 +156,11 @@ def bench_rows(rows, dev, r, L, th):
         return (xn - m) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
     xt = th.from_numpy(xn).cuda() if th is not None else None
     for name, ours_fn, np_fn, t_fn in (
-            ("softmax", lambda: nnops.softmax(x, -1), np_softmax,
+            ("softmax", lambda: softmax(x, -1), np_softmax,
              lambda: th.softmax(xt, -1)),
-            ("log_softmax", lambda: nnops.log_softmax(x, -1), lambda: np.log(np_softmax()),
+            ("log_softmax", lambda: log_softmax(x, -1), lambda: np.log(np_softmax()),
              lambda: th.log_softmax(xt, -1)),
-            ("layer_norm", lambda: nnops.layer_norm(x, (L,), w, bias), np_ln,
+            ("layer_norm", lambda: layer_norm(x, (L,), w, bias), np_ln,
              lambda: th.nn.functional.layer_norm(xt, (L,)))):
         ours = nbytes / timeit(ours_fn, dev.synchronize) / 1e9
         ref_np = nbytes / timeit(np_fn) / 1e9

@@ -138,7 +138,6 @@ def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off, tex):
     the offsets are multiples of 4, the inputs read through textures unless TUNING.texture_reads
     is False (off 1: the input a view at offset 1, element-wise from storage), odd R;
     64 * 65,535 + 7 rows: the launch folds into (x, y) workgroups."""
-    from wgrumus.ops import nnops
     if not mc.cpu_subgroup(wr.devices()[0]):
         pytest.skip("needs a CPU adapter with known subgroups")
     monkeypatch.setattr(TUNING, "row_mode", "thread")
@@ -157,7 +156,7 @@ def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off, tex):
     xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
     ts = [wr.tensor(a, requires_grad=True) for a in (w, b)]
     xt.requires_grad = True
-    y = nnops.layer_norm(xt, L, *ts)
+    y = wr.ops.layer_norm(xt, L, *ts)
     grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
     quad = L % 4 == off == 0
     from wgrumus.kernels.bounds import LOOP_BUDGET  # (more subgroup partials: the `wb` pass)
@@ -180,12 +179,11 @@ def test_cross_entropy_backward_rows(monkeypatch, rng, N, C):
     """cross_entropy's gradient with a row an invocation (thread row mode, xent.wgsl bwd_rows):
     odd sizes, a row at the loop budget (32,768 classes), 64 * 65,535 + 7 rows (the launch
     folds into (x, y) workgroups); ignored rows get 0 (the default-mode test_nnops cases)."""
-    from wgrumus.ops import nnops
     monkeypatch.setattr(TUNING, "row_mode", "thread")
     a = rng.standard_normal((N, C)).astype(np.float32)
     t = rng.integers(0, C, N).astype(np.int32)
     x = wr.tensor(a, requires_grad=True)
-    got = wr.autograd.backward(nnops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
+    got = wr.autograd.backward(wr.ops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
     np.testing.assert_allclose(got, _xent_grad_ref(a.astype(np.float64), t), rtol=1e-3,
                                atol=1e-6 / N ** 0.5)
 
@@ -198,7 +196,6 @@ def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
     """softmax forward and backward through shaders/softmax_cpu.wgsl (thread row mode), the
     input a view at element offset ``off``: read through textures whose first element sits
     at that offset's place in its quad (texture.elements), or from storage (ENABLED False)."""
-    from wgrumus.ops import nnops
     monkeypatch.setattr(TUNING, "row_mode", "thread")
     monkeypatch.setattr(TUNING, "texture_reads", tex)
     R, L = 7, 9
@@ -206,7 +203,7 @@ def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
     g = rng.standard_normal((R, L)).astype(np.float32)
     xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
     xt.requires_grad = True
-    y = nnops.softmax(xt, -1, scale=0.5, causal=causal)
+    y = wr.ops.softmax(xt, -1, scale=0.5, causal=causal)
     dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(xt).numpy()
     s = x * 0.5
     if causal:

@@ -171,7 +171,6 @@ def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
     read into private arrays; rows of up to ROWC; with subgroups, the weight and bias
     gradients summed over each subgroup's rows in the same kernel) against the uncached row
     kernels and `wb`, and the forward against numpy; 257 is past ROWC (both take *_rows)."""
-    from wgrumus.ops import nnops
     monkeypatch.setattr(TUNING, "row_mode", "thread")
     x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
     w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
@@ -180,7 +179,7 @@ def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
     for rowc in (row_kernels.ROWC, 0):
         monkeypatch.setattr(row_kernels, "ROWC", rowc)
         ts = [wr.tensor(a, requires_grad=True) for a in (x, w, b)]
-        y = nnops.layer_norm(ts[0], L, ts[1], ts[2])
+        y = wr.ops.layer_norm(ts[0], L, ts[1], ts[2])
         grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
         runs.append([y.numpy()] + [grads.get(t).numpy() for t in ts])
     m, v = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
@@ -196,7 +195,6 @@ def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
 def test_cached_softmax_rows_match_uncached(monkeypatch, rng, R, L, log, causal):
     """(log_)softmax, scaled or causal (R queries against L keys, R <= L), and its gradient
     through *_rowc against the uncached row kernels, the forward against numpy."""
-    from wgrumus.ops import nnops
     monkeypatch.setattr(TUNING, "row_mode", "thread")
     R = min(R, L) if causal else R  # (a query with no key left gives NaN)
     x = rng.standard_normal((2, R, L)).astype(np.float32)
@@ -205,7 +203,7 @@ def test_cached_softmax_rows_match_uncached(monkeypatch, rng, R, L, log, causal)
     for rowc in (row_kernels.ROWC, 0):
         monkeypatch.setattr(row_kernels, "ROWC", rowc)
         t = wr.tensor(x, requires_grad=True)
-        fn = nnops.log_softmax if log else nnops.softmax
+        fn = wr.ops.log_softmax if log else wr.ops.softmax
         y = fn(t, -1, scale=0.7, causal=causal) if not log else fn(t, -1)
         runs.append([y.numpy(), wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()])
     s = x * (0.7 if not log else 1.0)
@@ -226,7 +224,6 @@ def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks
     """Rows in subgroups of 8: 32,768 subgroup partials per column is the most the column sum
     loops over (bwd_wb_rowc + colsum); one more falls back to `wb` (chunked partial sums), with
     the same gradients."""
-    from wgrumus.ops import nnops
     if mc.cpu_subgroup(wr.devices()[0]) != 8:
         pytest.skip("needs llvmpipe's 8-lane subgroups")
     monkeypatch.setattr(TUNING, "row_mode", "thread")
@@ -239,7 +236,7 @@ def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks
     orig = row_kernels.layer_norm_backward_with_wb
     monkeypatch.setattr(row_kernels, "layer_norm_backward_with_wb",
                         lambda *a: seen.append(orig(*a)) or seen[-1])
-    grads = wr.autograd.backward_with_grad(nnops.layer_norm(ts[0], L, ts[1], ts[2]), wr.tensor(g))
+    grads = wr.autograd.backward_with_grad(wr.ops.layer_norm(ts[0], L, ts[1], ts[2]), wr.tensor(g))
     assert (seen[0] is None) == (chunks > 32768)
     xh = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(grads.get(ts[1]).numpy(), (g * xh).sum(0), rtol=1e-3, atol=1e-2)
@@ -254,13 +251,12 @@ def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks
 def test_cached_row_kernels_past_65535_workgroups(monkeypatch, rng):
     """64 * 65,535 + 7 rows of 2: the cached row kernels' launch folds into (x, y) workgroups
     (layer_norm forward and backward, softmax forward and backward)."""
-    from wgrumus.ops import nnops
     monkeypatch.setattr(TUNING, "row_mode", "thread")
     R = 64 * 65535 + 7
     x = rng.standard_normal((R, 2)).astype(np.float32)
     g = rng.standard_normal((R, 2)).astype(np.float32)
     t = wr.tensor(x, requires_grad=True)
-    y = nnops.layer_norm(t, 2)
+    y = wr.ops.layer_norm(t, 2)
     dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()
     d = (x[:, 0] - x[:, 1]).astype(np.float64)[:, None] * np.array([0.5, -0.5])
     rstd = 1 / np.sqrt(d[:, :1] ** 2 + 1e-5)  # up to 316 where the two values nearly agree
@@ -269,7 +265,7 @@ def test_cached_row_kernels_past_65535_workgroups(monkeypatch, rng):
     want = rstd * (g - g.mean(-1, keepdims=True) - xh * (g * xh).mean(-1, keepdims=True))
     np.testing.assert_allclose(dx, want, rtol=1e-3, atol=1e-2)
     t = wr.tensor(x, requires_grad=True)
-    p = nnops.softmax(t, -1)
+    p = wr.ops.softmax(t, -1)
     dx = wr.autograd.backward_with_grad(p, wr.tensor(g)).get(t).numpy()
     e = np.exp(x - x.max(-1, keepdims=True))
     pn = e / e.sum(-1, keepdims=True)

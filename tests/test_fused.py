@@ -6,7 +6,7 @@ import pytest
 import wgrumus as wr
 from wgrumus.ops import attention, linear
 from wgrumus.ops.elementwise import gelu, relu
-from wgrumus.ops.nnops import softmax
+from wgrumus.ops.softmax import softmax
 
 
 def _grads(fn, arrays, dev, seed_grad):

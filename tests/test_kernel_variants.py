@@ -232,7 +232,7 @@ def test_row_variants_past_65535_workgroups(name, rng, monkeypatch):
     y = softmax(wr.tensor(x))
     np.testing.assert_allclose(y.numpy(), _softmax_ref(x), rtol=1e-5, atol=1e-6)
     g = rng.standard_normal(x.shape).astype(np.float32)
-    from wgrumus.ops.nnops import softmax_backward
+    from wgrumus.ops.softmax import softmax_backward
     s = _softmax_ref(x)
     np.testing.assert_allclose(softmax_backward(y, wr.tensor(g)).numpy(),
                                s * (g - (g * s).sum(-1, keepdims=True)), rtol=1e-4, atol=1e-5)
@@ -350,7 +350,7 @@ def test_causal_softmax_backward_ignores_masked_gradients(monkeypatch, rng, rows
     """The gradient above a causal mask may be unwritten memory (the scores' matmul skips it):
     NaN there leaves d(input) finite, with the adapter's kernels and forced GPU row variants
     (whose last quad of a row straddles the mask)."""
-    from wgrumus.ops.nnops import softmax_backward
+    from wgrumus.ops.softmax import softmax_backward
     monkeypatch.setattr(TUNING, "row_variant", rows)
     monkeypatch.setattr(TUNING, "subgroup_max", 8)
     T = 132

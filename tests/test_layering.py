@@ -166,7 +166,7 @@ def test_few_lazy_imports_in_ops_and_kernels():
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("from ..ops import nnops", {"wgrumus.ops.nnops"}),
+    ("from ..ops import losses", {"wgrumus.ops.losses"}),
     ("from .. import nn", {"wgrumus.nn"}),
     ("from ..tensor import Tensor", {"wgrumus.tensor"}),
     ("def f():\n    import wgrumus.cli.main\n", {"wgrumus.cli.main"}),

@@ -8,7 +8,6 @@ import pytest
 
 import wgrumus as wr
 from wgrumus.kernels import rows as row_kernels
-from wgrumus.ops import nnops
 from wgrumus.runtime import device as rdev
 from wgrumus.runtime.tuning import TUNING
 
@@ -62,7 +61,7 @@ def test_texture_layer_norm_matches_numpy(monkeypatch, rng, kind):
     seen = _decls_seen(monkeypatch, row_kernels, "layernorm_cpu", "IN_DECLS")
     x = (rng.standard_normal((19, 12)) * 2 + 1).astype(np.float32)
     w, b = rng.standard_normal(12).astype(np.float32), rng.standard_normal(12).astype(np.float32)
-    y = nnops.layer_norm(wr.tensor(x), 12, wr.tensor(w), wr.tensor(b)).numpy()
+    y = wr.ops.layer_norm(wr.tensor(x), 12, wr.tensor(w), wr.tensor(b)).numpy()
     xh = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(y, xh * w + b, rtol=1e-4, atol=1e-4)
     assert seen and all(_declared(kind) in s for s in seen)

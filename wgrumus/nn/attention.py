@@ -5,7 +5,7 @@ import math
 
 from ..kernels.map import run_map
 from ..ops.attention import causal_self_attention, flash_attention, head_attention, prefer_fused
-from ..ops.nnops import softmax as softmax_op
+from ..ops.softmax import softmax as softmax_op
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float32
 from . import functional as F

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from ..autograd.tape import no_grad
 from ..kernels.map import run_map
-from ..ops import conv, nnops
+from ..ops import conv, losses
 from ..ops import elementwise as _ew
+from ..ops.dropout import dropout
 from ..ops.elementwise import gelu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
-from ..ops.nnops import dropout, layer_norm
+from ..ops.layer_norm import layer_norm
 from ..ops.reduce import mean as _mean
+from ..ops.softmax import log_softmax as _log_softmax
+from ..ops.softmax import softmax as _softmax
 from ..tensor import Tensor
 
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
@@ -25,11 +28,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
 
 
 def softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return nnops.softmax(x, dim)
+    return _softmax(x, dim)
 
 
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    return nnops.log_softmax(x, dim)
+    return _log_softmax(x, dim)
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0) -> Tensor:
@@ -47,12 +50,12 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0) -> Tensor:
 def cross_entropy(logits: Tensor, target: Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
     """Logits [N, C] (or [N, C, ...] flattened by the caller) and integer class targets [N]."""
-    return nnops.cross_entropy(logits, target, ignore_index=ignore_index,
+    return losses.cross_entropy(logits, target, ignore_index=ignore_index,
                                label_smoothing=label_smoothing, reduction=reduction)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return nnops.mse_loss(x, target, reduction=reduction)
+    return losses.mse_loss(x, target, reduction=reduction)
 
 
 def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,

@@ -13,7 +13,10 @@ from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, 
 from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
 from .indexing import embedding, gather, getitem, index_select, setitem
-from .nnops import cross_entropy, dropout, layer_norm, log_softmax, mse_loss, softmax
+from .dropout import dropout
+from .layer_norm import layer_norm
+from .losses import cross_entropy, mse_loss
+from .softmax import log_softmax, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
 from .reduce import argmax, argmin, max, mean, min, std, sum, var
 from .shape import (cat, chunk, detach, expand, flatten, permute, reshape, split, squeeze, stack,

@@ -25,9 +25,9 @@ from ..runtime.errors import AdapterLimitError, ShapeError
 from ..tensor import Tensor, check_same_device, float16, float32
 from .elementwise import _f32, cast, contiguous, copy_into, fill_
 from .matmul import matmul_into
-from .nnops import softmax, softmax_backward
 from .precision import autocast_dtype, in_forward_precision
 from .shape import permute, reshape, transpose
+from .softmax import softmax, softmax_backward
 
 __all__ = ["CPU_MAX_ROWS", "attention_backward", "attention_forward", "causal_self_attention",
            "check_attention", "flash_attention", "fused_fits", "head_attention", "prefer_fused"]

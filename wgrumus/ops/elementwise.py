@@ -36,15 +36,15 @@ def map_op(expr, inputs, shape=None, dtype=float32, scalars=()) -> Tensor:
 
 
 def unbroadcast(g: Tensor, shape) -> Tensor:
-    """Sum ``g`` down to ``shape`` (the inverse of broadcasting in the forward)."""
+    """Sum ``g`` down to ``shape`` (the inverse of broadcasting in the forward), through
+    Tensor.sum (reduce.py builds on this module)."""
     shape = tuple(shape)
     if g.shape == shape:
         return g
-    from .reduce import sum as _sum  # (reduce builds on this module: the one lazy import)
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
                                       if s == 1 and g.shape[lead + i] != 1)
-    r = _sum(g, axis=axes, keepdims=True) if axes else g
+    r = g.sum(axes, keepdim=True) if axes else g
     return r.reshape(shape)
 
 
