@@ -97,19 +97,19 @@ def test_quads_with_k_in_passes(monkeypatch, quads, rng):
 @pytest.mark.parametrize("act", [None, "gelu_tanh"])
 @pytest.mark.parametrize("tex", [None, False])
 def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act, tex):
-    """linear._epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad an
-    invocation on CPU adapters where L and the offsets are multiples of 4, g and z read
-    through textures (kernels/texture.py) unless ENABLED is False (R 300: two row chunks, partial
-    sums added by colsum), a column an invocation elsewhere."""
-    fused = importlib.import_module("wgrumus.ops.linear")
-    monkeypatch.setattr(fused, "use_cpu_kernel", lambda dev: cpu)
+    """kernels/linear.epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad
+    an invocation on CPU adapters where L and the offsets are multiples of 4, g and z read
+    through textures (kernels/texture.py) unless TUNING.texture_reads is False (R 300: two row
+    chunks, partial sums added by colsum), a column an invocation elsewhere."""
+    lk = importlib.import_module("wgrumus.kernels.linear")
+    monkeypatch.setattr(lk, "use_cpu_kernel", lambda dev: cpu)
     monkeypatch.setattr(TUNING, "texture_reads", tex)
     g = rng.standard_normal((R, L)).astype(np.float32)
     z = rng.standard_normal((R, L)).astype(np.float32)
     b = rng.standard_normal(L).astype(np.float32)
-    grad = fused.ACTIVATIONS[act][1]
-    dz, db = fused._epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
-                                  wr.tensor(b) if act else None, grad, True, act is not None)
+    grad = importlib.import_module("wgrumus.ops.linear").ACTIVATIONS[act][1]
+    dz, db = lk.epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
+                              wr.tensor(b) if act else None, grad, True, act is not None)
     want = g
     if act:
         u = (z + b).astype(np.float64)

@@ -1,8 +1,6 @@
 """Constructors: filled, ranged and random tensors, all written by device kernels."""
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
 from ..kernels.map import run_map
@@ -28,18 +26,6 @@ def zeros(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
 
 def ones(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
     return full(varargs(shape), 1, device, dtype, requires_grad)
-
-
-_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def dummy_buffer(dev, k: int = 0):
-    """The k-th (0 or 1) one-element zero buffer of ``dev``, bound where a kernel slot is unused
-    (one per slot: a read_write buffer may not be bound twice in a dispatch)."""
-    ts = _dummies.get(dev)
-    if ts is None:
-        ts = _dummies[dev] = [zeros(1, device=dev) for _ in range(2)]
-    return ts[k].buffer
 
 
 def zeros_like(x: Tensor, dtype=None) -> Tensor:

@@ -7,13 +7,9 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import needs_grad, no_grad, record
-from ..kernels import texture
-from ..kernels.bounds import chunk_rows
-from ..kernels.matmul_cpu import use_cpu_kernel
+from ..kernels import linear as linear_kernels
 from ..runtime.errors import ShapeError
-from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float32
-from .creation import dummy_buffer
 from .elementwise import _f32, contiguous, saved_output
 from .matmul import linear_2d, matmul
 from .precision import autocast_dtype, in_forward_precision
@@ -78,9 +74,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         g2 = contiguous(reshape(g, (N, n_out)))
         db = None
         if bias is not None or activation is not None:
-            dz, db = _epilogue_grad(g2, z_saved if activation else None, ub if keep_u else None,
-                                    grad_expr, bias is not None and bias.requires_grad,
-                                    activation is not None)
+            dz, db = linear_kernels.epilogue_grad(
+                g2, z_saved if activation else None, ub if keep_u else None, grad_expr,
+                bias is not None and bias.requires_grad, activation is not None)
         else:
             dz = g2
         dx = dw = None
@@ -97,50 +93,3 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            in_forward_precision(bw),
            saved=[x2, weight, z_saved] + ([b] if b is not None else []))
     return out
-
-
-def _epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str,
-                   want_db: bool, has_act: bool):
-    """(dz, db) of y = act(z + b) for contiguous [R, L] g: dz and per-chunk column sums in one
-    kernel, the partials summed by a second. ``z``: the pre-bias output (relu: y itself);
-    ``b``: bound only when z excludes the bias."""
-    if not has_act and not want_db:
-        return g, None
-    R, L = g.shape
-    dev = g.device
-    # one chunk for small R (no second pass); else chunks of >= 64 rows, enough of them to
-    # spread over a GPU
-    rows = R if R <= 256 else chunk_rows(R, 64)
-    chunks = max(1, -(-R // max(rows, 1)))
-    dz = Tensor.empty((R, L), dev, float32) if has_act else g
-    part = Tensor.empty((chunks, L), dev, float32)
-    zt = z if z is not None else g
-    bufs = [g.buffer, zt.buffer,
-            b.buffer if b is not None else dummy_buffer(dev, 0),
-            dz.buffer if has_act else dummy_buffer(dev, 1), part.buffer]
-    offs = [g.offset, zt.offset, b.offset if b is not None else 0]
-    # CPU adapters: a quad of columns an invocation, one SIMD vector (8 lanes) a group, g and
-    # z read through textures (ops/texture.py) where they fit
-    v, wg = ((4, 8) if use_cpu_kernel(dev) and all(w % 4 == 0 for w in [L, *offs])
-             else (1, 64))
-    grad_v = "act_grad(g, z)" if v == 1 else "vec4<f32>({})".format(", ".join(
-        f"act_grad(g.{q}, z.{q})" for q in "xyzw"))
-    vt = "f32" if v == 1 else "vec4<f32>"
-    with dev.lock:  # (the operand textures hold g and z until this dispatch has read them)
-        tex = v == 4 and texture.enabled(dev)
-        views = tex and [texture.operand(t, s, R * L) for s, t in enumerate((g, zt))]
-        tex = bool(views) and None not in views
-        if tex:
-            bufs[:2], offs[:2] = views, [0, 0]
-        k = Kernel.of("linear", "bwd", ACT_GRAD=grad_expr, V=v, WG=wg, VT=vt,
-                      ACT_GRAD_V=grad_v, IN_DECLS=texture.decls({"G": 1, "U": 2}, tex, vt))
-        dev.dispatch(k, bufs, [R, L, *offs, rows, chunks, int(b is not None), int(has_act)],
-                     (-(-L // (v * wg)), chunks, 1))
-    if not want_db:
-        return dz, None
-    if chunks == 1:
-        return dz, Tensor(part.storage, (L,), None, part.offset)
-    db = Tensor.empty((L,), dev, float32)
-    dev.dispatch(Kernel.of("colsum"), [part.buffer, db.buffer],
-                 [L, chunks, part.offset, db.offset], (-(-L // 64), 1, 1))
-    return dz, db
