@@ -348,7 +348,7 @@ def _fmt(v):
 def print_table(meta, rows):
     print(f"wgrumus ops benchmark on {meta['adapter']} ({meta['date']})")
     print(f"torch: {meta['torch'] or 'not available'}; numpy {meta['numpy']} on "
-          f"{meta['cpus']} CPUs")
+          f"{meta['cpus']} CPUs; wgrumus from {meta['wgrumus']}")
     hdr = f"{'bench':22} {'size':>16} {'unit':>8} {'wgrumus':>10} {'numpy':>10} {'torch':>10}" \
           f" {'vs numpy':>9} {'vs torch':>9}"
     print(hdr)
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
             "torch_device": th.cuda.get_device_name() if th else None,
             "command": "python " + " ".join([sys.argv[0]] + list(argv if argv is not None
                                                                    else sys.argv[1:])),
-            "quick": quick}
+            "quick": quick, "wgrumus": os.path.dirname(wr.__file__)}
     rows = Rows()
     only = set(a.only.split(","))
     if "matmul" in only:
