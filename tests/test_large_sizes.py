@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import reduce as reduce_kernels
 from wgrumus.kernels import rows as row_kernels
 from wgrumus.nn import functional as F
-from wgrumus.ops import indexing, reduce
+from wgrumus.ops import indexing
 from wgrumus.ops.indexing import embedding, gather, index_select
 from wgrumus.runtime.tuning import TUNING
 
@@ -56,7 +57,7 @@ def test_clip_grad_norm_17m(rng):
 def test_reduce_passes_small_chunks(rng, monkeypatch):
     """Three passes (chunks of 256): sums, extremes with NaN, first index among ties that sit
     in different chunks, int32 exactness."""
-    monkeypatch.setattr(reduce, "CHUNK", 256)
+    monkeypatch.setattr(reduce_kernels, "CHUNK", 256)
     a = f32(rng.standard_normal((3, 70000)))
     x = wr.tensor(a)
     np.testing.assert_allclose(x.sum(axis=1).numpy(), a.sum(1), rtol=1e-4, atol=1e-3)

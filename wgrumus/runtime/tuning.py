@@ -2,12 +2,12 @@
 and A/B benchmarks set a field (None leaves the choice to the profile and the kernel tables)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 
 @dataclass
 class Tuning:
-    cpu_matmul: bool | None = None  # the barrier-free CPU matmul (matmul_cpu.wgsl) or the tiled
+    cpu_matmul: bool | None = None  # True: matmul_cpu.wgsl, False: the tiled matmul.wgsl
     matmul_textures: bool | None = None  # CPU matmul operands read through textures
     matmul_quad_stores: bool | None = None  # False: the CPU matmul stores C per element
     matmul_subgroup_rows: bool | None = None  # False: A's rows not shared over the subgroup
@@ -21,10 +21,6 @@ class Tuning:
     map_chunk: int | None = None  # outputs per invocation of the map kernel
     update_chunk: int | None = None  # elements per invocation of the multi-tensor update
     submitter: bool | None = None  # the replay submitter thread (runtime/submitter.py)
-
-    def reset(self) -> None:
-        for f in fields(self):
-            setattr(self, f.name, None)
 
 
 TUNING = Tuning()
