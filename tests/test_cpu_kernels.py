@@ -11,6 +11,7 @@ from wgrumus import nn, optim
 from wgrumus.kernels import map as launch
 from wgrumus.kernels import texture
 from wgrumus.optim import adam
+from wgrumus.runtime import profile as profile_mod
 from wgrumus.runtime.tuning import TUNING
 
 # sizes that end mid-chunk, one longer than several chunks, a scalar-sized one
@@ -60,8 +61,8 @@ def test_chunked_adam_past_65535_workgroups(monkeypatch, rng):
 
 def test_cpu_chunks_are_per_adapter_type(dev):
     cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
-    assert adam.cpu_chunk(dev) == (adam.CPU_CHUNK_DEFAULT if cpu else 1)
-    assert launch.cpu_chunk(dev) == (launch.CPU_CHUNK_DEFAULT if cpu else 1)
+    assert adam.cpu_chunk(dev) == (profile_mod.CPU_UPDATE_CHUNK if cpu else 1)
+    assert launch.cpu_chunk(dev) == (profile_mod.CPU_MAP_CHUNK if cpu else 1)
 
 
 MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-chunk

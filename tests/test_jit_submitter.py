@@ -23,8 +23,8 @@ def queued(dev, monkeypatch):
     """Replays go through the submission thread (whatever the adapter) and every submit of
     the device takes 10 ms longer, so the host gets steps ahead of the queue."""
     monkeypatch.setattr(TUNING, "submitter", True)
-    real = dev._submit
-    monkeypatch.setattr(dev, "_submit", lambda cb: (time.sleep(0.01), real(cb))[1])
+    real = dev.submit
+    monkeypatch.setattr(dev, "submit", lambda cb: (time.sleep(0.01), real(cb))[1])
     sub = dev.replay_submitter()
     sub.queued_max = 0
     yield sub

@@ -160,6 +160,10 @@ class Tensor:
         """The old spelling of ``storage``."""
         return self.storage
 
+    @_storage.setter
+    def _storage(self, storage: Storage) -> None:
+        self.storage = storage
+
     @property
     def buffer(self):
         """The wgpu buffer holding this tensor's storage (kernels bind it at ``offset``)."""
