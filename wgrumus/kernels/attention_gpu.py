@@ -492,7 +492,7 @@ def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
     return d <= MAX_HEAD_DIM
 
 
-def row_kernel(entry: str, d: int, dtype) -> Kernel:
+def _row_kernel(entry: str, d: int, dtype) -> Kernel:
     """The one-row-per-invocation kernel (shaders/flash_attention.wgsl, no workgroup memory,
     no barriers): adapters whose workgroup memory holds no FlashAttention-2 tile."""
     t = "f16" if dtype == float16 else "f32"
@@ -523,7 +523,7 @@ def launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=Non
     dev = q.device
     if tiles is None:
         block = WG
-        kern = row_kernel(ENTRIES[entry], d, q.dtype)
+        kern = _row_kernel(ENTRIES[entry], d, q.dtype)
     else:
         block = tiles[entry][0]
         v4 = all(t.offset % 4 == 0 for t in (q, k, v, o, do) if t is not None) and d % 4 == 0
