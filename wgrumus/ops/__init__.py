@@ -1,5 +1,6 @@
-"""Every op: kernel launch, shape rule and backward rule side by side, one module per family.
-This module also implements Tensor's methods (the table ``tensor.METHODS``) and registers them."""
+"""What every op is: its shape rule, forward call and backward rule side by side, one module per
+family (how each runs on this adapter: wgrumus/kernels/). This module also implements Tensor's
+methods (the table ``tensor.METHODS``) and registers them."""
 from __future__ import annotations
 
 from ..autograd.engine import tensor_backward
