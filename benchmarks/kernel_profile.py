@@ -69,8 +69,8 @@ def per_dispatch_seconds(dev, rep) -> list[tuple[object, float]]:
             cp.end()
         enc.resolve_query_set(qs, 0, 2 * len(part), res, 0)
         with dev.lock:
-            dev._flush_locked()
-            dev._submit(enc.finish())
+            dev.flush_locked()
+            dev.submit(enc.finish())
         ticks = np.frombuffer(dev.read(res, 0, 16 * len(part)), np.uint64).reshape(-1, 2)
         ns = np.clip(ticks[:, 1].astype(np.int64) - ticks[:, 0].astype(np.int64), 0, None)
         out += [((p[0], p[3:]), float(t) * timestamp_period_ns(dev.queue) * 1e-9)

@@ -148,7 +148,7 @@ def cuda_event_seconds(torch, fn, n):
 def bench_rows(rows, dev, r, L, th):
     """softmax and layer_norm over rows of L: GB/s counting one read and one write."""
     try:
-        from wgrumus.ops import nnops
+        from wgrumus.ops import layer_norm, log_softmax, softmax
     except ImportError:
         return
     import wgrumus as wr
@@ -166,11 +166,11 @@ def bench_rows(rows, dev, r, L, th):
         return (xn - m) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
     xt = th.from_numpy(xn).cuda() if th is not None else None
     for name, ours_fn, np_fn, t_fn in (
-            ("softmax", lambda: nnops.softmax(x, -1), np_softmax,
+            ("softmax", lambda: softmax(x, -1), np_softmax,
              lambda: th.softmax(xt, -1)),
-            ("log_softmax", lambda: nnops.log_softmax(x, -1), lambda: np.log(np_softmax()),
+            ("log_softmax", lambda: log_softmax(x, -1), lambda: np.log(np_softmax()),
              lambda: th.log_softmax(xt, -1)),
-            ("layer_norm", lambda: nnops.layer_norm(x, (L,), w, bias), np_ln,
+            ("layer_norm", lambda: layer_norm(x, (L,), w, bias), np_ln,
              lambda: th.nn.functional.layer_norm(xt, (L,)))):
         ours = nbytes / timeit(ours_fn, dev.synchronize) / 1e9
         ref_np = nbytes / timeit(np_fn) / 1e9
@@ -358,7 +358,7 @@ def _fmt(v):
 def print_table(meta, rows):
     print(f"wgrumus ops benchmark on {meta['adapter']} ({meta['date']})")
     print(f"torch: {meta['torch'] or 'not available'}; numpy {meta['numpy']} on "
-          f"{meta['cpus']} CPUs")
+          f"{meta['cpus']} CPUs; wgrumus from {meta['wgrumus']}")
     hdr = f"{'bench':22} {'size':>16} {'unit':>8} {'wgrumus':>10} {'numpy':>10} {'torch':>10}" \
           f" {'vs numpy':>9} {'vs torch':>9}"
     print(hdr)
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
             "torch_device": th.cuda.get_device_name() if th else None,
             "command": "python " + " ".join([sys.argv[0]] + list(argv if argv is not None
                                                                    else sys.argv[1:])),
-            "quick": quick}
+            "quick": quick, "wgrumus": os.path.dirname(wr.__file__)}
     rows = Rows()
     only = set(a.only.split(","))
     if "matmul" in only:

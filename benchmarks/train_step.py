@@ -469,13 +469,13 @@ def main(argv=None) -> int:
                                                          "proc_cpu_ms", "dispatches", "submits")}}
             row["jit"]["per_step"]["gpu_ms"] = gpu_ms(jstep, dev, steps)
             if args.jit_sync:
-                from wgrumus.runtime import submitter
-                was, submitter.ENABLED = submitter.ENABLED, False
+                from wgrumus.runtime.tuning import TUNING
+                was, TUNING.submitter = TUNING.submitter, False
                 try:
                     sstep, sloss, _ = wgrumus_step(name, cfg, dev, prec, jit=True)
                     s = measure(sstep, dev.synchronize, steps, args.repeats, warmup, counters)
                 finally:
-                    submitter.ENABLED = was
+                    TUNING.submitter = was
                 row["jit_sync"] = {"ms": s["ms"], "throughput": unit_n / s["ms"] * 1e3,
                                    "loss": sloss(), "ms_all": s["ms_all"],
                                    "per_step": {k: s[k] for k in ("host_ms", "wait_ms",
@@ -514,6 +514,7 @@ def main(argv=None) -> int:
     meta = {"bench": "train_step", "device": dev.name, "quick": quick, "steps": steps,
             "repeats": args.repeats, "warmup": warmup, "torch": tdev if torch else str(tdev),
             "host": platform.node(), "python": platform.python_version(),
+            "wgrumus": os.path.dirname(wr.__file__),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if args.json:
         print(json.dumps({**meta, "rows": rows}, indent=1))
@@ -524,7 +525,8 @@ def main(argv=None) -> int:
 
 def _table(meta, rows):
     print(f"train_step on {meta['device']} ({'quick' if meta['quick'] else 'full'} sizes; "
-          f"median of {meta['repeats']} x {meta['steps']} steps; torch: {meta['torch']})")
+          f"median of {meta['repeats']} x {meta['steps']} steps; torch: {meta['torch']}; "
+          f"wgrumus from {meta['wgrumus']})")
     hdr = (f"{'model':12} {'ours ms':>9} {'ours /s':>10} {'torch ms':>9} {'x torch':>8} "
            f"{'numpy ms':>9} {'x numpy':>8} | {'disp':>5} {'subm':>5} {'host ms':>8} "
            f"{'wait ms':>8} {'cpu ms':>7} {'gpu ms':>7} {'us/disp':>7}")

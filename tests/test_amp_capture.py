@@ -9,6 +9,7 @@ import wgrumus as wr
 from wgrumus import nn, optim
 from wgrumus.nn import functional as F
 from wgrumus.optim import adam
+from wgrumus.runtime.tuning import TUNING
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(
     "shader-f16" not in wr.devices()[0].features, reason="the adapter has no shader-f16")]
@@ -36,7 +37,7 @@ def test_adamw_skips_on_the_device_and_keeps_its_step_count(dev, rng, monkeypatc
     """Clean, inf, NaN, clean steps: the bad ones leave everything as it was and back the scale
     off; the clean ones follow numpy's AdamW with the count of clean steps (1, then 2)."""
     if path == "gpu":  # the `main` entry (lavapipe otherwise takes the chunked `cpu` one)
-        monkeypatch.setattr(adam, "CPU_CHUNK", 1)
+        monkeypatch.setattr(TUNING, "update_chunk", 1)
     if path == "single":  # one dispatch per parameter (shaders/optim.wgsl)
         monkeypatch.setattr(adam, "multi_width", lambda d, amp=False: 1)
     shapes = [(5, 3), (7,), (2, 2)]
@@ -281,7 +282,7 @@ def test_unscale_and_skipped_step_past_65535_workgroups(dev, monkeypatch, opt_cl
     (adam_multi.wgsl's `main` entry, optim.wgsl's `sgd`) span more than 65,535 workgroups; an
     inf in the last element is found and skips the step, and a clean step reaches the last
     elements (Adam's first step and SGD's both move by lr * sign(g) here)."""
-    monkeypatch.setattr(adam, "CPU_CHUNK", 1)
+    monkeypatch.setattr(TUNING, "update_chunk", 1)
     n = 65535 * 256 + 1000
     p = nn.Parameter(wr.zeros(n))
     opt = opt_cls([p], lr=0.5)

@@ -1,4 +1,4 @@
-"""The CPU-adapter attention kernels (ops/attention_cpu.py, shaders/attention_cpu.wgsl): the
+"""The CPU-adapter attention kernels (kernels/attention_cpu.py, shaders/attention_cpu.wgsl): the
 packed-qkv attention forward and its gradient against numpy, odd sizes, rows shared in rounds
 of 8, 4, 2, 1 and half a row (head sizes 4 .. 64), past 65,535 workgroups, inside a wr.jit
 capture, and the fallback to the unfused composition outside their sizes."""
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
-from wgrumus.ops import fused
+from wgrumus.ops import attention as fused
+from wgrumus.runtime.tuning import TUNING
 
-ac = importlib.import_module("wgrumus.ops.attention_cpu")
+ac = importlib.import_module("wgrumus.kernels.attention_cpu")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -71,7 +72,7 @@ def test_matches_unfused_composition(monkeypatch, rng):
     qkv = rng.standard_normal((4, 32, 192)).astype(np.float32)
     gy = rng.standard_normal((4, 32, 64)).astype(np.float32)
     new = _run(qkv, 4, True, gy)
-    monkeypatch.setattr(ac, "ENABLED", False)
+    monkeypatch.setattr(TUNING, "cpu_attention", False)
     old = _run(qkv, 4, True, gy)
     for a, b in zip(new, old):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -8,15 +8,18 @@ from test_optim import ref_adam
 
 import wgrumus as wr
 from wgrumus import nn, optim
-from wgrumus.ops import launch
+from wgrumus.kernels import map as launch
+from wgrumus.kernels import texture
 from wgrumus.optim import adam
+from wgrumus.runtime import profile as profile_mod
+from wgrumus.runtime.tuning import TUNING
 
 # sizes that end mid-chunk, one longer than several chunks, a scalar-sized one
 SHAPES = [(3, 5), (7,), (33, 9), (1,), (64,), (5, 13)]
 
 
 def _run(monkeypatch, chunk, wg, shapes, cls, kw, steps, rng, views=False):
-    monkeypatch.setattr(adam, "CPU_CHUNK", chunk)
+    monkeypatch.setattr(TUNING, "update_chunk", chunk)
     monkeypatch.setattr(adam, "CPU_WG", wg)
     p0 = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     gs = [[rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(steps)]
@@ -58,8 +61,8 @@ def test_chunked_adam_past_65535_workgroups(monkeypatch, rng):
 
 def test_cpu_chunks_are_per_adapter_type(dev):
     cpu = str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
-    assert adam.cpu_chunk(dev) == (adam.CPU_CHUNK_DEFAULT if cpu else 1)
-    assert launch.cpu_chunk(dev) == (launch.CPU_CHUNK_DEFAULT if cpu else 1)
+    assert adam.cpu_chunk(dev) == (profile_mod.CPU_UPDATE_CHUNK if cpu else 1)
+    assert launch.cpu_chunk(dev) == (profile_mod.CPU_MAP_CHUNK if cpu else 1)
 
 
 MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-chunk
@@ -77,10 +80,10 @@ MAP_CASES = {  # strided, broadcast and contiguous operands, rows that end mid-c
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_map_three_strided_operands_5d(monkeypatch, rng, chunk):
     """Attention's d(qkv) gather: three differently strided 5-D views (one with a zero
-    stride) and a selecting expression, as ops/fused.py runs it."""
-    from wgrumus.ops.launch import run_map
+    stride) and a selecting expression, as ops/attention.py runs it."""
+    from wgrumus.kernels.map import run_map
     from wgrumus.tensor import Tensor
-    monkeypatch.setattr(launch, "CPU_CHUNK", chunk)
+    monkeypatch.setattr(TUNING, "map_chunk", chunk)
     B, T, H, d = 2, 3, 2, 5
     E = H * d
     parts = [rng.standard_normal((B * H, T, d)).astype(np.float32) for _ in range(3)]
@@ -97,7 +100,7 @@ def test_map_three_strided_operands_5d(monkeypatch, rng, chunk):
 @pytest.mark.parametrize("chunk", [1, 3, 16])
 @pytest.mark.parametrize("case", list(MAP_CASES))
 def test_chunked_map_matches_numpy(monkeypatch, rng, chunk, case):
-    monkeypatch.setattr(launch, "CPU_CHUNK", chunk)
+    monkeypatch.setattr(TUNING, "map_chunk", chunk)
     a, b = rng.standard_normal((2, 5, 7)), rng.standard_normal((2, 5, 7))
     a, b = a.astype(np.float32), b.astype(np.float32)
     ours, ref = MAP_CASES[case]
@@ -108,7 +111,7 @@ def test_chunked_map_matches_numpy(monkeypatch, rng, chunk, case):
 def test_chunked_map_past_65535_workgroups(monkeypatch, rng):
     """One invocation per workgroup, 2 outputs each: a transposing copy over 70,200
     workgroups (folded into (x, y)) whose chunks straddle rows."""
-    monkeypatch.setattr(launch, "CPU_CHUNK", 2)
+    monkeypatch.setattr(TUNING, "map_chunk", 2)
     monkeypatch.setattr(launch, "CPU_WG", 1)
     a = rng.standard_normal((117, 1200)).astype(np.float32)
     np.testing.assert_array_equal(wr.tensor(a).transpose(0, 1).contiguous().numpy(), a.T)
@@ -121,15 +124,14 @@ def test_chunked_map_past_65535_workgroups(monkeypatch, rng):
 @pytest.mark.parametrize("tex", [None, False])
 def test_quad_adam_matches_reference(monkeypatch, rng, chunk, wg, shapes, tex):
     """Every size and offset a multiple of 4: the update a quad at a time (vec4 arrays; ends
-    and offsets in quads; p, g, m, v read through textures unless texread.ENABLED is False),
+    and offsets in quads; p, g, m, v read through textures unless TUNING.texture_reads is False),
     against the reference and the element-wise kernel's choice when a gradient sits at offset
     3; (4, 1): 70,001 workgroups of one quad fold into (x, y)."""
-    from wgrumus.ops import texread
-    monkeypatch.setattr(texread, "ENABLED", tex)
+    monkeypatch.setattr(TUNING, "texture_reads", tex)
     monkeypatch.setattr(adam, "CPU_TEX_MIN", 0)  # textures for the small shapes too
     seen = []
     orig = adam.cpu_kernel
-    on = texread.enabled(wr.devices()[0])  # (None: CPU adapters only)
+    on = texture.enabled(wr.devices()[0])  # (None: CPU adapters only)
     monkeypatch.setattr(adam, "cpu_kernel", lambda *a: seen.append(a[4]) or seen.append(
         a[5] == (a[4] and on)) or orig(*a))
     for views in (False, True):
@@ -147,8 +149,7 @@ def test_quad_adam_matches_reference(monkeypatch, rng, chunk, wg, shapes, tex):
 def test_quad_adam_mixes_texture_and_storage_reads(monkeypatch, rng):
     """Parameters below CPU_TEX_MIN elements read storage and the others textures, in one
     dispatch (a branch each), against the reference."""
-    from wgrumus.ops import texread
-    monkeypatch.setattr(texread, "ENABLED", True)
+    monkeypatch.setattr(TUNING, "texture_reads", True)
     monkeypatch.setattr(adam, "CPU_TEX_MIN", 16)
     seen = []
     orig = adam.cpu_kernel

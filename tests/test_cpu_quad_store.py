@@ -7,23 +7,26 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import rows as row_kernels
+from wgrumus.kernels import texture
 from wgrumus.ops.matmul import linear_2d, matmul_into
+from wgrumus.runtime.tuning import TUNING
 from wgrumus.tensor import Tensor
 
-mm = importlib.import_module("wgrumus.ops.matmul")  # (wgrumus.ops.matmul is also the function)
+mc = importlib.import_module("wgrumus.kernels.matmul_cpu")
 
 
 @pytest.fixture
 def quads(monkeypatch):
     """Forces the CPU kernel; returns the list of v4 flags of the kernels launched."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
     seen = []
-    orig = mm.cpu_kernel_for
+    orig = mc.cpu_kernel_for
 
     def spy(*a, **kw):
         seen.append(kw.get("v4", False))
         return orig(*a, **kw)
-    monkeypatch.setattr(mm, "cpu_kernel_for", spy)
+    monkeypatch.setattr(mc, "cpu_kernel_for", spy)
     return seen
 
 
@@ -35,8 +38,9 @@ def quads(monkeypatch):
     # cost lavapipe ~20 s each to compile; tests/test_matmul.py runs that block's epilogues)
     if not (M == 130 and v4 is False and epi in ("residual", "pre_gelu"))])
 def test_epilogues_match_numpy(monkeypatch, quads, rng, M, K, N, v4, epi):
-    """Every epilogue, odd M and K; N a multiple of 4 takes quads unless CPU_V4 is False."""
-    monkeypatch.setattr(mm, "CPU_V4", v4)
+    """Every epilogue, odd M and K; N a multiple of 4 takes quads unless
+    TUNING.matmul_quad_stores is False."""
+    monkeypatch.setattr(TUNING, "matmul_quad_stores", v4)
     x = rng.standard_normal((M, K)).astype(np.float32)
     wt = rng.standard_normal((K, N)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32)
@@ -77,7 +81,7 @@ def test_misaligned_operands_store_per_element(quads, rng):
 @pytest.mark.timeout(180)
 def test_quads_with_k_in_passes(monkeypatch, quads, rng):
     """K in passes (llvmpipe's loop cap, here 16 a pass): the later passes add C's quads."""
-    monkeypatch.setattr(mm, "CPU_KPASS", (16, 16))
+    monkeypatch.setattr(mc, "CPU_KPASS", (16, 16))
     x = rng.standard_normal((9, 70)).astype(np.float32)
     wt = rng.standard_normal((70, 12)).astype(np.float32)
     b = rng.standard_normal(12).astype(np.float32)
@@ -93,19 +97,19 @@ def test_quads_with_k_in_passes(monkeypatch, quads, rng):
 @pytest.mark.parametrize("act", [None, "gelu_tanh"])
 @pytest.mark.parametrize("tex", [None, False])
 def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act, tex):
-    """fused._epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad an
-    invocation on CPU adapters where L and the offsets are multiples of 4, g and z read
-    through textures (ops/texread.py) unless ENABLED is False (R 300: two row chunks, partial
-    sums added by colsum), a column an invocation elsewhere."""
-    fused = importlib.import_module("wgrumus.ops.fused")
-    monkeypatch.setattr(fused, "use_cpu_kernel", lambda dev: cpu)
-    monkeypatch.setattr(fused.texread, "ENABLED", tex)
+    """kernels/linear.epilogue_grad (dz = g * act'(z + b) and the bias gradient): a column quad
+    an invocation on CPU adapters where L and the offsets are multiples of 4, g and z read
+    through textures (kernels/texture.py) unless TUNING.texture_reads is False (R 300: two row
+    chunks, partial sums added by colsum), a column an invocation elsewhere."""
+    lk = importlib.import_module("wgrumus.kernels.linear")
+    monkeypatch.setattr(lk, "use_cpu_kernel", lambda dev: cpu)
+    monkeypatch.setattr(TUNING, "texture_reads", tex)
     g = rng.standard_normal((R, L)).astype(np.float32)
     z = rng.standard_normal((R, L)).astype(np.float32)
     b = rng.standard_normal(L).astype(np.float32)
-    grad = fused.ACTIVATIONS[act][1]
-    dz, db = fused._epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
-                                  wr.tensor(b) if act else None, grad, True, act is not None)
+    grad = importlib.import_module("wgrumus.ops.linear").ACTIVATIONS[act][1]
+    dz, db = lk.epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
+                              wr.tensor(b) if act else None, grad, True, act is not None)
     want = g
     if act:
         u = (z + b).astype(np.float64)
@@ -131,32 +135,31 @@ def _ln_ref(x, w, b, g):
                                          (64 * 65535 + 7, 4, 0, None)])
 def test_layer_norm_cpu_rows_match_numpy(monkeypatch, rng, R, L, off, tex):
     """layer_norm forward and gradients through shaders/layernorm_cpu.wgsl: quads where L and
-    the offsets are multiples of 4, the inputs read through textures unless texread.ENABLED
+    the offsets are multiples of 4, the inputs read through textures unless TUNING.texture_reads
     is False (off 1: the input a view at offset 1, element-wise from storage), odd R;
     64 * 65,535 + 7 rows: the launch folds into (x, y) workgroups."""
-    from wgrumus.ops import nnops
-    if not mm.cpu_subgroup(wr.devices()[0]):
+    if not mc.cpu_subgroup(wr.devices()[0]):
         pytest.skip("needs a CPU adapter with known subgroups")
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
-    monkeypatch.setattr(nnops.texread, "ENABLED", tex)
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
+    monkeypatch.setattr(TUNING, "texture_reads", tex)
     seen = []
-    orig = nnops.Kernel.of
+    orig = row_kernels.Kernel.of
 
     def of(family, entry="main", **d):
         if family == "layernorm_cpu":
             seen.append((d["V"], "textureLoad" in d["IN_DECLS"]))
         return orig(family, entry, **d)
-    monkeypatch.setattr(nnops.Kernel, "of", staticmethod(of))
+    monkeypatch.setattr(row_kernels.Kernel, "of", staticmethod(of))
     x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
     w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
     g = rng.standard_normal((R, L)).astype(np.float32)
     xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
     ts = [wr.tensor(a, requires_grad=True) for a in (w, b)]
     xt.requires_grad = True
-    y = nnops.layer_norm(xt, L, *ts)
+    y = wr.ops.layer_norm(xt, L, *ts)
     grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
     quad = L % 4 == off == 0
-    from wgrumus.ops.bounds import LOOP_BUDGET  # (more subgroup partials: the `wb` pass)
+    from wgrumus.kernels.bounds import LOOP_BUDGET  # (more subgroup partials: the `wb` pass)
     assert seen == [(4 if quad else 1, quad and tex is None)] * (1 + (R <= 8 * LOOP_BUDGET))
     tol = 1e-3 if R > 1000 else 1e-4
     for got, want in zip([y] + [grads.get(t) for t in [xt] + ts], _ln_ref(x, w, b, g)):
@@ -176,12 +179,11 @@ def test_cross_entropy_backward_rows(monkeypatch, rng, N, C):
     """cross_entropy's gradient with a row an invocation (thread row mode, xent.wgsl bwd_rows):
     odd sizes, a row at the loop budget (32,768 classes), 64 * 65,535 + 7 rows (the launch
     folds into (x, y) workgroups); ignored rows get 0 (the default-mode test_nnops cases)."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
     a = rng.standard_normal((N, C)).astype(np.float32)
     t = rng.integers(0, C, N).astype(np.int32)
     x = wr.tensor(a, requires_grad=True)
-    got = wr.autograd.backward(nnops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
+    got = wr.autograd.backward(wr.ops.cross_entropy(x, wr.tensor(t))).get(x).numpy()
     np.testing.assert_allclose(got, _xent_grad_ref(a.astype(np.float64), t), rtol=1e-3,
                                atol=1e-6 / N ** 0.5)
 
@@ -193,16 +195,15 @@ def test_cross_entropy_backward_rows(monkeypatch, rng, N, C):
 def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
     """softmax forward and backward through shaders/softmax_cpu.wgsl (thread row mode), the
     input a view at element offset ``off``: read through textures whose first element sits
-    at that offset's place in its quad (texread.elements), or from storage (ENABLED False)."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
-    monkeypatch.setattr(nnops.texread, "ENABLED", tex)
+    at that offset's place in its quad (texture.elements), or from storage (ENABLED False)."""
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
+    monkeypatch.setattr(TUNING, "texture_reads", tex)
     R, L = 7, 9
     x = rng.standard_normal((R, L)).astype(np.float32)
     g = rng.standard_normal((R, L)).astype(np.float32)
     xt = wr.tensor(np.concatenate([np.zeros(off, np.float32), x.ravel()]))[off:].reshape(R, L)
     xt.requires_grad = True
-    y = nnops.softmax(xt, -1, scale=0.5, causal=causal)
+    y = wr.ops.softmax(xt, -1, scale=0.5, causal=causal)
     dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(xt).numpy()
     s = x * 0.5
     if causal:
@@ -220,12 +221,12 @@ def test_cached_softmax_reads_match_numpy(monkeypatch, rng, off, tex, causal):
 def test_map_texture_inputs_match_numpy(monkeypatch, rng, tex, n):
     """The chunked CPU map (16 outputs an invocation) reading contiguous f32 inputs through
     textures (views at offsets 1 and 2: their first element's place in the texture) unless
-    texread.ENABLED is False; an in-place add (the input bound as the output) and a strided
+    TUNING.texture_reads is False; an in-place add (the input bound as the output) and a strided
     input read storage. 70,001 * 16 + 5 outputs: past 65,535 workgroups of 16 invocations."""
-    from wgrumus.ops import launch, texread
-    monkeypatch.setattr(launch, "CPU_CHUNK", 16)
+    from wgrumus.kernels import map as launch
+    monkeypatch.setattr(TUNING, "map_chunk", 16)
     monkeypatch.setattr(launch, "CPU_WG", 1 if n > 1000 else 64)
-    monkeypatch.setattr(texread, "ENABLED", tex)
+    monkeypatch.setattr(TUNING, "texture_reads", tex)
     a, b = (rng.standard_normal(n + 3).astype(np.float32) for _ in range(2))
     ta, tb = wr.tensor(a)[1:n + 1], wr.tensor(b)[2:n + 2]
     np.testing.assert_allclose((ta * tb + 1.5).numpy(), a[1:n + 1] * b[2:n + 2] + 1.5,
@@ -243,16 +244,15 @@ def test_map_texture_inputs_match_numpy(monkeypatch, rng, tex, n):
 @pytest.mark.parametrize("tex", [None, False])
 def test_residual_through_texture_matches_numpy(monkeypatch, rng, kpass, tex):
     """Texture operands with quad stores: the residual read from a third operand texture too
-    (in the last K pass only) unless texread.ENABLED is False; odd M and K."""
-    from wgrumus.ops import texread
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
-    monkeypatch.setattr(mm, "CPU_TEX", True)
-    monkeypatch.setattr(texread, "ENABLED", tex)
+    (in the last K pass only) unless TUNING.texture_reads is False; odd M and K."""
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
+    monkeypatch.setattr(TUNING, "matmul_textures", True)
+    monkeypatch.setattr(TUNING, "texture_reads", tex)
     if kpass:
-        monkeypatch.setattr(mm, "CPU_KPASS", kpass)
+        monkeypatch.setattr(mc, "CPU_KPASS", kpass)
     seen = []
-    orig = mm.cpu_kernel_for
-    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: seen.append(
+    orig = mc.cpu_kernel_for
+    monkeypatch.setattr(mc, "cpu_kernel_for", lambda *a, **kw: seen.append(
         (kw.get("epilogue", (None, False, False))[2], kw.get("rtex"))) or orig(*a, **kw))
     M, K, N = 37, 41, 12
     x = rng.standard_normal((M, K)).astype(np.float32)
@@ -262,7 +262,7 @@ def test_residual_through_texture_matches_numpy(monkeypatch, rng, kpass, tex):
     y = linear_2d(wr.tensor(x), wr.tensor(wt), wr.tensor(b), wr.tensor(r))
     np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ wt + b + r, rtol=1e-4,
                                atol=1e-4)
-    on = texread.enabled(wr.devices()[0])  # (None: CPU adapters only)
+    on = texture.enabled(wr.devices()[0])  # (None: CPU adapters only)
     assert all(rt == (res and on) for res, rt in seen) and seen[-1][0]
 
 
@@ -274,10 +274,10 @@ def test_map_quads_match_numpy(monkeypatch, rng, n):
     expression per component (named scalars, the element index i); per element where an input
     or the output starts mid-quad. 4 * 70,001 outputs with one quad an invocation: past 65,535
     workgroups."""
-    from wgrumus.ops import launch, texread
-    from wgrumus.ops.launch import run_map
-    monkeypatch.setattr(texread, "ENABLED", True)
-    monkeypatch.setattr(launch, "CPU_CHUNK", 4 if n > 1000 else 8)
+    from wgrumus.kernels import map as launch
+    from wgrumus.kernels.map import run_map
+    monkeypatch.setattr(TUNING, "texture_reads", True)
+    monkeypatch.setattr(TUNING, "map_chunk", 4 if n > 1000 else 8)
     monkeypatch.setattr(launch, "CPU_WG", 1 if n > 1000 else 64)
     a, b, c = (rng.standard_normal(n + 4).astype(np.float32) for _ in range(3))
     ta, tb, tc = (wr.tensor(x) for x in (a, b, c))
@@ -302,10 +302,10 @@ def test_map_quads_broadcast_over_leading_dims(monkeypatch, rng, rows):
     goes by quads too, modulo its period; one broadcast inside the row, or a period that is not
     whole quads, takes the element path. 70,001 rows of 3 quads, a quad an invocation: past
     65,535 workgroups."""
-    from wgrumus.ops import launch, texread
-    from wgrumus.ops.launch import run_map
-    monkeypatch.setattr(texread, "ENABLED", True)
-    monkeypatch.setattr(launch, "CPU_CHUNK", 4 if rows > 1000 else 8)
+    from wgrumus.kernels import map as launch
+    from wgrumus.kernels.map import run_map
+    monkeypatch.setattr(TUNING, "texture_reads", True)
+    monkeypatch.setattr(TUNING, "map_chunk", 4 if rows > 1000 else 8)
     monkeypatch.setattr(launch, "CPU_WG", 1 if rows > 1000 else 64)
     seen = []
     orig = launch._cpu_kernel
@@ -333,10 +333,10 @@ def test_map_quads_periods_word_per_input_and_replay(monkeypatch, rng):
     different periods (10 and 2 quads) in every pair of slots, an output starting a quad into
     its buffer and the element index in the expression. A captured replay copies a periodic
     input anew: updated in place between replays, the replay adds the new values."""
-    from wgrumus.ops import launch, texread
-    from wgrumus.ops.launch import run_map
-    monkeypatch.setattr(texread, "ENABLED", True)
-    monkeypatch.setattr(launch, "CPU_CHUNK", 8)
+    from wgrumus.kernels import map as launch
+    from wgrumus.kernels.map import run_map
+    monkeypatch.setattr(TUNING, "texture_reads", True)
+    monkeypatch.setattr(TUNING, "map_chunk", 8)
     seen = []
     orig = launch._cpu_kernel
     monkeypatch.setattr(launch, "_cpu_kernel", lambda *a: seen.append(a[8]) or orig(*a))
@@ -369,9 +369,9 @@ def test_sparse_strided_map_inputs_read_storage(monkeypatch, rng):
     TEX_SPAN_MAX times its elements: a column of a wide matrix reads storage (it copied the
     whole matrix), a transpose or every other column the texture; a broadcast expand counts
     its elements once."""
-    from wgrumus.ops import launch, texread
-    monkeypatch.setattr(texread, "ENABLED", True)
-    monkeypatch.setattr(launch, "CPU_CHUNK", 16)
+    from wgrumus.kernels import map as launch
+    monkeypatch.setattr(TUNING, "texture_reads", True)
+    monkeypatch.setattr(TUNING, "map_chunk", 16)
     seen = []
     orig = launch._texture_inputs
     monkeypatch.setattr(launch, "_texture_inputs", lambda *a: seen.append(orig(*a)) or seen[-1])

@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import rows as row_kernels
 from wgrumus.ops.matmul import linear_2d
+from wgrumus.runtime.tuning import TUNING
 from wgrumus.tensor import Tensor
 
 mm = importlib.import_module("wgrumus.ops.matmul")  # (wgrumus.ops.matmul is also the function)
+mg = importlib.import_module("wgrumus.kernels.matmul_gpu")
+mc = importlib.import_module("wgrumus.kernels.matmul_cpu")
 
 GELU_TANH = "gelu_tanh_({z})"
 
@@ -28,9 +32,9 @@ def test_linear_pre_activation_store_matches_numpy(monkeypatch, rng, M, K, N, kp
     """y = gelu(x @ wt + b) and pre = x @ wt + b from one kernel (the CPU kernel or the tiled
     GPU one), odd sizes and whole tiles; kpass: K in passes of 16 (CPU kernel: the epilogue and
     the store run in the last pass only)."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
+    monkeypatch.setattr(TUNING, "cpu_matmul", cpu)
     if kpass:
-        monkeypatch.setattr(mm, "CPU_KPASS", kpass)
+        monkeypatch.setattr(mc, "CPU_KPASS", kpass)
     x = rng.standard_normal((M, K)).astype(np.float32)
     wt = rng.standard_normal((K, N)).astype(np.float32)
     b = rng.standard_normal(N).astype(np.float32) if bias else None
@@ -44,7 +48,7 @@ def test_linear_pre_activation_store_matches_numpy(monkeypatch, rng, M, K, N, kp
 
 def test_pre_activation_store_needs_an_activation():
     with pytest.raises(ValueError, match="needs an activation"):
-        mm._epilogue_defines(None, True, False, True)
+        mg._epilogue_defines(None, True, False, True)
 
 
 def _heads(rng, B, T, H, d):
@@ -64,8 +68,8 @@ def test_two_level_batch_matches_numpy(monkeypatch, rng, tex, B, T, H, d, cpu):
     FLAT (T <= 8) and blocked launches, texture and storage operands, and the tiled one."""
     if not cpu and not tex:
         pytest.skip("(textures are a CPU-kernel choice)")
-    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
-    monkeypatch.setattr(mm, "CPU_TEX", tex)
+    monkeypatch.setattr(TUNING, "cpu_matmul", cpu)
+    monkeypatch.setattr(TUNING, "matmul_textures", tex)
     (q, k, v), (qn, kn, vn) = _heads(rng, B, T, H, d)
     dev = q.device
     n0 = dev.dispatches
@@ -84,7 +88,7 @@ def test_two_level_batch_matches_numpy(monkeypatch, rng, tex, B, T, H, d, cpu):
 def test_two_level_batch_past_65535_batches(monkeypatch, rng, cpu):
     """65,538 [9, 4] @ [4, 9] products of a two-level batch: the launch is split over z (65,535
     a dispatch) and each part's global batch index still splits into (outer, inner)."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
+    monkeypatch.setattr(TUNING, "cpu_matmul", cpu)
     B, T, H = 2, 9, 32769
     (q, k, _), (qn, kn, _) = _heads(rng, B, T, H, 4)
     s = (q @ k.transpose(-1, -2)).numpy()
@@ -104,8 +108,8 @@ def test_matmul_into_strided_output_matches_numpy(monkeypatch, rng, tex, B, T, H
     T * H * d): one dispatch, every other element of the buffer untouched (both kernels)."""
     if not cpu and not tex:
         pytest.skip("(textures are a CPU-kernel choice)")
-    monkeypatch.setattr(mm, "CPU_KERNEL", cpu)
-    monkeypatch.setattr(mm, "CPU_TEX", tex)
+    monkeypatch.setattr(TUNING, "cpu_matmul", cpu)
+    monkeypatch.setattr(TUNING, "matmul_textures", tex)
     (_, _, v), (_, _, vn) = _heads(rng, B, T, H, d)
     p = rng.standard_normal((B, H, T, T)).astype(np.float32)
     base = wr.tensor(np.full((B, T, H, d + 1), 7.0, np.float32))
@@ -118,7 +122,7 @@ def test_matmul_into_strided_output_matches_numpy(monkeypatch, rng, tex, B, T, H
 
 
 def test_matmul_into_rejects_what_it_cannot_store(monkeypatch):
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
     a, b = wr.ones((2, 3, 4, 5)), wr.ones((2, 3, 5, 6))
     with pytest.raises(wr.WgrumusError, match="row-contiguous"):
         mm.matmul_into(a, b, Tensor.empty((2, 3, 6, 4)).transpose(-1, -2))
@@ -149,7 +153,7 @@ def _attention_ref(x, H, g):
 def test_attention_in_place_heads_match_numpy(rng, B, T, H, d):
     """fused.causal_self_attention (on a CPU adapter: head views, no copies) and its gradient
     against numpy."""
-    from wgrumus.ops import fused
+    from wgrumus.ops import attention as fused
     x = rng.standard_normal((B, T, 3 * H * d)).astype(np.float32)
     g = rng.standard_normal((B, T, H * d)).astype(np.float32)
     t = wr.tensor(x, requires_grad=True)
@@ -167,16 +171,15 @@ def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
     read into private arrays; rows of up to ROWC; with subgroups, the weight and bias
     gradients summed over each subgroup's rows in the same kernel) against the uncached row
     kernels and `wb`, and the forward against numpy; 257 is past ROWC (both take *_rows)."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
     x = (rng.standard_normal((R, L)) * 3 + 2).astype(np.float32)
     w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
     g = rng.standard_normal((R, L)).astype(np.float32)
     runs = []
-    for rowc in (nnops.ROWC, 0):
-        monkeypatch.setattr(nnops, "ROWC", rowc)
+    for rowc in (row_kernels.ROWC, 0):
+        monkeypatch.setattr(row_kernels, "ROWC", rowc)
         ts = [wr.tensor(a, requires_grad=True) for a in (x, w, b)]
-        y = nnops.layer_norm(ts[0], L, ts[1], ts[2])
+        y = wr.ops.layer_norm(ts[0], L, ts[1], ts[2])
         grads = wr.autograd.backward_with_grad(y, wr.tensor(g))
         runs.append([y.numpy()] + [grads.get(t).numpy() for t in ts])
     m, v = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
@@ -192,16 +195,15 @@ def test_cached_row_kernels_match_uncached(monkeypatch, rng, R, L):
 def test_cached_softmax_rows_match_uncached(monkeypatch, rng, R, L, log, causal):
     """(log_)softmax, scaled or causal (R queries against L keys, R <= L), and its gradient
     through *_rowc against the uncached row kernels, the forward against numpy."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
     R = min(R, L) if causal else R  # (a query with no key left gives NaN)
     x = rng.standard_normal((2, R, L)).astype(np.float32)
     g = rng.standard_normal((2, R, L)).astype(np.float32)
     runs = []
-    for rowc in (nnops.ROWC, 0):
-        monkeypatch.setattr(nnops, "ROWC", rowc)
+    for rowc in (row_kernels.ROWC, 0):
+        monkeypatch.setattr(row_kernels, "ROWC", rowc)
         t = wr.tensor(x, requires_grad=True)
-        fn = nnops.log_softmax if log else nnops.softmax
+        fn = wr.ops.log_softmax if log else wr.ops.softmax
         y = fn(t, -1, scale=0.7, causal=causal) if not log else fn(t, -1)
         runs.append([y.numpy(), wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()])
     s = x * (0.7 if not log else 1.0)
@@ -222,19 +224,19 @@ def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks
     """Rows in subgroups of 8: 32,768 subgroup partials per column is the most the column sum
     loops over (bwd_wb_rowc + colsum); one more falls back to `wb` (chunked partial sums), with
     the same gradients."""
-    from wgrumus.ops import nnops
-    if mm.cpu_subgroup(wr.devices()[0]) != 8:
+    if mc.cpu_subgroup(wr.devices()[0]) != 8:
         pytest.skip("needs llvmpipe's 8-lane subgroups")
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
     R, L = 8 * chunks - 3, 2
     x = rng.standard_normal((R, L)).astype(np.float32)
     w, b = rng.standard_normal(L).astype(np.float32), rng.standard_normal(L).astype(np.float32)
     g = rng.standard_normal((R, L)).astype(np.float32)
     ts = [wr.tensor(a, requires_grad=True) for a in (x, w, b)]
     seen = []
-    orig = nnops._backward_with_wb
-    monkeypatch.setattr(nnops, "_backward_with_wb", lambda *a: seen.append(orig(*a)) or seen[-1])
-    grads = wr.autograd.backward_with_grad(nnops.layer_norm(ts[0], L, ts[1], ts[2]), wr.tensor(g))
+    orig = row_kernels.layer_norm_backward_with_wb
+    monkeypatch.setattr(row_kernels, "layer_norm_backward_with_wb",
+                        lambda *a: seen.append(orig(*a)) or seen[-1])
+    grads = wr.autograd.backward_with_grad(wr.ops.layer_norm(ts[0], L, ts[1], ts[2]), wr.tensor(g))
     assert (seen[0] is None) == (chunks > 32768)
     xh = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(grads.get(ts[1]).numpy(), (g * xh).sum(0), rtol=1e-3, atol=1e-2)
@@ -249,13 +251,12 @@ def test_layer_norm_backward_with_wb_at_the_loop_budget(monkeypatch, rng, chunks
 def test_cached_row_kernels_past_65535_workgroups(monkeypatch, rng):
     """64 * 65,535 + 7 rows of 2: the cached row kernels' launch folds into (x, y) workgroups
     (layer_norm forward and backward, softmax forward and backward)."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", "thread")
+    monkeypatch.setattr(TUNING, "row_mode", "thread")
     R = 64 * 65535 + 7
     x = rng.standard_normal((R, 2)).astype(np.float32)
     g = rng.standard_normal((R, 2)).astype(np.float32)
     t = wr.tensor(x, requires_grad=True)
-    y = nnops.layer_norm(t, 2)
+    y = wr.ops.layer_norm(t, 2)
     dx = wr.autograd.backward_with_grad(y, wr.tensor(g)).get(t).numpy()
     d = (x[:, 0] - x[:, 1]).astype(np.float64)[:, None] * np.array([0.5, -0.5])
     rstd = 1 / np.sqrt(d[:, :1] ** 2 + 1e-5)  # up to 316 where the two values nearly agree
@@ -264,7 +265,7 @@ def test_cached_row_kernels_past_65535_workgroups(monkeypatch, rng):
     want = rstd * (g - g.mean(-1, keepdims=True) - xh * (g * xh).mean(-1, keepdims=True))
     np.testing.assert_allclose(dx, want, rtol=1e-3, atol=1e-2)
     t = wr.tensor(x, requires_grad=True)
-    p = nnops.softmax(t, -1)
+    p = wr.ops.softmax(t, -1)
     dx = wr.autograd.backward_with_grad(p, wr.tensor(g)).get(t).numpy()
     e = np.exp(x - x.max(-1, keepdims=True))
     pn = e / e.sum(-1, keepdims=True)

@@ -16,7 +16,7 @@ from _util import mpiexec, run_process
 import wgrumus as wr
 from wgrumus.autograd import backward
 from wgrumus.autograd.tape import record
-from wgrumus.ops.launch import run_map
+from wgrumus.kernels.map import run_map
 from wgrumus.parallel import AllReduceSync, DataParallel, ReplicaError, plan_buckets, shard_sizes
 
 

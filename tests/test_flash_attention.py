@@ -3,7 +3,6 @@ unfused softmax(q k^T) v composition and finite differences, in both kernel layo
 with workgroup memory, one row per invocation), f32 and f16, causal and not, and past the
 sizes where things break (a T x T score matrix over the binding limit, > 65,535 keys in one
 invocation's loop, > 65,535 workgroups)."""
-import importlib
 
 import numpy as np
 import pytest
@@ -12,8 +11,9 @@ from gradcheck import check_grad
 import wgrumus as wr
 from wgrumus.nn.attention import scaled_dot_product_attention, unfused_attention
 from wgrumus.ops.attention import CPU_MAX_ROWS, flash_attention, fused_fits
-from wgrumus.runtime.adapters import is_cpu_adapter
 from wgrumus.runtime.errors import AdapterLimitError, ShapeError
+from wgrumus.runtime.profile import profile
+from wgrumus.runtime.tuning import TUNING
 
 
 def ref(q, k, v, causal, scale=None):
@@ -31,8 +31,7 @@ def ref(q, k, v, causal, scale=None):
 @pytest.fixture(params=["wg", "thread"])
 def mode(request, monkeypatch):
     """Both layouts: K/V tiles in workgroup memory (GPUs) and one row per invocation (CPU)."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", request.param)
+    monkeypatch.setattr(TUNING, "row_mode", request.param)
     return request.param
 
 
@@ -157,7 +156,7 @@ def test_long_key_loop(dev, mode):
     got = flash_attention(wr.tensor(q), wr.tensor(k), wr.tensor(v)).numpy()
     np.testing.assert_allclose(got, ref(q.astype(np.float64), k, v, False), rtol=1e-4,
                                atol=1e-5)
-    if is_cpu_adapter(dev):
+    if profile(dev).cpu:
         long = wr.zeros((1, 70_000, d))
         with pytest.raises(AdapterLimitError, match="65,535 iterations"):
             flash_attention(wr.tensor(q), long, long)
@@ -228,7 +227,8 @@ def test_packed_attention_takes_the_fused_kernel_for_large_scores(rng, monkeypat
     """causal_self_attention (MultiheadAttention, GPT) runs the fused kernel once the scores
     pass FUSED_SCORE_BYTES and two matmuls around the softmax below: both give the same
     outputs and gradients, and the policy picks what it says."""
-    from wgrumus.ops import attention, fused
+    from wgrumus.ops import attention
+    fused = attention
     qkv = rng.standard_normal((2, 24, 3 * 16)).astype(np.float32)
     g = rng.standard_normal((2, 24, 16)).astype(np.float32)
     dev = wr.devices()[0]
@@ -264,10 +264,10 @@ def _np_attention(q, k, v, g, causal):
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("B,H,Tq,Tk,d", [(2, 3, 130, 130, 16), (1, 2, 40, 72, 8)])
 def test_unfused_attention_node_matches_numpy(monkeypatch, rng, cpu, causal, B, H, Tq, Tk, d):
-    """The unfused attention's one autograd node (ops/fused.head_attention: matmuls into
+    """The unfused attention's one autograd node (ops/attention.head_attention: matmuls into
     views, causal parts skipped on the tiled GPU kernel) against numpy, q a strided view, on
     both matmul kernels, square and end-aligned causal masks."""
-    monkeypatch.setattr(importlib.import_module("wgrumus.ops.matmul"), "CPU_KERNEL", cpu)
+    monkeypatch.setattr(TUNING, "cpu_matmul", cpu)
     qh = rng.standard_normal((B, Tq, H, d)).astype(np.float32)
     k, v = (rng.standard_normal((B, H, Tk, d)).astype(np.float32) for _ in range(2))
     g = rng.standard_normal((B, H, Tq, d)).astype(np.float32)

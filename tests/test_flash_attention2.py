@@ -1,4 +1,4 @@
-"""The FlashAttention-2 kernels (ops/attention_tiles.py, the GPU path of ops/attention.py) on
+"""The FlashAttention-2 kernels (kernels/attention_gpu.py, the GPU path of ops/attention.py) on
 lavapipe with the GPU layout forced: every tile variant's forward and gradients against
 numpy (float64), odd sizes, causal and not, f16 storage, head size 128 (the smallest tiles
 that fit), and past the sizes where things break (60,000 keys or queries in one workgroup's
@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
-from wgrumus.ops import attention_tiles, nnops
+from wgrumus.kernels import attention_gpu as attention_tiles
 from wgrumus.ops.attention import attention_backward, attention_forward, flash_attention
+from wgrumus.runtime.profile import AdapterProfile
+from wgrumus.runtime.tuning import TUNING
 
 
 @pytest.fixture(autouse=True)
 def gpu_layout(monkeypatch):
-    monkeypatch.setattr(nnops, "ROW_MODE", "wg")
+    monkeypatch.setattr(TUNING, "row_mode", "wg")
 
 
 def attn64(q, k, v, causal, g):
@@ -51,7 +53,7 @@ def test_variants_match_numpy(dev, rng, monkeypatch, name):
     """Each variant (forced) at head size 12, where all of them fit lavapipe's workgroup
     memory: causal self-attention over 3 query blocks and a partial one, and cross attention
     with fewer keys than a tile."""
-    monkeypatch.setattr(attention_tiles, "VARIANT", name)
+    monkeypatch.setattr(TUNING, "attention_variant", name)
     for role, tiles in attention_tiles.VARIANTS[name].items():
         assert attention_tiles.pick_tiles(dev, role, 12)[:4] == tiles[:4]
     mk = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -67,8 +69,8 @@ def test_subgroup_row_reductions(dev, rng, monkeypatch):
     if "subgroup" not in dev.features or not any(w in dev.name for w in ("256 bits",
                                                                          "512 bits")):
         pytest.skip("no subgroups of 8 known on this adapter")
-    monkeypatch.setattr(attention_tiles, "VARIANT", "a64sg")
-    monkeypatch.setattr(attention_tiles, "SUBGROUP_MIN", 8)
+    monkeypatch.setattr(TUNING, "attention_variant", "a64sg")
+    monkeypatch.setattr(TUNING, "subgroup_min", 8)
     assert attention_tiles.pick_tiles(dev, "fwd", 12) == (64, 32, 4, 4, 1)
     mk = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     check(mk(2, 101, 12), mk(2, 101, 12), mk(2, 101, 12), True, rng)
@@ -80,8 +82,9 @@ def test_table_per_role_and_known_subgroup_sizes(monkeypatch):
     forward's rows of 16 although wgpu reports a placeholder least size of 4 (as on the H100),
     another adapter reporting 4 takes the forward without subgroups."""
     from types import SimpleNamespace
-    dev = SimpleNamespace(_adapter_class="nvidia", features={"subgroup"},
-                          adapter_info={"stackgroup_min_size": 4, "stackgroup_max_size": 128},
+    info = {"stackgroup_min_size": 4, "stackgroup_max_size": 128}
+    dev = SimpleNamespace(profile=AdapterProfile.of({**info, "vendor_id": 0x10DE}, {"subgroup"}),
+                          features={"subgroup"}, adapter_info=info,
                           limits={"max-compute-workgroup-storage-size": 49152,
                                   "max-compute-invocations-per-workgroup": 1024})
     entry = {"fwd": "a32t2sg", "q": "a64i512", "kv": "a32t12"}
@@ -90,7 +93,7 @@ def test_table_per_role_and_known_subgroup_sizes(monkeypatch):
     assert attention_tiles.pick_tiles(dev, "fwd", 64) == (32, 32, 2, 2, 1)
     assert attention_tiles.pick_tiles(dev, "q", 64) == (64, 16, 2, 1)
     assert attention_tiles.pick_tiles(dev, "kv", 64) == (16, 32, 1, 2)
-    dev._adapter_class = "amd"
+    dev.profile = AdapterProfile.of({**info, "vendor": "AMD"}, {"subgroup"})
     assert attention_tiles.pick_tiles(dev, "fwd", 64) == (32, 32, 2, 2)
 
 
@@ -123,7 +126,7 @@ def test_long_loops_forward_and_backward(rng, monkeypatch):
     """60,000 keys streamed by one query block (fwd, bwd_q) and 60,000 queries streamed by one
     key block (bwd_kv), with the smallest tiles (the most tile passes): llvmpipe would cut a
     loop of more than 65,535 iterations short; the kernels loop <= 9 times per tile."""
-    monkeypatch.setattr(attention_tiles, "VARIANT", "a16")
+    monkeypatch.setattr(TUNING, "attention_variant", "a16")
     n, d = 60_000, 4
     mk = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     q, k, v = mk(1, 2, d), 0.1 * mk(1, n, d), mk(1, n, d)
@@ -137,7 +140,7 @@ def test_long_loops_forward_and_backward(rng, monkeypatch):
 def test_more_than_65535_workgroups(rng, monkeypatch):
     """70,000 (batch, head) pairs: more workgroups than one dispatch dimension (the forward;
     the backward's grids fold the same way), with the smallest workgroups."""
-    monkeypatch.setattr(attention_tiles, "VARIANT", "a16")
+    monkeypatch.setattr(TUNING, "attention_variant", "a16")
     q, k, v = (rng.standard_normal((70_000, 2, 4)).astype(np.float32) for _ in range(3))
     o, _ = attention_forward(*(wr.tensor(x) for x in (q, k, v)), 0.5, True)
     np.testing.assert_allclose(o.numpy(), attn64(q, k, v, True, q)[0], rtol=1e-4, atol=1e-5)
@@ -157,9 +160,10 @@ def test_flash_attention_op_uses_the_tiles(rng):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_packed_qkv_views(rng, monkeypatch, causal):
-    """MultiheadAttention / GPT's packed path (ops/fused.causal_self_attention): q, k, v are
+    """MultiheadAttention / GPT's packed path (ops/attention.causal_self_attention): q, k, v are
     views at offsets into one buffer; the tiles give the unfused path's outputs and gradients."""
-    from wgrumus.ops import attention, fused
+    from wgrumus.ops import attention
+    fused = attention
     qkv = rng.standard_normal((2, 37, 3 * 18)).astype(np.float32)  # 2 heads of 9
     g = rng.standard_normal((2, 37, 18)).astype(np.float32)
     res = []

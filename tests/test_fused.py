@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
-from wgrumus.ops import fused
+from wgrumus.ops import attention, linear
 from wgrumus.ops.elementwise import gelu, relu
-from wgrumus.ops.nnops import softmax
+from wgrumus.ops.softmax import softmax
 
 
 def _grads(fn, arrays, dev, seed_grad):
@@ -34,7 +34,7 @@ def test_linear_matches_composed(dev, rng, act, bias, shape):
     w = rng.standard_normal((6, shape[-1])).astype(np.float32)
     b = rng.standard_normal(6).astype(np.float32) if bias else None
     g = rng.standard_normal(shape[:-1] + (6,)).astype(np.float32)
-    y1, g1 = _grads(lambda *t: fused.linear(t[0], t[1], t[2], act), [x, w, b], dev, g)
+    y1, g1 = _grads(lambda *t: linear.linear(t[0], t[1], t[2], act), [x, w, b], dev, g)
     y0, g0 = _grads(lambda *t: _composed_linear(*t, act), [x, w, b], dev, g)
     np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
     for a1, a0 in zip(g1, g0):
@@ -57,7 +57,7 @@ def test_attention_matches_composed(dev, rng, causal):
     B, T, E, H = 2, 5, 8, 2
     qkv = rng.standard_normal((B, T, 3 * E)).astype(np.float32)
     g = rng.standard_normal((B, T, E)).astype(np.float32)
-    y1, g1 = _grads(lambda t: fused.causal_self_attention(t, H, causal), [qkv], dev, g)
+    y1, g1 = _grads(lambda t: attention.causal_self_attention(t, H, causal), [qkv], dev, g)
     y0, g0 = _grads(lambda t: _composed_attention(t, H, causal), [qkv], dev, g)
     np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(g1[0], g0[0], rtol=1e-4, atol=1e-5)
@@ -66,9 +66,9 @@ def test_attention_matches_composed(dev, rng, causal):
 def test_linear_rejects_bad_activation(dev):
     x = wr.zeros((2, 3), device=dev)
     with pytest.raises(ValueError, match="activation"):
-        fused.linear(x, wr.zeros((4, 3), device=dev), None, "swish")
+        linear.linear(x, wr.zeros((4, 3), device=dev), None, "swish")
     with pytest.raises(wr.ShapeError if hasattr(wr, "ShapeError") else Exception):
-        fused.linear(x, wr.zeros((4, 5), device=dev))
+        linear.linear(x, wr.zeros((4, 5), device=dev))
 
 
 @pytest.mark.timeout(60)
@@ -79,7 +79,7 @@ def test_linear_residual_matches_composed(dev, rng, bias):
     b = rng.standard_normal(4).astype(np.float32) if bias else None
     r = rng.standard_normal((2, 3, 4)).astype(np.float32)
     g = rng.standard_normal((2, 3, 4)).astype(np.float32)
-    y1, g1 = _grads(lambda *t: fused.linear(t[0], t[1], t[2], residual=t[3]), [x, w, b, r],
+    y1, g1 = _grads(lambda *t: linear.linear(t[0], t[1], t[2], residual=t[3]), [x, w, b, r],
                     dev, g)
     y0, g0 = _grads(lambda *t: t[3] + _composed_linear(*t[:3], None), [x, w, b, r], dev, g)
     np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)

@@ -134,7 +134,7 @@ def test_replay_runs_no_python_ops(dev, rng, monkeypatch):
 
 def test_replay_through_wgpu_py_calls(dev, rng, monkeypatch):
     """Under WGRUMUS_CHECKED_PASS (no raw C pass) replays encode through wgpu-py's API."""
-    monkeypatch.setattr(dev, "_raw", None)
+    monkeypatch.setattr(dev, "raw_pass", None)
     batches = _batches("mlp", 4, 5, rng)
     eager = _train("mlp", dev, batches, False)
     jitted = _train("mlp", dev, batches, True)

@@ -13,6 +13,7 @@ from wgrumus import optim
 from wgrumus.nn import functional as F
 from wgrumus.runtime import submitter
 from wgrumus.runtime.errors import SubmitTimeout
+from wgrumus.runtime.tuning import TUNING
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,9 +22,9 @@ pytestmark = pytest.mark.timeout(300)
 def queued(dev, monkeypatch):
     """Replays go through the submission thread (whatever the adapter) and every submit of
     the device takes 10 ms longer, so the host gets steps ahead of the queue."""
-    monkeypatch.setattr(submitter, "ENABLED", True)
-    real = dev._submit
-    monkeypatch.setattr(dev, "_submit", lambda cb: (time.sleep(0.01), real(cb))[1])
+    monkeypatch.setattr(TUNING, "submitter", True)
+    real = dev.submit
+    monkeypatch.setattr(dev, "submit", lambda cb: (time.sleep(0.01), real(cb))[1])
     sub = dev.replay_submitter()
     sub.queued_max = 0
     yield sub
@@ -83,7 +84,7 @@ def test_failure_in_submission_thread_raises_on_host(dev, rng, queued, monkeypat
         loss.item()
     assert isinstance(e.value.__cause__, ValueError)
     monkeypatch.undo()  # the error was raised once; the device works on
-    monkeypatch.setattr(submitter, "ENABLED", True)
+    monkeypatch.setattr(TUNING, "submitter", True)
     step(x, y).item()
 
 

@@ -11,9 +11,10 @@ from test_jit import _batches, _same, _train
 
 import wgrumus as wr
 from wgrumus.runtime.replay import _TEX
+from wgrumus.runtime.tuning import TUNING
 
 pytestmark = pytest.mark.timeout(300)
-mm = importlib.import_module("wgrumus.ops.matmul")  # the modules, not the functions so named
+mc = importlib.import_module("wgrumus.kernels.matmul_cpu")
 jit_mod = importlib.import_module("wgrumus.jit")
 
 
@@ -21,8 +22,8 @@ jit_mod = importlib.import_module("wgrumus.jit")
 def textures(monkeypatch):
     """Texture operands for every f32 matmul (the tests' shapes are below CPU_TEX_MIN) and the
     recordings of the captures made meanwhile."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
-    monkeypatch.setattr(mm, "CPU_TEX", True)
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
+    monkeypatch.setattr(TUNING, "matmul_textures", True)
     recs = []
     orig = jit_mod.Replay
     monkeypatch.setattr(jit_mod, "Replay", lambda rec: (recs.append(rec), orig(rec))[1])
@@ -66,13 +67,13 @@ def test_replay_encodes_texture_copies_between_passes(dev, rng, textures, monkey
     it; the replay lowers them to copy segments (grouped before few passes: texplan.py),
     through wgpu-native's C calls and (without the raw copy) through wgpu-py's API, with the
     same losses. (The
-    matmuls' copies: the other CPU kernels read storage here, texread.ENABLED False;
+    matmuls' copies: the other CPU kernels read storage here, TUNING.texture_reads False;
     test_texture_replay_matches_eager replays them all.)"""
-    monkeypatch.setattr(importlib.import_module("wgrumus.ops.texread"), "ENABLED", False)
+    monkeypatch.setattr(TUNING, "texture_reads", False)
     batches = _batches("mlp", 4, 5, rng)
     eager = _train("mlp", dev, batches, False)
     raw = _train("mlp", dev, batches, True)
-    monkeypatch.setattr(dev, "_raw_copy", None)
+    monkeypatch.setattr(dev, "raw_copy", None)
     api = _train("mlp", dev, batches, True)
     _same(eager, raw)
     _same(eager, api)
@@ -96,7 +97,7 @@ def test_texture_replay_past_65535_workgroups(dev, rng, textures, monkeypatch):
     """A captured batched matmul past the per-dimension workgroup limit (z slices of 65,535)
     whose operands span many texture rows (TEX_W texels each): replays of new inputs match
     numpy."""
-    monkeypatch.setattr(mm, "_cpu_tile", lambda *a: (4, 4, 1, 1, 0))
+    monkeypatch.setattr(mc, "_cpu_tile", lambda *a: (4, 4, 1, 1, 0))
     f = wr.jit(lambda a, b: a @ b)
     for _ in range(4):
         an = rng.standard_normal((70_000, 4, 3)).astype(np.float32)

@@ -1,7 +1,7 @@
-"""The GPU kernel variants of issue 22 (ops/matmul.py VARIANTS, ops/rowops.py ROW_VARIANTS)
-against numpy on this adapter: each forced in turn (lavapipe runs the GPU matmul kernel when
-told to), aligned and ragged shapes, every load layout, f16, split-K over several dispatches,
-more than 65,535 workgroups, and the tables that pick them per adapter class."""
+"""The GPU kernel variants of issue 22 (kernels/matmul_gpu.py VARIANTS, kernels/rows_gpu.py
+ROW_VARIANTS) against numpy on this adapter: each forced in turn (lavapipe runs the GPU matmul
+kernel when told to), aligned and ragged shapes, every load layout, f16, split-K over several
+dispatches, more than 65,535 workgroups, and the tables that pick them per adapter class."""
 import importlib
 from types import SimpleNamespace
 
@@ -10,19 +10,23 @@ import pytest
 from gradcheck import check_grad
 
 import wgrumus as wr
-from wgrumus.ops import layer_norm, log_softmax, rowops, softmax
-from wgrumus.ops.nnops import layer_norm_backward
+from wgrumus.kernels import rows_gpu as rowops
+from wgrumus.kernels.rows import layer_norm_backward
+from wgrumus.ops import layer_norm, log_softmax, softmax
+from wgrumus.runtime.profile import profile
+from wgrumus.runtime.tuning import TUNING
 
 mm = importlib.import_module("wgrumus.ops.matmul")
-F32_VARIANTS = [k for k, v in mm.VARIANTS.items() if not v.get("half")]
-HALF_VARIANTS = [k for k, v in mm.VARIANTS.items() if v.get("half")]
+mg = importlib.import_module("wgrumus.kernels.matmul_gpu")
+F32_VARIANTS = [k for k, v in mg.VARIANTS.items() if not v.get("half")]
+HALF_VARIANTS = [k for k, v in mg.VARIANTS.items() if v.get("half")]
 
 
 @pytest.fixture
 def variant(request, monkeypatch):
     """Force one GPU matmul variant (on every adapter, CPU ones included)."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", False)
-    monkeypatch.setattr(mm, "_pick_variant", lambda *a: mm.VARIANTS[request.param])
+    monkeypatch.setattr(TUNING, "cpu_matmul", False)
+    monkeypatch.setattr(mg, "_pick_variant", lambda *a: mg.VARIANTS[request.param])
     return request.param
 
 
@@ -96,7 +100,7 @@ def test_matmul_variant_gradients_and_epilogue(variant, rng):
 def test_split_k_batches_over_several_dispatches(variant, rng, monkeypatch):
     """Batches past the per-dispatch workgroup limit (here made 7, so 2 batches of 3 slices
     per dispatch) keep their slices and offsets apart."""
-    monkeypatch.setattr(mm, "MAX_WG_PER_DIM", 7)
+    monkeypatch.setattr(mg, "MAX_WG_PER_DIM", 7)
     a, b, ref = _pair(rng, (5, 16, 192), (5, 192, 12), np.float32)
     _close(a @ b, ref)
 
@@ -105,15 +109,15 @@ def test_variant_table_picks_per_adapter_class(monkeypatch):
     nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
     amd = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor": "AMD"})
     cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"})
-    assert [mm.adapter_class(d) for d in (nv, amd, cpu)] == ["nvidia", "amd", "cpu"]
-    monkeypatch.setattr(mm, "MATMUL_TABLE", {("nvidia", "f32"): ((1024 * 1024, "t64s4"),
+    assert [profile(d).adapter_class for d in (nv, amd, cpu)] == ["nvidia", "amd", "cpu"]
+    monkeypatch.setattr(mg, "MATMUL_TABLE", {("nvidia", "f32"): ((1024 * 1024, "t64s4"),
                                                                   (1 << 62, "t128ak"))})
-    assert mm._pick_variant(nv, 512, 512, 1, False) is mm.VARIANTS["t64s4"]
-    assert mm._pick_variant(nv, 4096, 4096, 1, False) is mm.VARIANTS["t128ak"]
-    assert mm._pick_variant(nv, 512, 512, 1, True) is None  # no f16 row: the default kernel
-    assert mm._pick_variant(amd, 512, 512, 1, False) is None
-    for rows in mm.MATMUL_TABLE.values():
-        assert all(name in mm.VARIANTS or name == "default" for _, name in rows)
+    assert mg._pick_variant(nv, 512, 512, 1, False) is mg.VARIANTS["t64s4"]
+    assert mg._pick_variant(nv, 4096, 4096, 1, False) is mg.VARIANTS["t128ak"]
+    assert mg._pick_variant(nv, 512, 512, 1, True) is None  # no f16 row: the default kernel
+    assert mg._pick_variant(amd, 512, 512, 1, False) is None
+    for rows in mg.MATMUL_TABLE.values():
+        assert all(name in mg.VARIANTS or name == "default" for _, name in rows)
 
 
 
@@ -123,8 +127,8 @@ def test_shipped_matmul_rules_follow_the_measured_shapes():
     they fill whole waves of 132 workgroups, 128x64 tiles for 64-wide or two-wave outputs,
     128x128 only with enough of them; every rule names a variant."""
     nv = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU", "vendor_id": 0x10DE})
-    pick = lambda M, N, K, nb=1: next(k for k, v in mm.VARIANTS.items()
-                                      if v is mm._pick_variant(nv, M, N, nb, False, K))
+    pick = lambda M, N, K, nb=1: next(k for k, v in mg.VARIANTS.items()
+                                      if v is mg._pick_variant(nv, M, N, nb, False, K))
     assert pick(768, 3072, 4096) == "t128x192s4"  # weight gradient: 96 tiles x 4 slices
     assert pick(768, 3072, 1024) == "t128x64"  # (K under 2048: no slices)
     assert pick(768, 2304, 4096) == "t64s2"  # 72 x 4 slices: a quarter of a third wave
@@ -139,19 +143,19 @@ def test_shipped_matmul_rules_follow_the_measured_shapes():
     assert pick(512, 64, 512, nb=96) == "t128x64"  # a 128-wide tile would be half padding
     assert pick(4096, 65, 768) == "t64e"  # too little to fill either big tile
     assert pick(512, 512, 512) == "t64s2"
-    for rows in mm.MATMUL_TABLE.values():
+    for rows in mg.MATMUL_TABLE.values():
         for row in rows:
             names = [n for x in row[1:] for n in (x if isinstance(x, tuple) else (x,))
                      if isinstance(n, str)]
-            assert names and all(n in mm.VARIANTS for n in names), row
+            assert names and all(n in mg.VARIANTS for n in names), row
 
 
 # --------------------------------------------------------------------------- row ops
 
 @pytest.fixture(params=list(rowops.ROW_VARIANTS))
 def row_variant(request, monkeypatch):
-    monkeypatch.setattr(rowops, "FORCE", request.param)
-    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)  # lavapipe's subgroups are 8 wide
+    monkeypatch.setattr(TUNING, "row_variant", request.param)
+    monkeypatch.setattr(TUNING, "subgroup_max", 8)  # lavapipe's subgroups are 8 wide
     return request.param
 
 
@@ -222,13 +226,13 @@ def test_row_variants_layer_norm(row_variant, L, rng):
 @pytest.mark.parametrize("name", ["v4sg", "s1"])
 def test_row_variants_past_65535_workgroups(name, rng, monkeypatch):
     """70,000 rows, one workgroup each: the launch folds over (x, y) workgroups."""
-    monkeypatch.setattr(rowops, "FORCE", name)
-    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)
+    monkeypatch.setattr(TUNING, "row_variant", name)
+    monkeypatch.setattr(TUNING, "subgroup_max", 8)
     x = rng.standard_normal((70_000, 8)).astype(np.float32)
     y = softmax(wr.tensor(x))
     np.testing.assert_allclose(y.numpy(), _softmax_ref(x), rtol=1e-5, atol=1e-6)
     g = rng.standard_normal(x.shape).astype(np.float32)
-    from wgrumus.ops.nnops import softmax_backward
+    from wgrumus.ops.softmax import softmax_backward
     s = _softmax_ref(x)
     np.testing.assert_allclose(softmax_backward(y, wr.tensor(g)).numpy(),
                                s * (g - (g * s).sum(-1, keepdims=True)), rtol=1e-4, atol=1e-5)
@@ -245,7 +249,7 @@ def test_row_plan_bounds_and_defaults(dev, monkeypatch):
     softmax.wgsl / layernorm.wgsl; rows past one workgroup's loop budget get no plan."""
     monkeypatch.setattr(rowops, "ROW_TABLE", {})
     assert rowops.plan(dev, "sm_fwd", 1024, 16) is None
-    monkeypatch.setattr(rowops, "FORCE", "v4sgr8")
+    monkeypatch.setattr(TUNING, "row_variant", "v4sgr8")
     k, groups = rowops.plan(dev, "sm_fwd", 64, 20, (0, 0))
     d = dict(k.defines)
     assert (d["G"], d["WG"], d["VEC"], groups) == ("32", "256", "4", (3, 1, 1))
@@ -301,7 +305,7 @@ def test_row_variants_cross_entropy(row_variant, N, C, rng):
 def test_row_variant_cross_entropy_device_target_check(rng, monkeypatch):
     """A device-held target out of range still raises at the next host read."""
     from wgrumus.ops import cross_entropy
-    monkeypatch.setattr(rowops, "FORCE", "v4sg")
+    monkeypatch.setattr(TUNING, "row_variant", "v4sg")
     x = wr.tensor(rng.standard_normal((5, 40)).astype(np.float32))
     t = wr.tensor(np.array([0, 1, 2, 3, 40], np.int32))
     with pytest.raises(IndexError, match="index 40 is out of range for size 40"):
@@ -326,7 +330,7 @@ def test_causal_matmul_parts_match_numpy(variant, rng, T):
     np.testing.assert_allclose(s[:, :, lower], (qn @ kn.transpose(0, 1, 3, 2))[:, :, lower],
                                rtol=1e-4, atol=1e-4)
     p = rng.standard_normal((B, H, T, T)).astype(np.float32)
-    tile = 16 * mm.VARIANTS[variant]["tm"]  # whole row tiles past the diagonal's hold NaN: the
+    tile = 16 * mg.VARIANTS[variant]["tm"]  # whole row tiles past the diagonal's hold NaN: the
     i, j = np.indices((T, T))  # kernel must not read them (the zeros it sums stand in for them)
     for part, keep, skip in (("a_lower", j <= i, j >= (i // tile + 1) * tile),
                              ("a_upper", j >= i, j < (i // tile) * tile)):
@@ -346,9 +350,9 @@ def test_causal_softmax_backward_ignores_masked_gradients(monkeypatch, rng, rows
     """The gradient above a causal mask may be unwritten memory (the scores' matmul skips it):
     NaN there leaves d(input) finite, with the adapter's kernels and forced GPU row variants
     (whose last quad of a row straddles the mask)."""
-    from wgrumus.ops.nnops import softmax_backward
-    monkeypatch.setattr(rowops, "FORCE", rows)
-    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)
+    from wgrumus.ops.softmax import softmax_backward
+    monkeypatch.setattr(TUNING, "row_variant", rows)
+    monkeypatch.setattr(TUNING, "subgroup_max", 8)
     T = 132
     y = rng.standard_normal((3, T, T)).astype(np.float32)
     upper = np.triu(np.ones((T, T), bool), 1)
@@ -364,11 +368,11 @@ def test_causal_attention_ignores_unwritten_scores(monkeypatch, rng, rows):
     gradient above the diagonal unwritten: with the pool's buffers full of NaN first (the
     scores' buffer is one of them), output and gradient still match the composition, with the
     adapter's own softmax kernels and forced GPU row variants."""
-    from wgrumus.ops import fused
-    monkeypatch.setattr(mm, "CPU_KERNEL", False)
+    from wgrumus.ops import attention as fused
+    monkeypatch.setattr(TUNING, "cpu_matmul", False)
     monkeypatch.setattr(fused, "prefer_fused", lambda *a: False)
-    monkeypatch.setattr(rowops, "FORCE", rows)
-    monkeypatch.setattr(rowops, "SUBGROUP_MAX", 8)
+    monkeypatch.setattr(TUNING, "row_variant", rows)
+    monkeypatch.setattr(TUNING, "subgroup_max", 8)
     B, T, H, d = 2, 132, 2, 8
     x = rng.standard_normal((B, T, 3 * H * d)).astype(np.float32)
     g = rng.standard_normal((B, T, H * d)).astype(np.float32)

@@ -1,14 +1,17 @@
 """Sizes past llvmpipe's loop limit: Mesa's CPU driver ends every shader loop once an
 invocation has run 65,535 iterations, silently. One test per kernel family at a size that
 needed more than that per invocation before the kernels bounded their loops (see
-wgrumus/ops/bounds.py), plus the split paths at small sizes with the bounds lowered."""
+wgrumus/kernels/bounds.py), plus the split paths at small sizes with the bounds lowered."""
 import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import reduce as reduce_kernels
+from wgrumus.kernels import rows as row_kernels
 from wgrumus.nn import functional as F
-from wgrumus.ops import indexing, nnops, reduce
+from wgrumus.ops import indexing
 from wgrumus.ops.indexing import embedding, gather, index_select
+from wgrumus.runtime.tuning import TUNING
 
 
 def f32(a):
@@ -54,7 +57,7 @@ def test_clip_grad_norm_17m(rng):
 def test_reduce_passes_small_chunks(rng, monkeypatch):
     """Three passes (chunks of 256): sums, extremes with NaN, first index among ties that sit
     in different chunks, int32 exactness."""
-    monkeypatch.setattr(reduce, "CHUNK", 256)
+    monkeypatch.setattr(reduce_kernels, "CHUNK", 256)
     a = f32(rng.standard_normal((3, 70000)))
     x = wr.tensor(a)
     np.testing.assert_allclose(x.sum(axis=1).numpy(), a.sum(1), rtol=1e-4, atol=1e-3)
@@ -119,12 +122,12 @@ def test_cross_entropy_many_classes(rng):
 def test_split_row_ops_match(rng, monkeypatch):
     """With the loop budget lowered, softmax / layer_norm / cross_entropy take their composed
     path (rows past one workgroup, > 8M elements at the real budget); values and gradients."""
-    monkeypatch.setattr(nnops, "LOOP_BUDGET", 64)
+    monkeypatch.setattr(row_kernels, "LOOP_BUDGET", 64)
     a = f32(rng.standard_normal((3, 300)))
     g = f32(rng.standard_normal((3, 300)))
     x = wr.tensor(a, requires_grad=True)
     y = np.exp(lsm(a * 0.5))
-    np.testing.assert_allclose(nnops.softmax(x, scale=0.5).numpy(), y, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(wr.ops.softmax(x, scale=0.5).numpy(), y, rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(grad_of(F.softmax(x), x, g),
                                np.exp(lsm(a)) * (g - (g * np.exp(lsm(a))).sum(-1, keepdims=True)),
                                rtol=1e-4, atol=1e-7)
@@ -166,7 +169,7 @@ def test_embedding_backward_many_indices(rng, K, skewed):
 @pytest.mark.parametrize("mode", ["wg", "thread"])
 def test_index_backward_passes(rng, monkeypatch, mode):
     """index_select / gather backward in several passes over the indices (budget lowered)."""
-    monkeypatch.setattr(nnops, "ROW_MODE", mode)
+    monkeypatch.setattr(TUNING, "row_mode", mode)
     monkeypatch.setattr(indexing, "LOOP_BUDGET", 100)
     x = wr.tensor(f32(rng.standard_normal((4, 9, 5))), requires_grad=True)
     idx = rng.integers(0, 9, 700)

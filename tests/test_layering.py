@@ -1,6 +1,7 @@
 """Data flows one way: no module of wgrumus imports (at module level or inside a function) a
-module of a higher layer. The layers are plain data below; a module belongs to the layer of the
-longest prefix of its dotted name that the table lists."""
+module of a higher layer, and no modules import each other in a loop when the package loads.
+The layers are plain data below; a module belongs to the layer of the longest prefix of its
+dotted name that the table lists."""
 import ast
 import pathlib
 
@@ -12,14 +13,14 @@ LAYERS = {
     "wgrumus._deps": 0, "wgrumus.runtime": 0,
     "wgrumus.autograd.tape": 1, "wgrumus.autograd.store": 1,
     "wgrumus.tensor": 2,
-    # the engine seeds backward with ops.creation.full, so it (and the package face that
-    # re-exports it) sits with ops
-    "wgrumus.ops": 3, "wgrumus.autograd": 3,
-    "wgrumus.jit": 4, "wgrumus.amp": 4, "wgrumus.nn": 4, "wgrumus.optim": 4, "wgrumus.io": 4,
-    "wgrumus.data": 4, "wgrumus.utils": 4,
-    "wgrumus.distributed": 5, "wgrumus.parallel": 5,
-    "wgrumus.cli": 6, "wgrumus.__main__": 6,
-    "wgrumus": 6,  # the package face (import wgrumus as wr) re-exports layers 0-5 for the cli
+    # kernels and the autograd engine use Tensor (the engine only through its methods)
+    "wgrumus.kernels": 3, "wgrumus.autograd": 3,
+    "wgrumus.ops": 4,
+    "wgrumus.jit": 5, "wgrumus.amp": 5, "wgrumus.nn": 5, "wgrumus.optim": 5, "wgrumus.io": 5,
+    "wgrumus.data": 5, "wgrumus.utils": 5,
+    "wgrumus.distributed": 6, "wgrumus.parallel": 6,
+    "wgrumus.cli": 7, "wgrumus.__main__": 7,
+    "wgrumus": 7,  # the package face (import wgrumus as wr) re-exports layers 0-6 for the cli
 }
 
 def layer(module: str) -> int:
@@ -41,11 +42,13 @@ def is_module(name: str) -> bool:
     return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
 
 
-def imports(path: pathlib.Path):
-    """Every wgrumus module ``path`` imports, anywhere in the file."""
+def imports(path: pathlib.Path, top_only: bool = False):
+    """Every wgrumus module ``path`` imports, anywhere in the file (``top_only``: as it loads,
+    outside functions)."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in _top_level(tree) if top_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names if a.name.startswith("wgrumus"))
         elif isinstance(node, ast.ImportFrom):
@@ -60,6 +63,43 @@ def imports(path: pathlib.Path):
             for a in node.names:  # `from . import nn` imports the submodule wgrumus.nn
                 sub = f"{target}.{a.name}"
                 yield sub if is_module(sub) else target
+
+
+def _top_level(tree):
+    """The statements run as a module loads: all but those inside functions."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def import_cycles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan), sorted."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on.discard(comp[-1])
+            if len(comp) > 1:
+                found.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
 
 
 def upward_imports():
@@ -85,8 +125,48 @@ def test_no_module_imports_a_higher_layer():
                         f"  {a} (layer {layer(a)}) imports {b} (layer {layer(b)})" for a, b in new)
 
 
+def test_no_import_cycle():
+    """No modules import each other in a loop as the package loads (a loop makes the import
+    order matter and hides which module builds on which)."""
+    graph = {}
+    for path in ROOT.rglob("*.py"):
+        me = module_name(path)
+        graph[me] = {t for t in imports(path, top_only=True) if t != me}
+    cycles = import_cycles(graph)
+    assert not cycles, "modules importing each other in a loop (move what both need into a " \
+                       "module below them):\n" + "\n".join("  " + " <-> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_finds_loops():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+LAZY_IMPORTS_MAX = 5  # imports inside functions in ops/ and kernels/, each with its reason
+
+
+def test_few_lazy_imports_in_ops_and_kernels():
+    """ops/ and kernels/ import at module level; an import inside a function (at most
+    LAZY_IMPORTS_MAX) says why on its line."""
+    lazy = []
+    for folder in ("ops", "kernels"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            lines = path.read_text().splitlines()
+            tree = ast.parse(path.read_text(), str(path))
+            for fn in ast.walk(tree):
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lazy += [(path.relative_to(ROOT), node.lineno, lines[node.lineno - 1])
+                             for node in ast.walk(fn)
+                             if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert len(lazy) <= LAZY_IMPORTS_MAX, f"{len(lazy)} imports inside functions:\n" + \
+        "\n".join(f"  {p}:{n}: {line.strip()}" for p, n, line in lazy)
+    unexplained = [(p, n) for p, n, line in lazy if "#" not in line]
+    assert not unexplained, f"imports inside functions without a reason: {unexplained}"
+
+
 @pytest.mark.parametrize("source, expected", [
-    ("from ..ops import nnops", {"wgrumus.ops.nnops"}),
+    ("from ..ops import losses", {"wgrumus.ops.losses"}),
     ("from .. import nn", {"wgrumus.nn"}),
     ("from ..tensor import Tensor", {"wgrumus.tensor"}),
     ("def f():\n    import wgrumus.cli.main\n", {"wgrumus.cli.main"}),

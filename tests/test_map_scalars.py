@@ -1,10 +1,10 @@
-"""Named kernel scalars (ops/launch.run_map): each name is declared in the kernel with the WGSL
+"""Named kernel scalars (kernels/map.run_map): each name is declared in the kernel with the WGSL
 type its Python value has, so callers never write parameter slot numbers."""
 import numpy as np
 import pytest
 
 import wgrumus as wr
-from wgrumus.ops.launch import run_map
+from wgrumus.kernels.map import run_map
 from wgrumus.runtime.errors import KernelError
 
 

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.runtime.tuning import TUNING
 
 mm = importlib.import_module("wgrumus.ops.matmul")
+mg = importlib.import_module("wgrumus.kernels.matmul_gpu")
+mc = importlib.import_module("wgrumus.kernels.matmul_cpu")
 TILES = [(4, 16, 0), (8, 8, 0), (4, 16, 3)]  # tiled kernel: (TM, BK, swizzle rows)
 # CPU-adapter kernel (matmul_cpu.wgsl): (TM, TN, WGX, WGY, FLAT, operands in textures, A's
 # rows shared over the subgroup (where A's K is contiguous; lavapipe's subgroups: 8 lanes))
@@ -24,14 +27,14 @@ CPU_K1 = (16, 16, 4, 4, 0, False, False)
 def tile(request):
     """Force one kernel and its register tiling for the duration of a test."""
     cpu = len(request.param) == 7
-    orig = mm._pick_tile, mm._cpu_tile, mm.CPU_KERNEL
-    mm.CPU_KERNEL = cpu
+    orig = mg._pick_tile, mc._cpu_tile, TUNING.cpu_matmul
+    TUNING.cpu_matmul = cpu
     if cpu:
-        mm._cpu_tile = lambda *a: request.param
+        mc._cpu_tile = lambda *a: request.param
     else:
-        mm._pick_tile = lambda *a: request.param
+        mg._pick_tile = lambda *a: request.param
     yield request.param
-    mm._pick_tile, mm._cpu_tile, mm.CPU_KERNEL = orig
+    mg._pick_tile, mc._cpu_tile, TUNING.cpu_matmul = orig
 
 
 def _operand(rng, shape, transposed, dev):
@@ -63,9 +66,9 @@ def test_layouts_and_shapes(dev, rng, tile, ta, tb, M, N, K):
 def test_load_modes_are_specialised(dev, rng):
     """Contiguous and transposed operands take the vec4 paths; odd strides the gather path."""
     modes = []
-    orig, cpu = mm.kernel_for, mm.CPU_KERNEL
-    mm.CPU_KERNEL = False  # the tiled kernel (the CPU kernel: test_cpu_kernel_load_modes)
-    mm.kernel_for = lambda tm, bk, am, bm, *r, **kw: (modes.append((am, bm)),
+    orig, cpu = mg.kernel_for, TUNING.cpu_matmul
+    TUNING.cpu_matmul = False  # the tiled kernel (the CPU kernel: test_cpu_kernel_load_modes)
+    mg.kernel_for = lambda tm, bk, am, bm, *r, **kw: (modes.append((am, bm)),
                                                       orig(tm, bk, am, bm, *r, **kw))[1]
     try:
         a = wr.tensor(rng.standard_normal((32, 16)).astype(np.float32), device=dev)
@@ -74,7 +77,7 @@ def test_load_modes_are_specialised(dev, rng):
         a.T.contiguous().T @ b.T.contiguous().T
         wr.tensor(rng.standard_normal((32, 18)).astype(np.float32), device=dev)[:, 1:17] @ b
     finally:
-        mm.kernel_for, mm.CPU_KERNEL = orig, cpu
+        mg.kernel_for, TUNING.cpu_matmul = orig, cpu
     assert modes == [(0, 0), (1, 1), (2, 0)]
 
 
@@ -158,11 +161,11 @@ def test_tile_choice():
     from types import SimpleNamespace
     gpu = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"})
     cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"})
-    assert mm._pick_tile(gpu, 64, 64, 1)[0] == 4
-    assert mm._pick_tile(gpu, 1024, 1024, 1)[0] == 4  # 64 big tiles would leave SMs idle
-    assert mm._pick_tile(gpu, 4096, 4096, 1)[0] == 8
-    assert mm._pick_tile(gpu, 1024, 1024, 8)[0] == 8  # batches fill the GPU too
-    assert mm._pick_tile(cpu, 4096, 4096, 1)[0] == 4
+    assert mg._pick_tile(gpu, 64, 64, 1)[0] == 4
+    assert mg._pick_tile(gpu, 1024, 1024, 1)[0] == 4  # 64 big tiles would leave SMs idle
+    assert mg._pick_tile(gpu, 4096, 4096, 1)[0] == 8
+    assert mg._pick_tile(gpu, 1024, 1024, 8)[0] == 8  # batches fill the GPU too
+    assert mg._pick_tile(cpu, 4096, 4096, 1)[0] == 4
 
 
 EPILOGUES = [(True, False, None), (False, True, None), (True, True, None), (True, False, "relu"),
@@ -202,10 +205,10 @@ def test_linear_epilogue_matches_numpy(dev, tile, bias, residual, act, M, K, N):
 def test_cpu_kernel_load_modes(dev, rng, monkeypatch):
     """The CPU kernel reads contiguous and transposed operands as vec4, odd strides element-wise,
     and is the one CPU adapters get by default."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
     modes = []
-    orig = mm.cpu_kernel_for
-    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (modes.append(a[4:6]),
+    orig = mc.cpu_kernel_for
+    monkeypatch.setattr(mc, "cpu_kernel_for", lambda *a, **kw: (modes.append(a[4:6]),
                                                                orig(*a, **kw))[1])
     a = wr.tensor(rng.standard_normal((32, 16)).astype(np.float32), device=dev)
     b = wr.tensor(rng.standard_normal((16, 24)).astype(np.float32), device=dev)
@@ -216,9 +219,9 @@ def test_cpu_kernel_load_modes(dev, rng, monkeypatch):
     assert ("VEC", "1") in orig(8, 8, 4, 4, 1, 1).defines
     assert ("VEC", "0") in orig(8, 8, 4, 4, 2, 0).defines
     from types import SimpleNamespace
-    monkeypatch.setattr(mm, "CPU_KERNEL", None)
-    assert mm.use_cpu_kernel(SimpleNamespace(adapter_info={"adapter_type": "CPU"}))
-    assert not mm.use_cpu_kernel(SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"}))
+    monkeypatch.setattr(TUNING, "cpu_matmul", None)
+    assert mc.use_cpu_kernel(SimpleNamespace(adapter_info={"adapter_type": "CPU"}))
+    assert not mc.use_cpu_kernel(SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"}))
 
 
 @pytest.mark.timeout(180)
@@ -267,9 +270,9 @@ def test_tiny_batched_matrices(dev, rng):
 def test_cpu_kernel_past_65535_workgroups(dev, rng, monkeypatch, tex):
     """More batch entries than a dispatch dimension holds (launched in z slices of 65,535) and
     a texture operand past one row of TEX_W texels, storage and texture operands alike."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
-    monkeypatch.setattr(mm, "CPU_TEX", tex)
-    monkeypatch.setattr(mm, "_cpu_tile", lambda *a: (4, 4, 1, 1, 0))
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
+    monkeypatch.setattr(TUNING, "matmul_textures", tex)
+    monkeypatch.setattr(mc, "_cpu_tile", lambda *a: (4, 4, 1, 1, 0))
     an = rng.standard_normal((70_000, 4, 3)).astype(np.float32)
     bn = rng.standard_normal((70_000, 3, 4)).astype(np.float32)
     a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
@@ -281,35 +284,35 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
     the adapter's textures takes the storage kernel, with the same results; a wr.jit capture
     keeps textures (it records the texture copies)."""
     from types import SimpleNamespace
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
     texs = []
-    orig = mm.cpu_kernel_for
-    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
+    orig = mc.cpu_kernel_for
+    monkeypatch.setattr(mc, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
                                                                orig(*a, **kw))[1])
     an = rng.standard_normal((40, 300)).astype(np.float32)
     bn = rng.standard_normal((300, 24)).astype(np.float32)
     a, b = wr.tensor(an, device=dev), wr.tensor(bn, device=dev)
     cpu = SimpleNamespace(adapter_info={"adapter_type": "CPU"}, recorder=None)
-    assert mm.use_cpu_textures(cpu, False) and not mm.use_cpu_textures(cpu, True)
-    assert not mm.use_cpu_textures(cpu, False, mm.CPU_TEX_MIN - 1)  # copies cost more
+    assert mc.use_cpu_textures(cpu, False) and not mc.use_cpu_textures(cpu, True)
+    assert not mc.use_cpu_textures(cpu, False, mc.CPU_TEX_MIN - 1)  # copies cost more
     gpu = SimpleNamespace(adapter_info={"adapter_type": "DiscreteGPU"}, recorder=None)
-    assert not mm.use_cpu_textures(gpu, False)
-    monkeypatch.setattr(mm, "CPU_TEX", True)
+    assert not mc.use_cpu_textures(gpu, False)
+    monkeypatch.setattr(TUNING, "matmul_textures", True)
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(dev, "_raw_copy", None)  # the copies through wgpu-py's API
+    monkeypatch.setattr(dev, "raw_copy", None)  # the copies through wgpu-py's API
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
     monkeypatch.setitem(dev.limits, "max-texture-dimension-2d", 2)  # A needs 3 rows
     np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
     monkeypatch.undo()
     assert texs == [True, True, False]
-    assert mm.use_cpu_textures(SimpleNamespace(adapter_info={"adapter_type": "CPU"},
+    assert mc.use_cpu_textures(SimpleNamespace(adapter_info={"adapter_type": "CPU"},
                                                recorder=object()), False)  # capturing
     lp = lambda bits, feats: SimpleNamespace(adapter_info={
         "device": f"llvmpipe (LLVM 15.0.6, {bits} bits)"}, features=feats)
-    assert mm.cpu_subgroup(lp(256, {"subgroup"})) == 8  # llvmpipe: its vector width
-    assert mm.cpu_subgroup(lp(128, {"subgroup"})) == 4
-    assert mm.cpu_subgroup(lp(256, set())) == 0
-    assert mm.cpu_subgroup(SimpleNamespace(adapter_info={"device": "SwiftShader"},
+    assert mc.cpu_subgroup(lp(256, {"subgroup"})) == 8  # llvmpipe: its vector width
+    assert mc.cpu_subgroup(lp(128, {"subgroup"})) == 4
+    assert mc.cpu_subgroup(lp(256, set())) == 0
+    assert mc.cpu_subgroup(SimpleNamespace(adapter_info={"device": "SwiftShader"},
                                            features={"subgroup"})) == 0
 
 
@@ -317,16 +320,16 @@ def test_cpu_textures_choice_and_fallbacks(dev, rng, monkeypatch):
 def test_cpu_textures_offset_views(dev, rng, monkeypatch, sg):
     """Texture operands of views that start inside their buffer: quad-aligned (vec4 loads,
     A rows shared over the subgroup or not), misaligned (element loads), transposed, batched."""
-    monkeypatch.setattr(mm, "CPU_KERNEL", True)
-    monkeypatch.setattr(mm, "CPU_TEX", True)
-    monkeypatch.setattr(mm, "CPU_SG", None if sg else False)
+    monkeypatch.setattr(TUNING, "cpu_matmul", True)
+    monkeypatch.setattr(TUNING, "matmul_textures", True)
+    monkeypatch.setattr(TUNING, "matmul_subgroup_rows", None if sg else False)
     base = rng.standard_normal((3, 50, 64)).astype(np.float32)
     t = wr.tensor(base, device=dev)
     bn = rng.standard_normal((32, 40)).astype(np.float32)
     b = wr.tensor(np.pad(bn, ((2, 0), (4, 0))), device=dev)[2:, 4:]  # offset 92
     texs = []
-    orig = mm.cpu_kernel_for
-    monkeypatch.setattr(mm, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
+    orig = mc.cpu_kernel_for
+    monkeypatch.setattr(mc, "cpu_kernel_for", lambda *a, **kw: (texs.append(kw["tex"]),
                                                                orig(*a, **kw))[1])
     for sl, tr in ((np.s_[1, 1:45, 4:36], False), (np.s_[1, 1:45, 3:35], False),
                    (np.s_[2, 3:35, 8:52], True)):

@@ -10,8 +10,10 @@ import pytest
 
 import wgrumus as wr
 from wgrumus.nn import functional as F
+from wgrumus.runtime.tuning import TUNING
 
-mm = importlib.import_module("wgrumus.ops.matmul")
+mc = importlib.import_module("wgrumus.kernels.matmul_cpu")
+mg = importlib.import_module("wgrumus.kernels.matmul_gpu")
 pytestmark = pytest.mark.skipif("shader-f16" not in wr.devices()[0].features,
                                 reason="the adapter has no shader-f16")
 
@@ -23,14 +25,14 @@ KERNELS = [("tile", (4, 16, 0)), ("tile", (8, 8, 3)), ("cpu", (8, 8, 4, 4, 0)),
 @pytest.fixture
 def kernel(request, monkeypatch):
     kind, spec = request.param
-    monkeypatch.setattr(mm, "CPU_KERNEL", kind == "cpu")
+    monkeypatch.setattr(TUNING, "cpu_matmul", kind == "cpu")
     if kind == "cpu":
-        monkeypatch.setattr(mm, "_cpu_tile", lambda *a: spec)
+        monkeypatch.setattr(mc, "_cpu_tile", lambda *a: spec)
     elif kind == "tile":
-        monkeypatch.setattr(mm, "_pick_variant", lambda *a: None)
-        monkeypatch.setattr(mm, "_pick_tile", lambda *a: spec)
+        monkeypatch.setattr(mg, "_pick_variant", lambda *a: None)
+        monkeypatch.setattr(mg, "_pick_tile", lambda *a: spec)
     else:
-        monkeypatch.setattr(mm, "_pick_variant", lambda *a: mm.VARIANTS[spec])
+        monkeypatch.setattr(mg, "_pick_variant", lambda *a: mg.VARIANTS[spec])
     return spec
 
 
@@ -58,7 +60,7 @@ def test_products_of_f16_rounded_operands(kernel, rng, ta, tb, sa, sb):
         out = a @ b
     assert out.dtype == np.float32
     want = r16(an) @ r16(bn)
-    half = isinstance(kernel, str) and mm.VARIANTS[kernel].get("half")  # packed f16 sums
+    half = isinstance(kernel, str) and mg.VARIANTS[kernel].get("half")  # packed f16 sums
     tol = 2e-2 if half else 1e-5 * np.sqrt(sa[-1])
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
     assert np.abs(out.numpy() - an.astype(np.float64) @ bn).max() > 1e-4  # it did round
@@ -123,7 +125,7 @@ def test_rounding_to_f16_is_bit_exact_on_every_adapter(rng):
     """common.wgsl's round_f16_ (integer arithmetic, which drivers cannot fold away the way the
     NVIDIA driver folds f32 -> f16 -> f32 conversions) against numpy: every magnitude, ties,
     the overflow edge, subnormals, zeros, infinities, NaNs and random bit patterns."""
-    from wgrumus.ops.launch import run_map
+    from wgrumus.kernels.map import run_map
     x = np.concatenate([rng.standard_normal(512) * s for s in (1e-8, 1e-6, 6e-5, 1e-3, 1, 3e4)]
                        + [np.array([65504, 65519.99, 65520, -65520, 2.0 ** -24, 2.0 ** -25,
                                     3 * 2.0 ** -25, 2.0 ** -14, 0.0, -0.0, np.inf, -np.inf])])

@@ -21,6 +21,7 @@ from wgrumus.ops import (
     mse_loss,
     softmax,
 )
+from wgrumus.runtime.tuning import TUNING
 
 # --------------------------------------------------------------------------- numpy references
 
@@ -115,8 +116,7 @@ def f32(a):
 def row_mode(request, monkeypatch):
     """Run a test with both row-kernel layouts: one workgroup per row (GPUs) and one
     invocation per row (CPU adapters); the adapter picks one by default."""
-    from wgrumus.ops import nnops
-    monkeypatch.setattr(nnops, "ROW_MODE", request.param)
+    monkeypatch.setattr(TUNING, "row_mode", request.param)
     return request.param
 
 

@@ -171,7 +171,7 @@ def test_checked_pass_recording_gives_the_same_results(dev, monkeypatch):
     """WGRUMUS_CHECKED_PASS=1 records through wgpu-py's API instead of the C calls."""
     monkeypatch.setenv("WGRUMUS_CHECKED_PASS", "1")
     checked = Device(99, dev.adapter)
-    assert checked._raw is None and dev._raw is not None
+    assert checked.raw_pass is None and dev.raw_pass is not None
     a = np.random.default_rng(0).standard_normal((33, 17)).astype(np.float32)
     b = np.random.default_rng(1).standard_normal((17, 9)).astype(np.float32)
     out = []

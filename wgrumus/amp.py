@@ -36,11 +36,11 @@ def unscale_check(grads: list, scale) -> tuple:
         chunk = [contiguous(g) for g in grads[c:c + k]]
         us = [Tensor.empty(g.shape, dev, float32) for g in chunk]
         words, end = [state.offset, flag.offset, 0, 0], 0
-        bufs = [flag._storage.buffer, state._storage.buffer]
+        bufs = [flag.buffer, state.buffer]
         for g, u in zip(chunk, us):
             end += g.numel()
             words += [end, g.offset, u.offset]
-            bufs += [g._storage.buffer, u._storage.buffer]
+            bufs += [g.buffer, u.buffer]
         if end:
             dev.dispatch_1d(multi_tensor_kernel("unscale", len(chunk), 3, "G:read U:read_write",
                                                 _UNSCALE_BRANCH), bufs, words, end)
@@ -57,8 +57,8 @@ def _new_state(dev, scale: float, tracker: int = 0) -> Tensor:
 
 def _write_state(st: Tensor, scale: float, tracker: int) -> None:
     words = np.array([np.float32(scale).view(np.int32), 0, tracker, 0], np.int32)
-    st.device.write(st._storage.buffer, words, st.offset * 4)
-    st._storage.version += 1
+    st.device.write(st.buffer, words, st.offset * 4)
+    st.storage.version += 1
 
 
 class autocast:
@@ -146,7 +146,7 @@ class GradScaler:
         if not isinstance(outputs, Tensor):
             raise TypeError(f"GradScaler.scale needs a tensor, got {type(outputs).__name__}")
         st = self._lazy_state(outputs.device)
-        scale = Tensor(st._storage, (), (), st.offset, float32)
+        scale = Tensor(st.storage, (), (), st.offset, float32)
         if scale.device is not outputs.device:
             scale = scale.to(outputs.device)
         return outputs * scale
@@ -212,9 +212,9 @@ class GradScaler:
             return [self.growth_factor, self.backoff_factor, self.growth_interval,
                     int(new_scale is not None), 0.0 if new_scale is None else float(new_scale)]
         with no_grad():
-            self._state.device.dispatch(Kernel.of("amp", "update"), [self._state._storage.buffer],
+            self._state.device.dispatch(Kernel.of("amp", "update"), [self._state.buffer],
                                         words(), refresh=words)
-        self._state._storage.version += 1
+        self._state.storage.version += 1
 
     def state_dict(self) -> dict:
         if not self.enabled:

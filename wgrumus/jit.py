@@ -168,9 +168,9 @@ class _Capture:
         self._armed = flag is not None and any(
             op[0] == "d" and any(b is flag for b in op[4]) for op in (used[0].ops if used else ()))
         self.replay_obj = Replay(used[0] if used else capture.Recording(dev))
-        self._inputs = [(t._storage.buffer, t.offset * t.dtype.itemsize,
+        self._inputs = [(t.buffer, t.offset * t.dtype.itemsize,
                          t.numel() * t.dtype.itemsize) for t in inputs]
-        self._outputs = [(t._storage.buffer, t._storage.nbytes, t.shape, t.strides, t.offset,
+        self._outputs = [(t.buffer, t.storage.nbytes, t.shape, t.strides, t.offset,
                           t.dtype) for t in outs]
         self._spec = spec
         self._buffers = (used[0].buffers() if used else []) + [b for b, *_ in self._inputs] + [
@@ -204,7 +204,7 @@ class _Capture:
             if not t.is_contiguous() or (t.offset * t.dtype.itemsize) % 4:
                 with no_grad():
                     t = t.clone()
-            before.append((t._storage.buffer, t.offset * t.dtype.itemsize, buf, off,
+            before.append((t.buffer, t.offset * t.dtype.itemsize, buf, off,
                            (nbytes + 3) & ~3))
         results, after = self._fresh_outputs()
         self.replay_obj.run(before, after)

@@ -135,12 +135,12 @@ def as_dtype(dtype) -> np.dtype:
 
 
 class Tensor:
-    __slots__ = ("_storage", "shape", "strides", "offset", "dtype", "requires_grad", "_grad",
+    __slots__ = ("storage", "shape", "strides", "offset", "dtype", "requires_grad", "_grad",
                  "_node", "_grad_id", "__weakref__")
 
     def __init__(self, storage: Storage, shape, strides=None, offset: int = 0,
                  dtype=float32, requires_grad: bool = False):
-        self._storage = storage
+        self.storage = storage  # public: the layers above bind its buffer, bump its version
         self.shape = tuple(map(int, shape))
         self.strides = contiguous_strides(self.shape) if strides is None else tuple(strides)
         self.offset = int(offset)
@@ -178,14 +178,28 @@ class Tensor:
             raise WgrumusError("integer values do not fit in int32, the only integer dtype")
         a = np.asarray(a, dtype=dtype, order="C")  # (ascontiguousarray would make 0-d 1-d)
         t = Tensor.empty(a.shape, device, dtype)
-        t.device.write(t._storage.buffer, a)
+        t.device.write(t.storage.buffer, a)
         if requires_grad:
             t.requires_grad_(True)
         return t
 
     @property
     def device(self):
-        return self._storage.device
+        return self.storage.device
+
+    @property
+    def _storage(self) -> Storage:
+        """The old spelling of ``storage``."""
+        return self.storage
+
+    @_storage.setter
+    def _storage(self, storage: Storage) -> None:
+        self.storage = storage
+
+    @property
+    def buffer(self):
+        """The wgpu buffer holding this tensor's storage (kernels bind it at ``offset``)."""
+        return self.storage.buffer
 
     @property
     def ndim(self) -> int:
@@ -257,7 +271,7 @@ class Tensor:
         return True
 
     def _view(self, shape, strides, offset) -> Tensor:
-        return Tensor(self._storage, shape, strides, offset, self.dtype)
+        return Tensor(self.storage, shape, strides, offset, self.dtype)
 
     def numpy(self) -> np.ndarray:
         if self.is_contiguous():
@@ -269,7 +283,7 @@ class Tensor:
         n = t.numel()
         if n == 0:
             return np.zeros(self.shape, self.dtype)
-        arr = t.device.read_array(t._storage.buffer, t.offset * t.dtype.itemsize, n, t.dtype)
+        arr = t.device.read_array(t.storage.buffer, t.offset * t.dtype.itemsize, n, t.dtype)
         return arr.reshape(self.shape)
 
     def item(self) -> float:
@@ -290,7 +304,7 @@ class Tensor:
         if not self.is_contiguous():
             raise WgrumusError("buffer_slice() needs a contiguous tensor; call .contiguous() first")
         isz = self.dtype.itemsize
-        return BufferSlice(self.device, self._storage.buffer, self.offset * isz,
+        return BufferSlice(self.device, self.storage.buffer, self.offset * isz,
                            self.numel() * isz, self.dtype)
 
     def __repr__(self):

@@ -1,8 +1,11 @@
-"""backward: walk the recorded graph from an output in reverse record order."""
+"""backward: walk the recorded graph from an output in reverse record order. The engine knows
+no op: gradients are added, moved, cloned and seeded through Tensor's methods (ops implement
+them)."""
 from __future__ import annotations
 
 from ..runtime import capture
 from ..runtime.errors import ShapeError, WgrumusError
+from ..tensor import Tensor, float32
 from .store import GradientStore
 from .tape import current_tape, no_grad
 
@@ -15,9 +18,8 @@ def backward(loss, on_leaf_grad=None) -> GradientStore:
     if loss.numel() != 1:
         raise ShapeError(f"backward(loss) needs a loss with one element, got shape {loss.shape}; "
                          f"reduce it (e.g. .mean()) or use backward_with_grad(out, grad)")
-    from ..ops.creation import full
-    return backward_with_grad(loss, full(loss.shape, 1.0, device=loss.device),
-                              on_leaf_grad=on_leaf_grad)
+    seed = Tensor.empty(loss.shape, loss.device, float32).fill_(1.0)
+    return backward_with_grad(loss, seed, on_leaf_grad=on_leaf_grad)
 
 
 def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
@@ -62,10 +64,10 @@ def backward_with_grad(out, grad, on_leaf_grad=None) -> GradientStore:
                     _leaves_done(n, pending, store, on_leaf_grad)
                 continue
             for t, v in n.saved:
-                if t._storage.version != v:
+                if t.storage.version != v:
                     raise AutogradError(
                         f"a tensor saved by '{n.name}' for backward was modified in place after "
-                        f"it was used (version {v} -> {t._storage.version}); clone it before "
+                        f"it was used (version {v} -> {t.storage.version}); clone it before "
                         f"modifying, or modify it before the forward")
             in_grads = n.backward(g)
             n.backward, n.saved = None, ()

@@ -131,7 +131,7 @@ def record(name: str, out, inputs, backward, saved=()) -> None:
         else:
             ins.append((t.grad_id, t._node, None))
     node = Node(name, None, out.shape, ins, backward,
-                [(s, s._storage.version) for s in saved])
+                [(s, s.storage.version) for s in saved])
     out._grad_id = None
     out.requires_grad = True
     out._node = node

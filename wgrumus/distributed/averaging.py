@@ -10,8 +10,8 @@ import numpy as np
 
 from ..autograd import GradientStore, no_grad
 from ..autograd.store import store_of
+from ..kernels.map import run_map
 from ..ops.elementwise import cast, copy_into, fill_
-from ..ops.launch import run_map
 from ..tensor import Tensor, contiguous_strides
 from .buckets import plan_buckets
 

@@ -30,7 +30,7 @@ class _Unit:
         self._pending = None  # a prefetched gather: future of the full arrays
 
     def gathered(self) -> bool:
-        return all(f.param._storage.buffer is not None for f in self.flats)
+        return all(f.param.buffer is not None for f in self.flats)
 
     def prefetch(self) -> None:
         """Start this unit's all-gather on the communication thread (if not already there)."""

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import math
 
-from ..ops.attention import flash_attention, prefer_fused
-from ..ops.fused import causal_self_attention, head_attention
-from ..ops.launch import run_map
-from ..ops.nnops import softmax as softmax_op
+from ..kernels.map import run_map
+from ..ops.attention import causal_self_attention, flash_attention, head_attention, prefer_fused
+from ..ops.softmax import softmax as softmax_op
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float32
 from . import functional as F
@@ -94,7 +93,7 @@ class MultiheadAttention(Module):
         op = self.out_proj
         if (key is None and value is None and attn_mask is None
                 and (self.dropout == 0.0 or not self.training)):
-            # one packed projection and one fused attention node (ops/fused.py)
+            # one packed projection and one fused attention node (ops/attention.py)
             qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
             y = causal_self_attention(qkv, self.num_heads, causal)
             return F.linear(y, op.weight, op.bias, residual=residual)

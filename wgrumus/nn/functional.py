@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from ..autograd.tape import no_grad
-from ..ops import convolution, losses, nnops, spellings
+from ..kernels.map import run_map
+from ..ops import convolution, losses, spellings
 from ..ops import elementwise as _ew
 from ..ops.activations import (
     celu,
@@ -25,11 +26,11 @@ from ..ops.activations import (
     threshold,
 )
 from ..ops.creators import one_hot
+from ..ops.dropout import dropout
 from ..ops.elementwise import gelu, leaky_relu, relu, sigmoid, tanh
 from ..ops.indexing import embedding
-from ..ops.launch import run_map
+from ..ops.layer_norm import layer_norm
 from ..ops.more_shapes import cdist, cosine_similarity, pairwise_distance
-from ..ops.nnops import dropout, layer_norm
 from ..ops.padding import pad
 from ..ops.reduce import mean as _mean
 from ..tensor import Tensor
@@ -70,9 +71,9 @@ def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Te
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            activation: str | None = None, residual: Tensor | None = None) -> Tensor:
-    """x @ weight.T + bias in one fused node (ops/fused.py); ``activation`` and ``residual``
+    """x @ weight.T + bias in one fused node (ops/linear.py); ``activation`` and ``residual``
     are wgrumus extensions fused into the same kernels."""
-    from ..ops.fused import linear as _linear
+    from ..ops.linear import linear as _linear
     return _linear(x, weight, bias, activation, residual)
 
 
@@ -153,7 +154,7 @@ def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, size_averag
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return nnops.mse_loss(x, target, reduction=reduction)
+    return losses.mse_loss(x, target, reduction=reduction)
 
 
 def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,

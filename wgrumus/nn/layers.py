@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import no_grad
+from ..kernels.map import run_map
 from ..ops.conv import pair
 from ..ops.creation import ones, zeros
-from ..ops.launch import run_map
 from ..runtime import get_device
 from ..tensor import Tensor, as_shape, int32
 from . import functional as F

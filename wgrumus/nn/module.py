@@ -24,7 +24,7 @@ class Parameter(Tensor):
         if not data.is_contiguous():
             with no_grad():
                 data = data.contiguous()
-        super().__init__(data._storage, data.shape, data.strides, data.offset, data.dtype,
+        super().__init__(data.storage, data.shape, data.strides, data.offset, data.dtype,
                          requires_grad=requires_grad and data.dtype == float32)
 
     def __repr__(self):
@@ -55,9 +55,9 @@ def _assign(dst: Tensor, value, name: str) -> None:
         arr = arr.astype(dst.dtype)
     if not dst.is_contiguous():
         raise WgrumusError(f"{name}: cannot load into a non-contiguous tensor")
-    dst.device.write(dst._storage.buffer, np.ascontiguousarray(arr),
+    dst.device.write(dst.buffer, np.ascontiguousarray(arr),
                      dst.offset * dst.dtype.itemsize)
-    dst._storage.version += 1
+    dst.storage.version += 1
 
 
 class Module:
@@ -230,7 +230,7 @@ class Module:
                         if t is None or t.device is dev:
                             continue
                         moved = t.to(dev)
-                        t._storage, t.strides = moved._storage, moved.strides
+                        t.storage, t.strides = moved.storage, moved.strides
                         t.offset = moved.offset
                         if t.grad is not None:
                             t.grad = t.grad.to(dev)

@@ -1,8 +1,10 @@
-"""Every op: kernel launch, shape rule and backward rule side by side, one module per family.
-This module also implements Tensor's methods (the table ``tensor.METHODS``) and registers them."""
+"""What every op is: its shape rule, forward call and backward rule side by side, one module per
+family (how each runs on this adapter: wgrumus/kernels/). This module also implements Tensor's
+methods (the table ``tensor.METHODS``) and registers them."""
 from __future__ import annotations
 
 from ..autograd.engine import tensor_backward
+from ..autograd.tape import is_grad_enabled
 from ..tensor import register
 from .creation import arange, empty, full, ones, ones_like, rand, randn, zeros, zeros_like
 from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, cos, eq, exp,
@@ -11,8 +13,10 @@ from .elementwise import (abs_, add, cast, clamp, clone, contiguous, copy_into, 
                           sigmoid, sin, sqrt, square, sub, tanh, where)
 from .matmul import matmul
 from .conv import avg_pool2d, conv2d, im2col, max_pool2d
-from .indexing import embedding, gather, index_select
-from .nnops import cross_entropy, dropout, layer_norm, mse_loss
+from .indexing import embedding, gather, getitem, index_select, setitem
+from .dropout import dropout
+from .layer_norm import layer_norm
+from .losses import cross_entropy, mse_loss
 from . import (activations, compaction, contraction, convolution, creators, logical, mathfn,
                more_shapes, reductions, scan, sorting, triangular)
 from . import scatter as scatter_ops
@@ -21,8 +25,8 @@ from .rounding import ceil, fix, floor, frac, round, sign, trunc
 from .spellings import cpu, div, log_softmax, softmax
 from .random import get_rng_state, manual_seed, set_rng_state
 from .reduce import argmax, argmin, max, mean, min, std, sum, var
-from .shape import (cat, chunk, detach, expand, flatten, getitem, permute, reshape, setitem,
-                    split, squeeze, stack, to, transpose, unflatten, unsqueeze)
+from .shape import (cat, chunk, detach, expand, flatten, permute, reshape, split, squeeze, stack,
+                    to, transpose, unflatten, unsqueeze)
 
 
 __all__ = [  # the functional forms (the Tensor methods are registered below)
@@ -53,7 +57,6 @@ def _rev(fn):
 
 def _inplace(fn):
     def op(self, *args, **kwargs):
-        from ..autograd.tape import is_grad_enabled
         if self.requires_grad and is_grad_enabled():
             raise RuntimeError("in-place update of a tensor that requires grad; wrap it in "
                                "wr.no_grad() (as optimizers do) or use the out-of-place op")

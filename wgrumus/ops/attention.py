@@ -1,80 +1,36 @@
-"""Fused attention (FlashAttention): K/V tiles streamed with an online softmax, O(T) memory; the
-backward recomputes the scores from the saved logsumexp. FlashAttention-2 tiles
-(attention_tiles.py) or the row kernel (no workgroup memory), chosen by ``_tiles``.
+"""Attention: softmax(scale q k^T, causal) v. flash_attention over [..., T, d], the packed
+causal_self_attention of a qkv projection [B, T, 3E] (MultiheadAttention, GPT) and
+head_attention over [B, H, T, d] views: their shape rules, forward calls and backward rules.
+Each runs the fused kernel (FlashAttention: K/V tiles streamed with an online softmax, O(T)
+memory; kernels/attention_gpu.py) where the scores would be large, else the unfused composition
+of two matmuls around the fused softmax, or on CPU adapters one kernel on the packed projection
+(kernels/attention_cpu.py).
 """
 from __future__ import annotations
 
 import math
 
-from ..autograd.tape import no_grad, record
-from ..runtime.adapters import is_cpu_adapter
-from ..runtime.device import groups_1d
+from ..autograd.tape import needs_grad, no_grad, record
+from ..kernels import attention_cpu
+from ..kernels.attention_gpu import (
+    CPU_MAX_HEAD_DIM,
+    CPU_MAX_ROWS,
+    MAX_HEAD_DIM,
+    fused_fits,
+    launch,
+    tiles_for,
+)
+from ..kernels.map import run_map
 from ..runtime.errors import AdapterLimitError, ShapeError
-from ..runtime.kernels import Kernel
 from ..tensor import Tensor, check_same_device, float16, float32
-from . import attention_tiles, nnops
-from .elementwise import cast, contiguous, copy_into, fill_
-from .precision import autocast_dtype
-from .shape import reshape
+from .elementwise import _f32, cast, contiguous, copy_into, fill_
+from .matmul import matmul_into
+from .precision import autocast_dtype, in_forward_precision
+from .shape import permute, reshape, transpose
+from .softmax import softmax, softmax_backward
 
-WG = 64  # row kernel: rows (queries, or keys in bwd_kv) per workgroup, one per invocation
-MAX_HEAD_DIM = 128
-# llvmpipe's 65,535-iteration loop cap (the row kernel's block loops count about one per
-# streamed row; its vec4 loops unroll up to d 64) bounds CPU adapters' shapes.
-CPU_MAX_HEAD_DIM = 64
-CPU_MAX_ROWS = 60_000
-
-
-def _kernel(dev, entry: str, d: int, dtype) -> Kernel:
-    """The one-row-per-invocation kernel (shaders/flash_attention.wgsl, no workgroup memory,
-    no barriers): adapters whose workgroup memory holds no FlashAttention-2 tile."""
-    t = "f16" if dtype == float16 else "f32"
-    return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32)
-
-
-def _launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None,
-            tiles=None):
-    """One dispatch: the FlashAttention-2 kernel of role ``entry`` ('fwd', 'q', 'kv') with
-    ``tiles``, or the row kernel's entry (fwd, bwd_q, bwd_kv) without."""
-    BH, Tq, d = q.shape
-    Tk = k.shape[1]
-    dev = q.device
-    if tiles is None:
-        block = WG
-        kern = _kernel(dev, attention_tiles.ENTRIES[entry], d, q.dtype)
-    else:
-        block = tiles[entry][0]
-        v4 = all(t.offset % 4 == 0 for t in (q, k, v, o, do) if t is not None) and d % 4 == 0
-        kern = attention_tiles.kernel(entry, tiles[entry], d, q.dtype == float16, v4)
-    blocks = -(-rows // block)
-    off = lambda t: t.offset if t is not None else 0
-    bufs = [q._storage.buffer, k._storage.buffer, v._storage.buffer, w1._storage.buffer,
-            w2._storage.buffer]
-    bufs += [t._storage.buffer for t in (o, do, lse, dsum) if t is not None]
-    dev.dispatch(kern, bufs,
-                 [BH, Tq, Tk, q.offset, k.offset, v.offset, w1.offset, w2.offset, float(scale),
-                  int(causal), blocks, off(o), off(do), off(lse), off(dsum)],
-                 groups_1d(BH * blocks, 1))
-
-
-# CPU adapters take the tiles from this head size and one query block up, else the row kernel
-# (lavapipe, causal f+b: tiles at d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's rate).
-CPU_TILES_MIN_D = 32
-
-
-def _tiles(dev, d: int, T: int):
-    """Tiles per role, or None for the row kernel (no tile fits; CPU adapters below
-    CPU_TILES_MIN_D or one query block). nnops.ROW_MODE forces the choice."""
-    forced = nnops.ROW_MODE
-    if forced == "thread":
-        return None
-    tiles = {r: attention_tiles.pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
-    if None in tiles.values():
-        return None
-    if forced is None and is_cpu_adapter(dev) and (d < CPU_TILES_MIN_D
-                                                   or T < tiles["fwd"][0]):
-        return None
-    return tiles
+__all__ = ["CPU_MAX_ROWS", "attention_backward", "attention_forward", "causal_self_attention",
+           "check_attention", "flash_attention", "fused_fits", "head_attention", "prefer_fused"]
 
 
 def _pad(x: Tensor, dp: int) -> Tensor:
@@ -94,12 +50,12 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: boo
     """(O [BH, Tq, d] f32, logsumexp [BH, Tq] f32) of contiguous q [BH, Tq, d], k, v
     [BH, Tk, d] (f32 or f16). No autograd."""
     BH, Tq, d = q.shape
-    tiles = _tiles(q.device, d, max(Tq, k.shape[1]))
+    tiles = tiles_for(q.device, d, max(Tq, k.shape[1]))
     dp = d if tiles else -(-d // 4) * 4
     o = Tensor.empty((BH, Tq, dp), q.device, float32)
     lse = Tensor.empty((BH, Tq), q.device, float32)
     if o.numel():
-        _launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq,
+        launch("fwd", _pad(q, dp), _pad(k, dp), _pad(v, dp), o, lse, scale, causal, Tq,
                 tiles=tiles)
     return _unpad(o, d), lse
 
@@ -110,7 +66,7 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     BH, Tq, d = q.shape
     Tk = k.shape[1]
     dev = q.device
-    tiles = _tiles(dev, d, max(Tq, Tk))
+    tiles = tiles_for(dev, d, max(Tq, Tk))
     dp = d if tiles else -(-d // 4) * 4
     dq = Tensor.empty((BH, Tq, dp), dev, float32)
     dsum = Tensor.empty((BH, Tq), dev, float32)
@@ -118,8 +74,8 @@ def attention_backward(q, k, v, o, lse, do, scale: float, causal: bool):
     dv = Tensor.empty((BH, Tk, dp), dev, float32)
     if dq.numel():
         q, k, v, o, do = (_pad(t, dp) for t in (q, k, v, o, do))
-        _launch("q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse, tiles=tiles)
-        _launch("kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum, tiles=tiles)
+        launch("q", q, k, v, dq, dsum, scale, causal, Tq, o, do, lse, tiles=tiles)
+        launch("kv", q, k, v, dk, dv, scale, causal, Tk, o, do, lse, dsum, tiles=tiles)
     return _unpad(dq, d), _unpad(dk, d), _unpad(dv, d)
 
 
@@ -134,14 +90,6 @@ def prefer_fused(dev, n: int, d: int, Tq: int, Tk: int) -> bool:
     takes the shape, and the f32 scores would pass FUSED_SCORE_BYTES or one binding."""
     scores = 4 * n * Tq * Tk
     return fused_fits(dev, d, Tq, Tk) and scores > min(FUSED_SCORE_BYTES, dev.max_binding)
-
-
-def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
-    """Whether the fused kernel takes this head size and these lengths on ``dev`` (callers
-    with another way, the unfused composition, pick it when not)."""
-    if is_cpu_adapter(dev):
-        return d <= CPU_MAX_HEAD_DIM and max(Tq, Tk) <= CPU_MAX_ROWS
-    return d <= MAX_HEAD_DIM
 
 
 def check_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, op: str = "attention"):
@@ -201,3 +149,129 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
     record("causal_flash_attention" if causal else "flash_attention", out, [q, k, v], bw,
            saved=[qc, kc, vc, o, lse])
     return out
+
+
+def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
+                          compute_dtype=None) -> Tensor:
+    """softmax(q k^T / sqrt(d), causal) v from a packed qkv [B, T, 3E] (PyTorch's layout) to
+    [B, T, E]: the fused kernel where the [T, T] scores are large (``prefer_fused``), else two
+    matmuls around the fused softmax. ``compute_dtype`` f16 (autocast's default) casts q, k, v."""
+    if qkv.ndim != 3 or qkv.shape[-1] % (3 * n_head):
+        raise ShapeError(f"causal_self_attention: qkv must be [B, T, 3E] with E divisible by "
+                         f"{n_head} heads, got {qkv.shape}")
+    B, T, E3 = qkv.shape
+    E = E3 // 3
+    H, d = n_head, E // n_head
+    scale = 1.0 / math.sqrt(d)
+    dev = qkv.device
+    fused = prefer_fused(dev, B * H, d, T, T)
+    cpu = None
+    with no_grad():
+        src = contiguous(cast(qkv, compute_dtype or autocast_dtype() or float32)) if fused \
+            else contiguous(_f32(qkv))  # (unfused: its matmuls cast under autocast)
+        # [B, T, 3, H, d] -> [3, B, H, T, d]: q, k, v as head views (fused: one copy)
+        heads = permute(reshape(src, (B, T, 3, H, d)), (2, 0, 3, 1, 4))
+        if fused:
+            heads = contiguous(heads)
+            n = B * H * T * d
+            q, k, v = (Tensor(heads.storage, (B * H, T, d), None, heads.offset + i * n,
+                              heads.dtype) for i in range(3))
+            o, lse = attention_forward(q, k, v, scale, causal)  # [B*H, T, d]
+            y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
+            y = Tensor(y.storage, (B, T, E), None, y.offset)
+        else:  # the output stored with its heads merged (CPU adapters: attention_cpu)
+            cpu = compute_dtype is None and autocast_dtype() is None and \
+                attention_cpu.fits(dev, T, d) and attention_cpu.forward(_aligned(src), H, scale,
+                                                                         causal)
+            if cpu:
+                y = cpu[0]
+            else:
+                q, k, v = (heads[i] for i in range(3))
+                y = Tensor.empty((B, T, E), dev, float32)
+                p = _attend(q, k, v, _merged(y, H), scale, causal)
+    if not needs_grad(qkv):
+        return y
+
+    def bw(g):
+        if not fused and cpu:
+            return (attention_cpu.backward(_aligned(src), _aligned(_f32(g)), *cpu[1:], H, scale,
+                                           causal),)
+        go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
+        if not fused:  # each gradient stored into its part of d(qkv) [B, T, 3, H, d]
+            dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
+            _attend_backward(q, k, v, p, go, permute(dqkv, (2, 0, 3, 1, 4)), scale, causal)
+            return (Tensor(dqkv.storage, (B, T, E3), None, 0),)
+        go = contiguous(go)
+        go = Tensor(go.storage, (B * H, T, d), None, go.offset)
+        dq, dk, dv = attention_backward(q, k, v, o, lse, go, scale, causal)
+        # d(qkv) [B, T, 3, H, d] in one kernel: part s of each element picks dq, dk or dv
+        st = (H * T * d, d, 0, T * d, 1)
+        views = [Tensor(t.storage, (B, T, 3, H, d), st, t.offset) for t in (dq, dk, dv)]
+        dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)
+        run_map("select(select(c, b, (i / u32(E)) % 3u == 1u), a, (i / u32(E)) % 3u == 0u)",
+                dqkv, views, {"E": E})
+        return (Tensor(dqkv.storage, (B, T, E3), None, 0),)
+    record("causal_self_attention" if causal else "self_attention", y, [qkv], bw,
+           saved=[heads, o, lse] if fused else [src, *cpu[1:]] if cpu else [heads, p])
+    return y
+
+
+def _merged(y: Tensor, H: int) -> Tensor:
+    """[B, H, T, d] view of a [B, T, H * d] tensor (its heads merged)."""
+    B, T, E = y.shape
+    return permute(reshape(y, (B, T, H, E // H)), (0, 2, 1, 3))
+
+
+def _part(causal: bool, Tq: int, Tk: int):
+    """matmul_into's causal parts where the mask is square (else the whole products)."""
+    return (lambda name: name) if causal and Tq == Tk else (lambda name: None)
+
+
+def _attend(q, k, v, y, scale: float, causal: bool) -> Tensor:
+    """y (a view) = softmax(q k^T scale, causal) v on [B, H, T, d] f32 views, in place and
+    skipping what the mask hides; returns the probabilities (the backward reads them)."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[-2]
+    part = _part(causal, Tq, Tk)
+    s = matmul_into(q, transpose(k, -1, -2), Tensor.empty((B, H, Tq, Tk), q.device, float32),
+                    part("out"))
+    p = softmax(s, -1, scale=scale, causal=causal)
+    matmul_into(p, v, y, part("a_lower"))
+    return p
+
+
+def _attend_backward(q, k, v, p, go, out, scale: float, causal: bool) -> None:
+    """_attend's gradients: d(q), d(k), d(v) stored into the [B, H, T, d] views out[0..2]."""
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[-2]
+    part = _part(causal, Tq, Tk)
+    dp = matmul_into(go, transpose(v, -1, -2), Tensor.empty((B, H, Tq, Tk), q.device, float32),
+                     part("out"))
+    ds = softmax_backward(p, dp, False, scale, Tq if causal else 0)
+    for j, (x, w, tri) in enumerate(((ds, k, "a_lower"), (transpose(ds, -1, -2), q, "a_upper"),
+                                     (transpose(p, -1, -2), go, "a_upper"))):
+        matmul_into(x, w, out[j], part(tri))
+
+
+def head_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """Unfused attention of f32 [B, H, T, d] tensors (any strides) in one autograd node."""
+    B, H, Tq, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    with no_grad():
+        y = Tensor.empty((B, H, Tq, v.shape[-1]), q.device, float32)
+        p = _attend(q, k, v, y, scale, causal)
+    if not needs_grad(q, k, v):
+        return y
+
+    def bw(g):
+        grads = [Tensor.empty(t.shape, t.device, float32) for t in (q, k, v)]
+        _attend_backward(q, k, v, p, g, grads, scale, causal)
+        return tuple(gr if t.requires_grad else None for gr, t in zip(grads, (q, k, v)))
+    record("attention", y, [q, k, v], in_forward_precision(bw), saved=[q, k, v, p])
+    return y
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """``t`` contiguous and starting at a quad (texture rows and quad stores need it)."""
+    t = contiguous(t)
+    return t if t.offset % 4 == 0 else copy_into(Tensor.empty(t.shape, t.device, t.dtype), t)

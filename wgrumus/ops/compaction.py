@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
+from ..kernels.map import broadcast_shapes, run_map
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, int32
-from .launch import broadcast_shapes, run_map
 from .scan import scan
 
 
@@ -25,7 +25,7 @@ def flat_nonzero(x: Tensor) -> Tensor:
     count = int(pos[n - 1].item())
     out = Tensor.empty((count,), x.device, int32)
     if count:
-        x.device.dispatch_1d(Kernel.of("compact"), [pos._storage.buffer, out._storage.buffer],
+        x.device.dispatch_1d(Kernel.of("compact"), [pos.buffer, out.buffer],
                              [n, pos.offset], n)
     return out
 

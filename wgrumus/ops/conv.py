@@ -51,7 +51,7 @@ def _run(dev, entry, g, n, bufs, strides=(0, 0, 0, 0), off=0, flag=0):
 def _col2im(dcols: Tensor, g: dict) -> Tensor:
     dcols = contiguous(dcols)
     dx = Tensor.empty((g["N"], g["C"], g["H"], g["W"]), dcols.device, float32)
-    _run(dcols.device, "col2im", g, dx.numel(), [dcols._storage.buffer, dx._storage.buffer],
+    _run(dcols.device, "col2im", g, dx.numel(), [dcols.buffer, dx.buffer],
          off=dcols.offset)
     return dx
 
@@ -63,7 +63,7 @@ def im2col(x: Tensor, kernel_size, stride=1, padding=0, dilation=1) -> Tensor:
     g = _geometry(x, kernel_size, stride, padding, dilation, "im2col")
     cols = Tensor.empty((g["C"] * g["KH"] * g["KW"], g["N"] * g["OH"] * g["OW"]), x.device,
                         float32)
-    _run(x.device, "im2col", g, cols.numel(), [x._storage.buffer, cols._storage.buffer],
+    _run(x.device, "im2col", g, cols.numel(), [x.buffer, cols.buffer],
          x.strides, x.offset)
     record("im2col", cols, [x], lambda gr: (_col2im(gr, g),))
     return cols
@@ -136,14 +136,14 @@ def _pool(x: Tensor, g: dict, entry: str, name: str, flag: int = 0) -> Tensor:
     out = Tensor.empty(shape, x.device, float32)
     arg = [Tensor.empty(shape, x.device, "int32")] if entry == "maxpool" else []  # (kept alive)
     _run(x.device, entry, g, out.numel(),
-         [x._storage.buffer, out._storage.buffer] + [a._storage.buffer for a in arg],
+         [x.buffer, out.buffer] + [a.buffer for a in arg],
          x.strides, x.offset, flag)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
         _run(gr.device, entry + "_bwd", g, dx.numel(),
-             [gr._storage.buffer, dx._storage.buffer] + [a._storage.buffer for a in arg],
+             [gr.buffer, dx.buffer] + [a.buffer for a in arg],
              off=gr.offset, flag=flag)
         return (dx,)
     record(name, out, [x], bw)

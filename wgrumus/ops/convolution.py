@@ -168,14 +168,14 @@ def _pool_with_arg(x: Tensor, g: dict):
     out = Tensor.empty(shape, x.device, float32)
     arg = Tensor.empty(shape, x.device, "int32")
     _conv._run(x.device, "maxpool", g, out.numel(),
-               [x._storage.buffer, out._storage.buffer, arg._storage.buffer], x.strides,
+               [x.buffer, out.buffer, arg.buffer], x.strides,
                x.offset)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
         _conv._run(gr.device, "maxpool_bwd", g, dx.numel(),
-                   [gr._storage.buffer, dx._storage.buffer, arg._storage.buffer], off=gr.offset)
+                   [gr.buffer, dx.buffer, arg.buffer], off=gr.offset)
         return (dx,)
     record("max_pool2d", out, [x], bw, saved=[arg])
     return out, arg

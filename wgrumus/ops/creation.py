@@ -1,14 +1,12 @@
 """Constructors: filled, ranged and random tensors, all written by device kernels."""
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
+from ..kernels.map import run_map
 from ..tensor import Tensor, as_dtype, float32, int32
 from .dims import varargs
 from .elementwise import fill_
-from .launch import run_map
 from .random import next_seed
 
 
@@ -33,18 +31,6 @@ def zeros(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
 
 def ones(*shape, device=None, dtype=float32, requires_grad=False) -> Tensor:
     return full(varargs(shape), 1, device, dtype or float32, requires_grad)
-
-
-_dummies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def dummy_buffer(dev, k: int = 0):
-    """The k-th (0 or 1) one-element zero buffer of ``dev``, bound where a kernel slot is unused
-    (one per slot: a read_write buffer may not be bound twice in a dispatch)."""
-    ts = _dummies.get(dev)
-    if ts is None:
-        ts = _dummies[dev] = [zeros(1, device=dev) for _ in range(2)]
-    return ts[k]._storage.buffer
 
 
 def zeros_like(x: Tensor, dtype=None) -> Tensor:

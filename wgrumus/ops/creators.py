@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.map import run_map
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, as_dtype, as_shape, float32, int32
 from .creation import empty, full, normal_into, uniform_into
 from .dims import varargs
-from .launch import run_map
 from .random import next_seed
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.tape import needs_grad, record
-from ..tensor import Tensor, float32, int32
-from .launch import broadcast_shapes, run_map
+from ..kernels.map import broadcast_shapes, run_map
+from ..runtime.errors import AdapterLimitError
+from ..tensor import Tensor, float32, int32, tensor
 
 
 def _wrap(x, like: Tensor):
@@ -15,7 +16,6 @@ def _wrap(x, like: Tensor):
     if isinstance(x, Tensor):
         return x
     if isinstance(x, np.ndarray) and x.ndim > 0:
-        from ..tensor import tensor
         return tensor(x, device=like.device)
     return None
 
@@ -27,7 +27,7 @@ def _fresh(shape, like: Tensor, dtype=float32) -> Tensor:
 def saved_output(out: Tensor) -> Tensor:
     """An alias of ``out`` without a node for a backward that reads it (``out`` itself would
     make a cycle only the GC frees, delaying the activations' return to the pool)."""
-    return Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
+    return Tensor(out.storage, out.shape, out.strides, out.offset, out.dtype)
 
 
 def map_op(expr, inputs, shape=None, dtype=float32, scalars=()) -> Tensor:
@@ -36,15 +36,15 @@ def map_op(expr, inputs, shape=None, dtype=float32, scalars=()) -> Tensor:
 
 
 def unbroadcast(g: Tensor, shape) -> Tensor:
-    """Sum ``g`` down to ``shape`` (the inverse of broadcasting in the forward)."""
+    """Sum ``g`` down to ``shape`` (the inverse of broadcasting in the forward), through
+    Tensor.sum (reduce.py builds on this module)."""
     shape = tuple(shape)
     if g.shape == shape:
         return g
-    from .reduce import sum as _sum
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, s in enumerate(shape)
                                       if s == 1 and g.shape[lead + i] != 1)
-    r = _sum(g, axis=axes, keepdims=True) if axes else g
+    r = g.sum(axes, keepdim=True) if axes else g
     return r.reshape(shape)
 
 
@@ -215,7 +215,6 @@ def _scalar_as_tensor(x, like):
     tensor when the scalar is an integer), so that the tensor kernels apply."""
     if isinstance(x, Tensor) or not isinstance(like, Tensor):
         return x
-    from ..tensor import tensor
     v = np.asarray(x)
     dt = int32 if like.dtype == int32 and v.dtype.kind in "iub" else float32
     return tensor(v.astype(dt), device=like.device, dtype=dt)
@@ -300,7 +299,6 @@ def where(cond, x=None, y=None):
         from .compaction import nonzero
         return nonzero(cond, as_tuple=True)
     like = next(t for t in (cond, x, y) if isinstance(t, Tensor))
-    from ..tensor import tensor
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
            or isinstance(v, Tensor) and v.dtype == int32 for v in (x, y)):
         x, y = (v if isinstance(v, Tensor) else tensor(np.asarray(v, np.int32),
@@ -357,7 +355,6 @@ def cast(x: Tensor, dtype) -> Tensor:
     if dtype == x.dtype:
         return x
     if (dtype == np.float16 or x.dtype == np.float16) and "shader-f16" not in x.device.features:
-        from ..runtime.errors import AdapterLimitError
         raise AdapterLimitError(f"float16 needs the adapter feature shader-f16, which "
                                 f"{x.device.name} does not have; keep float32")
     # no autograd node: only float32 tensors can require grad, so no cast ever needs one

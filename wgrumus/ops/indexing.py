@@ -1,8 +1,13 @@
-"""Indexing by integer tensors: index_select (also ``x[idx]``), gather, embedding.
+"""Indexing: ``x[idx]`` and ``x[idx] = v`` (views for ints and slices: shape.py), by integer
+tensors (index_select, gather, embedding) and by boolean masks, as in PyTorch.
 
 Backward scatter-adds are written as gathers: no float atomics, the same bits every run. Host
 indices are range-checked before upload; device indices by the forward kernels, which clamp a
 bad one and set the assert flag the next host read raises (runtime/asserts.py).
+
+There is no bool dtype: a float32 tensor index (comparisons give 1.0/0.0) or a numpy bool array
+is a mask; an int32 one gathers rows. ``x[mask]`` reads the mask to the host to size the result
+(PyTorch synchronises too); the rows are gathered on the device.
 """
 from __future__ import annotations
 
@@ -11,16 +16,18 @@ import math
 
 import numpy as np
 
-from ..autograd.tape import record
+from ..autograd.tape import is_grad_enabled, no_grad, record
+from ..kernels.bounds import LOOP_BUDGET
+from ..kernels.map import run_map
+from ..kernels.rows import row_mode
 from ..runtime.asserts import CODES
 from ..runtime.device import groups_1d
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32, int32
-from .bounds import LOOP_BUDGET
-from .elementwise import contiguous
-from .nnops import row_mode
-from .shape import _norm_axis, getitem
+from ..tensor import DTYPES, Tensor, float32, int32, tensor
+from .elementwise import cast, contiguous, copy_into, fill_
+from .shape import _index_view, _norm_axis, reshape
+from .shape import getitem as view_getitem
 
 
 def _kernel(entry: str, dtype) -> Kernel:
@@ -92,7 +99,7 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
         elif inner >= 32:
             entry, groups = "select_rows_fwd", groups_1d(outer * K, 1)
         _dispatch_checked(x.device, _kernel(entry, x.dtype),
-                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [xc.buffer, it.buffer, out.buffer],
                           [out.numel(), A, K, inner, xc.offset, it.offset], groups,
                           idx, _op, _negative)
 
@@ -113,7 +120,7 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
                 k, groups = _kernel("select_bwd", float32), groups_1d(rows, 1)
                 per = 256 * max(1, LOOP_BUDGET // (9 + 256 * -(-inner // 256)))
             for k0 in range(0, max(K, 1), per):
-                g.device.dispatch(k, [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                g.device.dispatch(k, [g.buffer, it.buffer, dx.buffer],
                                   [rows, A, K, inner, g.offset, it.offset, k0,
                                    min(K, k0 + per), int(k0 > 0)], groups)
         return (dx,)
@@ -153,8 +160,7 @@ def _sorted_backward(g: Tensor, it: Tensor, outer: int, A: int, K: int, inner: i
     keys = Tensor.empty((n, 2), dev, int32)
     lo, hi = Tensor.empty((A,), dev, int32), Tensor.empty((A,), dev, int32)
     bs = Tensor.empty((max(1, outer * nb * inner),), dev, float32)
-    bufs = [g._storage.buffer, it._storage.buffer, keys._storage.buffer, lo._storage.buffer,
-            bs._storage.buffer, dx._storage.buffer, hi._storage.buffer]
+    bufs = [g.buffer, it.buffer, keys.buffer, lo.buffer, bs.buffer, dx.buffer, hi.buffer]
     k = functools.partial(Kernel.of, "index_sorted", CW=cw)
     if K:
         dev.dispatch_1d(k("sort_init"), bufs, [K, n, A, it.offset], n)
@@ -187,7 +193,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     if A == 0 and it.numel():
         raise IndexError(f"gather: axis {axis} of shape {x.shape} is empty")
     if any(it.shape[d] < x.shape[d] for d in range(x.ndim) if d != axis):
-        x = getitem(x, tuple(slice(None) if d == axis else slice(0, it.shape[d])
+        x = view_getitem(x, tuple(slice(None) if d == axis else slice(0, it.shape[d])
                              for d in range(x.ndim)))
     xc = contiguous(x)
     inner = math.prod(x.shape[axis + 1:])
@@ -195,7 +201,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     out = Tensor.empty(it.shape, x.device, x.dtype)
     if out.numel():
         _dispatch_checked(x.device, _kernel("gather_fwd", x.dtype),
-                          [xc._storage.buffer, it._storage.buffer, out._storage.buffer],
+                          [xc.buffer, it.buffer, out.buffer],
                           [out.numel(), A, J, inner, xc.offset, it.offset], groups_1d(out.numel()),
                           idx, "gather")
 
@@ -205,7 +211,7 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
         per = LOOP_BUDGET - 64  # index entries one pass adds (one loop iteration each)
         for j0 in range(0, max(J, 1), per) if dx.numel() else ():
             g.device.dispatch_1d(_kernel("gather_bwd", float32),
-                                 [g._storage.buffer, it._storage.buffer, dx._storage.buffer],
+                                 [g.buffer, it.buffer, dx.buffer],
                                  [dx.numel(), A, J, inner, g.offset, it.offset, j0,
                                   min(J, j0 + per), int(j0 > 0)], dx.numel())
         return (dx,)
@@ -219,3 +225,77 @@ def embedding(idx, weight: Tensor) -> Tensor:
     if weight.ndim != 2:
         raise ShapeError(f"embedding: weight must be [num_embeddings, dim], got {weight.shape}")
     return index_select(weight, 0, idx, "embedding", False)
+
+
+def getitem(x: Tensor, idx) -> Tensor:
+    """x[idx]: a view for ints, slices, None and ...; rows of an int32 tensor, list or array
+    (index_select); the entries of a boolean mask."""
+    if isinstance(idx, (Tensor, list, np.ndarray)):
+        return _mask_select(x, idx) if _is_mask(idx) else index_select(x, 0, idx)
+    return view_getitem(x, idx)
+
+
+def setitem(x: Tensor, idx, value) -> None:
+    if x.requires_grad and is_grad_enabled():
+        raise RuntimeError("in-place assignment into a tensor that requires grad; wrap it in "
+                           "wr.no_grad() or build the value with wr.where / wr.cat")
+    if isinstance(value, Tensor) and value.storage is x.storage:
+        # the value may overlap the written view (x[1:] = x[:-1], y[:] = y.t()): the kernel
+        # would read elements it has already written, so assign from a copy, as numpy does
+        with no_grad():
+            value = value.clone()
+    if isinstance(idx, (Tensor, list, np.ndarray)) and _is_mask(idx):
+        _mask_assign(x, idx, value)
+        return
+    shape, strides, off = _index_view(x, idx)
+    view = x._view(shape, strides, off)
+    if not isinstance(value, Tensor):
+        if isinstance(value, (int, float, np.integer, np.floating)):
+            fill_(view, value)
+            return
+        value = tensor(np.asarray(value), device=x.device, dtype=x.dtype)
+    copy_into(view, value)
+
+
+def _is_mask(idx) -> bool:
+    """A float tensor or a numpy bool array. A list of bools raises: lists index rows."""
+    if isinstance(idx, Tensor):
+        return idx.dtype != int32
+    if isinstance(idx, list) and idx and all(isinstance(i, (bool, np.bool_)) for i in idx):
+        raise IndexError("a list of bools is not a boolean mask here (lists are row "
+                         "indices); pass np.array(mask) or a mask tensor such as x > 0")
+    return isinstance(idx, np.ndarray) and idx.dtype == np.bool_
+
+
+def _host_mask(x: Tensor, mask) -> np.ndarray:
+    m = mask.numpy() if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.shape != x.shape[:m.ndim]:
+        raise IndexError(f"boolean mask of shape {m.shape} does not match the leading "
+                         f"dimensions of the indexed tensor's shape {x.shape}")
+    if m.dtype != np.bool_:
+        if not np.all((m == 0) | (m == 1)):
+            raise IndexError("a float tensor used as an index is read as a mask (what "
+                             "comparisons return: 1.0 where true, 0.0 elsewhere), but this one "
+                             "holds other values; to gather rows, index with an int32 tensor")
+        m = m != 0
+    return m
+
+
+def _mask_select(x: Tensor, mask) -> Tensor:
+    """x[mask]: the entries (rows, for a mask over the leading dims) where mask is true, as a
+    new tensor of shape (count,) + x.shape[mask.ndim:]; differentiable like a gather."""
+    m = _host_mask(x, mask)
+    rows = reshape(x, (-1,) + x.shape[m.ndim:])
+    return index_select(rows, 0, np.flatnonzero(m.reshape(-1)))
+
+
+def _mask_assign(x: Tensor, mask, value) -> None:
+    """x[mask] = value (a scalar or a tensor broadcast to x's shape), in place on the device."""
+    m = _host_mask(x, mask)
+    mt = tensor(m.reshape(m.shape + (1,) * (x.ndim - m.ndim)).astype(np.float32),
+                device=x.device)
+    if not isinstance(value, Tensor):
+        value = tensor(np.asarray(value, dtype=x.dtype), device=x.device, dtype=x.dtype)
+    elif value.dtype != x.dtype:
+        value = cast(value, x.dtype)
+    run_map("select(a, b, c != 0.0)", x, [x, value, mt])

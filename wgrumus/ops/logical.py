@@ -158,7 +158,7 @@ def all_(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 def masked_fill(x: Tensor, mask, value) -> Tensor:
     """``value`` where ``mask`` (broadcast to x) is true, else x; x's dtype kept. A 0-d tensor
     value takes part in autograd."""
-    from .launch import broadcast_shapes
+    from ..kernels.map import broadcast_shapes
     m = _operand(mask, x)
     if isinstance(value, Tensor) and value.ndim:
         raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got shape "

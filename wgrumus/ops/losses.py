@@ -1,28 +1,142 @@
-"""The losses beyond cross_entropy's fused kernel: binary cross-entropy (on probabilities and on
-logits), nll_loss with class weights, cross_entropy with probability targets or class weights,
-l1 / smooth_l1 / huber, kl_div. Map kernels and reductions with PyTorch's clamps and
-reduction rules (a weighted mean divides by the targets' total weight)."""
+"""Losses, reduced as in PyTorch: cross_entropy (integer targets with label smoothing and
+ignore_index in fused row kernels, kernels/rows.py; class probabilities or class weights composed
+of log_softmax), nll_loss with class weights, binary cross-entropy (on probabilities and on
+logits), mse / l1 / smooth_l1 / huber, kl_div. A weighted mean divides by the targets' total
+weight; log clamps follow PyTorch's."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.tape import needs_grad, record
-from ..runtime.errors import ShapeError
-from ..tensor import Tensor, int32
-from .elementwise import _f32, map_op
+from ..kernels import rows as row_kernels
+from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
+from ..tensor import Tensor, int32, tensor
+from .activations import softplus, unary_map
+from .elementwise import _f32, abs_, add, contiguous, div, map_op, mul, neg, sub, unbroadcast, where
+from .indexing import as_index, gather, index_select
 from .reduce import mean as _mean
 from .reduce import sum as _sum
+from .shape import permute, reshape
+from .softmax import _softmax_long, log_softmax
 
-REDUCTIONS = ("mean", "sum", "none")
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_reduction(reduction):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _targets(targets, like: Tensor):
+    """(int32 targets on ``like``'s device, the host array or None: host data is range-checked
+    before upload, device data by the kernel)."""
+    if isinstance(targets, Tensor):
+        if targets.dtype != int32:
+            raise WgrumusError(f"cross_entropy targets must be int32 class indices, got "
+                               f"{targets.dtype}; convert with .int()")
+        if targets.device is not like.device:
+            raise DeviceMismatchError(f"cross_entropy: logits on {like.device}, targets on "
+                                      f"{targets.device}; move them with .to(device) first")
+        return contiguous(targets), None
+    a = np.asarray(targets)
+    if a.dtype.kind not in "iu":
+        raise WgrumusError(f"cross_entropy targets must be integer class indices, got numpy "
+                           f"dtype {a.dtype}")
+    return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32), a
+
+
+def _class_cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
+                         label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """cross_entropy with integer targets and no class weights (logits [N, C], [C] or
+    [N, C, d...]) in the fused row kernels. A target outside [0, C) raises: host targets at
+    once, device targets at the next host read."""
+    _check_reduction(reduction)
+    eps = float(label_smoothing)
+    if not 0.0 <= eps <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {eps}")
+    if logits.ndim == 0:
+        raise ShapeError("cross_entropy: logits must have a class dimension, got a 0-d tensor")
+    lg = _f32(logits)
+    if lg.ndim == 1:
+        lg = reshape(lg, (1,) + lg.shape)
+        tshape = ()
+    else:
+        tshape = (lg.shape[0],) + lg.shape[2:]
+    if lg.ndim > 2:  # [N, C, d...] -> [N * d..., C]
+        lg = permute(lg, [0] + list(range(2, lg.ndim)) + [1])
+    C = lg.shape[-1]
+    lg = contiguous(reshape(lg, (-1, C)) if lg.ndim != 2 else lg)
+    N = lg.shape[0]
+    tt, host = _targets(targets, lg)
+    if host is not None:
+        bad = host[(host != ignore_index) & ((host < 0) | (host >= C))]
+        if bad.size:
+            raise WgrumusError(f"cross_entropy: target {int(bad.flat[0])} is out of range for "
+                               f"{C} classes (valid: 0..{C - 1} or ignore_index={ignore_index})")
+    if tuple(tt.shape) != tshape:
+        raise ShapeError(f"cross_entropy: targets shape {tuple(tt.shape)} does not match logits "
+                         f"shape {tuple(logits.shape)} (expected {tshape})")
+    tt = reshape(tt, (N,)) if tt.ndim != 1 else tt
+    got = row_kernels.cross_entropy_rows(lg, tt, int(ignore_index), eps, host is not None)
+    if got is None:
+        out = _cross_entropy_long(lg, tt, int(ignore_index), eps, reduction)
+        return reshape(out, tshape) if reduction == "none" else out
+    per_row, lse = got
+    out, count = per_row, None
+    if reduction != "none":
+        out, count = row_kernels.cross_entropy_reduce(per_row, tt, int(ignore_index),
+                                                      reduction == "mean")
+    mode = {"mean": 0, "sum": 1, "none": 2}[reduction]
+
+    def bw(g):
+        g = contiguous(g)
+        return (row_kernels.cross_entropy_backward(lg, tt, lse, g,
+                                                   count if count is not None else g,
+                                                   int(ignore_index), eps, mode),)
+    record("cross_entropy", out, [lg], bw, saved=[lg, tt])
+    return reshape(out, tshape) if reduction == "none" else out
+
+
+def _cross_entropy_long(lg: Tensor, tt: Tensor, ignore: int, eps: float, reduction: str):
+    """cross_entropy past the fused kernels' bounds, composed of autograd ops."""
+    N = lg.shape[0]
+    lsm = _softmax_long(lg, True, 1.0, False)
+    safe = map_op("select(a, 0, a == ignore)", [tt], dtype=int32, scalars={"ignore": ignore})
+    loss = neg(reshape(gather(lsm, 1, reshape(safe, (N, 1))), (N,)))
+    if eps:
+        loss = add(mul(loss, 1.0 - eps), mul(reshape(_mean(lsm, 1), (N,)), -eps))
+    keep = map_op("select(1.0, 0.0, a == ignore)", [tt], scalars={"ignore": ignore})
+    rows = mul(loss, keep)
+    if reduction == "none":
+        return rows
+    return _sum(rows) if reduction == "sum" else div(_sum(rows), _sum(keep))
+
+
+def mse_loss(a: Tensor, b: Tensor, reduction: str = "mean") -> Tensor:
+    """(a - b)^2, reduced (a and b broadcast together, as in PyTorch)."""
+    _check_reduction(reduction)
+    if not isinstance(b, Tensor):
+        b = tensor(np.asarray(b, np.float32), device=a.device)
+    a, b = _f32(a), _f32(b)
+    sq = map_op("(a - b) * (a - b)", [a, b])
+
+    def bw(g):
+        d = map_op("2.0 * a * (b - c)", [g, a, b])
+        return (unbroadcast(d, a.shape) if a.requires_grad else None,
+                unbroadcast(map_op("-a", [d]), b.shape) if b.requires_grad else None)
+    record("mse", sq, [a, b], bw, saved=[a, b])
+    if reduction == "none":
+        return sq
+    return _mean(sq) if reduction == "mean" else _sum(sq)
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    _check_reduction(reduction)
     return loss if reduction == "none" else _sum(loss) if reduction == "sum" else _mean(loss)
 
 
 def _same_shape(x: Tensor, t: Tensor, op: str) -> Tensor:
     if not isinstance(t, Tensor):
-        from ..tensor import tensor
         t = tensor(t, device=x.device)
     if tuple(t.shape) != tuple(x.shape):
         raise ShapeError(f"{op}: target shape {tuple(t.shape)} differs from input shape "
@@ -60,7 +174,6 @@ def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, reduction: 
                         map_op("-a * b", [g, x]) if t.requires_grad else None)
             record("binary_cross_entropy_with_logits", out, [x, t], bw, saved=[x, t])
     else:
-        from .activations import softplus
         lw = 1.0 + (pos_weight - 1.0) * t
         out = (1.0 - t) * x + lw * softplus(-x, threshold=1e30)
     if weight is not None:
@@ -81,7 +194,6 @@ def _class_last(x: Tensor):
 
 
 def _class_targets(target, like: Tensor, shape: tuple):
-    from .indexing import as_index
     t = as_index(target, like, 2 ** 31 - 1, "nll_loss", allow_negative=True) \
         if not isinstance(target, Tensor) else target
     if t.dtype != int32:
@@ -96,10 +208,7 @@ def nll_loss(x: Tensor, target, weight=None, ignore_index: int = -100,
              reduction: str = "mean") -> Tensor:
     """-weight[t] x[n, t] per sample (x: log-probabilities [N, C] or [N, C, d...]); 'mean'
     divides by the total weight of the targets that are not ignored."""
-    from .elementwise import where
-    from .indexing import gather, index_select
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    _check_reduction(reduction)
     rows, shape = _class_last(_f32(x))
     C = rows.shape[1]
     t = _class_targets(target, rows, shape)
@@ -125,16 +234,13 @@ def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """PyTorch's cross_entropy: class-index targets (int32) or class probabilities (float, the
     input's shape), optional class weights and label smoothing."""
-    from . import nnops
     probs = isinstance(target, Tensor) and target.dtype != int32
     if not probs and weight is None:
-        return nnops.cross_entropy(x, target, ignore_index=ignore_index,
-                                   label_smoothing=label_smoothing, reduction=reduction)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        return _class_cross_entropy(x, target, ignore_index, label_smoothing, reduction)
+    _check_reduction(reduction)
     rows, shape = _class_last(_f32(x))
     C = rows.shape[1]
-    logp = nnops.log_softmax(rows, -1)
+    logp = log_softmax(rows, -1)
     wrow = None if weight is None else _f32(weight).reshape((1, C))
     ls = float(label_smoothing)
     if probs:
@@ -158,8 +264,6 @@ def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
         return nll.reshape(shape)
     if reduction == "sum":
         return _sum(nll)
-    from .elementwise import where
-    from .indexing import index_select
     return _sum(nll) / _sum(index_select(_f32(weight), 0, where(keep, t, 0)) * keep)
 
 
@@ -171,7 +275,6 @@ def _rows_back(rows: Tensor, like: Tensor) -> Tensor:
 
 
 def l1_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
-    from .elementwise import abs_, sub
     return _reduce(abs_(sub(x, target)), reduction)
 
 
@@ -188,7 +291,6 @@ def huber_loss(x: Tensor, target, reduction: str = "mean", delta: float = 1.0) -
 
 def _piecewise(x, target, name, beta, scale) -> Tensor:
     """smooth_l1 (scale 1/beta) and huber (scale 1, times delta outside) in one kernel."""
-    from .elementwise import sub
     d = _f32(sub(x, target))
     s = {"be": float(beta), "sc": float(scale)}
     if name == "huber":
@@ -197,7 +299,6 @@ def _piecewise(x, target, name, beta, scale) -> Tensor:
     else:
         fwd = "select(abs(a) - 0.5 * be, 0.5 * a * a * sc, abs(a) < be)"
         bwd = "select(a * sign(b), a * b * sc, abs(b) < be)"
-    from .activations import unary_map
     return unary_map(name, d, fwd, bwd, s)
 
 
@@ -223,4 +324,4 @@ def kl_div(x: Tensor, target, reduction: str = "mean", log_target: bool = False)
 
 
 __all__ = ["binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy",
-           "huber_loss", "kl_div", "l1_loss", "nll_loss", "smooth_l1_loss"]
+           "huber_loss", "kl_div", "l1_loss", "mse_loss", "nll_loss", "smooth_l1_loss"]

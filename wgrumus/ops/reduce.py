@@ -10,40 +10,31 @@ from collections import namedtuple
 import numpy as np
 
 from ..autograd.tape import record
+from ..kernels import reduce as reduce_kernels
 from ..runtime.device import groups_1d
 from ..runtime.errors import DimError, ShapeError
-from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float16, float32, int32
+from ..tensor import Tensor, float16, float32, int32
 from .dims import keep, pick
-from .elementwise import contiguous, map_op, saved_output
-from .nnops import row_mode
+from .elementwise import (
+    cast,
+    contiguous,
+    div,
+    fill_,
+    map_op,
+    maximum,
+    minimum,
+    saved_output,
+    sqrt,
+    square,
+    sub,
+)
 from .shape import permute, reshape
 
-# Rows up to this length take one invocation each (no barriers); longer ones a workgroup per
-# CHUNK. CPU adapters, where barriers are expensive, take longer rows per invocation.
-SHORT_ROW = 64
-SHORT_ROW_CPU = 4096
-# Elements per workgroup: 512 iterations per invocation, far below llvmpipe's 65,535 cut-off.
-CHUNK = 256 * 512
 # A float sum over at most this many leading rows of a contiguous tensor (the gradient of a
 # broadcast over the batch) is a column sum in place (at most 8 steps of 8 loads a column):
 # one dispatch instead of a transposing copy and a row reduction (lavapipe, quick GPT's
 # position embedding: 119 -> 57 us, one thread).
 LEADING_ROWS_MAX = 64
-
-
-def _isnan(dtype) -> str:
-    return "false" if dtype == int32 else "isnan_(x)"
-
-
-def _ops(name: str, dtype) -> tuple:
-    """(init, COMBINE) in ``dtype``'s arithmetic (NaN kept through max/min: WGSL may drop it)."""
-    if dtype == int32:
-        return {"sum": (0, "x + y"), "max": (-2 ** 31, "max(x, y)"),
-                "min": (2 ** 31 - 1, "min(x, y)"), "prod": (1, "x * y")}[name]
-    nan = "select({0}, x + y, isnan_a(x) || isnan_a(y))"
-    return {"sum": (0.0, "x + y"), "max": (float("-inf"), nan.format("max(x, y)")),
-            "min": (float("inf"), nan.format("min(x, y)")), "prod": (1.0, "x * y")}[name]
 
 
 def _axes(x: Tensor, axis) -> tuple:
@@ -72,48 +63,10 @@ def _rows(x: Tensor, axes):
     return xt, math.prod(kept), L, kept, kd
 
 
-def _kernel(entry: str, dtype, out_dtype, comb: str, gt: str = ">",
-            fin: str = "{TO}(v)") -> Kernel:
-    acc = "i32" if dtype == int32 else "f32"
-    defines = {"F16": "1"} if dtype == float16 else {}
-    return Kernel.of("reduce", entry, T=DTYPES[dtype], A=acc, TO=DTYPES[out_dtype],
-                     INIT="pi(5u)" if acc == "i32" else "pf(5u)", COMBINE=comb, GT=gt,
-                     FIN=fin.format(TO=DTYPES[out_dtype]), ISNAN=_isnan(dtype), **defines)
-
-
-def _short_row(dev) -> int:
-    return SHORT_ROW_CPU if row_mode(dev) == "thread" else SHORT_ROW
-
-
-def _row_reduce(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> None:
-    """out[r] = reduction of row r of contiguous [R, L] ``xt``, in passes of bounded loops."""
-    dev = xt.device
-    init, comb = _ops(name, xt.dtype)
-    scaled = xt.dtype != int32 and scale != 1.0
-    fin = "{TO}(v * pf(3u))" if scaled else "{TO}(v)"
-    short = _short_row(dev)
-    while True:
-        if L <= short:
-            k = _kernel("rows", xt.dtype, out.dtype, comb, fin=fin)
-            dev.dispatch(k, [xt._storage.buffer, out._storage.buffer],
-                         [R, L, xt.offset, float(scale), out.offset, init], groups_1d(R, 64))
-            return
-        nc = -(-L // CHUNK)
-        dst = out if nc == 1 else Tensor.empty((R, nc), dev, out.dtype)
-        k = _kernel("main", xt.dtype, dst.dtype, comb, fin=fin if nc == 1 else "{TO}(v)")
-        dev.dispatch(k, [xt._storage.buffer, dst._storage.buffer],
-                     [R * nc, L, xt.offset, float(scale), dst.offset, init, CHUNK, nc],
-                     groups_1d(R * nc, 1))
-        if nc == 1:
-            return
-        xt, L = dst, nc
-
-
 def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     axes = _axes(x, axis)
     with_grad = x
     if x.dtype == float16 and name == "sum" or mean:
-        from .elementwise import cast
         x = cast(x, float32)
     L = math.prod(x.shape[a] for a in axes)
     scale = (1.0 / L if L else float("nan")) if mean else 1.0
@@ -132,12 +85,10 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean=False) -> Tensor:
     out_dtype = float32 if x.dtype == float16 and name == "sum" else x.dtype
     out = Tensor.empty(kd if keepdims else kept, x.device, out_dtype)
     if R and L and leading:
-        x.device.dispatch(Kernel.of("colsum"), [xt._storage.buffer, out._storage.buffer],
-                          [R, L, xt.offset, out.offset], groups_1d(R, 64))
+        reduce_kernels.leading_sum(xt, R, L, out)
     elif R and L:
-        _row_reduce(name, xt, R, L, out, scale)
+        reduce_kernels.rows(name, xt, R, L, out, scale)
     elif R:  # sum / mean of empty rows
-        from .elementwise import fill_
         fill_(out, 0 if out_dtype == int32 else 0.0 * scale)
     in_shape = x.shape
 
@@ -178,7 +129,6 @@ def _extreme(name, x: Tensor, dim, keepdim, axis, keepdims):
     """PyTorch's max/min: an int ``dim`` gives (values, indices), ``axis=`` or a tuple the
     values, a tensor the elementwise maximum/minimum."""
     if isinstance(dim, Tensor):
-        from .elementwise import maximum, minimum
         return (maximum if name == "max" else minimum)(x, dim)
     kd = keep(keepdim, keepdims)
     values = _reduce(name, x, pick(dim, axis), kd)
@@ -197,30 +147,6 @@ def min(x: Tensor, dim=None, keepdim: bool = False, *, axis=None,  # noqa: A001
     return _extreme("min", x, dim, keepdim, axis, keepdims)
 
 
-def _arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
-    """out[r] = index of row r's extreme (first NaN, else first of ties), in passes."""
-    dev = xt.device
-    init = _ops("max" if gt == ">" else "min", xt.dtype)[0]
-    if L <= _short_row(dev):
-        dev.dispatch(_kernel("arg_rows", xt.dtype, int32, "x", gt),
-                     [xt._storage.buffer, out._storage.buffer],
-                     [R, L, xt.offset, 1.0, out.offset, init], groups_1d(R, 64))
-        return
-    ix = None
-    while True:
-        nc = -(-L // CHUNK)
-        dst = out if nc == 1 else Tensor.empty((R, nc), dev, int32)
-        vals = Tensor.empty((R, nc), dev, xt.dtype)
-        ixb, ixo = (ix._storage.buffer, ix.offset) if ix is not None else (xt._storage.buffer, 0)
-        dev.dispatch(_kernel("arg", xt.dtype, int32, "x", gt),
-                     [xt._storage.buffer, dst._storage.buffer, ixb, vals._storage.buffer],
-                     [R * nc, L, xt.offset, 1.0, dst.offset, init, CHUNK, nc,
-                      int(ix is not None), ixo, vals.offset], groups_1d(R * nc, 1))
-        if nc == 1:
-            return
-        xt, ix, L = vals, dst, nc
-
-
 def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
     if axis is not None and not isinstance(axis, (int, np.integer)):
         raise ShapeError(f"argmax/argmin take one axis or None (flattened), got {axis!r}")
@@ -237,7 +163,7 @@ def _arg(x: Tensor, axis, keepdims, gt) -> Tensor:
         kd = flat_kd
     out = Tensor.empty(kd if keepdims else kept, x.device, int32)
     if R:
-        _arg_rows(xt, R, L, out, gt)
+        reduce_kernels.arg_rows(xt, R, L, out, gt)
     return out
 
 
@@ -254,7 +180,6 @@ def var(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction
     """numpy's var: ddof=0 by default (PyTorch's default is correction=1, the unbiased
     estimate; pass it as ``correction=1``, ``unbiased=True`` or ``ddof=1``). A correction of
     at least the count divides by zero (inf, or nan for a constant row), as in PyTorch."""
-    from .elementwise import div, square, sub
     axes, keepdims = _axes(x, pick(dim, axis)), keep(keepdim, keepdims)
     if unbiased is not None:
         if correction is not None:
@@ -268,6 +193,5 @@ def var(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction
 
 def std(x: Tensor, dim=None, keepdim: bool = False, ddof: int = 0, *, correction=None,
         unbiased=None, axis=None, keepdims=None) -> Tensor:
-    from .elementwise import sqrt
     return sqrt(var(x, dim, keepdim, ddof, correction=correction, unbiased=unbiased, axis=axis,
                     keepdims=keepdims))

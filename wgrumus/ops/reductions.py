@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 from ..autograd.tape import needs_grad, record
+from ..kernels.reduce import rows as _row_reduce
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float16, float32, int32
 from .dims import keep, pick
 from .elementwise import _f32, abs_, cast, map_op, saved_output
-from .reduce import _axes, _row_reduce, _rows
+from .reduce import _axes, _rows
 from .reduce import max as _max
 from .reduce import min as _min
 from .reduce import sum as _sum

@@ -5,9 +5,9 @@ scan), so zeros in x give PyTorch's exact gradient rather than a division by zer
 from __future__ import annotations
 
 from ..autograd.tape import needs_grad, record
+from ..kernels.map import run_map
 from ..tensor import Tensor, float16, float32
 from .elementwise import cast, copy_into, fill_
-from .launch import run_map
 from .shape import _index_view, _norm_axis
 
 
@@ -103,7 +103,7 @@ def cumprod(x: Tensor, dim: int, dtype=None) -> Tensor:
     if half:
         out = cast(out, float16)
     elif needs_grad(x) and x.shape[d]:
-        o = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
+        o = Tensor(out.storage, out.shape, out.strides, out.offset, out.dtype)
         record("cumprod", out, [x], lambda g: (_cumprod_grad(x, o, g, d),), saved=[x, o])
     return out.reshape(()) if scalar else out
 

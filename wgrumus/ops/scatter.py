@@ -9,14 +9,14 @@ import math
 import numpy as np
 
 from ..autograd.tape import needs_grad, record
+from ..kernels.bounds import LOOP_BUDGET
+from ..kernels.map import run_map
 from ..runtime.asserts import CODES
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float32, int32
-from .bounds import LOOP_BUDGET
 from .elementwise import cast, contiguous, copy_into, fill_, map_op
 from .indexing import as_index, gather
-from .launch import run_map
 from .shape import _index_view, _norm_axis, expand, reshape
 
 REDUCES = ("sum", "prod", "mean", "amax", "amin")
@@ -67,8 +67,8 @@ def _accumulate(reg: Tensor, d: int, idx: Tensor, src: Tensor, mode: str, includ
     n = acc.numel()
     per = LOOP_BUDGET - 64
     for j0 in range(0, J, per) if n else ():
-        dev.dispatch_1d(k, [src._storage.buffer, idx._storage.buffer, acc._storage.buffer,
-                            cnt._storage.buffer, dev.asserts.buffer],
+        dev.dispatch_1d(k, [src.buffer, idx.buffer, acc.buffer,
+                            cnt.buffer, dev.asserts.buffer],
                         [n, A, J, inner, src.offset, idx.offset, j0, min(J, j0 + per), 1,
                          CODES["scatter"]], n)
     if dev_index and n and J:
@@ -120,7 +120,7 @@ def _scatter(x: Tensor, dim: int, index, src, mode: str, include_self: bool = Tr
 
 
 def _record(op, out, x, src, d, it, shape, reg_shape, mode, include_self, cnt):
-    o = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
+    o = Tensor(out.storage, out.shape, out.strides, out.offset, out.dtype)
 
     def bw(g):
         g = contiguous(g)

@@ -8,11 +8,12 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..kernels.map import expand_strides
+from ..runtime import get_device
 from ..runtime.errors import DimError, ShapeError, WgrumusError
-from ..tensor import Tensor, as_shape, check_same_device, contiguous_strides
+from ..tensor import Tensor, as_dtype, as_shape, check_same_device, contiguous_strides
 from .dims import pick, varargs
-from .elementwise import contiguous, copy_into, fill_
-from .launch import expand_strides
+from .elementwise import cast, contiguous, copy_into, fill_, unbroadcast
 
 
 def _norm_axis(axis: int, nd: int, what="axis") -> int:
@@ -40,7 +41,7 @@ def _infer(shape, n) -> tuple:
 def reshape(x: Tensor, *shape) -> Tensor:
     shape = _infer(varargs(shape), x.numel())
     src = contiguous(x)
-    out = Tensor(src._storage, shape, contiguous_strides(shape), src.offset, src.dtype)
+    out = Tensor(src.storage, shape, contiguous_strides(shape), src.offset, src.dtype)
     in_shape = x.shape
     record("reshape", out, [src], lambda g: (reshape(g, in_shape),))
     return out
@@ -75,7 +76,6 @@ def expand(x: Tensor, *shape) -> Tensor:
                          f"existing dimension)")
     shape = tuple(x.shape[i - pad] if s == -1 else s for i, s in enumerate(shape))
     out = x._view(shape, expand_strides(x, shape), x.offset)
-    from .elementwise import unbroadcast
     in_shape = x.shape
     record("expand", out, [x], lambda g: (unbroadcast(g, in_shape),))
     return out
@@ -154,12 +154,7 @@ def _index_view(x: Tensor, idx):
 
 
 def getitem(x: Tensor, idx) -> Tensor:
-    if isinstance(idx, (Tensor, list, np.ndarray)):
-        from . import masking
-        if masking.is_mask(idx):
-            return masking.select(x, idx)
-        from .indexing import index_select
-        return index_select(x, 0, idx)
+    """x[idx] for ints, slices, None and ...: a view (indexing.getitem takes index tensors)."""
     shape, strides, off = _index_view(x, idx)
     out = x._view(shape, strides, off)
     in_shape = x.shape
@@ -171,32 +166,6 @@ def getitem(x: Tensor, idx) -> Tensor:
         return (gx,)
     record("getitem", out, [x], bw)
     return out
-
-
-def setitem(x: Tensor, idx, value) -> None:
-    from ..autograd.tape import is_grad_enabled
-    if x.requires_grad and is_grad_enabled():
-        raise RuntimeError("in-place assignment into a tensor that requires grad; wrap it in "
-                           "wr.no_grad() or build the value with wr.where / wr.cat")
-    from . import masking
-    if isinstance(value, Tensor) and value._storage is x._storage:
-        # the value may overlap the written view (x[1:] = x[:-1], y[:] = y.t()): the kernel
-        # would read elements it has already written, so assign from a copy, as numpy does
-        from ..autograd.tape import no_grad
-        with no_grad():
-            value = value.clone()
-    if isinstance(idx, (Tensor, list, np.ndarray)) and masking.is_mask(idx):
-        masking.assign(x, idx, value)
-        return
-    shape, strides, off = _index_view(x, idx)
-    view = x._view(shape, strides, off)
-    if not isinstance(value, Tensor):
-        if isinstance(value, (int, float, np.integer, np.floating)):
-            fill_(view, value)
-            return
-        from ..tensor import tensor
-        value = tensor(np.asarray(value), device=x.device, dtype=x.dtype)
-    copy_into(view, value)
 
 
 def cat(tensors, dim: int = None, *, axis=None) -> Tensor:
@@ -268,7 +237,6 @@ def chunk(x: Tensor, chunks: int, dim: int = None, *, axis=None) -> list:
 
 def _to_args(args, device, dtype):
     """PyTorch's to() forms: to(device), to(dtype), to(device, dtype), to(other_tensor)."""
-    from ..tensor import as_dtype
     for a in args:
         if isinstance(a, Tensor):
             device, dtype = a.device, a.dtype
@@ -294,13 +262,11 @@ def to(x: Tensor, *args, device=None, dtype=None) -> Tensor:
         from .spellings import check_device_name
         check_device_name(device)
     if dtype is not None and dtype != x.dtype:
-        from .elementwise import cast
         x = cast(x, dtype)
     return x if device is None else _to_device(x, device)
 
 
 def _to_device(x: Tensor, device) -> Tensor:
-    from ..runtime import get_device
     dev = get_device(device)
     if dev is x.device:
         return x
@@ -308,13 +274,13 @@ def _to_device(x: Tensor, device) -> Tensor:
     out = Tensor.empty(x.shape, dev, x.dtype)
     if x.numel():
         # Across adapters the bytes go through the host (persistent staging both ways).
-        arr = src.device.read_array(src._storage.buffer, src.offset * src.dtype.itemsize,
+        arr = src.device.read_array(src.buffer, src.offset * src.dtype.itemsize,
                                     src.numel(), src.dtype)
-        dev.write(out._storage.buffer, arr)
+        dev.write(out.buffer, arr)
     src_dev = x.device
     record("to", out, [x], lambda g: (_to_device(g, src_dev),))
     return out
 
 
 def detach(x: Tensor) -> Tensor:
-    return Tensor(x._storage, x.shape, x.strides, x.offset, x.dtype)
+    return Tensor(x.storage, x.shape, x.strides, x.offset, x.dtype)

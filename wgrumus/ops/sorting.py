@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from ..kernels.map import run_map
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float32, int32
 from .elementwise import cast, contiguous, copy_into, fill_
 from .indexing import gather
-from .launch import run_map
 from .shape import _norm_axis, permute
 
 SortResult = namedtuple("SortResult", ["values", "indices"])  # torch.return_types.sort
@@ -43,7 +43,7 @@ def _sorted_indices(x: Tensor, d: int, descending: bool) -> Tensor:
         while k <= P:
             j = k // 2
             while j >= 1:
-                x.device.dispatch_1d(kern, [keys._storage.buffer, idx._storage.buffer],
+                x.device.dispatch_1d(kern, [keys.buffer, idx.buffer],
                                      [n, P, k, j, int(descending)], n)
                 j //= 2
             k *= 2

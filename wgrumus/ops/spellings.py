@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, int32
-from . import nnops
 from .dims import pick
 from .elementwise import binary, cast, floor_divide, map_op
+from .softmax import log_softmax as _log_softmax
+from .softmax import softmax as _softmax
 
 
 def _dim(x: Tensor, dim: int) -> int:
@@ -21,14 +22,14 @@ def softmax(x: Tensor, dim=None, dtype=None, *, axis=None, scale: float = 1.0,
     """softmax along ``dim`` (default the last); ``dtype`` casts the input first (PyTorch's)."""
     if dtype is not None:
         x = cast(x, dtype)
-    return nnops.softmax(x, _dim(x, pick(dim, axis, -1)), scale=scale, causal=causal)
+    return _softmax(x, _dim(x, pick(dim, axis, -1)), scale=scale, causal=causal)
 
 
 def log_softmax(x: Tensor, dim=None, dtype=None, *, axis=None, scale: float = 1.0,
                 causal: bool = False) -> Tensor:
     if dtype is not None:
         x = cast(x, dtype)
-    return nnops.log_softmax(x, _dim(x, pick(dim, axis, -1)), scale=scale, causal=causal)
+    return _log_softmax(x, _dim(x, pick(dim, axis, -1)), scale=scale, causal=causal)
 
 
 def div(a, b, *, rounding_mode=None) -> Tensor:

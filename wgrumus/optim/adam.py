@@ -9,20 +9,19 @@ import functools
 import math
 
 from ..autograd.tape import no_grad
-from ..ops import texread
+from ..kernels import texture
 from ..ops.creation import zeros
-from ..runtime.adapters import is_cpu_adapter
 from ..runtime.capture import refuse
 from ..runtime.kernels import Kernel, multi_tensor_decls, multi_tensor_kernel
+from ..runtime.profile import profile
+from ..runtime.tuning import TUNING
 from .optimizer import Optimizer, launch
 from .skip import FLAG_MULTI, HOST_MULTI, DeviceSteps, device_flags, host_step
 
 MULTI_MAX = 8  # parameters per multi-tensor dispatch (4 bindings each; 64 parameter words)
-# CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (None: per
-# adapter type, 1 on GPUs) and invocations per workgroup, from a sweep on lavapipe
+# CPU adapters (entry `cpu` of shaders/adam_multi.wgsl): elements per invocation (the adapter
+# profile's update_chunk, 1 on GPUs) and invocations per workgroup, from a sweep on lavapipe
 # (BENCHMARKS.md, findings).
-CPU_CHUNK = None
-CPU_CHUNK_DEFAULT = 32
 CPU_CHUNK_QUAD = 128  # ... a quad at a time (quick GPT: 2.07 ms against 2.43 with 32)
 CPU_WG = 16  # quick GPT's 4 dispatches 0.64 -> 0.58 ms: 17-33 workgroups keep both threads busy
 # ... smaller parameters read storage: a texture copy costs lavapipe ~5 us whatever its size,
@@ -68,7 +67,7 @@ class Adam(Optimizer):
                 batch = []
                 for p, g in todo:
                     if batch and (len(batch) == k or p.device is not batch[0][0].device or any(
-                            p._storage is q._storage for q, _, _ in batch)):
+                            p.storage is q.storage for q, _, _ in batch)):
                         self._multi(batch, group, steps)
                         batch = []
                     batch.append((p, g, self._prepare(p, group, steps)))
@@ -127,15 +126,15 @@ class Adam(Optimizer):
             x % 4 == 0 for p, g, st in batch for x in (
                 p.numel(), p.offset, g.offset, st["exp_avg"].offset,
                 st["exp_avg_sq"].offset)) else 1
-        chunk = (CPU_CHUNK_QUAD if q == 4 and CPU_CHUNK is None else chunk) // q
+        chunk = (CPU_CHUNK_QUAD if q == 4 and TUNING.update_chunk is None else chunk) // q
         bufs, rows, end = [], [], 0
         for p, g, st in batch:
             m, v = st["exp_avg"], st["exp_avg_sq"]
             end = -(-end // chunk) * chunk + p.numel() // q  # a parameter starts a chunk
             rows.append(([end] + [t.offset // q for t in (p, g, m, v)], st, p))
-            bufs += [p._storage.buffer, g._storage.buffer, m._storage.buffer, v._storage.buffer]
+            bufs += [p.buffer, g.buffer, m.buffer, v.buffer]
         if steps is not None:
-            bufs.append(steps[dev][0]._storage.buffer)
+            bufs.append(steps[dev][0].storage.buffer)
 
         def words():
             out = self._head(group) + [0, 0]
@@ -147,8 +146,8 @@ class Adam(Optimizer):
         amp = steps is not None
         if chunk > 1 or q == 4:
             with dev.lock:  # (the operand textures hold p, g, m, v until the dispatch)
-                on = q == 4 and texread.enabled(dev)
-                views = [[texread.operand(t, 4 * j + i, p.numel()) for i, t in enumerate(
+                on = q == 4 and texture.enabled(dev)
+                views = [[texture.operand(t, 4 * j + i, p.numel()) for i, t in enumerate(
                     (g, p, st["exp_avg"], st["exp_avg_sq"]))] if on and p.numel() >= CPU_TEX_MIN
                     else [None] for j, (p, g, st) in enumerate(batch)]
                 tex = tuple(None not in vs for vs in views)
@@ -163,7 +162,7 @@ class Adam(Optimizer):
             dev.dispatch_1d(multi_kernel(len(batch), amp), bufs, words(), end, refresh=refresh)
         for p, _, st in batch:
             for t in (p, st["exp_avg"], st["exp_avg_sq"]):
-                t._storage.version += 1
+                t.storage.version += 1
 
     def _update(self, p, g, state, group, steps=None):
         state = self._prepare(p, group, steps)
@@ -191,9 +190,8 @@ def multi_width(dev, amp: bool = False) -> int:
 
 def cpu_chunk(dev) -> int:
     """Elements per invocation of the multi-tensor update on ``dev`` (1: the GPU entry)."""
-    if CPU_CHUNK is not None:
-        return CPU_CHUNK
-    return CPU_CHUNK_DEFAULT if is_cpu_adapter(dev) else 1
+    chunk = TUNING.update_chunk
+    return profile(dev).update_chunk if chunk is None else chunk
 
 
 _ARRAYS = "P:read_write G:read M:read_write V:read_write"
@@ -236,7 +234,7 @@ def cpu_kernel(k: int, chunk: int, wg: int, amp: bool = False, quad: bool = Fals
         base = 4 * k + 1 + int(amp)
         decls = "\n".join(line for line in decls.split("\n")
                           if not any(f"> G{j}:" in line for j in on))
-        decls += "\n" + texread.decls({f"{x}T{j}": b for i, j in enumerate(on) for x, b in (
+        decls += "\n" + texture.decls({f"{x}T{j}": b for i, j in enumerate(on) for x, b in (
             ("G", 4 * j + 2), ("P", base + 3 * i), ("M", base + 3 * i + 1),
             ("V", base + 3 * i + 2))}, True)
     return Kernel.of("adam_multi", "cpu", BODY="", CPU_BODY="\n".join(body), CHUNK=chunk,

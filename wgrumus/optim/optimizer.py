@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.tape import no_grad
-from ..ops.creation import dummy_buffer
+from ..kernels.linear import dummy_buffer
 from ..ops.elementwise import contiguous
 from ..runtime.capture import capturing, guard, guard_grad
 from ..runtime.errors import CaptureError, ShapeError, WgrumusError
@@ -19,17 +19,17 @@ def launch(p: Tensor, g: Tensor, states, entry: str, words, refresh=None, skip=N
     refresh: one that also steps the counts (a replay calls it per step); skip: the flag
     tensor (optim/skip.py), bound after the states. Bumps the storage versions."""
     dev = p.device
-    bufs = [p._storage.buffer, g._storage.buffer]
-    bufs += [s._storage.buffer for s in states] or [dummy_buffer(dev)]
+    bufs = [p.buffer, g.buffer]
+    bufs += [s.buffer for s in states] or [dummy_buffer(dev)]
     if skip is not None:
-        bufs.append(skip._storage.buffer)
+        bufs.append(skip.buffer)
     head = [p.numel(), p.offset, g.offset, states[0].offset if states else 0]
     again = refresh or words
     kernel = Kernel.of("optim", entry, AMP=HOST_OPTIM if skip is None else FLAG_OPTIM)
     dev.dispatch_1d(kernel, bufs, head + words(), p.numel(), refresh=lambda: head + again())
-    p._storage.version += 1
+    p.storage.version += 1
     for s in states:
-        s._storage.version += 1
+        s.storage.version += 1
 
 
 class Optimizer:

@@ -96,9 +96,9 @@ class DeviceSteps:
         def words():
             b1, b2 = group["betas"]
             return [flag.offset, first, n, _ln(float(b1)), _ln(float(b2))]
-        dev.dispatch_1d(Kernel.of("amp", "steps"), [flag._storage.buffer, buf._storage.buffer],
+        dev.dispatch_1d(Kernel.of("amp", "steps"), [flag.buffer, buf.buffer],
                         words(), n, 64, refresh=words)
-        buf._storage.version += 1
+        buf.storage.version += 1
 
     def _buffer(self, opt, dev):
         params = [p for g in opt.param_groups for p in g["params"] if p.device is dev]
@@ -113,8 +113,8 @@ class DeviceSteps:
                 if st is not None and st.get("step") is view:
                     st["step"] = int(view.item())
         buf = Tensor.empty((1 + 3 * len(params),), dev, int32)
-        dev.write(buf._storage.buffer, np.zeros(1 + 3 * len(params), np.int32))
-        slots = {p: (k, Tensor(buf._storage, (), (), 1 + 3 * k, int32))
+        dev.write(buf.buffer, np.zeros(1 + 3 * len(params), np.int32))
+        slots = {p: (k, Tensor(buf.storage, (), (), 1 + 3 * k, int32))
                  for k, p in enumerate(params)}
         have = self._by_dev[dev] = (buf, slots, {p: k for k, p in enumerate(params)})
         return have
@@ -129,7 +129,7 @@ class DeviceSteps:
                "call .free() on the jitted function)")
         t = state.get("step", 0)
         t = int(t.item()) if isinstance(t, Tensor) else int(t)
-        buf.device.write(buf._storage.buffer, np.array([t], np.int32), (1 + 3 * slot) * 4)
+        buf.device.write(buf.buffer, np.array([t], np.int32), (1 + 3 * slot) * 4)
         state["step"] = view
 
 

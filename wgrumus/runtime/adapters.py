@@ -14,12 +14,6 @@ INSTALL_HINT = ("install a WebGPU-capable driver: on Linux without a GPU `sudo a
                 "install its Vulkan driver (Metal and DX12 work out of the box on macOS/Windows)")
 
 
-def is_cpu_adapter(dev) -> bool:
-    """Whether ``dev`` (anything with ``adapter_info``) is a CPU adapter such as lavapipe: its
-    memory is host memory and kernels of another shape run best there."""
-    return str(dev.adapter_info.get("adapter_type", "")).lower() == "cpu"
-
-
 def _name(info) -> str:
     # GL appends "/PCIe/SSE2"-style suffixes to the renderer name that Vulkan reports plainly.
     return (info.get("device") or "").split("/")[0].strip().lower()

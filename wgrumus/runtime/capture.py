@@ -96,7 +96,7 @@ class Recording:
                     (op[2],)
                 for t in tensors:
                     if t is not None:
-                        seen[id(t._storage.buffer)] = t._storage.buffer
+                        seen[id(t.buffer)] = t.buffer
         return list(seen.values())
 
 

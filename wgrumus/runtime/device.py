@@ -17,14 +17,15 @@ import numpy as np
 import wgpu
 
 from . import submitter
-from .adapters import is_cpu_adapter
 from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
 from .native import RawPass, RawTextureCopy, api, trusted_module
 from .pool import BufferPool
+from .profile import AdapterProfile
 from .staging import HostTransfers
+from .tuning import TUNING
 
 SLOT = 256  # bytes of parameters per dispatch
 # Dispatches per batch: the GPU starts on a step while the host records the rest (a GPT-mini
@@ -79,13 +80,14 @@ class Device(HostTransfers):
         if logical:
             self.name += f" #{logical}"
         self.adapter_info = dict(info)
-        cpu = is_cpu_adapter(self)  # memory is host memory
         feats = [f for f in OPTIONAL_FEATURES if f in adapter.features]
         limits = {k: v for k, v in adapter.limits.items() if isinstance(v, int) and v > 0}
         self.wgpu = adapter.request_device_sync(required_features=feats, required_limits=limits,
                                                 label=f"wgrumus:{index}")
         self.queue = self.wgpu.queue
         self.features = frozenset(self.wgpu.features)
+        self.profile = AdapterProfile.of(self.adapter_info, self.features)
+        cpu = self.profile.cpu  # memory is host memory
         self.limits = dict(self.wgpu.limits)
         self.max_binding = min(self.limits["max-storage-buffer-binding-size"],
                                self.limits["max-buffer-size"])
@@ -106,12 +108,11 @@ class Device(HostTransfers):
         self._pass = None
         self._init_staging()
         self._fence = None
-        self._raw = RawPass.create()
-        self._raw_copy = RawTextureCopy.create()
-        self._timer = None  # the GpuTimer timing this device's passes, if any
+        self.raw_pass = RawPass.create()
+        self.raw_copy = RawTextureCopy.create()
+        self.timer = None  # the GpuTimer timing this device's passes, if any
         self.asserts = DeviceAsserts(self.wgpu)  # device-side index checks, raised on reads
         self.recorder = None  # the capture.Recording of an open wr.jit capture, if any
-        self._cpu = cpu
         self.submitter = None  # CPU adapters: the thread replays are handed to (submitter.py)
         self.dispatches = 0
         self.replays = 0  # wr.jit replays run: they write buffers without storage version bumps
@@ -197,7 +198,7 @@ class Device(HostTransfers):
 
     def begin_pass(self, encoder):
         """A compute pass on ``encoder`` (this device's), timed while a GpuTimer is open."""
-        writes = self._timer._pass_writes() if self._timer is not None else None
+        writes = self.timer._pass_writes() if self.timer is not None else None
         return (encoder.begin_compute_pass(timestamp_writes=writes) if writes
                 else encoder.begin_compute_pass())
 
@@ -206,8 +207,8 @@ class Device(HostTransfers):
             self._encoder = self.wgpu.create_command_encoder()
         if self._pass is None:
             self._pass = self.begin_pass(self._encoder)
-            if self._raw is not None:
-                self._raw.begin(self._pass)
+            if self.raw_pass is not None:
+                self.raw_pass.begin(self._pass)
         return self._pass
 
     def _close_pass(self):
@@ -232,7 +233,7 @@ class Device(HostTransfers):
         with self.lock:
             pipe, layout, dynamic = self.pipeline(kernel, len(buffers))
             if self._slots == ARENA_SLOTS:
-                self._flush_locked()
+                self.flush_locked()
             slot = self._slots
             self._slots += 1
             pack_words(self._params_bytes, slot * SLOT, params)
@@ -241,13 +242,13 @@ class Device(HostTransfers):
                                        bytes(self._params_bytes[slot * SLOT:(slot + 1) * SLOT]),
                                        groups, refresh, written_bindings(kernel))
             cp = self._open_pass()
-            if dynamic and self._raw is not None:
-                self._raw.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
+            if dynamic and self.raw_pass is not None:
+                self.raw_pass.dispatch(pipe, self._bind_group(layout, buffers), slot * SLOT,
                                    gx, gy, gz)
                 self.dispatches += 1
                 return
-            if self._raw is not None:
-                self._raw.begin(cp)  # the pipeline set below is not the one it remembers
+            if self.raw_pass is not None:
+                self.raw_pass.begin(cp)  # the pipeline set below is not the one it remembers
             cp.set_pipeline(pipe)
             if dynamic:
                 cp.set_bind_group(0, self._bind_group(layout, buffers), [slot * SLOT])
@@ -256,6 +257,10 @@ class Device(HostTransfers):
                     layout=layout, entries=bind_entries(self._arena, slot * SLOT, buffers)))
             cp.dispatch_workgroups(gx, gy, gz)
             self.dispatches += 1
+
+    def operand_textures(self):
+        """(texture, view) of every operand texture made so far (replays map views back)."""
+        return list(self._textures.values())
 
     def operand_texture(self, slot: int, buffer, start: int, texels: int):
         """A view of operand texture ``slot`` holding ``texels`` texels of ``buffer`` from byte
@@ -276,7 +281,7 @@ class Device(HostTransfers):
                 region = (buffer, start + y * TEX_W * 16, TEX_W * 16, tv[0], y, w, n)
                 if self.recorder is not None:
                     self.recorder.texture_copy(*region)
-                (self._raw_copy.copy if self._raw_copy is not None else copy_to_texture)(
+                (self.raw_copy.copy if self.raw_copy is not None else copy_to_texture)(
                     enc, *region)
         return tv[1]
 
@@ -301,7 +306,7 @@ class Device(HostTransfers):
 
     def replay_submitter(self):
         """The submission thread for replays (CPU adapters; made on first use), else None."""
-        on = self._cpu if submitter.ENABLED is None else submitter.ENABLED
+        on = self.profile.cpu if TUNING.submitter is None else TUNING.submitter
         if on and self.submitter is None:
             with self.lock:
                 if self.submitter is None:
@@ -313,7 +318,8 @@ class Device(HostTransfers):
         if self.submitter is not None:
             self.submitter.drain()
 
-    def _flush_locked(self):
+    def flush_locked(self):
+        """Submit the recorded batch (the caller holds ``lock``; replays and timers call it)."""
         if self._encoder is None:
             return
         self.drain()  # eager work goes behind the queued replays
@@ -325,13 +331,13 @@ class Device(HostTransfers):
             self._slots = 0
         cb = self._encoder.finish()
         self._encoder = None
-        self._submit(cb)
+        self.submit(cb)
         # The mapping resolves once this batch's copies out of the buffer have run.
         for st in self._upload_used:
             self._return_upload(st, st.map_async("WRITE"))
         self._upload_used = []
 
-    def _submit(self, command_buffer) -> None:
+    def submit(self, command_buffer) -> None:
         """Every submit of this device's work goes through here (records its index)."""
         self.last_submission = api().submit(self.queue, command_buffer)
         self.submits += 1
@@ -339,7 +345,7 @@ class Device(HostTransfers):
     def flush(self) -> None:
         """Submit the recorded batch without waiting for it."""
         with self.lock:
-            self._flush_locked()
+            self.flush_locked()
 
     def synchronize(self) -> None:
         """Submit the batch and wait until the GPU has finished all work of this device."""

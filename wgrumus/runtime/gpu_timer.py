@@ -34,20 +34,20 @@ class GpuTimer:
     def __enter__(self) -> GpuTimer:
         dev = self.device
         with dev.lock:
-            if dev._timer is not None:
+            if dev.timer is not None:
                 raise RuntimeError(f"{dev!r} is already being timed; nest no GpuTimer blocks")
             dev.drain()  # replays queued before the block (CPU adapters) are not timed
-            dev._flush_locked()
+            dev.flush_locked()
             self.seconds, self.spans, self.passes, self.untimed = 0.0, [], 0, 0
-            dev._timer = self
+            dev.timer = self
         return self
 
     def __exit__(self, *exc) -> None:
         dev = self.device
         with dev.lock:
             dev.drain()
-            dev._flush_locked()  # ends the last timed pass
-            dev._timer = None
+            dev.flush_locked()  # ends the last timed pass
+            dev.timer = None
             n = self.passes
             if n:
                 dev._close_pass().resolve_query_set(self._queries, 0, 2 * n, self._resolved, 0)

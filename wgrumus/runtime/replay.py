@@ -43,7 +43,7 @@ class Replay:
         dev = self.device = recording.device
         ops = recording.ops
         if GROUP_TEXTURES and any(op[0] == "t" for op in ops):
-            ops = texplan.plan(ops, {id(v): t for t, v in dev._textures.values()},
+            ops = texplan.plan(ops, {id(v): t for t, v in dev.operand_textures()},
                                dev.new_operand_texture)
         n = sum(op[0] == "d" for op in ops)
         self.dispatches = n
@@ -97,7 +97,7 @@ class Replay:
         self._keep += [bind_groups, self._parts]
         dev.queue.write_buffer(self._arena, 0, self._words)
         # The C calls where the device records through them too (not under WGRUMUS_CHECKED_PASS)
-        raw = dev._raw is not None and (dev._raw_copy is not None
+        raw = dev.raw_pass is not None and (dev.raw_copy is not None
                                         or not any(op[0] == "t" for op in ops))
         self._raw = None if not raw else [
             RawReplay(c_api(), p, k) for p, k in zip(self._parts[::2], self._dispatches_of)]
@@ -112,7 +112,7 @@ class Replay:
         last = len(self._parts) - 1
         trace, pending = [], {}  # pending: slot -> the handle of a launched host operation
         self.trace = trace
-        sub = dev.replay_submitter() if last == 0 and dev._timer is None else None
+        sub = dev.replay_submitter() if last == 0 and dev.timer is None else None
         for i in range(0, last + 1, 2):
             if i:
                 self._host(self._parts[i - 1], pending, trace)
@@ -121,7 +121,7 @@ class Replay:
             with dev.lock:
                 if sub is None:
                     dev.drain()  # replays of other captures queued on this device go first
-                dev._flush_locked()  # eager work recorded so far runs first
+                dev.flush_locked()  # eager work recorded so far runs first
                 words = None
                 if i == 0 and self._refresh:
                     for slot, fn in self._refresh:
@@ -146,7 +146,7 @@ class Replay:
             return None
         enc = dev.wgpu.create_command_encoder()
         if self._raw is not None:
-            self._raw[i // 2].encode(enc, dev.begin_pass if dev._timer is not None else None,
+            self._raw[i // 2].encode(enc, dev.begin_pass if dev.timer is not None else None,
                                      before, after)
         else:
             self._encode_api(enc, self._parts[i], before, after)
@@ -158,7 +158,7 @@ class Replay:
         if words is not None:
             dev.queue.write_buffer(self._arena, *words)
         if commands is not None:
-            dev._submit(commands)
+            dev.submit(commands)
 
     def _host(self, op, pending: dict, trace: list) -> None:
         """A recorded host operation again: a launch is left running; a plain one's or a join's
@@ -185,8 +185,8 @@ class Replay:
                                f"{out.dtype} {out.shape}")
         nbytes = (out.numel() * out.dtype.itemsize + 3) & ~3
         if nbytes:
-            self.device.copy(res._storage.buffer, res.offset * res.dtype.itemsize,
-                             out._storage.buffer, out.offset * out.dtype.itemsize, nbytes)
+            self.device.copy(res.buffer, res.offset * res.dtype.itemsize,
+                             out.buffer, out.offset * out.dtype.itemsize, nbytes)
 
     def _encode_api(self, enc, segs, before, after) -> None:
         for c in before:

@@ -55,7 +55,7 @@ class HostTransfers:
                 self._write_mapped(buf, raw[lo:lo + step], offset + lo)
             return
         with self.lock:
-            self._flush_locked()
+            self.flush_locked()
             if nbytes % 4:
                 pad = np.zeros(((nbytes + 3) // 4) * 4, dtype=np.uint8)
                 pad[:nbytes] = raw
@@ -90,7 +90,7 @@ class HostTransfers:
             self._upload_used.append(st)
             # from 1 MiB submit at once, so the staging buffer returns to the pool
             if nbytes >= (1 << 20) or len(self._upload_used) >= 64:
-                self._flush_locked()
+                self.flush_locked()
 
     def _write_buffer(self, nbytes: int):
         """A MAP_WRITE staging buffer of at least nbytes, mapped and ready to fill."""
@@ -142,7 +142,7 @@ class HostTransfers:
             enc.copy_buffer_to_buffer(buf, start, staging, 0, size)
             if check:
                 self.asserts.record_copy(enc, staging, mapped - FLAG_BYTES)
-            self._flush_locked()
+            self.flush_locked()
         promise = map_read_async(staging, mapped)
         return Download(self, staging, promise, offset - start, nbytes, size, check)
 

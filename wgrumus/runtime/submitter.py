@@ -16,7 +16,6 @@ import threading
 
 from .errors import SubmitTimeout
 
-ENABLED = None  # None: on CPU adapters; True/False force it (tests, A/B benchmarks)
 DEPTH = 8  # jobs queued at most (a replayed step is one job)
 TIMEOUT = float(os.environ.get("WGRUMUS_SUBMIT_TIMEOUT", 600))
 

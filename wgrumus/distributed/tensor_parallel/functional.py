@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ...autograd.tape import no_grad, record
 from ...nn.functional import linear
+from ...ops.attention import causal_self_attention
 from ...ops.elementwise import map_op
-from ...ops.fused import causal_self_attention
 from ...ops.shape import reshape
 from ...runtime.errors import ShapeError
 from ...tensor import Tensor, int32

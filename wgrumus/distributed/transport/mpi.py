@@ -10,7 +10,8 @@ import time
 import numpy as np
 
 from ..errors import CollectiveError
-from . import (
+from . import node_shm
+from .wire import (
     _DONE,
     _HEADER_WORDS,
     _SIG_BYTES,
@@ -18,7 +19,6 @@ from . import (
     decode_header,
     encode_header,
     mismatch_error,
-    node_shm,
     split_bounds,
 )
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...runtime.staging import par_ranges
 from ..barrier import reduce_into
-from . import split_bounds
+from .wire import split_bounds
 
 CHUNK = 8 << 20  # bytes per slot
 MIN_BYTES = 256 << 10  # below this MPI's own all-reduce has the lower latency

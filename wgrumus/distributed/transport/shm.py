@@ -26,9 +26,9 @@ import time
 import numpy as np
 
 from ..errors import CollectiveError
-from . import _HEADER_WORDS, _Liveness, check_received, decode_header, encode_header
 from .shm_rounds import SlotRounds
 from .shm_segment import MSG_BYTES, Segment, child_name, open_when_ready
+from .wire import _HEADER_WORDS, _Liveness, check_received, decode_header, encode_header
 
 SPIN = int(os.environ.get("WGRUMUS_SHM_SPIN", "2000"))  # polls before a waiting rank yields
 PEER_CHECK = 0.02  # seconds between checks that the peers' processes still run

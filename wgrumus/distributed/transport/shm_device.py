@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from ..errors import CollectiveError
-from . import _HEADER_WORDS, decode_header, header_for
+from .wire import _HEADER_WORDS, decode_header, header_for
 
 CHUNK = int(os.environ.get("WGRUMUS_P2P_CHUNK", str(1 << 20)))  # bytes a staging buffer moves
 _ARRAY_HDR = _HEADER_WORDS * 8

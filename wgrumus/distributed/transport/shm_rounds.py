@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from ..barrier import reduce_into
-from . import _HEADER_WORDS, decode_header, encode_header, mismatch_error, split_bounds
 from .shm_segment import META_BYTES
+from .wire import _HEADER_WORDS, decode_header, encode_header, mismatch_error, split_bounds
 
 # WGRUMUS_SHM_CHUNK (bytes, default a slot): the device all-reduce's chunk, smaller ones overlap
 # download, host step and upload within one message (benchmarks/collectives.py --chunks)

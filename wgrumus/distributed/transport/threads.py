@@ -11,7 +11,7 @@ import numpy as np
 
 from ..barrier import CollectiveBarrier, reduce_into
 from ..errors import CollectiveError
-from . import _DONE, QUEUE_DEPTH, _Liveness, check_received, mismatch_error, split_bounds
+from .wire import _DONE, QUEUE_DEPTH, _Liveness, check_received, mismatch_error, split_bounds
 
 
 class _Mailbox:

@@ -8,19 +8,18 @@ import math
 
 import numpy as np
 
-from ..runtime.adapters import is_cpu_adapter
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
+from ..runtime.profile import profile
+from ..runtime.tuning import TUNING
 from ..tensor import DTYPES, Tensor, check_same_device
-from . import texread
+from . import texture
 
 MAXD = 8
 SCALAR_BASE = 48
-# CPU adapters (shaders/map_cpu.wgsl): output elements per invocation (None: per adapter type,
-# 1 on GPUs: map.wgsl) and invocations per workgroup, from a sweep on lavapipe
-# (BENCHMARKS.md, findings).
-CPU_CHUNK = None
-CPU_CHUNK_DEFAULT = 16
+# CPU adapters (shaders/map_cpu.wgsl): invocations per workgroup, from a sweep on lavapipe
+# (BENCHMARKS.md, findings; outputs per invocation: the adapter profile's map_chunk; 1 on GPUs:
+# map.wgsl)
 CPU_WG = 64
 # A strided f32 input reads through a texture where its span (copied) is at most this many
 # times its elements: a column of a [4096, 4096] matrix copied the matrix, 10.5 ms against
@@ -129,7 +128,7 @@ def _kernel(expr: str, types: tuple, modes: tuple, binds: tuple, named: tuple = 
 def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
                 wg: int, named: tuple = (), tex: tuple = (), quads=None) -> Kernel:
     """map_cpu.wgsl (as ``_kernel``), ``chunk`` outputs per invocation, strided operands
-    stepping a running offset. ``tex``: bindings read through textures (ops/texread.py);
+    stepping a running offset. ``tex``: bindings read through textures (ops/texture.py);
     ``quads`` (all inputs textured and aligned, a quad at a time): per input, whether it
     repeats along the output (``_quad_periods``)."""
     base = _kernel(expr, types, modes, binds)
@@ -147,7 +146,7 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
         body.append(f"        B{binds[0]}Q[qo + q] = r;")
         decls = "\n".join([f"@group(0) @binding({binds[0]}) var<storage, read_write> "
                            f"B{binds[0]}Q: array<vec4<f32>>;",
-                           texread.decls({f"B{b}": b for b in tex}, True)])
+                           texture.decls({f"B{b}": b for b in tex}, True)])
         return Kernel.of("map_cpu", "quads", DECLS=decls, QSETUP="\n".join(setup), SETUP="",
                          WRAP="", BODY="", STEP="", QBODY="\n".join(body), CHUNK=chunk, WG=wg)
     wrap, body, step = [], [], []
@@ -171,7 +170,7 @@ def _cpu_kernel(expr: str, types: tuple, modes: tuple, binds: tuple, chunk: int,
     decls = d["DECLS"]
     if tex:  # those bindings' storage declarations give way to textures
         decls = "\n".join([line for line in decls.split("\n") if not any(
-            f"> B{b}:" in line for b in tex)] + [texread.decls(
+            f"> B{b}:" in line for b in tex)] + [texture.decls(
                 {f"B{b}": b for b in tex}, True, elements=True)])
     defines = {"DECLS": decls, "SETUP": "\n".join(setup), "WRAP": "\n".join(wrap),
                "BODY": "\n".join(body), "STEP": "\n".join(step), "CHUNK": chunk, "WG": wg,
@@ -185,7 +184,7 @@ def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tup
     """CPU adapters: swap f32 inputs bound alone, contiguous or strided (no negative stride: the
     span they cover), for texture views (in ``buffers`` and ``params``); returns the bindings so
     read."""
-    if not texread.enabled(dev):
+    if not texture.enabled(dev):
         return ()
     tex = []
     for k, t in enumerate(inputs, 1):
@@ -195,7 +194,7 @@ def _texture_inputs(dev, inputs, modes, types, binds, buffers, params, n) -> tup
         span = n if modes[k] == "c" else 1 + sum((d - 1) * s for d, s in zip(t.shape, t.strides))
         if span > TEX_SPAN_MAX * math.prod(d for d, s in zip(t.shape, t.strides) if s):
             continue
-        got = texread.elements(t, k - 1, span)
+        got = texture.elements(t, k - 1, span)
         if got is not None:
             buffers[b - 1], params[18 + 9 * k] = got
             tex.append(b)
@@ -227,12 +226,8 @@ def _quad_periods(head: list, nin: int):
 
 def cpu_chunk(dev) -> int:
     """Outputs per invocation of the map on ``dev`` (1: map.wgsl)."""
-    if CPU_CHUNK is not None:
-        return CPU_CHUNK
-    chunk = getattr(dev, "_map_cpu_chunk", None)  # cached: every elementwise op asks
-    if chunk is None:
-        chunk = dev._map_cpu_chunk = CPU_CHUNK_DEFAULT if is_cpu_adapter(dev) else 1
-    return chunk
+    chunk = TUNING.map_chunk
+    return profile(dev).map_chunk if chunk is None else chunk
 
 
 _LAYOUTS: dict = {}  # (out shape, strides of every operand) -> (modes, head, quad periods)
@@ -279,7 +274,7 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
         return out
     dev = out.device
     for t in inputs:
-        if t._storage.device is not dev:
+        if t.device is not dev:
             check_same_device(out, *inputs, op="elementwise op")
     shape = out.shape
     modes, head, periods = _layout(shape,
@@ -287,11 +282,11 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     params = head.copy()
     params[0] = n
     params[18] = out.offset
-    buf = out._storage.buffer
+    buf = out.buffer
     buffers, binds, types = [buf], [1], [DTYPES[out.dtype]]
     for k, t in enumerate(inputs):
         params[27 + 9 * k] = t.offset
-        b = t._storage.buffer
+        b = t.buffer
         for j, have in enumerate(buffers):  # an operand sharing a buffer shares its binding
             if have is b:
                 binds.append(j + 1)
@@ -323,5 +318,5 @@ def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
     else:
         dev.dispatch_1d(_kernel(expr, tuple(types), modes, tuple(binds), names, head[1]),
                         buffers, params, n)
-    out._storage.version += 1
+    out.storage.version += 1
     return out

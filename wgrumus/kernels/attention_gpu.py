@@ -1,5 +1,6 @@
-"""FlashAttention-2 kernels for GPUs (shaders/flash_attention2.wgsl): tile variants, the
-generated register code of each entry point, and the choice of tiles per adapter.
+"""Fused attention kernels: FlashAttention-2 tiles (shaders/flash_attention2.wgsl: tile variants,
+the generated register code of each entry point, the choice of tiles per adapter) and the row
+kernel (shaders/flash_attention.wgsl) where no tile fits, with their launch.
 
 A role's tiles are (R, S, TM, TN): R resident rows per workgroup, S streamed rows per tile,
 TM x TN scores per invocation. The register code is unrolled with literal indices so compilers
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import functools
 
+from ..runtime.device import groups_1d
 from ..runtime.kernels import Kernel
-from .matmul import adapter_class
+from ..runtime.profile import profile
+from ..runtime.tuning import TUNING
+from ..tensor import float16
 
 # name -> tiles per role: (resident rows, streamed rows per tile, TM, TN[, flag]); the flag is
 # SG for "fwd" (row reductions by subgroup shuffles where subgroups hold a row: 3 barriers a tile
@@ -49,20 +53,16 @@ FALLBACK = {
 # one per role (the H100 sweep behind it: BENCHMARKS.md, findings).
 ATTN_TABLE: dict = {"gpu": "a64",  # nvidia: the H100 sweep's suggestion (BENCHMARKS.md)
                     "nvidia": {"fwd": "a32t2", "q": "a32t2pf", "kv": "a32t2pf"}}
-VARIANT = None  # a VARIANTS name forcing the choice (sweeps, tests)
-SUBGROUP_MIN = None  # the adapter's smallest subgroup size (None: from adapter info; tests)
-# Subgroup sizes per adapter class (wgpu reports placeholder bounds 4..128 on Vulkan; NVIDIA's
-# are always warps of 32).
-KNOWN_SUBGROUP_MIN = {"nvidia": 32}
 
 
 def _variant_name(dev, role: str):
-    if VARIANT is not None:
-        if VARIANT not in VARIANTS:
-            raise ValueError(f"attention tile variant {VARIANT!r} is not one of "
+    forced = TUNING.attention_variant
+    if forced is not None:
+        if forced not in VARIANTS:
+            raise ValueError(f"attention tile variant {forced!r} is not one of "
                              f"{sorted(VARIANTS)}")
-        return VARIANT
-    entry = ATTN_TABLE.get(adapter_class(dev), ATTN_TABLE.get("gpu"))
+        return forced
+    entry = ATTN_TABLE.get(profile(dev).adapter_class, ATTN_TABLE.get("gpu"))
     if isinstance(entry, dict):
         return entry.get(role) or entry.get("fwd" if role == "fwd" else "bwd")
     return entry
@@ -70,9 +70,7 @@ def _variant_name(dev, role: str):
 
 def _subgroups_hold(dev, nx: int) -> bool:
     """Whether every subgroup holds whole rows of nx consecutive invocations."""
-    info = dev.adapter_info  # wgpu-py 0.32 spells the keys "stackgroup_..."
-    least = (SUBGROUP_MIN or KNOWN_SUBGROUP_MIN.get(adapter_class(dev))
-             or info.get("subgroup_min_size") or info.get("stackgroup_min_size"))
+    least = TUNING.subgroup_min or profile(dev).subgroup_min
     return "subgroup" in dev.features and bool(least) and least >= nx and nx & (nx - 1) == 0
 
 
@@ -129,7 +127,7 @@ def pick_tiles(dev, role: str, d: int):
     return None
 
 
-# role -> entry point (also the row kernel's, ops/attention.py)
+# role -> entry point (also the row kernel's)
 ENTRIES = {"fwd": "fwd", "q": "bwd_q", "kv": "bwd_kv"}
 
 
@@ -473,3 +471,67 @@ def _bwd_kv(sh) -> str:
         L.append("    }")
     L.append("}")
     return "\n".join(L).replace("{entry}", "bwd_kv")
+
+
+WG = 64  # row kernel: rows (queries, or keys in bwd_kv) per workgroup, one per invocation
+MAX_HEAD_DIM = 128
+# llvmpipe's 65,535-iteration loop cap (the row kernel's block loops count about one per
+# streamed row; its vec4 loops unroll up to d 64) bounds CPU adapters' shapes.
+CPU_MAX_HEAD_DIM = 64
+CPU_MAX_ROWS = 60_000
+# CPU adapters take the tiles from this head size and one query block up, else the row kernel
+# (lavapipe, causal f+b: tiles at d 64 1.7x, 32 1.5x, 16 1.0x, 4 0.5x the row kernel's rate).
+CPU_TILES_MIN_D = 32
+
+
+def fused_fits(dev, d: int, Tq: int, Tk: int) -> bool:
+    """Whether the fused kernel takes this head size and these lengths on ``dev`` (callers
+    with another way, the unfused composition, pick it when not)."""
+    if profile(dev).cpu:
+        return d <= CPU_MAX_HEAD_DIM and max(Tq, Tk) <= CPU_MAX_ROWS
+    return d <= MAX_HEAD_DIM
+
+
+def _row_kernel(entry: str, d: int, dtype) -> Kernel:
+    """The one-row-per-invocation kernel (shaders/flash_attention.wgsl, no workgroup memory,
+    no barriers): adapters whose workgroup memory holds no FlashAttention-2 tile."""
+    t = "f16" if dtype == float16 else "f32"
+    return Kernel.of("flash_attention", entry, T=t, F16=int(t == "f16"), WG=WG, D=d, BK=32)
+
+
+def tiles_for(dev, d: int, T: int):
+    """Tiles per role, or None for the row kernel (no tile fits; CPU adapters below
+    CPU_TILES_MIN_D or one query block). TUNING.row_mode forces the choice."""
+    forced = TUNING.row_mode
+    if forced == "thread":
+        return None
+    tiles = {r: pick_tiles(dev, r, d) for r in ("fwd", "q", "kv")}
+    if None in tiles.values():
+        return None
+    if forced is None and profile(dev).cpu and (d < CPU_TILES_MIN_D or T < tiles["fwd"][0]):
+        return None
+    return tiles
+
+
+def launch(entry, q, k, v, w1, w2, scale, causal, rows, o=None, do=None, lse=None, dsum=None,
+           tiles=None):
+    """One dispatch: the FlashAttention-2 kernel of role ``entry`` ('fwd', 'q', 'kv') with
+    ``tiles``, or the row kernel's entry (fwd, bwd_q, bwd_kv) without. Operands: views of
+    [BH, T, d] rows."""
+    BH, Tq, d = q.shape
+    Tk = k.shape[1]
+    dev = q.device
+    if tiles is None:
+        block = WG
+        kern = _row_kernel(ENTRIES[entry], d, q.dtype)
+    else:
+        block = tiles[entry][0]
+        v4 = all(t.offset % 4 == 0 for t in (q, k, v, o, do) if t is not None) and d % 4 == 0
+        kern = kernel(entry, tiles[entry], d, q.dtype == float16, v4)
+    blocks = -(-rows // block)
+    off = lambda t: t.offset if t is not None else 0
+    bufs = [t.buffer for t in (q, k, v, w1, w2, o, do, lse, dsum) if t is not None]
+    dev.dispatch(kern, bufs,
+                 [BH, Tq, Tk, q.offset, k.offset, v.offset, w1.offset, w2.offset, float(scale),
+                  int(causal), blocks, off(o), off(do), off(lse), off(dsum)],
+                 groups_1d(BH * blocks, 1))

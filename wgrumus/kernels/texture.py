@@ -7,15 +7,17 @@ the device's operand textures, quad q at texel (q % TEX_W, q / TEX_W).
 """
 from __future__ import annotations
 
-from ..runtime.adapters import is_cpu_adapter
 from ..runtime.device import TEX_W, texture_loader
-from ..tensor import Tensor, float32
-
-ENABLED = None  # None: on CPU adapters; True/False force it (tests cover both)
+from ..runtime.profile import profile
+from ..runtime.tuning import TUNING
+from ..tensor import float32
 
 
 def enabled(dev) -> bool:
-    return is_cpu_adapter(dev) if ENABLED is None else ENABLED
+    """Whether read-heavy kernels on ``dev`` take their operands through textures (CPU
+    adapters; TUNING.texture_reads forces it)."""
+    on = TUNING.texture_reads
+    return profile(dev).cpu if on is None else on
 
 
 def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False) -> str:
@@ -32,7 +34,7 @@ def decls(names: dict, tex: bool, vt: str = "vec4<f32>", elements: bool = False)
     return "\n".join(out)
 
 
-def operand(t: Tensor, slot: int, n: int):
+def operand(t, slot: int, n: int):
     """A view of operand texture ``slot`` holding n elements of f32 ``t`` (offset a multiple
     of 4), or None where it does not fit. Call under the device lock with the dispatch that
     reads it (the next call for the slot refills the texture)."""
@@ -40,14 +42,14 @@ def operand(t: Tensor, slot: int, n: int):
     return got and got[0]
 
 
-def elements(t: Tensor, slot: int, n: int):
+def elements(t, slot: int, n: int):
     """(view, shift) as ``operand`` for any offset: the texture starts at the 16-byte boundary
     at or below t.offset, which is element ``shift`` there; None where it does not fit."""
     if t.dtype != float32 or n <= 0:
         return None
     start = t.offset & ~3
     texels = -(-(t.offset - start + n) // 4)
-    buf = t._storage.buffer
+    buf = t.buffer
     rows_max = t.device.limits["max-texture-dimension-2d"]
     if start * 4 + texels * 16 > buf.size or -(-texels // TEX_W) > rows_max:
         return None

@@ -1,12 +1,13 @@
 """GPU variants of the row ops (shaders/rowops.wgsl: vec4 loads, subgroup reductions, rows in
-registers), picked by ROW_TABLE per adapter class, op and row length (else ops/nnops.py's own).
+registers), picked by ROW_TABLE per adapter class, op and row length (else kernels/rows.py's own).
 """
 from __future__ import annotations
 
 from ..runtime.device import groups_1d
 from ..runtime.kernels import Kernel
+from ..runtime.profile import profile
+from ..runtime.tuning import TUNING
 from .bounds import LOOP_BUDGET
-from .matmul import adapter_class
 
 # name -> vec: vec4 loads (where L and the offsets allow); sg: subgroup reductions (where the
 # adapter has them); reg: the row held in registers (up to MAX_NR quads per invocation); rpw:
@@ -35,27 +36,23 @@ ROW_TABLE: dict = {
                            (4096, "v4r8")),
     ("nvidia", "xe_stats"): ((256, "v4sgr4_q2"), (768, "v4sgr8"), (4096, "v4r")),
 }
-FORCE = None  # a variant name run wherever it applies (tests, the sweep)
 MAX_NR = 8  # quads held in registers per invocation, at most
-SUBGROUP_MAX = None  # the adapter's largest subgroup size (None: from adapter info; tests set it)
 _PASSES = {"sm_fwd": 2, "sm_bwd": 2, "ln_fwd": 3, "ln_bwd": 2, "xe_stats": 1}
 
 
 def _subgroup_max(dev) -> int | None:
     if "subgroup" not in dev.features:
         return None
-    if SUBGROUP_MAX is not None:
-        return SUBGROUP_MAX
-    info = dev.adapter_info  # wgpu-py 0.32 spells the key "stackgroup_max_size"
-    return info.get("subgroup_max_size") or info.get("stackgroup_max_size") or None
+    return TUNING.subgroup_max or profile(dev).subgroup_max
 
 
 def _variant(dev, op: str, L: int):
-    if FORCE is not None:
-        return ROW_VARIANTS[FORCE]
-    if not ROW_TABLE or adapter_class(dev) == "cpu":
+    if TUNING.row_variant is not None:
+        return ROW_VARIANTS[TUNING.row_variant]
+    cls = profile(dev).adapter_class
+    if not ROW_TABLE or cls == "cpu":
         return None
-    for most, name in ROW_TABLE.get((adapter_class(dev), op), ()):
+    for most, name in ROW_TABLE.get((cls, op), ()):
         if L <= most:
             return ROW_VARIANTS.get(name)  # "default": the caller's own kernel
     return None
@@ -66,9 +63,10 @@ def plan(dev, op: str, L: int, R: int, offsets=(), log: bool = False):
     kernel). ``offsets``: every operand's (vec4 loads need multiples of 4)."""
     aligned = L % 4 == 0 and all(o % 4 == 0 for o in offsets)
     global _plans_for
-    if _plans_for != (ROW_TABLE, FORCE, SUBGROUP_MAX):  # a table changed (tests, the sweep)
+    tuned = (ROW_TABLE, TUNING.row_variant, TUNING.subgroup_max)
+    if _plans_for != tuned:  # a table changed (tests, the sweep)
         _plans.clear()
-        _plans_for = (dict(ROW_TABLE), FORCE, SUBGROUP_MAX)
+        _plans_for = (dict(ROW_TABLE), *tuned[1:])
     key = (dev, op, L, R, aligned, log)
     if key not in _plans:
         if len(_plans) > 4096:

@@ -1,5 +1,5 @@
 """Attention of short sequences on CPU adapters: shaders/attention_cpu.wgsl, one dispatch
-forward and two backward where the unfused composition (ops/fused.py ``_attend``) takes three
+forward and two backward where the unfused composition (ops/attention.py ``_attend``) takes three
 and five, on the packed projection qkv [B, T, 3, H, d] in place.
 
 A quick GPT step spent ~1.8 ms of its ~10 ms in those eight dispatches per layer on lavapipe:
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import functools
 
-from ..runtime.adapters import is_cpu_adapter
 from ..runtime.device import TEX_W, groups_1d
 from ..runtime.kernels import Kernel
+from ..runtime.profile import profile
+from ..runtime.tuning import TUNING
 from ..tensor import Tensor, float32
-from . import texread
-from .elementwise import _f32, contiguous, copy_into
-from .matmul import cpu_subgroup
+from . import texture
+from .matmul_cpu import cpu_subgroup
 
-ENABLED = None  # None: CPU adapters whose subgroup size is known; True/False force it (tests)
 TMAX = 64  # longest sequence
 HEAD_DIMS = (4, 8, 16, 32, 64)  # head sizes (rows of whole texels, shared in whole rounds)
 # T * d at most: the unrolled code's size (llvmpipe compiles T = 32, d = 16 in ~1 s, 64 x 16
@@ -41,8 +40,8 @@ _BINDINGS = {
 
 def fits(dev, T: int, d: int) -> bool:
     """Whether these kernels take heads of size ``d`` over ``T`` tokens on ``dev``."""
-    on = is_cpu_adapter(dev) if ENABLED is None else ENABLED
-    return bool(on and cpu_subgroup(dev) and texread.enabled(dev) and 1 <= T <= TMAX
+    on = profile(dev).cpu if TUNING.cpu_attention is None else TUNING.cpu_attention
+    return bool(on and cpu_subgroup(dev) and texture.enabled(dev) and 1 <= T <= TMAX
                 and d in HEAD_DIMS and T * d <= MAX_WORK)
 
 
@@ -125,7 +124,7 @@ def kernel(entry: str, W: int, T: int, d: int) -> Kernel:
     decls = []
     for b, (name, tex) in _BINDINGS[entry].items():
         if tex:
-            decls.append(texread.decls({name: b}, True))
+            decls.append(texture.decls({name: b}, True))
         else:
             t = "f32" if name in ("PT", "DST") else "vec4<f32>"
             decls.append(f"@group(0) @binding({b}) var<storage, read_write> {name}: array<{t}>;")
@@ -138,16 +137,10 @@ def _words(B, H, E, scale, causal):
     return [B * H, 0, H, E, float(scale), int(causal)]
 
 
-def _aligned(t: Tensor) -> Tensor:
-    """``t`` contiguous and starting at a quad (texture rows and quad stores need it)."""
-    t = contiguous(t)
-    return t if t.offset % 4 == 0 else copy_into(Tensor.empty(t.shape, t.device, t.dtype), t)
-
-
 def forward(qkv: Tensor, H: int, scale: float, causal: bool):
-    """(y [B, T, E] f32, P, PT) of contiguous float32 qkv [B, T, 3E] (E = H * d, ``fits``),
-    or None where an operand does not fit the device's textures (the caller then takes the
-    unfused path). No autograd."""
+    """(y [B, T, E] f32, P, PT) of contiguous float32 qkv [B, T, 3E] (E = H * d, ``fits``)
+    starting at a quad (texture rows and quad stores need it), or None where an operand does
+    not fit the device's textures (the caller then takes the unfused path). No autograd."""
     B, T, E3 = qkv.shape
     E = E3 // 3
     dev = qkv.device
@@ -158,37 +151,35 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
     y = Tensor.empty((B, T, E), dev, float32)
     P = Tensor.empty((B * H, T, Tp), dev, float32)
     PT = Tensor.empty((B * H, T, Tp), dev, float32)
-    qkv = _aligned(qkv)
     with dev.lock:  # (the operand texture holds qkv until the dispatch has read it)
-        view = texread.operand(qkv, 0, qkv.numel())
+        view = texture.operand(qkv, 0, qkv.numel())
         if view is None:
             return None
-        dev.dispatch(kernel("fwd", W, T, E // H), [view, y._storage.buffer, P._storage.buffer,
-                                                 PT._storage.buffer],
+        dev.dispatch(kernel("fwd", W, T, E // H), [view, y.buffer, P.buffer,
+                                                 PT.buffer],
                      _words(B, H, E, scale, causal), groups_1d(B * H * -(-T // W), 1))
     return y, P, PT
 
 
 def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float,
              causal: bool) -> Tensor:
-    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E] (any
-    float dtype: the textures read f32)."""
+    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E] (f32;
+    both contiguous and starting at a quad)."""
     B, T, E3 = qkv.shape
     E = E3 // 3
     dev = qkv.device
     W = cpu_subgroup(dev)
     Tp = P.shape[-1]
-    qkv, g = _aligned(qkv), _aligned(_f32(g))
     dqkv = Tensor.empty((B, T, E3), dev, float32)
     dst = Tensor.empty((B * H, T, Tp), dev, float32)
     words = _words(B, H, E, scale, causal)
     groups = groups_1d(B * H * -(-T // W), 1)
     with dev.lock:
-        views = [texread.operand(t, s, t.numel()) for s, t in enumerate((qkv, g, P))]
-        dev.dispatch(kernel("bwd_q", W, T, E // H), views + [dqkv._storage.buffer,
-                                                          dst._storage.buffer], words, groups)
-        views = [texread.operand(t, s, t.numel()) for s, t in enumerate((qkv, g, PT, dst))]
-        dev.dispatch(kernel("bwd_kv", W, T, E // H), views + [dqkv._storage.buffer], words,
+        views = [texture.operand(t, s, t.numel()) for s, t in enumerate((qkv, g, P))]
+        dev.dispatch(kernel("bwd_q", W, T, E // H), views + [dqkv.buffer,
+                                                          dst.buffer], words, groups)
+        views = [texture.operand(t, s, t.numel()) for s, t in enumerate((qkv, g, PT, dst))]
+        dev.dispatch(kernel("bwd_kv", W, T, E // H), views + [dqkv.buffer], words,
                      groups)
     return dqkv
 
