@@ -4,8 +4,10 @@ come back f16 (only float32 tensors take part in autograd)."""
 from __future__ import annotations
 
 from ..autograd.tape import needs_grad, record
+from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float16, float32
-from .elementwise import cast, map_op, saved_output
+from .elementwise import cast, gt, map_op, mul, saved_output, sigmoid, where
+from .shape import _norm_axis, chunk
 
 SELU_SCALE = 1.0507009873554804934193349852946
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -119,8 +121,6 @@ def threshold(x: Tensor, threshold: float, value: float) -> Tensor:
 
 def prelu(x: Tensor, weight: Tensor) -> Tensor:
     """x where x > 0, else weight * x; ``weight`` has one value or one per channel (dim 1)."""
-    from ..runtime.errors import ShapeError
-    from .elementwise import gt, mul, where
     if weight.numel() != 1:
         if x.ndim < 2 or weight.numel() != x.shape[1]:
             raise ShapeError(f"prelu: weight of {weight.numel()} values for input {x.shape}: "
@@ -131,9 +131,6 @@ def prelu(x: Tensor, weight: Tensor) -> Tensor:
 
 def glu(x: Tensor, dim: int = -1) -> Tensor:
     """a * sigmoid(b) for the two halves of ``dim``."""
-    from ..runtime.errors import ShapeError
-    from .elementwise import mul, sigmoid
-    from .shape import _norm_axis, chunk
     d = _norm_axis(dim, x.ndim, "dim")
     if x.shape[d] % 2:
         raise ShapeError(f"glu: dim {dim} has odd size {x.shape[d]}; it must halve")

@@ -11,6 +11,8 @@ import numpy as np
 from ..kernels.map import broadcast_shapes, run_map
 from ..runtime.kernels import Kernel
 from ..tensor import Tensor, int32
+from .indexing import index_select
+from .logical import _operand
 from .scan import scan
 
 
@@ -55,8 +57,6 @@ def argwhere(x: Tensor) -> Tensor:
 def masked_select(x: Tensor, mask) -> Tensor:
     """The entries of x where mask (broadcast with x) is true, as a 1-D tensor; differentiable
     in x (an index_select by the device-found positions)."""
-    from .indexing import index_select
-    from .logical import _operand
     m = _operand(mask, x)
     shape = broadcast_shapes(x.shape, m.shape)
     lin = flat_nonzero(m.expand(shape) if m.shape != shape else m)

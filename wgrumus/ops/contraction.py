@@ -11,6 +11,7 @@ from ..tensor import Tensor
 from .matmul import matmul
 from .reduce import sum as _sum
 from .shape import permute, reshape
+from .triangular import diagonal
 
 
 def _parse(eq: str, ops) -> tuple:
@@ -50,7 +51,6 @@ def _diagonals(x: Tensor, t: str) -> tuple:
         i, j = t.index(c), t.index(c, t.index(c) + 1)
         if x.shape[i] != x.shape[j]:
             raise ShapeError(f"einsum: letter {c!r} has sizes {x.shape[i]} and {x.shape[j]}")
-        from .triangular import diagonal
         x = diagonal(x, 0, i, j)  # the diagonal goes last
         t = "".join(ch for k, ch in enumerate(t) if k not in (i, j)) + c
     return x, t

@@ -12,15 +12,18 @@ import numpy as np
 
 from ..autograd.tape import record
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor, float32
+from ..tensor import Tensor, float32, tensor
 from . import conv as _conv
-from .elementwise import _f32, contiguous
-from .shape import cat, chunk, reshape
+from .elementwise import _f32, contiguous, copy_into, fill_
+from .indexing import index_select
+from .matmul import matmul
+from .padding import pad
+from .repeat import flip
+from .shape import _norm_axis, cat, chunk, getitem, reshape
 
 
 def _same_padding(x: Tensor, k, dilation, dims: int):
     """(x padded for padding='same', 0): torch pads the extra unit on the right / bottom."""
-    from .padding import pad
     k = (k,) * dims if isinstance(k, int) else tuple(k)
     d = (dilation,) * dims if isinstance(dilation, int) else tuple(dilation)
     widths = []
@@ -70,8 +73,6 @@ def _zero_insert(x: Tensor, sh: int, sw: int) -> Tensor:
     """[N, C, H, W] -> [N, C, (H-1) sh + 1, (W-1) sw + 1] with x at every stride-th place."""
     if sh == sw == 1:
         return x
-    from .elementwise import copy_into, fill_
-    from .shape import getitem
     N, C, H, W = x.shape
     out = fill_(Tensor.empty((N, C, (H - 1) * sh + 1, (W - 1) * sw + 1), x.device, x.dtype), 0)
     view = out._view((N, C, H, W), (out.strides[0], out.strides[1], out.strides[2] * sh,
@@ -88,8 +89,6 @@ def conv_transpose2d(x: Tensor, w: Tensor, b=None, stride=1, padding=0, output_p
     """The gradient of conv2d as a layer: weight [in, out / groups, KH, KW]. Zeros inserted by
     the stride, padded by dilation (k - 1) - padding, then a stride-1 conv2d with the kernel
     flipped."""
-    from .padding import pad
-    from .repeat import flip
     if x.ndim == 3:
         return conv_transpose2d(x.unsqueeze(0), w, b, stride, padding, output_padding, groups,
                                 dilation).squeeze(0)
@@ -222,8 +221,6 @@ def _adaptive_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 def _apply_2d(x: Tensor, mh: np.ndarray, mw: np.ndarray) -> Tensor:
     """mh @ x @ mw^T over the last two dims (weights uploaded once per call)."""
-    from ..tensor import tensor
-    from .matmul import matmul
     th = tensor(mh, device=x.device)
     tw = tensor(np.ascontiguousarray(mw.T), device=x.device)
     return matmul(matmul(th, _f32(x)), tw)
@@ -239,8 +236,6 @@ def adaptive_avg_pool2d(x: Tensor, output_size) -> Tensor:
 
 
 def adaptive_avg_pool1d(x: Tensor, output_size: int) -> Tensor:
-    from ..tensor import tensor
-    from .matmul import matmul
     o = output_size[0] if isinstance(output_size, (tuple, list)) else output_size
     return matmul(_f32(x), tensor(np.ascontiguousarray(_adaptive_matrix(x.shape[-1], o).T),
                                   device=x.device))
@@ -306,7 +301,6 @@ def interpolate(x: Tensor, size=None, scale_factor=None, mode: str = "nearest",
         outs = tuple(int(math.floor(n * f)) for n, f in zip(ins, sf))
         scales = (None,) * sp if recompute_scale_factor else sf
     if mode in ("nearest", "nearest-exact"):
-        from .indexing import index_select
         y = x
         for k in range(sp):
             y = index_select(y, 2 + k, _source_index(ins[k], outs[k], scales[k], mode))
@@ -315,8 +309,6 @@ def interpolate(x: Tensor, size=None, scale_factor=None, mode: str = "nearest",
         raise ValueError(f"interpolate: unknown mode {mode!r}")
     ac = bool(align_corners)
     if sp == 1:
-        from ..tensor import tensor
-        from .matmul import matmul
         m = _linear_matrix(ins[0], outs[0], scales[0], ac)
         return matmul(_f32(x), tensor(np.ascontiguousarray(m.T), device=x.device))
     return _apply_2d(x, _linear_matrix(ins[0], outs[0], scales[0], ac),
@@ -355,8 +347,6 @@ def fold(x: Tensor, output_size, kernel_size, dilation=1, padding=0, stride=1) -
 def tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
     """Tensor.unfold: windows of ``size`` every ``step`` along ``dimension``, as a new last dim
     (a copy through index_select, whose gradient adds overlapping windows)."""
-    from .indexing import index_select
-    from .shape import _norm_axis
     d = _norm_axis(dimension, x.ndim, "dimension")
     n = x.shape[d] if x.ndim else 1
     if size > n or step < 1:

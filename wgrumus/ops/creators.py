@@ -7,10 +7,14 @@ import numpy as np
 
 from ..kernels.map import run_map
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor, as_dtype, as_shape, float32, int32
+from ..tensor import Tensor, as_dtype, as_shape, float32, int32, tensor
 from .creation import empty, full, normal_into, uniform_into
 from .dims import varargs
+from .elementwise import cast, pow_
 from .random import next_seed
+from .reduce import max as _max
+from .reduce import min as _min
+from .shape import expand, reshape
 
 
 def eye(n: int, m=None, device=None, dtype=float32, requires_grad=False) -> Tensor:
@@ -34,7 +38,6 @@ def linspace(start, end, steps: int, device=None, dtype=float32, requires_grad=F
 
 
 def logspace(start, end, steps: int, base: float = 10.0, device=None, dtype=float32) -> Tensor:
-    from .elementwise import cast, pow_
     return cast(pow_(float(base), linspace(start, end, steps, device)), as_dtype(dtype))
 
 
@@ -95,15 +98,12 @@ def new_empty(x: Tensor, *size, dtype=None, device=None) -> Tensor:
 
 
 def new_tensor(x: Tensor, data, dtype=None, device=None) -> Tensor:
-    from ..tensor import tensor
     return tensor(data, device=device or x.device, dtype=dtype or x.dtype)
 
 
 def one_hot(idx: Tensor, num_classes: int = -1) -> Tensor:
     """int32 [..., num_classes]: 1 at each index. Reads the index range back (a class
     outside [0, num_classes) raises, as in PyTorch; -1 sizes by the largest index)."""
-    from .reduce import max as _max
-    from .reduce import min as _min
     if not isinstance(idx, Tensor):
         idx = Tensor.from_numpy(np.asarray(idx).astype(np.int32), dtype=int32)
     if idx.dtype != int32:
@@ -121,7 +121,6 @@ def one_hot(idx: Tensor, num_classes: int = -1) -> Tensor:
 
 def meshgrid(*tensors, indexing: str = "ij") -> list:
     """Broadcast views of 1-D tensors ('ij': matrix indexing, 'xy': the first two swapped)."""
-    from .shape import expand, reshape
     ts = list(varargs(tensors))
     if indexing not in ("ij", "xy"):
         raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")

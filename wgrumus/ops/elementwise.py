@@ -296,7 +296,7 @@ def where(cond, x=None, y=None):
     or Python ints (PyTorch's integer result), else float32. where(cond) alone:
     nonzero(cond, as_tuple=True)."""
     if x is None and y is None:
-        from .compaction import nonzero
+        from .compaction import nonzero  # compaction builds on these maps
         return nonzero(cond, as_tuple=True)
     like = next(t for t in (cond, x, y) if isinstance(t, Tensor))
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..autograd.tape import is_grad_enabled
+from ..kernels.map import broadcast_shapes
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor, float16, float32, int32
-from .elementwise import _f32, cast, map_op, where
+from ..tensor import Tensor, float16, float32, int32, tensor
+from .activations import unary_map
+from .elementwise import _f32, cast, copy_into, map_op, where
+from .reduce import sum as _sum
 
 _TRUE = "select(0.0, 1.0, {})"
 
@@ -16,7 +20,6 @@ _TRUE = "select(0.0, 1.0, {})"
 def _operand(v, like: Tensor) -> Tensor:
     if isinstance(v, Tensor):
         return v
-    from ..tensor import tensor
     a = np.asarray(v)
     if a.dtype == np.bool_:
         a = a.astype(np.float32)
@@ -114,7 +117,6 @@ def nan_to_num(x: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Tensor:
     big = float(np.finfo(np.float16 if x.dtype == float16 else np.float32).max)
     s = {"nv": float(nan), "pv": big if posinf is None else float(posinf),
          "mv": -big if neginf is None else float(neginf)}
-    from .activations import unary_map
     return unary_map("nan_to_num", x,
                      "select(select(select(a, mv, a == bitcast<f32>(0xff800000u)), pv, "
                      "a == bitcast<f32>(0x7f800000u)), nv, isnan_(a))",
@@ -143,14 +145,12 @@ def equal(a: Tensor, b: Tensor) -> bool:
 
 def any_(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """1.0 where some element along ``dim`` is non-zero (NaN counts), else 0.0."""
-    from .reduce import sum as _sum
     s = _sum(map_op(_TRUE.format("f32(a) != 0.0"), [x]), dim, keepdim)
     return map_op(_TRUE.format("a > 0.0"), [s])
 
 
 def all_(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """1.0 where every element along ``dim`` is non-zero (true for an empty dim), else 0.0."""
-    from .reduce import sum as _sum
     s = _sum(map_op(_TRUE.format("f32(a) == 0.0"), [x]), dim, keepdim)
     return map_op(_TRUE.format("a == 0.0"), [s])
 
@@ -158,7 +158,6 @@ def all_(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 def masked_fill(x: Tensor, mask, value) -> Tensor:
     """``value`` where ``mask`` (broadcast to x) is true, else x; x's dtype kept. A 0-d tensor
     value takes part in autograd."""
-    from ..kernels.map import broadcast_shapes
     m = _operand(mask, x)
     if isinstance(value, Tensor) and value.ndim:
         raise ShapeError(f"masked_fill: value must be a number or a 0-d tensor, got shape "
@@ -181,8 +180,6 @@ def masked_fill(x: Tensor, mask, value) -> Tensor:
 
 def masked_fill_(x: Tensor, mask, value) -> Tensor:
     """masked_fill in place (refused on a tensor that requires grad, outside no_grad)."""
-    from ..autograd.tape import is_grad_enabled
-    from .elementwise import copy_into
     if x.requires_grad and is_grad_enabled():
         raise RuntimeError("masked_fill_ on a tensor that requires grad; use masked_fill or "
                            "wrap it in wr.no_grad()")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..autograd.tape import needs_grad, record
 from ..tensor import Tensor, float32
 from .activations import unary_map
-from .elementwise import _scalar_as_tensor, _wrap, cast, map_op, unbroadcast
+from .elementwise import _scalar_as_tensor, _wrap, add, cast, map_op, mul, sub, unbroadcast
 
 _LN2, _LN10 = 0.6931471805599453, 2.302585092994046
 # name: (forward of a, backward of g = a, x = b, out = c)
@@ -107,7 +107,6 @@ def xlogy(a, b) -> Tensor:
 def lerp(start, end, weight) -> Tensor:
     """start + weight * (end - start); ``weight`` a number or a tensor."""
     if not isinstance(weight, Tensor):
-        from .elementwise import add, mul, sub
         w = float(weight)
         if abs(w) < 0.5:
             return add(start, mul(sub(end, start), w))

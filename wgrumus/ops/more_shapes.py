@@ -8,7 +8,9 @@ from ..runtime.errors import ShapeError
 from ..tensor import Tensor
 from .elementwise import binary, clamp, gt, lt, where
 from .indexing import gather
+from .matmul import matmul
 from .reduce import mean, std, sum, var  # noqa: A004
+from .reductions import vector_norm
 from .shape import _norm_axis, cat, getitem, permute, reshape, unsqueeze
 
 
@@ -162,7 +164,6 @@ def std_mean(x: Tensor, dim=None, keepdim: bool = False, *, correction=1, unbias
 
 def cosine_similarity(a: Tensor, b: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
     """a . b / max(|a| |b|, eps) along ``dim`` (PyTorch's clamp of the product of the norms)."""
-    from .reductions import vector_norm
     num = sum(binary("mul", a, b), dim)
     den = clamp(binary("mul", vector_norm(a, 2, dim), vector_norm(b, 2, dim)), min=eps)
     return binary("div", num, den)
@@ -171,14 +172,11 @@ def cosine_similarity(a: Tensor, b: Tensor, dim: int = 1, eps: float = 1e-8) -> 
 def pairwise_distance(a: Tensor, b: Tensor, p: float = 2.0, eps: float = 1e-6,
                       keepdim: bool = False) -> Tensor:
     """||a - b + eps||_p over the last dim."""
-    from .reductions import vector_norm
     return vector_norm(binary("add", binary("sub", a, b), eps), p, -1, keepdim)
 
 
 def cdist(a: Tensor, b: Tensor, p: float = 2.0) -> Tensor:
     """[..., P, M] x [..., R, M] -> [..., P, R] p-norm distances; p = 2 through a matmul."""
-    from .matmul import matmul
-    from .reductions import vector_norm
     if p == 2.0:
         aa = sum(binary("mul", a, a), -1, True)
         bb = sum(binary("mul", b, b), -1, True)

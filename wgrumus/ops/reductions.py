@@ -5,12 +5,27 @@ from __future__ import annotations
 
 import math
 
-from ..autograd.tape import needs_grad, record
+from ..autograd.tape import needs_grad, no_grad, record
 from ..kernels.reduce import rows as _row_reduce
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float16, float32, int32
+from .creation import full
 from .dims import keep, pick
-from .elementwise import _f32, abs_, cast, map_op, saved_output
+from .elementwise import (
+    _f32,
+    abs_,
+    add,
+    cast,
+    div,
+    exp,
+    fill_,
+    log,
+    map_op,
+    pow_,
+    saved_output,
+    sqrt,
+    sub,
+)
 from .reduce import _axes, _rows
 from .reduce import max as _max
 from .reduce import min as _min
@@ -24,7 +39,6 @@ def _prod_values(x: Tensor, axes: tuple, keepdims: bool) -> Tensor:
     if R and L:
         _row_reduce("prod", xt, R, L, out, 1.0)
     elif R:
-        from .elementwise import fill_
         fill_(out, 1)
     return out
 
@@ -71,7 +85,6 @@ def amin(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 
 def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) over ``dim``, shifted by the (detached) max; inf / -inf rows exact."""
-    from .elementwise import add, exp, log, sub
     x = _f32(x)
     axes = _axes(x, dim)
     if not axes and x.ndim:
@@ -79,7 +92,6 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
     m = map_op("select(a, 0.0, abs(a) == bitcast<f32>(0x7f800000u))",
                [_max(x.detach(), axis=axes, keepdims=True)]) if x.numel() else None
     if m is None:
-        from .creation import full
         shape = tuple(1 if a in axes else s for a, s in enumerate(x.shape)) if keepdim else \
             tuple(s for a, s in enumerate(x.shape) if a not in axes)
         return full(shape, float("-inf"), x.device, float32)
@@ -91,7 +103,6 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 def _two_norm(x: Tensor, axes: tuple, keepdims: bool) -> Tensor:
     """sqrt(sum(x^2)) with PyTorch's zero gradient at a zero norm."""
-    from .elementwise import sqrt
     with _no_grad():
         out = sqrt(_sum(map_op("a * a", [x]), axes, True))
     if needs_grad(x):
@@ -104,7 +115,6 @@ def _two_norm(x: Tensor, axes: tuple, keepdims: bool) -> Tensor:
 
 
 def _no_grad():
-    from ..autograd.tape import no_grad
     return no_grad()
 
 
@@ -126,7 +136,6 @@ def vector_norm(x: Tensor, ord=2, dim=None, keepdim: bool = False, *, dtype=None
     if ord == 0:
         return _sum(map_op("select(0.0, 1.0, a != 0.0)", [x]), axes, keepdim)
     p = float(ord)
-    from .elementwise import pow_
     return pow_(_sum(pow_(abs_(x), p), axes, keepdim), 1.0 / p)
 
 
@@ -181,7 +190,6 @@ def nansum(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 
 
 def nanmean(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    from .elementwise import div
     x = _f32(x)
     n = _sum(map_op("select(1.0, 0.0, isnan_(a))", [x]), dim, keepdim)
     return div(nansum(x, dim, keepdim), n)

@@ -8,7 +8,7 @@ import numpy as np
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, as_shape
 from .dims import varargs
-from .elementwise import contiguous
+from .elementwise import clone, contiguous
 from .indexing import index_select
 from .shape import _norm_axis, cat, expand, getitem, reshape
 
@@ -69,7 +69,6 @@ def _dims(x: Tensor, dims) -> tuple:
 
 def flip(x: Tensor, dims) -> Tensor:
     """A copy with the order along ``dims`` reversed (a negative-stride view, copied)."""
-    from .elementwise import clone
     dims = _dims(x, dims)
     if x.ndim == 0 or not dims:
         return clone(x)
@@ -111,7 +110,6 @@ def roll(x: Tensor, shifts, dims=None) -> Tensor:
             out = cat([getitem(out, lead + (slice(n - k, n),)),
                        getitem(out, lead + (slice(0, n - k),))], d)
     if out is x:
-        from .elementwise import clone
         out = clone(x)
     return out
 

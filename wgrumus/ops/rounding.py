@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..autograd.tape import needs_grad, record
 from ..tensor import Tensor, float16, int32
-from .elementwise import cast, map_op
+from .elementwise import cast, map_op, sub
 
 
 def _zero_grad_map(name: str, x: Tensor, expr: str, scalars=None) -> Tensor:
@@ -52,7 +52,6 @@ def sign(x: Tensor) -> Tensor:
 
 def frac(x: Tensor) -> Tensor:
     """x - trunc(x) (PyTorch's frac: the sign of x); gradient one."""
-    from .elementwise import sub
     return sub(x, trunc(x.detach() if x.requires_grad else x))
 
 

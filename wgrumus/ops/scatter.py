@@ -14,7 +14,7 @@ from ..kernels.map import run_map
 from ..runtime.asserts import CODES
 from ..runtime.errors import ShapeError, WgrumusError
 from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32, int32
+from ..tensor import DTYPES, Tensor, float32, int32, tensor
 from .elementwise import cast, contiguous, copy_into, fill_, map_op
 from .indexing import as_index, gather
 from .shape import _index_view, _norm_axis, expand, reshape
@@ -97,7 +97,6 @@ def _scatter(x: Tensor, dim: int, index, src, mode: str, include_self: bool = Tr
         value = None
     _check(x, d, it, src_t, op)
     if value is not None:  # a scalar: every index entry writes it
-        from ..tensor import tensor
         v = tensor(np.asarray(value, dtype=x.dtype), device=x.device, dtype=x.dtype)
         src_t = expand(v, it.shape)
     shape = it.shape

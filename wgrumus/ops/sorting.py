@@ -9,9 +9,13 @@ from collections import namedtuple
 from ..kernels.map import run_map
 from ..runtime.kernels import Kernel
 from ..tensor import DTYPES, Tensor, float32, int32
-from .elementwise import cast, contiguous, copy_into, fill_
+from .compaction import flat_nonzero
+from .elementwise import cast, contiguous, copy_into, fill_, where
 from .indexing import gather
-from .shape import _norm_axis, permute
+from .logical import isnan
+from .scan import cumsum
+from .scatter import scatter
+from .shape import _norm_axis, cat, permute
 
 SortResult = namedtuple("SortResult", ["values", "indices"])  # torch.return_types.sort
 
@@ -118,8 +122,6 @@ def median(x: Tensor, dim=None, keepdim: bool = False):
         nan_first = sort(flat, 0, descending=True).values[0:1] if x.dtype != int32 else None
         v = kthvalue(flat, (n - 1) // 2 + 1, 0).values
         if nan_first is not None:  # any NaN makes the median NaN, as in PyTorch
-            from .elementwise import where
-            from .logical import isnan
             return where(isnan(nan_first.reshape(())), nan_first.reshape(()), v)
         return v
     x, d, _ = _prepare(x, dim)
@@ -130,8 +132,6 @@ def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa
            return_counts: bool = False, dim=None):
     """The distinct values, ascending (a sort, the positions where the value changes, a
     compaction; the count of distinct values is read back to size the result)."""
-    from .compaction import flat_nonzero
-    from .scan import cumsum
     if dim is not None:
         raise NotImplementedError("unique(dim=...) is not supported; flatten first")
     flat = x.reshape((-1,))
@@ -149,12 +149,10 @@ def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa
     vals = gather(v.detach(), 0, starts) if n else v
     out = [vals]
     if return_inverse:
-        from .scatter import scatter
         rank = cumsum(first, 0) - 1 if n else first
         inv = scatter(fill_(Tensor.empty((n,), x.device, int32), 0), 0, order, rank)
         out.append(inv.reshape(x.shape))
     if return_counts:
-        from .shape import cat
         ends = cat([starts[1:], fill_(Tensor.empty((1,), x.device, int32), n)], 0) \
             if starts.numel() else starts
         out.append(ends - starts)

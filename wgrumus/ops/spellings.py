@@ -2,17 +2,17 @@
 ``div(rounding_mode=)``, ``x.cpu()``; one place, so the kernels keep one signature each."""
 from __future__ import annotations
 
-from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, int32
 from .dims import pick
-from .elementwise import binary, cast, floor_divide, map_op
+from .elementwise import _scalar_as_tensor, binary, cast, floor_divide, map_op
+from .rounding import trunc
+from .shape import _norm_axis, check_device_name, cpu
 from .softmax import log_softmax as _log_softmax
 from .softmax import softmax as _softmax
 
 
 def _dim(x: Tensor, dim: int) -> int:
     """``dim`` checked (an IndexError when outside x's dims, as in PyTorch)."""
-    from .shape import _norm_axis
     _norm_axis(dim, x.ndim, "dim")
     return dim
 
@@ -42,24 +42,11 @@ def div(a, b, *, rounding_mode=None) -> Tensor:
     if rounding_mode != "trunc":
         raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got "
                          f"{rounding_mode!r}")
-    from .rounding import trunc
     ints = all(isinstance(v, int) or isinstance(v, Tensor) and v.dtype == int32 for v in (a, b))
     if ints and any(isinstance(v, Tensor) for v in (a, b)):
-        from .elementwise import _scalar_as_tensor
         a, b = _scalar_as_tensor(a, b), _scalar_as_tensor(b, a)
         return map_op("select(a / b, 0, b == 0)", [a, b], dtype=int32)
     return trunc(binary("div", a, b))
-
-
-def cpu(x: Tensor):
-    raise WgrumusError("tensors live on WebGPU devices only: read one to the host with "
-                       ".numpy() (or .tolist() / .item()), not .cpu()")
-
-
-def check_device_name(device) -> None:
-    """Refuse "cpu" with the way to read a tensor to the host."""
-    if isinstance(device, str) and device.split(":")[0] == "cpu":
-        cpu(None)
 
 
 __all__ = ["check_device_name", "cpu", "div", "log_softmax", "softmax"]

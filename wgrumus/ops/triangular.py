@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..autograd.tape import needs_grad, record
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor
-from .elementwise import map_op
+from .creation import zeros
+from .elementwise import clone, copy_into, map_op
+from .reduce import sum as _sum
 from .shape import _norm_axis
 
 _COL = "i32(i % u32(W))"
@@ -48,9 +50,7 @@ def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor
     in_shape = x.shape
 
     def bw(g):
-        from .creation import zeros
         gx = zeros(in_shape, device=g.device)
-        from .elementwise import copy_into
         copy_into(diagonal(gx, offset, d1, d2), g)
         return (gx,)
     record("diagonal", out, [x], bw)
@@ -59,8 +59,6 @@ def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor
 
 def diag_embed(x: Tensor, offset: int = 0) -> Tensor:
     """A batch of square matrices with x's last dim on diagonal ``offset``."""
-    from .creation import zeros
-    from .elementwise import copy_into
     n = x.shape[-1] + abs(int(offset))
     out = zeros(x.shape[:-1] + (n, n), device=x.device, dtype=x.dtype)
     copy_into(diagonal(out, offset, -2, -1), x)
@@ -75,7 +73,6 @@ def diag(x: Tensor, diagonal_: int = 0) -> Tensor:
     if x.ndim == 1:
         return diag_embed(x, diagonal_)
     if x.ndim == 2:
-        from .elementwise import clone
         return clone(diagonal(x, diagonal_))
     raise ShapeError(f"diag takes a 1-D or 2-D tensor, got shape {x.shape}")
 
@@ -83,7 +80,6 @@ def diag(x: Tensor, diagonal_: int = 0) -> Tensor:
 def trace(x: Tensor) -> Tensor:
     if x.ndim != 2:
         raise ShapeError(f"trace takes a 2-D tensor, got shape {x.shape}")
-    from .reduce import sum as _sum
     return _sum(diagonal(x))
 
 
