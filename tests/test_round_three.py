@@ -5,7 +5,7 @@ import pytest
 
 import wgrumus as wr
 from wgrumus.nn import functional as F
-from wgrumus.ops import nnops
+from wgrumus.runtime.tuning import TUNING
 
 
 def test_pow_integral_exponent_keeps_nan(dev):
@@ -49,7 +49,7 @@ def _log_softmax64(z):
 
 @pytest.mark.parametrize("mode", ["thread", "wg"])
 def test_log_softmax_large_offsets(dev, monkeypatch, mode):
-    monkeypatch.setattr(nnops, "ROW_MODE", mode)
+    monkeypatch.setattr(TUNING, "row_mode", mode)
     top = F.log_softmax(wr.tensor(np.full((1, 5), 3e38, np.float32), device=dev)).numpy()
     np.testing.assert_allclose(top, np.full((1, 5), -np.log(5.0)), rtol=1e-6)
     z = np.random.default_rng(0).standard_normal((6, 300)).astype(np.float32)  # 300: not cached
@@ -63,7 +63,7 @@ def test_log_softmax_large_offsets(dev, monkeypatch, mode):
 @pytest.mark.parametrize("mode", ["thread", "wg"])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 def test_cross_entropy_large_offsets(dev, monkeypatch, mode, eps):
-    monkeypatch.setattr(nnops, "ROW_MODE", mode)
+    monkeypatch.setattr(TUNING, "row_mode", mode)
     rng = np.random.default_rng(1)
     z = rng.standard_normal((5, 12)).astype(np.float32)
     t = np.array([0, 3, 11, 5, 7])
@@ -104,7 +104,7 @@ def test_setitem_overlapping_views(dev):
 
 @pytest.mark.parametrize("mode", ["thread", "wg"])
 def test_softmax_of_a_row_holding_inf_is_nan_as_in_pytorch(dev, monkeypatch, mode):
-    monkeypatch.setattr(nnops, "ROW_MODE", mode)
+    monkeypatch.setattr(TUNING, "row_mode", mode)
     x = wr.tensor(np.array([[1.0, np.inf, 2.0], [1.0, -np.inf, 2.0]], np.float32), device=dev)
     s = F.softmax(x).numpy()
     assert np.isnan(s[0]).all()

@@ -237,6 +237,10 @@ def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
     probs = isinstance(target, Tensor) and target.dtype != int32
     if not probs and weight is None:
         return _class_cross_entropy(x, target, ignore_index, label_smoothing, reduction)
+    if probs and tuple(target.shape) != tuple(x.shape):
+        raise ShapeError(f"cross_entropy: {target.dtype} targets are class probabilities and "
+                         f"need the input's shape {tuple(x.shape)}, got {tuple(target.shape)}; "
+                         f"class indices must be int32 (.int())")
     _check_reduction(reduction)
     rows, shape = _class_last(_f32(x))
     C = rows.shape[1]
