@@ -238,9 +238,10 @@ def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
     if not probs and weight is None:
         return _class_cross_entropy(x, target, ignore_index, label_smoothing, reduction)
     if probs and tuple(target.shape) != tuple(x.shape):
-        raise ShapeError(f"cross_entropy: {target.dtype} targets are class probabilities and "
-                         f"need the input's shape {tuple(x.shape)}, got {tuple(target.shape)}; "
-                         f"class indices must be int32 (.int())")
+        raise ShapeError(f"cross_entropy: target shape {tuple(target.shape)} differs from input "
+                         f"shape {tuple(x.shape)}: {target.dtype} targets are class "
+                         f"probabilities of the input's shape; class indices must be int32 "
+                         f"(.int())")
     _check_reduction(reduction)
     rows, shape = _class_last(_f32(x))
     C = rows.shape[1]
