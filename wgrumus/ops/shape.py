@@ -290,9 +290,9 @@ def _is_dtype_name(name: str) -> bool:
 def to(x: Tensor, *args, device=None, dtype=None) -> Tensor:
     """x on ``device`` and/or in ``dtype`` (x itself when nothing changes)."""
     device, dtype = _to_args(args, device, dtype)
-    if isinstance(device, str):
-        from .spellings import check_device_name
-        check_device_name(device)
+    if isinstance(device, str):  # refused before any cast ("cpu": how to read to the host)
+        from ..runtime import get_device
+        get_device(device)
     if dtype is not None and dtype != x.dtype:
         from .elementwise import cast
         x = cast(x, dtype)
