@@ -920,7 +920,7 @@ def kill_cli_campaign(n: int, seed: int, folder: Path, log=print) -> list:
 # ============================================================================= concurrency
 # The parallel tests, run again and again with random sleeps (seeded) injected at the points
 # where threads meet: barrier arrivals, comm-thread all-reduces, thread transport send/recv,
-# pipeline channels, device submit/read/write, data-loader prefetch, DataParallel job hand-off.
+# pipeline channels, device submit/read/write, data-loader prefetch, rank-worker job hand-off.
 JITTER_POINTS = [
     "wgrumus.distributed.barrier:CollectiveBarrier.reduce",
     "wgrumus.distributed.barrier:CollectiveBarrier.wait",
@@ -933,7 +933,7 @@ JITTER_POINTS = [
     "wgrumus.runtime.device:Device.read_start",
     "wgrumus.runtime.device:Device.write",
     "wgrumus.data.loader:_Iter._put",
-    "wgrumus.distributed.data_parallel:_Worker.submit",
+    "wgrumus.distributed.engine:Worker.submit",
     "wgrumus.distributed.process_group:ProcessGroup.all_reduce_async",
 ]
 PARALLEL_TESTS = ["tests/test_barrier.py", "tests/test_comm.py", "tests/test_data_parallel.py",

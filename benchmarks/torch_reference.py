@@ -79,8 +79,12 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object (rank 0)")
     args = ap.parse_args(argv)
 
-    import torch
-    import torch.distributed as tdist
+    try:
+        import torch
+        import torch.distributed as tdist
+    except ImportError:
+        raise SystemExit("torch_reference.py measures PyTorch: pip install torch (wgrumus itself "
+                         "does not need it)") from None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available() and not args.cpu

@@ -229,7 +229,7 @@ def main():
     if scenario in ("pinned", "pinned3d"):  # three adapters, no device count: a rank opens one
         os.environ.pop("WGRUMUS_DEVICES", None)
         from wgrumus.runtime import context
-        fake = [context.select_adapters()[0] for _ in range(3)]
+        fake = context.Selection([context.select_adapters()[0] for _ in range(3)], range(3))
         assert len({id(a) for a in fake}) == 3
         context.select_adapters = lambda spec=None: fake
     if scenario == "pinned3d":  # train_3d picks its devices before any group exists
@@ -265,7 +265,7 @@ def main():
         local = g._t.local_rank
         assert local == g.rank, (local, g.rank)  # one host
         assert [d.adapter for d in wr.devices()] == [fake[local % 3]], wr.devices()
-        assert wr.devices()[0].host_index == local % 3  # (summary rows show the host's adapter)
+        assert wr.devices()[0].host_index == wr.devices()[0].adapter_index == local % 3  # (rows)
         x = wr.tensor(np.full(4, g.rank + 1.0, np.float32))
         assert g.all_reduce(x, "sum").numpy().tolist() == [3.0] * 4
         async_collectives(g)

@@ -186,12 +186,22 @@ def test_cli_processes_gives_the_threads_losses(clean_shm):
     np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
 
 
+@pytest.mark.timeout(600)
+def test_cli_processes_f16_gives_the_threads_losses(clean_shm):
+    """--precision f16 runs under every backend: processes ranks train as the threads do."""
+    if "shader-f16" not in wr.devices()[0].features:
+        pytest.skip("the adapter lacks shader-f16")
+    gpt = ("gpt", "--dp", "2", "--precision", "f16", "--n-layer", "1", "--block-size", "8",
+           "--batch-size", "4")
+    got = _train("--backend", "processes", model=gpt)
+    want = _train("--backend", "threads", model=gpt)
+    assert got["layout"]["backend"] == "processes"
+    np.testing.assert_allclose(got["losses"], want["losses"], rtol=1e-5)
+
+
 PROCESS_BAD = [
     (["train", "mlp", "--backend", "processes", "--dp", "2", "--pp", "2", "--devices", "4"],
      "runs --pp for the gpt model"),
-    (["train", "gpt", "--backend", "processes", "--dp", "2", "--precision", "f16",
-      "--devices", "2"],
-     "runs with the threads backend"),
     (["train", "mlp", "--backend", "processes", "--dp", "2", "--devices", "1"],
      "2 devices needed"),
     (["train", "mlp", "--backend", "processes", "--dp", "2"], "processes need as many adapters"),

@@ -107,8 +107,10 @@ def test_devices_from_env(devs):
     assert wr.MultiGpuContext.get()[1] is devs[1] and len(wr.MultiGpuContext.get()) == len(devs)
     with pytest.raises(wr.WgrumusError, match="out of range"):
         wr.zeros(2, device=len(devs))
-    with pytest.raises(TypeError, match="Device or device index"):
+    with pytest.raises(TypeError, match=r"device='cuda': .*wr.Device or an index into wr.devices"):
         wr.zeros(2, device="cuda")
+    with pytest.raises(TypeError, match="Device or device index"):
+        wr.zeros(2, device=1.0)
 
 
 def test_command_batching(dev):

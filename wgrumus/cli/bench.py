@@ -12,9 +12,12 @@ from pathlib import Path
 from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
-# fault, numerics and leak campaigns, and the time table of the README's commands: not run by
+# fault, numerics and leak campaigns, the time table of the README's commands, and the PyTorch
+# reference of multi_adapter.sh (it needs PyTorch, which wgrumus does not): not run by
 # `wgrumus bench` (all), only by name
-NOT_IN_ALL = {"reliability", "reliability_numerics", "soak", "commands"}
+NOT_IN_ALL = {"reliability", "reliability_numerics", "soak", "commands", "torch_reference"}
+# scripts of benchmarks/ that are not benchmarks (multi_adapter.sh's table maker): never listed
+HELPERS = {"multi_adapter_table"}
 # `wgrumus bench` (all, quick) keeps the multi-device rows; a benchmark not listed runs with
 # --quick when it has that flag (tests/test_bench_quick.py runs each).
 QUICK = {
@@ -37,7 +40,8 @@ def quick_args(name: str, path: Path) -> list:
 def available() -> dict[str, Path]:
     """The benchmark scripts of a source checkout (<repo>/benchmarks) by name, in ORDER."""
     d = Path(__file__).resolve().parents[2] / "benchmarks"
-    found = {p.stem: p for p in sorted(d.glob("*.py")) if not p.stem.startswith("_")}
+    found = {p.stem: p for p in sorted(d.glob("*.py"))
+             if not p.stem.startswith("_") and p.stem not in HELPERS}
     return dict(sorted(found.items(), key=lambda kv: (
         ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER), kv[0])))
 

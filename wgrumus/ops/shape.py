@@ -255,22 +255,11 @@ def _is_dtype_name(name: str) -> bool:
         return False
 
 
-def cpu(x: Tensor):
-    raise WgrumusError("tensors live on WebGPU devices only: read one to the host with "
-                       ".numpy() (or .tolist() / .item()), not .cpu()")
-
-
-def check_device_name(device) -> None:
-    """Refuse "cpu" with the way to read a tensor to the host."""
-    if isinstance(device, str) and device.split(":")[0] == "cpu":
-        cpu(None)
-
-
 def to(x: Tensor, *args, device=None, dtype=None) -> Tensor:
     """x on ``device`` and/or in ``dtype`` (x itself when nothing changes)."""
     device, dtype = _to_args(args, device, dtype)
-    if isinstance(device, str):
-        check_device_name(device)
+    if isinstance(device, str):  # refused before any cast ("cpu": how to read to the host)
+        get_device(device)
     if dtype is not None and dtype != x.dtype:
         x = cast(x, dtype)
     return x if device is None else _to_device(x, device)

@@ -2,11 +2,12 @@
 ``div(rounding_mode=)``, ``x.cpu()``; one place, so the kernels keep one signature each."""
 from __future__ import annotations
 
+from ..runtime.errors import WgrumusError
 from ..tensor import Tensor, int32
 from .dims import pick
 from .elementwise import _scalar_as_tensor, binary, cast, floor_divide, map_op
 from .rounding import trunc
-from .shape import _norm_axis, check_device_name, cpu
+from .shape import _norm_axis
 from .softmax import log_softmax as _log_softmax
 from .softmax import softmax as _softmax
 
@@ -49,4 +50,9 @@ def div(a, b, *, rounding_mode=None) -> Tensor:
     return trunc(binary("div", a, b))
 
 
-__all__ = ["check_device_name", "cpu", "div", "log_softmax", "softmax"]
+def cpu(x: Tensor):
+    raise WgrumusError("tensors live on WebGPU devices only: read one to the host with "
+                       ".numpy() (or .tolist() / .item()), not .cpu()")
+
+
+__all__ = ["cpu", "div", "log_softmax", "softmax"]

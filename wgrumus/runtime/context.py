@@ -6,7 +6,7 @@ import threading
 
 from .adapters import Selection, select_adapters
 from .device import Device
-from .errors import WgrumusError
+from .errors import DeviceNameError, WgrumusError
 
 
 def parse_device_count(text: str) -> int | None:
@@ -99,7 +99,9 @@ def get_device(d) -> Device:
                                f"device(s); set WGRUMUS_DEVICES to make more")
         return devs[d]
     if isinstance(d, str):  # PyTorch's habit: device="cuda", "cuda:1", "cpu"
-        raise TypeError(f"device={d!r}: wgrumus names devices by a wr.Device or an index into "
-                        f"wr.devices() (e.g. device=wr.devices()[0] or device=0), not by a "
-                        f"string; `wgrumus devices` lists them")
+        host = ("tensors live on WebGPU devices only: read one to the host with .numpy() (or "
+                ".tolist() / .item()); " if d.split(":")[0] == "cpu" else "")
+        raise DeviceNameError(f"device={d!r}: {host}wgrumus names devices by a wr.Device or an "
+                              f"index into wr.devices() (e.g. device=wr.devices()[0] or "
+                              f"device=0), not by a string; `wgrumus devices` lists them")
     raise TypeError(f"expected a Device or device index, got {type(d).__name__}")

@@ -25,6 +25,11 @@ class AdapterLimitError(WgrumusError, ValueError):
     pass
 
 
+class DeviceNameError(WgrumusError, TypeError):
+    """A device named by a string (PyTorch's "cuda" / "cpu"); a TypeError, as for any other
+    value that is not a wr.Device or an index."""
+
+
 class KernelError(WgrumusError):
     """A WGSL kernel failed to compile or launch (a bug in wgrumus, never in user code)."""
 

@@ -1,7 +1,7 @@
 """All-reduce between the MPI processes of one host through a shared-memory window: each rank
 copies its chunk into its slot, rank r reduces slice r over all slots in rank order into slot 0,
 and all copy slot 0 out (52 MB on the H100 host: 18 ms, against ~45 ms for MPICH's Iallreduce;
-benchmarks/_mpi_allreduce_probe.py). Two slot sets alternate, so a chunk needs two polled
+BENCHMARKS.md's MPI all-reduce row). Two slot sets alternate, so a chunk needs two polled
 Ibarriers (a dead rank means a CollectiveError at the deadline, never a hang).
 """
 from __future__ import annotations
