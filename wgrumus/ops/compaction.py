@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 
+from ..kernels.compact import compact
 from ..kernels.map import broadcast_shapes, run_map
-from ..runtime.kernels import Kernel
 from ..tensor import Tensor, int32
 from .indexing import index_select
 from .logical import _operand
@@ -27,8 +27,7 @@ def flat_nonzero(x: Tensor) -> Tensor:
     count = int(pos[n - 1].item())
     out = Tensor.empty((count,), x.device, int32)
     if count:
-        x.device.dispatch_1d(Kernel.of("compact"), [pos.buffer, out.buffer],
-                             [n, pos.offset], n)
+        compact(pos, out)
     return out
 
 

@@ -9,20 +9,15 @@ import math
 import numpy as np
 
 from ..autograd.tape import needs_grad, record
-from ..kernels.bounds import LOOP_BUDGET
+from ..kernels import scatter as scatter_kernels
 from ..kernels.map import run_map
-from ..runtime.asserts import CODES
 from ..runtime.errors import ShapeError, WgrumusError
-from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32, int32, tensor
+from ..tensor import Tensor, float32, int32, tensor
 from .elementwise import cast, contiguous, copy_into, fill_, map_op
 from .indexing import as_index, gather
 from .shape import _index_view, _norm_axis, expand, reshape
 
 REDUCES = ("sum", "prod", "mean", "amax", "amin")
-_NAN = "select({0}, x + y, isnan_(f32(x)) || isnan_(f32(y)))"
-_COMBINE = {"replace": "y", "sum": "x + y", "prod": "x * y", "mean": "x + y",
-            "amax": "max(x, y)", "amin": "min(x, y)"}
 
 
 def _check(x: Tensor, d: int, idx: Tensor, src: Tensor | None, op: str):
@@ -48,8 +43,7 @@ def _accumulate(reg: Tensor, d: int, idx: Tensor, src: Tensor, mode: str, includ
                 dev_index: bool):
     """(acc, cnt) over the contiguous region ``reg`` [outer, A, inner]."""
     dev = reg.device
-    A = reg.shape[d]
-    outer, inner = math.prod(reg.shape[:d]), math.prod(reg.shape[d + 1:])
+    A, inner = reg.shape[d], math.prod(reg.shape[d + 1:])
     J = idx.shape[d]
     acc = Tensor.empty(reg.shape, dev, reg.dtype)
     cnt = Tensor.empty(reg.shape, dev, float32)
@@ -59,21 +53,7 @@ def _accumulate(reg: Tensor, d: int, idx: Tensor, src: Tensor, mode: str, includ
     else:
         fill_(acc, 0)
         fill_(cnt, 0.0)
-    comb = _COMBINE[mode]
-    if mode in ("amax", "amin") and reg.dtype == float32:
-        comb = _NAN.format(comb)
-    defines = {"T": DTYPES[reg.dtype], "COMBINE": comb}
-    k = Kernel.of("scatter", **defines)
-    n = acc.numel()
-    per = LOOP_BUDGET - 64
-    for j0 in range(0, J, per) if n else ():
-        dev.dispatch_1d(k, [src.buffer, idx.buffer, acc.buffer,
-                            cnt.buffer, dev.asserts.buffer],
-                        [n, A, J, inner, src.offset, idx.offset, j0, min(J, j0 + per), 1,
-                         CODES["scatter"]], n)
-    if dev_index and n and J:
-        dev.asserts.arm()
-    del outer
+    scatter_kernels.accumulate(acc, cnt, src, idx, A, J, inner, mode, dev_index)
     return acc, cnt
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from ..kernels import sort as sort_kernels
 from ..kernels.map import run_map
-from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32, int32
+from ..tensor import Tensor, float32, int32
 from .compaction import flat_nonzero
 from .elementwise import cast, contiguous, copy_into, fill_, where
 from .indexing import gather
@@ -40,17 +40,7 @@ def _sorted_indices(x: Tensor, d: int, descending: bool) -> Tensor:
         src = xt if xt.dtype == kdt else cast(xt, kdt)
         copy_into(keys._view((R, L), (P, 1), 0), src.reshape((R, L)))
         run_map("i32(i % u32(P))", idx, [], {"P": P})
-        defines = {"T": DTYPES[kdt], "ISNAN": "false" if kdt == int32 else "isnan_(x)"}
-        kern = Kernel.of("sort", **defines)
-        n = R * P // 2
-        k = 2
-        while k <= P:
-            j = k // 2
-            while j >= 1:
-                x.device.dispatch_1d(kern, [keys.buffer, idx.buffer],
-                                     [n, P, k, j, int(descending)], n)
-                j //= 2
-            k *= 2
+        sort_kernels.bitonic(keys, idx, descending)
     out = contiguous(idx._view((R, L), (P, 1), 0)).reshape(xt.shape)
     if d != x.ndim - 1:
         inv = sorted(range(x.ndim), key=order.__getitem__)
