@@ -4,8 +4,8 @@ Pool gradients are gathers over the windows covering each input position (no ato
 from __future__ import annotations
 
 from ..autograd.tape import record
+from ..kernels import conv as conv_kernels
 from ..runtime.errors import ShapeError
-from ..runtime.kernels import Kernel
 from ..tensor import Tensor, float32
 from .elementwise import _f32, add, contiguous
 from .matmul import matmul
@@ -38,20 +38,10 @@ def _geometry(x: Tensor, k, stride, padding, dilation, op: str) -> dict:
                 OH=OH, OW=OW)
 
 
-def _params(n: int, g: dict, strides=(0, 0, 0, 0), off=0, flag=0) -> list:
-    return [n, g["N"], g["C"], g["H"], g["W"], g["KH"], g["KW"], g["SH"], g["SW"], g["PH"],
-            g["PW"], g["DH"], g["DW"], g["OH"], g["OW"], *strides, off, flag]
-
-
-def _run(dev, entry, g, n, bufs, strides=(0, 0, 0, 0), off=0, flag=0):
-    if n:
-        dev.dispatch_1d(Kernel.of("conv", entry), bufs, _params(n, g, strides, off, flag), n)
-
-
 def _col2im(dcols: Tensor, g: dict) -> Tensor:
     dcols = contiguous(dcols)
     dx = Tensor.empty((g["N"], g["C"], g["H"], g["W"]), dcols.device, float32)
-    _run(dcols.device, "col2im", g, dx.numel(), [dcols.buffer, dx.buffer],
+    conv_kernels.run(dcols.device, "col2im", g, dx.numel(), [dcols.buffer, dx.buffer],
          off=dcols.offset)
     return dx
 
@@ -63,7 +53,7 @@ def im2col(x: Tensor, kernel_size, stride=1, padding=0, dilation=1) -> Tensor:
     g = _geometry(x, kernel_size, stride, padding, dilation, "im2col")
     cols = Tensor.empty((g["C"] * g["KH"] * g["KW"], g["N"] * g["OH"] * g["OW"]), x.device,
                         float32)
-    _run(x.device, "im2col", g, cols.numel(), [x.buffer, cols.buffer],
+    conv_kernels.run(x.device, "im2col", g, cols.numel(), [x.buffer, cols.buffer],
          x.strides, x.offset)
     record("im2col", cols, [x], lambda gr: (_col2im(gr, g),))
     return cols
@@ -135,14 +125,14 @@ def _pool(x: Tensor, g: dict, entry: str, name: str, flag: int = 0) -> Tensor:
     shape = (g["N"], g["C"], g["OH"], g["OW"])
     out = Tensor.empty(shape, x.device, float32)
     arg = [Tensor.empty(shape, x.device, "int32")] if entry == "maxpool" else []  # (kept alive)
-    _run(x.device, entry, g, out.numel(),
+    conv_kernels.run(x.device, entry, g, out.numel(),
          [x.buffer, out.buffer] + [a.buffer for a in arg],
          x.strides, x.offset, flag)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
-        _run(gr.device, entry + "_bwd", g, dx.numel(),
+        conv_kernels.run(gr.device, entry + "_bwd", g, dx.numel(),
              [gr.buffer, dx.buffer] + [a.buffer for a in arg],
              off=gr.offset, flag=flag)
         return (dx,)

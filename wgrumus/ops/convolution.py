@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..autograd.tape import record
+from ..kernels import conv as conv_kernels
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float32, tensor
 from . import conv as _conv
@@ -166,14 +167,14 @@ def _pool_with_arg(x: Tensor, g: dict):
     shape = (g["N"], g["C"], g["OH"], g["OW"])
     out = Tensor.empty(shape, x.device, float32)
     arg = Tensor.empty(shape, x.device, "int32")
-    _conv._run(x.device, "maxpool", g, out.numel(),
+    conv_kernels.run(x.device, "maxpool", g, out.numel(),
                [x.buffer, out.buffer, arg.buffer], x.strides,
                x.offset)
 
     def bw(gr):
         gr = contiguous(gr)
         dx = Tensor.empty(x.shape, gr.device, float32)
-        _conv._run(gr.device, "maxpool_bwd", g, dx.numel(),
+        conv_kernels.run(gr.device, "maxpool_bwd", g, dx.numel(),
                    [gr.buffer, dx.buffer, arg.buffer], off=gr.offset)
         return (dx,)
     record("max_pool2d", out, [x], bw, saved=[arg])
