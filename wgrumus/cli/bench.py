@@ -28,6 +28,9 @@ QUICK = {
     "pipeline": ["--stages", "2", "--micro-batches", "4", "--schedules", "gpipe", "1f1b",
                  "--width", "64", "--layers", "2", "--mb-size", "8", "--repeats", "1"],
     "parallel3d": ["--quick", "--layouts", "1x1x1,2x2x2"],
+    # both backward paths (row scan, sorted) at a fraction of the full sizes' minutes on a CPU
+    "embedding_backward": ["--ids", "90000", "--rows", "10000"],
+    "replay_cost": ["--quick", "--reps", "20", "--warmup", "0.5"],
 }
 
 
