@@ -9,6 +9,8 @@
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
         --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
     python benchmarks/collectives.py --backend comm --ranks 2 --polling-wait   # A/B the waits
+    python benchmarks/collectives.py --backend shm-host --ranks 2   # the processes backend's
+        # host step alone: host-array all-reduce (f32, f16) and its round split, 1-16 MB
     python benchmarks/collectives.py --quick          # a few sizes, 2 and 4 ranks
     python benchmarks/collectives.py --json           # one JSON object per measurement
 
@@ -488,6 +490,70 @@ def _processes_rank(bw_sizes, lat_sizes, mem, g) -> list[dict]:
     return rows
 
 
+SHM_HOST_SIZES = [1 << 20, 4 << 20, 16 << 20]
+
+
+def run_shm_host(args, worlds) -> list[dict]:
+    """The processes backend's host step alone: all-reduce of host arrays through the shared
+    slots (what a device all-reduce does between its download and its upload)."""
+    from functools import partial
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else SHM_HOST_SIZES
+    mem = host_memory_rate()
+    rows = []
+    for w in worlds:
+        res = dist.spawn(partial(_shm_host_rank, sizes, mem), w, backend="processes",
+                         timeout=600)
+        rows.extend(res[0])
+    return rows
+
+
+def _shm_host_rank(sizes, mem, g) -> list[dict]:
+    from wgrumus.runtime.staging import TransferPhases
+    t, R = g._t, g.world_size
+    rows = []
+    for dtype, nbytes in itertools.product((np.float32, np.float16), sizes):
+        x = np.full(nbytes // np.dtype(dtype).itemsize, g.rank + 1, dtype)
+        out = np.empty_like(x)
+        sec, n = _agreed_loop(g, lambda: g.all_reduce(x, "sum"))
+        # the device path's round alone: into a reused output, one slot-sized chunk a round
+        per = t._per_chunk(dtype)
+
+        def rounds(ph=None):
+            for lo in range(0, x.size, per):
+                hi = min(lo + per, x.size)
+                t.reduce_chunk(x[lo:hi], out[lo:hi], "sum", time.monotonic() + 60, ph)
+        sec_r, n_r = _agreed_loop(g, rounds)
+        ph = TransferPhases()
+        for _ in range(n_r):
+            rounds(ph)
+        split = {k: ph.seconds[k] / n_r for k in ("copy", "peer")}
+        want = R * (R + 1) / 2
+        if not np.all(out == want):
+            raise AssertionError(f"rank {g.rank}: all-reduce of {dtype.__name__} gave "
+                                 f"{out[:4]}..., not {want}")
+        rows.append({"backend": "processes:host", "strategy": "shm-host", "ranks": R,
+                     "bytes": nbytes, "dtype": np.dtype(dtype).name, "seconds": sec,
+                     "algbw_GBps": nbytes / sec / 1e9, "round_s": sec_r,
+                     "round_GBps": nbytes / sec_r / 1e9, "split": split, "mem_GBps": mem,
+                     "table": "shm-host"})
+    return rows
+
+
+def print_shm_host_table(rows):
+    rows = [r for r in rows if r.get("table") == "shm-host"]
+    if not rows:
+        return
+    print(f"\nprocesses backend, host step (host memory "
+          f"{rows[0]['mem_GBps']:.1f} GB/s for one copy)")
+    print(f"{'ranks':>5} {'dtype':>7} {'size':>7} {'all_reduce ms':>14} {'GB/s':>6} "
+          f"{'round ms':>9} {'GB/s':>6} {'copy+reduce ms':>15} {'peer ms':>8}")
+    for r in rows:
+        print(f"{r['ranks']:>5} {r['dtype']:>7} {fmt_size(r['bytes']):>7} "
+              f"{r['seconds'] * 1e3:>14.3f} {r['algbw_GBps']:>6.2f} {r['round_s'] * 1e3:>9.3f} "
+              f"{r['round_GBps']:>6.2f} {r['split']['copy'] * 1e3:>15.3f} "
+              f"{r['split']['peer'] * 1e3:>8.3f}")
+
+
 def _one_rank_references(g, dev, x, nbytes) -> dict:
     """Rank 0 alone (the others wait): host copy, device->host and host->device of nbytes."""
     out = {}
@@ -587,8 +653,8 @@ def print_table(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=["threads", "mpi", "comm", "processes", "both", "all",
-                                         "none"],
+    p.add_argument("--backend", choices=["threads", "mpi", "comm", "processes", "shm-host",
+                                         "both", "all", "none"],
                    default="threads",
                    help="both = threads + mpi; all = threads + mpi + comm + processes; none = "
                    "references")
@@ -639,6 +705,7 @@ def main(argv=None):
         rows = load_rows(args.table)
         print_table([r for r in rows if "table" not in r])
         print_comm_table(rows)
+        print_shm_host_table(rows)
         return print_processes_tables(rows)
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else QUICK_SIZES if args.quick else COMM_SIZES if args.backend == "comm"
@@ -655,6 +722,8 @@ def main(argv=None):
         rows += run_comm(args, sizes, worlds)
     if args.backend in ("processes", "all"):
         rows += run_processes(args, worlds)
+    if args.backend == "shm-host":
+        rows += run_shm_host(args, worlds)
     if not args.no_reference:
         rows += gloo_reference(sizes, worlds)
     if args.json:
@@ -664,6 +733,7 @@ def main(argv=None):
         print_table([r for r in rows if "table" not in r])
         print_comm_table(rows)
         print_processes_tables(rows)
+        print_shm_host_table(rows)
         if not args.no_reference and not any(r["strategy"] == "gloo" for r in rows):
             print("(torch not importable: no gloo reference)")
     return 0
