@@ -123,12 +123,12 @@ def reduce_into(out: np.ndarray, inputs, op: str, divisor: int) -> None:
     be ``inputs[0]`` itself. More than two inputs, mean and float16 go tile by tile through a
     cached accumulator, so that each tile is reduced over every input while it is in cache (one
     pass over memory, not one per input); float16 is reduced in float32 and rounded once
-    (numpy's float16 arithmetic is slow and rounds at every add)."""
+    (numpy's float16 arithmetic rounds at every step, and is slower than its casts)."""
     ufunc = _UFUNCS[op]
     k = len(inputs)
     mean = op == "mean" and divisor != 1
     wide = out.dtype == np.float16
-    if not wide and not mean and k <= 2:
+    if not mean and k <= 2:  # numpy's float16 loops add each pair in float32, rounding once
         if k == 1:
             np.copyto(out, inputs[0])
         else:

@@ -21,8 +21,9 @@ PAR_MIN = 1 << 20  # copies and reductions from this size are split over threads
 PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
 # ranks up to which each reduces the whole chunk from every slot into its own output: for 2
 # ranks that moves fewer bytes than reduce-scatter into a slot and copy out (2 reads and 1 write
-# per element, not 1.5 + 0.5 + 2) and saves a barrier; beyond, the reads grow with the ranks
-DIRECT_RANKS = int(os.environ.get("WGRUMUS_SHM_DIRECT_RANKS", "2"))
+# per element, not 1.5 + 0.5 + 2) and saves a barrier; beyond, the reads grow with the ranks.
+# WGRUMUS_SHM_DIRECT_RANKS (read at each call) overrides it (benchmarks/collectives.py --direct)
+DIRECT_RANKS = 2
 _ARRAY_HDR = _HEADER_WORDS * 8
 
 
@@ -101,7 +102,8 @@ class SlotRounds:
         t1 = time.perf_counter()
         self._barrier(deadline, "all-reduce")
         t2 = time.perf_counter()
-        if out is not None and self.size <= DIRECT_RANKS:
+        direct = int(os.environ.get("WGRUMUS_SHM_DIRECT_RANKS", DIRECT_RANKS))
+        if out is not None and self.size <= direct:
             self._par(lambda a, c: reduce_into(out[a:c], [v[a:c] for v in views], op,
                                                self.size), n, src.itemsize)
             if phases is not None:
