@@ -1,10 +1,13 @@
 """The host step of the processes backend's all-reduce: reduce_into (tiled, float16 reduced in
 float32 and rounded once, out only written) and the shared-slot round in both of its forms (each
 rank reducing every slot into its output, or a slice each into rank 0's slot)."""
+import time
+
 import numpy as np
 import pytest
 from test_processes import on_one_segment
 
+from wgrumus.distributed import CollectiveError
 from wgrumus.distributed.barrier import REDUCE_TILE, reduce_into
 from wgrumus.distributed.transport import shm_rounds
 
@@ -87,3 +90,27 @@ def test_slot_all_reduce_both_forms(monkeypatch, world, direct):
             np.testing.assert_array_equal(g, w)
     if world == 3:
         assert float(results[0][1][0]) == 2050.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("direct", [0, 2])
+def test_slot_all_reduce_peer_failure_is_an_error(monkeypatch, direct):
+    """A rank that fails between rounds, or never comes, is an error on the other rank (the
+    abort word at once, the deadline at worst), whichever form the round takes."""
+    monkeypatch.setattr(shm_rounds, "DIRECT_RANKS", direct)
+    x = np.ones(3000, np.float32)
+
+    def fails(g):
+        g.all_reduce(x, "sum")
+        if g.rank == 1:
+            raise RuntimeError("boom")
+        return g.all_reduce(x, "sum")
+    t0 = time.monotonic()
+    _, errs = on_one_segment(2, fails, timeout=30.0)
+    assert time.monotonic() - t0 < 10  # the abort word, not the timeout
+    assert isinstance(errs[0], CollectiveError) and "RuntimeError: boom" in str(errs[0])
+
+    def absent(g):
+        return None if g.rank == 1 else g.all_reduce(x, "sum")
+    _, errs = on_one_segment(2, absent, timeout=1.0)
+    assert isinstance(errs[0], CollectiveError) and errs[0].timed_out, errs
