@@ -22,6 +22,7 @@ PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
 # ranks up to which each reduces the whole chunk from every slot into its own output: for 2
 # ranks that moves fewer bytes than reduce-scatter into a slot and copy out (2 reads and 1 write
 # per element, not 1.5 + 0.5 + 2) and saves a barrier; beyond, the reads grow with the ranks.
+# Not float16: its reduction is bound by numpy's casts, not memory, so a slice each is faster.
 # WGRUMUS_SHM_DIRECT_RANKS (read at each call) overrides it (benchmarks/collectives.py --direct)
 DIRECT_RANKS = 2
 _ARRAY_HDR = _HEADER_WORDS * 8
@@ -91,9 +92,10 @@ class SlotRounds:
                      deadline: float, phases=None) -> None:
         """One all-reduce round: ``out`` (None: only the reduction) gets op over every rank's
         ``src`` (at most a slot's bytes); ``phases``: the barriers' time counted as ``peer``,
-        the rest as ``copy``. Up to DIRECT_RANKS ranks, each reduces every rank's slot straight
-        into its ``out`` (one barrier, no copy out of a shared slot); more ranks each reduce
-        their slice into rank 0's slot, and all copy the result out after a second barrier."""
+        the rest as ``copy``. Up to DIRECT_RANKS ranks (float16: never), each reduces every
+        rank's slot straight into its ``out`` (one barrier, no copy out of a shared slot); else
+        each reduces its slice into rank 0's slot, and all copy the result out after a second
+        barrier."""
         t0 = time.perf_counter()
         n = src.size
         s = self._round()
@@ -103,7 +105,7 @@ class SlotRounds:
         self._barrier(deadline, "all-reduce")
         t2 = time.perf_counter()
         direct = int(os.environ.get("WGRUMUS_SHM_DIRECT_RANKS", DIRECT_RANKS))
-        if out is not None and self.size <= direct:
+        if out is not None and self.size <= direct and src.dtype != np.float16:
             self._par(lambda a, c: reduce_into(out[a:c], [v[a:c] for v in views], op,
                                                self.size), n, src.itemsize)
             if phases is not None:
