@@ -114,3 +114,22 @@ def test_slot_all_reduce_peer_failure_is_an_error(monkeypatch, direct):
         return None if g.rank == 1 else g.all_reduce(x, "sum")
     _, errs = on_one_segment(2, absent, timeout=1.0)
     assert isinstance(errs[0], CollectiveError) and errs[0].timed_out, errs
+
+
+@pytest.mark.timeout(300)
+def test_collectives_benchmark_shm_host_table():
+    """benchmarks/collectives.py --backend shm-host times both dtypes in both round forms (and
+    checks the sums itself)."""
+    import json
+    import sys
+
+    from _util import ROOT, run_process
+    p = run_process([sys.executable, ROOT / "benchmarks" / "collectives.py", "--backend",
+                     "shm-host", "--ranks", "2", "--sizes", "65536", "--direct", "0,2",
+                     "--no-reference", "--json"], 280, WGRUMUS_DEVICES="2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert sorted((r["direct"], r["dtype"]) for r in rows) == [
+        (0, "float16"), (0, "float32"), (2, "float16"), (2, "float32")]
+    for r in rows:
+        assert r["seconds"] > 0 and r["round_s"] > 0 and r["split"]["copy"] > 0
