@@ -250,6 +250,25 @@ def test_auto_backend_stays_on_threads_for_logical_devices(monkeypatch):
     assert loop._backend(args, "gpt", 2) == "threads"
 
 
+def test_auto_backend_on_physical_gpus(monkeypatch):
+    """With a GPU adapter per rank, auto takes processes for data parallelism alone over 4+
+    replicas or with --sync-every, threads for every other layout (the measured faster one)."""
+    from types import SimpleNamespace
+
+    from wgrumus.cli import build_parser, loop
+    from wgrumus.runtime import adapters
+    gpus = [SimpleNamespace(info={"adapter_type": "DiscreteGPU"}) for _ in range(4)]
+    monkeypatch.setattr(adapters, "select_adapters", lambda *a, **k: gpus)
+    monkeypatch.delenv("WGRUMUS_DEVICES", raising=False)
+    want = {("--dp", "4"): "processes", ("--dp", "2", "--sync-every", "8"): "processes",
+            ("--dp", "2"): "threads", ("--pp", "2"): "threads", ("--tp", "2"): "threads",
+            ("--dp", "2", "--pp", "2"): "threads"}
+    for extra, backend in want.items():
+        args = build_parser().parse_args(["train", "gpt", *extra])
+        world = args.dp * args.tp * args.pp
+        assert loop._backend(args, "gpt", world) == backend, extra
+
+
 @pytest.mark.timeout(300)
 def test_device_send_recv_between_processes(clean_shm):
     """Tensors of every size class arrive exact, in tag order, on the receiver's device, with
