@@ -9,6 +9,9 @@
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
         --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
     python benchmarks/collectives.py --backend comm --ranks 2 --polling-wait   # A/B the waits
+    python benchmarks/collectives.py --backend shm-host --ranks 2,4 --direct 0,4   # the
+        # processes backend's host step alone: host-array all-reduce (f32, f16) and its round
+        # split, 1-16 MB, each round reduce-scattered in a slot (0) or reduced by every rank (4)
     python benchmarks/collectives.py --quick          # a few sizes, 2 and 4 ranks
     python benchmarks/collectives.py --json           # one JSON object per measurement
 
@@ -24,10 +27,13 @@ torch is importable, torch.distributed gloo all-reduce between processes.
 
 The processes backend (``dist.spawn(..., backend="processes")``, one process per adapter, shared
 memory between them) gets two tables: device all-reduce bandwidth against the same bound as the
-comm backend, min(down, up, mem / 4R), and against its own, min(down, up, mem / (7R + 1)): a
-process cannot read another's mapped staging, so each element is also copied into and out of the
-shared slots (down 1 + copy in 2 + reduce (R + 1)/R + copy out 2 + up 1 touches per byte and
-rank); and latency per size: send/recv one way (ping-pong between rank pairs, all pairs at once)
+comm backend, min(down, up, mem / 4R), and against its own, min(down, up, mem / T): a
+process cannot read another's mapped staging, so each element is also copied into the shared
+slots. T counts the bytes touched over all ranks per byte: where each rank reduces every slot into
+its upload buffer (up to WGRUMUS_SHM_DIRECT_RANKS ranks, default 2) down 1 + copy in 2 + reduce
+R + 1 + up 1 per rank, T = R (R + 5); else each reduces a slice in a slot and copies the result
+out, down 1 + copy in 2 + reduce (R + 1)/R + copy out 2 + up 1, T = 7R + 1; and latency
+per size: send/recv one way (ping-pong between rank pairs, all pairs at once)
 and all-reduce, with the host copy and the one-way device<->host copies of the same size measured
 in the same run, and each transfer split into submit / fence wait / map / host copy / waiting for
 the peer (runtime.staging.TransferPhases, per transfer, summed over both ends).
@@ -248,6 +254,33 @@ def one_way(dev, buf, nbytes, down: bool):
     st.give_back(sb)
 
 
+def mapped_touch(dev, nbytes: int, k: int = 5) -> dict:
+    """Median seconds to copy ``nbytes`` out of a READ staging buffer just mapped (first touch)
+    and once more (same mapping), and into a WRITE one: first much slower than again means each
+    map faults its pages in anew, which every staged chunk pays in its host copy."""
+    from wgrumus.runtime.staging import staging_of
+    st, deadline = staging_of(dev), time.monotonic() + 600
+    host = np.ones(nbytes, np.uint8)
+    times = {"read_first_s": [], "read_again_s": [], "write_first_s": [], "write_again_s": []}
+    for _ in range(k):
+        r = st.reader(nbytes)
+        st.submit([], [r])
+        r.wait(deadline)
+        w = st.writer(nbytes, deadline)
+        for name, sb, copy in (("read", r, lambda a: np.copyto(host, a)),
+                               ("write", w, lambda a: np.copyto(a, host))):
+            a = sb.array(np.uint8, nbytes)
+            for when in ("first", "again"):
+                t0 = time.perf_counter()
+                copy(a)
+                times[f"{name}_{when}_s"].append(time.perf_counter() - t0)
+            del a
+        r.unmap()
+        st.give_back(r)
+        st.give_back(w)
+    return {key: float(np.median(v)) for key, v in times.items()}
+
+
 def host_memory_rate(nbytes: int = 256 << 20) -> float:
     """GB/s of host memory traffic (bytes read + written) of a large copy split over the
     staging's copy threads, best of three: what the DMA engines and the host reduction share."""
@@ -392,14 +425,18 @@ def run_processes(args, worlds) -> list[dict]:
     mem = host_memory_rate()
     rows = []
     lat = [int(x) for x in args.latency_sizes.split(",")] if args.latency_sizes else LAT_SIZES
-    for w, chunk in itertools.product(worlds, args.chunks if args.chunks_given else [None]):
+    for w, chunk, direct in itertools.product(
+            worlds, args.chunks if args.chunks_given else [None], args.direct or [None]):
         if chunk is not None:  # the ranks read it when they all-reduce
             os.environ["WGRUMUS_SHM_CHUNK"] = str(chunk)
+        if direct is not None:
+            os.environ["WGRUMUS_SHM_DIRECT_RANKS"] = str(direct)
         res = dist.spawn(partial(_processes_rank, bw, lat, mem), w, backend="processes",
                          timeout=600)
         for r in res[0]:
-            r["chunk"] = chunk
+            r["chunk"], r["direct"] = chunk, direct
         rows.extend(res[0])
+        os.environ.pop("WGRUMUS_SHM_DIRECT_RANKS", None)
     os.environ.pop("WGRUMUS_SHM_CHUNK", None)
     return rows
 
@@ -429,6 +466,13 @@ def _snapshot(g) -> dict:
     return g._t.phases.snapshot() if g._t.phases is not None else {}
 
 
+def shm_touches(R: int) -> int:
+    """Bytes touched over all ranks per byte of a device all-reduce through the shared slots."""
+    from wgrumus.distributed.transport.shm_rounds import DIRECT_RANKS
+    direct = int(os.environ.get("WGRUMUS_SHM_DIRECT_RANKS", DIRECT_RANKS))
+    return R * (R + 5) if R <= direct else 7 * R + 1
+
+
 def _processes_rank(bw_sizes, lat_sizes, mem, g) -> list[dict]:
     import wgrumus as wr
     dev, R = g.device, g.world_size
@@ -451,7 +495,7 @@ def _processes_rank(bw_sizes, lat_sizes, mem, g) -> list[dict]:
             box[0] = g.all_reduce(box[0], "mean")
         sec, _ = _agreed_loop(g, ar)
         a = nbytes / sec / 1e9
-        bound, bound_shm = min(down, up, mem / (4 * R)), min(down, up, mem / (7 * R + 1))
+        bound, bound_shm = min(down, up, mem / (4 * R)), min(down, up, mem / shm_touches(R))
         rows.append({"backend": label, "strategy": "device all-reduce", "ranks": R,
                      "bytes": nbytes, "seconds": sec, "algbw_GBps": a,
                      "busbw_GBps": a * 2 * (R - 1) / R, "down_GBps": down, "up_GBps": up,
@@ -488,6 +532,76 @@ def _processes_rank(bw_sizes, lat_sizes, mem, g) -> list[dict]:
     return rows
 
 
+SHM_HOST_SIZES = [1 << 20, 4 << 20, 16 << 20]
+
+
+def run_shm_host(args, worlds) -> list[dict]:
+    """The processes backend's host step alone: all-reduce of host arrays through the shared
+    slots (what a device all-reduce does between its download and its upload)."""
+    from functools import partial
+    sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else SHM_HOST_SIZES
+    mem = host_memory_rate()
+    rows = []
+    for w, direct in itertools.product(worlds, args.direct or [None]):
+        if direct is not None:  # the ranks read it at each round
+            os.environ["WGRUMUS_SHM_DIRECT_RANKS"] = str(direct)
+        res = dist.spawn(partial(_shm_host_rank, sizes, mem), w, backend="processes",
+                         timeout=600)
+        for r in res[0]:
+            r["direct"] = direct
+        rows.extend(res[0])
+    os.environ.pop("WGRUMUS_SHM_DIRECT_RANKS", None)
+    return rows
+
+
+def _shm_host_rank(sizes, mem, g) -> list[dict]:
+    from wgrumus.runtime.staging import TransferPhases
+    t, R = g._t, g.world_size
+    rows = []
+    for dtype, nbytes in itertools.product((np.float32, np.float16), sizes):
+        x = np.full(nbytes // np.dtype(dtype).itemsize, g.rank + 1, dtype)
+        out = np.empty_like(x)
+        sec, n = _agreed_loop(g, lambda: g.all_reduce(x, "sum"))
+        # the device path's round alone: into a reused output, one slot-sized chunk a round
+        per = t._per_chunk(dtype)
+
+        def rounds(ph=None):
+            for lo in range(0, x.size, per):
+                hi = min(lo + per, x.size)
+                t.reduce_chunk(x[lo:hi], out[lo:hi], "sum", time.monotonic() + 60, ph)
+        sec_r, n_r = _agreed_loop(g, rounds)
+        ph = TransferPhases()
+        for _ in range(n_r):
+            rounds(ph)
+        split = {k: ph.seconds[k] / n_r for k in ("copy", "peer")}
+        want = R * (R + 1) / 2
+        if not np.all(out == want):
+            raise AssertionError(f"rank {g.rank}: all-reduce of {dtype.__name__} gave "
+                                 f"{out[:4]}..., not {want}")
+        rows.append({"backend": "processes:host", "strategy": "shm-host", "ranks": R,
+                     "bytes": nbytes, "dtype": np.dtype(dtype).name, "seconds": sec,
+                     "algbw_GBps": nbytes / sec / 1e9, "round_s": sec_r,
+                     "round_GBps": nbytes / sec_r / 1e9, "split": split, "mem_GBps": mem,
+                     "table": "shm-host"})
+    return rows
+
+
+def print_shm_host_table(rows):
+    rows = [r for r in rows if r.get("table") == "shm-host"]
+    if not rows:
+        return
+    print(f"\nprocesses backend, host step (host memory "
+          f"{rows[0]['mem_GBps']:.1f} GB/s for one copy)")
+    print(f"{'ranks':>5} {'direct':>6} {'dtype':>7} {'size':>7} {'all_reduce ms':>14} {'GB/s':>6} "
+          f"{'round ms':>9} {'GB/s':>6} {'copy+reduce ms':>15} {'peer ms':>8}")
+    for r in rows:
+        d = "-" if r.get("direct") is None else r["direct"]
+        print(f"{r['ranks']:>5} {d:>6} {r['dtype']:>7} {fmt_size(r['bytes']):>7} "
+              f"{r['seconds'] * 1e3:>14.3f} {r['algbw_GBps']:>6.2f} {r['round_s'] * 1e3:>9.3f} "
+              f"{r['round_GBps']:>6.2f} {r['split']['copy'] * 1e3:>15.3f} "
+              f"{r['split']['peer'] * 1e3:>8.3f}")
+
+
 def _one_rank_references(g, dev, x, nbytes) -> dict:
     """Rank 0 alone (the others wait): host copy, device->host and host->device of nbytes."""
     out = {}
@@ -505,15 +619,18 @@ def _one_rank_references(g, dev, x, nbytes) -> dict:
             return float(np.median(ts))
         out = {"hostcopy_s": best(lambda: np.copyto(dst, src)),
                "down_s": best(lambda: one_way(dev, buf, nbytes, True)),
-               "up_s": best(lambda: one_way(dev, buf, nbytes, False))}
+               "up_s": best(lambda: one_way(dev, buf, nbytes, False)),
+               **mapped_touch(dev, nbytes)}
     g.barrier()
-    keys = ("hostcopy_s", "down_s", "up_s")
+    keys = ("hostcopy_s", "down_s", "up_s", "read_first_s", "read_again_s", "write_first_s",
+            "write_again_s")
     vals = g.broadcast(np.array([out.get(k, 0.0) for k in keys]), root=0)
     return dict(zip(keys, vals.tolist()))
 
 
 def _chunk(r) -> str:
-    return fmt_size(r["chunk"]).replace(" ", "") if r.get("chunk") else "slot"
+    c = fmt_size(r["chunk"]).replace(" ", "") if r.get("chunk") else "slot"
+    return c if r.get("direct") is None else f"{c}/d{r['direct']}"  # --direct: the setting
 
 
 def print_processes_tables(rows):
@@ -522,12 +639,14 @@ def print_processes_tables(rows):
     if bw:
         print("\nprocesses: device all-reduce, one process per adapter, vs the bounds from the "
               "one-way staging rates and the host memory rate of the same run (GB/s; bound = "
-              "min(down, up, mem / 4R) as for comm; shm bound = min(down, up, mem / (7R + 1)))")
+              "min(down, up, mem / 4R) as for comm; shm bound = min(down, up, mem / T), "
+              "T = R (R + 5) where each rank reduces every slot, else 7R + 1)")
         head = (f"{'ranks':>5} {'chunk':>7} {'size':>8} | {'algbw':>7} {'down':>7} {'up':>7} "
                 f"{'mem':>6} {'bound':>7} {'ratio':>6} {'shm bd':>7} {'ratio':>6} {'ms':>8}")
         print(head)
         print("-" * len(head))
-        for r in sorted(bw, key=lambda r: (r["ranks"], r.get("chunk") or 0, r["bytes"])):
+        for r in sorted(bw, key=lambda r: (r["ranks"], r.get("chunk") or 0, r.get("direct") or 0,
+                                             r["bytes"])):
             print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
                   f"{r['algbw_GBps']:7.3f} "
                   f"{r['down_GBps']:7.3f} {r['up_GBps']:7.3f} {r['mem_GBps']:6.1f} "
@@ -542,13 +661,23 @@ def print_processes_tables(rows):
                 f"{'d->h':>7} {'h->d':>7} | {'send/recv split':>32} | {'all-reduce split':>32}")
         print(head)
         print("-" * len(head))
-        for r in sorted(lat, key=lambda r: (r["ranks"], r.get("chunk") or 0, r["bytes"])):
+        for r in sorted(lat, key=lambda r: (r["ranks"], r.get("chunk") or 0, r.get("direct") or 0,
+                                             r["bytes"])):
             sp = "/".join(f"{r['split_sendrecv'][k] * 1e6:.0f}" for k in PHASES)
             sa = "/".join(f"{r['split_allreduce'][k] * 1e6:.0f}" for k in PHASES)
             print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
                   f"{r['sendrecv_s'] * 1e6:8.1f} "
                   f"{r['allreduce_s'] * 1e6:8.1f} | {r['hostcopy_s'] * 1e6:7.1f} "
                   f"{r['down_s'] * 1e6:7.1f} {r['up_s'] * 1e6:7.1f} | {sp:>32} | {sa:>32}")
+        touched = [r for r in lat if "read_first_s" in r and r["ranks"] == lat[0]["ranks"]]
+        if touched:
+            print("\nmapped staging, host copy of the whole size (us): first touch after a map "
+                  "vs once more (first >> again: each map faults its pages in anew)")
+            print(f"{'size':>8} | {'read 1st':>9} {'again':>9} | {'write 1st':>9} {'again':>9}")
+            for r in touched:
+                print(f"{fmt_size(r['bytes']):>8} | {r['read_first_s'] * 1e6:9.1f} "
+                      f"{r['read_again_s'] * 1e6:9.1f} | {r['write_first_s'] * 1e6:9.1f} "
+                      f"{r['write_again_s'] * 1e6:9.1f}")
 
 
 def mpi_worker(args):
@@ -587,8 +716,8 @@ def print_table(rows):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--backend", choices=["threads", "mpi", "comm", "processes", "both", "all",
-                                         "none"],
+    p.add_argument("--backend", choices=["threads", "mpi", "comm", "processes", "shm-host",
+                                         "both", "all", "none"],
                    default="threads",
                    help="both = threads + mpi; all = threads + mpi + comm + processes; none = "
                    "references")
@@ -612,6 +741,10 @@ def main(argv=None):
     p.add_argument("--polling-wait", action="store_true",
                    help="comm backend: map waits poll instead of blocking in wgpuDevicePoll "
                         "(runtime/native.py BLOCKING_WAIT = False)")
+    p.add_argument("--direct", default=None,
+                   help="processes / shm-host backend: comma-separated WGRUMUS_SHM_DIRECT_RANKS "
+                   "values to compare (0: every round reduce-scatters into a slot and copies "
+                   "out; >= ranks: each rank reduces every slot into its output)")
     p.add_argument("--latency-sizes", default=None,
                    help="processes backend: comma-separated byte sizes of the latency table "
                    "(default 4 KB .. 16 MB)")
@@ -629,6 +762,7 @@ def main(argv=None):
         from wgrumus.distributed.pipelined import CHUNK_BYTES
         args.chunks = [CHUNK_BYTES]
     args.inflight = [int(v) for v in args.inflight.split(",")] if args.inflight else [None]
+    args.direct = [int(v) for v in args.direct.split(",")] if args.direct else None
     args.helper_mb = ([int(float(v) * (1 << 20)) for v in args.helper_mb.split(",")]
                       if args.helper_mb else [None])
     if args.max_memory is None:
@@ -639,6 +773,7 @@ def main(argv=None):
         rows = load_rows(args.table)
         print_table([r for r in rows if "table" not in r])
         print_comm_table(rows)
+        print_shm_host_table(rows)
         return print_processes_tables(rows)
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else QUICK_SIZES if args.quick else COMM_SIZES if args.backend == "comm"
@@ -655,6 +790,8 @@ def main(argv=None):
         rows += run_comm(args, sizes, worlds)
     if args.backend in ("processes", "all"):
         rows += run_processes(args, worlds)
+    if args.backend == "shm-host":
+        rows += run_shm_host(args, worlds)
     if not args.no_reference:
         rows += gloo_reference(sizes, worlds)
     if args.json:
@@ -664,6 +801,7 @@ def main(argv=None):
         print_table([r for r in rows if "table" not in r])
         print_comm_table(rows)
         print_processes_tables(rows)
+        print_shm_host_table(rows)
         if not args.no_reference and not any(r["strategy"] == "gloo" for r in rows):
             print("(torch not importable: no gloo reference)")
     return 0

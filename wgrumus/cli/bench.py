@@ -13,9 +13,11 @@ from .common import UsageError, console, print_json
 
 ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "parallel3d")
 # fault, numerics and leak campaigns, the time table of the README's commands, and the PyTorch
-# reference of multi_adapter.sh (it needs PyTorch, which wgrumus does not): not run by
+# reference of multi_adapter.sh (it needs PyTorch, which wgrumus does not), and replica_scaling
+# (its processes rows need one physical adapter each): not run by
 # `wgrumus bench` (all), only by name
-NOT_IN_ALL = {"reliability", "reliability_numerics", "soak", "commands", "torch_reference"}
+NOT_IN_ALL = {"reliability", "reliability_numerics", "soak", "commands", "torch_reference",
+              "replica_scaling"}
 # scripts of benchmarks/ that are not benchmarks (multi_adapter.sh's table maker): never listed
 HELPERS = {"multi_adapter_table"}
 # `wgrumus bench` (all, quick) keeps the multi-device rows; a benchmark not listed runs with
@@ -28,6 +30,9 @@ QUICK = {
     "pipeline": ["--stages", "2", "--micro-batches", "4", "--schedules", "gpipe", "1f1b",
                  "--width", "64", "--layers", "2", "--mb-size", "8", "--repeats", "1"],
     "parallel3d": ["--quick", "--layouts", "1x1x1,2x2x2"],
+    # both backward paths (row scan, sorted) at a fraction of the full sizes' minutes on a CPU
+    "embedding_backward": ["--ids", "90000", "--rows", "10000"],
+    "replay_cost": ["--quick", "--reps", "20", "--warmup", "0.5"],
 }
 
 

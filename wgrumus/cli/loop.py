@@ -143,9 +143,12 @@ def _check_f16(layout: Layout, flag: str, fix: str) -> None:
 
 
 def _backend(args, model: str, world: int) -> str:
-    """--backend, with auto resolved: mpi under an MPI launcher; processes when every rank gets
-    its own physical GPU adapter (and the layout runs there: not mlp/cnn --pp, not f16);
-    threads otherwise."""
+    """--backend, with auto resolved: mpi under an MPI launcher; processes for data parallelism
+    alone over 4+ replicas or with --sync-every when every rank gets its own physical GPU
+    adapter; threads otherwise. On 4 x H200 (BENCHMARKS.md, multi-adapter training) processes
+    were faster only there: their ranks do not share an interpreter, but their shared-memory
+    all-reduce is slower than the threads' engine, and pipeline / tensor-parallel messages are
+    faster between threads."""
     from ..distributed import processes
     if args.backend != "auto":
         if args.backend == "processes" and model != "gpt" and args.pp > 1:
@@ -158,6 +161,8 @@ def _backend(args, model: str, world: int) -> str:
         return "mpi"
     if world == 1 or args.devices is not None or os.environ.get("WGRUMUS_DEVICES") or \
             args.precision == "f16" or (model != "gpt" and args.pp > 1):
+        return "threads"
+    if args.tp > 1 or args.pp > 1 or (args.dp < 4 and getattr(args, "sync_every", None) is None):
         return "threads"
     from ..runtime.adapters import select_adapters
     gpus = [a for a in select_adapters() if str(a.info.get("adapter_type", "")).lower() != "cpu"]

@@ -114,17 +114,54 @@ def check_op(op: str, dtype) -> None:
                         "use op='sum' and divide, or convert to float first")
 
 
+REDUCE_TILE = 1 << 15  # elements a reduction takes at once: its accumulators stay in L2
+
+
 def reduce_into(out: np.ndarray, inputs, op: str, divisor: int) -> None:
-    """out = op(inputs[0], inputs[1], ...) left to right, then / divisor for mean."""
+    """out = op(inputs[0], inputs[1], ...) left to right, then / divisor for mean. ``out`` is
+    only written, never read (it may be mapped upload memory, which reads back slowly) and may
+    be ``inputs[0]`` itself. More than two inputs, mean and float16 go tile by tile through a
+    cached accumulator, so that each tile is reduced over every input while it is in cache (one
+    pass over memory, not one per input); float16 is reduced in float32 and rounded once
+    (numpy's float16 arithmetic rounds at every step, and is slower than its casts)."""
     ufunc = _UFUNCS[op]
-    if len(inputs) == 1:
-        np.copyto(out, inputs[0])
-    else:
-        ufunc(inputs[0], inputs[1], out=out)
-        for a in inputs[2:]:
-            ufunc(out, a, out=out)
-    if op == "mean" and divisor != 1:
-        np.divide(out, divisor, out=out)
+    k = len(inputs)
+    mean = op == "mean" and divisor != 1
+    wide = out.dtype == np.float16
+    if not mean and k <= 2:  # numpy's float16 loops add each pair in float32, rounding once
+        if k == 1:
+            np.copyto(out, inputs[0])
+        else:
+            ufunc(inputs[0], inputs[1], out=out)
+        return
+    if out.ndim != 1:
+        out, inputs = out.reshape(-1), [np.reshape(a, -1) for a in inputs]
+    n = out.shape[0]
+    if n == 0:
+        return
+    acc_t = np.float32 if wide else out.dtype
+    acc = np.empty(min(n, REDUCE_TILE), acc_t)
+    wider = np.empty_like(acc) if wide and k > 1 else None
+    last = k - 1 if not (wide or mean) else k  # the input whose op writes out itself
+    for lo in range(0, n, REDUCE_TILE):
+        hi = min(n, lo + REDUCE_TILE)
+        o, dst = acc[:hi - lo], out[lo:hi]
+        if wide:
+            np.copyto(o, inputs[0][lo:hi])
+        elif k == 1:
+            np.copyto(o, inputs[0][lo:hi])
+        for i in range(1, k):
+            a = inputs[i][lo:hi]
+            if wide:
+                w = wider[:hi - lo]
+                np.copyto(w, a)  # numpy's float16 -> float32 cast, then a float32 op
+                a = w
+            first = inputs[0][lo:hi] if i == 1 and not wide else o
+            ufunc(first, a, out=dst if i == last else o)
+        if mean:
+            np.divide(o, divisor, out=o if wide else dst)
+        if wide:
+            np.copyto(dst, o, casting="same_kind")
 
 
 class _Round:

@@ -19,6 +19,12 @@ from .wire import _HEADER_WORDS, decode_header, encode_header, mismatch_error, s
 # download, host step and upload within one message (benchmarks/collectives.py --chunks)
 PAR_MIN = 1 << 20  # copies and reductions from this size are split over threads
 PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
+# ranks up to which each reduces the whole chunk from every slot into its own output: for 2
+# ranks that moves fewer bytes than reduce-scatter into a slot and copy out (2 reads and 1 write
+# per element, not 1.5 + 0.5 + 2) and saves a barrier; beyond, the reads grow with the ranks.
+# Not float16: its reduction is bound by numpy's casts, not memory, so a slice each is faster.
+# WGRUMUS_SHM_DIRECT_RANKS (read at each call) overrides it (benchmarks/collectives.py --direct)
+DIRECT_RANKS = 2
 _ARRAY_HDR = _HEADER_WORDS * 8
 
 
@@ -86,7 +92,10 @@ class SlotRounds:
                      deadline: float, phases=None) -> None:
         """One all-reduce round: ``out`` (None: only the reduction) gets op over every rank's
         ``src`` (at most a slot's bytes); ``phases``: the barriers' time counted as ``peer``,
-        the rest as ``copy``."""
+        the rest as ``copy``. Up to DIRECT_RANKS ranks (float16: never), each reduces every
+        rank's slot straight into its ``out`` (one barrier, no copy out of a shared slot); else
+        each reduces its slice into rank 0's slot, and all copy the result out after a second
+        barrier."""
         t0 = time.perf_counter()
         n = src.size
         s = self._round()
@@ -95,18 +104,19 @@ class SlotRounds:
         t1 = time.perf_counter()
         self._barrier(deadline, "all-reduce")
         t2 = time.perf_counter()
+        direct = int(os.environ.get("WGRUMUS_SHM_DIRECT_RANKS", DIRECT_RANKS))
+        if out is not None and self.size <= direct and src.dtype != np.float16:
+            self._par(lambda a, c: reduce_into(out[a:c], [v[a:c] for v in views], op,
+                                               self.size), n, src.itemsize)
+            if phases is not None:
+                phases.add("copy", (t1 - t0) + (time.perf_counter() - t2))
+                phases.add("peer", t2 - t1)
+            return
         b = split_bounds(n, self.size)
         lo, hi = b[self.rank], b[self.rank + 1]
         dst = views[0]
-
-        def part(a, c):
-            reduce_into(dst[lo + a:lo + c], [v[lo + a:lo + c] for v in views], op, self.size)
-        if hi > lo:
-            if (hi - lo) * src.itemsize >= PAR_MIN:
-                from ...runtime.staging import par_ranges
-                par_ranges(part, hi - lo, self._piece(hi - lo))
-            else:
-                part(0, hi - lo)
+        self._par(lambda a, c: reduce_into(dst[lo + a:lo + c], [v[lo + a:lo + c] for v in views],
+                                           op, self.size), hi - lo, src.itemsize)
         t3 = time.perf_counter()
         self._barrier(deadline, "all-reduce")
         t4 = time.perf_counter()
@@ -115,6 +125,16 @@ class SlotRounds:
         if phases is not None:
             phases.add("copy", (t1 - t0) + (t3 - t2) + (time.perf_counter() - t4))
             phases.add("peer", (t2 - t1) + (t4 - t3))
+
+    def _par(self, fn, n: int, itemsize: int) -> None:
+        """fn(lo, hi) over [0, n), split over this rank's share of the cores when large."""
+        if n <= 0:
+            return
+        if n * itemsize >= PAR_MIN:
+            from ...runtime.staging import par_ranges
+            par_ranges(fn, n, self._piece(n))
+        else:
+            fn(0, n)
 
     def _per_chunk(self, dtype) -> int:
         return max(1, self.seg.layout.slot // np.dtype(dtype).itemsize)
