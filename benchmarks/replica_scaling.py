@@ -1,7 +1,7 @@
 """Replicas with no communication: K jitted GPT-mini training loops at once, as threads of one
 process and as one process per adapter, against one loop alone (the ceiling of data parallelism).
 
-    python benchmarks/replica_scaling.py                 # K = 1, 2, 4 (as many as there are adapters)
+    python benchmarks/replica_scaling.py            # K = 1, 2, 4 (as many as there are adapters)
     python benchmarks/replica_scaling.py --steps 40
 
 Columns: wall ms a step (the slowest replica), K x the single loop's speed, and the host CPU time
