@@ -219,6 +219,8 @@ def test_cli_processes_f16_gives_the_threads_losses(clean_shm):
 PROCESS_BAD = [
     (["train", "mlp", "--backend", "processes", "--dp", "2", "--pp", "2", "--devices", "4"],
      "runs --pp for the gpt model"),
+    (["train", "cnn", "--backend", "mpi", "--pp", "2", "--devices", "2"],
+     "--backend mpi runs --pp for the gpt model"),
     (["train", "mlp", "--backend", "processes", "--dp", "2", "--devices", "1"],
      "2 devices needed"),
     (["train", "mlp", "--backend", "processes", "--dp", "2"], "processes need as many adapters"),

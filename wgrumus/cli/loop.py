@@ -151,9 +151,9 @@ def _backend(args, model: str, world: int) -> str:
     faster between threads."""
     from ..distributed import processes
     if args.backend != "auto":
-        if args.backend == "processes" and model != "gpt" and args.pp > 1:
-            raise UsageError("--backend processes runs --pp for the gpt model; for mlp/cnn "
-                             "use it with --dp only, or --pp with --backend threads")
+        if args.backend in ("processes", "mpi") and model != "gpt" and args.pp > 1:
+            raise UsageError(f"--backend {args.backend} runs --pp for the gpt model; for mlp/cnn "
+                             f"use it with --dp only, or --pp with --backend threads")
         return args.backend
     if processes.launched():
         return "processes"

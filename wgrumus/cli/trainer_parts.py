@@ -4,7 +4,7 @@
 dp x tp x pp layout (parallel3d.RankTrainer)."""
 from __future__ import annotations
 
-from ..autograd import GradientStore, backward_with_grad
+from ..autograd import backward_with_grad
 from ..distributed.parallel3d import chunks_per_stage
 from ..distributed.pipeline import add_send_recv, get_schedule, split_sequential
 from ..distributed.pipeline.actions import RECV_F, SEND_F
@@ -64,14 +64,7 @@ class StagePart:
 
     def gradients(self, mb, seed, on_leaf_grad):
         work = _StageWork(self, list(zip(mb[::2], mb[1::2])), seed)
-        runner = StageRunner(work, self.pgm.config.pp, self.nv, self.stage)
-        try:
-            runner.run(self.actions)
-        finally:
-            runner.clear()
-        store = GradientStore()
-        for st in runner.stores.values():
-            store.merge_from(st)
+        store = StageRunner(work, self.pgm.config.pp, self.nv, self.stage).gradients(self.actions)
         return (_mean(work.losses) if self.last else None), store
 
 

@@ -10,7 +10,6 @@ from dataclasses import asdict
 
 import numpy as np
 
-from ..autograd import GradientStore
 from ..autograd.tape import no_grad
 from ..nn.gpt import GPTConfig
 from ..ops.creation import zeros
@@ -190,15 +189,8 @@ class RankTrainer:
         captures); ``mb_losses`` gets the micro-batch losses as device tensors. ``average=False``
         leaves the data-parallel mean to the caller (the training engine's gradient sync)."""
         self.mb_losses = [None] * self.m
-        runner = StageRunner(_RankWork(self, mbs), self.pgm.config.pp, self.nv,
-                             self.mapping.pp_rank)
-        try:
-            runner.run(self.actions)
-        finally:
-            runner.clear()
-        store = GradientStore()
-        for st in runner.stores.values():
-            store.merge_from(st)
+        store = StageRunner(_RankWork(self, mbs), self.pgm.config.pp, self.nv,
+                            self.mapping.pp_rank).gradients(self.actions)
         grads = {}
         with no_grad():
             for n, p in self.params.items():  # unused ones: zeros keep the buckets aligned

@@ -172,6 +172,17 @@ class StageRunner:
     def _store(self, k: int) -> GradientStore:
         return self.stores.setdefault(k, GradientStore())
 
+    def gradients(self, actions) -> GradientStore:
+        """Run ``actions`` (always cleared after) and merge every virtual stage's gradients."""
+        try:
+            self.run(actions)
+        finally:
+            self.clear()
+        store = GradientStore()
+        for st in self.stores.values():
+            store.merge_from(st)
+        return store
+
     def clear(self) -> None:
         """Drop everything held (after a failure: free the tensors at once)."""
         self.held.clear()
