@@ -5,7 +5,9 @@
 #         per adapter fixed), exact f32, --grad-comm f16, --sync-every 8; and PyTorch DDP (NCCL,
 #         benchmarks/torch_reference.py under torchrun) on the same models: 1, 2, 4 GPUs
 #   pp    pipeline layouts against 1 adapter at the same global batch
-#   tp    tensor-parallel layouts against 1 adapter at the same global batch
+#   tp    tensor-parallel layouts against 1 adapter at the same global batch, each tp layout
+#         with its row-parallel all-reduce in 1 and in 2 token chunks (--tp-chunks) and the tp2
+#         row also without the column-parallel backward overlap (--no-tp-overlap)
 #   loss  (not in the default PARTS) the final loss of --grad-comm f16 and --sync-every 8 after
 #         LOSS_STEPS (default 300) steps against exact data parallel, dp 2 and 4 (target: 2%)
 #   comm  benchmarks/collectives.py: latency of send/recv and all-reduce, 4 KB-16 MB, 2 and 4 ranks
@@ -27,7 +29,9 @@
 # Settings (environment): PARTS (default "cli pp tp comm"), ADAPTERS (2 or 4, default 4: rows
 # needing more are skipped), MODELS (default "mini gpt2"), BACKEND (wgrumus --backend; unset:
 # the CLI's default; "mpi" launches mpiexec -n WORLD), PYTHON, TORCHRUN (default torchrun),
-# LIMIT (seconds per run), STEPS_MINI / STEPS_GPT2 (optimizer steps per run).
+# LIMIT (seconds per run), STEPS_MINI / STEPS_GPT2 (optimizer steps per run), TP_CHUNKS (the
+# --tp-chunks values of the tp part, default "1 2"), TP_NO_OVERLAP (1, default: the tp2 rows
+# once more with --no-tp-overlap; 0: not).
 # Raw logs: OUT/<part>.log (and OUT/raw/); records: OUT/runs.jsonl (calls into one OUT add up);
 # the tables print after each part and together at the end.
 set -u
@@ -39,6 +43,8 @@ MODELS=${MODELS:-"mini gpt2"}
 BACKEND=${BACKEND:-}
 TORCHRUN=${TORCHRUN:-torchrun}
 QUICK=${QUICK:-0}
+TP_CHUNKS=${TP_CHUNKS:-"1 2"}
+TP_NO_OVERLAP=${TP_NO_OVERLAP:-1}
 HERE=$(cd "$(dirname "$0")" && pwd)
 TABLE="$PY $HERE/multi_adapter_table.py"
 export PYTHONUNBUFFERED=1
@@ -131,7 +137,7 @@ t() {
     "gpt2 dp2 f16") echo 1.85 ;; "gpt2 dp4 f16") echo 3.0 ;;
     "gpt2 dp2 sync8") echo 1.9 ;; "gpt2 dp4 sync8") echo 3.5 ;;
     "mini pp2 m8") echo 1.3 ;; "gpt2 pp2 m8") echo 1.5 ;; "gpt2 pp4 m16") echo 2.4 ;;
-    "gpt2 dp2 pp2 m8") echo 2.4 ;; "gpt2 tp2 b8") echo 0.75 ;;
+    "gpt2 dp2 pp2 m8") echo 2.4 ;; "gpt2 tp2 b8"|"gpt2 tp2 b8 "*) echo 0.75 ;;
     *) echo - ;;
   esac
 }
@@ -168,15 +174,27 @@ for part in $PARTS; do case $part in
     done
     $TABLE table "$OUT" pp ;;
   tp)
+    # wtp MODEL ROW REF WORLD FLAGS...: the row once per --tp-chunks value (ROW c2, ...)
+    wtp() {
+      local m=$1 row=$2 ref=$3 world=$4; shift 4
+      for c in $TP_CHUNKS; do
+        local name=$row; [ "$c" != 1 ] && name="$row c$c"
+        wg tp "$m" "$name" "$ref" "$(t "$m" "$name")" "$world" "$@" --tp-chunks "$c"
+      done
+    }
     for m in $MODELS; do
       b=16; [ "$m" = gpt2 ] && b=8; [ "$QUICK" = 1 ] && b=4
       wg tp "$m" "1 adapter b$b" "" - 1 --batch-size $b
-      wg tp "$m" "tp2 b$b" "1 adapter b$b" "$(t "$m" "tp2 b$b")" 2 --tp 2 --batch-size $b
+      wtp "$m" "tp2 b$b" "1 adapter b$b" 2 --tp 2 --batch-size $b
+      if [ "$TP_NO_OVERLAP" = 1 ]; then
+        wg tp "$m" "tp2 b$b no-overlap" "1 adapter b$b" "$(t "$m" "tp2 b$b no-overlap")" 2 \
+          --tp 2 --batch-size $b --no-tp-overlap
+      fi
       if [ "$m" = gpt2 ]; then
-        wg tp "$m" "tp4 b$b" "1 adapter b$b" - 4 --tp 4 --batch-size $b
+        wtp "$m" "tp4 b$b" "1 adapter b$b" 4 --tp 4 --batch-size $b
       else
         wg tp "$m" "1 adapter b$((2 * b))" "" - 1 --batch-size $((2 * b))
-        wg tp "$m" "dp2 tp2 b$((2 * b))" "1 adapter b$((2 * b))" - 4 --dp 2 --tp 2 \
+        wtp "$m" "dp2 tp2 b$((2 * b))" "1 adapter b$((2 * b))" 4 --dp 2 --tp 2 \
           --batch-size $((2 * b))
       fi
     done

@@ -95,8 +95,9 @@ def _small_buckets(monkeypatch) -> None:
 def test_replayed_3d_steps_launch_every_dp_bucket_before_waiting(capsys, monkeypatch):
     """gpt --dp 2 --tp 2 in several buckets: each rank's replay launches bucket b's all-reduce,
     submits the next bucket's packing behind it and waits for the buckets only after the last
-    launch (before clipping and the optimizer step), with the tensor-parallel all-reduces of
-    the backward replayed as blocking host operations before them. Losses equal eager."""
+    launch (before clipping and the optimizer step). Before them, the tensor-parallel
+    all-reduces: the forward's as blocking host operations, the backward's input gradients
+    launched, the weight gradient's work submitted, then joined. Losses equal eager."""
     args = GPT + ["--dp", "2", "--tp", "2", "--clip", "0.5"]
     _small_buckets(monkeypatch)
     eager = _losses(capsys, args, False)
@@ -116,8 +117,17 @@ def test_replayed_3d_steps_launch_every_dp_bucket_before_waiting(capsys, monkeyp
         assert len(launches) >= 3 and len(joins) == len(launches), kinds
         assert [trace[i][1] for i in launches] == [trace[i][1] for i in joins] == \
             list(range(len(launches)))
-        assert launches[-1] < joins[0] and "host" in kinds[:launches[0]], kinds
-        for a, b in zip(launches, launches[1:]):
+        # a TP input gradient is joined before the next launch; the DP buckets after them all
+        tp = [k for k, (a, j) in enumerate(zip(launches, joins))
+              if k + 1 == len(launches) or j < launches[k + 1]]
+        tp = [k for k in tp if k < len(launches) - 1]  # (the last one: the last DP bucket)
+        dp = [k for k in range(len(launches)) if k not in tp]
+        assert tp == list(range(len(tp))) and len(tp) >= 2 and len(dp) >= 3, kinds
+        for k in tp:
+            assert "submit" in kinds[launches[k]:joins[k]], kinds  # dW while dX is reduced
+        dl = [launches[k] for k in dp]
+        assert dl[-1] < joins[dp[0]] and "host" in kinds[:launches[0]], kinds
+        for a, b in zip(dl, dl[1:]):
             assert "submit" in kinds[a:b], kinds
         assert kinds[-1] == "submit" and trace[-1][2] > 0  # clipping, optimizer step
 

@@ -45,6 +45,7 @@ def test_quick_path_runs_on_logical_devices(tmp_path):
                     PYTHON=sys.executable)
     assert p.returncode == 0, p.stdout + p.stderr
     recs = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
-    assert [r["row"] for r in recs] == ["1 adapter b4", "tp2 b4", "1 adapter b8"]
+    assert [r["row"] for r in recs] == ["1 adapter b4", "tp2 b4", "tp2 b4 c2",
+                                        "tp2 b4 no-overlap", "1 adapter b8"]
     assert all(r["rc"] == 0 and r["tokens_per_s"] > 0 for r in recs), recs
     assert "summary" in p.stdout and "tp2 b4" in p.stdout.split("summary")[1]

@@ -64,6 +64,8 @@ class TrainConfig:
     grad_accum: int = 1
     sync_every: int | None = None
     local_sgd_warmup: int = 0
+    tp_chunks: int | None = None  # TUNING.tp_chunks / tp_overlap while it trains (None: as is)
+    tp_overlap: bool | None = None
 
 
 def config_from_args(args) -> TrainConfig:
@@ -82,6 +84,11 @@ def config_from_args(args) -> TrainConfig:
     if args.tp > 1 and model != "gpt":
         raise UsageError(f"--tp {args.tp}: tensor parallelism splits attention heads and MLP "
                          f"columns of the gpt model; use --dp/--pp for {model}")
+    tp_chunks, tp_overlap = getattr(args, "tp_chunks", None), getattr(args, "tp_overlap", None)
+    if (tp_chunks is not None or tp_overlap is not None) and args.tp == 1:
+        flag = "--tp-chunks" if tp_chunks is not None else "--[no-]tp-overlap"
+        raise UsageError(f"{flag} tunes tensor parallelism's all-reduces; add --tp N (N > 1) "
+                         f"or drop {flag}")
     if args.warmup < 0:
         raise UsageError(f"--warmup {args.warmup}: the warmup is a number of steps >= 0")
     if args.activation_checkpointing and model != "gpt":
@@ -127,7 +134,7 @@ def config_from_args(args) -> TrainConfig:
                        args.plot, args.json, getattr(args, "title", "wgrumus train"),
                        args.clip, args.lr_schedule, args.warmup,
                        args.activation_checkpointing, args.precision, args.jit,
-                       grad_comm, k, sync_every, warmup or 0)
+                       grad_comm, k, sync_every, warmup or 0, tp_chunks, tp_overlap)
 
 
 def _check_f16(layout: Layout, flag: str, fix: str) -> None:
@@ -271,6 +278,19 @@ def _check_writable(path: str) -> None:
 
 
 def train(cfg: TrainConfig) -> int:
+    from ..runtime.tuning import TUNING
+    was = TUNING.tp_chunks, TUNING.tp_overlap
+    if cfg.tp_chunks is not None:
+        TUNING.tp_chunks = cfg.tp_chunks
+    if cfg.tp_overlap is not None:
+        TUNING.tp_overlap = cfg.tp_overlap
+    try:
+        return _train(cfg)
+    finally:
+        TUNING.tp_chunks, TUNING.tp_overlap = was
+
+
+def _train(cfg: TrainConfig) -> int:
     from . import checkpoint, models, report, trainers
     task = models.build(cfg)
     steps = cfg.steps or (max(1, math.ceil(cfg.epochs * task.steps_per_epoch(cfg.batch_size)))

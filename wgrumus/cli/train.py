@@ -67,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline micro-batches per step (default 2 x pp)")
     g.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="pipeline schedule (default 1f1b)")
+    g.add_argument("--tp-chunks", type=pos, metavar="C",
+                   help="--tp: all-reduce each row-parallel output in C token chunks, each "
+                   "overlapping the next chunk's matmul (default 1: one all-reduce)")
+    g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="--tp: reduce the column-parallel input gradient while the weight "
+                   "gradient is computed (default on); --no-tp-overlap waits for it at once")
     g.add_argument("--devices", type=pos, metavar="N",
                    help="devices to create, logical ones sharing an adapter when N exceeds the "
                    "adapters; overrides WGRUMUS_DEVICES (default: WGRUMUS_DEVICES, else one "

@@ -24,9 +24,13 @@ ACTIVATIONS = {
 }
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
-           activation: str | None = None, residual: Tensor | None = None) -> Tensor:
+           activation: str | None = None, residual: Tensor | None = None,
+           input_grad=None) -> Tensor:
     """act(x @ weight.T + bias) with weight [out, in]; ``activation``: None, "relu", "gelu"
-    or "gelu_tanh". ``residual`` (no activation) is added in the same kernel as the bias."""
+    or "gelu_tanh". ``residual`` (no activation) is added in the same kernel as the bias.
+    ``input_grad(dx)``: started on the input gradient as soon as it exists, returns a handle
+    whose ``wait()`` is the gradient passed on; the weight gradient is computed meanwhile (a
+    column-parallel layer's all-reduce over the tensor-parallel ranks, as Megatron's)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: activation must be one of {list(ACTIVATIONS)}, "
                          f"got {activation!r}")
@@ -79,12 +83,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
                 bias is not None and bias.requires_grad, activation is not None)
         else:
             dz = g2
-        dx = dw = None
+        dx = dw = pending = None
         if x.requires_grad:
             dx = matmul(dz, weight)
             dx = reshape(dx, x.shape) if x.ndim != 2 else dx
+            if input_grad is not None:
+                pending = input_grad(dx)
         if weight.requires_grad:
             dw = matmul(transpose(dz, 0, 1), x2)  # [out, in], contiguous
+        if pending is not None:
+            dx = pending.wait()
         if residual is None:
             return dx, dw, db
         return dx, dw, db, (g if residual.requires_grad else None)

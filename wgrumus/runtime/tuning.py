@@ -21,6 +21,12 @@ class Tuning:
     map_chunk: int | None = None  # outputs per invocation of the map kernel
     update_chunk: int | None = None  # elements per invocation of the multi-tensor update
     submitter: bool | None = None  # the replay submitter thread (runtime/submitter.py)
+    # tensor parallel: the row-parallel output all-reduce in this many token chunks, chunk k's
+    # all-reduce running while chunk k+1 is multiplied (None: 1, one all-reduce)
+    tp_chunks: int | None = None
+    # tensor parallel: the column-parallel input gradient's all-reduce started as soon as dX
+    # exists and waited after the weight gradient (None: on); False waits for it at once
+    tp_overlap: bool | None = None
 
 
 TUNING = Tuning()

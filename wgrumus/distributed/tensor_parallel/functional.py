@@ -3,20 +3,21 @@ without modules; weights are [out, in] as PyTorch's, and a group of None or one 
 from __future__ import annotations
 
 from ...autograd.tape import no_grad, record
-from ...nn.functional import linear
 from ...ops.attention import causal_self_attention
+from ...ops.creation import zeros
 from ...ops.elementwise import map_op
-from ...ops.shape import reshape
+from ...ops.linear import linear
+from ...ops.shape import cat, reshape
 from ...runtime.errors import ShapeError
 from ...tensor import Tensor, int32
 from .mappings import (
-    copy_to_tp_region,
     gather_from_sequence_parallel_region,
     gather_from_tp_region,
     reduce_from_tp_region,
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tp_region,
 )
+from .overlap import chunked_row_parallel, input_grad_all_reduce, tp_chunks
 from .shard import check_heads
 
 
@@ -28,12 +29,16 @@ def world_rank(group) -> tuple[int, int]:
 def column_parallel_linear(x, weight, bias, group, gather_output=False,
                            sequence_parallel=False, seq_axis=1, activation=None):
     """Y_r = act(X @ W_r.T + b_r) with W split by output features; ``gather_output``
-    all-gathers the output features on every rank."""
+    all-gathers the output features on every rank. X's gradient is summed over the TP ranks
+    inside the linear's backward (copy_to_tp_region's, fused): its all-reduce starts as soon as
+    dX exists and runs while the weight gradient is computed."""
     if sequence_parallel:
         x = gather_from_sequence_parallel_region(x, group, seq_axis)
+        y = linear(x, weight, bias, activation)
+    elif world_rank(group)[0] == 1:
+        y = linear(x, weight, bias, activation)
     else:
-        x = copy_to_tp_region(x, group)
-    y = linear(x, weight, bias, activation)
+        y = linear(x, weight, bias, activation, input_grad=input_grad_all_reduce(group))
     return gather_from_tp_region(y, group) if gather_output else y
 
 
@@ -41,14 +46,17 @@ def row_parallel_linear(x, weight, bias, group, input_is_parallel=True,
                         sequence_parallel=False, seq_axis=1):
     """Y = sum_r X_r @ W_r.T + b with W split by input features: the partial products are
     SUMMED over the TP ranks (the original averaged) and the bias is added once, after the
-    reduction, so it is identical on every rank and its gradient is the full one."""
+    reduction, so it is identical on every rank and its gradient is the full one. With
+    ``TUNING.tp_chunks`` > 1 the all-reduce goes in token chunks, each overlapping the next
+    chunk's matmul."""
     if not input_is_parallel:
         x = scatter_to_tp_region(x, group)
-    y = linear(x, weight)
     if sequence_parallel:
-        y = reduce_scatter_to_sequence_parallel_region(y, group, seq_axis)
+        y = reduce_scatter_to_sequence_parallel_region(linear(x, weight), group, seq_axis)
+    elif world_rank(group)[0] > 1 and (chunks := tp_chunks()) > 1:
+        y = chunked_row_parallel(x, weight, group, chunks)
     else:
-        y = reduce_from_tp_region(y, group)
+        y = reduce_from_tp_region(linear(x, weight), group)
     return y if bias is None else y + bias
 
 
@@ -97,6 +105,15 @@ def vocab_parallel_embedding(ids: Tensor, weight: Tensor, group) -> Tensor:
     return reshape(out, tuple(ids.shape) + (weight.shape[1],))
 
 
+def _gather_by_sum(x: Tensor, group) -> Tensor:
+    """Every rank's ``x`` [1, ...] stacked [tp, ...] in rank order, as an all-reduce SUM of
+    ``x`` in this rank's row and zeros elsewhere (exact): the all-reduce stays on the device
+    path of every backend (the processes backend's all-gather goes through numpy)."""
+    tp, r = world_rank(group)
+    z = zeros((1,) + tuple(x.shape[1:]), device=x.device)
+    return group.all_reduce(cat([x if q == r else z for q in range(tp)], 0), "sum")
+
+
 def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
     """Mean cross-entropy of logits split by vocabulary ([..., V / tp] per rank): only [N]-sized
     vectors cross ranks, never the logits, in ONE collective (each rank's row max, sum of
@@ -118,8 +135,7 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets, group) -> Tensor:
         s = e.sum(axis=1, keepdims=True)
         tl = (x2 * oh).sum(axis=1, keepdims=True)
         if tp > 1:  # every rank's (max, sum, target logit): [tp, 3, n]
-            from ...ops.shape import cat
-            parts = group.all_gather(cat([reshape(v, (1, 1, n)) for v in (m, s, tl)], 1), axis=0)
+            parts = _gather_by_sum(cat([reshape(v, (1, 1, n)) for v in (m, s, tl)], 1), group)
             ms, ss = parts[:, 0], parts[:, 1]
             big = ms.max(axis=0, keepdims=True)  # [1, n]: the global row max
             total = reshape((ss * (ms - big).exp()).sum(axis=0), (n, 1))
