@@ -11,7 +11,8 @@ all-gather / reduce-scatter: this rank's input; send and recv: the array), summe
 ranks, per optimizer step. The analytic model, per micro-batch of mb sequences of T tokens:
 every transformer block all-reduces [mb, T, E] floats over TP twice forward (attention and MLP
 outputs) and twice backward (their inputs); the embedding once forward; the LM head once
-backward plus the [mb*T] max and [mb*T, 2] sums of the vocab-parallel cross-entropy; each
+backward plus the vocab-parallel cross-entropy's [tp, 3, mb*T] statistics (each rank's row max,
+sum of exponentials and target logit, gathered as one all-reduce of zero-padded rows); each
 stage boundary carries [mb, T, E] forward and back; DP all-reduces every rank's shard of the
 gradients once per step (and the 8-byte loss on the last stage).
 """
@@ -53,7 +54,7 @@ def analytic(cfg, dp, tp, pp, batch, m, schedule="1f1b") -> dict:
             if first:
                 per_mb += act
             if last:
-                per_mb += act + 4 * N + 8 * N
+                per_mb += act + 12 * N * tp
             out["tp"] += per_mb * m * tp * dp
         if dp > 1:
             names = ([n for n in dense if n.startswith(("wte", "wpe"))] if first else [])
