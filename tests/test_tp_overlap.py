@@ -173,11 +173,13 @@ def _cli(*flags, backend="threads"):
 @pytest.mark.timeout(900)
 def test_cli_tp_chunks_and_overlap_give_the_single_device_losses(clean_shm):  # noqa: F811
     """Captured steps (--jit, the default; 4 steps: two replays) replay the chunked
-    all-reduces and the overlapped backward; the processes backend runs them on its
-    communication thread."""
+    all-reduces and the overlapped backward (also re-run in the backward's recomputation); the
+    processes backend runs them on its communication thread."""
     want = _cli()
     for flags, backend in [(("--tp", "2", "--tp-chunks", "3"), "threads"),
                            (("--tp", "2", "--tp-chunks", "2", "--no-tp-overlap"), "threads"),
+                           (("--tp", "2", "--tp-chunks", "2", "--activation-checkpointing"),
+                            "threads"),
                            (("--tp", "2", "--tp-chunks", "2"), "processes")]:
         np.testing.assert_allclose(_cli(*flags, backend=backend), want, rtol=1e-5, atol=1e-6,
                                    err_msg=" ".join(flags) + " " + backend)
