@@ -277,3 +277,33 @@ def test_mpi_backend_chunked_and_overlapped_matches_single_device(reference4):
     assert p.returncode == 0, p.stdout + p.stderr
     mpi = json.loads(p.stdout.split("LOSSES", 1)[1])
     np.testing.assert_allclose(mpi, reference4[:4], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("tp,chunks,overlap_on", [(2, 2, True), (4, 3, True), (4, 1, False)])
+def test_gpt_gradients_equal_the_dense_gpts(tp, chunks, overlap_on, dev, devs):
+    """One step's gradients of every TP rank, put back together, are the dense GPT's."""
+    from wgrumus import nn
+    from wgrumus.distributed.parallel3d import RankTrainer, gpt_shard_plan, synthetic_tokens
+    from wgrumus.distributed.tensor_parallel.shard import unshard_arrays
+    TUNING.tp_chunks, TUNING.tp_overlap = chunks, overlap_on
+    tokens = synthetic_tokens(CFG4, 4, 0)
+    model = CFG4.build(0, dev)
+    logits = model(wr.tensor(tokens[:, :-1], device=dev))
+    nn.functional.cross_entropy(logits.reshape(-1, CFG4.vocab_size),
+                                wr.tensor(tokens[:, 1:].reshape(-1), device=dev)).backward()
+    want = {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+    def fn(g):
+        rt = RankTrainer(g, CFG4, 1, tp, 1)
+        grads = {n: v.numpy() for n, v in rt.gradients(tokens).items()}
+        rt.close()
+        return grads
+
+    shards = dist.spawn(fn, tp, devices=devs[:tp], timeout=30)
+    plan = gpt_shard_plan(want)
+    assert set(shards[0]) == set(want)
+    for n, w in want.items():
+        got = unshard_arrays([s[n] for s in shards], plan[n], is_bias=n.endswith("bias"),
+                             num_heads=CFG4.n_head)
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5, err_msg=n)
