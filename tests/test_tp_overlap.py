@@ -167,7 +167,11 @@ def _cli(*flags, backend="threads"):
                      "--n-layer", "1", "--n-embd", "16", "--block-size", "8", "--batch-size",
                      "4", "--backend", backend, "--json", *flags], 400, WGRUMUS_DEVICES="2")
     assert p.returncode == 0, p.stdout + p.stderr
-    return json.loads(p.stdout)["losses"]
+    res = json.loads(p.stdout)
+    if "--tp" in flags:  # what ran, as the flags asked
+        assert res["tp_comm"] == {"chunks": int(flags[flags.index("--tp-chunks") + 1]),
+                                  "overlap": "--no-tp-overlap" not in flags}, res["tp_comm"]
+    return res["losses"]
 
 
 @pytest.mark.timeout(900)

@@ -70,6 +70,9 @@ def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupt
         "interrupted": interrupted,
         "diverged": diverged,  # the loss turned NaN/infinite (printed as null in --json)
     }
+    if lay.tp > 1:  # how the tensor-parallel all-reduces ran (TUNING while it trained)
+        from ..distributed.tensor_parallel.overlap import tp_chunks, tp_overlap
+        out["tp_comm"] = {"chunks": tp_chunks(), "overlap": tp_overlap()}
     if cfg.model == "gpt":
         out["config"] = dict(cfg.gpt)
     out.update(task.evaluate(trainer))  # accuracy / eval_loss / sample, as the task has them
