@@ -8,7 +8,7 @@
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 1,2,4,8,16
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
         --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
-    python benchmarks/collectives.py --backend comm --ranks 2 --polling-wait   # A/B the waits
+    python benchmarks/collectives.py --backend comm --ranks 2 --blocking-waits   # A/B the waits
     python benchmarks/collectives.py --backend shm-host --ranks 2,4 --direct 0,4   # the
         # processes backend's host step alone: host-array all-reduce (f32, f16) and its round
         # split, 1-16 MB, each round reduce-scattered in a slot (0) or reduced by every rank (4)
@@ -313,9 +313,6 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     sizes = [s for s in sizes if s >= 1 << 20] if not args.sizes else sizes
     if args.spin_us is not None:
         barrier_mod.SPIN_S = args.spin_us * 1e-6
-    if args.polling_wait:
-        from wgrumus.runtime import native
-        native.BLOCKING_WAIT = False
     mem = host_memory_rate()
     rows = []
     for w, chunk, inflight, helper in itertools.product(worlds, args.chunks, args.inflight,
@@ -738,9 +735,9 @@ def main(argv=None):
                         "compare (a helper thread joins a round per this many bytes)")
     p.add_argument("--spin-us", type=float, default=None,
                    help="comm backend: barrier.SPIN_S in microseconds (polling before blocking)")
-    p.add_argument("--polling-wait", action="store_true",
-                   help="comm backend: map waits poll instead of blocking in wgpuDevicePoll "
-                        "(runtime/native.py BLOCKING_WAIT = False)")
+    p.add_argument("--blocking-waits", action="store_true",
+                   help="map waits block in wgpuDevicePoll, as on CPU adapters (default on a "
+                        "GPU: they poll; runtime/tuning.py blocking_waits)")
     p.add_argument("--direct", default=None,
                    help="processes / shm-host backend: comma-separated WGRUMUS_SHM_DIRECT_RANKS "
                    "values to compare (0: every round reduce-scatters into a slot and copies "
@@ -754,6 +751,10 @@ def main(argv=None):
                    help="print the table of earlier --json outputs and exit")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.blocking_waits:  # (the environment reaches ranks in other processes)
+        os.environ["WGRUMUS_BLOCKING_WAITS"] = "1"
+        from wgrumus.runtime.tuning import TUNING
+        TUNING.blocking_waits = True
     args.strategies = [s for s in args.strategies.split(",") if s]
     args.chunks_given = bool(args.chunks)
     if args.chunks:

@@ -2,7 +2,13 @@
 and A/B benchmarks set a field (None leaves the choice to the profile and the kernel tables)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+
+def _env_flag(name: str) -> bool | None:
+    v = os.environ.get(name, "")
+    return None if v == "" else v not in ("0", "false", "no")
 
 
 @dataclass
@@ -21,6 +27,10 @@ class Tuning:
     map_chunk: int | None = None  # outputs per invocation of the map kernel
     update_chunk: int | None = None  # elements per invocation of the multi-tensor update
     submitter: bool | None = None  # the replay submitter thread (runtime/submitter.py)
+    # waits for the GPU (maps, synchronize): True a blocking poll, which stalls other threads'
+    # submits to the device until it is idle; False non-blocking polls; None: block on CPU
+    # adapters (their cores run the kernels), poll on GPUs. WGRUMUS_BLOCKING_WAITS=0/1 sets it.
+    blocking_waits: bool | None = _env_flag("WGRUMUS_BLOCKING_WAITS")
 
 
 TUNING = Tuning()
