@@ -16,11 +16,13 @@ LAYERS = {
     # kernels and the autograd engine use Tensor (the engine only through its methods)
     "wgrumus.kernels": 3, "wgrumus.autograd": 3,
     "wgrumus.ops": 4,
-    "wgrumus.jit": 5, "wgrumus.amp": 5, "wgrumus.nn": 5, "wgrumus.optim": 5, "wgrumus.io": 5,
-    "wgrumus.data": 5, "wgrumus.utils": 5,
-    "wgrumus.distributed": 6, "wgrumus.parallel": 6,
-    "wgrumus.cli": 7, "wgrumus.__main__": 7,
-    "wgrumus": 7,  # the package face (import wgrumus as wr) re-exports layers 0-6 for the cli
+    # ops defined by other ops (tensor-level; PyTorch's functional forms are in nn.functional)
+    "wgrumus.composite": 5,
+    "wgrumus.jit": 6, "wgrumus.amp": 6, "wgrumus.nn": 6, "wgrumus.optim": 6, "wgrumus.io": 6,
+    "wgrumus.data": 6, "wgrumus.utils": 6,
+    "wgrumus.distributed": 7, "wgrumus.parallel": 7,
+    "wgrumus.cli": 8, "wgrumus.__main__": 8,
+    "wgrumus": 8,  # the package face (import wgrumus as wr) re-exports layers 0-7 for the cli
 }
 
 def layer(module: str) -> int:
@@ -141,6 +143,66 @@ def test_cycle_finder_finds_loops():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# Modules of ops defined by other ops: the composite layer and nn.functional's compositions
+# (its face, nn/functional/__init__.py, also names ops and updates batch_norm's running stats)
+COMPOSITIONS = sorted(p for p in [*(ROOT / "composite").rglob("*.py"),
+                                  *(ROOT / "nn" / "functional").glob("*.py")]
+                      if p.name != "__init__.py" or p.parent.name == "composite")
+# what only a primitive may import: an autograd node of its own, a derivative expression for the
+# map kernel, a kernel launch (broadcast_shapes is a shape rule, not a launch)
+PRIMITIVE_ONLY = {"wgrumus.autograd.tape": {"record", "needs_grad"},
+                  "wgrumus.ops.activations": {"unary_map"},
+                  "wgrumus.kernels": None}  # None: every name
+SHAPE_RULES = {("wgrumus.kernels.map", "broadcast_shapes")}
+
+
+def primitive_imports(path: pathlib.Path):
+    """(module, name) pairs ``path`` imports that only a primitive op may use."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] \
+                if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            pairs = [(target, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            pairs = [(a.name, "*") for a in node.names]
+        else:
+            continue
+        for mod, name in pairs:
+            for prefix, names in PRIMITIVE_ONLY.items():
+                hit = mod == prefix or mod.startswith(prefix + ".") or \
+                    f"{mod}.{name}".startswith(prefix + ".") or f"{mod}.{name}" == prefix
+                if hit and (names is None or name in names) and (mod, name) not in SHAPE_RULES:
+                    yield mod, name
+
+
+def test_compositions_define_no_kernel_or_gradient():
+    """An op outside ops/ is defined by other ops: it records no autograd node, writes no
+    derivative and launches no kernel of its own (those make it a primitive, which belongs in
+    ops/), so its gradient comes from the parts."""
+    assert len(COMPOSITIONS) >= 10
+    found = [(str(p.relative_to(ROOT)), m, n) for p in COMPOSITIONS
+             for m, n in primitive_imports(p)]
+    assert not found, "compositions importing what only a primitive op uses (move the op to " \
+                      "ops/):\n" + "\n".join(f"  {p}: {m} {n}" for p, m, n in found)
+
+
+def test_primitive_import_finder_finds_them(monkeypatch):
+    path = ROOT / "composite" / "repeat.py"
+    for source, found in [("from ..autograd.tape import record, no_grad",
+                           [("wgrumus.autograd.tape", "record")]),
+                          ("from ..kernels import rows", [("wgrumus.kernels", "rows")]),
+                          ("from ..kernels.map import broadcast_shapes, run_map",
+                           [("wgrumus.kernels.map", "run_map")]),
+                          ("from ..ops.activations import unary_map, silu",
+                           [("wgrumus.ops.activations", "unary_map")]),
+                          ("from ..ops.elementwise import map_op, where", [])]:
+        monkeypatch.setattr(pathlib.Path, "read_text", lambda self, s=source: s)
+        assert list(primitive_imports(path)) == found, source
 
 
 LAZY_IMPORTS_MAX = 5  # imports inside functions in ops/ and kernels/, each with its reason

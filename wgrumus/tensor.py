@@ -1,5 +1,5 @@
 """Tensor: a view (shape, strides, offset) of a Storage on one Device. The methods that run ops
-are listed in ``METHODS``; ``wgrumus.ops`` (the room above) attaches them with ``register``.
+are listed in ``METHODS``; ``wgrumus.composite`` (above ops) attaches them with ``register``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.fl
 float32, int32, float16 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16)
 
 
-# Tensor methods implemented by wgrumus.ops: names -> what they do (PyTorch's meaning throughout).
+# Tensor methods implemented by wgrumus.ops and wgrumus.composite: names -> what they do (PyTorch's
+# meaning throughout).
 METHODS = {name: doc for names, doc in {
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __pow__ "
     "__rpow__ __matmul__ __rmatmul__ __floordiv__ __rfloordiv__ __mod__ __rmod__":
@@ -75,7 +76,8 @@ METHODS = {name: doc for names, doc in {
 
 
 def register(impls: dict) -> None:
-    """Attach the implementations of ``METHODS`` to Tensor (called once, by wgrumus.ops)."""
+    """Attach the implementations of ``METHODS`` to Tensor (called once, by
+    wgrumus.composite.methods)."""
     missing, unknown = METHODS.keys() - impls.keys(), impls.keys() - METHODS.keys()
     if missing or unknown:
         raise TypeError(f"Tensor methods: missing {sorted(missing)}, not in METHODS "
