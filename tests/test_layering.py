@@ -13,7 +13,8 @@ LAYERS = {
     "wgrumus._deps": 0, "wgrumus.runtime": 0,
     "wgrumus.autograd.tape": 1, "wgrumus.autograd.store": 1,
     "wgrumus.tensor": 2,
-    # kernels and the autograd engine use Tensor (the engine only through its methods)
+    # the autograd engine uses Tensor (only through its methods); kernels take buffer views
+    # (runtime/buffer_view.py) and import no Tensor (test_kernels_take_views_not_tensors)
     "wgrumus.kernels": 3, "wgrumus.autograd": 3,
     "wgrumus.ops": 4,
     # ops defined by other ops (tensor-level; PyTorch's functional forms are in nn.functional)
@@ -137,6 +138,40 @@ def test_no_import_cycle():
     cycles = import_cycles(graph)
     assert not cycles, "modules importing each other in a loop (move what both need into a " \
                        "module below them):\n" + "\n".join("  " + " <-> ".join(c) for c in cycles)
+
+
+# what kernels/ never imports: it launches on buffer views, and a Tensor passes as one
+KERNELS_NEVER_IMPORT = ("wgrumus.tensor", "wgrumus.autograd", "wgrumus.ops")
+
+
+def kernel_imports_of_tensors(paths) -> list:
+    """(module, import) for each import of Tensor, autograd or an op in ``paths``."""
+    return [(module_name(p), t) for p in paths for t in imports(p)
+            if any(t == b or t.startswith(b + ".") for b in KERNELS_NEVER_IMPORT)]
+
+
+def test_kernels_take_views_not_tensors():
+    """kernels/ imports nothing from tensor, autograd or ops (anywhere in a file): outputs and
+    scratch are buffer views the caller allocated or runtime Views, so the kernels stay usable
+    on any buffer and the layers above keep Tensor's meaning to themselves."""
+    found = kernel_imports_of_tensors(sorted((ROOT / "kernels").rglob("*.py")))
+    assert not found, "kernels importing Tensor, autograd or ops (take a BufferView, let the " \
+        "caller allocate the outputs, allocate scratch as runtime.buffer_view.View):\n" + \
+        "\n".join(f"  {a} imports {b}" for a, b in found)
+
+
+@pytest.mark.parametrize("source, bad", [
+    ("from ..tensor import Tensor", True),
+    ("from ..tensor import float32", True),
+    ("def f():\n    from ..ops.shape import reshape  # lazily\n", True),
+    ("from ..autograd.tape import no_grad", True),
+    ("from ..runtime.buffer_view import View, float32", False),
+    ("from .map import run_map", False),
+])
+def test_kernel_import_check_finds_tensors(monkeypatch, source, bad):
+    """The kernels check flags Tensor, autograd and ops imports (as if in kernels/rows.py)."""
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: source)
+    assert bool(kernel_imports_of_tensors([ROOT / "kernels" / "rows.py"])) == bad
 
 
 def test_cycle_finder_finds_loops():

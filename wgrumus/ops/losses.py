@@ -10,7 +10,7 @@ import numpy as np
 from ..autograd.tape import needs_grad, record
 from ..kernels import rows as row_kernels
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
-from ..tensor import Tensor, int32, tensor
+from ..tensor import Tensor, float32, int32, tensor
 from .activations import softplus, unary_map
 from .elementwise import _f32, add, contiguous, div, map_op, mul, neg, sub, unbroadcast
 from .indexing import gather
@@ -84,22 +84,26 @@ def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
         raise ShapeError(f"cross_entropy: targets shape {tuple(tt.shape)} does not match logits "
                          f"shape {tuple(logits.shape)} (expected {tshape})")
     tt = reshape(tt, (N,)) if tt.ndim != 1 else tt
-    got = row_kernels.cross_entropy_rows(lg, tt, int(ignore_index), eps, host is not None)
+    got = row_kernels.cross_entropy_rows(lg, tt, int(ignore_index), eps, host is not None,
+                                         Tensor.empty((N,), lg.device, float32))
     if got is None:
         out = _cross_entropy_long(lg, tt, int(ignore_index), eps, reduction)
         return reshape(out, tshape) if reduction == "none" else out
     per_row, lse = got
     out, count = per_row, None
     if reduction != "none":
-        out, count = row_kernels.cross_entropy_reduce(per_row, tt, int(ignore_index),
-                                                      reduction == "mean")
+        red = row_kernels.cross_entropy_reduce(per_row, tt, int(ignore_index),
+                                               reduction == "mean",
+                                               Tensor.empty((2,), lg.device, float32))
+        out, count = Tensor(red.storage, ()), Tensor(red.storage, (), offset=1)
     mode = {"mean": 0, "sum": 1, "none": 2}[reduction]
 
     def bw(g):
         g = contiguous(g)
         return (row_kernels.cross_entropy_backward(lg, tt, lse, g,
                                                    count if count is not None else g,
-                                                   int(ignore_index), eps, mode),)
+                                                   int(ignore_index), eps, mode,
+                                                   Tensor.empty((N, C), g.device, float32)),)
     record("cross_entropy", out, [lg], bw, saved=[lg, tt])
     return reshape(out, tshape) if reduction == "none" else out
 

@@ -8,7 +8,7 @@ import numpy as np
 from ..autograd.tape import no_grad, record
 from ..kernels import rows
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor
+from ..tensor import Tensor, float32
 from .dims import pick
 from .elementwise import _f32, cast, contiguous, div, exp, mul, saved_output, sub
 from .elementwise import log as log_
@@ -38,7 +38,7 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         raise ShapeError(f"causal softmax needs [..., queries, keys], got shape {xc.shape}")
     tq = xc.shape[-2] if causal else 0
     scale = float(scale)
-    out = rows.softmax(xc, log, scale, tq)
+    out = rows.softmax(xc, log, scale, tq, Tensor.empty(xc.shape, xc.device, float32))
     if out is None:
         return _softmax_long(xc, log, scale, causal)
     o = saved_output(out)  # no cycle out -> node -> closure -> out
@@ -51,7 +51,8 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
                      tq: int = 0) -> Tensor:
     """d(input) of a last-axis (log_)softmax from its output, with the forward's ``scale`` and
     causal query count ``tq`` (0: no mask). One kernel."""
-    return rows.softmax_backward(out, contiguous(g), log, scale, tq)
+    return rows.softmax_backward(out, contiguous(g), Tensor.empty(out.shape, out.device, float32),
+                                 log, scale, tq)
 
 
 def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
