@@ -407,11 +407,11 @@ class PipelineExecutor:
 
 def _activation_bytes(tape: Tape, x, out, stage: PipelineStage) -> int:
     """Bytes of distinct non-parameter storages this micro-batch keeps alive on the stage."""
-    params = {id(p._storage) for p in stage.parameters()}
+    params = {id(p.storage) for p in stage.parameters()}
     seen: dict = {}
     tensors = [x, out] + [t for n in tape.nodes for t, _ in n.saved]
     for t in tensors:
-        st = getattr(t, "_storage", None)
+        st = getattr(t, "storage", None)
         if st is not None and id(st) not in params:
             seen[id(st)] = st.nbytes
     return sum(seen.values())
