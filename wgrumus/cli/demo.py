@@ -6,7 +6,6 @@ import argparse
 import wgrumus as wr
 
 from ..distributed.pipeline import get_schedule, render
-from . import loop
 from .common import console, positive
 from .config import config_from_args
 from .train import add_arguments
@@ -25,6 +24,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from . import loop  # the run's machinery (task, report, checkpoints): not for --help
     # The demo is `wgrumus train mlp --dp 2 --pp 2 ...` with fixed, sensible settings.
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("model")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-from . import loop
 from .common import positive
 from .config import OPTIMIZERS, SCHEDULES, config_from_args
 from .optimizing import SCHEDULES as LR_SCHEDULES
@@ -118,6 +117,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from . import loop  # the run's machinery (task, report, checkpoints): not for --help
     cfg = config_from_args(args)
     if cfg.layout.backend == "processes":
         from ..distributed import processes  # multiprocessing and /dev/shm: only for a run
