@@ -309,6 +309,7 @@ def run_comm(args, sizes, worlds) -> list[dict]:
         print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
         return []
     from wgrumus.distributed import barrier as barrier_mod
+    from wgrumus.distributed import host_reduce
     label = f"comm:{n_adapters}ad"
     sizes = [s for s in sizes if s >= 1 << 20] if not args.sizes else sizes
     if args.spin_us is not None:
@@ -318,7 +319,7 @@ def run_comm(args, sizes, worlds) -> list[dict]:
     for w, chunk, inflight, helper in itertools.product(worlds, args.chunks, args.inflight,
                                                         args.helper_mb):
         if helper is not None:
-            barrier_mod.HELPER_BYTES = helper
+            host_reduce.HELPER_BYTES = helper
         tag = "".join([f" i{inflight}" if inflight else "",
                        f" h{helper / (1 << 20):g}M" if helper is not None else ""])
         comms = [CommThread(d, rank=i, chunk_bytes=chunk, **(
@@ -731,7 +732,7 @@ def main(argv=None):
                    help="comm backend: comma-separated chunk downloads in flight to compare "
                         "(default: the engine's)")
     p.add_argument("--helper-mb", default=None,
-                   help="comm backend: comma-separated barrier.HELPER_BYTES values in MiB to "
+                   help="comm backend: comma-separated host_reduce.HELPER_BYTES values in MiB to "
                         "compare (a helper thread joins a round per this many bytes)")
     p.add_argument("--spin-us", type=float, default=None,
                    help="comm backend: barrier.SPIN_S in microseconds (polling before blocking)")
@@ -760,7 +761,7 @@ def main(argv=None):
     if args.chunks:
         args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
     else:
-        from wgrumus.distributed.pipelined import CHUNK_BYTES
+        from wgrumus.distributed.staged_collectives import CHUNK_BYTES
         args.chunks = [CHUNK_BYTES]
     args.inflight = [int(v) for v in args.inflight.split(",")] if args.inflight else [None]
     args.direct = [int(v) for v in args.direct.split(",")] if args.direct else None

@@ -27,10 +27,11 @@ def host_threads(monkeypatch, kind):
     setting); the barrier's ``helpers`` argument is returned."""
     if kind == "helpers":
         from wgrumus.distributed import barrier as barrier_mod
+        from wgrumus.distributed import host_reduce
         monkeypatch.setattr(barrier_mod, "SPIN_S", 100e-6)
-        monkeypatch.setattr(barrier_mod, "PARALLEL_MIN_BYTES", 1024)
-        monkeypatch.setattr(barrier_mod, "SPLIT_MIN_BYTES", 256)
-        monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1024)
+        monkeypatch.setattr(host_reduce, "PARALLEL_MIN_BYTES", 1024)
+        monkeypatch.setattr(host_reduce, "SPLIT_MIN_BYTES", 256)
+        monkeypatch.setattr(host_reduce, "HELPER_BYTES", 1024)
     return 2 if kind == "helpers" else None
 
 
@@ -260,8 +261,8 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
 @pytest.fixture
 def small_chunks(monkeypatch):
     """256-byte chunks, so the small tensors below cross many chunk boundaries mid-piece."""
-    from wgrumus.distributed import pipelined
-    monkeypatch.setattr(pipelined, "CHUNK_BYTES", 256)
+    from wgrumus.distributed import staged_collectives
+    monkeypatch.setattr(staged_collectives, "CHUNK_BYTES", 256)
 
 
 def _no_host_round_trip(monkeypatch):

@@ -1,7 +1,8 @@
 """Data flows one way: no module of wgrumus imports (at module level or inside a function) a
-module of a higher layer, and no modules import each other in a loop when the package loads.
-The layers are plain data below; a module belongs to the layer of the longest prefix of its
-dotted name that the table lists."""
+module of a higher layer, and no modules import each other in a loop when the package loads
+(in the packages of NO_LAZY_CYCLES, not even through imports inside functions). The layers are
+plain data below; a module belongs to the layer of the longest prefix of its dotted name that
+the table lists."""
 import ast
 import pathlib
 
@@ -172,6 +173,61 @@ def test_kernel_import_check_finds_tensors(monkeypatch, source, bad):
     """The kernels check flags Tensor, autograd and ops imports (as if in kernels/rows.py)."""
     monkeypatch.setattr(pathlib.Path, "read_text", lambda self: source)
     assert bool(kernel_imports_of_tensors([ROOT / "kernels" / "rows.py"])) == bad
+
+
+# Packages in which no modules import each other in a loop even through imports inside functions
+# (such a loop still makes which module builds on which unclear, and only works by import order).
+NO_LAZY_CYCLES = ("wgrumus.cli",)
+
+
+def package_graph(package: str) -> dict:
+    """Module -> the modules of ``package`` it imports, inside functions too."""
+    folder = ROOT.parent.joinpath(*package.split("."))
+    graph = {}
+    for path in folder.rglob("*.py"):
+        me = module_name(path)
+        graph[me] = {t for t in imports(path) if t != me and
+                     (t == package or t.startswith(package + "."))}
+    return graph
+
+
+@pytest.mark.parametrize("package", NO_LAZY_CYCLES)
+def test_no_import_cycle_through_function_imports(package):
+    cycles = import_cycles(package_graph(package))
+    assert not cycles, f"modules of {package} importing each other in a loop (counting imports " \
+                       "inside functions; move what both need into the module that owns it):\n" \
+                       + "\n".join("  " + " <-> ".join(c) for c in cycles)
+
+
+def test_function_import_cycle_is_found():
+    """The cli's graph holds its function-level imports: a loop through one is reported."""
+    graph = package_graph("wgrumus.cli")
+    assert "wgrumus.cli.trainers" in graph["wgrumus.cli.loop"]  # imported inside train()
+    graph["wgrumus.cli.trainers"] = graph["wgrumus.cli.trainers"] | {"wgrumus.cli.loop"}
+    assert ["wgrumus.cli.loop", "wgrumus.cli.trainers"] in import_cycles(graph)
+
+
+def function_imports(folder: str) -> list:
+    """(file, line number, line) of every import inside a function under wgrumus/``folder``."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        lines = path.read_text().splitlines()
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [(path.relative_to(ROOT), node.lineno, lines[node.lineno - 1])
+                          for node in ast.walk(fn)
+                          if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return sorted(set(found))
+
+
+def test_cli_imports_inside_functions_say_why():
+    """The cli imports at module level; an import left inside a function (an optional
+    dependency, or a heavy layer that `--help` does not need) says why on its line."""
+    unexplained = [f"{p}:{n}: {line.strip()}" for p, n, line in function_imports("cli")
+                   if "#" not in line]
+    assert not unexplained, "imports inside functions without a reason:\n  " + \
+        "\n  ".join(unexplained)
 
 
 def test_cycle_finder_finds_loops():
