@@ -8,7 +8,7 @@
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 1,2,4,8,16
     python benchmarks/collectives.py --backend comm --ranks 2 --chunks 2,4,8 --inflight 3,8 \
         --helper-mb 0.5,4 --spin-us 50   # the engine's and the barrier's constants, swept
-    python benchmarks/collectives.py --backend comm --ranks 2 --polling-wait   # A/B the waits
+    python benchmarks/collectives.py --backend comm --ranks 2 --blocking-waits   # A/B the waits
     python benchmarks/collectives.py --backend shm-host --ranks 2,4 --direct 0,4   # the
         # processes backend's host step alone: host-array all-reduce (f32, f16) and its round
         # split, 1-16 MB, each round reduce-scattered in a slot (0) or reduced by every rank (4)
@@ -309,19 +309,17 @@ def run_comm(args, sizes, worlds) -> list[dict]:
         print("no WebGPU adapter: comm backend skipped", file=sys.stderr)
         return []
     from wgrumus.distributed import barrier as barrier_mod
+    from wgrumus.distributed import host_reduce
     label = f"comm:{n_adapters}ad"
     sizes = [s for s in sizes if s >= 1 << 20] if not args.sizes else sizes
     if args.spin_us is not None:
         barrier_mod.SPIN_S = args.spin_us * 1e-6
-    if args.polling_wait:
-        from wgrumus.runtime import native
-        native.BLOCKING_WAIT = False
     mem = host_memory_rate()
     rows = []
     for w, chunk, inflight, helper in itertools.product(worlds, args.chunks, args.inflight,
                                                         args.helper_mb):
         if helper is not None:
-            barrier_mod.HELPER_BYTES = helper
+            host_reduce.HELPER_BYTES = helper
         tag = "".join([f" i{inflight}" if inflight else "",
                        f" h{helper / (1 << 20):g}M" if helper is not None else ""])
         comms = [CommThread(d, rank=i, chunk_bytes=chunk, **(
@@ -734,13 +732,13 @@ def main(argv=None):
                    help="comm backend: comma-separated chunk downloads in flight to compare "
                         "(default: the engine's)")
     p.add_argument("--helper-mb", default=None,
-                   help="comm backend: comma-separated barrier.HELPER_BYTES values in MiB to "
+                   help="comm backend: comma-separated host_reduce.HELPER_BYTES values in MiB to "
                         "compare (a helper thread joins a round per this many bytes)")
     p.add_argument("--spin-us", type=float, default=None,
                    help="comm backend: barrier.SPIN_S in microseconds (polling before blocking)")
-    p.add_argument("--polling-wait", action="store_true",
-                   help="comm backend: map waits poll instead of blocking in wgpuDevicePoll "
-                        "(runtime/native.py BLOCKING_WAIT = False)")
+    p.add_argument("--blocking-waits", action="store_true",
+                   help="map waits block in wgpuDevicePoll, as on CPU adapters (default on a "
+                        "GPU: they poll; runtime/tuning.py blocking_waits)")
     p.add_argument("--direct", default=None,
                    help="processes / shm-host backend: comma-separated WGRUMUS_SHM_DIRECT_RANKS "
                    "values to compare (0: every round reduce-scatters into a slot and copies "
@@ -754,12 +752,16 @@ def main(argv=None):
                    help="print the table of earlier --json outputs and exit")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.blocking_waits:  # (the environment reaches ranks in other processes)
+        os.environ["WGRUMUS_BLOCKING_WAITS"] = "1"
+        from wgrumus.runtime.tuning import TUNING
+        TUNING.blocking_waits = True
     args.strategies = [s for s in args.strategies.split(",") if s]
     args.chunks_given = bool(args.chunks)
     if args.chunks:
         args.chunks = [int(float(c) * (1 << 20)) for c in args.chunks.split(",")]
     else:
-        from wgrumus.distributed.pipelined import CHUNK_BYTES
+        from wgrumus.distributed.staged_collectives import CHUNK_BYTES
         args.chunks = [CHUNK_BYTES]
     args.inflight = [int(v) for v in args.inflight.split(",")] if args.inflight else [None]
     args.direct = [int(v) for v in args.direct.split(",")] if args.direct else None

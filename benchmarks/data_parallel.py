@@ -86,8 +86,9 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="small shapes (lavapipe, CI)")
     ap.add_argument("--jit", action="store_true",
                     help="also run every row with wr.jit captured steps (rows '<mode>+jit')")
-    ap.add_argument("--polling-wait", action="store_true",
-                    help="map waits poll instead of blocking (runtime/native.py BLOCKING_WAIT)")
+    ap.add_argument("--blocking-waits", action="store_true",
+                    help="map waits block in wgpuDevicePoll as on CPU adapters (default on a "
+                         "GPU: they poll; runtime/tuning.py blocking_waits)")
     ap.add_argument("--accum", type=int, default=4,
                     help="micro-steps of the 'engine-accumK' rows (default 4)")
     ap.add_argument("--sync-every", type=int, default=8,
@@ -305,9 +306,10 @@ def main(argv=None) -> int:
     if a.backend == "threads":  # logical devices share an adapter when there are fewer
         os.environ.setdefault("WGRUMUS_DEVICES", str(max(a.devices)))
     import wgrumus as wr
-    if a.polling_wait:
-        from wgrumus.runtime import native
-        native.BLOCKING_WAIT = False
+    if a.blocking_waits:  # (the environment reaches ranks in other processes)
+        os.environ["WGRUMUS_BLOCKING_WAITS"] = "1"
+        from wgrumus.runtime.tuning import TUNING
+        TUNING.blocking_waits = True
     group = None
     devs = wr.devices()
     if a.backend == "mpi":

@@ -39,8 +39,8 @@ def best(fn, sync, n: int = 3) -> float:
 
 def measure(dev, ids: int, rows: int, dim: int, scan: bool) -> dict:
     import wgrumus as wr
+    from wgrumus.kernels import index as index_kernels
     from wgrumus.nn import functional as F
-    from wgrumus.ops import indexing
     rng = np.random.default_rng(0)
     w = wr.tensor(rng.standard_normal((rows, dim)).astype(np.float32), device=dev,
                   requires_grad=True)
@@ -62,11 +62,11 @@ def measure(dev, ids: int, rows: int, dim: int, scan: bool) -> dict:
     r["ratio"] = r["backward_s"] / r["forward_s"]
     r["within_budget"] = r["ratio"] <= BUDGET
     if scan and ids * rows <= SCAN_MAX:
-        old, indexing.SORTED_MIN = indexing.SORTED_MIN, float("inf")
+        old, index_kernels.SORTED_MIN = index_kernels.SORTED_MIN, float("inf")
         try:
             r["scan_backward_s"] = max(0.0, best(bwd, dev.synchronize, 1) - r["forward_s"])
         finally:
-            indexing.SORTED_MIN = old
+            index_kernels.SORTED_MIN = old
     gn = g.numpy()
 
     def np_bwd():

@@ -48,7 +48,7 @@ FAULTS = ("raise", "stall", "exit")
 PRIMITIVES = ("barrier", "comm", "process_group", "data_parallel", "pipeline",
               "tensor_parallel", "fsdp", "mpi")
 # helper threads of barriers still referenced (they end on the barrier's close, break or
-# collection, or after barrier.HELPER_IDLE_S without a round; tests/test_barrier.py checks)
+# collection, or after host_reduce.HELPER_IDLE_S without a round; tests/test_barrier.py checks)
 PERSISTENT_THREAD_PREFIXES = ("wgrumus-reduce",)
 
 

@@ -260,13 +260,13 @@ def test_every_rank_gets_its_own_output_in_place_and_rank_ordered():
 def test_no_thread_writes_an_output_after_its_owner_has_raised(monkeypatch):
     """An output may be mapped staging memory that its owner frees once reduce() raised: an
     abort mid-reduction must not leave helper threads writing into it afterwards."""
-    import wgrumus.distributed.barrier as barrier_mod
-    real = barrier_mod.reduce_into
+    import wgrumus.distributed.host_reduce as host_reduce
+    real = host_reduce.reduce_into
 
     def slow_reduce(out, inputs, op, divisor):
         time.sleep(0.05)
         real(out, inputs, op, divisor)
-    monkeypatch.setattr(barrier_mod, "reduce_into", slow_reduce)
+    monkeypatch.setattr(host_reduce, "reduce_into", slow_reduce)
     n, size = 2, 1 << 20
     outs = [np.zeros(size, np.float32) for _ in range(n)]
     b = CollectiveBarrier(n, timeout=10, chunk_bytes=1 << 16, helpers=4)  # 64 slow chunks
@@ -290,16 +290,16 @@ def test_helper_threads_are_the_barriers_own_and_end_with_it(monkeypatch):
     when it is closed, broken or dropped: none is left after many barriers came and went."""
     import gc
 
-    import wgrumus.distributed.barrier as barrier_mod
-    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)  # 1 MiB rounds take 3 helpers
-    real = barrier_mod.reduce_into
+    import wgrumus.distributed.host_reduce as host_reduce
+    monkeypatch.setattr(host_reduce, "HELPER_BYTES", 1 << 16)  # 1 MiB rounds take 3 helpers
+    real = host_reduce.reduce_into
     names = set()
 
     def slow_reduce(out, inputs, op, divisor):
         names.add(threading.current_thread().name)
         time.sleep(0.002)  # every thread gets chunks, even on a loaded machine
         real(out, inputs, op, divisor)
-    monkeypatch.setattr(barrier_mod, "reduce_into", slow_reduce)
+    monkeypatch.setattr(host_reduce, "reduce_into", slow_reduce)
     before = _helper_threads()
     xs = [np.full(1 << 18, r + 1, np.float32) for r in range(2)]
     for i in range(30):
@@ -328,9 +328,9 @@ def test_helper_threads_are_the_barriers_own_and_end_with_it(monkeypatch):
 
 @pytest.mark.timeout(30)
 def test_idle_helpers_end_and_rounds_go_on(monkeypatch):
-    import wgrumus.distributed.barrier as barrier_mod
-    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)
-    monkeypatch.setattr(barrier_mod, "HELPER_IDLE_S", 0.05)
+    import wgrumus.distributed.host_reduce as host_reduce
+    monkeypatch.setattr(host_reduce, "HELPER_BYTES", 1 << 16)
+    monkeypatch.setattr(host_reduce, "HELPER_IDLE_S", 0.05)
     before = _helper_threads()
     xs = [np.arange(1 << 18, dtype=np.float32) * (r + 1) for r in range(2)]
     b = CollectiveBarrier(2, timeout=10, chunk_bytes=1 << 16, helpers=2)
@@ -351,8 +351,9 @@ def test_mixed_rounds_with_helpers_polling_and_random_delays_are_exact(monkeypat
     participants and helpers), ranks pausing at random, with and without polling before
     blocking: every result exact and in rank order; then an abort mid-run stops everyone."""
     import wgrumus.distributed.barrier as barrier_mod
+    import wgrumus.distributed.host_reduce as host_reduce
     monkeypatch.setattr(barrier_mod, "SPIN_S", spin)
-    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 18)
+    monkeypatch.setattr(host_reduce, "HELPER_BYTES", 1 << 18)
     n, rounds = 3, 400
     rng = np.random.default_rng(5)
     sizes = rng.choice([1, 1000, 1 << 17, 1 << 19], rounds)
@@ -384,9 +385,10 @@ def test_no_helper_thread_outlives_its_process_group(monkeypatch):
     """Groups made and ended one after another (dist.spawn, host all-reduces large enough to
     take helpers): every group's helpers end with it."""
     import wgrumus.distributed.barrier as barrier_mod
+    import wgrumus.distributed.host_reduce as host_reduce
     from wgrumus import distributed as dist
     monkeypatch.setattr(barrier_mod.os, "cpu_count", lambda: 8)  # spare cores: helpers join
-    monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1 << 16)
+    monkeypatch.setattr(host_reduce, "HELPER_BYTES", 1 << 16)
     before = _helper_threads()
     seen = set()
 

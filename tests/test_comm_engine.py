@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from test_comm import download, upload
 
+import wgrumus as wr
 from wgrumus.distributed import CollectiveBarrier, CollectiveError
 from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
 from wgrumus.runtime.native import api
@@ -26,10 +27,11 @@ def host_threads(monkeypatch, kind):
     setting); the barrier's ``helpers`` argument is returned."""
     if kind == "helpers":
         from wgrumus.distributed import barrier as barrier_mod
+        from wgrumus.distributed import host_reduce
         monkeypatch.setattr(barrier_mod, "SPIN_S", 100e-6)
-        monkeypatch.setattr(barrier_mod, "PARALLEL_MIN_BYTES", 1024)
-        monkeypatch.setattr(barrier_mod, "SPLIT_MIN_BYTES", 256)
-        monkeypatch.setattr(barrier_mod, "HELPER_BYTES", 1024)
+        monkeypatch.setattr(host_reduce, "PARALLEL_MIN_BYTES", 1024)
+        monkeypatch.setattr(host_reduce, "SPLIT_MIN_BYTES", 256)
+        monkeypatch.setattr(host_reduce, "HELPER_BYTES", 1024)
     return 2 if kind == "helpers" else None
 
 
@@ -124,15 +126,17 @@ def test_engine_waits_on_its_own_map_requests_not_wgpu_py_promises(devices, monk
 @pytest.mark.timeout(60)
 def test_map_waits_never_block_in_the_device_poll(devices, monkeypatch):
     """A blocking wgpuDevicePoll holds the device's fence lock, which every submit to that
-    device needs: with BLOCKING_WAIT off a map wait polls without blocking (so a compute thread's
-    submits never stall behind a comm thread's wait), with the same results."""
+    device needs: with blocking waits off (a GPU's default) a map wait polls without blocking
+    (so a compute thread's submits never stall behind a comm thread's wait), with the same
+    results."""
     if not api().native:
         pytest.skip("wgpu-py outside the tested range: the engine uses its promises")
     from wgrumus.runtime import native
+    from wgrumus.runtime.tuning import TUNING
 
     def refuse(*a):
         raise AssertionError("blocking wgpuDevicePoll")
-    monkeypatch.setattr(native, "BLOCKING_WAIT", False)
+    monkeypatch.setattr(TUNING, "blocking_waits", False)
     monkeypatch.setattr(native._Native, "wait_index", refuse)
     dev = devices[0]
     st = Staging(dev)
@@ -257,8 +261,8 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
 @pytest.fixture
 def small_chunks(monkeypatch):
     """256-byte chunks, so the small tensors below cross many chunk boundaries mid-piece."""
-    from wgrumus.distributed import pipelined
-    monkeypatch.setattr(pipelined, "CHUNK_BYTES", 256)
+    from wgrumus.distributed import staged_collectives
+    monkeypatch.setattr(staged_collectives, "CHUNK_BYTES", 256)
 
 
 def _no_host_round_trip(monkeypatch):
@@ -431,3 +435,28 @@ def test_upload_buffers_rotate_past_the_downloads_in_flight(devices, monkeypatch
     assert oldest is given[0] and oldest.mapped
     st.discard([fresh, oldest])
     assert st.mapped_buffers() == 0
+
+
+@pytest.mark.timeout(60)
+def test_device_reads_and_uploads_wait_without_blocking_polls(devices, monkeypatch):
+    """Reads (``.numpy()``, synchronize) and staged uploads wait through the same non-blocking
+    polls: no blocking wgpuDevicePoll and no wgpu-py promise (its poll thread blocks in one)."""
+    if not api().native:
+        pytest.skip("wgpu-py outside the tested range: reads use its promises")
+    from wgpu.backends.wgpu_native import _api
+
+    from wgrumus.runtime import native
+    from wgrumus.runtime.tuning import TUNING
+
+    def refuse(*a, **k):
+        raise AssertionError("a blocking wait")
+    monkeypatch.setattr(TUNING, "blocking_waits", False)
+    monkeypatch.setattr(native._Native, "wait_index", refuse)
+    monkeypatch.setattr(_api.GPUBuffer, "map_async", refuse)
+    dev = devices[0]
+    rng = np.random.default_rng(0)
+    for n in (3, 1 << 18, 1 << 20):  # queue writes, then mapped uploads and zero-copy reads
+        x = rng.standard_normal(n).astype(np.float32)
+        t = wr.tensor(x, device=dev)
+        np.testing.assert_array_equal((t * 2).numpy(), 2 * x)
+        dev.synchronize()

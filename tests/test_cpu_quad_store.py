@@ -109,7 +109,8 @@ def test_linear_epilogue_grad_quads_match_numpy(monkeypatch, rng, R, L, cpu, act
     b = rng.standard_normal(L).astype(np.float32)
     grad = importlib.import_module("wgrumus.ops.linear").ACTIVATIONS[act][1]
     dz, db = lk.epilogue_grad(wr.tensor(g), wr.tensor(z) if act else None,
-                              wr.tensor(b) if act else None, grad, True, act is not None)
+                              wr.tensor(b) if act else None, grad,
+                              wr.empty((R, L)) if act else None, wr.empty((L,)))
     want = g
     if act:
         u = (z + b).astype(np.float64)

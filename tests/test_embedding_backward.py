@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import index as index_kernels
 from wgrumus.nn import functional as F
-from wgrumus.ops import indexing
 from wgrumus.ops.indexing import index_select
 
 pytestmark = pytest.mark.timeout(600)
@@ -26,7 +26,7 @@ def add_at(shape, axis, idx, g):
                                           ((300, 6), 0, 700)])
 def test_matches_add_at(dev, rng, monkeypatch, sorted_min, shape, axis, K):
     if sorted_min is not None:
-        monkeypatch.setattr(indexing, "SORTED_MIN", sorted_min)
+        monkeypatch.setattr(index_kernels, "SORTED_MIN", sorted_min)
     x = wr.tensor(rng.standard_normal(shape).astype(np.float32), requires_grad=True)
     idx = rng.integers(-shape[axis], shape[axis], K).astype(np.int32)
     if K > 10:
@@ -45,7 +45,7 @@ def test_same_bits_as_the_row_scan_for_short_runs(dev, rng, monkeypatch):
     g = wr.tensor(rng.standard_normal((200, 8)).astype(np.float32))
     grads = []
     for m in (0, 1 << 40):
-        monkeypatch.setattr(indexing, "SORTED_MIN", m)
+        monkeypatch.setattr(index_kernels, "SORTED_MIN", m)
         grads.append(wr.autograd.backward_with_grad(F.embedding(ids, w), g).get(w).numpy())
     np.testing.assert_array_equal(grads[0], grads[1])
 
@@ -69,7 +69,7 @@ def test_rows_past_2_24_and_65535_workgroups(dev, rng):
     ids[8:20] = V - 1
     w = wr.tensor(np.zeros((V, 1), np.float32), requires_grad=True)
     g = rng.standard_normal((K, 1)).astype(np.float32)
-    assert V * K >= indexing.SORTED_MIN
+    assert V * K >= index_kernels.SORTED_MIN
     dw = wr.autograd.backward_with_grad(F.embedding(wr.tensor(ids), w), wr.tensor(g)).get(w)
     got = dw.numpy()
     ref = add_at((V, 1), 0, ids, g)

@@ -132,11 +132,11 @@ def _cli_trainer(*argv):
     """The trainer `wgrumus train` builds for ``argv`` (and its task)."""
     import argparse
 
-    from wgrumus.cli import loop, models, train, trainers
+    from wgrumus.cli import config, models, train, trainers
     p = argparse.ArgumentParser()
     p.add_argument("model")
     train.add_arguments(p)
-    cfg = loop.config_from_args(p.parse_args(list(argv)))
+    cfg = config.config_from_args(p.parse_args(list(argv)))
     task = models.build(cfg)
     task.total_steps = 8
     return cfg, task, trainers.make_trainer(cfg, task)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import wgrumus as wr
+from wgrumus.kernels import index as index_kernels
 from wgrumus.kernels import reduce as reduce_kernels
 from wgrumus.kernels import rows as row_kernels
 from wgrumus.nn import functional as F
-from wgrumus.ops import indexing
 from wgrumus.ops.indexing import embedding, gather, index_select
 from wgrumus.runtime.tuning import TUNING
 
@@ -170,7 +170,7 @@ def test_embedding_backward_many_indices(rng, K, skewed):
 def test_index_backward_passes(rng, monkeypatch, mode):
     """index_select / gather backward in several passes over the indices (budget lowered)."""
     monkeypatch.setattr(TUNING, "row_mode", mode)
-    monkeypatch.setattr(indexing, "LOOP_BUDGET", 100)
+    monkeypatch.setattr(index_kernels, "LOOP_BUDGET", 100)
     x = wr.tensor(f32(rng.standard_normal((4, 9, 5))), requires_grad=True)
     idx = rng.integers(0, 9, 700)
     g = f32(rng.standard_normal((4, 700, 5)))

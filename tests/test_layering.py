@@ -1,7 +1,8 @@
 """Data flows one way: no module of wgrumus imports (at module level or inside a function) a
-module of a higher layer, and no modules import each other in a loop when the package loads.
-The layers are plain data below; a module belongs to the layer of the longest prefix of its
-dotted name that the table lists."""
+module of a higher layer, and no modules import each other in a loop when the package loads
+(in the packages of NO_LAZY_CYCLES, not even through imports inside functions). The layers are
+plain data below; a module belongs to the layer of the longest prefix of its dotted name that
+the table lists."""
 import ast
 import pathlib
 
@@ -13,14 +14,17 @@ LAYERS = {
     "wgrumus._deps": 0, "wgrumus.runtime": 0,
     "wgrumus.autograd.tape": 1, "wgrumus.autograd.store": 1,
     "wgrumus.tensor": 2,
-    # kernels and the autograd engine use Tensor (the engine only through its methods)
+    # the autograd engine uses Tensor (only through its methods); kernels take buffer views
+    # (runtime/buffer_view.py) and import no Tensor (test_kernels_take_views_not_tensors)
     "wgrumus.kernels": 3, "wgrumus.autograd": 3,
     "wgrumus.ops": 4,
-    "wgrumus.jit": 5, "wgrumus.amp": 5, "wgrumus.nn": 5, "wgrumus.optim": 5, "wgrumus.io": 5,
-    "wgrumus.data": 5, "wgrumus.utils": 5,
-    "wgrumus.distributed": 6, "wgrumus.parallel": 6,
-    "wgrumus.cli": 7, "wgrumus.__main__": 7,
-    "wgrumus": 7,  # the package face (import wgrumus as wr) re-exports layers 0-6 for the cli
+    # ops defined by other ops (tensor-level; PyTorch's functional forms are in nn.functional)
+    "wgrumus.composite": 5,
+    "wgrumus.jit": 6, "wgrumus.amp": 6, "wgrumus.nn": 6, "wgrumus.optim": 6, "wgrumus.io": 6,
+    "wgrumus.data": 6, "wgrumus.utils": 6,
+    "wgrumus.distributed": 7, "wgrumus.parallel": 7,
+    "wgrumus.cli": 8, "wgrumus.__main__": 8,
+    "wgrumus": 8,  # the package face (import wgrumus as wr) re-exports layers 0-7 for the cli
 }
 
 def layer(module: str) -> int:
@@ -137,10 +141,159 @@ def test_no_import_cycle():
                        "module below them):\n" + "\n".join("  " + " <-> ".join(c) for c in cycles)
 
 
+# what kernels/ never imports: it launches on buffer views, and a Tensor passes as one
+KERNELS_NEVER_IMPORT = ("wgrumus.tensor", "wgrumus.autograd", "wgrumus.ops")
+
+
+def kernel_imports_of_tensors(paths) -> list:
+    """(module, import) for each import of Tensor, autograd or an op in ``paths``."""
+    return [(module_name(p), t) for p in paths for t in imports(p)
+            if any(t == b or t.startswith(b + ".") for b in KERNELS_NEVER_IMPORT)]
+
+
+def test_kernels_take_views_not_tensors():
+    """kernels/ imports nothing from tensor, autograd or ops (anywhere in a file): outputs and
+    scratch are buffer views the caller allocated or runtime Views, so the kernels stay usable
+    on any buffer and the layers above keep Tensor's meaning to themselves."""
+    found = kernel_imports_of_tensors(sorted((ROOT / "kernels").rglob("*.py")))
+    assert not found, "kernels importing Tensor, autograd or ops (take a BufferView, let the " \
+        "caller allocate the outputs, allocate scratch as runtime.buffer_view.View):\n" + \
+        "\n".join(f"  {a} imports {b}" for a, b in found)
+
+
+@pytest.mark.parametrize("source, bad", [
+    ("from ..tensor import Tensor", True),
+    ("from ..tensor import float32", True),
+    ("def f():\n    from ..ops.shape import reshape  # lazily\n", True),
+    ("from ..autograd.tape import no_grad", True),
+    ("from ..runtime.buffer_view import View, float32", False),
+    ("from .map import run_map", False),
+])
+def test_kernel_import_check_finds_tensors(monkeypatch, source, bad):
+    """The kernels check flags Tensor, autograd and ops imports (as if in kernels/rows.py)."""
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self: source)
+    assert bool(kernel_imports_of_tensors([ROOT / "kernels" / "rows.py"])) == bad
+
+
+# Packages in which no modules import each other in a loop even through imports inside functions
+# (such a loop still makes which module builds on which unclear, and only works by import order).
+NO_LAZY_CYCLES = ("wgrumus.cli",)
+
+
+def package_graph(package: str) -> dict:
+    """Module -> the modules of ``package`` it imports, inside functions too."""
+    folder = ROOT.parent.joinpath(*package.split("."))
+    graph = {}
+    for path in folder.rglob("*.py"):
+        me = module_name(path)
+        graph[me] = {t for t in imports(path) if t != me and
+                     (t == package or t.startswith(package + "."))}
+    return graph
+
+
+@pytest.mark.parametrize("package", NO_LAZY_CYCLES)
+def test_no_import_cycle_through_function_imports(package):
+    cycles = import_cycles(package_graph(package))
+    assert not cycles, f"modules of {package} importing each other in a loop (counting imports " \
+                       "inside functions; move what both need into the module that owns it):\n" \
+                       + "\n".join("  " + " <-> ".join(c) for c in cycles)
+
+
+def test_function_import_cycle_is_found():
+    """The cli's graph holds its function-level imports: a loop through one is reported."""
+    graph = package_graph("wgrumus.cli")
+    assert "wgrumus.cli.trainers" in graph["wgrumus.cli.loop"]  # imported inside train()
+    graph["wgrumus.cli.trainers"] = graph["wgrumus.cli.trainers"] | {"wgrumus.cli.loop"}
+    assert ["wgrumus.cli.loop", "wgrumus.cli.trainers"] in import_cycles(graph)
+
+
+def function_imports(folder: str) -> list:
+    """(file, line number, line) of every import inside a function under wgrumus/``folder``."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        lines = path.read_text().splitlines()
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found += [(path.relative_to(ROOT), node.lineno, lines[node.lineno - 1])
+                          for node in ast.walk(fn)
+                          if isinstance(node, (ast.Import, ast.ImportFrom))]
+    return sorted(set(found))
+
+
+def test_cli_imports_inside_functions_say_why():
+    """The cli imports at module level; an import left inside a function (an optional
+    dependency, or a heavy layer that `--help` does not need) says why on its line."""
+    unexplained = [f"{p}:{n}: {line.strip()}" for p, n, line in function_imports("cli")
+                   if "#" not in line]
+    assert not unexplained, "imports inside functions without a reason:\n  " + \
+        "\n  ".join(unexplained)
+
+
 def test_cycle_finder_finds_loops():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
     assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+# Modules of ops defined by other ops: the composite layer and nn.functional's compositions
+# (its face, nn/functional/__init__.py, also names ops and updates batch_norm's running stats)
+COMPOSITIONS = sorted(p for p in [*(ROOT / "composite").rglob("*.py"),
+                                  *(ROOT / "nn" / "functional").glob("*.py")]
+                      if p.name != "__init__.py" or p.parent.name == "composite")
+# what only a primitive may import: an autograd node of its own, a derivative expression for the
+# map kernel, a kernel launch (broadcast_shapes is a shape rule, not a launch)
+PRIMITIVE_ONLY = {"wgrumus.autograd.tape": {"record", "needs_grad"},
+                  "wgrumus.ops.activations": {"unary_map"},
+                  "wgrumus.kernels": None}  # None: every name
+SHAPE_RULES = {("wgrumus.kernels.map", "broadcast_shapes")}
+
+
+def primitive_imports(path: pathlib.Path):
+    """(module, name) pairs ``path`` imports that only a primitive op may use."""
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] \
+                if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            pairs = [(target, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            pairs = [(a.name, "*") for a in node.names]
+        else:
+            continue
+        for mod, name in pairs:
+            for prefix, names in PRIMITIVE_ONLY.items():
+                hit = mod == prefix or mod.startswith(prefix + ".") or \
+                    f"{mod}.{name}".startswith(prefix + ".") or f"{mod}.{name}" == prefix
+                if hit and (names is None or name in names) and (mod, name) not in SHAPE_RULES:
+                    yield mod, name
+
+
+def test_compositions_define_no_kernel_or_gradient():
+    """An op outside ops/ is defined by other ops: it records no autograd node, writes no
+    derivative and launches no kernel of its own (those make it a primitive, which belongs in
+    ops/), so its gradient comes from the parts."""
+    assert len(COMPOSITIONS) >= 10
+    found = [(str(p.relative_to(ROOT)), m, n) for p in COMPOSITIONS
+             for m, n in primitive_imports(p)]
+    assert not found, "compositions importing what only a primitive op uses (move the op to " \
+                      "ops/):\n" + "\n".join(f"  {p}: {m} {n}" for p, m, n in found)
+
+
+def test_primitive_import_finder_finds_them(monkeypatch):
+    path = ROOT / "composite" / "repeat.py"
+    for source, found in [("from ..autograd.tape import record, no_grad",
+                           [("wgrumus.autograd.tape", "record")]),
+                          ("from ..kernels import rows", [("wgrumus.kernels", "rows")]),
+                          ("from ..kernels.map import broadcast_shapes, run_map",
+                           [("wgrumus.kernels.map", "run_map")]),
+                          ("from ..ops.activations import unary_map, silu",
+                           [("wgrumus.ops.activations", "unary_map")]),
+                          ("from ..ops.elementwise import map_op, where", [])]:
+        monkeypatch.setattr(pathlib.Path, "read_text", lambda self, s=source: s)
+        assert list(primitive_imports(path)) == found, source
 
 
 LAZY_IMPORTS_MAX = 5  # imports inside functions in ops/ and kernels/, each with its reason

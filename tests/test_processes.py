@@ -238,18 +238,18 @@ def test_cli_processes_bad_arguments_exit_2(args, needle, capsys, monkeypatch):
 
 
 def test_auto_backend_stays_on_threads_for_logical_devices(monkeypatch):
-    from wgrumus.cli import build_parser, loop
+    from wgrumus.cli import build_parser, config
     # --devices 2 remakes the process's devices: the other tests keep theirs
     monkeypatch.setattr(wr.MultiGpuContext, "_instance", wr.MultiGpuContext.get())
     for extra in (["--devices", "2"], []):
         args = build_parser().parse_args(["train", "mlp", "--dp", "2", *extra])
-        assert loop.config_from_args(args).layout.backend == "threads"
+        assert config.config_from_args(args).layout.backend == "threads"
     monkeypatch.setenv("PMI_RANK", "0")  # under mpiexec: the MPI backend
     args = build_parser().parse_args(["train", "gpt", "--dp", "2"])
-    assert loop._backend(args, "gpt", 2) == "mpi"
+    assert config._backend(args, "gpt", 2) == "mpi"
     monkeypatch.delenv("PMI_RANK")
     monkeypatch.delenv("WGRUMUS_DEVICES")  # lavapipe is a CPU adapter: threads
-    assert loop._backend(args, "gpt", 2) == "threads"
+    assert config._backend(args, "gpt", 2) == "threads"
 
 
 def test_auto_backend_on_physical_gpus(monkeypatch):
@@ -257,7 +257,7 @@ def test_auto_backend_on_physical_gpus(monkeypatch):
     replicas or with --sync-every, threads for every other layout (the measured faster one)."""
     from types import SimpleNamespace
 
-    from wgrumus.cli import build_parser, loop
+    from wgrumus.cli import build_parser, config
     from wgrumus.runtime import adapters
     gpus = [SimpleNamespace(info={"adapter_type": "DiscreteGPU"}) for _ in range(4)]
     monkeypatch.setattr(adapters, "select_adapters", lambda *a, **k: gpus)
@@ -268,7 +268,7 @@ def test_auto_backend_on_physical_gpus(monkeypatch):
     for extra, backend in want.items():
         args = build_parser().parse_args(["train", "gpt", *extra])
         world = args.dp * args.tp * args.pp
-        assert loop._backend(args, "gpt", world) == backend, extra
+        assert config._backend(args, "gpt", world) == backend, extra
 
 
 @pytest.mark.timeout(300)

@@ -538,7 +538,7 @@ def test_every_send_meets_one_receive_on_the_neighbour(name, p, m):
 
 def test_the_interpreter_refuses_a_list_without_its_communication():
     from wgrumus.distributed.pipeline import parse_actions
-    from wgrumus.distributed.pipeline.runtime import ScheduleExecutionError, StageRunner
+    from wgrumus.distributed.pipeline.interpreter import ScheduleExecutionError, StageRunner
     runner = StageRunner(work=None, num_stages=2, num_virtual_stages=2, stage=1)
     with pytest.raises(ScheduleExecutionError, match="F0 on virtual stage 1 runs before its "
                                                      "RF0; build the action list with "

@@ -8,7 +8,7 @@ import pytest
 from test_processes import on_one_segment
 
 from wgrumus.distributed import CollectiveError
-from wgrumus.distributed.barrier import REDUCE_TILE, reduce_into
+from wgrumus.distributed.host_reduce import REDUCE_TILE, reduce_into
 from wgrumus.distributed.transport import shm_rounds
 
 UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}

@@ -4,16 +4,15 @@ from __future__ import annotations
 from ._deps import check_wgpu
 
 check_wgpu()  # a clear ImportError on an untested wgpu-py, before anything uses it
-from . import autograd, ops  # noqa: E402
+from . import autograd, composite, ops  # noqa: E402  (composite binds Tensor's methods)
 from .autograd import GradientStore, no_grad
 from .ops import (arange, argmax, argmin, cat, chunk, empty, exp, floor_divide, full, gather, gelu,
                   get_rng_state, index_select, log, log_softmax, manual_seed, matmul, max, maximum,
                   mean, min, minimum, ones, ones_like, rand, randn, relu, remainder, set_rng_state,
                   sigmoid, softmax, split, sqrt, stack, std, sum, tanh, var, where, zeros,
                   zeros_like)
-from .ops.repeat import flip, fliplr, flipud, repeat_interleave, roll, tile
-from .ops.rounding import ceil, fix, floor, frac, round, sign, trunc  # noqa: A004
-from .ops.spellings import div
+from .composite import div, flip, fliplr, flipud, frac, repeat_interleave, roll, tile
+from .ops.rounding import ceil, fix, floor, round, sign, trunc  # noqa: A004
 from .runtime import (AdapterLimitError, CaptureError, Device, DeviceMismatchError, DimError,
                       MultiGpuContext, NoAdapterError, ShapeError, WgrumusError, devices)
 from .tensor import Tensor, float16, float32, int32, tensor
@@ -28,21 +27,25 @@ from .autograd import enable_grad, is_grad_enabled  # noqa: E402
 from .autograd.grad_modes import inference_mode, set_grad_enabled  # noqa: E402
 
 # PyTorch's torch.* functions beyond the core above, from the op modules' __all__
-_TORCH_FUNCTIONS = {**{n: getattr(ops, n) for m in (ops.creators, ops.logical, ops.mathfn,
-                                                    ops.triangular, ops.reductions, ops.scan,
-                                                    ops.scatter_ops, ops.compaction,
-                                                    ops.sorting, ops.contraction,
-                                                    ops.more_shapes)
+_TORCH_FUNCTIONS = {**{n: getattr(m, n) for m in (ops.creators, ops.mathfn, ops.triangular,
+                                                   ops.scan, ops.scatter_ops, ops.compaction,
+                                                   ops.sorting, composite.constructors,
+                                                   composite.contraction, composite.logical,
+                                                   composite.more_shapes, composite.reductions,
+                                                   composite.sorting)
                        for n in m.__all__ if n != "linalg_norm"},
+                    "prod": ops.prod,
                     **{n: getattr(ops, n) for n in (
                         "add", "sub", "mul", "neg", "sin", "cos", "clamp", "reciprocal", "rsqrt",
                         "square", "eq", "ne", "lt", "le", "gt", "ge", "transpose", "permute",
                         "index_select",
-                        "reshape", "flatten", "squeeze", "unsqueeze", "unflatten", "prelu",
+                        "reshape", "flatten", "squeeze", "unsqueeze", "unflatten",
                         "selu", "celu")},
-                    "any": ops.logical.any_, "all": ops.logical.all_, "abs": ops.abs_,
-                    "pow": ops.pow_, "clamp": ops.more_shapes.clamp_tensor,
-                    "clip": ops.more_shapes.clamp_tensor, "mm": ops.matmul, "bmm": ops.matmul,
+                    "prelu": nn.functional.prelu,
+                    "any": composite.logical.any_, "all": composite.logical.all_,
+                    "abs": ops.abs_, "pow": ops.pow_, "clamp": composite.more_shapes.clamp_tensor,
+                    "clip": composite.more_shapes.clamp_tensor, "mm": ops.matmul,
+                    "bmm": ops.matmul,
                     "numel": lambda x: x.numel(), "is_tensor": lambda x: isinstance(x, Tensor)}
 globals().update(_TORCH_FUNCTIONS)
 

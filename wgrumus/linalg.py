@@ -2,7 +2,7 @@
 part of wgrumus."""
 from __future__ import annotations
 
-from .ops.reductions import linalg_norm as norm
-from .ops.reductions import matrix_norm, vector_norm
+from .composite.reductions import linalg_norm as norm
+from .composite.reductions import matrix_norm, vector_norm
 
 __all__ = ["matrix_norm", "norm", "vector_norm"]

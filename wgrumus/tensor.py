@@ -1,5 +1,5 @@
 """Tensor: a view (shape, strides, offset) of a Storage on one Device. The methods that run ops
-are listed in ``METHODS``; ``wgrumus.ops`` (the room above) attaches them with ``register``.
+are listed in ``METHODS``; ``wgrumus.composite`` (above ops) attaches them with ``register``.
 """
 from __future__ import annotations
 
@@ -9,14 +9,25 @@ import numpy as np
 
 from .runtime import get_device
 from .runtime.buffer_slice import BufferSlice
+from .runtime.buffer_view import (
+    DTYPES,
+    Storage,
+    check_same_device,
+    contiguous_strides,
+    float16,
+    float32,
+    int32,
+)
 from .runtime.capture import note_grad, paused, refuse
-from .runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
+from .runtime.errors import ShapeError, WgrumusError
 
-DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16"}
-float32, int32, float16 = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.float16)
+__all__ = ["DTYPES", "METHODS", "Storage", "Tensor", "activation_leaf", "as_dtype", "as_shape",
+           "check_same_device", "contiguous_strides", "float16", "float32", "int32", "register",
+           "tensor"]
 
 
-# Tensor methods implemented by wgrumus.ops: names -> what they do (PyTorch's meaning throughout).
+# Tensor methods implemented by wgrumus.ops and wgrumus.composite: names -> what they do (PyTorch's
+# meaning throughout).
 METHODS = {name: doc for names, doc in {
     "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __pow__ "
     "__rpow__ __matmul__ __rmatmul__ __floordiv__ __rfloordiv__ __mod__ __rmod__":
@@ -75,40 +86,14 @@ METHODS = {name: doc for names, doc in {
 
 
 def register(impls: dict) -> None:
-    """Attach the implementations of ``METHODS`` to Tensor (called once, by wgrumus.ops)."""
+    """Attach the implementations of ``METHODS`` to Tensor (called once, by
+    wgrumus.composite.methods)."""
     missing, unknown = METHODS.keys() - impls.keys(), impls.keys() - METHODS.keys()
     if missing or unknown:
         raise TypeError(f"Tensor methods: missing {sorted(missing)}, not in METHODS "
                         f"{sorted(unknown)}")
     for name, fn in impls.items():
         setattr(Tensor, name, fn)
-
-
-class Storage:
-    """A pooled device buffer. ``version`` counts in-place writes (autograd checks it)."""
-    __slots__ = ("device", "buffer", "nbytes", "version", "__weakref__")
-
-    def __init__(self, device, nbytes: int):
-        self.device = device
-        self.nbytes = nbytes
-        self.buffer = device.alloc(nbytes)
-        self.version = 0
-
-    def __del__(self):
-        buf = getattr(self, "buffer", None)
-        if buf is not None:
-            try:
-                self.device.pool.release(buf)
-            except Exception:  # interpreter shutdown
-                pass
-
-
-def contiguous_strides(shape) -> tuple:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return tuple(reversed(strides))
 
 
 def as_shape(dims, op: str = "shape", wildcard: bool = False) -> tuple:
@@ -336,14 +321,6 @@ def activation_leaf(t: Tensor) -> Tensor:
     (allowed inside a ``wr.jit`` capture, unlike a new parameter)."""
     with paused():
         return t.requires_grad_(True)
-
-
-def check_same_device(*ts: Tensor, op: str = "op") -> None:
-    devs = {t.device for t in ts}
-    if len(devs) > 1:
-        names = ", ".join(f"{t.device}" for t in ts)
-        raise DeviceMismatchError(f"{op}: tensors are on different devices ({names}); move them "
-                                  f"to one device with .to(device) first")
 
 
 def tensor(data, device=None, requires_grad=False, dtype=None) -> Tensor:

@@ -6,17 +6,18 @@ from __future__ import annotations
 import os
 import sys
 
+from .. import __version__
+from ..runtime.errors import WgrumusError
+from . import bench, demo, devices, train
 from .common import OneLineParser, UsageError, say_error
 
 
 def build_parser():
-    from . import bench, demo, devices, train
     p = OneLineParser(
         prog="wgrumus",
         description="Deep learning on WebGPU across adapters: data, tensor and pipeline "
                     "parallel training from one command.",
         epilog="Try `wgrumus demo` first. Each command has --help.")
-    from .. import __version__
     p.add_argument("--version", action="version", version=f"wgrumus {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{devices,train,bench,demo}",
                            parser_class=OneLineParser)
@@ -50,7 +51,6 @@ def main(argv=None) -> int:
         say_error("interrupted")
         return 130
     except Exception as e:
-        from ..runtime.errors import WgrumusError
         if isinstance(e, WgrumusError):
             say_error(f"{parser.prog} {args.command}: {type(e).__name__}: {e}")
             return 1

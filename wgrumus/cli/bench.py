@@ -2,6 +2,7 @@
 own process (a benchmark picks its device count before wgrumus makes the devices)."""
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -144,7 +145,6 @@ def run(args) -> int:
 
 
 def _first_doc_line(path: Path) -> str | None:
-    import ast
     try:
         doc = ast.get_docstring(ast.parse(path.read_text()))
     except (SyntaxError, OSError):

@@ -66,7 +66,7 @@ def is_main_rank() -> bool:
 
 def console(stderr: bool = False):
     """A rich console; quiet (writes nowhere) on ranks other than 0."""
-    from rich.console import Console
+    from rich.console import Console  # rich loads only when something is printed
     if not is_main_rank():
         return Console(file=open(os.devnull, "w"), quiet=True)
     return Console(stderr=stderr, highlight=False)

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from .common import positive
+import wgrumus as wr
+
+from ..distributed.pipeline import get_schedule, render
+from .common import console, positive
+from .config import config_from_args
+from .train import add_arguments
 
 
 def add_parser(sub) -> None:
@@ -19,8 +24,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from . import loop
-    from .train import add_arguments
+    from . import loop  # the run's machinery (task, report, checkpoints): not for --help
     # The demo is `wgrumus train mlp --dp 2 --pp 2 ...` with fixed, sensible settings.
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("model")
@@ -31,7 +35,7 @@ def run(args) -> int:
                           "--steps", str(args.steps), "--seed", str(args.seed)]
                          + (["--json"] if args.json else []))
     targs.title = "wgrumus demo"
-    cfg = loop.config_from_args(targs)
+    cfg = config_from_args(targs)
     if not args.json:
         _intro(cfg)
     return loop.train(cfg)
@@ -39,10 +43,6 @@ def run(args) -> int:
 
 def _intro(cfg) -> None:
     """What is about to run, and the schedule each replica's pipeline follows."""
-    import wgrumus as wr
-
-    from ..distributed.pipeline import get_schedule, render
-    from .common import console
     con = console()
     devs = wr.devices()[:cfg.layout.world]
     adapters = sorted({d.adapter_info.get("device", "?") for d in devs})

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from ..runtime import adapters as adapter_list
+from ..runtime.context import MultiGpuContext
 from ..runtime.device import OPTIONAL_FEATURES as FEATURES
 from .common import console, print_json
 
@@ -18,7 +20,7 @@ def add_parser(sub) -> None:
 
 
 def _size(n) -> str:
-    from rich.filesize import decimal
+    from rich.filesize import decimal  # rich loads only for the tables (not for --json)
     return decimal(n) if n else "?"
 
 
@@ -37,12 +39,9 @@ def adapter_rows(adapters) -> list[dict]:
 
 
 def run(args) -> int:
-    from ..runtime.adapters import Selection, enumerate_adapters, select_adapters
-    from ..runtime.context import MultiGpuContext
-
-    all_adapters = enumerate_adapters()
+    all_adapters = adapter_list.enumerate_adapters()
     adapters = adapter_rows(all_adapters)
-    chosen = select_adapters() if all_adapters else Selection()
+    chosen = adapter_list.select_adapters() if all_adapters else adapter_list.Selection()
     devs = MultiGpuContext.get().devices if all_adapters else []
     dev_rows = [{"index": d.index, "name": d.name, "adapter": d.adapter_index,
                  "logical": d.logical,
@@ -54,7 +53,7 @@ def run(args) -> int:
                     "devices": dev_rows, "default_device": 0, "env": env})
         return 0
 
-    from rich.table import Table
+    from rich.table import Table  # rich loads only for the tables (not for --json)
     con = console()
     t = Table(title="WebGPU adapters", title_justify="left")
     for col in ("#", "name", "backend", "type", "max buffer / binding", "features"):

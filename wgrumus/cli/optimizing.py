@@ -3,7 +3,7 @@ rate (--lr-schedule, --warmup) and clipping (--clip). The step count lives in th
 groups (``lr_step``), so checkpoints keep it and a resumed run sets the same rates."""
 from __future__ import annotations
 
-from ..optim import lr_scheduler
+from ..optim import clip_grad_norm_, lr_scheduler
 
 SCHEDULES = ("constant", "cosine")
 
@@ -44,7 +44,6 @@ class TrainOptimizer:
     def clip_and_step(self, grads=None, found_inf=None) -> None:
         """The device work of a step (what ``wr.jit`` replays); ``found_inf``: GradScaler's."""
         if self.clip is not None:
-            from ..optim import clip_grad_norm_
             clip_grad_norm_(self.params, self.clip, grads=grads, group=self.group,
                             counted_elsewhere=self.counted_elsewhere)
         if found_inf is None:

@@ -8,9 +8,9 @@ import math
 def save_png(losses, path, title: str = "training loss") -> bool:
     """Write the curve to ``path``; False when matplotlib is not importable."""
     try:
-        import matplotlib
+        import matplotlib  # optional (extra `plot`); slow to import: only to write a PNG
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # pyplot after use("Agg"): it then needs no display
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)

@@ -21,7 +21,7 @@ class Progress:
 
     def __enter__(self):
         if self.enabled:
-            import rich.progress as rp
+            import rich.progress as rp  # loads only when a bar is shown (not for --json)
             self._bar = rp.Progress(
                 rp.TextColumn("[bold]{task.description}"), rp.BarColumn(),
                 rp.MofNCompleteColumn(), rp.TextColumn("loss [cyan]{task.fields[loss]}"),
@@ -83,7 +83,7 @@ def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupt
 
 
 def summary(cfg, task, res: dict) -> None:
-    from rich.table import Table
+    from rich.table import Table  # rich loads only when a table is shown (not for --json)
     con = console()
     t = Table(title=f"{cfg.title}: {cfg.model}" + (" (interrupted)" if res["interrupted"] else ""),
               title_justify="left", show_header=False)

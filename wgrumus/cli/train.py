@@ -1,15 +1,13 @@
 """`wgrumus train`: train mlp / cnn / gpt on one device or with dp x tp x pp parallelism (the
-same seed gives the same weights and data order in every layout: loop.py, models.py)."""
+same seed gives the same weights and data order in every layout: config.py checks the
+arguments, loop.py runs the steps, models.py builds the task)."""
 from __future__ import annotations
 
 import argparse
 
 from .common import positive
+from .config import OPTIMIZERS, SCHEDULES, config_from_args
 from .optimizing import SCHEDULES as LR_SCHEDULES
-
-MODELS = ("mlp", "cnn", "gpt")
-SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")
-OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -125,10 +123,10 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from . import loop
-    cfg = loop.config_from_args(args)
+    from . import loop  # the run's machinery (task, report, checkpoints): not for --help
+    cfg = config_from_args(args)
     if cfg.layout.backend == "processes":
-        from ..distributed import processes
+        from ..distributed import processes  # multiprocessing and /dev/shm: only for a run
         if not processes.launched():  # torchrun's model: this command again, once per rank
             return processes.run_command(args.argv, cfg.layout.world)
     return loop.train(cfg)

@@ -8,7 +8,7 @@ from ..autograd import backward_with_grad
 from ..distributed.parallel3d import chunks_per_stage
 from ..distributed.pipeline import add_send_recv, get_schedule, split_sequential
 from ..distributed.pipeline.actions import RECV_F, SEND_F
-from ..distributed.pipeline.runtime import StageRunner
+from ..distributed.pipeline.interpreter import StageRunner
 from ..ops.creation import full
 from ..tensor import Tensor
 

@@ -13,6 +13,7 @@ import wgrumus as wr
 from ..distributed import ThreeDParallelismConfig
 from ..distributed.engine import RankEngine, RankPool, SyncOptions
 from ..distributed.groups import ProcessGroupManager
+from ..distributed.launch import init_process_group, rank_device
 from ..distributed.parallel3d import (
     Layout3DError,
     RankTrainer,
@@ -228,7 +229,6 @@ class EngineTrainer:
         check_layout(cfg, task)
         self.is_main, self.group = True, None
         if self.lay.backend in ("mpi", "processes"):
-            from ..distributed.launch import init_process_group, rank_device
             self.group = init_process_group(self.lay.backend, timeout=COLLECTIVE_TIMEOUT)
             self.is_main = self.group.rank == 0
             if self.group.device is None:

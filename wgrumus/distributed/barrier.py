@@ -2,37 +2,33 @@
 round. The arrival that fills a round swaps in a fresh round before anyone leaves, so a fast
 participant coming straight back never reads the previous round's result (the original design's
 defect). A round is reduced once, in rank order (bits independent of arrival order), large ones in
-chunks claimed lock-free by the participants and helper threads (numpy releases the GIL). A
+chunks claimed lock-free by the participants and helper threads (the engine: host_reduce.py). A
 missing participant or ``abort`` breaks the barrier for good with a CollectiveError."""
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import os
 import threading
 import time
 import weakref
-from collections import deque
 
 import numpy as np
 
 from .errors import CollectiveError
+from .host_reduce import (
+    CHUNK_BYTES,
+    MAX_REDUCE_THREADS,
+    ReduceHelpers,
+    check_op,
+    exchange_span,
+    plan_chunks,
+    reduce_span,
+)
 
-REDUCE_OPS = ("sum", "mean", "max", "min")
-_UFUNCS = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum}
-CHUNK_BYTES = 1 << 20       # a chunk fits in L2 and still amortises the per-chunk bookkeeping
-PARALLEL_MIN_BYTES = 1 << 19  # below this one thread is faster than waking the others
-SPLIT_MIN_BYTES = 1 << 17     # large rounds are cut into at least one piece per thread, to here
-MAX_REDUCE_THREADS = 12  # a 2-rank round at 10 GB/s moves ~40 GB/s of memory; a core ~10 GB/s
-# A helper joins a round per this many bytes: waking one costs about what it reduces of a few MB
-# (H100 host, BENCHMARKS.md: 4 MB rounds 5.0 GB/s with no helper, 3.4 with ten).
-HELPER_BYTES = 4 << 20
 # A participant about to block first polls this long (no wake latency on the critical path); off:
 # on the 2-core CI machine polling 50 us made 4 KiB rounds 38 -> 50 us (BENCHMARKS.md).
 SPIN_S = 0.0
-HELPER_IDLE_S = 10.0  # a helper with no round for this long ends (started again when needed)
-HELPER_JOIN_S = 5.0  # close() waits this long for each helper to finish its chunk
 
 
 def _spin(ready) -> bool:
@@ -43,125 +39,6 @@ def _spin(ready) -> bool:
             return False
         time.sleep(0)
     return True
-
-
-class _Helpers:
-    """A barrier's daemon threads that claim chunks of large rounds, each woken by a release of
-    its own lock; no reference to the barrier, so a dropped barrier is collected."""
-
-    def __init__(self, count: int, name: str):
-        self.count, self.name = count, name
-        self.lock = threading.Lock()
-        self.closed = False
-        self.threads: list = [None] * count
-        self.go = [threading.Lock() for _ in range(count)]
-        for g in self.go:
-            g.acquire()
-        self.jobs = [deque() for _ in range(count)]
-
-    def run(self, k: int, job) -> None:
-        """Hand ``job`` (a callable) to helpers 0..k-1, starting those that are not running."""
-        with self.lock:
-            if self.closed:
-                return
-            for j in range(k):
-                if self.threads[j] is None:
-                    t = threading.Thread(target=self._loop, args=(j,), daemon=True,
-                                         name=f"{self.name}-{j}")
-                    self.threads[j] = t
-                    t.start()
-                self.jobs[j].append(job)
-                with contextlib.suppress(RuntimeError):  # already signalled: it takes every job
-                    self.go[j].release()
-
-    def close(self, join: bool = True) -> None:
-        """Stop every helper (one mid-chunk finishes it first); ``join``: wait for them."""
-        with self.lock:
-            self.closed = True
-            threads = [t for t in self.threads if t is not None]
-            for j in range(self.count):
-                self.jobs[j].clear()
-                with contextlib.suppress(RuntimeError):
-                    self.go[j].release()
-        me = threading.current_thread()
-        for t in threads if join else ():
-            if t is not me:
-                t.join(HELPER_JOIN_S)
-
-    def _loop(self, j: int) -> None:
-        go, jobs = self.go[j], self.jobs[j]
-        while True:
-            if not go.acquire(timeout=HELPER_IDLE_S):
-                with self.lock:  # idle: end, unless a job came in just now
-                    if not go.acquire(blocking=False):
-                        self.threads[j] = None
-                        return
-            if self.closed:
-                return
-            while jobs:
-                try:
-                    jobs.popleft()()
-                except IndexError:
-                    break
-
-
-def check_op(op: str, dtype) -> None:
-    """Reject unknown ops, and ``mean`` of integers (it has no exact integer result)."""
-    if op not in _UFUNCS:
-        raise ValueError(f"unknown reduce op {op!r}; use one of {', '.join(REDUCE_OPS)}")
-    if op == "mean" and not np.issubdtype(np.dtype(dtype), np.inexact):
-        raise TypeError(f"op='mean' needs a floating dtype, got {np.dtype(dtype)}; "
-                        "use op='sum' and divide, or convert to float first")
-
-
-REDUCE_TILE = 1 << 15  # elements a reduction takes at once: its accumulators stay in L2
-
-
-def reduce_into(out: np.ndarray, inputs, op: str, divisor: int) -> None:
-    """out = op(inputs[0], inputs[1], ...) left to right, then / divisor for mean. ``out`` is
-    only written, never read (it may be mapped upload memory, which reads back slowly) and may
-    be ``inputs[0]`` itself. More than two inputs, mean and float16 go tile by tile through a
-    cached accumulator, so that each tile is reduced over every input while it is in cache (one
-    pass over memory, not one per input); float16 is reduced in float32 and rounded once
-    (numpy's float16 arithmetic rounds at every step, and is slower than its casts)."""
-    ufunc = _UFUNCS[op]
-    k = len(inputs)
-    mean = op == "mean" and divisor != 1
-    wide = out.dtype == np.float16
-    if not mean and k <= 2:  # numpy's float16 loops add each pair in float32, rounding once
-        if k == 1:
-            np.copyto(out, inputs[0])
-        else:
-            ufunc(inputs[0], inputs[1], out=out)
-        return
-    if out.ndim != 1:
-        out, inputs = out.reshape(-1), [np.reshape(a, -1) for a in inputs]
-    n = out.shape[0]
-    if n == 0:
-        return
-    acc_t = np.float32 if wide else out.dtype
-    acc = np.empty(min(n, REDUCE_TILE), acc_t)
-    wider = np.empty_like(acc) if wide and k > 1 else None
-    last = k - 1 if not (wide or mean) else k  # the input whose op writes out itself
-    for lo in range(0, n, REDUCE_TILE):
-        hi = min(n, lo + REDUCE_TILE)
-        o, dst = acc[:hi - lo], out[lo:hi]
-        if wide:
-            np.copyto(o, inputs[0][lo:hi])
-        elif k == 1:
-            np.copyto(o, inputs[0][lo:hi])
-        for i in range(1, k):
-            a = inputs[i][lo:hi]
-            if wide:
-                w = wider[:hi - lo]
-                np.copyto(w, a)  # numpy's float16 -> float32 cast, then a float32 op
-                a = w
-            first = inputs[0][lo:hi] if i == 1 and not wide else o
-            ufunc(first, a, out=dst if i == last else o)
-        if mean:
-            np.divide(o, divisor, out=o if wide else dst)
-        if wide:
-            np.copyto(dst, o, casting="same_kind")
 
 
 class _Round:
@@ -203,7 +80,7 @@ class CollectiveBarrier:
         self._round = _Round(0, self.world_size)
         self._broken: CollectiveError | None = None
         self._gone: set = set()
-        self._helpers = _Helpers(self.helpers, "wgrumus-reduce")
+        self._helpers = ReduceHelpers(self.helpers, "wgrumus-reduce")
         weakref.finalize(self, self._helpers.close, False)
 
     @property
@@ -375,22 +252,17 @@ class CollectiveBarrier:
     def _split(self, rnd: _Round, length: int, nbytes: int) -> None:
         """Reduce a small round at once; cut a large one into chunks for every thread."""
         rnd.length, rnd.nbytes = length, nbytes
-        nchunks = max(1, math.ceil(nbytes / self.chunk_bytes))
-        if nbytes >= PARALLEL_MIN_BYTES and self.world_size > 1:
-            threads = self.world_size + self.helpers
-            nchunks = max(nchunks, self.world_size, min(threads, nbytes // SPLIT_MIN_BYTES))
+        nchunks, wake = plan_chunks(nbytes, self.chunk_bytes, self.world_size, self.helpers)
         if nchunks == 1:
             self._reduce_chunk(rnd, 0, length)
             self._finish(rnd)
         else:
             rnd.nchunks = nchunks
-            rnd.chunk = math.ceil(length / nchunks)
+            rnd.chunk = -(-length // nchunks)
             rnd.claims = itertools.count()  # chunk indices handed out (atomic under the GIL)
             rnd.started, rnd.ended = [], []  # chunks being or been reduced; done or given up
-            wanted = nbytes // HELPER_BYTES  # waking a thread costs more than a small share
-            k = min(self.helpers, nchunks - self.world_size, wanted)
-            if k > 0:
-                self._helpers.run(k, lambda: self._helper(rnd))
+            if wake > 0:
+                self._helpers.run(wake, lambda: self._helper(rnd))
         self._cond.notify_all()
 
     def _fill_exchange(self, rnd: _Round) -> None:
@@ -420,39 +292,11 @@ class CollectiveBarrier:
     def _reduce_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
         """Reduce elements [lo, hi) once, then write them to the outputs while cached."""
         if rnd.kind == "exchange":
-            self._exchange_chunk(rnd, lo, hi)
-            return
-        inputs = [f[lo:hi] for f in rnd.flats]
-        if rnd.shared:
-            reduce_into(rnd.out[lo:hi], inputs, rnd.op, self.world_size)
-            for o in rnd.copies:
-                np.copyto(o[lo:hi], rnd.out[lo:hi])
-            return
-        tmp = np.empty(hi - lo, rnd.out.dtype)
-        reduce_into(tmp, inputs, rnd.op, self.world_size)
-        for o in rnd.copies:
-            np.copyto(o[lo:hi], tmp)
-
-    def _exchange_chunk(self, rnd: _Round, lo: int, hi: int) -> None:
-        outs = [(o, at) for o, at in zip(rnd.outs, rnd.out_at) if o is not None and o.size]
-        if rnd.op != "copy":
-            outs = [(o, at) for o, at in outs if at < hi and at + o.size > lo]
-            if not outs:
-                return
-            tmp = np.empty(hi - lo, rnd.dtype)
-            reduce_into(tmp, [a[lo:hi] for a in rnd.items], rnd.op, self.world_size)
-            for o, at in outs:
-                a, b = max(lo, at), min(hi, at + o.size)
-                np.copyto(o[a - at:b - at], tmp[a - lo:b - lo])
-            return
-        for item, iat in zip(rnd.items, rnd.item_at):
-            if item is None:
-                continue
-            ilo, ihi = max(lo, iat), min(hi, iat + item.size)
-            for o, at in outs:
-                a, b = max(ilo, at), min(ihi, at + o.size)
-                if a < b:
-                    np.copyto(o[a - at:b - at], item[a - iat:b - iat])
+            exchange_span(lo, hi, rnd.items, rnd.item_at, rnd.outs, rnd.out_at, rnd.op,
+                          self.world_size, rnd.dtype)
+        else:
+            reduce_span(rnd.flats, lo, hi, rnd.op, self.world_size, rnd.copies,
+                        rnd.out if rnd.shared else None)
 
     def _help_reduce(self, rnd: _Round, deadline: float, timeout: float,
                      wait: bool = True) -> None:

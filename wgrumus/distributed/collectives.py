@@ -11,8 +11,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from .barrier import _UFUNCS
 from .errors import CollectiveError
+from .host_reduce import UFUNCS
 from .transport import owned_copy, split_bounds
 
 
@@ -193,7 +193,7 @@ def tree_depth(world_size: int, arity: int) -> int:
 
 def _combine(a, b, op, into=None):
     """op(a, b) into ``into`` (private) or a fresh array, never into a received (shared) one."""
-    return _UFUNCS[op](a, b, out=into)
+    return UFUNCS[op](a, b, out=into)
 
 
 def _finish_mean(acc, op, n):

@@ -8,9 +8,10 @@ import threading
 from dataclasses import dataclass
 
 from ..runtime.buffer_slice import BufferSlice
-from . import pipelined
-from .barrier import CollectiveBarrier, check_op
+from . import staged_collectives
+from .barrier import CollectiveBarrier
 from .errors import CollectiveError
+from .host_reduce import check_op
 
 
 def storage_of(x) -> BufferSlice:
@@ -125,7 +126,7 @@ class CommThread:
                 req.handle._finish()
 
     def _all_reduce(self, req: _Request) -> None:  # (a jitter point of benchmarks/reliability.py)
-        pipelined.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
+        staged_collectives.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
                              chunk_bytes=self.chunk_bytes, inflight=self.inflight)
 
 

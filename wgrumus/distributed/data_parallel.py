@@ -67,8 +67,8 @@ def _copy_tensor(t: Tensor, device) -> Tensor:
     with no_grad():
         data = clone(t.detach()) if t.device is device else t.detach().to(device)
     new = copy.copy(t)
-    new._storage, new.shape, new.strides, new.offset = (data._storage, data.shape, data.strides,
-                                                        data.offset)
+    new.storage, new.shape, new.strides, new.offset = (data.storage, data.shape, data.strides,
+                                                       data.offset)
     new._node, new._grad_id, new.grad, new.requires_grad = None, None, None, False
     if t.requires_grad:
         new.requires_grad_(True)

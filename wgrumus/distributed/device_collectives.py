@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import pipelined
-from .barrier import check_op
+from . import staged_collectives
 from .errors import CollectiveError
+from .host_reduce import check_op
 from .transport import split_bounds
 
 
@@ -88,7 +88,7 @@ def _aligned(bounds, isz) -> bool:
 
 def _all_reduce(group, s, shapes, op):
     out, dst = _empty_like(s, shapes[0])
-    return out, lambda barrier: pipelined.all_reduce(s, barrier, group.rank, op, dst=dst)
+    return out, lambda barrier: staged_collectives.all_reduce(s, barrier, group.rank, op, dst=dst)
 
 
 def _rows(shape):
@@ -104,7 +104,7 @@ def _reduce_scatter(group, s, shapes, op, axis):
         return None
     r = group.rank
     out, dst = _empty_like(s, (b[r + 1] - b[r],) + shape[1:])
-    return out, lambda barrier: pipelined.reduce_scatter(s, dst, barrier, r, parts, op)
+    return out, lambda barrier: staged_collectives.reduce_scatter(s, dst, barrier, r, parts, op)
 
 
 def _all_gather(group, s, shapes, axis):
@@ -114,7 +114,7 @@ def _all_gather(group, s, shapes, axis):
     if not _aligned(parts, s.dtype.itemsize):
         return None
     out, dst = _empty_like(s, (sum(sh[0] for sh in shapes),) + shape[1:])
-    return out, lambda barrier: pipelined.all_gather(s, dst, barrier, group.rank, parts)
+    return out, lambda barrier: staged_collectives.all_gather(s, dst, barrier, group.rank, parts)
 
 
 def _broadcast(group, s, shapes, root):
@@ -123,6 +123,6 @@ def _broadcast(group, s, shapes, root):
         def work(barrier):
             if s.nbytes:
                 s.device.copy(s.buffer, s.offset, dst.buffer, dst.offset, s.nbytes)
-            pipelined.broadcast(s, barrier, group.rank, root)
+            staged_collectives.broadcast(s, barrier, group.rank, root)
         return out, work
-    return out, lambda barrier: pipelined.broadcast(dst, barrier, group.rank, root)
+    return out, lambda barrier: staged_collectives.broadcast(dst, barrier, group.rank, root)

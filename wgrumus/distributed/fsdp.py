@@ -48,7 +48,7 @@ class _Unit:
         arrays = self.fsdp._wait(self._pending)
         self._pending = None
         for f, full in zip(self.flats, arrays):
-            st = f.param._storage
+            st = f.param.storage
             if st.buffer is None:
                 st.buffer = st.device.alloc(st.nbytes)
             st.device.write(st.buffer, full)
@@ -92,7 +92,7 @@ class _Unit:
         """Alias of ``out`` whose backward re-gathers the unit and prefetches the next one."""
         if not out.requires_grad or not self.flats:
             return out
-        alias = Tensor(out._storage, out.shape, out.strides, out.offset, out.dtype)
+        alias = Tensor(out.storage, out.shape, out.strides, out.offset, out.dtype)
 
         def bw(g):
             self.gather()
@@ -258,7 +258,7 @@ class FSDP:
 
 def _free(p: Tensor) -> None:
     """Give the parameter's device buffer back (its Storage stays for a later gather)."""
-    st = p._storage
+    st = p.storage
     if st.buffer is not None:
         st.device.pool.release(st.buffer)
         st.buffer = None

@@ -19,8 +19,8 @@ from ..tensor import tensor
 from ..utils.checkpoint import checkpoint
 from .groups import ProcessGroupManager, RankMapping, ThreeDParallelismConfig
 from .pipeline.actions import RECV_F, SEND_F, ScheduleError, add_send_recv
+from .pipeline.interpreter import StageRunner
 from .pipeline.p2p import PipelineP2P
-from .pipeline.runtime import StageRunner
 from .pipeline.schedules import get_schedule
 from .tensor_parallel.functional import vocab_parallel_cross_entropy
 from .tensor_parallel.layers import dense_name, shard_gpt

@@ -19,10 +19,10 @@ import numpy as np
 
 from ..runtime import capture
 from . import collectives as C
-from .barrier import check_op
 from .collectives import CollectiveConfig
 from .device_collectives import movable_slice, on_devices
 from .errors import CollectiveError
+from .host_reduce import check_op
 from .interop import from_numpy, is_tensor, to_numpy
 
 

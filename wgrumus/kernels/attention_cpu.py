@@ -13,12 +13,13 @@ transposed score gradients DST, bwd_kv d(k) and d(v).
 from __future__ import annotations
 
 import functools
+import math
 
+from ..runtime.buffer_view import BufferView, View, float32
 from ..runtime.device import TEX_W, groups_1d
 from ..runtime.kernels import Kernel
 from ..runtime.profile import profile
 from ..runtime.tuning import TUNING
-from ..tensor import Tensor, float32
 from . import texture
 from .matmul_cpu import cpu_subgroup
 
@@ -137,10 +138,12 @@ def _words(B, H, E, scale, causal):
     return [B * H, 0, H, E, float(scale), int(causal)]
 
 
-def forward(qkv: Tensor, H: int, scale: float, causal: bool):
-    """(y [B, T, E] f32, P, PT) of contiguous float32 qkv [B, T, 3E] (E = H * d, ``fits``)
-    starting at a quad (texture rows and quad stores need it), or None where an operand does
-    not fit the device's textures (the caller then takes the unfused path). No autograd."""
+def forward(qkv: BufferView, H: int, scale: float, causal: bool, y: BufferView):
+    """(y, P, PT): ``y`` [B, T, E] (contiguous f32 from its offset 0) of contiguous f32 qkv
+    [B, T, 3E] (E = H * d, ``fits``) starting at a quad (texture rows and quad stores need
+    it), with the probabilities P and PT that ``backward`` reads (scratch views); None
+    (nothing run) where an operand does not fit the device's textures (the caller then takes
+    the unfused path). No autograd."""
     B, T, E3 = qkv.shape
     E = E3 // 3
     dev = qkv.device
@@ -148,11 +151,10 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
     Tp = -(-T // 4) * 4
     if not _fits(dev, B * H * T * Tp):
         return None
-    y = Tensor.empty((B, T, E), dev, float32)
-    P = Tensor.empty((B * H, T, Tp), dev, float32)
-    PT = Tensor.empty((B * H, T, Tp), dev, float32)
+    P = View.empty((B * H, T, Tp), dev, float32)
+    PT = View.empty((B * H, T, Tp), dev, float32)
     with dev.lock:  # (the operand texture holds qkv until the dispatch has read it)
-        view = texture.operand(qkv, 0, qkv.numel())
+        view = texture.operand(qkv, 0, math.prod(qkv.shape))
         if view is None:
             return None
         dev.dispatch(kernel("fwd", W, T, E // H), [view, y.buffer, P.buffer,
@@ -161,24 +163,25 @@ def forward(qkv: Tensor, H: int, scale: float, causal: bool):
     return y, P, PT
 
 
-def backward(qkv: Tensor, g: Tensor, P: Tensor, PT: Tensor, H: int, scale: float,
-             causal: bool) -> Tensor:
-    """d(qkv) [B, T, 3E] of ``forward``'s output given its gradient ``g`` [B, T, E] (f32;
-    both contiguous and starting at a quad)."""
+def backward(qkv: BufferView, g: BufferView, P: View, PT: View, H: int, scale: float,
+             causal: bool, dqkv: BufferView) -> BufferView:
+    """``dqkv`` (returned; contiguous f32 from its offset 0): d(qkv) [B, T, 3E] of
+    ``forward``'s output given its gradient ``g`` [B, T, E] (f32; qkv and g contiguous and
+    starting at a quad)."""
     B, T, E3 = qkv.shape
     E = E3 // 3
     dev = qkv.device
     W = cpu_subgroup(dev)
     Tp = P.shape[-1]
-    dqkv = Tensor.empty((B, T, E3), dev, float32)
-    dst = Tensor.empty((B * H, T, Tp), dev, float32)
+    dst = View.empty((B * H, T, Tp), dev, float32)
     words = _words(B, H, E, scale, causal)
     groups = groups_1d(B * H * -(-T // W), 1)
     with dev.lock:
-        views = [texture.operand(t, s, t.numel()) for s, t in enumerate((qkv, g, P))]
+        views = [texture.operand(t, s, math.prod(t.shape)) for s, t in enumerate((qkv, g, P))]
         dev.dispatch(kernel("bwd_q", W, T, E // H), views + [dqkv.buffer,
                                                           dst.buffer], words, groups)
-        views = [texture.operand(t, s, t.numel()) for s, t in enumerate((qkv, g, PT, dst))]
+        views = [texture.operand(t, s, math.prod(t.shape))
+                 for s, t in enumerate((qkv, g, PT, dst))]
         dev.dispatch(kernel("bwd_kv", W, T, E // H), views + [dqkv.buffer], words,
                      groups)
     return dqkv

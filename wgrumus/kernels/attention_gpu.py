@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 
+from ..runtime.buffer_view import float16
 from ..runtime.device import groups_1d
 from ..runtime.kernels import Kernel
 from ..runtime.profile import profile
 from ..runtime.tuning import TUNING
-from ..tensor import float16
 
 # name -> tiles per role: (resident rows, streamed rows per tile, TM, TN[, flag]); the flag is
 # SG for "fwd" (row reductions by subgroup shuffles where subgroups hold a row: 3 barriers a tile

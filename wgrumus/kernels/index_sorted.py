@@ -6,9 +6,9 @@ from __future__ import annotations
 import functools
 import math
 
+from ..runtime.buffer_view import BufferView, View, float32, int32
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
-from ..tensor import Tensor, float32, int32
 from .bounds import LOOP_BUDGET
 
 
@@ -18,11 +18,12 @@ def fits(dev, K: int) -> bool:
     return 8 << max(0, (K - 1).bit_length()) <= dev.max_binding
 
 
-def backward(g: Tensor, it: Tensor, outer: int, A: int, K: int, inner: int, shape) -> Tensor:
-    """DX [outer, A, inner] = the rows of G [outer, K, inner] added by index: the indices
-    sorted with their positions, each row's run summed in ascending position."""
+def backward(g: BufferView, it: BufferView, outer: int, A: int, K: int, inner: int,
+             dx: BufferView) -> BufferView:
+    """DX [outer, A, inner] (``dx``: contiguous f32 from its offset 0; returned) = the rows of
+    G [outer, K, inner] added by index: the indices sorted with their positions, each row's
+    run summed in ascending position."""
     dev = g.device
-    dx = Tensor.empty(shape, dev, float32)
     n = 1 << max(0, (K - 1).bit_length())  # the sort's length: a power of two
     # B entries a block, CW columns an invocation: a run's partial blocks (< 2 B entries) and
     # whole ones (<= K / B) times CW + 1 loop iterations within the loop budget
@@ -34,9 +35,9 @@ def backward(g: Tensor, it: Tensor, outer: int, A: int, K: int, inner: int, shap
         raise ShapeError(f"index_select backward: {K} indices are more than one pass sums "
                          f"within the loop budget; split the indices")
     nc = inner // cw
-    keys = Tensor.empty((n, 2), dev, int32)
-    lo, hi = Tensor.empty((A,), dev, int32), Tensor.empty((A,), dev, int32)
-    bs = Tensor.empty((max(1, outer * nb * inner),), dev, float32)
+    keys = View.empty((n, 2), dev, int32)
+    lo, hi = View.empty((A,), dev, int32), View.empty((A,), dev, int32)
+    bs = View.empty((max(1, outer * nb * inner),), dev, float32)
     bufs = [g.buffer, it.buffer, keys.buffer, lo.buffer, bs.buffer, dx.buffer, hi.buffer]
     k = functools.partial(Kernel.of, "index_sorted", CW=cw)
     if K:

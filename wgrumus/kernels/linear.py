@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import weakref
 
+from ..runtime.buffer_view import BufferView, View, float32
 from ..runtime.kernels import Kernel
-from ..tensor import Tensor, float32
 from . import texture
 from .bounds import chunk_rows
 from .map import run_map
@@ -20,16 +20,18 @@ def dummy_buffer(dev, k: int = 0):
     (one per slot: a read_write buffer may not be bound twice in a dispatch)."""
     ts = _dummies.get(dev)
     if ts is None:
-        ts = _dummies[dev] = [run_map("v", Tensor.empty((1,), dev, float32), [],
+        ts = _dummies[dev] = [run_map("v", View.empty((1,), dev, float32), [],
                                       scalars={"v": 0.0}) for _ in range(2)]
     return ts[k].buffer
 
 
-def epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str,
-                   want_db: bool, has_act: bool):
+def epilogue_grad(g: BufferView, z: BufferView | None, b: BufferView | None, grad_expr: str,
+                  dz: BufferView | None, db: BufferView | None) -> tuple:
     """(dz, db) of y = act(z + b) for contiguous [R, L] g: dz and per-chunk column sums in one
     kernel, the partials summed by a second. ``z``: the pre-bias output (relu: y itself);
-    ``b``: bound only when z excludes the bias."""
+    ``b``: bound only when z excludes the bias. Outputs (contiguous f32 from offset 0): ``dz``
+    [R, L] (None: no activation, dz is g) and ``db`` [L] (None: not wanted)."""
+    has_act, want_db = dz is not None, db is not None
     if not has_act and not want_db:
         return g, None
     R, L = g.shape
@@ -38,8 +40,8 @@ def epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str,
     # spread over a GPU
     rows = R if R <= 256 else chunk_rows(R, 64)
     chunks = max(1, -(-R // max(rows, 1)))
-    dz = Tensor.empty((R, L), dev, float32) if has_act else g
-    part = Tensor.empty((chunks, L), dev, float32)
+    dz = dz if has_act else g
+    part = db if chunks == 1 and want_db else View.empty((chunks, L), dev, float32)
     zt = z if z is not None else g
     bufs = [g.buffer, zt.buffer,
             b.buffer if b is not None else dummy_buffer(dev, 0),
@@ -62,11 +64,8 @@ def epilogue_grad(g: Tensor, z: Tensor | None, b: Tensor | None, grad_expr: str,
                       ACT_GRAD_V=grad_v, IN_DECLS=texture.decls({"G": 1, "U": 2}, tex, vt))
         dev.dispatch(k, bufs, [R, L, *offs, rows, chunks, int(b is not None), int(has_act)],
                      (-(-L // (v * wg)), chunks, 1))
-    if not want_db:
-        return dz, None
-    if chunks == 1:
-        return dz, Tensor(part.storage, (L,), None, part.offset)
-    db = Tensor.empty((L,), dev, float32)
+    if not want_db or chunks == 1:
+        return dz, db
     dev.dispatch(Kernel.of("colsum"), [part.buffer, db.buffer],
                  [L, chunks, part.offset, db.offset], (-(-L // 64), 1, 1))
     return dz, db

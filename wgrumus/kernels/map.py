@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 
+from ..runtime.buffer_view import DTYPES, BufferView, check_same_device
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..runtime.profile import profile
 from ..runtime.tuning import TUNING
-from ..tensor import DTYPES, Tensor, check_same_device
 from . import texture
 
 MAXD = 8
@@ -48,11 +48,11 @@ def broadcast_shapes(*shapes) -> tuple:
     return tuple(out)
 
 
-def expand_strides(t: Tensor, shape) -> tuple:
+def expand_strides(t: BufferView, shape) -> tuple:
     """Strides of ``t`` viewed at the broadcast ``shape`` (0 along broadcast dims)."""
     if t.shape == shape:
         return t.strides
-    pad = len(shape) - t.ndim
+    pad = len(shape) - len(t.shape)
     if pad < 0:
         raise ShapeError(f"cannot broadcast shape {t.shape} to {tuple(shape)}")
     st = []
@@ -265,11 +265,11 @@ def scalar_kind(value) -> str:
     return "u" if isinstance(value, np.unsignedinteger) else "i"
 
 
-def run_map(expr: str, out: Tensor, inputs=(), scalars=()) -> Tensor:
+def run_map(expr: str, out: BufferView, inputs=(), scalars=()) -> BufferView:
     """out[...] = expr(a, b, c) with inputs broadcast to out.shape (``i``: the linear index).
     ``scalars``: {name: value} read by name (float f32, int i32, np.uint32 u32), or raw words
-    from SCALAR_BASE. Bumps out's storage version."""
-    n = out.numel()
+    from SCALAR_BASE. Bumps out's storage version; returns ``out``."""
+    n = math.prod(out.shape)
     if n == 0:
         return out
     dev = out.device

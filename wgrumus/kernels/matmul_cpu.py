@@ -6,12 +6,12 @@ from __future__ import annotations
 import functools
 import weakref
 
+from ..runtime.buffer_view import BufferView, View, float16, float32
 from ..runtime.device import MAX_WG_PER_DIM, TEX_W, groups_1d, texture_loader
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..runtime.profile import profile
 from ..runtime.tuning import TUNING
-from ..tensor import Tensor, float16, float32
 from . import texture
 from .map import run_map
 from .matmul_gpu import _epilogue_defines, _load
@@ -275,7 +275,7 @@ def cpu_kernel_for(tm: int, tn: int, wgx: int, wgy: int, am: int, bm: int, flat:
                      **_cpu_code(tm, tn, am, bm, vec, k4, t, sg, v4, epilogue[1]))
 
 
-def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: int,
+def _tex_operand(t: BufferView, slot: int, rows: int, cols: int, sb: int, nbatch: int,
                  inner: tuple = (1, 0)):
     """(texture view, offset) of operand ``t`` ([nbatch] x rows x cols, batch stride sb; with
     ``inner`` (n, stride) batch z at (z // n) * sb + (z % n) * stride) copied
@@ -297,7 +297,7 @@ def _tex_operand(t: Tensor, slot: int, rows: int, cols: int, sb: int, nbatch: in
     return t.device.operand_texture(slot, t.buffer, start * 4, texels), first - start
 
 
-def _padded(t: Tensor, mode: int) -> tuple:
+def _padded(t: BufferView, mode: int) -> tuple:
     """(operand, load mode): a 2-D f32 operand of load mode 2 that is a contiguous matrix or
     its transpose with rows of a length not a multiple of 4 ([128, 65] logits' gradient),
     as the same view of a copy whose rows are padded to quads, in mode 0 (its columns
@@ -319,17 +319,17 @@ def _padded(t: Tensor, mode: int) -> tuple:
     # product that reads the same unchanged operand within PAD_REUSE dispatches, with no
     # replay in between (replays write buffers without a version bump) and in one capture.
     if got is None or got[0] != key or dev.dispatches - got[1] > PAD_REUSE:
-        pad = Tensor.empty((rows, -(-cols // 4) * 4), dev, float32)
-        view = Tensor(pad.storage, (rows, cols), (pad.shape[1], 1), 0, float32)
+        pad = View.empty((rows, -(-cols // 4) * 4), dev, float32)
+        view = View(pad.storage, (rows, cols), (pad.shape[1], 1), 0, float32)
         run_map("a", view, [_transposed(t) if flip else t])
         _PADS[t.storage] = (key, dev.dispatches, view)
         got = (key, 0, view)
     return (_transposed(got[2]), 1) if flip else (got[2], 0)
 
 
-def _transposed(t: Tensor) -> Tensor:
+def _transposed(t: BufferView) -> View:
     """The transpose of 2-D ``t`` as a plain view (a kernel operand: no autograd)."""
-    return Tensor(t.storage, t.shape[::-1], t.strides[::-1], t.offset, t.dtype)
+    return View(t.storage, t.shape[::-1], t.strides[::-1], t.offset, t.dtype)
 
 
 _PADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # storage -> its pad, unused

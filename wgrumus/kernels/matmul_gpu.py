@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import functools
 
+from ..runtime.buffer_view import BufferView, View, float16, float32
 from ..runtime.device import MAX_WG_PER_DIM
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..runtime.profile import profile
-from ..tensor import Tensor, float16, float32
 from .map import run_map
 
 CAUSAL_PARTS = {"out": 1, "a_lower": 2, "a_upper": 3}
@@ -327,7 +327,7 @@ def launch(a, b, out, M, N, K, sa, sb, nbatch, am, bm, bufs, extra, epi, tile, r
     k = kernel_for(am=am, bm=bm, f16=f16, epilogue=epi, split=split, r16=r16, causal=causal,
                    two=two, **v)
     tail = [inner[0], inner[1], inner[2], *(cst or (inner[0] * M * N, M * N, N))] if two else []
-    dst = out if split == 1 else Tensor.empty((split,) + (nbatch * M * N,), a.device, float32)
+    dst = out if split == 1 else View.empty((split, nbatch * M * N), a.device, float32)
     if split > 1:
         bufs[2] = dst.buffer
     gx, gy = -(-N // (16 * tn)), -(-M // (16 * tm))
@@ -368,10 +368,10 @@ def _variant(dev, tile, M, N, K, nbatch, f16: bool, r16: bool, am: int, plain: b
     return v, split, kw
 
 
-def _add_slices(dst: Tensor, out: Tensor, split: int, n: int) -> None:
+def _add_slices(dst: View, out: BufferView, split: int, n: int) -> None:
     """out = the sum of the ``split`` partial products in ``dst`` (map passes of <= 3 inputs)."""
-    parts = [Tensor(dst.storage, (n,), offset=s * n) for s in range(split)]
+    parts = [View(dst.storage, (n,), None, s * n) for s in range(split)]
     while len(parts) > 3:  # a map kernel reads at most 3 inputs
         run_map("a + b", parts[-2], [parts[-2], parts.pop()])
-    flat = Tensor(out.storage, (n,), None, out.offset, out.dtype)
+    flat = View(out.storage, (n,), None, out.offset, out.dtype)
     run_map(" + ".join("abc"[:len(parts)]), flat, parts)

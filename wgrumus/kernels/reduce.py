@@ -3,9 +3,9 @@ block: an invocation per short row, else a workgroup per CHUNK of a row in passe
 loops; the index of each row's extreme likewise; a float sum over a few leading rows in place."""
 from __future__ import annotations
 
+from ..runtime.buffer_view import DTYPES, BufferView, View, float16, int32
 from ..runtime.device import groups_1d
 from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float16, int32
 from .rows import row_mode
 
 # Rows up to this length take one invocation each (no barriers); longer ones a workgroup per
@@ -43,7 +43,7 @@ def _short_row(dev) -> int:
     return SHORT_ROW_CPU if row_mode(dev) == "thread" else SHORT_ROW
 
 
-def rows(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> None:
+def rows(name: str, xt: BufferView, R: int, L: int, out: BufferView, scale: float) -> None:
     """out[r] = reduction of row r of contiguous [R, L] ``xt``, in passes of bounded loops."""
     dev = xt.device
     init, comb = _ops(name, xt.dtype)
@@ -57,7 +57,7 @@ def rows(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> No
                          [R, L, xt.offset, float(scale), out.offset, init], groups_1d(R, 64))
             return
         nc = -(-L // CHUNK)
-        dst = out if nc == 1 else Tensor.empty((R, nc), dev, out.dtype)
+        dst = out if nc == 1 else View.empty((R, nc), dev, out.dtype)
         k = _kernel("main", xt.dtype, dst.dtype, comb, fin=fin if nc == 1 else "{TO}(v)")
         dev.dispatch(k, [xt.buffer, dst.buffer],
                      [R * nc, L, xt.offset, float(scale), dst.offset, init, CHUNK, nc],
@@ -67,7 +67,7 @@ def rows(name: str, xt: Tensor, R: int, L: int, out: Tensor, scale: float) -> No
         xt, L = dst, nc
 
 
-def arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
+def arg_rows(xt: BufferView, R: int, L: int, out: BufferView, gt: str) -> None:
     """out[r] = index of row r's extreme (first NaN, else first of ties), in passes."""
     dev = xt.device
     init = _ops("max" if gt == ">" else "min", xt.dtype)[0]
@@ -79,8 +79,8 @@ def arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
     ix = None
     while True:
         nc = -(-L // CHUNK)
-        dst = out if nc == 1 else Tensor.empty((R, nc), dev, int32)
-        vals = Tensor.empty((R, nc), dev, xt.dtype)
+        dst = out if nc == 1 else View.empty((R, nc), dev, int32)
+        vals = View.empty((R, nc), dev, xt.dtype)
         ixb, ixo = (ix.buffer, ix.offset) if ix is not None else (xt.buffer, 0)
         dev.dispatch(_kernel("arg", xt.dtype, int32, "x", gt),
                      [xt.buffer, dst.buffer, ixb, vals.buffer],
@@ -91,7 +91,7 @@ def arg_rows(xt: Tensor, R: int, L: int, out: Tensor, gt: str) -> None:
         xt, ix, L = vals, dst, nc
 
 
-def leading_sum(xt: Tensor, R: int, L: int, out: Tensor) -> None:
+def leading_sum(xt: BufferView, R: int, L: int, out: BufferView) -> None:
     """out[r] = sum over the L leading rows of contiguous f32 ``xt`` read as [L, R] in place."""
     xt.device.dispatch(Kernel.of("colsum"), [xt.buffer, out.buffer],
                        [R, L, xt.offset, out.offset], groups_1d(R, 64))

@@ -1,17 +1,22 @@
 """Row kernels (softmax, layer_norm, cross_entropy over a contiguous [R, L] block): a workgroup
 per row on GPUs, an invocation per row on CPU adapters (``row_mode``) within the loop budget,
 rows of up to ROWC read once on CPU adapters (the *_cpu.wgsl entries, inputs through
-textures); rows_gpu.py holds the GPU variants its table picks. Each returns None where a row
-is longer than the kernels bound (the op composes such rows of other ops)."""
+textures); rows_gpu.py holds the GPU variants its table picks. The caller passes the outputs
+(contiguous f32; from offset 0 where an op says so); each op returns them, None (nothing run)
+where a row is longer than the kernels bound (the op composes such rows of other ops). Row
+statistics only a backward reads (layer_norm's mean and rstd, cross_entropy's log-sum-exp)
+come back as scratch views."""
 from __future__ import annotations
 
+import math
+
 from ..runtime.asserts import CODES
+from ..runtime.buffer_view import BufferView, View, float32
 from ..runtime.device import groups_1d
 from ..runtime.errors import ShapeError
 from ..runtime.kernels import Kernel
 from ..runtime.profile import profile
 from ..runtime.tuning import TUNING
-from ..tensor import Storage, Tensor, float32
 from . import rows_gpu, texture
 from .bounds import LOOP_BUDGET, chunk_rows
 from .matmul_cpu import cpu_subgroup
@@ -54,17 +59,16 @@ def row_kernel(dev, family: str, entry: str, L: int, R: int, loops: int, cached:
 # ---------------------------------------------------------------------------- softmax
 
 
-def softmax(xc: Tensor, log: bool, scale: float, tq: int):
-    """(log_)softmax of the rows of contiguous f32 ``xc`` (last axis), ``scale`` applied first
-    and keys past ``tq`` queries' diagonals masked (0: no mask); None (nothing run) where a row
-    is longer than one workgroup reduces."""
+def softmax(xc: BufferView, log: bool, scale: float, tq: int, out: BufferView):
+    """``out``: (log_)softmax of the rows of contiguous f32 ``xc`` (last axis), ``scale``
+    applied first and keys past ``tq`` queries' diagonals masked (0: no mask); None (nothing
+    run) where a row is longer than one workgroup reduces."""
     L = xc.shape[-1]
-    R = xc.numel() // L if L else 0
+    R = math.prod(xc.shape) // L if L else 0
     dev = xc.device
     plan = row_kernel(dev, "softmax", "fwd", L, R, 2, cached=True, LOG=str(log).lower())
     if plan is None:
         return None
-    out = Tensor.empty(xc.shape, dev, float32)
     if R:
         xb, ob = xc.buffer, out.buffer
         fast = rows_gpu.plan(dev, "sm_fwd", L, R, (xc.offset, out.offset), log)
@@ -75,14 +79,13 @@ def softmax(xc: Tensor, log: bool, scale: float, tq: int):
     return out
 
 
-def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1.0,
-                     tq: int = 0) -> Tensor:
-    """d(input) of a last-axis (log_)softmax from its output and contiguous ``g``, with the
-    forward's ``scale`` and causal query count ``tq`` (0: no mask). One kernel."""
+def softmax_backward(out: BufferView, g: BufferView, dx: BufferView, log: bool = False,
+                     scale: float = 1.0, tq: int = 0) -> BufferView:
+    """``dx``: d(input) of a last-axis (log_)softmax from its output and contiguous ``g``, with
+    the forward's ``scale`` and causal query count ``tq`` (0: no mask). One kernel."""
     L = out.shape[-1]
-    R = out.numel() // L if L else 0
+    R = math.prod(out.shape) // L if L else 0
     dev = out.device
-    dx = Tensor.empty(out.shape, dev, float32)
     if R:
         words = [R, L, out.offset, g.offset, dx.offset, float(scale), tq]
         yb, gb, db = out.buffer, g.buffer, dx.buffer
@@ -122,18 +125,18 @@ def _cached_softmax(k: Kernel, ins: dict, outs, words, n: int) -> bool:
 # ---------------------------------------------------------------------------- layer_norm
 
 
-def layer_norm(xc: Tensor, wc, bc, L: int, eps: float):
-    """(out, mean, rstd) of layer_norm over rows of L of contiguous f32 ``xc`` with contiguous
-    weight ``wc`` and bias ``bc`` (either None); None (nothing run) where a row is longer than
-    one workgroup reduces."""
-    R = xc.numel() // L if L else 0
+def layer_norm(xc: BufferView, wc, bc, L: int, eps: float, out: BufferView):
+    """(out, mean, rstd): ``out`` = layer_norm over rows of L of contiguous f32 ``xc`` with
+    contiguous weight ``wc`` and bias ``bc`` (either None), and the rows' statistics (scratch
+    views for the backward); None (nothing run) where a row is longer than one workgroup
+    reduces."""
+    R = math.prod(xc.shape) // L if L else 0
     dev = xc.device
     plan = row_kernel(dev, "layernorm", "fwd", L, R, 3, cached=True)
     if plan is None:
         return None
-    out = Tensor.empty(xc.shape, dev, float32)
-    mean = Tensor.empty((R,), dev, float32)
-    rstd = Tensor.empty((R,), dev, float32)
+    mean = View.empty((R,), dev, float32)
+    rstd = View.empty((R,), dev, float32)
     if R and L:
         offs = (xc.offset, wc.offset if wc is not None else 0,
                 bc.offset if bc is not None else 0, out.offset)
@@ -146,13 +149,13 @@ def layer_norm(xc: Tensor, wc, bc, L: int, eps: float):
     return out, mean, rstd
 
 
-def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -> Tensor:
-    """d(input) of layer_norm from contiguous d(output) ``g``, the weight (or None) and the row
-    statistics."""
+def layer_norm_backward(xc: BufferView, g: BufferView, wc, mean: BufferView,
+                        rstd: BufferView, dx: BufferView) -> BufferView:
+    """``dx``: d(input) of layer_norm from contiguous d(output) ``g``, the weight (or None) and
+    the row statistics."""
     dev = xc.device
-    R = mean.numel()
-    L = xc.numel() // R if R else 0
-    dx = Tensor.empty(xc.shape, dev, float32)
+    R = math.prod(mean.shape)
+    L = math.prod(xc.shape) // R if R else 0
     if R and L:
         woff = wc.offset if wc is not None else 0
         k, groups = (rows_gpu.plan(dev, "ln_bwd", L, R, (xc.offset, g.offset, woff, dx.offset))
@@ -163,45 +166,44 @@ def layer_norm_backward(xc: Tensor, g: Tensor, wc, mean: Tensor, rstd: Tensor) -
     return dx
 
 
-def layer_norm_backward_with_wb(xc, g, wc, mean, rstd):
-    """(d(input), (d(weight), d(bias))) in two kernels where the CPU adapters' cached rows run
-    (_ln_cpu); else None."""
+def layer_norm_backward_with_wb(xc, g, wc, mean, rstd, dx, dwb):
+    """(dx, dwb): d(input) and [d(weight), d(bias)] ([2, L]) in two kernels where the CPU
+    adapters' cached rows run (_ln_cpu); else None (nothing run)."""
     dev = xc.device
-    R = mean.numel()
-    L = xc.numel() // R if R else 0
+    R = math.prod(mean.shape)
+    L = math.prod(xc.shape) // R if R else 0
     sg = cpu_subgroup(dev)
     chunks = -(-R // sg) if sg else 0  # (colsum loops over the chunks)
     if not sg or chunks > LOOP_BUDGET:
         return None
-    dx = Tensor.empty(xc.shape, dev, float32)
-    part = Tensor.empty((2, chunks, L), dev, float32)
+    part = View.empty((2, chunks, L), dev, float32)
     words = [R, L, xc.offset, g.offset, wc.offset if wc is not None else 0, int(wc is not None),
              dx.offset, part.offset]
     if not _ln_cpu(dev, "bwd_wb_rowc", L, R, [xc, g, wc],
                    [dx.buffer, mean.buffer, rstd.buffer, part.buffer], words):
         return None
-    return dx, _sum_parts(part, L, chunks)
+    return dx, _sum_parts(part, L, chunks, dwb)
 
 
-def layer_norm_weight_bias_grads(xc, g, mean, rstd, R, L):
-    """(d(weight), d(bias)): column sums of g * xhat and g in two deterministic passes."""
+def layer_norm_weight_bias_grads(xc, g, mean, rstd, R, L, dwb):
+    """``dwb`` [2, L]: d(weight) and d(bias), column sums of g * xhat and g in two
+    deterministic passes."""
     dev = xc.device
     # enough chunks to fill a GPU, few enough that the second pass's loop stays short
     rows = chunk_rows(R, 32)
     chunks = -(-R // rows)
-    part = Tensor.empty((2, chunks, L), dev, float32)
+    part = View.empty((2, chunks, L), dev, float32)
     dev.dispatch(Kernel.of("layernorm", "wb", WG=32),
                  [xc.buffer, g.buffer, xc.buffer, part.buffer, mean.buffer, rstd.buffer],
                  [R, L, xc.offset, g.offset, rows, chunks], (-(-L // 64), chunks, 1))
-    return _sum_parts(part, L, chunks)
+    return _sum_parts(part, L, chunks, dwb)
 
 
-def _sum_parts(part, L, chunks):
-    """(dweight, dbias): sums over the chunks of partials [2, chunks, L]."""
-    both = Tensor.empty((2, L), part.device, float32)
+def _sum_parts(part, L, chunks, both):
+    """``both`` [2, L]: sums over the chunks of partials [2, chunks, L]."""
     part.device.dispatch(Kernel.of("colsum"), [part.buffer, both.buffer],
                          [L, chunks, part.offset, both.offset], (-(-L // 64), 2, 1))
-    return tuple(Tensor(both.storage, (L,), None, both.offset + i * L) for i in range(2))
+    return both
 
 
 def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
@@ -231,18 +233,19 @@ def _ln_cpu(dev, entry: str, L: int, R: int, ins, outs, words) -> bool:
 # ---------------------------------------------------------------------------- cross_entropy
 
 
-def cross_entropy_rows(lg: Tensor, tt: Tensor, ignore: int, eps: float, checked: bool):
-    """(loss per row, the rows' log-sum-exp as 2N words: N maxima, then N log(sum exp(x - max)),
-    exact at large logit offsets) of contiguous f32 logits [N, C] and int32 targets ``tt`` [N];
-    a target out of range raises at the next host read unless ``checked`` (the caller did).
+def cross_entropy_rows(lg: BufferView, tt: BufferView, ignore: int, eps: float, checked: bool,
+                       rows: BufferView):
+    """(rows, lse): ``rows`` [N] (f32 from its offset 0) = the loss per row, and a scratch view
+    of the rows' log-sum-exp as 2N words (N maxima, then N log(sum exp(x - max)), exact at
+    large logit offsets) of contiguous f32 logits [N, C] and int32 targets ``tt`` [N]; a
+    target out of range raises at the next host read unless ``checked`` (the caller did).
     None (nothing run) past what the kernels bound."""
     N, C = lg.shape
     dev = lg.device
     plan = row_kernel(dev, "xent", "fwd", C, N, 1)
     if plan is None or N > 256 * (LOOP_BUDGET - 64):
         return None
-    rows = Tensor.empty((N,), dev, float32)
-    lse = Tensor.empty((2 * N,), dev, float32)  # rows' max, then their log(sum exp(x - max))
+    lse = View.empty((2 * N,), dev, float32)  # rows' max, then their log(sum exp(x - max))
     if N:
         k, groups = plan
         lb, rb, sb = lg.buffer, rows.buffer, lse.buffer
@@ -259,22 +262,22 @@ def cross_entropy_rows(lg: Tensor, tt: Tensor, ignore: int, eps: float, checked:
     return rows, lse
 
 
-def cross_entropy_reduce(rows: Tensor, tt: Tensor, ignore: int, mean: bool):
-    """(the sum or mean of the losses ``rows`` over targets not ``ignore``, their count): two
-    0-d views of one 8-byte storage."""
-    dev = rows.device
-    red = Storage(dev, 8)
-    dev.dispatch(Kernel.of("xent", "finish", WG=256), [rows.buffer, tt.buffer, red.buffer],
-                 [rows.shape[0], tt.offset, int(ignore), int(mean)], (1, 1, 1))
-    return Tensor(red, ()), Tensor(red, (), offset=1)
+def cross_entropy_reduce(rows: BufferView, tt: BufferView, ignore: int, mean: bool,
+                         red: BufferView) -> BufferView:
+    """``red`` [2] (f32 from its offset 0) = (the sum or mean of the losses ``rows`` over
+    targets not ``ignore``, their count)."""
+    rows.device.dispatch(Kernel.of("xent", "finish", WG=256),
+                         [rows.buffer, tt.buffer, red.buffer],
+                         [rows.shape[0], tt.offset, int(ignore), int(mean)], (1, 1, 1))
+    return red
 
 
-def cross_entropy_backward(lg, tt, lse, g, count, ignore: int, eps: float, mode: int) -> Tensor:
-    """d(logits) given the loss gradient ``g`` (contiguous) and the kept-target ``count``
-    (``mode``: 0 mean, 1 sum, 2 none)."""
+def cross_entropy_backward(lg, tt, lse, g, count, ignore: int, eps: float, mode: int,
+                           dx: BufferView) -> BufferView:
+    """``dx`` [N, C] (contiguous f32 from its offset 0): d(logits) given the loss gradient
+    ``g`` (contiguous) and the kept-target ``count`` (``mode``: 0 mean, 1 sum, 2 none)."""
     N, C = lg.shape
     dev = lg.device
-    dx = Tensor.empty((N, C), dev, float32)
     if N * C:  # CPU adapters: a row an invocation (xent.wgsl bwd_rows)
         per_row = row_mode(dev) == "thread" and C <= LOOP_BUDGET
         dev.dispatch(Kernel.of("xent", "bwd_rows" if per_row else "bwd", WG=32),

@@ -2,9 +2,11 @@
 the index (in passes within the loop budget), so no atomics and the same result every run."""
 from __future__ import annotations
 
+import math
+
 from ..runtime.asserts import CODES
+from ..runtime.buffer_view import DTYPES, BufferView, float32
 from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32
 from .bounds import LOOP_BUDGET
 
 _NAN = "select({0}, x + y, isnan_(f32(x)) || isnan_(f32(y)))"
@@ -12,8 +14,8 @@ _COMBINE = {"replace": "y", "sum": "x + y", "prod": "x * y", "mean": "x + y",
             "amax": "max(x, y)", "amin": "min(x, y)"}
 
 
-def accumulate(acc: Tensor, cnt: Tensor, src: Tensor, idx: Tensor, A: int, J: int, inner: int,
-               mode: str, dev_index: bool) -> None:
+def accumulate(acc: BufferView, cnt: BufferView, src: BufferView, idx: BufferView, A: int,
+               J: int, inner: int, mode: str, dev_index: bool) -> None:
     """Combine ``src`` into contiguous ``acc`` [outer, A, inner] at ``idx`` (J entries along A)
     with ``mode``'s combine, counting the writes per element in ``cnt``; device indices out of
     range raise at the next host read."""
@@ -22,7 +24,7 @@ def accumulate(acc: Tensor, cnt: Tensor, src: Tensor, idx: Tensor, A: int, J: in
     if mode in ("amax", "amin") and acc.dtype == float32:
         comb = _NAN.format(comb)
     k = Kernel.of("scatter", T=DTYPES[acc.dtype], COMBINE=comb)
-    n = acc.numel()
+    n = math.prod(acc.shape)
     per = LOOP_BUDGET - 64
     for j0 in range(0, J, per) if n else ():
         dev.dispatch_1d(k, [src.buffer, idx.buffer, acc.buffer, cnt.buffer, dev.asserts.buffer],

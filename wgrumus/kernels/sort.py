@@ -2,11 +2,11 @@
 to P = a power of two, keys and their indices swapped together (stable through the indices)."""
 from __future__ import annotations
 
+from ..runtime.buffer_view import DTYPES, BufferView, int32
 from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, int32
 
 
-def bitonic(keys: Tensor, idx: Tensor, descending: bool) -> None:
+def bitonic(keys: BufferView, idx: BufferView, descending: bool) -> None:
     """Sort each row of contiguous ``keys`` [R, P] (P a power of two) in place, carrying the
     int32 ``idx`` [R, P] along; NaN last ascending, first descending."""
     R, P = keys.shape

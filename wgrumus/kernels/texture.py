@@ -7,10 +7,10 @@ the device's operand textures, quad q at texel (q % TEX_W, q / TEX_W).
 """
 from __future__ import annotations
 
+from ..runtime.buffer_view import float32
 from ..runtime.device import TEX_W, texture_loader
 from ..runtime.profile import profile
 from ..runtime.tuning import TUNING
-from ..tensor import float32
 
 
 def enabled(dev) -> bool:

@@ -2,10 +2,9 @@
 beyond layers.py: ModuleDict, BatchNorm1d."""
 from __future__ import annotations
 
-from ..ops import activations as A
-from ..ops import spellings
 from ..ops.elementwise import leaky_relu
 from ..runtime.errors import ShapeError
+from . import functional as A
 from .layers import BatchNorm2d
 from .module import Module, Parameter
 
@@ -65,8 +64,8 @@ Softshrink = _with_args("Softshrink", A.softshrink, ("lambd",))
 Hardshrink = _with_args("Hardshrink", A.hardshrink, ("lambd",))
 Threshold = _with_args("Threshold", A.threshold, ("threshold", "value"))
 GLU = _with_args("GLU", A.glu, ("dim",))
-Softmax = _with_args("Softmax", spellings.softmax, ("dim",))
-LogSoftmax = _with_args("LogSoftmax", spellings.log_softmax, ("dim",))
+Softmax = _with_args("Softmax", A.softmax, ("dim",))
+LogSoftmax = _with_args("LogSoftmax", A.log_softmax, ("dim",))
 
 
 class PReLU(Module):

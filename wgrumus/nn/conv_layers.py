@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from ..ops import convolution as C
 from ..ops.conv import pair
+from . import functional as C
 from . import init
 from .layers import _empty, _sub
 from .module import Module, Parameter

@@ -3,10 +3,10 @@ Unflatten, with PyTorch's signatures and defaults."""
 from __future__ import annotations
 
 from ..ops.elementwise import rsqrt
-from ..ops.padding import pad
 from ..ops.reduce import mean
 from ..runtime import get_device
 from ..runtime.errors import ShapeError
+from .functional.padding import pad
 from .module import Module, Parameter
 
 

@@ -1,13 +1,12 @@
 """PyTorch's activation functions, each one map kernel forward and one backward (expressions of
-g = a, x = b, out = c), with PyTorch's boundary conventions. f16 inputs compute in f32 and
-come back f16 (only float32 tensors take part in autograd)."""
+g = a, x = b, out = c), with PyTorch's boundary conventions (relu6, prelu and glu build on these:
+wgrumus/nn/functional/activations.py). f16 inputs compute in f32 and come back f16 (only
+float32 tensors take part in autograd)."""
 from __future__ import annotations
 
 from ..autograd.tape import needs_grad, record
-from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float16, float32
-from .elementwise import cast, gt, map_op, mul, saved_output, sigmoid, where
-from .shape import _norm_axis, chunk
+from .elementwise import cast, map_op, saved_output
 
 SELU_SCALE = 1.0507009873554804934193349852946
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -67,10 +66,6 @@ def hardtanh(x: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
                                                           "hi": float(max_val)})
 
 
-def relu6(x: Tensor) -> Tensor:
-    return hardtanh(x, 0.0, 6.0)
-
-
 def hardsigmoid(x: Tensor) -> Tensor:
     return unary_map("hardsigmoid", x, "select(min(max(a + 3.0, 0.0), 6.0) / 6.0, a, isnan_(a))",
                      "select(0.0, a / 6.0, b > -3.0 && b < 3.0)")
@@ -119,25 +114,6 @@ def threshold(x: Tensor, threshold: float, value: float) -> Tensor:
                      "select(0.0, a, b > th)", {"th": float(threshold), "v": float(value)})
 
 
-def prelu(x: Tensor, weight: Tensor) -> Tensor:
-    """x where x > 0, else weight * x; ``weight`` has one value or one per channel (dim 1)."""
-    if weight.numel() != 1:
-        if x.ndim < 2 or weight.numel() != x.shape[1]:
-            raise ShapeError(f"prelu: weight of {weight.numel()} values for input {x.shape}: "
-                             f"give one value or one per channel (dim 1)")
-        weight = weight.reshape((1, -1) + (1,) * (x.ndim - 2))
-    return where(gt(x, 0.0), x, mul(weight, x))
-
-
-def glu(x: Tensor, dim: int = -1) -> Tensor:
-    """a * sigmoid(b) for the two halves of ``dim``."""
-    d = _norm_axis(dim, x.ndim, "dim")
-    if x.shape[d] % 2:
-        raise ShapeError(f"glu: dim {dim} has odd size {x.shape[d]}; it must halve")
-    a, b = chunk(x, 2, d)
-    return mul(a, sigmoid(b))
-
-
-__all__ = ["celu", "elu", "glu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh",
-           "logsigmoid", "mish", "prelu", "relu6", "selu", "silu", "softplus", "softshrink",
-           "softsign", "tanhshrink", "threshold", "unary_map"]
+__all__ = ["celu", "elu", "hardshrink", "hardsigmoid", "hardswish", "hardtanh", "logsigmoid",
+           "mish", "selu", "silu", "softplus", "softshrink", "softsign", "tanhshrink", "threshold",
+           "unary_map"]

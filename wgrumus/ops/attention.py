@@ -180,14 +180,12 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
             y = contiguous(permute(reshape(o, (B, H, T, d)), (0, 2, 1, 3)))
             y = Tensor(y.storage, (B, T, E), None, y.offset)
         else:  # the output stored with its heads merged (CPU adapters: attention_cpu)
+            y = Tensor.empty((B, T, E), dev, float32)
             cpu = compute_dtype is None and autocast_dtype() is None and \
                 attention_cpu.fits(dev, T, d) and attention_cpu.forward(_aligned(src), H, scale,
-                                                                         causal)
-            if cpu:
-                y = cpu[0]
-            else:
+                                                                         causal, y)
+            if not cpu:
                 q, k, v = (heads[i] for i in range(3))
-                y = Tensor.empty((B, T, E), dev, float32)
                 p = _attend(q, k, v, _merged(y, H), scale, causal)
     if not needs_grad(qkv):
         return y
@@ -195,7 +193,7 @@ def causal_self_attention(qkv: Tensor, n_head: int, causal: bool = True,
     def bw(g):
         if not fused and cpu:
             return (attention_cpu.backward(_aligned(src), _aligned(_f32(g)), *cpu[1:], H, scale,
-                                           causal),)
+                                           causal, Tensor.empty((B, T, E3), dev, float32)),)
         go = permute(reshape(g, (B, T, H, d)), (0, 2, 1, 3))
         if not fused:  # each gradient stored into its part of d(qkv) [B, T, 3, H, d]
             dqkv = Tensor.empty((B, T, 3, H, d), dev, float32)

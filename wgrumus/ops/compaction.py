@@ -1,7 +1,7 @@
-"""Ops whose output size depends on the data: nonzero / argwhere, masked_select, where(cond).
-The positions are found on the device (a scan of the non-zero flags, then a compaction
-kernel); the one number read back is the count, to size the result (PyTorch synchronises
-here too)."""
+"""Ops whose output size depends on the data: nonzero (also where(cond); masked_select and
+argwhere build on it in wgrumus/composite/logical.py). The positions are found on the device (a
+scan of the non-zero flags, then a compaction kernel); the one number read back is the count,
+to size the result (PyTorch synchronises here too)."""
 from __future__ import annotations
 
 import math
@@ -9,10 +9,8 @@ import math
 import numpy as np
 
 from ..kernels.compact import compact
-from ..kernels.map import broadcast_shapes, run_map
+from ..kernels.map import run_map
 from ..tensor import Tensor, int32
-from .indexing import index_select
-from .logical import _operand
 from .scan import scan
 
 
@@ -49,18 +47,4 @@ def nonzero(x: Tensor, *, as_tuple: bool = False):
     return out
 
 
-def argwhere(x: Tensor) -> Tensor:
-    return nonzero(x)
-
-
-def masked_select(x: Tensor, mask) -> Tensor:
-    """The entries of x where mask (broadcast with x) is true, as a 1-D tensor; differentiable
-    in x (an index_select by the device-found positions)."""
-    m = _operand(mask, x)
-    shape = broadcast_shapes(x.shape, m.shape)
-    lin = flat_nonzero(m.expand(shape) if m.shape != shape else m)
-    xs = x.expand(shape) if x.shape != shape else x
-    return index_select(xs.reshape((-1,)), 0, lin)
-
-
-__all__ = ["argwhere", "masked_select", "nonzero"]
+__all__ = ["nonzero"]

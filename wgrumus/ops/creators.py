@@ -1,20 +1,16 @@
-"""PyTorch's other constructors: eye, linspace / logspace, randint, the *_like and new_*
-families, one_hot, meshgrid. All written by device kernels (one_hot reads the index range
-back to check it, or to size the result when num_classes is not given)."""
+"""PyTorch's other constructors written by device kernels: eye, linspace, randint, one_hot
+(one_hot reads the index range back to check it, or to size the result when num_classes is not
+given). The *_like and new_* families, logspace and meshgrid build on these and on creation.py
+(wgrumus/composite/constructors.py)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..kernels.map import run_map
-from ..runtime.errors import ShapeError
-from ..tensor import Tensor, as_dtype, as_shape, float32, int32, tensor
-from .creation import empty, full, normal_into, uniform_into
-from .dims import varargs
-from .elementwise import cast, pow_
+from ..tensor import Tensor, as_dtype, as_shape, float32, int32
 from .random import next_seed
 from .reduce import max as _max
 from .reduce import min as _min
-from .shape import expand, reshape
 
 
 def eye(n: int, m=None, device=None, dtype=float32, requires_grad=False) -> Tensor:
@@ -37,10 +33,6 @@ def linspace(start, end, steps: int, device=None, dtype=float32, requires_grad=F
     return t.requires_grad_(True) if requires_grad else t
 
 
-def logspace(start, end, steps: int, base: float = 10.0, device=None, dtype=float32) -> Tensor:
-    return cast(pow_(float(base), linspace(start, end, steps, device)), as_dtype(dtype))
-
-
 def randint(low, high=None, size=None, *, device=None, dtype=int32, seed=None) -> Tensor:
     """Uniform integers in [low, high) (``randint(high, size)`` as in PyTorch)."""
     if size is None:
@@ -56,49 +48,6 @@ def randint(low, high=None, size=None, *, device=None, dtype=int32, seed=None) -
     run_map("lo + min(i32(floor(uniform_(seed, i, 0u) * f32(span))), span - 1)", t, [],
             {"seed": np.uint32(next_seed(seed)), "lo": low, "span": high - low})
     return t
-
-
-def empty_like(x: Tensor, dtype=None, device=None) -> Tensor:
-    return empty(x.shape, device=device or x.device, dtype=dtype or x.dtype)
-
-
-def full_like(x: Tensor, fill_value, dtype=None, device=None) -> Tensor:
-    return full(x.shape, fill_value, device or x.device, dtype or x.dtype)
-
-
-def rand_like(x: Tensor, dtype=None, device=None, seed=None) -> Tensor:
-    t = uniform_into(Tensor.empty(x.shape, device or x.device, float32), 0.0, 1.0, seed)
-    return t if (dtype or x.dtype) == float32 else t.astype(dtype or x.dtype)
-
-
-def randn_like(x: Tensor, dtype=None, device=None, seed=None) -> Tensor:
-    t = normal_into(Tensor.empty(x.shape, device or x.device, float32), 0.0, 1.0, seed)
-    return t if (dtype or x.dtype) == float32 else t.astype(dtype or x.dtype)
-
-
-def randint_like(x: Tensor, low, high=None, dtype=None, device=None, seed=None) -> Tensor:
-    return randint(low, high, x.shape, device=device or x.device, dtype=dtype or x.dtype,
-                   seed=seed)
-
-
-def new_full(x: Tensor, size, fill_value, dtype=None, device=None) -> Tensor:
-    return full(tuple(size), fill_value, device or x.device, dtype or x.dtype)
-
-
-def new_zeros(x: Tensor, *size, dtype=None, device=None) -> Tensor:
-    return full(varargs(size), 0, device or x.device, dtype or x.dtype)
-
-
-def new_ones(x: Tensor, *size, dtype=None, device=None) -> Tensor:
-    return full(varargs(size), 1, device or x.device, dtype or x.dtype)
-
-
-def new_empty(x: Tensor, *size, dtype=None, device=None) -> Tensor:
-    return empty(varargs(size), device=device or x.device, dtype=dtype or x.dtype)
-
-
-def new_tensor(x: Tensor, data, dtype=None, device=None) -> Tensor:
-    return tensor(data, device=device or x.device, dtype=dtype or x.dtype)
 
 
 def one_hot(idx: Tensor, num_classes: int = -1) -> Tensor:
@@ -119,25 +68,4 @@ def one_hot(idx: Tensor, num_classes: int = -1) -> Tensor:
                    {"C": max(int(num_classes), 1)})
 
 
-def meshgrid(*tensors, indexing: str = "ij") -> list:
-    """Broadcast views of 1-D tensors ('ij': matrix indexing, 'xy': the first two swapped)."""
-    ts = list(varargs(tensors))
-    if indexing not in ("ij", "xy"):
-        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
-    if any(t.ndim > 1 for t in ts):
-        raise ShapeError("meshgrid takes 0-D or 1-D tensors")
-    sizes = [t.numel() for t in ts]
-    if indexing == "xy" and len(ts) >= 2:
-        sizes[0], sizes[1] = sizes[1], sizes[0]
-    out = []
-    for k, t in enumerate(ts):
-        pos = k if indexing == "ij" or len(ts) < 2 else {0: 1, 1: 0}.get(k, k)
-        shape = [1] * len(ts)
-        shape[pos] = t.numel()
-        out.append(expand(reshape(t, tuple(shape)), tuple(sizes)))
-    return out
-
-
-__all__ = ["empty_like", "eye", "full_like", "linspace", "logspace", "meshgrid", "new_empty",
-           "new_full", "new_ones", "new_tensor", "new_zeros", "one_hot", "rand_like",
-           "randint", "randint_like", "randn_like"]
+__all__ = ["eye", "linspace", "one_hot", "randint"]

@@ -1,9 +1,9 @@
 """Indexing: ``x[idx]`` and ``x[idx] = v`` (views for ints and slices: shape.py), by integer
 tensors (index_select, gather, embedding) and by boolean masks, as in PyTorch.
 
-Backward scatter-adds are written as gathers: no float atomics, the same bits every run. Host
-indices are range-checked before upload; device indices by the forward kernels, which clamp a
-bad one and set the assert flag the next host read raises (runtime/asserts.py).
+Backward scatter-adds are written as gathers (kernels/index.py): no float atomics, the same bits
+every run. Host indices are range-checked before upload; device indices by the forward kernels,
+which clamp a bad one and set the assert flag the next host read raises (runtime/asserts.py).
 
 There is no bool dtype: a float32 tensor index (comparisons give 1.0/0.0) or a numpy bool array
 is a mask; an int32 one gathers rows. ``x[mask]`` reads the mask to the host to size the result
@@ -16,25 +16,13 @@ import math
 import numpy as np
 
 from ..autograd.tape import is_grad_enabled, no_grad, record
-from ..kernels import index_sorted
-from ..kernels.bounds import LOOP_BUDGET
+from ..kernels import index as index_kernels
 from ..kernels.map import run_map
-from ..kernels.rows import row_mode
-from ..runtime.asserts import CODES
-from ..runtime.device import groups_1d
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
-from ..runtime.kernels import Kernel
-from ..tensor import DTYPES, Tensor, float32, int32, tensor
+from ..tensor import Tensor, float32, int32, tensor
 from .elementwise import cast, contiguous, copy_into, fill_
 from .shape import _index_view, _norm_axis, reshape
 from .shape import getitem as view_getitem
-
-
-def _kernel(entry: str, dtype) -> Kernel:
-    defines = {"T": DTYPES[np.dtype(dtype)]}
-    if defines["T"] == "f16":
-        defines["F16"] = "1"
-    return Kernel.of("index", entry, **defines)
 
 
 def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = True) -> Tensor:
@@ -67,16 +55,6 @@ def as_index(idx, like: Tensor, size: int, what: str, allow_negative: bool = Tru
     return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32)
 
 
-def _dispatch_checked(dev, kernel, bufs: list, params: list, groups, idx, op: str,
-                      allow_negative: bool = True) -> None:
-    """Dispatch a forward index kernel with the assert flag bound; device indices arm the
-    check of the next read (after the dispatch, so no read in between misses it)."""
-    dev.dispatch(kernel, bufs + [dev.asserts.buffer],
-                 params + [CODES[op], int(allow_negative)], groups)
-    if isinstance(idx, Tensor):
-        dev.asserts.arm()
-
-
 def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
                  _negative: bool = True) -> Tensor:
     """numpy's ``take`` along ``axis`` (torch's index_select for 1-D idx)."""
@@ -90,48 +68,14 @@ def index_select(x: Tensor, axis: int, idx, _op: str = "index_select",
     inner = math.prod(x.shape[axis + 1:])
     K = it.numel()
     out = Tensor.empty(x.shape[:axis] + it.shape + x.shape[axis + 1:], x.device, x.dtype)
-    if out.numel():
-        # wide rows (embeddings): a workgroup copies a row, on CPU adapters an invocation
-        # 32 columns of it
-        entry, groups = "select_fwd", groups_1d(out.numel())
-        if inner >= 32 and row_mode(x.device) == "thread":
-            entry, groups = "select_rows_cpu", groups_1d(outer * K * -(-inner // 32), 64)
-        elif inner >= 32:
-            entry, groups = "select_rows_fwd", groups_1d(outer * K, 1)
-        _dispatch_checked(x.device, _kernel(entry, x.dtype),
-                          [xc.buffer, it.buffer, out.buffer],
-                          [out.numel(), A, K, inner, xc.offset, it.offset], groups,
-                          idx, _op, _negative)
+    index_kernels.select(xc, it, out, outer, A, K, inner, _op, _negative,
+                         isinstance(idx, Tensor))
 
     def bw(g):
-        g = contiguous(g)
-        if outer * A * K >= SORTED_MIN and inner and index_sorted.fits(g.device, K):
-            return (index_sorted.backward(g, it, outer, A, K, inner, x.shape),)
         dx = Tensor.empty(x.shape, g.device, float32)
-        rows = outer * A
-        if rows and inner:
-            # indices per pass: every one of them may hit this row (skewed ids), and each hit
-            # costs a loop over the row's columns
-            if row_mode(g.device) == "thread":
-                k = _kernel("select_bwd_rows", float32)
-                groups = groups_1d(rows * -(-inner // 32), 64)
-                per = LOOP_BUDGET // 33
-            else:
-                k, groups = _kernel("select_bwd", float32), groups_1d(rows, 1)
-                per = 256 * max(1, LOOP_BUDGET // (9 + 256 * -(-inner // 256)))
-            for k0 in range(0, max(K, 1), per):
-                g.device.dispatch(k, [g.buffer, it.buffer, dx.buffer],
-                                  [rows, A, K, inner, g.offset, it.offset, k0,
-                                   min(K, k0 + per), int(k0 > 0)], groups)
-        return (dx,)
+        return (index_kernels.select_backward(contiguous(g), it, dx, outer, A, K, inner),)
     record("index_select", out, [xc], bw, saved=[it])
     return out
-
-
-# index_select's backward sorts the indices by row (shaders/index_sorted.wgsl) from this many
-# (destination row, index) pairs on: select_bwd's cost, outer * A * K comparisons, was 230 s
-# for an embedding of 100k rows and 300k ids on lavapipe
-SORTED_MIN = 1 << 22
 
 
 def gather(x: Tensor, axis: int, idx) -> Tensor:
@@ -152,22 +96,11 @@ def gather(x: Tensor, axis: int, idx) -> Tensor:
     inner = math.prod(x.shape[axis + 1:])
     J = it.shape[axis]
     out = Tensor.empty(it.shape, x.device, x.dtype)
-    if out.numel():
-        _dispatch_checked(x.device, _kernel("gather_fwd", x.dtype),
-                          [xc.buffer, it.buffer, out.buffer],
-                          [out.numel(), A, J, inner, xc.offset, it.offset], groups_1d(out.numel()),
-                          idx, "gather")
+    index_kernels.gather(xc, it, out, A, J, inner, isinstance(idx, Tensor))
 
     def bw(g):
-        g = contiguous(g)
         dx = Tensor.empty(xc.shape, g.device, float32)
-        per = LOOP_BUDGET - 64  # index entries one pass adds (one loop iteration each)
-        for j0 in range(0, max(J, 1), per) if dx.numel() else ():
-            g.device.dispatch_1d(_kernel("gather_bwd", float32),
-                                 [g.buffer, it.buffer, dx.buffer],
-                                 [dx.numel(), A, J, inner, g.offset, it.offset, j0,
-                                  min(J, j0 + per), int(j0 > 0)], dx.numel())
-        return (dx,)
+        return (index_kernels.gather_backward(contiguous(g), it, dx, A, J, inner),)
     record("gather", out, [xc], bw, saved=[it])
     return out
 

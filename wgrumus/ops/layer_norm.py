@@ -10,7 +10,7 @@ import numpy as np
 from ..autograd.tape import record
 from ..kernels import rows
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor, check_same_device
+from ..tensor import Tensor, check_same_device, float32
 from .elementwise import _f32, add, contiguous, mul, rsqrt, square, sub
 from .reduce import mean as mean_
 from .shape import reshape
@@ -32,7 +32,7 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
     bc = contiguous(_f32(bias)) if bias is not None else None
     L = math.prod(ns)
     R = xc.numel() // L if L else 0
-    got = rows.layer_norm(xc, wc, bc, L, eps)
+    got = rows.layer_norm(xc, wc, bc, L, eps, Tensor.empty(xc.shape, xc.device, float32))
     if got is None:
         return _layer_norm_long(xc, wc, bc, R, L, eps)
     out, mean, rstd = got
@@ -41,16 +41,18 @@ def layer_norm(x: Tensor, normalized_shape, weight=None, bias=None, eps: float =
         g = contiguous(g)
         gw = gbias = None
         want = (wc is not None and wc.requires_grad) or (bc is not None and bc.requires_grad)
-        got = (rows.layer_norm_backward_with_wb(xc, g, wc, mean, rstd)
-               if want and xc.requires_grad else None)
-        if got is not None:
-            dx, both = got
-        else:
-            dx = rows.layer_norm_backward(xc, g, wc, mean, rstd) if xc.requires_grad else None
-            both = rows.layer_norm_weight_bias_grads(xc, g, mean, rstd, R, L) if want else None
+        dev = g.device
+        dx = Tensor.empty(xc.shape, dev, float32) if xc.requires_grad else None
+        both = Tensor.empty((2, L), dev, float32) if want else None  # d(weight), d(bias)
+        if not (want and dx is not None
+                and rows.layer_norm_backward_with_wb(xc, g, wc, mean, rstd, dx, both)):
+            if dx is not None:
+                rows.layer_norm_backward(xc, g, wc, mean, rstd, dx)
+            if want:
+                rows.layer_norm_weight_bias_grads(xc, g, mean, rstd, R, L, both)
         if want:
-            gw = reshape(both[0], ns) if wc is not None else None
-            gbias = reshape(both[1], ns) if bc is not None else None
+            gw, gbias = (Tensor(both.storage, ns, None, both.offset + i * L) if p is not None
+                         else None for i, p in enumerate((wc, bc)))
         return dx, gw, gbias
     record("layer_norm", out, [xc, wc, bc], bw, saved=[xc] + ([wc] if wc is not None else []))
     return out

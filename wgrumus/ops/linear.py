@@ -78,9 +78,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
         g2 = contiguous(reshape(g, (N, n_out)))
         db = None
         if bias is not None or activation is not None:
+            dev = g2.device
             dz, db = linear_kernels.epilogue_grad(
                 g2, z_saved if activation else None, ub if keep_u else None, grad_expr,
-                bias is not None and bias.requires_grad, activation is not None)
+                Tensor.empty((N, n_out), dev, float32) if activation is not None else None,
+                Tensor.empty((n_out,), dev, float32)
+                if bias is not None and bias.requires_grad else None)
         else:
             dz = g2
         dx = dw = pending = None

@@ -1,8 +1,8 @@
-"""Losses, reduced as in PyTorch: cross_entropy (integer targets with label smoothing and
-ignore_index in fused row kernels, kernels/rows.py; class probabilities or class weights composed
-of log_softmax), nll_loss with class weights, binary cross-entropy (on probabilities and on
-logits), mse / l1 / smooth_l1 / huber, kl_div. A weighted mean divides by the targets' total
-weight; log clamps follow PyTorch's."""
+"""Losses with kernels or gradients of their own, reduced as in PyTorch: cross_entropy (integer
+targets with label smoothing and ignore_index in fused row kernels, kernels/rows.py), binary
+cross-entropy (on probabilities and on logits), mse / smooth_l1 / huber, kl_div; log clamps
+follow PyTorch's. nll_loss, l1 and cross_entropy with class weights or probabilities build on
+these (wgrumus/nn/functional/losses.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,14 +10,14 @@ import numpy as np
 from ..autograd.tape import needs_grad, record
 from ..kernels import rows as row_kernels
 from ..runtime.errors import DeviceMismatchError, ShapeError, WgrumusError
-from ..tensor import Tensor, int32, tensor
+from ..tensor import Tensor, float32, int32, tensor
 from .activations import softplus, unary_map
-from .elementwise import _f32, abs_, add, contiguous, div, map_op, mul, neg, sub, unbroadcast, where
-from .indexing import as_index, gather, index_select
+from .elementwise import _f32, add, contiguous, div, map_op, mul, neg, sub, unbroadcast
+from .indexing import gather
 from .reduce import mean as _mean
 from .reduce import sum as _sum
 from .shape import permute, reshape
-from .softmax import _softmax_long, log_softmax
+from .softmax import _softmax_long
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -45,11 +45,18 @@ def _targets(targets, like: Tensor):
     return Tensor.from_numpy(a.astype(np.int64), device=like.device, dtype=int32), a
 
 
-def _class_cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
-                         label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """cross_entropy with integer targets and no class weights (logits [N, C], [C] or
     [N, C, d...]) in the fused row kernels. A target outside [0, C) raises: host targets at
-    once, device targets at the next host read."""
+    once, device targets at the next host read. Class weights and class probabilities compose
+    ops: wgrumus.nn.functional.cross_entropy."""
+    logits, targets = x, target
+    if weight is not None or isinstance(targets, Tensor) and targets.dtype != int32 and \
+            tuple(targets.shape) == tuple(logits.shape):
+        raise WgrumusError("ops.cross_entropy takes int32 class targets without class weights "
+                           "(the fused kernels); for class weights or class probabilities use "
+                           "wgrumus.nn.functional.cross_entropy")
     _check_reduction(reduction)
     eps = float(label_smoothing)
     if not 0.0 <= eps <= 1.0:
@@ -77,22 +84,26 @@ def _class_cross_entropy(logits: Tensor, targets, ignore_index: int = -100,
         raise ShapeError(f"cross_entropy: targets shape {tuple(tt.shape)} does not match logits "
                          f"shape {tuple(logits.shape)} (expected {tshape})")
     tt = reshape(tt, (N,)) if tt.ndim != 1 else tt
-    got = row_kernels.cross_entropy_rows(lg, tt, int(ignore_index), eps, host is not None)
+    got = row_kernels.cross_entropy_rows(lg, tt, int(ignore_index), eps, host is not None,
+                                         Tensor.empty((N,), lg.device, float32))
     if got is None:
         out = _cross_entropy_long(lg, tt, int(ignore_index), eps, reduction)
         return reshape(out, tshape) if reduction == "none" else out
     per_row, lse = got
     out, count = per_row, None
     if reduction != "none":
-        out, count = row_kernels.cross_entropy_reduce(per_row, tt, int(ignore_index),
-                                                      reduction == "mean")
+        red = row_kernels.cross_entropy_reduce(per_row, tt, int(ignore_index),
+                                               reduction == "mean",
+                                               Tensor.empty((2,), lg.device, float32))
+        out, count = Tensor(red.storage, ()), Tensor(red.storage, (), offset=1)
     mode = {"mean": 0, "sum": 1, "none": 2}[reduction]
 
     def bw(g):
         g = contiguous(g)
         return (row_kernels.cross_entropy_backward(lg, tt, lse, g,
                                                    count if count is not None else g,
-                                                   int(ignore_index), eps, mode),)
+                                                   int(ignore_index), eps, mode,
+                                                   Tensor.empty((N, C), g.device, float32)),)
     record("cross_entropy", out, [lg], bw, saved=[lg, tt])
     return reshape(out, tshape) if reduction == "none" else out
 
@@ -181,108 +192,6 @@ def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, reduction: 
     return _reduce(out, reduction)
 
 
-def _class_last(x: Tensor):
-    """[N, C, d...] -> ([N * d..., C], the per-sample shape (N, d...)); [C] -> ([1, C], ())."""
-    if x.ndim == 1:
-        return x.reshape((1, -1)), ()
-    if x.ndim < 1:
-        raise ShapeError("the input needs a class dimension")
-    rest = (x.shape[0],) + x.shape[2:]
-    if x.ndim > 2:
-        x = x.permute([0] + list(range(2, x.ndim)) + [1])
-    return x.reshape((-1, x.shape[-1])), rest
-
-
-def _class_targets(target, like: Tensor, shape: tuple):
-    t = as_index(target, like, 2 ** 31 - 1, "nll_loss", allow_negative=True) \
-        if not isinstance(target, Tensor) else target
-    if t.dtype != int32:
-        raise TypeError(f"class targets must be int32 class indices, got {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ShapeError(f"targets of shape {tuple(t.shape)} for an input with per-sample shape "
-                         f"{shape}")
-    return t.reshape((-1,))
-
-
-def nll_loss(x: Tensor, target, weight=None, ignore_index: int = -100,
-             reduction: str = "mean") -> Tensor:
-    """-weight[t] x[n, t] per sample (x: log-probabilities [N, C] or [N, C, d...]); 'mean'
-    divides by the total weight of the targets that are not ignored."""
-    _check_reduction(reduction)
-    rows, shape = _class_last(_f32(x))
-    C = rows.shape[1]
-    t = _class_targets(target, rows, shape)
-    keep = map_op("select(0.0, 1.0, a != ig)", [t], scalars={"ig": int(ignore_index)})
-    safe = where(keep, t, 0)
-    picked = gather(rows, 1, safe.reshape((-1, 1))).reshape((-1,))
-    if weight is not None:
-        if weight.shape != (C,):
-            raise ShapeError(f"nll_loss: weight must have one value per class ({C}), got "
-                             f"{weight.shape}")
-        w = index_select(_f32(weight), 0, safe) * keep
-    else:
-        w = keep
-    loss = -(picked * w)
-    if reduction == "none":
-        return loss.reshape(shape)
-    if reduction == "sum":
-        return _sum(loss)
-    return _sum(loss) / _sum(w)
-
-
-def cross_entropy(x: Tensor, target, weight=None, ignore_index: int = -100,
-                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """PyTorch's cross_entropy: class-index targets (int32) or class probabilities (float, the
-    input's shape), optional class weights and label smoothing."""
-    probs = isinstance(target, Tensor) and target.dtype != int32
-    if not probs and weight is None:
-        return _class_cross_entropy(x, target, ignore_index, label_smoothing, reduction)
-    if probs and tuple(target.shape) != tuple(x.shape):
-        raise ShapeError(f"cross_entropy: target shape {tuple(target.shape)} differs from input "
-                         f"shape {tuple(x.shape)}: {target.dtype} targets are class "
-                         f"probabilities of the input's shape; class indices must be int32 "
-                         f"(.int())")
-    _check_reduction(reduction)
-    rows, shape = _class_last(_f32(x))
-    C = rows.shape[1]
-    logp = log_softmax(rows, -1)
-    wrow = None if weight is None else _f32(weight).reshape((1, C))
-    ls = float(label_smoothing)
-    if probs:
-        t, _ = _class_last(_same_shape(x, target, "cross_entropy"))
-        if ls:
-            t = t * (1.0 - ls) + ls / C
-        lw = logp * t if wrow is None else logp * t * wrow
-        loss = -_sum(lw, 1)
-        if reduction == "none":
-            return loss.reshape(shape)
-        return _sum(loss) if reduction == "sum" else _mean(loss)
-    lp = logp if x.ndim != 1 else logp.reshape((C,))
-    nll = nll_loss(lp if x.ndim < 3 else _rows_back(logp, x), target, weight, ignore_index,
-                   "none").reshape((-1,))
-    t = _class_targets(target, rows, shape)
-    keep = map_op("select(0.0, 1.0, a != ig)", [t], scalars={"ig": int(ignore_index)})
-    if ls:
-        smooth = -_sum(logp * wrow, 1) * keep / C
-        nll = nll * (1.0 - ls) + smooth * ls
-    if reduction == "none":
-        return nll.reshape(shape)
-    if reduction == "sum":
-        return _sum(nll)
-    return _sum(nll) / _sum(index_select(_f32(weight), 0, where(keep, t, 0)) * keep)
-
-
-def _rows_back(rows: Tensor, like: Tensor) -> Tensor:
-    """[N * d..., C] rows back in ``like``'s [N, C, d...] layout."""
-    nd = like.ndim
-    r = rows.reshape((like.shape[0],) + like.shape[2:] + (like.shape[1],))
-    return r.permute([0, nd - 1] + list(range(1, nd - 1)))
-
-
-def l1_loss(x: Tensor, target, reduction: str = "mean") -> Tensor:
-    return _reduce(abs_(sub(x, target)), reduction)
-
-
 def smooth_l1_loss(x: Tensor, target, reduction: str = "mean", beta: float = 1.0) -> Tensor:
     """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta 0: l1)."""
     return _reduce(_piecewise(x, target, "smooth_l1", beta, 1.0 / beta if beta else 0.0),
@@ -329,4 +238,4 @@ def kl_div(x: Tensor, target, reduction: str = "mean", log_target: bool = False)
 
 
 __all__ = ["binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy",
-           "huber_loss", "kl_div", "l1_loss", "mse_loss", "nll_loss", "smooth_l1_loss"]
+           "huber_loss", "kl_div", "mse_loss", "smooth_l1_loss"]

@@ -1,9 +1,12 @@
 """Elementwise math beyond the core table: erf, log2 / log10 / exp2, log1p / expm1, the trig and
-hyperbolic families, atan2, logaddexp, lerp. One map kernel forward, one backward each."""
+hyperbolic families, atan2, logaddexp, lerp, nan_to_num, the square root of distances. One map
+kernel forward, one backward each."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..autograd.tape import needs_grad, record
-from ..tensor import Tensor, float32
+from ..tensor import Tensor, float16, float32, int32
 from .activations import unary_map
 from .elementwise import _scalar_as_tensor, _wrap, add, cast, map_op, mul, sub, unbroadcast
 
@@ -125,7 +128,26 @@ def lerp(start, end, weight) -> Tensor:
     return out
 
 
+def nan_to_num(x: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Tensor:
+    """NaN -> nan, inf -> posinf (default the dtype's largest), -inf -> neginf; the gradient
+    passes where x was finite."""
+    if x.dtype == int32:
+        return map_op("a", [x], dtype=int32)
+    big = float(np.finfo(np.float16 if x.dtype == float16 else np.float32).max)
+    s = {"nv": float(nan), "pv": big if posinf is None else float(posinf),
+         "mv": -big if neginf is None else float(neginf)}
+    return unary_map("nan_to_num", x,
+                     "select(select(select(a, mv, a == bitcast<f32>(0xff800000u)), pv, "
+                     "a == bitcast<f32>(0x7f800000u)), nv, isnan_(a))",
+                     "select(0.0, a, abs(b) < bitcast<f32>(0x7f800000u))", s)
+
+
+def distance_sqrt(x: Tensor) -> Tensor:
+    """sqrt(max(x, 0)) of squared distances, with PyTorch's zero gradient at 0 (cdist)."""
+    return unary_map("cdist", x, "sqrt(max(a, 0.0))", "select(a * 0.5 / c, 0.0, c == 0.0)")
+
+
 __all__ = ["acos", "acosh", "arccos", "arccosh", "arcsin", "arcsinh", "arctan", "arctan2",
            "arctanh", "asin", "asinh", "atan", "atan2", "atanh", "cosh", "deg2rad", "erf",
            "erfc", "exp2", "expm1", "hypot", "lerp", "log10", "log1p", "log2", "logaddexp",
-           "logit", "rad2deg", "sinc", "sinh", "tan", "xlogy"]
+           "logit", "nan_to_num", "rad2deg", "sinc", "sinh", "tan", "xlogy"]

@@ -1,22 +1,16 @@
-"""F.pad: constant (negative pads crop), reflect, replicate and circular padding of the last
-dims. Constant padding is a fill and one strided copy; the other modes gather each padded dim
-through index_select (the index is the pad's geometry, built on the host; the data never
-leaves the device)."""
+"""Constant padding of the last dims (F.pad's default mode; negative pads crop): a fill and one
+strided copy, whose backward is the slice of the gradient. F.pad's other modes gather through
+index_select (wgrumus/nn/functional/padding.py)."""
 from __future__ import annotations
-
-import numpy as np
 
 from ..autograd.tape import record
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, int32
 from .elementwise import copy_into, fill_
-from .indexing import index_select
 from .shape import _index_view, getitem
 
-MODES = ("constant", "reflect", "replicate", "circular")
 
-
-def _pairs(x: Tensor, pad) -> list:
+def pad_pairs(x: Tensor, pad) -> list:
     """PyTorch's flat pad tuple (last dim first) as [(dim, left, right)]."""
     pad = tuple(int(p) for p in pad)
     if len(pad) % 2:
@@ -26,34 +20,9 @@ def _pairs(x: Tensor, pad) -> list:
     return [(x.ndim - 1 - k, pad[2 * k], pad[2 * k + 1]) for k in range(len(pad) // 2)]
 
 
-def _index(mode: str, n: int, lo: int, hi: int) -> np.ndarray:
-    i = np.arange(-lo, n + hi)
-    if mode == "replicate":
-        return np.clip(i, 0, n - 1)
-    if mode == "circular":
-        return i % n
-    return (n - 1) - np.abs((n - 1) - np.abs(i))  # reflect: no edge repeat
-
-
-def pad(x: Tensor, pad, mode: str = "constant", value=0.0) -> Tensor:
-    """torch.nn.functional.pad."""
-    if mode not in MODES:
-        raise ValueError(f"pad: mode must be one of {MODES}, got {mode!r}")
-    pairs = _pairs(x, pad)
-    if mode != "constant":
-        for d, lo, hi in pairs:
-            n = x.shape[d]
-            if lo < 0 or hi < 0:
-                raise ShapeError(f"pad: negative padding crops only in 'constant' mode, got "
-                                 f"({lo}, {hi}) on dim {d} in {mode!r}")
-            limit = n - 1 if mode == "reflect" else n
-            if n == 0 or max(lo, hi) > limit:
-                what = "size - 1" if mode == "reflect" else "the size"
-                raise ShapeError(f"pad: {mode} padding ({lo}, {hi}) on dim {d} of size {n} must "
-                                 f"be at most {limit} ({what})")
-            if lo or hi:
-                x = index_select(x, d, _index(mode, n, lo, hi).astype(np.int32))
-        return x
+def constant_pad(x: Tensor, pad, value=0.0) -> Tensor:
+    """F.pad(x, pad, "constant", value): ``value`` around x, negative widths crop."""
+    pairs = pad_pairs(x, pad)
     crop = [slice(None)] * x.ndim
     for d, lo, hi in pairs:
         crop[d] = slice(max(-lo, 0), x.shape[d] - max(-hi, 0))
@@ -74,4 +43,4 @@ def pad(x: Tensor, pad, mode: str = "constant", value=0.0) -> Tensor:
     return out
 
 
-__all__ = ["pad"]
+__all__ = ["constant_pad"]

@@ -1,10 +1,10 @@
-"""Rounding and sign: floor, ceil, round (half to even, ``decimals``), trunc, frac, sign. int32
-stays int32 (unchanged, or its sign); the gradient is zero (frac's is one), as in PyTorch."""
+"""Rounding and sign: floor, ceil, round (half to even, ``decimals``), trunc, sign. int32 stays
+int32 (unchanged, or its sign); the gradient is zero, as in PyTorch."""
 from __future__ import annotations
 
 from ..autograd.tape import needs_grad, record
 from ..tensor import Tensor, float16, int32
-from .elementwise import cast, map_op, sub
+from .elementwise import cast, map_op
 
 
 def _zero_grad_map(name: str, x: Tensor, expr: str, scalars=None) -> Tensor:
@@ -50,9 +50,4 @@ def sign(x: Tensor) -> Tensor:
     return _zero_grad_map("sign", x, "select(sign(a), a, isnan_(a))")
 
 
-def frac(x: Tensor) -> Tensor:
-    """x - trunc(x) (PyTorch's frac: the sign of x); gradient one."""
-    return sub(x, trunc(x.detach() if x.requires_grad else x))
-
-
-__all__ = ["ceil", "fix", "floor", "frac", "round", "sign", "trunc"]
+__all__ = ["ceil", "fix", "floor", "round", "sign", "trunc"]

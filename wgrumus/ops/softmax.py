@@ -1,6 +1,6 @@
-"""softmax and log_softmax along any axis (a permuted view puts it last), with the attention
-options scale and causal mask; one row kernel each way (kernels/rows.py), rows too long for
-one workgroup composed of reductions."""
+"""softmax and log_softmax along any dim (a permuted view puts it last), with PyTorch's
+``dim=`` / ``dtype=`` and the attention options scale and causal mask; one row kernel each way
+(kernels/rows.py), rows too long for one workgroup composed of reductions."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +8,13 @@ import numpy as np
 from ..autograd.tape import no_grad, record
 from ..kernels import rows
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor
-from .elementwise import _f32, contiguous, div, exp, mul, saved_output, sub
+from ..tensor import Tensor, float32
+from .dims import pick
+from .elementwise import _f32, cast, contiguous, div, exp, mul, saved_output, sub
 from .elementwise import log as log_
 from .reduce import max as max_
 from .reduce import sum as sum_
-from .shape import permute, reshape
+from .shape import _norm_axis, permute, reshape
 
 
 def _along_last(x: Tensor, axis: int, fn):
@@ -37,7 +38,7 @@ def _softmax_last(x: Tensor, log: bool, scale: float = 1.0, causal: bool = False
         raise ShapeError(f"causal softmax needs [..., queries, keys], got shape {xc.shape}")
     tq = xc.shape[-2] if causal else 0
     scale = float(scale)
-    out = rows.softmax(xc, log, scale, tq)
+    out = rows.softmax(xc, log, scale, tq, Tensor.empty(xc.shape, xc.device, float32))
     if out is None:
         return _softmax_long(xc, log, scale, causal)
     o = saved_output(out)  # no cycle out -> node -> closure -> out
@@ -50,7 +51,8 @@ def softmax_backward(out: Tensor, g: Tensor, log: bool = False, scale: float = 1
                      tq: int = 0) -> Tensor:
     """d(input) of a last-axis (log_)softmax from its output, with the forward's ``scale`` and
     causal query count ``tq`` (0: no mask). One kernel."""
-    return rows.softmax_backward(out, contiguous(g), log, scale, tq)
+    return rows.softmax_backward(out, contiguous(g), Tensor.empty(out.shape, out.device, float32),
+                                 log, scale, tq)
 
 
 def _softmax_long(x: Tensor, log: bool, scale: float, causal: bool) -> Tensor:
@@ -72,15 +74,29 @@ def _check_causal(axis, x, causal):
         raise ShapeError(f"causal softmax works along the last axis (keys), not axis {axis}")
 
 
-def softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0, causal: bool = False) -> Tensor:
-    """Softmax along ``axis`` (all -inf rows give NaN). For attention: ``scale`` multiplies x
-    first; ``causal`` masks key j of query i where j > i + keys - queries ([..., q, k])."""
-    _check_causal(axis, x, causal)
-    return _along_last(x, axis, lambda t: _softmax_last(t, False, scale, causal))
+def _dim(x: Tensor, dim, dtype, axis) -> tuple:
+    """(x cast to ``dtype``, the dim): PyTorch's ``dim=`` (numpy's ``axis=`` its alias, default
+    the last), checked (an IndexError outside x's dims, as in PyTorch)."""
+    if dtype is not None:
+        x = cast(x, dtype)
+    d = pick(dim, axis, -1)
+    _norm_axis(d, x.ndim, "dim")
+    return x, d
 
 
-def log_softmax(x: Tensor, axis: int = -1, *, scale: float = 1.0,
+def softmax(x: Tensor, dim=None, dtype=None, *, axis=None, scale: float = 1.0,
+            causal: bool = False) -> Tensor:
+    """Softmax along ``dim`` (all -inf rows give NaN); ``dtype`` casts the input first
+    (PyTorch's). For attention: ``scale`` multiplies x first; ``causal`` masks key j of query i
+    where j > i + keys - queries ([..., q, k])."""
+    x, d = _dim(x, dim, dtype, axis)
+    _check_causal(d, x, causal)
+    return _along_last(x, d, lambda t: _softmax_last(t, False, scale, causal))
+
+
+def log_softmax(x: Tensor, dim=None, dtype=None, *, axis=None, scale: float = 1.0,
                 causal: bool = False) -> Tensor:
-    """x - logsumexp(x) along ``axis`` (stable); ``scale``, ``causal`` as in softmax."""
-    _check_causal(axis, x, causal)
-    return _along_last(x, axis, lambda t: _softmax_last(t, True, scale, causal))
+    """x - logsumexp(x) along ``dim`` (stable); ``dtype``, ``scale``, ``causal`` as in softmax."""
+    x, d = _dim(x, dim, dtype, axis)
+    _check_causal(d, x, causal)
+    return _along_last(x, d, lambda t: _softmax_last(t, True, scale, causal))

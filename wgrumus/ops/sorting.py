@@ -1,23 +1,18 @@
-"""sort / argsort / topk / kthvalue / median / msort: a bitonic sort on the device
-(shaders/sort.wgsl, log2(P) (log2(P) + 1) / 2 passes for rows padded to P = a power of two),
-stable (equal keys keep their order), NaN last ascending and first descending as in PyTorch.
-Values are gathered from the input by the indices, so their gradient is gather's."""
+"""argsort and unique: a bitonic sort on the device (shaders/sort.wgsl, log2(P) (log2(P) + 1) / 2
+passes for rows padded to P = a power of two), stable (equal keys keep their order), NaN last
+ascending and first descending as in PyTorch. sort / topk / kthvalue / median gather the values
+by these indices (wgrumus/composite/sorting.py), so their gradient is gather's."""
 from __future__ import annotations
-
-from collections import namedtuple
 
 from ..kernels import sort as sort_kernels
 from ..kernels.map import run_map
 from ..tensor import Tensor, float32, int32
 from .compaction import flat_nonzero
-from .elementwise import cast, contiguous, copy_into, fill_, where
+from .elementwise import cast, contiguous, copy_into, fill_
 from .indexing import gather
-from .logical import isnan
 from .scan import cumsum
 from .scatter import scatter
 from .shape import _norm_axis, cat, permute
-
-SortResult = namedtuple("SortResult", ["values", "indices"])  # torch.return_types.sort
 
 
 def _sorted_indices(x: Tensor, d: int, descending: bool) -> Tensor:
@@ -54,68 +49,10 @@ def _prepare(x: Tensor, dim):
     return x, _norm_axis(dim, x.ndim, "dim"), False
 
 
-def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> SortResult:
-    """(values, indices) along ``dim``; always stable here (``stable`` accepted)."""
-    x, d, scalar = _prepare(x, dim)
-    idx = _sorted_indices(x, d, descending)
-    vals = gather(x, d, idx)
-    if scalar:
-        return SortResult(vals.reshape(()), idx.reshape(()))
-    return SortResult(vals, idx)
-
-
 def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
     x, d, scalar = _prepare(x, dim)
     idx = _sorted_indices(x, d, descending)
     return idx.reshape(()) if scalar else idx
-
-
-def msort(x: Tensor) -> Tensor:
-    return sort(x, 0).values
-
-
-def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) \
-        -> SortResult:  # noqa: A002
-    """The k largest (smallest) entries along ``dim`` and their indices, in order."""
-    x, d, scalar = _prepare(x, dim)
-    L = x.shape[d]
-    if not 0 <= k <= L:
-        raise IndexError(f"topk: k ({k}) is out of range for dim {d} of size {L}")
-    idx = _sorted_indices(x, d, largest)
-    idx = contiguous(idx[(slice(None),) * d + (slice(0, k),)])
-    vals = gather(x, d, idx)
-    return SortResult(vals, idx)
-
-
-def kthvalue(x: Tensor, k: int, dim: int = -1, keepdim: bool = False) -> SortResult:
-    """The k-th smallest entry (1-based) along ``dim`` and its index."""
-    x, d, scalar = _prepare(x, dim)
-    L = x.shape[d]
-    if not 1 <= k <= L:
-        raise IndexError(f"kthvalue: k ({k}) is out of range for dim {d} of size {L}")
-    idx = _sorted_indices(x, d, False)
-    idx = contiguous(idx[(slice(None),) * d + (slice(k - 1, k),)])
-    vals = gather(x, d, idx)
-    if not keepdim:
-        vals, idx = vals.squeeze(d), idx.squeeze(d)
-    return SortResult(vals, idx)
-
-
-def median(x: Tensor, dim=None, keepdim: bool = False):
-    """PyTorch's median: the lower of the two middle values (no averaging); with ``dim``,
-    (values, indices)."""
-    if dim is None:
-        flat = x.reshape((-1,))
-        n = flat.numel()
-        if n == 0:
-            return fill_(Tensor.empty((), x.device, x.dtype), float("nan"))
-        nan_first = sort(flat, 0, descending=True).values[0:1] if x.dtype != int32 else None
-        v = kthvalue(flat, (n - 1) // 2 + 1, 0).values
-        if nan_first is not None:  # any NaN makes the median NaN, as in PyTorch
-            return where(isnan(nan_first.reshape(())), nan_first.reshape(()), v)
-        return v
-    x, d, _ = _prepare(x, dim)
-    return kthvalue(x, (x.shape[d] - 1) // 2 + 1, d, keepdim)
 
 
 def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
@@ -126,7 +63,8 @@ def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa
         raise NotImplementedError("unique(dim=...) is not supported; flatten first")
     flat = x.reshape((-1,))
     n = flat.numel()
-    v, order = sort(flat)
+    order = _sorted_indices(flat, 0, False)
+    v = gather(flat, 0, order)
     if n:
         first = Tensor.empty((n,), x.device, int32)
         fill_(first._view((1,), (1,), 0), 1)
@@ -149,4 +87,4 @@ def unique(x: Tensor, sorted: bool = True, return_inverse: bool = False,  # noqa
     return out[0] if len(out) == 1 else tuple(out)
 
 
-__all__ = ["argsort", "kthvalue", "median", "msort", "sort", "topk", "unique"]
+__all__ = ["argsort", "unique"]

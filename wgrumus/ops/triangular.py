@@ -1,13 +1,12 @@
-"""tril / triu (the last two dims, any batch), diagonal / diag / diag_embed / trace: map
-kernels that read the row and column from the output's linear index."""
+"""tril / triu (the last two dims, any batch): map kernels that read the row and column from the
+output's linear index; diagonal (a strided view) and diag_embed (a copy into zeros)."""
 from __future__ import annotations
 
 from ..autograd.tape import needs_grad, record
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor
 from .creation import zeros
-from .elementwise import clone, copy_into, map_op
-from .reduce import sum as _sum
+from .elementwise import copy_into, map_op
 from .shape import _norm_axis
 
 _COL = "i32(i % u32(W))"
@@ -67,20 +66,4 @@ def diag_embed(x: Tensor, offset: int = 0) -> Tensor:
     return out
 
 
-def diag(x: Tensor, diagonal_: int = 0) -> Tensor:
-    """torch.diag: a 1-D tensor -> the square matrix with it on a diagonal; a 2-D matrix ->
-    its diagonal (a copy)."""
-    if x.ndim == 1:
-        return diag_embed(x, diagonal_)
-    if x.ndim == 2:
-        return clone(diagonal(x, diagonal_))
-    raise ShapeError(f"diag takes a 1-D or 2-D tensor, got shape {x.shape}")
-
-
-def trace(x: Tensor) -> Tensor:
-    if x.ndim != 2:
-        raise ShapeError(f"trace takes a 2-D tensor, got shape {x.shape}")
-    return _sum(diagonal(x))
-
-
-__all__ = ["diag", "diag_embed", "diagonal", "trace", "tril", "triu"]
+__all__ = ["diag_embed", "diagonal", "tril", "triu"]

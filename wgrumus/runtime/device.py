@@ -21,7 +21,7 @@ from .asserts import DeviceAsserts
 from .errors import AdapterLimitError, KernelError
 from .kernels import Kernel
 from .memory import MemoryGuard
-from .native import RawPass, RawTextureCopy, api, trusted_module
+from .native import MAP_WRITE, RawPass, RawTextureCopy, api, trusted_module
 from .pool import BufferPool
 from .profile import AdapterProfile
 from .staging import HostTransfers
@@ -334,7 +334,8 @@ class Device(HostTransfers):
         self.submit(cb)
         # The mapping resolves once this batch's copies out of the buffer have run.
         for st in self._upload_used:
-            self._return_upload(st, st.map_async("WRITE"))
+            self._return_upload(st, api().map_async(st, MAP_WRITE, st.size,
+                                                    self.last_submission))
         self._upload_used = []
 
     def submit(self, command_buffer) -> None:
@@ -346,6 +347,12 @@ class Device(HostTransfers):
         """Submit the recorded batch without waiting for it."""
         with self.lock:
             self.flush_locked()
+
+    @property
+    def blocking_waits(self) -> bool:
+        """Whether waits for this device's GPU block (runtime/tuning.py ``blocking_waits``)."""
+        b = TUNING.blocking_waits
+        return self.profile.cpu if b is None else b
 
     def synchronize(self) -> None:
         """Submit the batch and wait until the GPU has finished all work of this device."""

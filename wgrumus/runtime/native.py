@@ -27,10 +27,12 @@ _SYMBOLS = ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
             "wgpuCommandEncoderBeginComputePass", "wgpuComputePassEncoderEnd",
             "wgpuComputePassEncoderRelease")
 MAP_READ, MAP_WRITE = 1, 2  # WGPUMapMode bits
-# A blocking wgpuDevicePoll holds the device's fence lock, stalling other threads' submits to
-# it; BLOCKING_WAIT = False polls instead (POLL_FIRST_S doubling to POLL_MAX_S). Blocking stays
-# the default until measured on a GPU (on lavapipe polling made 2-device DP 8% slower).
-BLOCKING_WAIT = True
+# A blocking wgpuDevicePoll holds the device's fence lock until the GPU is done, so every other
+# thread's submit to that device waits for the GPU to drain (wgpu-native 29, gfx-rs/wgpu#9470);
+# wgpu-py's poll thread makes such blocking polls while any of its promises is pending. Waits
+# that must not stall submits poll without blocking: spinning SPIN_S, then sleeping POLL_FIRST_S
+# doubling to POLL_MAX_S (Device.blocking_waits decides which, per adapter).
+SPIN_S = 2e-4
 POLL_FIRST_S = 1e-5
 POLL_MAX_S = 1e-4
 _api_obj = None
@@ -313,12 +315,14 @@ class _Native:
                 if message.data else ""
             req.status = f"map failed (status {int(status)}): {msg}"
 
-    def wait(self, device, req: MapRequest, deadline: float) -> None:
-        """Until ``req`` resolves (TimeoutError past ``deadline``): a blocking poll for its
-        submission (BLOCKING_WAIT; not interruptible), then non-blocking polls backing off (a
-        poll on another thread may fire the callback a moment later)."""
-        if BLOCKING_WAIT and req.status is None and req.index is not None:
+    def wait(self, device, req: MapRequest, deadline: float, block: bool = True) -> None:
+        """Until ``req`` resolves (TimeoutError past ``deadline``): with ``block``, a blocking
+        poll for its submission first (not interruptible; stalls other threads' submits to the
+        device until the GPU is done); then non-blocking polls, spinning a moment and then
+        backing off (a poll on another thread may fire the callback a moment later)."""
+        if block and req.status is None and req.index is not None:
             self.wait_index(device, req.index)
+        spin_until = time.perf_counter() + SPIN_S
         delay = POLL_FIRST_S
         while req.status is None:
             self.poll(device)
@@ -326,6 +330,9 @@ class _Native:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"buffer map of {req.size:,} bytes did not complete")
+            if time.perf_counter() < spin_until:
+                os.sched_yield()
+                continue
             time.sleep(delay)
             delay = min(delay * 2, POLL_MAX_S)
         if req.status is not True:
@@ -366,7 +373,7 @@ class _WgpuPy:
                       else buffer.map_async("WRITE", 0, size))
         return req
 
-    def wait(self, device, req: MapRequest, deadline: float) -> None:
+    def wait(self, device, req: MapRequest, deadline: float, block: bool = True) -> None:
         promise = req.status
         if not isinstance(promise, bool):
             if not promise._thread_event.wait(max(0.0, deadline - time.monotonic())):

@@ -16,7 +16,7 @@ import wgpu
 
 from .asserts import FLAG_BYTES, raise_if_set
 from .capture import refuse
-from .native import MAP_READ, MAP_WRITE, api, map_read_async, mapped_range
+from .native import MAP_READ, MAP_WRITE, api
 
 MAPPED_WRITE_MIN = 1 << 16  # uploads from this size go through mapped staging buffers
 READ_CHUNK = 64 << 20  # downloads into a given array are split so copy-out overlaps the DMA
@@ -26,6 +26,7 @@ WRITE_CHUNK = 1 << 30  # uploads above twice this are split (bounds one staging 
 COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
 PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
+MAP_TIMEOUT_S = 600.0  # the longest a device read or upload buffer waits for the GPU
 
 MAX_IDLE = 16  # idle buffers kept per (direction, size) by Staging (>= MAX_INFLIGHT)
 
@@ -104,15 +105,15 @@ class HostTransfers:
         if item is None:
             return self.memory.create(self.wgpu, size, mapped_at_creation=True,
                                       usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
-        st, promise = item
-        promise.sync_wait()
+        st, req = item
+        api().wait(self.wgpu, req, time.monotonic() + MAP_TIMEOUT_S, self.blocking_waits)
         return st
 
-    def _return_upload(self, st, promise) -> None:
+    def _return_upload(self, st, req) -> None:
         if self._idle_bytes[1] + st.size > STAGING_CACHE:
             return  # dropped: wgpu frees it once the pending copy is done
         self._idle_bytes[1] += st.size
-        self._idle_write.setdefault(st.size, []).append((st, promise))
+        self._idle_write.setdefault(st.size, []).append((st, req))
 
     def _read_buffer(self, size: int):
         size = staging_size(size)
@@ -143,8 +144,8 @@ class HostTransfers:
             if check:
                 self.asserts.record_copy(enc, staging, mapped - FLAG_BYTES)
             self.flush_locked()
-        promise = map_read_async(staging, mapped)
-        return Download(self, staging, promise, offset - start, nbytes, size, check)
+            req = api().map_async(staging, MAP_READ, mapped, self.last_submission)
+        return Download(self, staging, req, mapped, offset - start, nbytes, size, check)
 
     def read(self, buf, offset: int, nbytes: int) -> bytes:
         if nbytes == 0:
@@ -187,25 +188,38 @@ class HostTransfers:
 class Download:
     """A device -> host copy in flight; take its bytes once (from any thread)."""
 
-    def __init__(self, device, staging, promise, skip, nbytes, size, check=False):
-        self._d, self._s, self._p = device, staging, promise
+    def __init__(self, device, staging, req, mapped, skip, nbytes, size, check=False):
+        self._d, self._s, self._req, self._mapped = device, staging, req, mapped
         self._skip, self.nbytes, self._size = skip, nbytes, size
         self._check = check  # the device-side assert flag follows the data (runtime/asserts.py)
         self._flag_at = (size + 7) // 8 * 8
 
+    def _wait(self) -> np.ndarray:
+        """The mapped bytes, once the copy is done (raises its device-side assert, unmapped)."""
+        d = self._d
+        api().wait(d.wgpu, self._req, time.monotonic() + MAP_TIMEOUT_S, d.blocking_waits)
+        raw = api().mapped_array(self._s, self._mapped)
+        if self._check:
+            flag = raw[self._flag_at:self._flag_at + FLAG_BYTES].copy()
+            try:
+                raise_if_set(flag)
+            except Exception:
+                del raw
+                self._release()
+                raise
+        return raw
+
+    def _release(self) -> None:
+        api().unmap(self._s)
+        self._d._return_staging(self._s)
+
     def _take(self, convert):
-        self._p.sync_wait()
-        flag = self._s.read_mapped(self._flag_at, FLAG_BYTES) if self._check else None
-        mv = self._s.read_mapped(0, self._size, copy=False)
+        raw = self._wait()
         try:
-            view = np.frombuffer(mv, dtype=np.uint8)[self._skip:self._skip + self.nbytes]
-            out = convert(view)
+            out = convert(raw[self._skip:self._skip + self.nbytes])
         finally:
-            del mv
-            self._s.unmap()
-            self._d._return_staging(self._s)
-        if flag is not None:
-            raise_if_set(flag)
+            del raw
+            self._release()
         return out
 
     def result(self) -> bytes:
@@ -213,16 +227,8 @@ class Download:
 
     def mapped_array(self, dtype) -> np.ndarray:
         """A writable array over the mapped staging memory, unmapped when its views die."""
-        self._p.sync_wait()
-        if self._check:
-            try:
-                raise_if_set(self._s.read_mapped(self._flag_at, FLAG_BYTES))
-            except Exception:
-                self._s.unmap()
-                self._d._return_staging(self._s)
-                raise
-        return np.asarray(_MappedHost(self._d, self._s, self._size, self._skip, self.nbytes,
-                                      dtype))
+        raw = self._wait()
+        return np.asarray(_MappedHost(self._d, self._s, raw, self._skip, self.nbytes, dtype))
 
     def into(self, out: np.ndarray) -> None:
         """Copy the bytes into a contiguous uint8 array of exactly nbytes."""
@@ -234,16 +240,16 @@ class Upload:
 
     def __init__(self, device, staging, nbytes: int):
         self._d, self._s, self.nbytes = device, staging, nbytes
-        self._mv = mapped_range(staging, nbytes)
+        self._mv = api().mapped_array(staging, nbytes)
 
     def view(self, dtype) -> np.ndarray:
-        return np.frombuffer(self._mv, dtype)
+        return self._mv.view(dtype)
 
     def _unmap(self) -> None:
         if self._mv is None:
             raise RuntimeError("this upload was already committed or cancelled")
         self._mv = None
-        self._s.unmap()
+        api().unmap(self._s)
 
     def commit(self, buf, offset: int = 0) -> None:
         """Record the copy of the filled bytes into ``buf`` at ``offset``; views die here."""
@@ -260,10 +266,10 @@ class Upload:
 class _MappedHost:
     """Owns a mapped staging range; numpy views collapse their base to it (it lives as they do)."""
 
-    def __init__(self, device, staging, size: int, skip: int, nbytes: int, dtype):
+    def __init__(self, device, staging, raw: np.ndarray, skip: int, nbytes: int, dtype):
         self._d, self._s = device, staging
-        self._mv = mapped_range(staging, size)
-        ptr = np.frombuffer(self._mv, np.uint8).ctypes.data + skip
+        self._mv = raw
+        ptr = raw.ctypes.data + skip
         dtype = np.dtype(dtype)
         self.__array_interface__ = {"shape": (nbytes // dtype.itemsize,), "typestr": dtype.str,
                                     "data": (ptr, False), "version": 3}
@@ -271,7 +277,7 @@ class _MappedHost:
     def __del__(self):
         try:
             self._mv = None
-            self._s.unmap()
+            api().unmap(self._s)
             self._d._return_staging(self._s)
         except Exception:  # interpreter shutdown: the device may be gone already
             pass
@@ -333,7 +339,8 @@ class StagingBuffer:
         if not self.mapped:
             if self.req is None:
                 raise RuntimeError("staging buffer has no map request; submit it first")
-            self.staging.api.wait(self.staging.device.wgpu, self.req, deadline)
+            dev = self.staging.device
+            self.staging.api.wait(dev.wgpu, self.req, deadline, dev.blocking_waits)
             self.mapped = True
             self.req = None
 
@@ -474,7 +481,7 @@ def wait_split(st: Staging, sb: StagingBuffer, deadline: float, phases: Transfer
     t0 = time.perf_counter()
     req = sb.req
     if getattr(st.api, "native", False) and req is not None and req.index is not None \
-            and not st.api.is_done(req):
+            and st.device.blocking_waits and not st.api.is_done(req):
         st.api.wait_index(st.device.wgpu, req.index)
     t1 = time.perf_counter()
     sb.wait(deadline)

@@ -2,7 +2,13 @@
 and A/B benchmarks set a field (None leaves the choice to the profile and the kernel tables)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+
+def _env_flag(name: str) -> bool | None:
+    v = os.environ.get(name, "")
+    return None if v == "" else v not in ("0", "false", "no")
 
 
 @dataclass
@@ -27,6 +33,10 @@ class Tuning:
     # tensor parallel: the column-parallel input gradient's all-reduce started as soon as dX
     # exists and waited after the weight gradient (None: on); False waits for it at once
     tp_overlap: bool | None = None
+    # waits for the GPU (maps, synchronize): True a blocking poll, which stalls other threads'
+    # submits to the device until it is idle; False non-blocking polls; None: block on CPU
+    # adapters (their cores run the kernels), poll on GPUs. WGRUMUS_BLOCKING_WAITS=0/1 sets it.
+    blocking_waits: bool | None = _env_flag("WGRUMUS_BLOCKING_WAITS")
 
 
 TUNING = Tuning()

@@ -9,7 +9,7 @@ from .timeline import SimResult, Slot, format_timeline, peak_in_flight, render, 
 
 # The executor half needs tensors (so wgpu): loaded on first use.
 _LAZY = {name: mod for mod, names in {
-    ".stage": ("PipelineStage",), ".runtime": ("StageRunner",),
+    ".stage": ("PipelineStage",), ".interpreter": ("StageRunner",),
     ".executor": ("PipelineExecutor", "PipelineError", "PipelineShapeError",
                   "PipelineConfigError", "PipelineTimeoutError"),
     ".trace": ("ActionRecord", "PipelineTrace"),

@@ -1,5 +1,5 @@
 """PipelineExecutor: one thread per pipeline stage, each running its schedule list (with
-``add_send_recv``'s communication) through the one interpreter, :class:`~.runtime.StageRunner`,
+``add_send_recv``'s communication) through the one interpreter, :class:`~.interpreter.StageRunner`,
 over bounded queue channels between neighbouring virtual stages; each stage's sends (the copy to
 the next device and the hand-off) run on its send lane, overlapping its next compute action
 (``jit=True`` sends in order, as host operations of the replay). The last stage computes
@@ -26,8 +26,8 @@ from ...runtime.errors import ShapeError, WgrumusError
 from ...tensor import Tensor, tensor
 from ..launch import join_threads
 from .actions import RECV_F, SEND_F, Schedule, ScheduleError, add_send_recv
+from .interpreter import StageRunner
 from .p2p import _Lane
-from .runtime import StageRunner
 from .schedules import get_schedule, schedule_key
 from .stage import PipelineStage
 from .timeline import validate
@@ -407,11 +407,11 @@ class PipelineExecutor:
 
 def _activation_bytes(tape: Tape, x, out, stage: PipelineStage) -> int:
     """Bytes of distinct non-parameter storages this micro-batch keeps alive on the stage."""
-    params = {id(p._storage) for p in stage.parameters()}
+    params = {id(p.storage) for p in stage.parameters()}
     seen: dict = {}
     tensors = [x, out] + [t for n in tape.nodes for t, _ in n.saved]
     for t in tensors:
-        st = getattr(t, "_storage", None)
+        st = getattr(t, "storage", None)
         if st is not None and id(st) not in params:
             seen[id(st)] = st.nbytes
     return sum(seen.values())

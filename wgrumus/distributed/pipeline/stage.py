@@ -64,7 +64,7 @@ def num_parameters(obj) -> int:
 
 def _to_device(x, device):
     """Tensors (also inside tuples/lists/dicts) moved to ``device``; anything else unchanged."""
-    if hasattr(x, "_storage") and hasattr(x, "to"):
+    if hasattr(x, "storage") and hasattr(x, "to"):
         return x if x.device is device else x.to(device)
     if isinstance(x, (tuple, list)):
         return type(x)(_to_device(v, device) for v in x)

@@ -18,7 +18,7 @@ from .shard import part_size
 
 def _alias(x: Tensor) -> Tensor:
     """A new tensor object over the same data: the node an identity mapping records."""
-    return Tensor(x._storage, x.shape, x.strides, x.offset, x.dtype)
+    return Tensor(x.storage, x.shape, x.strides, x.offset, x.dtype)
 
 
 def _take(x: Tensor, axis: int, group) -> Tensor:

@@ -247,7 +247,7 @@ class MPITransport(_Liveness):
         node = self._node(deadline)
         if node is None:
             return False
-        from ..pipelined import all_reduce
+        from ..staged_collectives import all_reduce
         all_reduce(src, node, node.rank, op, dst=dst, chunk_bytes=node_shm.CHUNK)
         return True
 

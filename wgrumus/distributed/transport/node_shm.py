@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ...runtime.staging import par_ranges
-from ..barrier import reduce_into
+from ..host_reduce import reduce_into
 from .wire import split_bounds
 
 CHUNK = 8 << 20  # bytes per slot

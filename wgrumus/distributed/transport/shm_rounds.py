@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from ..barrier import reduce_into
+from ..host_reduce import reduce_into
 from .shm_segment import META_BYTES
 from .wire import _HEADER_WORDS, decode_header, encode_header, mismatch_error, split_bounds
 
@@ -220,7 +220,7 @@ class SlotRounds:
     def device_all_reduce(self, src, dst, op, deadline) -> bool:
         """All-reduce BufferSlice ``src`` into ``dst``: chunks downloaded to mapped staging are
         reduced from there through the slots and uploaded, overlapping the next download."""
-        from ..pipelined import all_reduce
+        from ..staged_collectives import all_reduce
         slot = self.seg.layout.slot
         chunk = min(slot, int(os.environ.get("WGRUMUS_SHM_CHUNK", "0")) or slot)
         all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst, chunk_bytes=chunk)

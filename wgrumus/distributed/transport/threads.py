@@ -9,8 +9,9 @@ import time
 
 import numpy as np
 
-from ..barrier import CollectiveBarrier, reduce_into
+from ..barrier import CollectiveBarrier
 from ..errors import CollectiveError
+from ..host_reduce import reduce_into
 from .wire import _DONE, QUEUE_DEPTH, _Liveness, check_received, mismatch_error, split_bounds
 
 

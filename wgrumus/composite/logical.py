@@ -1,18 +1,20 @@
 """Masks and predicates. There is no bool dtype on WebGPU: a mask is a float32 tensor of
 1.0 / 0.0 (what comparisons return). ``& | ^ ~`` on masks are logical; on int32 tensors they
 are bitwise, as in PyTorch. Also isnan / isinf / isfinite, isclose / allclose, any / all,
-masked_fill and nan_to_num, each a map kernel (any / all a reduction)."""
+masked_fill, each an expression for ops' map op (any / all then a sum), and masked_select /
+argwhere over ops' device compaction."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..autograd.tape import is_grad_enabled
 from ..kernels.map import broadcast_shapes
+from ..ops.compaction import flat_nonzero, nonzero
+from ..ops.elementwise import _f32, cast, copy_into, map_op, where
+from ..ops.indexing import index_select
+from ..ops.reduce import sum as _sum
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, float16, float32, int32, tensor
-from .activations import unary_map
-from .elementwise import _f32, cast, copy_into, map_op, where
-from .reduce import sum as _sum
 
 _TRUE = "select(0.0, 1.0, {})"
 
@@ -109,20 +111,6 @@ def isfinite(x: Tensor) -> Tensor:
     return map_op(_TRUE.format("abs(f32(a)) < bitcast<f32>(0x7f800000u)"), [x])
 
 
-def nan_to_num(x: Tensor, nan: float = 0.0, posinf=None, neginf=None) -> Tensor:
-    """NaN -> nan, inf -> posinf (default the dtype's largest), -inf -> neginf; the gradient
-    passes where x was finite."""
-    if x.dtype == int32:
-        return map_op("a", [x], dtype=int32)
-    big = float(np.finfo(np.float16 if x.dtype == float16 else np.float32).max)
-    s = {"nv": float(nan), "pv": big if posinf is None else float(posinf),
-         "mv": -big if neginf is None else float(neginf)}
-    return unary_map("nan_to_num", x,
-                     "select(select(select(a, mv, a == bitcast<f32>(0xff800000u)), pv, "
-                     "a == bitcast<f32>(0x7f800000u)), nv, isnan_(a))",
-                     "select(0.0, a, abs(b) < bitcast<f32>(0x7f800000u))", s)
-
-
 def isclose(a, b, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
     """|a - b| <= atol + rtol |b| (equal infinities close; NaN only with equal_nan)."""
     a, b = _pair(a, b)
@@ -188,7 +176,21 @@ def masked_fill_(x: Tensor, mask, value) -> Tensor:
     return x
 
 
-__all__ = ["all_", "allclose", "any_", "bitwise_and", "bitwise_not", "bitwise_or",
+def argwhere(x: Tensor) -> Tensor:
+    return nonzero(x)
+
+
+def masked_select(x: Tensor, mask) -> Tensor:
+    """The entries of x where mask (broadcast with x) is true, as a 1-D tensor; differentiable
+    in x (an index_select by the device-found positions)."""
+    m = _operand(mask, x)
+    shape = broadcast_shapes(x.shape, m.shape)
+    lin = flat_nonzero(m.expand(shape) if m.shape != shape else m)
+    xs = x.expand(shape) if x.shape != shape else x
+    return index_select(xs.reshape((-1,)), 0, lin)
+
+
+__all__ = ["all_", "allclose", "any_", "argwhere", "bitwise_and", "bitwise_not", "bitwise_or",
            "bitwise_xor", "equal", "isclose", "isfinite", "isinf", "isnan", "isneginf",
            "isposinf", "logical_and", "logical_not", "logical_or", "logical_xor", "masked_fill",
-           "masked_fill_", "nan_to_num"]
+           "masked_fill_", "masked_select"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import string
 
+from ..ops.matmul import matmul
+from ..ops.reduce import sum as _sum
+from ..ops.shape import permute, reshape
+from ..ops.triangular import diagonal
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor
-from .matmul import matmul
-from .reduce import sum as _sum
-from .shape import permute, reshape
-from .triangular import diagonal
 
 
 def _parse(eq: str, ops) -> tuple:

@@ -1,39 +1,30 @@
-"""Stateless layer functions with PyTorch's names and signatures, over ``wgrumus.ops``."""
+"""Stateless layer functions with PyTorch's names and signatures: ops (wgrumus/ops/) under
+their functional names, and the functional forms defined by other ops (this package's modules:
+activations, losses, padding, convolutions)."""
 from __future__ import annotations
 
-from ..autograd.tape import no_grad
-from ..kernels.map import run_map
-from ..ops import convolution, losses, spellings
-from ..ops import elementwise as _ew
-from ..ops.activations import (
-    celu,
-    elu,
-    glu,
-    hardshrink,
-    hardsigmoid,
-    hardswish,
-    hardtanh,
-    logsigmoid,
-    mish,
-    prelu,
-    relu6,
-    selu,
-    silu,
-    softplus,
-    softshrink,
-    softsign,
-    tanhshrink,
-    threshold,
-)
-from ..ops.creators import one_hot
-from ..ops.dropout import dropout
-from ..ops.elementwise import gelu, leaky_relu, relu, sigmoid, tanh
-from ..ops.indexing import embedding
-from ..ops.layer_norm import layer_norm
-from ..ops.more_shapes import cdist, cosine_similarity, pairwise_distance
-from ..ops.padding import pad
-from ..ops.reduce import mean as _mean
-from ..tensor import Tensor
+from ...autograd.tape import no_grad
+from ...composite.more_shapes import cdist, cosine_similarity, pairwise_distance
+from ...composite.reductions import vector_norm as _vector_norm
+from ...kernels.map import run_map
+from ...ops import convolution as _pool
+from ...ops import elementwise as _ew
+from ...ops import losses as _losses
+from ...ops.softmax import log_softmax as _log_softmax
+from ...ops.softmax import softmax as _softmax
+from ...ops.activations import (celu, elu, hardshrink, hardsigmoid, hardswish, hardtanh,
+                                logsigmoid, mish, selu, silu, softplus, softshrink, softsign,
+                                tanhshrink, threshold)
+from ...ops.creators import one_hot
+from ...ops.dropout import dropout
+from ...ops.elementwise import gelu, leaky_relu, relu, sigmoid, tanh
+from ...ops.indexing import embedding
+from ...ops.layer_norm import layer_norm
+from ...ops.reduce import mean as _mean
+from ...tensor import Tensor
+from . import convolution, losses
+from .activations import glu, prelu, relu6
+from .padding import pad
 
 __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "embedding", "gelu",
            "layer_norm", "linear", "log_softmax", "max_pool2d", "mse_loss", "relu", "sigmoid",
@@ -50,39 +41,38 @@ __all__ = ["avg_pool2d", "batch_norm", "conv2d", "cross_entropy", "dropout", "em
 
 
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
-    from .norm_pad_layers import group_norm as _group_norm
+    from ..norm_pad_layers import group_norm as _group_norm
     return _group_norm(x, num_groups, weight, bias, eps)
 
 
 def instance_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
                   use_input_stats=True, momentum=0.1, eps=1e-5):
-    from .norm_pad_layers import instance_norm as _instance_norm
+    from ..norm_pad_layers import instance_norm as _instance_norm
     return _instance_norm(x, running_mean, running_var, weight, bias, use_input_stats,
                           momentum, eps)
-l1_loss, smooth_l1_loss = losses.l1_loss, losses.smooth_l1_loss
-huber_loss, kl_div = losses.huber_loss, losses.kl_div
+l1_loss, smooth_l1_loss = losses.l1_loss, _losses.smooth_l1_loss
+huber_loss, kl_div = _losses.huber_loss, _losses.kl_div
 
 
 def normalize(x: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
     """x / max(||x||_p over dim, eps)."""
-    from ..ops.reductions import vector_norm
-    return x / _ew.clamp(vector_norm(x, p, dim, keepdim=True), min=eps)
+    return x / _ew.clamp(_vector_norm(x, p, dim, keepdim=True), min=eps)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None,
            activation: str | None = None, residual: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias in one fused node (ops/linear.py); ``activation`` and ``residual``
     are wgrumus extensions fused into the same kernels."""
-    from ..ops.linear import linear as _linear
+    from ...ops.linear import linear as _linear
     return _linear(x, weight, bias, activation, residual)
 
 
 def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
-    return spellings.softmax(x, dim, dtype)
+    return _softmax(x, dim, dtype)
 
 
 def log_softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:
-    return spellings.log_softmax(x, dim, dtype)
+    return _log_softmax(x, dim, dtype)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
@@ -94,9 +84,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
     import numpy as np
 
-    from .attention import scaled_dot_product_attention as sdpa
+    from ..attention import scaled_dot_product_attention as sdpa
     if isinstance(attn_mask, np.ndarray) and attn_mask.dtype == np.bool_:
-        from ..tensor import tensor
+        from ...tensor import tensor
         attn_mask = tensor(np.where(attn_mask, 0.0, -np.inf).astype(np.float32),
                            device=query.device)
     if scale is not None:  # sdpa scales by 1/sqrt(d): fold the difference into q
@@ -106,12 +96,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
 conv2d, conv1d = convolution.conv2d, convolution.conv1d
 conv_transpose1d, conv_transpose2d = convolution.conv_transpose1d, convolution.conv_transpose2d
-max_pool1d, max_pool2d = convolution.max_pool1d, convolution.max_pool2d
-avg_pool1d, avg_pool2d = convolution.avg_pool1d, convolution.avg_pool2d
+max_pool1d, max_pool2d = convolution.max_pool1d, _pool.max_pool2d
+avg_pool1d, avg_pool2d = convolution.avg_pool1d, _pool.avg_pool2d
 adaptive_avg_pool1d = convolution.adaptive_avg_pool1d
 adaptive_avg_pool2d = convolution.adaptive_avg_pool2d
 adaptive_max_pool2d = convolution.adaptive_max_pool2d
-interpolate, unfold, fold = convolution.interpolate, convolution.unfold, convolution.fold
+interpolate, unfold, fold = convolution.interpolate, _pool.unfold, _pool.fold
 
 
 def upsample(x, size=None, scale_factor=None, mode="nearest", align_corners=None):
@@ -143,18 +133,18 @@ def nll_loss(x: Tensor, target, weight=None, size_average=None, ignore_index: in
 def binary_cross_entropy(x: Tensor, target, weight=None, size_average=None, reduce=None,
                          reduction: str = "mean") -> Tensor:
     _no_legacy(size_average, reduce)
-    return losses.binary_cross_entropy(x, target, weight, reduction)
+    return _losses.binary_cross_entropy(x, target, weight, reduction)
 
 
 def binary_cross_entropy_with_logits(x: Tensor, target, weight=None, size_average=None,
                                      reduce=None, reduction: str = "mean",
                                      pos_weight=None) -> Tensor:
     _no_legacy(size_average, reduce)
-    return losses.binary_cross_entropy_with_logits(x, target, weight, reduction, pos_weight)
+    return _losses.binary_cross_entropy_with_logits(x, target, weight, reduction, pos_weight)
 
 
 def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return losses.mse_loss(x, target, reduction=reduction)
+    return _losses.mse_loss(x, target, reduction=reduction)
 
 
 def batch_norm(x: Tensor, running_mean, running_var, weight=None, bias=None,

@@ -1,16 +1,16 @@
-"""Copies that repeat or reorder a tensor: repeat, tile, repeat_interleave, flip, roll. Each is a
-view (expand, negative strides, slices) followed by one strided copy or an index_select, so
-every one is a device kernel with the views' autograd."""
+"""Copies that repeat or reorder a tensor: repeat, tile, repeat_interleave, flip, roll and
+Tensor.unfold's windows. Each is a view (expand, negative strides, slices) followed by one
+strided copy or an index_select, so every one is a device kernel with the views' autograd."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..ops.dims import varargs
+from ..ops.elementwise import clone, contiguous
+from ..ops.indexing import index_select
+from ..ops.shape import _norm_axis, cat, expand, getitem, reshape
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor, as_shape
-from .dims import varargs
-from .elementwise import clone, contiguous
-from .indexing import index_select
-from .shape import _norm_axis, cat, expand, getitem, reshape
 
 
 def repeat(x: Tensor, *sizes) -> Tensor:
@@ -112,6 +112,22 @@ def roll(x: Tensor, shifts, dims=None) -> Tensor:
     if out is x:
         out = clone(x)
     return out
+
+
+def tensor_unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """Tensor.unfold: windows of ``size`` every ``step`` along ``dimension``, as a new last dim
+    (a copy through index_select, whose gradient adds overlapping windows)."""
+    d = _norm_axis(dimension, x.ndim, "dimension")
+    n = x.shape[d] if x.ndim else 1
+    if size > n or step < 1:
+        raise ShapeError(f"unfold: size {size} exceeds dim {d} of size {n}, or step {step} < 1")
+    count = (n - size) // step + 1
+    idx = (np.arange(count)[:, None] * step + np.arange(size)[None, :]).reshape(-1)
+    y = index_select(x, d, idx.astype(np.int32))
+    y = reshape(y, x.shape[:d] + (count, size) + x.shape[d + 1:])
+    order = list(range(d + 1)) + list(range(d + 2, y.ndim)) + [d + 1]
+    return y.permute(order)
+
 
 
 __all__ = ["flip", "fliplr", "flipud", "repeat", "repeat_interleave", "roll", "tile"]

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .barrier import check_op
 from .errors import CollectiveError
+from .host_reduce import check_op
 
 # Large enough to hide a chunk's two maps, submit and barrier round: on the H100 host 16 MB
 # chunks ran a 64 MB all-reduce at 5.5 GB/s, 2 MB at 2.0 (BENCHMARKS.md, 2026-11-24).

@@ -1,17 +1,19 @@
 """More of PyTorch's shape helpers and small compositions: narrow / select / movedim /
 swapaxes / take_along_dim, hstack / vstack / dstack / column_stack, atleast_nd, outer / dot /
-diff, clamp with tensor bounds, var_mean / std_mean, cosine_similarity / pairwise_distance /
-cdist. Views and existing kernels only."""
+diff, diag / trace, clamp with tensor bounds, var_mean / std_mean, cosine_similarity /
+pairwise_distance / cdist. Views and other ops only."""
 from __future__ import annotations
 
+from ..ops.elementwise import binary, clamp, clone, gt, lt, where
+from ..ops.indexing import gather
+from ..ops.mathfn import distance_sqrt
+from ..ops.matmul import matmul
+from ..ops.reduce import mean, std, sum, var  # noqa: A004
+from ..ops.shape import _norm_axis, cat, getitem, permute, reshape, unsqueeze
+from ..ops.triangular import diag_embed, diagonal
 from ..runtime.errors import ShapeError
 from ..tensor import Tensor
-from .elementwise import binary, clamp, gt, lt, where
-from .indexing import gather
-from .matmul import matmul
-from .reduce import mean, std, sum, var  # noqa: A004
 from .reductions import vector_norm
-from .shape import _norm_axis, cat, getitem, permute, reshape, unsqueeze
 
 
 def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
@@ -182,12 +184,28 @@ def cdist(a: Tensor, b: Tensor, p: float = 2.0) -> Tensor:
         bb = sum(binary("mul", b, b), -1, True)
         d2 = binary("sub", binary("add", aa, bb.transpose(-1, -2)),
                     binary("mul", matmul(a, b.transpose(-1, -2)), 2.0))
-        from .activations import unary_map  # sqrt with PyTorch's zero gradient at 0
-        return unary_map("cdist", d2, "sqrt(max(a, 0.0))", "select(a * 0.5 / c, 0.0, c == 0.0)")
+        return distance_sqrt(d2)
     return vector_norm(binary("sub", unsqueeze(a, -2), unsqueeze(b, -3)), p, -1)
 
 
+def diag(x: Tensor, diagonal_: int = 0) -> Tensor:
+    """torch.diag: a 1-D tensor -> the square matrix with it on a diagonal; a 2-D matrix ->
+    its diagonal (a copy)."""
+    if x.ndim == 1:
+        return diag_embed(x, diagonal_)
+    if x.ndim == 2:
+        return clone(diagonal(x, diagonal_))
+    raise ShapeError(f"diag takes a 1-D or 2-D tensor, got shape {x.shape}")
+
+
+def trace(x: Tensor) -> Tensor:
+    if x.ndim != 2:
+        raise ShapeError(f"trace takes a 2-D tensor, got shape {x.shape}")
+    return sum(diagonal(x))
+
+
 __all__ = ["atleast_1d", "atleast_2d", "atleast_3d", "cdist", "clamp_max", "clamp_min",
-           "column_stack", "cosine_similarity", "diff", "dot", "dstack", "ger", "hstack", "inner",
-           "movedim", "moveaxis", "narrow", "outer", "pairwise_distance", "row_stack", "select",
-           "std_mean", "swapaxes", "swapdims", "take_along_dim", "var_mean", "vdot", "vstack"]
+           "column_stack", "cosine_similarity", "diag", "diff", "dot", "dstack", "ger", "hstack",
+           "inner", "movedim", "moveaxis", "narrow", "outer", "pairwise_distance", "row_stack",
+           "select", "std_mean", "swapaxes", "swapdims", "take_along_dim", "trace", "var_mean",
+           "vdot", "vstack"]
