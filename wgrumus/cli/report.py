@@ -71,7 +71,7 @@ def result(cfg, task, trainer, losses, steps_run: int, seconds: float, interrupt
         "diverged": diverged,  # the loss turned NaN/infinite (printed as null in --json)
     }
     if lay.tp > 1:  # how the tensor-parallel all-reduces ran (TUNING while it trained)
-        from ..distributed.tensor_parallel.overlap import tp_chunks, tp_overlap
+        from ..distributed.tensor_parallel.overlap import tp_chunks, tp_overlap  # tp runs only
         out["tp_comm"] = {"chunks": tp_chunks(), "overlap": tp_overlap()}
     if cfg.model == "gpt":
         out["config"] = dict(cfg.gpt)
