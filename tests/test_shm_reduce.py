@@ -93,6 +93,25 @@ def test_slot_all_reduce_both_forms(monkeypatch, world, direct):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("world,direct", [(2, 2), (3, 0)])
+def test_slot_all_reduce_split_over_copy_threads(monkeypatch, world, direct):
+    """Pieces from PAR_MIN are copied and reduced by several threads (lowered here so small
+    slots take that path): the same sums as on one thread."""
+    monkeypatch.setattr(shm_rounds, "DIRECT_RANKS", direct)
+    monkeypatch.setattr(shm_rounds, "PAR_MIN", 1024)
+    monkeypatch.setattr(shm_rounds, "PIECE_MIN", 64)
+    n = 5000
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(world)]
+    results, errors = on_one_segment(world, lambda g: g.all_reduce(xs[g.rank], "sum"),
+                                     slot=16384)
+    assert errors == [None] * world
+    want = reference(xs, "sum", world, np.float32)
+    for got in results:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("direct", [0, 2])
 def test_slot_all_reduce_peer_failure_is_an_error(monkeypatch, direct):
     """A rank that fails between rounds, or never comes, is an error on the other rank (the

@@ -75,6 +75,43 @@ class TrainConfig:
 def config_from_args(args) -> TrainConfig:
     """Check every argument before any GPU work; each problem is one UsageError line."""
     model = args.model.lower()
+    _check_flags(args, model)
+    gpt = {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
+           "block_size": args.block_size}
+    if model == "gpt":
+        _check_gpt_sizes(args)
+    m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
+    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m,
+                    _backend(args, model, args.dp * args.tp * args.pp))
+    _check_devices(args, layout, create=False)  # a device shortfall is the first thing to fix
+    batch = args.batch_size or (32 if model == "gpt" else 64)
+    k = getattr(args, "grad_accum", 1)
+    if batch % (args.dp * m * k):
+        accum = f" x --grad-accum {k} micro-steps" if k > 1 else ""
+        raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
+                         f"x {m} micro-batches{accum} (a multiple of {args.dp * m * k})")
+    sync_every, warmup = _local_sgd(args)
+    if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
+        raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
+                         f"({m} by {args.pp})")
+    _check_devices(args, layout)
+    _check_outputs(args)
+    grad_comm = getattr(args, "grad_comm", "f32")
+    if args.precision == "f16":
+        _check_f16(layout, "--precision f16", "use --precision f32")
+    if grad_comm == "f16" and layout.dp > 1:
+        _check_f16(layout, "--grad-comm f16", "use --grad-comm f32")
+    return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
+                       layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
+                       args.plot, args.json, getattr(args, "title", "wgrumus train"),
+                       args.clip, args.lr_schedule, args.warmup,
+                       args.activation_checkpointing, args.precision, args.jit,
+                       grad_comm, k, sync_every, warmup or 0,
+                       getattr(args, "tp_chunks", None), getattr(args, "tp_overlap", None))
+
+
+def _check_flags(args, model: str) -> None:
+    """The flags that contradict each other or the model, whatever the devices."""
     if model not in MODELS:
         raise UsageError(f"unknown model {args.model!r}; choose one of: {', '.join(MODELS)}")
     if args.steps is not None and args.epochs is not None:
@@ -97,47 +134,27 @@ def config_from_args(args) -> TrainConfig:
     if args.activation_checkpointing and model != "gpt":
         raise UsageError(f"--activation-checkpointing recomputes the gpt model's transformer "
                          f"blocks; {model} has no blocks to checkpoint")
-    gpt = {"n_layer": args.n_layer, "n_embd": args.n_embd, "n_head": args.n_head,
-           "block_size": args.block_size}
-    if model == "gpt":
-        _check_gpt_sizes(args)
-    m = args.micro_batches or (2 * args.pp if args.pp > 1 else 1)
-    layout = Layout(args.dp, args.tp, args.pp, args.schedule, m,
-                    _backend(args, model, args.dp * args.tp * args.pp))
-    _check_devices(args, layout, create=False)  # a device shortfall is the first thing to fix
-    batch = args.batch_size or (32 if model == "gpt" else 64)
-    k = getattr(args, "grad_accum", 1)
-    if batch % (args.dp * m * k):
-        accum = f" x --grad-accum {k} micro-steps" if k > 1 else ""
-        raise UsageError(f"--batch-size {batch} must split evenly into --dp {args.dp} replicas "
-                         f"x {m} micro-batches{accum} (a multiple of {args.dp * m * k})")
+
+
+def _local_sgd(args) -> tuple:
+    """(--sync-every, --local-sgd-warmup), checked."""
     sync_every, warmup = getattr(args, "sync_every", None), getattr(args, "local_sgd_warmup", None)
     if warmup is not None and sync_every is None:
         raise UsageError("--local-sgd-warmup sets when --sync-every's local steps start; give "
                          "--sync-every H too (or drop --local-sgd-warmup)")
     if warmup is not None and warmup < 0:
         raise UsageError(f"--local-sgd-warmup {warmup}: the warmup is a number of steps >= 0")
-    if args.schedule == "interleaved" and args.pp > 1 and m % args.pp:
-        raise UsageError(f"the interleaved schedule needs --micro-batches divisible by --pp "
-                         f"({m} by {args.pp})")
-    _check_devices(args, layout)
+    return sync_every, warmup
+
+
+def _check_outputs(args) -> None:
+    """The checkpoint folder and plot file can be written (before any training)."""
     if args.checkpoint:
         _check_writable(args.checkpoint)
         if not args.resume and not args.overwrite:
             _refuse_existing(args.checkpoint)
     if args.plot:
         _check_plot_folder(args.plot)
-    grad_comm = getattr(args, "grad_comm", "f32")
-    if args.precision == "f16":
-        _check_f16(layout, "--precision f16", "use --precision f32")
-    if grad_comm == "f16" and layout.dp > 1:
-        _check_f16(layout, "--grad-comm f16", "use --grad-comm f32")
-    return TrainConfig(model, args.steps, args.epochs, batch, args.lr, args.optimizer, args.seed,
-                       layout, gpt, args.checkpoint, args.checkpoint_every, args.resume,
-                       args.plot, args.json, getattr(args, "title", "wgrumus train"),
-                       args.clip, args.lr_schedule, args.warmup,
-                       args.activation_checkpointing, args.precision, args.jit,
-                       grad_comm, k, sync_every, warmup or 0, tp_chunks, tp_overlap)
 
 
 def _check_f16(layout: Layout, flag: str, fix: str) -> None:
