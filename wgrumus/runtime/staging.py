@@ -106,8 +106,16 @@ class HostTransfers:
             return self.memory.create(self.wgpu, size, mapped_at_creation=True,
                                       usage=wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC)
         st, req = item
-        api().wait(self.wgpu, req, time.monotonic() + MAP_TIMEOUT_S, self.blocking_waits)
+        self.wait_map(req)
         return st
+
+    def wait_map(self, req, deadline: float | None = None) -> None:
+        """Until the map request ``req`` on this device resolves, blocking or polling as
+        ``blocking_waits`` says (TimeoutError past ``deadline``, by default MAP_TIMEOUT_S from
+        now)."""
+        if deadline is None:
+            deadline = time.monotonic() + MAP_TIMEOUT_S
+        api().wait(self.wgpu, req, deadline, self.blocking_waits)
 
     def _return_upload(self, st, req) -> None:
         if self._idle_bytes[1] + st.size > STAGING_CACHE:
@@ -196,8 +204,7 @@ class Download:
 
     def _wait(self) -> np.ndarray:
         """The mapped bytes, once the copy is done (raises its device-side assert, unmapped)."""
-        d = self._d
-        api().wait(d.wgpu, self._req, time.monotonic() + MAP_TIMEOUT_S, d.blocking_waits)
+        self._d.wait_map(self._req)
         raw = api().mapped_array(self._s, self._mapped)
         if self._check:
             flag = raw[self._flag_at:self._flag_at + FLAG_BYTES].copy()
@@ -339,8 +346,7 @@ class StagingBuffer:
         if not self.mapped:
             if self.req is None:
                 raise RuntimeError("staging buffer has no map request; submit it first")
-            dev = self.staging.device
-            self.staging.api.wait(dev.wgpu, self.req, deadline, dev.blocking_waits)
+            self.staging.device.wait_map(self.req, deadline)
             self.mapped = True
             self.req = None
 
