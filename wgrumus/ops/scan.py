@@ -24,9 +24,9 @@ def scan(x: Tensor, d: int, expr: str, reverse: bool = False) -> Tensor:
     """Inclusive scan of ``x`` along dim ``d`` with the associative ``expr`` of (a, b): a the
     element, b the partial result ``s`` places before (after, when ``reverse``)."""
     L = x.shape[d]
-    cur = _fresh(x)
-    copy_into(cur, x)
-    s = 1
+    if L < 2:  # no pass: the result is a copy
+        return copy_into(_fresh(x), x)
+    cur, s = x, 1  # the first pass reads x itself
     while s < L:
         nxt = _fresh(x)
         if reverse:
