@@ -65,6 +65,13 @@ fn strided_offset(i: u32, nd: u32, sh: u32, st: u32, off: i32) -> u32 {
     return u32(o);
 }
 
+// Row of index v into A rows (the index kernels): negatives count from the end, the rest are
+// clamped (the forward kernels flag indices out of range).
+fn norm_index(v: i32, A: u32) -> u32 {
+    let w = select(v, v + i32(A), v < 0);
+    return u32(clamp(w, 0, i32(A) - 1));
+}
+
 // erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26), enough for float32 GELU.
 fn erf_(x: f32) -> f32 {
     let t = 1.0 / (1.0 + 0.3275911 * abs(x));

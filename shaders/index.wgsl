@@ -29,11 +29,6 @@
 @group(0) @binding(3) var<storage, read_write> OUT: array<{{T}}>;
 @group(0) @binding(4) var<storage, read_write> FLAG: array<atomic<u32>>;
 
-fn norm_index(v: i32, A: u32) -> u32 {
-    let w = select(v, v + i32(A), v < 0);
-    return u32(clamp(w, 0, i32(A) - 1));
-}
-
 // Record a bad index in the assert flag (the first op to fail keeps it).
 fn flag_bad(v: i32, A: u32) {
     let r = atomicCompareExchangeWeak(&FLAG[0], 0u, pu(6u));

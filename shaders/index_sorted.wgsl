@@ -23,12 +23,6 @@ const CW: u32 = {{CW}}u;
 @group(0) @binding(6) var<storage, read_write> DX: array<f32>;
 @group(0) @binding(7) var<storage, read_write> HI: array<u32>;
 
-// index.wgsl's: negatives count from the end, the rest clamped (the forward flagged them)
-fn norm_index(v: i32, A: u32) -> u32 {
-    let w = select(v, v + i32(A), v < 0);
-    return u32(clamp(w, 0, i32(A) - 1));
-}
-
 @compute @workgroup_size(256)
 fn sort_init(ids: Launch) {
     let i = thread_idx(ids, 256u);
