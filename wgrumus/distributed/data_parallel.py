@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import queue
-import time
 
 import numpy as np
 
@@ -24,7 +22,7 @@ from ..tensor import Tensor, tensor
 from .averaging import EventLog, GradientAverager, check_comm_dtype
 from .buckets import plan_buckets
 from .collectives import CollectiveConfig
-from .engine import Worker
+from .engine import Worker, run_jobs
 from .errors import CollectiveError
 from .launch import PER_PROCESS
 from .pipeline.stage import moved_to
@@ -266,30 +264,17 @@ class DataParallel:
         if self._closed:
             raise WgrumusError("this DataParallel was closed; create a new one to keep "
                                "training")
-        results: queue.Queue = queue.Queue()
-        for w in self._workers:
-            w.submit(job, results)
-        out, failures = [None] * len(self._workers), []
-        deadline = time.monotonic() + self.timeout * 2
-        for _ in self._workers:
-            try:
-                rank, phase, value, err = results.get(timeout=max(0.0, deadline -
-                                                                  time.monotonic()))
-            except queue.Empty:
-                failed = [f[0] for f in failures]
-                stuck = [w for w in self._workers if out[w.rank] is None and w.rank not in failed]
-                exc = ReplicaError(f"DataParallel: replica(s) {[w.rank for w in stuck]} did not "
-                                   f"finish within {self.timeout * 2} s (phase {stuck[0].phase}); "
-                                   f"check for a hang in the model or raise timeout=",
-                                   stuck[0].rank, stuck[0].phase)
-                self.group.abort(exc)
-                raise exc from None
-            if err is not None:
-                if not failures:
-                    self.group.abort(err)  # wakes replicas blocked in a collective at once
-                failures.append((rank, phase, err))
-            else:
-                out[rank] = value
+        def on_timeout(stuck):
+            exc = ReplicaError(f"DataParallel: replica(s) {[w.rank for w in stuck]} did not "
+                               f"finish within {self.timeout * 2} s (phase {stuck[0].phase}); "
+                               f"check for a hang in the model or raise timeout=",
+                               stuck[0].rank, stuck[0].phase)
+            self.group.abort(exc)
+            raise exc from None
+
+        # the first failure aborts communication: replicas blocked in a collective wake at once
+        out, failures = run_jobs(self._workers, job, self.timeout * 2,
+                                 lambda _rank, err: self.group.abort(err), on_timeout)
         if failures:
             self._free_jits()  # their replays call the broken groups
             if self.backend == "threads":

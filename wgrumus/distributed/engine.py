@@ -79,9 +79,11 @@ class Worker:
                 fn = results = out = None  # the job's closure must not outlive it
 
 
-def run_jobs(workers, job, timeout: float, on_failure=None) -> tuple[list, list]:
+def run_jobs(workers, job, timeout: float, on_failure=None,
+             on_timeout=None) -> tuple[list, list]:
     """``job(worker)`` on every worker; (results in worker order, failures as (rank, phase,
-    error)); a worker that does not answer within ``timeout`` is a failure (phase: its own).
+    error)); a worker that does not answer within ``timeout`` is a failure (phase: its own), or
+    ``on_timeout(workers that did not answer)`` runs (and raises) when given.
     ``on_failure(rank, error)`` runs at the first failure (to wake the others at once)."""
     results: queue.Queue = queue.Queue()
     for w in workers:
@@ -93,6 +95,8 @@ def run_jobs(workers, job, timeout: float, on_failure=None) -> tuple[list, list]
         try:
             rank, phase, value, err = results.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
+            if on_timeout is not None:
+                on_timeout([w for w in workers if w.rank not in answered])
             for w in workers:
                 if w.rank not in answered:
                     failures.append((w.rank, w.phase, TimeoutError(

@@ -15,8 +15,6 @@ from ..host_reduce import reduce_into
 from .shm_segment import META_BYTES
 from .wire import _HEADER_WORDS, decode_header, encode_header, mismatch_error, split_bounds
 
-# WGRUMUS_SHM_CHUNK (bytes, default a slot): the device all-reduce's chunk, smaller ones overlap
-# download, host step and upload within one message (benchmarks/collectives.py --chunks)
 # copies and reductions from this size are split over threads: waking the copy threads costs
 # hundreds of us on a many-core host (4 x H200: a 1 MB all-reduce's host step took 0.8-1.0 ms
 # split, against 0.2 ms for 512 KB on one thread), so only large pieces gain
@@ -85,11 +83,7 @@ class SlotRounds:
         return max(PIECE_MIN, -(-n // share))
 
     def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        if src.nbytes >= PAR_MIN:
-            from ...runtime.staging import par_ranges
-            par_ranges(lambda a, b: np.copyto(dst[a:b], src[a:b]), src.size, self._piece(src.size))
-        else:
-            np.copyto(dst, src)
+        self._par(lambda a, b: np.copyto(dst[a:b], src[a:b]), src.size, src.itemsize)
 
     def reduce_chunk(self, src: np.ndarray, out: np.ndarray | None, op: str,
                      deadline: float, phases=None) -> None:
@@ -224,6 +218,8 @@ class SlotRounds:
         """All-reduce BufferSlice ``src`` into ``dst``: chunks downloaded to mapped staging are
         reduced from there through the slots and uploaded, overlapping the next download."""
         from ..staged_collectives import all_reduce
+        # WGRUMUS_SHM_CHUNK (bytes, default a slot): smaller chunks overlap download, host step
+        # and upload within one message (benchmarks/collectives.py --chunks)
         slot = self.seg.layout.slot
         chunk = min(slot, int(os.environ.get("WGRUMUS_SHM_CHUNK", "0")) or slot)
         all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst, chunk_bytes=chunk)
