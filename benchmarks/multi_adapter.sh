@@ -74,6 +74,21 @@ LOSS_STEPS=${LOSS_STEPS:-300}; [ "$QUICK" = 1 ] && LOSS_STEPS=${LOSS_STEPS_QUICK
 steps_of() { case $1 in mini) echo "$STEPS_MINI" ;; gpt2) echo "$STEPS_GPT2" ;; esac; }
 
 N=0
+# record PART MODEL ROW WORLD REF TARGET CMD...: run CMD under $LIMIT, its output in OUT/raw,
+# its tail in OUT/PART.log and its row in the table
+record() {
+  local part=$1 model=$2 row=$3 world=$4 ref=$5 target=$6; shift 6
+  N=$((N + 1))
+  local raw="$OUT/raw/$part-$N.txt"
+  echo "### $(date -u +%H:%M:%S) $part $model $row: $*" | tee -a "$OUT/$part.log"
+  timeout "$LIMIT" "$@" >"$raw" 2>&1
+  local rc=$?
+  tail -n 3 "$raw" | cut -c1-400 >>"$OUT/$part.log"
+  echo "### exit $rc" >>"$OUT/$part.log"
+  [ $rc -ne 0 ] && tail -n 5 "$raw"
+  $TABLE add "$OUT" "$part" "$model" "$row" "$world" "$ref" "$target" "$rc" "$raw"
+}
+
 # wg PART MODEL ROW REF TARGET WORLD FLAGS...: one `wgrumus train gpt` run and its record
 wg() {
   local part=$1 model=$2 row=$3 ref=$4 target=$5 world=$6; shift 6
@@ -86,15 +101,7 @@ wg() {
     cmd+=(--backend "$BACKEND")
     [ "$BACKEND" = mpi ] && cmd=(mpiexec -n "$world" "${cmd[@]}")
   fi
-  N=$((N + 1))
-  local raw="$OUT/raw/$part-$N.txt"
-  echo "### $(date -u +%H:%M:%S) $part $model $row: ${cmd[*]}" | tee -a "$OUT/$part.log"
-  timeout "$LIMIT" "${cmd[@]}" >"$raw" 2>&1
-  local rc=$?
-  tail -n 3 "$raw" | cut -c1-400 >>"$OUT/$part.log"
-  echo "### exit $rc" >>"$OUT/$part.log"
-  [ $rc -ne 0 ] && tail -n 5 "$raw"
-  $TABLE add "$OUT" "$part" "$model" "$row" "$world" "$ref" "$target" "$rc" "$raw"
+  record "$part" "$model" "$row" "$world" "$ref" "$target" "${cmd[@]}"
 }
 
 HAVE_TORCH=0
@@ -109,15 +116,7 @@ pt() {
   local cmd=("$PY" "$HERE/torch_reference.py" $m --vocab 64
              --batch "$(per_adapter "$model")" --steps "$(steps_of "$model")" $TORCH_DEV --json)
   [ "$world" -gt 1 ] && cmd=("$TORCHRUN" --standalone --nproc_per_node "$world" "${cmd[@]:1}")
-  N=$((N + 1))
-  local raw="$OUT/raw/$part-$N.txt"
-  echo "### $(date -u +%H:%M:%S) $part $model $row: ${cmd[*]}" | tee -a "$OUT/$part.log"
-  timeout "$LIMIT" "${cmd[@]}" >"$raw" 2>&1
-  local rc=$?
-  tail -n 3 "$raw" | cut -c1-400 >>"$OUT/$part.log"
-  echo "### exit $rc" >>"$OUT/$part.log"
-  [ $rc -ne 0 ] && tail -n 5 "$raw"
-  $TABLE add "$OUT" "$part" "$model" "$row" "$world" "$ref" "-" "$rc" "$raw"
+  record "$part" "$model" "$row" "$world" "$ref" - "${cmd[@]}"
 }
 
 # coll ARGS: benchmarks/collectives.py with ARGS (word-split), its tables into OUT/comm.log

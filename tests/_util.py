@@ -37,6 +37,22 @@ def mpiexec():
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
+def mpi_skips() -> list:
+    """A module's ``pytestmark``: skip its tests where mpiexec or mpi4py is missing."""
+    import pytest
+    try:
+        import mpi4py  # noqa: F401
+        have_mpi4py = True
+    except ImportError:
+        have_mpi4py = False
+    return [
+        pytest.mark.skipif(mpiexec() is None, reason="mpiexec not found (pip install "
+                           "'wgrumus[mpi]' installs it with the mpich wheel)"),
+        pytest.mark.skipif(not have_mpi4py, reason="mpi4py not installed (pip install "
+                                                   "'wgrumus[mpi]')"),
+    ]
+
+
 def load_benchmark(name: str, reuse: bool = True):
     """benchmarks/<name>.py imported as module ``wgrumus_<name>`` and registered in sys.modules
     (so functions handed to worker processes pickle by reference). ``reuse``: the module an

@@ -302,16 +302,7 @@ LAZY_IMPORTS_MAX = 5  # imports inside functions in ops/ and kernels/, each with
 def test_few_lazy_imports_in_ops_and_kernels():
     """ops/ and kernels/ import at module level; an import inside a function (at most
     LAZY_IMPORTS_MAX) says why on its line."""
-    lazy = []
-    for folder in ("ops", "kernels"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            lines = path.read_text().splitlines()
-            tree = ast.parse(path.read_text(), str(path))
-            for fn in ast.walk(tree):
-                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    lazy += [(path.relative_to(ROOT), node.lineno, lines[node.lineno - 1])
-                             for node in ast.walk(fn)
-                             if isinstance(node, (ast.Import, ast.ImportFrom))]
+    lazy = function_imports("ops") + function_imports("kernels")
     assert len(lazy) <= LAZY_IMPORTS_MAX, f"{len(lazy)} imports inside functions:\n" + \
         "\n".join(f"  {p}:{n}: {line.strip()}" for p, n, line in lazy)
     unexplained = [(p, n) for p, n, line in lazy if "#" not in line]

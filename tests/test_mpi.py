@@ -7,24 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from _util import mpiexec, run_process
+from _util import mpi_skips, mpiexec, run_process
 
 WORKER = Path(__file__).resolve().parent / "_mpi_worker.py"
 
 
 MPIEXEC = mpiexec()
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-
-pytestmark = [
-    pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'wgrumus[mpi]' "
-                                               "installs it with the mpich wheel)"),
-    pytest.mark.skipif(not HAVE_MPI4PY, reason="mpi4py not installed (pip install "
-                                               "'wgrumus[mpi]')"),
-]
+pytestmark = mpi_skips()
 
 
 def shm_room(ranks=3):

@@ -10,21 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _util import mpiexec, run_process
+from _util import mpi_skips, mpiexec, run_process
 
 WORKER = Path(__file__).resolve().parent / "_mpi_pipeline_worker.py"
 MPIEXEC = mpiexec()
-try:
-    import mpi4py  # noqa: F401
-    HAVE_MPI4PY = True
-except ImportError:
-    HAVE_MPI4PY = False
-
-pytestmark = [
-    pytest.mark.skipif(MPIEXEC is None, reason="mpiexec not found (pip install 'wgrumus[mpi]')"),
-    pytest.mark.skipif(not HAVE_MPI4PY, reason="mpi4py not installed (pip install "
-                                               "'wgrumus[mpi]')"),
-]
+pytestmark = mpi_skips()
 
 # 8 rows x T 16 x C 32 x 4 bytes = 16 KB per activation message
 CONFIG = dict(vocab_size=16, block_size=16, n_layer=4, n_head=2, n_embd=32)

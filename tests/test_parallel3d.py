@@ -20,13 +20,13 @@ CFG = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8)
 STEPS, BATCH, LR = 10, 4, 1.0
 
 
-def single_device_losses(dev, cfg=CFG):
+def single_device_losses(dev, cfg=CFG, batch=BATCH, steps=STEPS, lr=LR):
     """Plain nn.GPT on one device, same seed, same global batches, same SGD."""
     model = cfg.build(seed=0, device=dev)
-    data = synthetic_tokens(cfg, max(4 * BATCH, 64), 0)
+    data = synthetic_tokens(cfg, max(4 * batch, 64), 0)
     out = []
-    for s in range(STEPS):
-        rows = data[(np.arange(BATCH) + s * BATCH) % len(data)]
+    for s in range(steps):
+        rows = data[(np.arange(batch) + s * batch) % len(data)]
         logits = model(wr.tensor(rows[:, :-1], device=dev))
         loss = nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size),
                                            wr.tensor(rows[:, 1:].reshape(-1), device=dev))
@@ -35,7 +35,7 @@ def single_device_losses(dev, cfg=CFG):
         out.append(loss.item())
         with wr.no_grad():
             for p in model.parameters():
-                p -= p.grad * LR
+                p -= p.grad * lr
     return out
 
 

@@ -6,12 +6,12 @@ import time
 
 import numpy as np
 import pytest
+from test_parallel3d import single_device_losses
 
 import wgrumus as wr
-from wgrumus import nn
 from wgrumus.distributed import CollectiveError, spawn
 from wgrumus.distributed import parallel3d as p3d
-from wgrumus.distributed.parallel3d import GPTConfig, synthetic_tokens, train_3d
+from wgrumus.distributed.parallel3d import GPTConfig, train_3d
 from wgrumus.distributed.pipeline.p2p import PipelineP2P
 
 
@@ -157,22 +157,6 @@ def test_a_stage_failing_mid_step_stops_every_rank(devs, monkeypatch):
 CFG = GPTConfig(vocab_size=8, block_size=4, n_layer=4, n_head=2, n_embd=8)
 
 
-def one_device_losses(dev, batch, steps, lr=1.0):
-    model = CFG.build(seed=0, device=dev)
-    data = synthetic_tokens(CFG, max(4 * batch, 64), 0)
-    out = []
-    for s in range(steps):
-        rows = data[(np.arange(batch) + s * batch) % len(data)]
-        logits = model(wr.tensor(rows[:, :-1], device=dev))
-        loss = nn.functional.cross_entropy(logits.reshape(-1, CFG.vocab_size),
-                                           wr.tensor(rows[:, 1:].reshape(-1), device=dev))
-        model.zero_grad()
-        loss.backward()
-        out.append(loss.item())
-        with wr.no_grad():
-            for p in model.parameters():
-                p -= p.grad * lr
-    return out
 
 
 @pytest.mark.timeout(300)
@@ -182,7 +166,7 @@ def one_device_losses(dev, batch, steps, lr=1.0):
                                            ("zb-h1", 7, 3)])
 def test_every_schedule_gives_one_devices_losses(schedule, m, pp, devs):
     steps, batch = 2, 2 * m
-    want = one_device_losses(devs[0], batch, steps)
+    want = single_device_losses(devs[0], CFG, batch, steps)
     got = train_3d(CFG, 1, 1, pp, steps=steps, batch_size=batch, micro_batches=m, lr=1.0,
                    devices=devs[:pp], schedule=schedule, timeout=30)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -92,7 +92,7 @@ def run_steps(cfg, task, trainer, start, steps, losses, ui, stop, done_at) -> No
         if trainer.agree_stop(stop.requested or not math.isfinite(losses[-1])):
             return True
         if cfg.checkpoint and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
-            checkpoint_save(cfg, task, trainer, step + 1, losses)
+            checkpoint.save(cfg, task, trainer, step + 1, losses)
         return False
 
     for step in range(start, steps):
@@ -109,10 +109,6 @@ def run_steps(cfg, task, trainer, start, steps, losses, ui, stop, done_at) -> No
         pending = p
     if pending is not None:
         settle(steps - 1, pending)
-
-
-def checkpoint_save(cfg, task, trainer, step, losses) -> None:
-    checkpoint.save(cfg, task, trainer, step, losses)
 
 
 def _divergence(cfg, task, losses, start) -> str:

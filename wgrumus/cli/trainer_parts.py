@@ -72,7 +72,11 @@ class _StageWork:
     """The interpreter's view of a StagePart: chunk forwards, pipeline sends and receives."""
 
     def __init__(self, part: StagePart, mbs: list, seed):
-        self.p, self.mbs, self.seed = part, mbs, seed
+        self.p, self.mbs = part, mbs
+        # the mean over micro-batches, times the loss scale: once a step, on the last stage
+        if part.last:
+            seed = seed * (1.0 / part.m) if isinstance(seed, Tensor) else seed / part.m
+        self.seed = seed
         self.losses = [None] * len(mbs)
 
     def forward(self, a, k: int, x):
@@ -82,8 +86,7 @@ class _StageWork:
             return out
         loss = p.loss_fn(out, targets)
         self.losses[a.mb] = loss.detach()
-        seed = self.seed * (1.0 / p.m) if isinstance(self.seed, Tensor) else self.seed / p.m
-        return loss * seed  # the mean over micro-batches, times the loss scale
+        return loss * self.seed
 
     def _tag(self, mb: int, k: int, grad: bool) -> int:
         return 2 * (mb * self.p.nv + k) + grad

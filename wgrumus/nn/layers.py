@@ -23,6 +23,20 @@ def _empty(shape, device):
     return Tensor.empty(shape, get_device(device))
 
 
+def affine_parameters(module, shape, device, weight: bool = True, bias: bool = True) -> None:
+    """A norm layer's ``weight`` (ones) and ``bias`` (zeros) of ``shape``; each one not asked
+    for is registered as None, as PyTorch does."""
+    dev = get_device(device) if weight or bias else None
+    if weight:
+        module.weight = Parameter(ones(shape, device=dev))
+    else:
+        module.register_parameter("weight", None)
+    if bias:
+        module.bias = Parameter(zeros(shape, device=dev))
+    else:
+        module.register_parameter("bias", None)
+
+
 class _Container(Module):
     """Sequential's and ModuleList's list behaviour (a slice is a new one, via ``_of``)."""
 
@@ -145,15 +159,7 @@ class LayerNorm(Module):
         ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape, self.eps = ns, eps
         dev = get_device(device)
-        if elementwise_affine:
-            self.weight = Parameter(ones(ns, device=dev))
-            if bias:
-                self.bias = Parameter(zeros(ns, device=dev))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        affine_parameters(self, ns, dev, elementwise_affine, elementwise_affine and bias)
 
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -171,12 +177,7 @@ class BatchNorm2d(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         dev = get_device(device)
-        if affine:
-            self.weight = Parameter(ones(num_features, device=dev))
-            self.bias = Parameter(zeros(num_features, device=dev))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        affine_parameters(self, num_features, dev, affine, affine)
         self.track_running_stats = track_running_stats
         if track_running_stats:
             self.register_buffer("running_mean", zeros(num_features, device=dev))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from ..ops.elementwise import rsqrt
 from ..ops.reduce import mean
-from ..runtime import get_device
 from ..runtime.errors import ShapeError
 from .functional.padding import pad
-from .module import Module, Parameter
+from .layers import affine_parameters
+from .module import Module
 
 
 def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
@@ -46,14 +46,7 @@ class GroupNorm(Module):
             raise ValueError(f"GroupNorm: {num_groups} groups do not divide {num_channels} "
                              f"channels")
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
-        if affine:
-            from ..ops.creation import ones, zeros
-            dev = get_device(device)
-            self.weight = Parameter(ones(num_channels, device=dev))
-            self.bias = Parameter(zeros(num_channels, device=dev))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        affine_parameters(self, num_channels, device, affine, affine)
 
     def forward(self, x):
         return group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
@@ -70,14 +63,7 @@ class _InstanceNorm(Module):
             raise NotImplementedError("InstanceNorm with track_running_stats=True is not "
                                       "supported")
         self.num_features, self.eps = num_features, eps
-        if affine:
-            from ..ops.creation import ones, zeros
-            dev = get_device(device)
-            self.weight = Parameter(ones(num_features, device=dev))
-            self.bias = Parameter(zeros(num_features, device=dev))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        affine_parameters(self, num_features, device, affine, affine)
 
     def forward(self, x):
         return instance_norm(x, weight=self.weight, bias=self.bias, eps=self.eps)
