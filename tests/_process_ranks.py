@@ -119,3 +119,24 @@ def exits_quietly(g):
         os._exit(0)
     g.all_reduce(np.ones(4), "sum")
     return "unreachable"
+
+
+def sends_x_as_at_the_call(g):
+    """An all-reduce sends ``x`` as it was when ``all_reduce_async`` returned, though ``x`` is
+    then overwritten while the communication thread is still held by an earlier call (rank 1
+    comes late to it): the download was issued at the call, in order with the caller's work.
+    Returns (first, second) results and how many download buffers stay mapped."""
+    from wgrumus.ops.elementwise import fill_
+    from wgrumus.runtime.native import MAP_READ
+    from wgrumus.runtime.staging import staging_of
+    dev = g.device
+    if g.rank == 1:
+        time.sleep(0.5)
+    first = g.all_reduce_async(wr.tensor(np.ones(4, np.float32), device=dev), "sum")
+    x = wr.tensor(np.full(1000, g.rank + 1.0, np.float32), device=dev)
+    second = g.all_reduce_async(x, "sum")
+    fill_(x, 100.0)  # (breaks the call's contract on purpose: the copy must come first)
+    dev.flush()
+    out = first.wait().numpy(), second.wait().numpy()
+    g.barrier()
+    return out, staging_of(dev).mapped_buffers(MAP_READ)

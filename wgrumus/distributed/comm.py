@@ -57,7 +57,8 @@ class _Request:
     barrier: CollectiveBarrier
     op: str
     handle: AllReduceHandle
-    dst: BufferSlice | None = None
+    dst: BufferSlice | None
+    early: staged_collectives.EarlyDownload
 
 
 class CommThread:
@@ -89,7 +90,8 @@ class CommThread:
     def submit(self, storage: BufferSlice, barrier: CollectiveBarrier, op: str = "mean",
                target=None, dst: BufferSlice | None = None) -> AllReduceHandle:
         """Queue an all-reduce of ``storage`` into ``dst`` (default: in place); blocks only when
-        ``depth`` requests wait."""
+        ``depth`` requests wait. Its first downloads are issued here, by the calling thread, in
+        order after the work it recorded (staged_collectives.EarlyDownload)."""
         if self._closed:
             raise CollectiveError(f"{self!r} is closed; start a new CommThread")
         for s in (storage, dst if dst is not None else storage):
@@ -101,7 +103,12 @@ class CommThread:
                              "participants; pass CommThread(device, rank=...)")
         check_op(op, storage.dtype)
         handle = AllReduceHandle(storage if target is None else target)
-        self._requests.put(_Request(storage, barrier, op, handle, dst))
+        early = staged_collectives.EarlyDownload(storage, self.chunk_bytes, self.inflight)
+        try:
+            self._requests.put(_Request(storage, barrier, op, handle, dst, early))
+        except BaseException:
+            early.release()
+            raise
         return handle
 
     def close(self, timeout: float | None = None) -> None:
@@ -121,13 +128,15 @@ class CommThread:
             except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
                 if not isinstance(e, CollectiveError):
                     req.barrier.abort(e)  # the other devices must not wait for us
+                req.early.release()  # (nothing left once the engine took them over)
                 req.handle._finish(e)
             else:
                 req.handle._finish()
 
     def _all_reduce(self, req: _Request) -> None:  # (a jitter point of benchmarks/reliability.py)
         staged_collectives.all_reduce(req.storage, req.barrier, self.rank, req.op, dst=req.dst,
-                             chunk_bytes=self.chunk_bytes, inflight=self.inflight)
+                                      chunk_bytes=self.chunk_bytes, inflight=self.inflight,
+                                      early=req.early)
 
 
 def async_allreduce(comm: CommThread, x, barrier: CollectiveBarrier,

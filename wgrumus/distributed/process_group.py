@@ -164,8 +164,7 @@ class ProcessGroup:
         if strategy is None and is_tensor(x) and \
                 (out := on_devices(self, "all_reduce", x, op=op)) is not None:
             return out
-        shared = strategy is None and self.config.local_all_reduce.kind == "auto" and \
-            self.config.num_nodes is None and getattr(self._t, "native_shared", None)
+        shared = self._shared() if strategy is None else None
         if shared and (s := movable_slice(x)) is not None and shared(s.nbytes):
             return self._shared_device_all_reduce(x, s, op)
         arr, dev = to_numpy(x)
@@ -180,8 +179,15 @@ class ProcessGroup:
                         detail=_detail(arr, op=op, strategy=strat))
         return from_numpy(out.reshape(arr.shape), dev)  # (some paths make 0-d arrays 1-d)
 
-    def _shared_device_all_reduce(self, x, s, op):
-        """MPI ranks of one host: a device tensor through the host's shared window, pipelined."""
+    def _shared(self):
+        """The transport's ``native_shared(nbytes)`` where all-reduces may use it, else None."""
+        if self.config.local_all_reduce.kind == "auto" and self.config.num_nodes is None:
+            return getattr(self._t, "native_shared", None)
+        return None
+
+    def _shared_device_all_reduce(self, x, s, op, early=None):
+        """Processes or MPI ranks of one host: a device tensor through the host's shared memory,
+        pipelined (``early``: its first downloads, issued already)."""
         check_op(op, s.dtype)
         from ..tensor import Tensor
         out = Tensor.empty(tuple(x.shape), s.device, s.dtype)
@@ -189,7 +195,7 @@ class ProcessGroup:
         spec = SimpleNamespace(shape=tuple(x.shape), dtype=s.dtype)  # as the host path's array
 
         def run(tag, dl):
-            if self._t.device_all_reduce(s, out.buffer_slice(), op, dl):
+            if self._t.device_all_reduce(s, out.buffer_slice(), op, dl, early=early):
                 return out
             arr, dev = to_numpy(x)  # no shared window after all (the same on every rank)
             return from_numpy(self._t.native_all_reduce(arr, op, dl).reshape(arr.shape), dev)
@@ -206,7 +212,9 @@ class ProcessGroup:
         deadline = time.monotonic() + self.config.timeout
         s = movable_slice(x) if is_tensor(x) and self.config.num_nodes is None else None
         world = getattr(self._t, "world", None)
-        if s is None or world is None:
+        if s is not None and world is None:
+            return self._shared_device_all_reduce_async(x, s, op)
+        if s is None:
             return self.run_async(lambda: self.all_reduce(x, op))
         check_op(op, s.dtype)
         from ..tensor import Tensor
@@ -220,6 +228,30 @@ class ProcessGroup:
         # counted as an all_reduce; the closure holds x (its buffer stays out of the pool)
         return Work(self, lambda dl, _x=x: handle.wait(_left(dl)), deadline, "all_reduce",
                     s.nbytes)
+
+    def _shared_device_all_reduce_async(self, x, s, op) -> Work:
+        """Processes (or MPI ranks with a shared window) of one host: the call runs on the
+        group's background thread, but its first downloads are issued here, in order after the
+        work that produced ``x`` (staged_collectives.EarlyDownload)."""
+        shared = self._shared()
+        chunk = self._t.device_chunk_bytes() if shared and shared(s.nbytes) else None
+        if chunk is None:
+            return self.run_async(lambda: self.all_reduce(x, op))
+        check_op(op, s.dtype)
+        self._check_usable()
+        from .staged_collectives import EarlyDownload
+        early = EarlyDownload(s, chunk)
+
+        def run():
+            try:
+                return self._shared_device_all_reduce(x, s, op, early)
+            finally:
+                early.release()  # (nothing left once the engine took them over)
+        try:
+            return self.run_async(run)
+        except BaseException:
+            early.release()
+            raise
 
     def run_async(self, fn) -> Work:
         """Run ``fn()`` on the group's background thread after what was started there."""

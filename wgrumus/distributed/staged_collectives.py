@@ -48,19 +48,71 @@ def inflight_of(chunk_bytes: int, inflight: int | None = None) -> int:
     return max(INFLIGHT, min(MAX_INFLIGHT, INFLIGHT_BYTES // max(1, chunk_bytes)))
 
 
+def _all_reduce_chunks(src, chunk_bytes) -> list:
+    isz = src.dtype.itemsize
+    return [_Chunk(c1 - c0, (c0 * isz, (c1 - c0) * isz), 0, (c0 * isz, (c1 - c0) * isz), 0)
+            if c1 > c0 else _Chunk(0, None, 0, None, 0)
+            for c0, c1 in _spans(src.nbytes // isz, chunk_bytes, src.dtype)]
+
+
+class EarlyDownload:
+    """The first chunks' downloads of an all-reduce of BufferSlice ``src``, recorded by the
+    thread that produced the data, in order right after its work: the communication thread
+    would submit them only when it gets to the call, behind whatever the device was given
+    meanwhile (a weight gradient, the next chunk's matmul), and the host part would wait for
+    all of it. ``all_reduce(..., early=)`` takes them over; ``release()`` frees them if it never
+    does (a failure first)."""
+
+    def __init__(self, src, chunk_bytes: int | None = None, inflight: int | None = None):
+        from ..runtime.staging import staging_of  # (wgpu loads only once devices are used)
+        self.src = src
+        self.chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        chunks = _all_reduce_chunks(src, self.chunk_bytes)
+        self.issued = min(len(chunks),
+                          inflight_of(chunks[0].length * src.dtype.itemsize, inflight))
+        self._st = staging_of(src.device)
+        self._reads: deque | None = deque()
+        copies = []
+        for i, c in enumerate(chunks[:self.issued]):
+            if c.down is not None:
+                r = self._st.reader(c.down[1])
+                self._reads.append((i, r))
+                copies.append((src.buffer, src.offset + c.down[0], r.buffer, 0, c.down[1]))
+        if copies:
+            self._st.submit(copies, [r for _, r in self._reads])
+
+    def take(self) -> deque:
+        """The downloads in flight, (chunk index, StagingBuffer) in order; once."""
+        reads, self._reads = self._reads, None
+        if reads is None:
+            raise RuntimeError("these early downloads were already taken or released")
+        return reads
+
+    def release(self, timeout: float = 10.0) -> None:
+        """Unmap and forget what was not taken (nothing, once ``all_reduce`` took it)."""
+        reads, self._reads = self._reads, None
+        if reads:
+            self._st.discard([r for _, r in reads], timeout)
+
+
 def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
-               chunk_bytes: int | None = None, inflight: int | None = None) -> None:
-    """All-reduce every participant's BufferSlice ``src`` into its ``dst`` (default: in place)."""
+               chunk_bytes: int | None = None, inflight: int | None = None,
+               early: EarlyDownload | None = None) -> None:
+    """All-reduce every participant's BufferSlice ``src`` into its ``dst`` (default: in place);
+    ``early``: its first downloads, already issued (their chunk size then applies)."""
     dst = src if dst is None else dst
     if dst.device is not src.device or dst.nbytes != src.nbytes or dst.dtype != src.dtype:
         raise ValueError(f"dst ({dst.nbytes} bytes of {dst.dtype} on {dst.device!r}) must match "
                          f"src ({src.nbytes} bytes of {src.dtype} on {src.device!r})")
     check_op(op, src.dtype)
-    isz = src.dtype.itemsize
-    chunks = [_Chunk(c1 - c0, (c0 * isz, (c1 - c0) * isz), 0, (c0 * isz, (c1 - c0) * isz), 0)
-              if c1 > c0 else _Chunk(0, None, 0, None, 0)
-              for c0, c1 in _spans(src.nbytes // isz, chunk_bytes, src.dtype)]
-    _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight)
+    if early is not None:
+        e = early.src
+        if (e.device, e.buffer, e.offset, e.nbytes) != (src.device, src.buffer, src.offset,
+                                                        src.nbytes):
+            raise ValueError("the early downloads were issued for another buffer slice")
+        chunk_bytes = early.chunk_bytes
+    _run(barrier, rank, src.dtype, op, _all_reduce_chunks(src, chunk_bytes), src, dst, inflight,
+         early)
 
 
 def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
@@ -109,8 +161,9 @@ def broadcast(buf, barrier, rank: int, root: int, chunk_bytes: int | None = None
     _run(barrier, rank, buf.dtype, None, chunks, buf, buf, inflight)
 
 
-def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
-    """The pipeline over ``chunks``: downloads ``inflight`` ahead, a round and upload each."""
+def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> None:
+    """The pipeline over ``chunks``: downloads ``inflight`` ahead, a round and upload each
+    (``early``: the first downloads, issued already)."""
     for c in chunks:
         for part in (c.down, c.up):
             if part is not None and (part[0] % 4 or part[1] % 4):
@@ -128,9 +181,10 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight) -> None:
             ph.add("submit", time.perf_counter() - t0)
     inflight = min(len(chunks), inflight_of(chunks[0].length * np.dtype(dtype).itemsize,
                                             inflight))
-    reads: deque = deque()  # (chunk index, StagingBuffer): downloads in flight, in order
+    # (chunk index, StagingBuffer): downloads in flight, in order
+    reads: deque = early.take() if early is not None else deque()
     w = None
-    nxt = 0  # the next chunk whose download is still to be issued
+    nxt = early.issued if early is not None else 0  # the next chunk to download
 
     def refill(copies, maps, upto):
         nonlocal nxt

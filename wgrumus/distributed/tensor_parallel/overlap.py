@@ -7,7 +7,6 @@ CommThread, the processes and MPI backends' communication thread): no threads of
 from __future__ import annotations
 
 import math
-import time
 
 from ...autograd.tape import needs_grad, no_grad, record
 from ...ops.elementwise import _f32, contiguous
@@ -17,13 +16,6 @@ from ...ops.precision import in_forward_precision
 from ...ops.shape import cat, getitem, reshape, transpose
 from ...runtime.tuning import TUNING
 from ..transport import split_bounds
-
-# How long starting an all-reduce waits for the communication thread to submit the download of
-# its input: the device then copies it out before the work recorded next (dW, the next chunk's
-# matmul), which would otherwise run first and hold the host part of the all-reduce back by its
-# whole length. Bounded: a slower start (the processes backend checks the call with its peers
-# first) only loses that ordering.
-ISSUE_WAIT_S = 0.002
 
 
 def tp_chunks() -> int:
@@ -64,14 +56,10 @@ class _Started:
 
 
 def start_all_reduce(x, group):
-    """Start the SUM all-reduce of device tensor ``x`` over ``group``; a handle to wait on."""
-    dev = x.device
-    before = dev.submits
-    work = group.all_reduce_async(x, "sum")
-    until = time.perf_counter() + ISSUE_WAIT_S
-    while dev.submits == before and time.perf_counter() < until:
-        time.sleep(0)  # (lets the communication thread run)
-    return _Started(work, dev)
+    """Start the SUM all-reduce of device tensor ``x`` over ``group``; a handle to wait on.
+    The group issues the download of ``x`` at once, before the work recorded next (dW, the next
+    chunk's matmul), which would otherwise run first and hold the host part back by its length."""
+    return _Started(group.all_reduce_async(x, "sum"), x.device)
 
 
 def input_grad_all_reduce(group):

@@ -242,13 +242,19 @@ class MPITransport(_Liveness):
         """A native all-reduce of ``nbytes`` goes through the host's shared memory (faster)."""
         return self._node_comm is not None and nbytes >= node_shm.MIN_BYTES
 
-    def device_all_reduce(self, src, dst, op, deadline) -> bool:
-        """All-reduce BufferSlice ``src`` into ``dst`` via the shared window; False without."""
+    def device_chunk_bytes(self) -> int | None:
+        """Bytes per chunk of a device all-reduce through the shared window; None before that
+        window exists (it is made by the first such all-reduce, a collective call)."""
+        return node_shm.CHUNK if self._node_ar else None
+
+    def device_all_reduce(self, src, dst, op, deadline, early=None) -> bool:
+        """All-reduce BufferSlice ``src`` into ``dst`` via the shared window; False without
+        (``early``: the first downloads, issued already by the caller)."""
         node = self._node(deadline)
         if node is None:
             return False
         from ..staged_collectives import all_reduce
-        all_reduce(src, node, node.rank, op, dst=dst, chunk_bytes=node_shm.CHUNK)
+        all_reduce(src, node, node.rank, op, dst=dst, chunk_bytes=node_shm.CHUNK, early=early)
         return True
 
     def _node(self, deadline):

@@ -214,17 +214,21 @@ class SlotRounds:
         """All-reduces of every size go through the shared slots."""
         return True
 
-    def device_all_reduce(self, src, dst, op, deadline) -> bool:
-        """All-reduce BufferSlice ``src`` into ``dst``: chunks downloaded to mapped staging are
-        reduced from there through the slots and uploaded, overlapping the next download."""
-        from ..staged_collectives import all_reduce
-        # WGRUMUS_SHM_CHUNK (bytes, default a slot): smaller chunks overlap download, host step
-        # and upload within one message (benchmarks/collectives.py --chunks)
+    def device_chunk_bytes(self) -> int:
+        """Bytes per chunk of a device all-reduce: a slot, or WGRUMUS_SHM_CHUNK where smaller
+        (smaller chunks overlap download, host step and upload within one message;
+        benchmarks/collectives.py --chunks)."""
         slot = self.seg.layout.slot
-        chunk = min(slot, int(os.environ.get("WGRUMUS_SHM_CHUNK", "0")) or slot)
-        all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst, chunk_bytes=chunk)
-        return True
+        return min(slot, int(os.environ.get("WGRUMUS_SHM_CHUNK", "0")) or slot)
 
+    def device_all_reduce(self, src, dst, op, deadline, early=None) -> bool:
+        """All-reduce BufferSlice ``src`` into ``dst``: chunks downloaded to mapped staging are
+        reduced from there through the slots and uploaded, overlapping the next download
+        (``early``: the first downloads, issued already by the caller)."""
+        from ..staged_collectives import all_reduce
+        all_reduce(src, _SlotExchange(self), self.rank, op, dst=dst,
+                   chunk_bytes=self.device_chunk_bytes(), early=early)
+        return True
 
 
 class _SlotExchange:
