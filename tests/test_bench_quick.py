@@ -34,6 +34,17 @@ def test_quick_run_finishes_and_prints_its_table(name):
         assert any(ln.split()[:2] == ["2", "bucketed"] for ln in p.stdout.splitlines())
 
 
+@pytest.mark.timeout(120)
+def test_staging_pieces_prints_every_piece():
+    p = run_process([sys.executable, str(ROOT / "benchmarks" / "staging_pieces.py"), "--rounds",
+                     "5", "--sizes", "4096"], 110)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for piece in ("download: flush", "download: wait until mapped", "download, whole",
+                  "upload: host copy in", "device synchronize"):
+        line = next(ln for ln in p.stdout.splitlines() if piece in ln)
+        assert all(float(f) > 0 for f in line.split()[-2:]), line
+
+
 def test_every_benchmark_has_a_main_and_a_description():
     """A name `wgrumus bench --list` shows runs something (no helper modules listed)."""
     for name, path in available().items():

@@ -18,7 +18,7 @@ ORDER = ("ops", "train_step", "collectives", "data_parallel", "pipeline", "paral
 # (its processes rows need one physical adapter each): not run by
 # `wgrumus bench` (all), only by name
 NOT_IN_ALL = {"reliability", "reliability_numerics", "soak", "commands", "torch_reference",
-              "replica_scaling"}
+              "replica_scaling", "staging_pieces"}
 # scripts of benchmarks/ that are not benchmarks (multi_adapter.sh's table maker): never listed
 HELPERS = {"multi_adapter_table"}
 # `wgrumus bench` (all, quick) keeps the multi-device rows; a benchmark not listed runs with
