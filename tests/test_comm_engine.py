@@ -10,9 +10,9 @@ import pytest
 from test_comm import download, upload
 
 import wgrumus as wr
-from wgrumus.distributed import CollectiveBarrier, CollectiveError
+from wgrumus.distributed import CollectiveBarrier, CollectiveError, staged_collectives
 from wgrumus.distributed.comm import BufferSlice, CommThread, async_allreduce
-from wgrumus.runtime.native import api
+from wgrumus.runtime.native import MAP_READ, api
 from wgrumus.runtime.staging import Staging, StagingBuffer, staging_of
 
 
@@ -207,13 +207,17 @@ def test_a_rank_failing_mid_chunk_fails_everyone_and_leaves_nothing_mapped(devic
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world,threads", [(2, "participants"), (3, "participants"),
-                                           (3, "helpers")])
+@pytest.mark.parametrize("world,threads,early_cap", [
+    (2, "participants", None), (3, "participants", None), (3, "helpers", None),
+    (3, "participants", 2048)])
 def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, world, threads,
-                                                                     monkeypatch):
+                                                                     early_cap, monkeypatch):
     """10,000 all-reduces between 2 ranks (1,000 between 3; sizes 4 B .. 6 KiB in 1 KiB chunks,
     so up to 6 chunks each), ranks pausing at random; integer-valued float32 and int32 sums must
-    be exact."""
+    be exact. ``early_cap``: the downloads issued at the call capped at 2 KiB a device, so most
+    calls issue some of their chunks or none and the engine issues the rest."""
+    if early_cap is not None:
+        monkeypatch.setattr(staged_collectives, "EARLY_BYTES", early_cap)
     count = 10_000 if world == 2 else 1_000
     rng = np.random.default_rng(world)
     sizes = rng.integers(1, 1536, count) * 4  # bytes
@@ -244,6 +248,7 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
                     handles.pop(0).wait(60)
             for h in handles:
                 h.wait(60)
+        assert staged_collectives.early_bytes(dev) == 0
         return np.frombuffer(dev.read(buf, 0, total), np.int32).copy()
 
     out, errs, _ = run_ranks(world, rank, join=110)
@@ -256,6 +261,37 @@ def test_ten_thousand_mixed_all_reduces_with_random_delays_are_exact(devices, wo
                 assert np.array_equal(got[lo:hi].view(np.float32), want[lo:hi]), i
             else:
                 assert np.array_equal(got[lo:hi], want[lo:hi]), i
+
+
+def test_early_downloads_stay_under_their_cap_and_are_taken_once(devices, monkeypatch):
+    """Downloads issued at the call count against EARLY_BYTES per device until taken or
+    released; a call past the cap issues fewer chunks or none, and the engine finishes it."""
+    monkeypatch.setattr(staged_collectives, "EARLY_BYTES", 3 * 1024)
+    dev = devices[0]
+    x = np.arange(1024, dtype=np.float32)
+    buf = upload(dev, x)
+    whole = BufferSlice(dev, buf, 0, 4096, np.float32)
+    part = BufferSlice(dev, buf, 0, 2048, np.float32)
+    a = staged_collectives.EarlyDownload(whole, chunk_bytes=1024)  # 3 of its 4 chunks fit
+    b = staged_collectives.EarlyDownload(part, chunk_bytes=1024)  # none fits
+    assert (a.issued, b.issued, staged_collectives.early_bytes(dev)) == (3, 0, 3072)
+    a.release()
+    c = staged_collectives.EarlyDownload(part, chunk_bytes=1024)
+    assert c.issued == 2 and staged_collectives.early_bytes(dev) == 2048
+    barrier = CollectiveBarrier(1, timeout=10)
+    for e, s in ((b, part), (c, part)):
+        staged_collectives.all_reduce(s, barrier, 0, "sum", chunk_bytes=4096, early=e)
+    assert staged_collectives.early_bytes(dev) == 0
+    with pytest.raises(RuntimeError, match="already taken"):
+        c.take()
+    stray = staged_collectives.EarlyDownload(part)
+    with pytest.raises(ValueError, match="another buffer slice"):
+        staged_collectives.all_reduce(whole, barrier, 0, "sum", early=stray)
+    assert staged_collectives.early_bytes(dev) == 2048  # refused before it was taken over
+    stray.release()
+    assert staged_collectives.early_bytes(dev) == 0
+    assert np.array_equal(download(dev, buf, 4096), x)  # one participant: sums are the input
+    assert staging_of(dev).mapped_buffers(MAP_READ) == 0
 
 
 @pytest.fixture

@@ -5,7 +5,9 @@ device in chunks: chunk k+1's download (``inflight`` queued), chunk k's host ste
 A failure unmaps what the call holds and breaks the barrier."""
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -21,6 +23,12 @@ CHUNK_BYTES = 16 << 20
 INFLIGHT_BYTES = 48 << 20
 INFLIGHT = 3
 MAX_INFLIGHT = 12
+# Bytes of downloads issued early (EarlyDownload) and not yet taken over, per device: past it a
+# call leaves its downloads to the communication thread, so a backlog of queued calls (a large
+# model's gradient buckets) does not hold a staged copy of all of them.
+EARLY_BYTES = 64 << 20
+_early: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device -> such bytes
+_early_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -61,36 +69,54 @@ class EarlyDownload:
     would submit them only when it gets to the call, behind whatever the device was given
     meanwhile (a weight gradient, the next chunk's matmul), and the host part would wait for
     all of it. ``all_reduce(..., early=)`` takes them over; ``release()`` frees them if it never
-    does (a failure first)."""
+    does (a failure first). At most EARLY_BYTES wait per device; past that, none are issued."""
 
     def __init__(self, src, chunk_bytes: int | None = None, inflight: int | None = None):
         from ..runtime.staging import staging_of  # (wgpu loads only once devices are used)
         self.src = src
         self.chunk_bytes = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
         chunks = _all_reduce_chunks(src, self.chunk_bytes)
-        self.issued = min(len(chunks),
-                          inflight_of(chunks[0].length * src.dtype.itemsize, inflight))
-        self._st = staging_of(src.device)
+        n = min(len(chunks), inflight_of(chunks[0].length * src.dtype.itemsize, inflight))
+        dev = src.device
+        with _early_lock:
+            held = _early.get(dev, 0)
+            while n and held + sum(c.down[1] for c in chunks[:n] if c.down) > EARLY_BYTES:
+                n -= 1
+            self.nbytes = sum(c.down[1] for c in chunks[:n] if c.down)
+            _early[dev] = held + self.nbytes
+        self.issued = n
+        self._st = st = staging_of(dev)
         self._reads: deque | None = deque()
         copies = []
-        for i, c in enumerate(chunks[:self.issued]):
-            if c.down is not None:
-                r = self._st.reader(c.down[1])
-                self._reads.append((i, r))
-                copies.append((src.buffer, src.offset + c.down[0], r.buffer, 0, c.down[1]))
-        if copies:
-            self._st.submit(copies, [r for _, r in self._reads])
+        try:
+            for i, c in enumerate(chunks[:n]):
+                if c.down is not None:
+                    r = st.reader(c.down[1])
+                    self._reads.append((i, r))
+                    copies.append((src.buffer, src.offset + c.down[0], r.buffer, 0, c.down[1]))
+            if copies:
+                st.submit(copies, [r for _, r in self._reads])
+        except BaseException:
+            self.release()
+            raise
+
+    def _done(self) -> deque | None:
+        reads, self._reads = self._reads, None
+        if reads is not None:
+            with _early_lock:
+                _early[self.src.device] -= self.nbytes
+        return reads
 
     def take(self) -> deque:
         """The downloads in flight, (chunk index, StagingBuffer) in order; once."""
-        reads, self._reads = self._reads, None
+        reads = self._done()
         if reads is None:
             raise RuntimeError("these early downloads were already taken or released")
         return reads
 
     def release(self, timeout: float = 10.0) -> None:
         """Unmap and forget what was not taken (nothing, once ``all_reduce`` took it)."""
-        reads, self._reads = self._reads, None
+        reads = self._done()
         if reads:
             self._st.discard([r for _, r in reads], timeout)
 
@@ -159,6 +185,12 @@ def broadcast(buf, barrier, rank: int, root: int, chunk_bytes: int | None = None
         chunks.append(_Chunk(c1 - c0, span if rank == root else None, 0,
                              None if rank == root else span, 0))
     _run(barrier, rank, buf.dtype, None, chunks, buf, buf, inflight)
+
+
+def early_bytes(device) -> int:
+    """Bytes of ``device``'s downloads issued early and not yet taken over or released."""
+    with _early_lock:
+        return _early.get(device, 0)
 
 
 def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> None:
