@@ -140,3 +140,20 @@ def sends_x_as_at_the_call(g):
     out = first.wait().numpy(), second.wait().numpy()
     g.barrier()
     return out, staging_of(dev).mapped_buffers(MAP_READ)
+
+
+def f16_all_reduce(g, spy: bool = True):
+    """float16 all-reduces (sum and mean; one of several chunks): (inputs, results, how many
+    chunks this process's device summed; None without ``spy``)."""
+    from wgrumus.distributed import staged_collectives
+    added = [] if spy else None
+    if spy:  # (a process of its own)
+        add = staged_collectives._DeviceSum.add
+        staged_collectives._DeviceSum.add = lambda self, c: (added.append(c), add(self, c))
+    rng = np.random.default_rng(g.rank)
+    xs = [rng.standard_normal(n).astype(np.float16) for n in (6, 1000, 300_000)]
+    got = []
+    for x in xs:
+        t = wr.tensor(x, device=g.device)
+        got.append([g.all_reduce(t, "sum").numpy(), g.all_reduce_async(t, "mean").wait().numpy()])
+    return xs, got, None if added is None else len(added)

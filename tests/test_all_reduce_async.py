@@ -1,6 +1,7 @@
 """ProcessGroup.all_reduce_async: device tensors over the thread backend's CommThreads (results
 equal to the blocking all_reduce bit for bit, inputs unchanged), arrays on the group's background
 thread, and a failing rank making every other rank's wait raise CollectiveError in time."""
+import functools
 import time
 
 import _process_ranks as ranks
@@ -59,6 +60,49 @@ def test_the_download_is_issued_at_the_call(devs, backend, request):
         assert (first == 2.0).all() and (second == 3.0).all() and mapped == 0
 
 
+def _check_f16(out, world):
+    """Each result is the float32 sum (mean) of the float16 inputs rounded once, within one
+    float16 step (WGSL may round either way), and the same bits on every rank."""
+    for i in range(len(out[0][0])):
+        wide = np.stack([o[0][i] for o in out]).astype(np.float32).sum(0)
+        for k, want in enumerate((wide, wide / world)):
+            got = out[0][1][i][k]
+            np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float16), rtol=1e-3,
+                                       atol=1e-7)
+            assert all(np.array_equal(o[1][i][k], got) for o in out)
+
+
+@pytest.mark.parametrize("backend,world,on_device", [
+    ("threads", 2, True), ("threads", 3, True), ("threads", 4, True), ("threads", 5, False),
+    ("processes", 2, True), ("processes", 3, True)])
+def test_float16_is_summed_on_the_device(devs, backend, world, on_device, request, monkeypatch):
+    """float16 sums and means over up to 4 ranks (DEVICE_SUM_RANKS) gather the chunks and add
+    them on the device (numpy's float16 casts are slow); 5 ranks reduce on the host. The 300,000
+    values cross chunks (threads: 64 KB chunks)."""
+    from wgrumus.distributed import staged_collectives
+    monkeypatch.setattr(staged_collectives, "CHUNK_BYTES", 64 << 10)
+    if backend == "processes":
+        request.getfixturevalue("clean_shm")
+        out = dist.spawn(ranks.f16_all_reduce, world, backend=backend, timeout=60)
+        counts = [summed for *_, summed in out]
+    else:
+        added, add = [], staged_collectives._DeviceSum.add
+        monkeypatch.setattr(staged_collectives._DeviceSum, "add",
+                            lambda self, c: (added.append(c), add(self, c)))
+        out = dist.spawn(functools.partial(ranks.f16_all_reduce, spy=False), world,
+                         devices=devs[:world], timeout=60)
+        counts = [len(added) / world] * world
+    _check_f16(out, world)
+    chunks = 2 * (1 + 1 + -(-300_000 * 2 // (64 << 10)))  # sum and mean of the three sizes
+    for summed in counts:
+        if not on_device:
+            assert summed == 0
+        elif backend == "threads":
+            assert summed == chunks
+        else:  # (the processes move a shared-memory slot a chunk)
+            assert summed >= 6
+
+
 def test_arrays_run_on_the_background_thread():
     def fn(g):
         w = g.all_reduce_async(np.full((4, 3), g.rank + 1.0), "sum")
@@ -68,14 +112,15 @@ def test_arrays_run_on_the_background_thread():
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_failing_rank_makes_every_other_wait_raise(devs, when):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_failing_rank_makes_every_other_wait_raise(devs, when, dtype):
     """Rank 1 fails before launching (its peers' rounds never fill) or after launching its first
     collective (the second one never fills): the others' waits raise CollectiveError at once
-    (the world is aborted), far below the 30 s timeout."""
+    (the world is aborted), far below the 30 s timeout. float16: the rounds are gathers."""
     took = {}
 
     def fn(g):
-        x = wr.tensor(data(g.rank, (1000,)), device=g.device)
+        x = wr.tensor(data(g.rank, (1000,)).astype(dtype), device=g.device)
         if g.rank == 1:
             if when == "after":
                 g.all_reduce_async(x, "sum").wait(10)

@@ -62,6 +62,7 @@ class _Round:
 
 class CollectiveBarrier:
     """Reusable rendezvous of ``world_size`` participants (threads) with a round counter."""
+    gathers = True  # exchange rounds without an op tile the space (staged_collectives)
 
     def __init__(self, world_size: int, timeout: float = 60.0, chunk_bytes: int = CHUNK_BYTES,
                  helpers: int | None = None):

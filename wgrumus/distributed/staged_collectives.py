@@ -29,6 +29,9 @@ MAX_INFLIGHT = 12
 EARLY_BYTES = 64 << 20
 _early: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device -> such bytes
 _early_lock = threading.Lock()
+# float16 all-reduces over up to this many ranks are summed on the device (_DeviceSum): each
+# rank uploads every rank's chunk, so beyond a few ranks the uploads outgrow the saving
+DEVICE_SUM_RANKS = 4
 
 
 @dataclass(frozen=True)
@@ -137,8 +140,56 @@ def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
                                                         src.nbytes):
             raise ValueError("the early downloads were issued for another buffer slice")
         chunk_bytes = early.chunk_bytes
-    _run(barrier, rank, src.dtype, op, _all_reduce_chunks(src, chunk_bytes), src, dst, inflight,
-         early)
+    chunks = _all_reduce_chunks(src, chunk_bytes)
+    summed = None
+    if src.dtype == np.float16 and op in ("sum", "mean") and getattr(barrier, "gathers", False) \
+            and 2 <= barrier.world_size <= DEVICE_SUM_RANKS and src.nbytes:
+        summed = _DeviceSum(dst, barrier.world_size, op, chunks[0].length)
+    _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight, early, summed)
+
+
+class _Borrowed:
+    """The storage of a buffer owned elsewhere (a BufferSlice's), for kernels to write into."""
+    __slots__ = ("buffer", "device", "version")
+
+    def __init__(self, device, buffer):
+        self.device, self.buffer, self.version = device, buffer, 0
+
+
+class _DeviceSum:
+    """A float16 all-reduce summed on the device, not the host: numpy casts float16 at well under
+    memory speed (~0.5 G values/s a core), so each round gathers every rank's chunk (plain
+    copies) into one upload, and the device adds them in float32 in rank order (the same bits
+    on every rank), rounding once, as the host reduction does."""
+
+    def __init__(self, dst, world: int, op: str, length: int):
+        from ..runtime.buffer_view import View, float16
+        self.world, self.mean, self.dst = world, op == "mean", dst
+        self.parts = View.empty((world * length,), dst.device, float16)
+        self._out = _Borrowed(dst.device, dst.buffer)
+
+    def upload(self, w, nbytes: int) -> tuple:
+        """The copy of every rank's ``nbytes`` chunk from staging ``w`` into the parts."""
+        return (w.buffer, 0, self.parts.buffer, 0, self.world * nbytes)
+
+    def add(self, c: _Chunk) -> None:
+        """Record dst's chunk ``c`` = the sum (or mean) of the uploaded parts."""
+        from ..kernels.map import run_map
+        from ..runtime.buffer_view import View, float16, float32
+        n, dev = c.length, self.dst.device
+        parts = [View(self.parts.storage, (n,), None, r * n, float16) for r in range(self.world)]
+        out = View(self._out, (n,), None, (self.dst.offset + c.up[0]) // 2, float16)
+        if self.world > 3:  # a map reads three inputs: the first three summed ahead
+            acc = View.empty((n,), dev, float32)
+            run_map("f32(a) + f32(b) + f32(c)", acc, parts[:3])
+            terms = [acc, parts[3]]
+        else:
+            terms = parts
+        expr = " + ".join(f"f32({x})" for x in "abc"[:len(terms)])
+        if self.mean:
+            run_map(f"({expr}) / k", out, terms, scalars={"k": float(self.world)})
+        else:
+            run_map(expr, out, terms)
 
 
 def reduce_scatter(src, dst, barrier, rank: int, parts, op: str = "sum",
@@ -193,9 +244,11 @@ def early_bytes(device) -> int:
         return _early.get(device, 0)
 
 
-def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> None:
+def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None,
+         summed: _DeviceSum | None = None) -> None:
     """The pipeline over ``chunks``: downloads ``inflight`` ahead, a round and upload each
-    (``early``: the first downloads, issued already)."""
+    (``early``: the first downloads, issued already; ``summed``: the rounds gather every rank's
+    chunk and the device sums them)."""
     for c in chunks:
         for part in (c.down, c.up):
             if part is not None and (part[0] % 4 or part[1] % 4):
@@ -246,10 +299,11 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> No
                     r.wait(deadline)
             if c.up is not None:
                 t0 = time.perf_counter()
-                w = st.writer(c.up[1], deadline, spare=inflight)
+                w = st.writer(c.up[1] * (summed.world if summed else 1), deadline,
+                              spare=inflight)
                 if ph is not None:
                     ph.add("map", time.perf_counter() - t0)
-            _exchange(barrier, rank, c, r, w, dtype, op)
+            _exchange(barrier, rank, c, r, w, dtype, op, summed)
             if r is not None:
                 reads.popleft()
                 r.unmap()
@@ -257,7 +311,8 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> No
             copies, maps = [], []
             if w is not None:
                 w.unmap()
-                copies.append((w.buffer, 0, dst.buffer, dst.offset + c.up[0], c.up[1]))
+                copies.append(summed.upload(w, c.up[1]) if summed else
+                              (w.buffer, 0, dst.buffer, dst.offset + c.up[0], c.up[1]))
                 maps.append(w)
             refill(copies, maps, inflight)  # chunk k's upload, later chunks' downloads
             if copies:
@@ -265,6 +320,8 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> No
             if w is not None:
                 st.give_back(w)
                 w = None
+                if summed:
+                    summed.add(c)  # recorded after the upload, before the next one
     except BaseException as e:
         if not isinstance(e, CollectiveError):
             barrier.abort(e)  # the other ranks must not wait for this one
@@ -272,11 +329,17 @@ def _run(barrier, rank, dtype, op, chunks, src, dst, inflight, early=None) -> No
         raise
 
 
-def _exchange(barrier, rank, c: _Chunk, r, w, dtype, op) -> None:
-    """One barrier round over the mapped chunk; the views die before the buffers unmap."""
+def _exchange(barrier, rank, c: _Chunk, r, w, dtype, op, summed=None) -> None:
+    """One barrier round over the mapped chunk; the views die before the buffers unmap.
+    ``summed``: a gather, every rank's chunk side by side in rank order in ``w``."""
     item = r.array(dtype, c.down[1]) if r is not None else None
-    out = w.array(dtype, c.up[1]) if w is not None else None
     try:
-        barrier.exchange(c.length, dtype, rank, item, c.item_at, out, c.out_at, op)
+        if summed:
+            out = w.array(dtype, summed.world * c.up[1])
+            barrier.exchange(summed.world * c.length, dtype, rank, item, rank * c.length, out,
+                             0, None)
+        else:
+            out = w.array(dtype, c.up[1]) if w is not None else None
+            barrier.exchange(c.length, dtype, rank, item, c.item_at, out, c.out_at, op)
     finally:
-        del item, out
+        item = out = None

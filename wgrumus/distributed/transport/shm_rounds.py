@@ -123,6 +123,23 @@ class SlotRounds:
             phases.add("copy", (t1 - t0) + (t3 - t2) + (time.perf_counter() - t4))
             phases.add("peer", (t2 - t1) + (t4 - t3))
 
+    def gather_chunk(self, src: np.ndarray, out: np.ndarray, deadline: float,
+                     phases=None) -> None:
+        """One gather round: ``out`` gets every rank's ``src`` (the same size on each) side by
+        side in rank order; ``phases`` as for ``reduce_chunk``."""
+        t0 = time.perf_counter()
+        n = src.size
+        s = self._round()
+        self._copy(self.seg.slot(self.rank, s)[:src.nbytes].view(src.dtype), src)
+        t1 = time.perf_counter()
+        self._barrier(deadline, "gather")
+        t2 = time.perf_counter()
+        for r in range(self.size):
+            self._copy(out[r * n:(r + 1) * n], self.seg.slot(r, s)[:src.nbytes].view(src.dtype))
+        if phases is not None:
+            phases.add("copy", (t1 - t0) + (time.perf_counter() - t2))
+            phases.add("peer", t2 - t1)
+
     def _par(self, fn, n: int, itemsize: int) -> None:
         """fn(lo, hi) over [0, n), split over this rank's share of the cores when large."""
         if n <= 0:
@@ -232,7 +249,9 @@ class SlotRounds:
 
 
 class _SlotExchange:
-    """The pipelined staging engine's barrier, over a transport's slots (one round a chunk)."""
+    """The pipelined staging engine's barrier, over a transport's slots (one round a chunk):
+    all-reduce rounds, and gathers (float16 sums on the device)."""
+    gathers = True
 
     def __init__(self, t):
         from .shm_device import _phases
@@ -243,9 +262,17 @@ class _SlotExchange:
     def timeout(self) -> float:
         return self.t.timeout
 
+    @property
+    def world_size(self) -> int:
+        return self.t.size
+
     def abort(self, err) -> None:
         """(A local failure: the process group publishes it.)"""
 
     def exchange(self, length, dtype, rank, item, item_at, out, out_at, op) -> None:
-        self.t.reduce_chunk(item, out, op, time.monotonic() + self.t.timeout, self.phases)
+        deadline = time.monotonic() + self.t.timeout
+        if op is None:  # a gather: each item at rank x its size, out the whole space
+            self.t.gather_chunk(item, out, deadline, self.phases)
+        else:
+            self.t.reduce_chunk(item, out, op, deadline, self.phases)
 
