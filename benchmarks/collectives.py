@@ -485,19 +485,22 @@ def _processes_rank(bw_sizes, lat_sizes, mem, g) -> list[dict]:
             out.append(nbytes / sec / 1e9)
         return out
 
-    for nbytes in bw_sizes:
-        box = [wr.tensor(np.full(nbytes // 4, g.rank + 1, np.float32), device=dev)]
-        down, up = rates(box[0], nbytes)
+    for nbytes, dtype in itertools.product(bw_sizes, (np.float32, np.float16)):
+        # float16: the same values in half the bytes (--grad-comm f16's gradients)
+        box = [wr.tensor(np.full(nbytes // 4, g.rank + 1, dtype), device=dev)]
+        if dtype is np.float32:
+            down, up = rates(box[0], nbytes)
 
         def ar():
             box[0] = g.all_reduce(box[0], "mean")
         sec, _ = _agreed_loop(g, ar)
-        a = nbytes / sec / 1e9
+        size = nbytes // 4 * np.dtype(dtype).itemsize
+        a = size / sec / 1e9
         bound, bound_shm = min(down, up, mem / (4 * R)), min(down, up, mem / shm_touches(R))
         rows.append({"backend": label, "strategy": "device all-reduce", "ranks": R,
-                     "bytes": nbytes, "seconds": sec, "algbw_GBps": a,
-                     "busbw_GBps": a * 2 * (R - 1) / R, "down_GBps": down, "up_GBps": up,
-                     "mem_GBps": mem, "bound_GBps": bound, "ratio": a / bound,
+                     "bytes": size, "dtype": np.dtype(dtype).name, "seconds": sec,
+                     "algbw_GBps": a, "busbw_GBps": a * 2 * (R - 1) / R, "down_GBps": down,
+                     "up_GBps": up, "mem_GBps": mem, "bound_GBps": bound, "ratio": a / bound,
                      "bound_shm_GBps": bound_shm, "ratio_shm": a / bound_shm, "table": "bw"})
     partner = g.rank ^ 1
     for nbytes in lat_sizes:
@@ -631,6 +634,10 @@ def _chunk(r) -> str:
     return c if r.get("direct") is None else f"{c}/d{r['direct']}"  # --direct: the setting
 
 
+def _values(r) -> int:
+    return r["bytes"] // np.dtype(r.get("dtype", "float32")).itemsize
+
+
 def print_processes_tables(rows):
     bw = [r for r in rows if r.get("table") == "bw"]
     lat = [r for r in rows if r.get("table") == "latency"]
@@ -638,14 +645,18 @@ def print_processes_tables(rows):
         print("\nprocesses: device all-reduce, one process per adapter, vs the bounds from the "
               "one-way staging rates and the host memory rate of the same run (GB/s; bound = "
               "min(down, up, mem / 4R) as for comm; shm bound = min(down, up, mem / T), "
-              "T = R (R + 5) where each rank reduces every slot, else 7R + 1)")
-        head = (f"{'ranks':>5} {'chunk':>7} {'size':>8} | {'algbw':>7} {'down':>7} {'up':>7} "
-                f"{'mem':>6} {'bound':>7} {'ratio':>6} {'shm bd':>7} {'ratio':>6} {'ms':>8}")
+              "T = R (R + 5) where each rank reduces every slot, else 7R + 1; float16 rows: "
+              "the same values as the float32 row above them, summed on the device, against the "
+              "same bounds)")
+        head = (f"{'ranks':>5} {'chunk':>7} {'dtype':>7} {'size':>8} | {'algbw':>7} {'down':>7} "
+                f"{'up':>7} {'mem':>6} {'bound':>7} {'ratio':>6} {'shm bd':>7} {'ratio':>6} "
+                f"{'ms':>8}")
         print(head)
         print("-" * len(head))
         for r in sorted(bw, key=lambda r: (r["ranks"], r.get("chunk") or 0, r.get("direct") or 0,
-                                             r["bytes"])):
-            print(f"{r['ranks']:>5} {_chunk(r):>7} {fmt_size(r['bytes']):>8} | "
+                                             _values(r), r.get("dtype") == "float16")):
+            print(f"{r['ranks']:>5} {_chunk(r):>7} {r.get('dtype', 'float32'):>7} "
+                  f"{fmt_size(r['bytes']):>8} | "
                   f"{r['algbw_GBps']:7.3f} "
                   f"{r['down_GBps']:7.3f} {r['up_GBps']:7.3f} {r['mem_GBps']:6.1f} "
                   f"{r['bound_GBps']:7.3f} {r['ratio']:6.2f} {r['bound_shm_GBps']:7.3f} "

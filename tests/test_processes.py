@@ -299,7 +299,8 @@ def test_collectives_benchmark_processes_tables(clean_shm):
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     bw = [r for r in rows if r["table"] == "bw"]
     lat = [r for r in rows if r["table"] == "latency"]
-    assert len(bw) == 1 and bw[0]["ratio"] > 0 and bw[0]["bound_GBps"] > 0
+    assert [(r["dtype"], r["bytes"]) for r in bw] == [("float32", 65536), ("float16", 32768)]
+    assert all(r["ratio"] > 0 and r["bound_GBps"] > 0 for r in bw)
     assert [r["bytes"] for r in lat] == [4096, 65536]
     for r in lat:
         assert r["sendrecv_s"] > 0 and r["allreduce_s"] > 0 and r["hostcopy_s"] > 0

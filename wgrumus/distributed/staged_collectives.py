@@ -5,6 +5,7 @@ device in chunks: chunk k+1's download (``inflight`` queued), chunk k's host ste
 A failure unmaps what the call holds and breaks the barrier."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -30,7 +31,8 @@ EARLY_BYTES = 64 << 20
 _early: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device -> such bytes
 _early_lock = threading.Lock()
 # float16 all-reduces over up to this many ranks are summed on the device (_DeviceSum): each
-# rank uploads every rank's chunk, so beyond a few ranks the uploads outgrow the saving
+# rank uploads every rank's chunk, so beyond a few ranks the uploads outgrow the saving.
+# WGRUMUS_DEVICE_SUM_RANKS (read at each call; 0: always on the host) overrides it.
 DEVICE_SUM_RANKS = 4
 
 
@@ -142,8 +144,9 @@ def all_reduce(src, barrier, rank: int, op: str = "mean", dst=None,
         chunk_bytes = early.chunk_bytes
     chunks = _all_reduce_chunks(src, chunk_bytes)
     summed = None
+    most = int(os.environ.get("WGRUMUS_DEVICE_SUM_RANKS", DEVICE_SUM_RANKS))
     if src.dtype == np.float16 and op in ("sum", "mean") and getattr(barrier, "gathers", False) \
-            and 2 <= barrier.world_size <= DEVICE_SUM_RANKS and src.nbytes:
+            and 2 <= barrier.world_size <= most and src.nbytes:
         summed = _DeviceSum(dst, barrier.world_size, op, chunks[0].length)
     _run(barrier, rank, src.dtype, op, chunks, src, dst, inflight, early, summed)
 
