@@ -4,6 +4,7 @@ so each moves device -> mapped staging -> host -> staging -> device).
 
     python benchmarks/staging_pieces.py              # 4 KB and 1 MB, 300 rounds each
     python benchmarks/staging_pieces.py --sizes 4096 --rounds 1000
+    python benchmarks/staging_pieces.py --host-copies 1,4,16,64   # only the host-copy table
 
 Rows (median and p90 in us after a tenth of the rounds as warm-up): recording the copy, the
 flush (command buffer finished and submitted), the map request, the wait until the staging is
@@ -11,6 +12,11 @@ mapped (polling or blocking waits, as ``TUNING.blocking_waits`` picks for the de
 it, unmapping; a whole download and a whole upload; wgpu-py's own calls beside ours. Reference
 of the same run where PyTorch sees a CUDA device: the same download and upload through pinned
 host memory, each synchronised.
+
+``--host-copies MB,...``: what splitting a host copy or a two-input sum over threads gains at
+each size (the thresholds ``runtime.staging.PAR_COPY_MIN`` and ``shm_rounds.PAR_MIN``): one
+thread against the split wgrumus uses (``par_ranges``: copies over up to COPY_THREADS threads,
+sums over 2, 4 and 8).
 """
 from __future__ import annotations
 
@@ -105,11 +111,47 @@ def torch_reference(nbytes: int, rounds: int) -> dict[str, list[float]] | None:
     return out
 
 
+def host_copies(megabytes) -> None:
+    from wgrumus.distributed.host_reduce import reduce_into
+    from wgrumus.runtime.staging import COPY_THREADS, par_ranges
+
+    def us(fn, k=20):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        return (time.perf_counter() - t0) / k * 1e6
+
+    print(f"\nhost copy and two-input float32 sum, us (GB/s of the output); split copy: "
+          f"{COPY_THREADS} threads")
+    print(f"{'size':>6} | {'copy, 1':>15} {'split':>15} | {'sum, 1':>15} {'2 threads':>15} "
+          f"{'4':>15} {'8':>15}")
+    for mb in megabytes:
+        n = mb << 20
+        a, b = np.ones(n // 4, np.float32), np.ones(n // 4, np.float32)
+        o = np.empty_like(a)
+        au, ou = a.view(np.uint8), o.view(np.uint8)
+        cells = [us(lambda: np.copyto(ou, au)),
+                 us(lambda: par_ranges(lambda x, y: np.copyto(ou[x:y], au[x:y]), n, 1)),
+                 us(lambda: reduce_into(o, [a, b], "sum", 2))]
+        for threads in (2, 4, 8):
+            cells.append(us(lambda t=threads: par_ranges(
+                lambda x, y: reduce_into(o[x:y], [a[x:y], b[x:y]], "sum", 2), a.size,
+                -(-a.size // t))))
+        print(f"{mb:>4}MB | " + " ".join(f"{c:8.0f} ({n / c / 1e3:4.1f})" for c in cells[:2])
+              + " | " + " ".join(f"{c:8.0f} ({n / c / 1e3:4.1f})" for c in cells[2:]))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4096,1048576", help="comma-separated byte sizes")
     p.add_argument("--rounds", type=int, default=300)
+    p.add_argument("--host-copies", default=None, metavar="MB,...",
+                   help="only the host copy and sum table, at these sizes in MB")
     a = p.parse_args(argv)
+    if a.host_copies:
+        host_copies([int(x) for x in a.host_copies.split(",")])
+        return
     import wgrumus as wr
     dev = wr.devices()[0]
     warm = a.rounds // 10

@@ -43,6 +43,11 @@ def test_staging_pieces_prints_every_piece():
                   "upload: host copy in", "device synchronize"):
         line = next(ln for ln in p.stdout.splitlines() if piece in ln)
         assert all(float(f) > 0 for f in line.split()[-2:]), line
+    p = run_process([sys.executable, str(ROOT / "benchmarks" / "staging_pieces.py"),
+                     "--host-copies", "1"], 110)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    row = next(ln for ln in p.stdout.splitlines() if ln.lstrip().startswith("1MB"))
+    assert len(re.findall(r"\d+ \(\s*[\d.]+\)", row)) == 6, row  # copy 1/split, sum 1/2/4/8
 
 
 def test_every_benchmark_has_a_main_and_a_description():

@@ -24,7 +24,9 @@ READ_INFLIGHT = 2  # chunks of such a download in flight at once
 ZERO_COPY_MIN = 1 << 20  # fresh arrays from this size are views of their staging buffer
 WRITE_CHUNK = 1 << 30  # uploads above twice this are split (bounds one staging buffer)
 COPY_THREADS = min(16, os.cpu_count() or 1)  # threads of one large host copy
-PAR_COPY_MIN = 4 << 20  # host copies from this size are split over threads
+# host copies from this size are split over threads (one H200 host, 16 threads: 4 MB took
+# 816 us split against 386 on one thread, 16 MB 1.2 ms against 1.55; BENCHMARKS.md)
+PAR_COPY_MIN = 16 << 20
 STAGING_CACHE = 1 << 30  # bytes of idle staging buffers kept per device and direction
 MAP_TIMEOUT_S = 600.0  # the longest a device read or upload buffer waits for the GPU
 

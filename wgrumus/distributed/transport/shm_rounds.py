@@ -16,9 +16,10 @@ from .shm_segment import META_BYTES
 from .wire import _HEADER_WORDS, decode_header, encode_header, mismatch_error, split_bounds
 
 # copies and reductions from this size are split over threads: waking the copy threads costs
-# hundreds of us on a many-core host (4 x H200: a 1 MB all-reduce's host step took 0.8-1.0 ms
-# split, against 0.2 ms for 512 KB on one thread), so only large pieces gain
-PAR_MIN = 4 << 20
+# hundreds of us on a many-core host, so only large pieces gain (one H200 host, 16 cores, two
+# processes: a 4 MB device all-reduce took 2.3 ms unsplit against 3.4 split, 16 MB in two 8 MB
+# chunks 8.1 ms split against 8.8; BENCHMARKS.md)
+PAR_MIN = 8 << 20
 PIECE_MIN = 1 << 16  # elements: the least one copy thread takes
 # ranks up to which each reduces the whole chunk from every slot into its own output: for 2
 # ranks that moves fewer bytes than reduce-scatter into a slot and copy out (2 reads and 1 write
