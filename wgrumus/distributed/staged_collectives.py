@@ -1,8 +1,10 @@
-"""Device collectives through pipelined staging (CommThread and the thread backend). WebGPU has no
-peer-to-peer path between adapters, so data goes device -> mapped staging -> host -> staging ->
-device in chunks: chunk k+1's download (``inflight`` queued), chunk k's host step (one
-``CollectiveBarrier.exchange`` round on the mapped memory in place) and chunk k-1's upload overlap.
-A failure unmaps what the call holds and breaks the barrier."""
+"""Device collectives through pipelined staging (CommThread, the thread backend, the processes'
+shared slots). WebGPU has no peer-to-peer path between adapters, so data goes device -> mapped
+staging -> host -> staging -> device in chunks: chunk k+1's download (``inflight`` queued), chunk
+k's host step (one ``exchange`` round of the barrier on the mapped memory in place) and chunk
+k-1's upload overlap. An asynchronous call's first downloads are issued by its caller
+(``EarlyDownload``); float16 sums are added on the device (``_DeviceSum``). A failure unmaps what
+the call holds and breaks the barrier."""
 from __future__ import annotations
 
 import os
