@@ -133,6 +133,17 @@ def shared(g):
         assert np.array_equal(t.numpy(), x)  # the input is left alone
     got = g.all_reduce_async(wr.tensor(x, device=dev), "sum").wait()
     np.testing.assert_allclose(got.numpy(), sum(data(q, x.shape) for q in range(n)), rtol=1e-5)
+    if "shader-f16" in dev.features:  # float16: gathered through the window, summed on device
+        from wgrumus.distributed import staged_collectives as sc
+        added, add = [], sc._DeviceSum.add
+        sc._DeviceSum.add = lambda self, c: (added.append(c), add(self, c))
+        h = x[:(2 << 20) + 4].astype(np.float16)
+        got = g.all_reduce(wr.tensor(h, device=dev), "sum").numpy()
+        assert added, "the float16 all-reduce did not sum on the device"
+        wide = sum(data(q, x.shape)[:h.size].astype(np.float16).astype(np.float32)
+                   for q in range(n))
+        np.testing.assert_allclose(got.astype(np.float32), wide.astype(np.float16), rtol=1e-3)
+        check_same_everywhere(g, got, "shared device float16")
 
 
 def async_collectives(g):

@@ -34,6 +34,7 @@ def fits(ranks: int) -> bool:
 
 class NodeAllReduce:
     """The shared window of one communicator whose ranks all run on this host."""
+    gathers = True  # exchange rounds without an op gather (staged_collectives' float16 sums)
 
     def __init__(self, transport, node_comm, deadline):
         MPI = transport.MPI
@@ -62,9 +63,28 @@ class NodeAllReduce:
     def abort(self, err) -> None:
         """(The pipelined engine's call on a local failure: the group tells the peers.)"""
 
+    @property
+    def world_size(self) -> int:
+        return self.size
+
     def exchange(self, length, dtype, rank, item, item_at, out, out_at, op) -> None:
-        """One chunk of the pipelined staging engine, on its mapped buffers."""
-        self._chunk(item, out, op, time.monotonic() + self.timeout)
+        """One chunk of the pipelined staging engine, on its mapped buffers: reduced, or
+        without ``op`` gathered (every rank's item side by side in rank order in ``out``)."""
+        if op is None:
+            self._gather(item, out, time.monotonic() + self.timeout)
+        else:
+            self._chunk(item, out, op, time.monotonic() + self.timeout)
+
+    def _gather(self, src, out, deadline) -> None:
+        n, k = src.size, self.chunks
+        self.chunks += 1
+        views = [s[k % 2][:src.nbytes].view(src.dtype) for s in self.slots]
+        mine = views[self.rank]
+        par_ranges(lambda a, b: np.copyto(mine[a:b], src[a:b]), n, PIECE)
+        self._fence(deadline)
+        for r, v in enumerate(views):
+            par_ranges(lambda a, b, lo=r * n, v=v: np.copyto(out[lo + a:lo + b], v[a:b]), n,
+                       PIECE)
 
     def _fence(self, deadline):
         self.win.Sync()
