@@ -37,6 +37,27 @@ def mpiexec():
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
+def mpi_3d_losses(ranks: int, cfg: str, layout: str, setup: str = "") -> list:
+    """Rank 0's losses of ``train_3d(GPTConfig(cfg), layout, backend="mpi")`` under
+    ``mpiexec -n ranks``, one device a process (``setup``: lines run first); skips where mpiexec
+    or mpi4py is missing."""
+    import json
+
+    import pytest
+    pytest.importorskip("mpi4py")
+    if mpiexec() is None:
+        pytest.skip("mpiexec not found (pip install 'wgrumus[mpi]')")
+    script = "\n".join([
+        "import json", "from mpi4py import MPI",
+        "from wgrumus.distributed.parallel3d import GPTConfig, train_3d", setup,
+        f"losses = train_3d(GPTConfig({cfg}), {layout}, backend='mpi', timeout=60)",
+        "if MPI.COMM_WORLD.Get_rank() == 0:", "    print('LOSSES', json.dumps(losses))"])
+    p = run_process([mpiexec(), "-n", ranks, sys.executable, "-c", script], 120,
+                    WGRUMUS_DEVICES=1)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.split("LOSSES", 1)[1])
+
+
 def mpi_skips() -> list:
     """A module's ``pytestmark``: skip its tests where mpiexec or mpi4py is missing."""
     import pytest

@@ -141,29 +141,10 @@ def test_fault_in_one_rank_stops_every_rank(devs):
     assert "injected fault on rank 5" in text
 
 
-MPI_SCRIPT = """
-import json, os
-from mpi4py import MPI
-from wgrumus.distributed.parallel3d import GPTConfig, train_3d
-cfg = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8)
-losses = train_3d(cfg, 1, 2, 2, steps=3, batch_size=4, lr=1.0, backend="mpi", timeout=60)
-if MPI.COMM_WORLD.Get_rank() == 0:
-    print("LOSSES", json.dumps(losses))
-"""
-
-
 @pytest.mark.timeout(150)
 def test_mpi_backend_runs_the_same_layout_across_processes(devs):
-    import json
-    import sys
-
-    from _util import mpiexec, run_process
-    pytest.importorskip("mpi4py")
-    if mpiexec() is None:
-        pytest.skip("mpiexec not found (pip install 'wgrumus[mpi]')")
-    p = run_process([mpiexec(), "-n", 4, sys.executable, "-c", MPI_SCRIPT], 120,
-                    WGRUMUS_DEVICES=1)
-    assert p.returncode == 0, p.stdout + p.stderr
-    mpi = json.loads(p.stdout.split("LOSSES", 1)[1])
+    from _util import mpi_3d_losses
+    mpi = mpi_3d_losses(4, "vocab_size=8, block_size=4, n_layer=2, n_head=2, n_embd=8",
+                        "1, 2, 2, steps=3, batch_size=4, lr=1.0")
     threads = train_3d(CFG, 1, 2, 2, steps=3, batch_size=BATCH, lr=LR, devices=devs[:4])
     np.testing.assert_allclose(mpi, threads, rtol=1e-6, atol=1e-6)

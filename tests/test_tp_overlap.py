@@ -11,7 +11,7 @@ import sys
 import _tp_ranks as ranks
 import numpy as np
 import pytest
-from _util import run_process
+from _util import mpi_3d_losses, run_process
 from test_parallel3d import BATCH, LR, STEPS, single_device_losses
 from test_processes import clean_shm  # noqa: F401  (the fixture)
 
@@ -263,29 +263,11 @@ def test_tp_step_moves_nothing_through_host_arrays(chunks, overlap_on, devs, mon
     assert names[0] and counts == {"read_start": 0, "write": 0}, counts
 
 
-MPI_SCRIPT = """
-import json
-from mpi4py import MPI
-from wgrumus.distributed.parallel3d import GPTConfig, train_3d
-from wgrumus.runtime.tuning import TUNING
-TUNING.tp_chunks = 2
-cfg = GPTConfig(vocab_size=8, block_size=4, n_layer=2, n_head=4, n_embd=8)
-losses = train_3d(cfg, 1, 2, 1, steps=4, batch_size=4, lr=1.0, backend="mpi", timeout=60)
-if MPI.COMM_WORLD.Get_rank() == 0:
-    print("LOSSES", json.dumps(losses))
-"""
-
-
 @pytest.mark.timeout(150)
 def test_mpi_backend_chunked_and_overlapped_matches_single_device(reference4):
-    from _util import mpiexec
-    pytest.importorskip("mpi4py")
-    if mpiexec() is None:
-        pytest.skip("mpiexec not found (pip install 'wgrumus[mpi]')")
-    p = run_process([mpiexec(), "-n", 2, sys.executable, "-c", MPI_SCRIPT], 120,
-                    WGRUMUS_DEVICES=1)
-    assert p.returncode == 0, p.stdout + p.stderr
-    mpi = json.loads(p.stdout.split("LOSSES", 1)[1])
+    mpi = mpi_3d_losses(2, "vocab_size=8, block_size=4, n_layer=2, n_head=4, n_embd=8",
+                        "1, 2, 1, steps=4, batch_size=4, lr=1.0",
+                        setup="from wgrumus.runtime.tuning import TUNING\nTUNING.tp_chunks = 2")
     np.testing.assert_allclose(mpi, reference4[:4], rtol=1e-5, atol=1e-5)
 
 

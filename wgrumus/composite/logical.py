@@ -81,34 +81,32 @@ def logical_not(x: Tensor) -> Tensor:
     return map_op(_TRUE.format("a == 0"), [x])
 
 
-def isnan(x: Tensor) -> Tensor:
+def _float_test(x: Tensor, cond: str, on_int: str) -> Tensor:
+    """1.0 where the float predicate ``cond`` holds; int32 values are never NaN or infinite, so
+    the mask is the constant ``on_int``."""
     if x.dtype == int32:
-        return map_op("0.0", [x])
-    return map_op(_TRUE.format("isnan_(f32(a))"), [x])
+        return map_op(on_int, [x])
+    return map_op(_TRUE.format(cond), [x])
+
+
+def isnan(x: Tensor) -> Tensor:
+    return _float_test(x, "isnan_(f32(a))", "0.0")
 
 
 def isinf(x: Tensor) -> Tensor:
-    if x.dtype == int32:
-        return map_op("0.0", [x])
-    return map_op(_TRUE.format("abs(f32(a)) == bitcast<f32>(0x7f800000u)"), [x])
+    return _float_test(x, "abs(f32(a)) == bitcast<f32>(0x7f800000u)", "0.0")
 
 
 def isposinf(x: Tensor) -> Tensor:
-    if x.dtype == int32:
-        return map_op("0.0", [x])
-    return map_op(_TRUE.format("f32(a) == bitcast<f32>(0x7f800000u)"), [x])
+    return _float_test(x, "f32(a) == bitcast<f32>(0x7f800000u)", "0.0")
 
 
 def isneginf(x: Tensor) -> Tensor:
-    if x.dtype == int32:
-        return map_op("0.0", [x])
-    return map_op(_TRUE.format("f32(a) == bitcast<f32>(0xff800000u)"), [x])
+    return _float_test(x, "f32(a) == bitcast<f32>(0xff800000u)", "0.0")
 
 
 def isfinite(x: Tensor) -> Tensor:
-    if x.dtype == int32:
-        return map_op("1.0", [x])
-    return map_op(_TRUE.format("abs(f32(a)) < bitcast<f32>(0x7f800000u)"), [x])
+    return _float_test(x, "abs(f32(a)) < bitcast<f32>(0x7f800000u)", "1.0")
 
 
 def isclose(a, b, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Tensor:
